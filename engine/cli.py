@@ -1,0 +1,75 @@
+"""`strata`: the engine. `strata --serve` speaks the line protocol on stdio;
+`strata "a prompt"` (or a prompt on stdin) streams a chat completion to a terminal."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from engine.prefill import ParkPolicy
+
+DEFAULT_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None
+    ctx: int | None
+    chunk: int
+    device: str
+    policy: ParkPolicy
+
+    def __post_init__(self):
+        if self.chunk < 1:
+            raise ValueError("--chunk must be >= 1")
+        if self.ctx is not None and self.ctx < 16:
+            raise ValueError("--ctx must be >= 16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="strata", description=__doc__)
+    p.add_argument("prompt", nargs="?", help="a prompt to answer at the terminal (default: read stdin)")
+    p.add_argument("--serve", action="store_true", help="speak the line protocol on stdin/stdout")
+    p.add_argument("--model", help="GGUF file (default: $STRATA_MODEL, else SmolLM2-135M-Instruct)")
+    p.add_argument("--ctx", type=int, help="context length in tokens (default: the model's, capped at 8192)")
+    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prompt tokens per prefill chunk")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--max-tokens", type=int, default=512, help="terminal mode: tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="terminal mode: 0 = greedy")
+    p.add_argument("--seed", type=int, help="terminal mode: sampling seed")
+    add_preempt_args(p)
+    return p
+
+
+def add_preempt_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("prefill preemption")
+    g.add_argument("--prefill-preempt", action="store_true", help="park a read at a chunk boundary on YIELD")
+    g.add_argument("--prefill-preempt-min-tokens", type=int, default=ParkPolicy.min_tokens)
+    g.add_argument("--prefill-preempt-max", type=int, default=ParkPolicy.max_parks, help="parks per request")
+    g.add_argument("--prefill-preempt-snapshot-mib", type=int, default=ParkPolicy.budget_bytes >> 20,
+                   help="one budget over all parked snapshots")
+
+
+def policy_from_args(a: argparse.Namespace) -> ParkPolicy:
+    return ParkPolicy(enabled=a.prefill_preempt, min_tokens=a.prefill_preempt_min_tokens,
+                      max_parks=a.prefill_preempt_max, budget_bytes=a.prefill_preempt_snapshot_mib << 20)
+
+
+def config_from_args(a: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(a.model, a.ctx, a.chunk, a.device, policy_from_args(a))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        print(f"strata: {e}", file=sys.stderr)
+        return 2
+    from engine.startup import serve, chat  # heavy imports after argument errors are reported
+
+    return serve(config) if args.serve else chat(config, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

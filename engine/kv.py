@@ -1,0 +1,44 @@
+"""The KV cache of the one running sequence, and snapshots of its rows for parked reads."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from engine.backend import Backend
+from engine.gguf_model import ModelConfig
+
+
+@dataclass
+class KVSnapshot:
+    pos: int
+    k: object  # (layers, kv_heads, pos, head_dim) float32, a private copy
+    v: object  # (layers, kv_heads, pos, head_dim)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.k.nbytes + self.v.nbytes)
+
+
+class KVCache:
+    def __init__(self, cfg: ModelConfig, ctx: int, backend: Backend):
+        shape = (cfg.n_layers, cfg.n_kv_heads, ctx, cfg.head_dim)
+        self.backend, self.ctx = backend, ctx
+        self.k = backend.xp.zeros(shape, dtype=backend.xp.float32)  # (layers, kv_heads, ctx, head_dim)
+        self.v = backend.xp.zeros(shape, dtype=backend.xp.float32)
+        self.row_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4  # K and V, one position
+
+    def snapshot_nbytes(self, pos: int) -> int:
+        return pos * self.row_bytes
+
+    def snapshot(self, pos: int) -> KVSnapshot:
+        return KVSnapshot(pos, self.k[:, :, :pos].copy(), self.v[:, :, :pos].copy())
+
+    def restore(self, snap: KVSnapshot) -> None:
+        self.k[:, :, : snap.pos] = snap.k
+        self.v[:, :, : snap.pos] = snap.v
+
+    def digest(self, pos: int) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        for arr in (self.k, self.v):
+            h.update(self.backend.to_host(arr[:, :, :pos]).tobytes())
+        return h.digest()

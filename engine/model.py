@@ -1,0 +1,97 @@
+"""The Llama forward pass over a chunk of positions against the KV cache, written once for xp."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.backend import Backend
+from engine.gguf_model import ModelConfig, Weights
+from engine.kv import KVCache
+
+KEY_TILE = 2048  # keys per attention tile: scores never exceed (kv_heads, group*n, KEY_TILE)
+
+
+class LlamaModel:
+    def __init__(self, cfg: ModelConfig, weights: Weights, backend: Backend):
+        self.cfg, self.w, self.backend, self.xp = cfg, weights, backend, backend.xp
+        half = cfg.head_dim // 2
+        self.inv_freq = 1.0 / (cfg.rope_base ** (np.arange(half, dtype=np.float64) * 2 / cfg.head_dim))
+        self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
+
+    def forward(self, tokens: np.ndarray, start: int, kv: KVCache, want_logits: bool):
+        """tokens: (n,) at absolute positions [start, start+n). Writes their K/V rows.
+        Returns logits (vocab,) float32 of the last position on the host, or None."""
+        xp, c = self.xp, self.cfg
+        x = self.w.tok_embd[self.xp.asarray(tokens)].astype(xp.float32)  # (n, dim)
+        cos, sin = self.rope_tables(start, len(tokens))
+        for i, layer in enumerate(self.w.layers):
+            h = self.rms_norm(x, layer.attn_norm)
+            qkv = self.backend.matmul(h, layer.wqkv)  # (n, dim + 2*kv_dim)
+            q = qkv[:, : c.dim].reshape(-1, c.n_heads, c.head_dim)  # (n, heads, head_dim)
+            k = qkv[:, c.dim : c.dim + c.kv_dim].reshape(-1, c.n_kv_heads, c.head_dim)
+            v = qkv[:, c.dim + c.kv_dim :].reshape(-1, c.n_kv_heads, c.head_dim)
+            end = start + len(tokens)
+            kv.k[i, :, start:end] = self.rope(k, cos, sin).transpose(1, 0, 2)  # (kv_heads, n, head_dim)
+            kv.v[i, :, start:end] = v.transpose(1, 0, 2)
+            attn = self.attention(self.rope(q, cos, sin), kv.k[i, :, :end], kv.v[i, :, :end], start)
+            x = x + self.backend.matmul(attn, layer.wo)
+            x = x + self.feed_forward(self.rms_norm(x, layer.ffn_norm), layer)
+        if not want_logits:
+            return None
+        last = self.rms_norm(x[-1:], self.w.out_norm)  # (1, dim)
+        return self.backend.to_host(self.backend.matmul(last, self.w.head)[0])  # (vocab,)
+
+    def rms_norm(self, x, weight):
+        xp = self.xp
+        return x * (1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + self.cfg.norm_eps)) * weight
+
+    def rope_tables(self, start: int, n: int):
+        angles = np.outer(np.arange(start, start + n, dtype=np.float64), self.inv_freq)  # (n, half)
+        cos = self.xp.asarray(np.cos(angles).astype(np.float32))[:, None, :]  # (n, 1, half)
+        sin = self.xp.asarray(np.sin(angles).astype(np.float32))[:, None, :]
+        return cos, sin
+
+    def rope(self, x, cos, sin):
+        """x: (n, heads, head_dim) with each head laid out [evens, odds] (see deinterleave_heads)."""
+        half = self.cfg.head_dim // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return self.xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    def attention(self, q, keys, values, start: int):
+        """q: (n, heads, d); keys/values: (kv_heads, start+n, d). Causal, GQA, online softmax
+        over key tiles. Returns (n, heads*d)."""
+        xp, c = self.xp, self.cfg
+        n, group = q.shape[0], c.n_heads // c.n_kv_heads
+        # heads h = kv*group + g share kv head `kv`: (kv_heads, group*n, d), rows ordered (g, i)
+        qg = q.reshape(n, c.n_kv_heads, group, c.head_dim).transpose(1, 2, 0, 3)
+        qg = (qg * self.scale).reshape(c.n_kv_heads, group * n, c.head_dim)
+        total = keys.shape[1]
+        best = acc = norm = None
+        for t0 in range(0, total, KEY_TILE):
+            t1 = min(t0 + KEY_TILE, total)
+            s = qg @ keys[:, t0:t1].transpose(0, 2, 1)  # (kv_heads, group*n, tile)
+            if t1 > start + 1:  # tile reaches the diagonal: mask keys after each query
+                s = s.reshape(c.n_kv_heads, group, n, t1 - t0) + self.causal_bias(start, n, t0, t1)
+                s = s.reshape(c.n_kv_heads, group * n, t1 - t0)
+            tile_max = s.max(axis=-1, keepdims=True)
+            new_best = tile_max if best is None else xp.maximum(best, tile_max)
+            p = xp.exp(s - new_best)
+            if best is None:
+                acc, norm = p @ values[:, t0:t1], p.sum(axis=-1, keepdims=True)
+            else:
+                corr = xp.exp(best - new_best)
+                acc = acc * corr + p @ values[:, t0:t1]
+                norm = norm * corr + p.sum(axis=-1, keepdims=True)
+            best = new_best
+        out = (acc / norm).reshape(c.n_kv_heads, group, n, c.head_dim)  # (kv, g, n, d)
+        return out.transpose(2, 0, 1, 3).reshape(n, c.n_heads * c.head_dim)
+
+    def causal_bias(self, start: int, n: int, t0: int, t1: int):
+        """(n, tile) float32: 0 where key <= query position, -inf after it."""
+        q_pos = np.arange(start, start + n)[:, None]
+        k_pos = np.arange(t0, t1)[None, :]
+        return self.xp.asarray(np.where(k_pos > q_pos, -np.inf, 0.0).astype(np.float32))
+
+    def feed_forward(self, h, layer):
+        gate_up = self.backend.matmul(h, layer.w_gate_up)  # (n, 2*ffn_dim)
+        gate, up = gate_up[:, : self.cfg.ffn_dim], gate_up[:, self.cfg.ffn_dim :]
+        return self.backend.matmul(gate / (1.0 + self.xp.exp(-gate)) * up, layer.w_down)

@@ -1,0 +1,40 @@
+"""Absolute chunk boundaries and the gates a park must pass."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.sequence import Sequence
+
+
+def chunk_end(pos: int, total: int, chunk: int) -> int:
+    """Chunk k covers [k*chunk, (k+1)*chunk): a read resumed at a boundary runs the same shapes."""
+    return min((pos // chunk + 1) * chunk, total)
+
+
+@dataclass(frozen=True)
+class ParkPolicy:
+    enabled: bool = False
+    min_tokens: int = 256  # a read parks only once it has reached this position
+    max_parks: int = 16  # parks per request
+    budget_bytes: int = 2048 * 2**20  # one hard budget over all snapshots
+    max_parked: int = 1  # parked requests at a time
+
+    def __post_init__(self):
+        if self.min_tokens < 0 or self.max_parks < 0 or self.budget_bytes < 0 or self.max_parked < 0:
+            raise ValueError("park limits must be >= 0")
+
+    def decline_reason(self, seq: Sequence, snapshot_bytes: int, used_bytes: int, parked: int) -> str | None:
+        """None if `seq` may park now; else the name of the first gate that refuses."""
+        if not self.enabled:
+            return "disabled"
+        if not seq.reading or seq.generated:
+            return "not_reading"
+        if seq.pos < self.min_tokens:
+            return "min_tokens"
+        if seq.parks >= self.max_parks:
+            return "max_parks"
+        if parked >= self.max_parked:
+            return "max_parked"
+        if used_bytes + snapshot_bytes > self.budget_bytes:
+            return "budget"
+        return None

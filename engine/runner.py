@@ -1,0 +1,56 @@
+"""ModelRunner: the model, its KV cache and the backend, behind the interface the loop drives."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from engine import __version__
+from engine.backend import Backend
+from engine.gguf_model import ModelConfig, Weights
+from engine.kv import KVCache, KVSnapshot
+from engine.model import LlamaModel
+from engine.prefill import chunk_end
+from engine.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, cfg: ModelConfig, weights: Weights, backend: Backend, ctx: int, chunk: int,
+                 eos_ids: frozenset[int], model_path: str = ""):
+        self.cfg, self.backend, self.ctx, self.chunk = cfg, backend, ctx, chunk
+        self.model = LlamaModel(cfg, weights, backend)
+        self.kv = KVCache(cfg, ctx, backend)
+        self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
+
+    def info(self) -> dict[str, str]:
+        return {"model": self.cfg.name, "path": self.model_path, "arch": self.cfg.arch,
+                "ctx": str(self.ctx), "chunk": str(self.chunk), "device": self.backend.device_name,
+                "vocab": str(self.vocab_size), "version": __version__}
+
+    def read_prompt_chunk(self, seq: Sequence) -> None:
+        end = chunk_end(seq.pos, seq.total, self.chunk)
+        tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)
+        seq.logits = self.model.forward(tokens, seq.pos, self.kv, want_logits=end == seq.total)
+        seq.pos = end
+
+    def decode_one_token(self, seq: Sequence) -> None:
+        token = np.asarray(seq.generated[-1:], dtype=np.int64)
+        seq.logits = self.model.forward(token, seq.kv_len, self.kv, want_logits=True)
+
+    def snapshot_nbytes(self, seq: Sequence) -> int:
+        return self.kv.snapshot_nbytes(seq.pos)
+
+    def park(self, seq: Sequence) -> KVSnapshot:
+        snap = self.kv.snapshot(seq.pos)
+        self.backend.synchronize()
+        return snap
+
+    def restore(self, seq: Sequence, snap: KVSnapshot) -> None:
+        self.kv.restore(snap)
+
+    def fingerprint(self, seq: Sequence) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self.kv.digest(seq.kv_len))
+        h.update(seq.kv_len.to_bytes(8, "little"))
+        h.update(seq.sampler.state_digest())
+        return h.hexdigest()

@@ -1,0 +1,64 @@
+"""Build the runner from an EngineConfig, then serve the protocol or chat at a terminal."""
+from __future__ import annotations
+
+import sys
+import time
+
+from engine.backend import select_backend
+from engine.cli import EngineConfig
+from engine.gguf_model import ModelLoadError, load_model
+from engine.loop import run_loop
+from engine.model_path import ModelNotFound, resolve_model_path
+from engine.runner import ModelRunner
+from engine.tokenizer import GGUFTokenizer
+
+MAX_DEFAULT_CTX = 8192
+
+
+def log(text: str) -> None:
+    print(f"strata: {text}", file=sys.stderr, flush=True)
+
+
+def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer]:
+    path = resolve_model_path(config.model)
+    backend = select_backend(config.device)
+    log(f"loading {path} on {backend.device_name}")
+    started = time.monotonic()
+    cfg, weights, reader = load_model(str(path), backend)
+    tokenizer = GGUFTokenizer(reader)
+    ctx = config.ctx or min(cfg.context_length, MAX_DEFAULT_CTX)
+    runner = ModelRunner(cfg, weights, backend, ctx, config.chunk,
+                         frozenset({tokenizer.special.eos}), str(path))
+    log(f"loaded {cfg.name} ({cfg.n_layers} layers, ctx {ctx}) in {time.monotonic() - started:.1f}s")
+    return runner, tokenizer
+
+
+def load_or_exit(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer]:
+    try:
+        return build_runner(config)
+    except (ModelLoadError, ModelNotFound, RuntimeError) as e:
+        log(f"error: {e}")
+    except MemoryError:
+        log("error: out of memory while loading the model (try a smaller model or --ctx)")
+    except Exception as e:  # CuPy's OutOfMemoryError is not a MemoryError
+        if "OutOfMemory" not in type(e).__name__:
+            raise
+        log(f"error: out of GPU memory while loading the model: {e}")
+    sys.exit(1)
+
+
+def serve(config: EngineConfig) -> int:
+    runner, _ = load_or_exit(config)
+    run_loop(runner, config.policy)
+    return 0
+
+
+def chat(config: EngineConfig, args) -> int:
+    from engine.terminal import chat_once
+
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if not prompt.strip():
+        log("error: empty prompt (give one as an argument or on stdin)")
+        return 2
+    runner, tokenizer = load_or_exit(config)
+    return chat_once(runner, tokenizer, prompt, args)

@@ -1,0 +1,260 @@
+"""Encode and decode protocol lines. Strict: anything off raises ProtocolError quoting the line.
+
+Grammar (one message per line, verb first, single spaces, optional trailing ` id=N`):
+  GEN <max_new> [k=v ...] <tok,tok,...>     STOP   YIELD   RESUME   CANCEL   QUIT
+  INFO [k=v ...]   READY <ctx> [cap ...]   PP <done> <total> <ms> <tok/s>   T <token>
+  SUSPENDED <done> <total>   DECLINE <reason> <done> <total>   FP <stage> <pos> <hex>
+  DONE <generated> <prompt_tokens> <prompt_ms> <decode_ms> <finish> [k=v ...]   ERR <text>
+Free text is backslash-escaped so that it never holds a newline: INFO and DONE values also escape
+space and `=`; ERR text keeps them, except a text without an id that would read as an id suffix.
+"""
+from __future__ import annotations
+
+import re
+
+from protocol import messages as m
+
+
+class ProtocolError(ValueError):
+    """A line that does not parse; the message quotes the line. `id` is the line's id if readable."""
+
+    def __init__(self, message: str, ident: int | None = None):
+        super().__init__(message)
+        self.id = ident
+
+
+_INT = re.compile(r"-?[0-9]+\Z")
+_FLOAT = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
+_WORD = re.compile(r"[A-Za-z0-9_.:/+-]+\Z")
+_ID_SUFFIX = re.compile(r"(?:^| )id=([0-9]+)\Z")
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "=": "\\e", " ": "\\s"}
+_UNESCAPES = {"\\": "\\", "n": "\n", "r": "\r", "e": "=", "s": " "}
+
+
+# ---------------------------------------------------------------- escaping
+
+def escape(text: str) -> str:
+    return "".join(_ESCAPES.get(c, c) for c in text)
+
+
+def escape_err_text(text: str, has_id: bool) -> str:
+    """ERR text keeps spaces and `=`; only a text that would read as an id suffix is escaped."""
+    out = "".join(c if c in " =" else _ESCAPES.get(c, c) for c in text)
+    found = None if has_id else _ID_SUFFIX.search(out)
+    return out if found is None else out[: found.start()] + out[found.start():].replace("=", "\\e")
+
+
+def unescape(text: str, allow_equals: bool = False) -> str:
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if (c == "=" and not allow_equals) or c == "\n":
+            raise ValueError(f"unescaped {c!r} in text")
+        if c != "\\":
+            out.append(c)
+            i += 1
+            continue
+        if i + 1 >= len(text) or text[i + 1] not in _UNESCAPES:
+            raise ValueError("bad escape in text")
+        out.append(_UNESCAPES[text[i + 1]])
+        i += 2
+    return "".join(out)
+
+
+# ---------------------------------------------------------------- field parsers
+
+def parse_int(s: str, what: str, minimum: int | None = 0) -> int:
+    if not _INT.match(s):
+        raise ValueError(f"{what} must be an integer, got {s!r}")
+    v = int(s)
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {v}")
+    return v
+
+
+def parse_float(s: str, what: str) -> float:
+    if not _FLOAT.match(s):
+        raise ValueError(f"{what} must be a number, got {s!r}")
+    return float(s)
+
+
+def parse_word(s: str, what: str, allowed: tuple[str, ...] | None = None) -> str:
+    if not _WORD.match(s) or (allowed is not None and s not in allowed):
+        expected = f" (one of {', '.join(allowed)})" if allowed else ""
+        raise ValueError(f"bad {what} {s!r}{expected}")
+    return s
+
+
+def parse_tokens(s: str) -> tuple[int, ...]:
+    if not s:
+        raise ValueError("empty token list")
+    return tuple(parse_int(t, "token id") for t in s.split(","))
+
+
+def parse_kv(parts: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in parts:
+        k, sep, v = p.partition("=")
+        if not sep or not _WORD.match(k) or k in out:
+            raise ValueError(f"bad key=value field {p!r}")
+        out[k] = unescape(v)
+    return out
+
+
+def parse_gen_params(parts: list[str]) -> dict:
+    params = {}
+    for k, v in parse_kv(parts).items():
+        kind = m.GEN_KEYS.get(k)
+        if kind is None:
+            raise ValueError(f"unknown GEN key {k!r}")
+        if kind is int:
+            params[k] = parse_int(v, k, minimum=None)
+        elif kind is float:
+            params[k] = parse_float(v, k)
+        else:
+            params[k] = parse_tokens(v)
+    return params
+
+
+def format_number(x: float) -> str:
+    return repr(float(x)) if x == x and abs(x) != float("inf") else "0.0"
+
+
+def format_kv(d: dict) -> list[str]:
+    return [f"{k}={_format_value(v)}" for k, v in d.items()]
+
+
+def _format_value(v) -> str:
+    if isinstance(v, tuple):
+        return ",".join(str(t) for t in v)
+    if isinstance(v, float):
+        return format_number(v)
+    return escape(str(v))
+
+
+# ---------------------------------------------------------------- encode
+
+def encode(msg: m.Message) -> str:
+    """Message -> one line, without the newline."""
+    body = _ENCODERS[type(msg)](msg)
+    return body if msg.id is None else f"{body} id={msg.id}"
+
+
+_ENCODERS = {
+    m.Gen: lambda g: " ".join(["GEN", str(g.max_new), *format_kv(g.params), ",".join(map(str, g.tokens))]),
+    m.Stop: lambda _: "STOP",
+    m.Yield: lambda _: "YIELD",
+    m.Resume: lambda _: "RESUME",
+    m.Cancel: lambda _: "CANCEL",
+    m.Quit: lambda _: "QUIT",
+    m.Info: lambda i: " ".join(["INFO", *format_kv(i.fields)]),
+    m.Ready: lambda r: " ".join(["READY", str(r.ctx), *r.caps]),
+    m.PP: lambda p: f"PP {p.done} {p.total} {format_number(p.ms)} {format_number(p.tok_s)}",
+    m.T: lambda t: f"T {t.token}",
+    m.Suspended: lambda s: f"SUSPENDED {s.done} {s.total}",
+    m.Decline: lambda d: f"DECLINE {d.reason} {d.done} {d.total}",
+    m.FP: lambda f: f"FP {f.stage} {f.pos} {f.digest}",
+    m.Done: lambda d: " ".join(
+        ["DONE", str(d.generated), str(d.prompt_tokens), format_number(d.prompt_ms),
+         format_number(d.decode_ms), d.finish, *format_kv(d.extra)]),
+    m.Err: lambda e: f"ERR {escape_err_text(e.message, e.id is not None)}" if e.message else "ERR",
+}
+
+
+# ---------------------------------------------------------------- decode
+
+def decode(line: str) -> m.Message:
+    """One line (a trailing newline is allowed) -> Message, or ProtocolError quoting it."""
+    text = line[:-1] if line.endswith("\n") else line
+    try:
+        return _decode(text)
+    except ValueError as e:
+        found = _ID_SUFFIX.search(text)
+        raise ProtocolError(f"{e}: {text!r}", int(found.group(1)) if found else None) from None
+
+
+def _decode(text: str) -> m.Message:
+    ident = None
+    found = _ID_SUFFIX.search(text)
+    if found:
+        ident = int(found.group(1))
+        text = text[: found.start()]
+    verb, _, rest = text.partition(" ")
+    if verb == "ERR":
+        return m.Err(unescape(rest, allow_equals=True), ident)
+    if verb not in _DECODERS:
+        raise ValueError(f"unknown verb {verb!r}")
+    parts = rest.split(" ") if rest else []
+    if any(p == "" for p in parts):
+        raise ValueError("empty field (double or trailing space)")
+    return _DECODERS[verb](parts, ident)
+
+
+def _fields(parts: list[str], n: int, verb: str, at_least: bool = False) -> list[str]:
+    if len(parts) < n or (not at_least and len(parts) != n):
+        raise ValueError(f"{verb} takes {'at least ' if at_least else ''}{n} fields, got {len(parts)}")
+    return parts
+
+
+def _needs_id(verb: str, ident: int | None) -> int:
+    if ident is None:
+        raise ValueError(f"{verb} needs id=N")
+    return ident
+
+
+def _gen(p, i):
+    _fields(p, 2, "GEN", at_least=True)
+    return m.Gen(parse_int(p[0], "max_new"), parse_tokens(p[-1]), parse_gen_params(p[1:-1]), i)
+
+
+def _done(p, i):
+    _fields(p, 5, "DONE", at_least=True)
+    return m.Done(parse_int(p[0], "generated"), parse_int(p[1], "prompt_tokens"),
+                  parse_float(p[2], "prompt_ms"), parse_float(p[3], "decode_ms"),
+                  parse_word(p[4], "finish", m.FINISH_REASONS), parse_kv(p[5:]), i)
+
+
+def _ready(p, i):
+    _fields(p, 1, "READY", at_least=True)
+    return m.Ready(parse_int(p[0], "ctx", minimum=1), tuple(parse_word(c, "capability") for c in p[1:]), i)
+
+
+def _pp(p, i):
+    _fields(p, 4, "PP")
+    return m.PP(parse_int(p[0], "done"), parse_int(p[1], "total"), parse_float(p[2], "ms"),
+                parse_float(p[3], "tok/s"), i)
+
+
+def _fp(p, i):
+    _fields(p, 3, "FP")
+    if not re.fullmatch(r"[0-9a-f]+", p[2]):
+        raise ValueError(f"bad digest {p[2]!r}")
+    return m.FP(parse_word(p[0], "stage", m.FP_STAGES), parse_int(p[1], "pos"), p[2], i)
+
+
+def _bare(cls, verb):
+    return lambda p, i: (_fields(p, 0, verb), cls(i))[1]
+
+
+def _with_id(cls, verb):
+    return lambda p, i: (_fields(p, 0, verb), cls(_needs_id(verb, i)))[1]
+
+
+_DECODERS = {
+    "GEN": _gen,
+    "STOP": _bare(m.Stop, "STOP"),
+    "YIELD": _bare(m.Yield, "YIELD"),
+    "RESUME": _with_id(m.Resume, "RESUME"),
+    "CANCEL": _with_id(m.Cancel, "CANCEL"),
+    "QUIT": _bare(m.Quit, "QUIT"),
+    "INFO": lambda p, i: m.Info(parse_kv(p), i),
+    "READY": _ready,
+    "PP": _pp,
+    "T": lambda p, i: m.T(parse_int(_fields(p, 1, "T")[0], "token"), i),
+    "SUSPENDED": lambda p, i: m.Suspended(parse_int(_fields(p, 2, "SUSPENDED")[0], "done"),
+                                          parse_int(p[1], "total"), i),
+    "DECLINE": lambda p, i: m.Decline(parse_word(_fields(p, 3, "DECLINE")[0], "reason"),
+                                      parse_int(p[1], "done"), parse_int(p[2], "total"), i),
+    "FP": _fp,
+    "DONE": _done,
+}

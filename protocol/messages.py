@@ -1,0 +1,135 @@
+"""One frozen dataclass per line type of the engine protocol.
+
+Server -> engine: Gen, Stop, Yield, Resume, Cancel, Quit.
+Engine -> server: Info, Ready, PP, T, Suspended, Decline, FP, Done, Err.
+`id` is None for a line without the ` id=N` suffix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# GEN keys and their value types: the one list of what a GEN may carry.
+GEN_KEYS: dict[str, type] = {
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "seed": int,
+    "repeat_penalty": float,
+    "repeat_last_n": int,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "stop": tuple,  # extra stop token ids, comma-separated on the wire
+    "fp": int,  # 1 = print state fingerprints at park, resume and DONE
+}
+
+FINISH_REASONS = ("stop", "length", "cancel")
+FP_STAGES = ("park", "resume", "done")
+
+
+@dataclass(frozen=True)
+class Gen:
+    max_new: int
+    tokens: tuple[int, ...]
+    params: dict = field(default_factory=dict)
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Stop:
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Yield:
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Resume:
+    id: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    id: int
+
+
+@dataclass(frozen=True)
+class Quit:
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Info:
+    fields: dict[str, str]
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Ready:
+    ctx: int
+    caps: tuple[str, ...] = ()
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class PP:
+    done: int
+    total: int
+    ms: float
+    tok_s: float
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class T:
+    token: int
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Suspended:
+    done: int
+    total: int
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Decline:
+    """A boundary offer (YIELD) that a park gate refused; `reason` names the gate."""
+
+    reason: str
+    done: int
+    total: int
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class FP:
+    """State fingerprint: a hash of everything the rest of the request reads."""
+
+    stage: str
+    pos: int
+    digest: str
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Done:
+    generated: int
+    prompt_tokens: int
+    prompt_ms: float
+    decode_ms: float
+    finish: str
+    extra: dict[str, str] = field(default_factory=dict)
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Err:
+    message: str
+    id: int | None = None
+
+
+Message = Gen | Stop | Yield | Resume | Cancel | Quit | Info | Ready | PP | T | Suspended | Decline | FP | Done | Err

@@ -1,0 +1,117 @@
+"""A protocol-level mock engine: the real engine loop (engine/loop.py) over a fake model.
+
+Same lines as `strata --serve`, no weights: prompt chunks and tokens take configurable time,
+output is the prompt echoed back or a scripted token list, and faults can be injected.
+
+    python -m protocol.mock_engine [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
+        [--script 1,2,3] [--prefill-preempt] [--die-at-chunk K] [--die-while-parked]
+        [--malformed-at-chunk K] [--no-preempt-cap] [--start-delay S]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+from engine.cli import add_preempt_args, policy_from_args
+from engine.loop import EngineLoop, Writer, engine_caps
+from engine.prefill import chunk_end
+from engine.sequence import Sequence
+
+FAULT_EXIT_CODE = 3
+
+
+class FakeRunner:
+    """Implements the runner interface of engine/runner.py with sleeps and scripted tokens."""
+
+    def __init__(self, a: argparse.Namespace, write_raw):
+        self.a, self.write_raw = a, write_raw
+        self.ctx, self.chunk, self.vocab_size = a.ctx, a.chunk, a.vocab
+        self.eos_ids = frozenset({a.eos})
+        self.script = tuple(int(t) for t in a.script.split(",")) if a.script else None
+        self.chunks_read = 0
+
+    def info(self) -> dict[str, str]:
+        return {"model": "mock", "ctx": str(self.ctx), "chunk": str(self.chunk), "device": "none",
+                "version": "mock"}
+
+    def read_prompt_chunk(self, seq: Sequence) -> None:
+        time.sleep(self.a.chunk_s)
+        self.chunks_read += 1
+        if self.chunks_read == self.a.die_at_chunk:
+            os._exit(FAULT_EXIT_CODE)
+        if self.chunks_read == self.a.malformed_at_chunk:
+            self.write_raw("PP this-is-not-a-number")
+        seq.pos = chunk_end(seq.pos, seq.total, self.chunk)
+        if not seq.reading:
+            seq.logits = self.one_hot(self.scripted(seq, 0))
+
+    def decode_one_token(self, seq: Sequence) -> None:
+        time.sleep(self.a.token_s)
+        seq.logits = self.one_hot(self.scripted(seq, len(seq.generated)))
+
+    def scripted(self, seq: Sequence, i: int) -> int:
+        source = self.script or seq.prompt
+        return source[i % len(source)]
+
+    def one_hot(self, token: int) -> np.ndarray:
+        logits = np.full(self.vocab_size, -np.inf, dtype=np.float32)  # (vocab,)
+        logits[token] = 0.0
+        return logits
+
+    def snapshot_nbytes(self, seq: Sequence) -> int:
+        return seq.pos * self.a.bytes_per_token
+
+    def park(self, seq: Sequence):
+        if self.a.die_while_parked:
+            threading.Timer(0.2, os._exit, (FAULT_EXIT_CODE,)).start()
+        return seq.pos
+
+    def restore(self, seq: Sequence, snapshot) -> None:
+        assert snapshot == seq.pos
+
+    def fingerprint(self, seq: Sequence) -> str:
+        state = (seq.prompt[: seq.pos], seq.pos, tuple(seq.generated), seq.sampler.state_digest())
+        return hashlib.blake2b(repr(state).encode(), digest_size=16).hexdigest()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m protocol.mock_engine", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--serve", action="store_true", help="accepted for symmetry with strata")
+    p.add_argument("--ctx", type=int, default=8192)
+    p.add_argument("--chunk", type=int, default=64, help="prompt tokens per chunk")
+    p.add_argument("--chunk-s", type=float, default=0.01, help="seconds per prompt chunk")
+    p.add_argument("--token-s", type=float, default=0.005, help="seconds per generated token")
+    p.add_argument("--vocab", type=int, default=49152)
+    p.add_argument("--eos", type=int, default=2)
+    p.add_argument("--script", help="comma-separated token ids to emit, cycled (default: echo the prompt)")
+    p.add_argument("--bytes-per-token", type=int, default=1024, help="simulated snapshot size")
+    f = p.add_argument_group("faults")
+    f.add_argument("--die-at-chunk", type=int, default=0, help="exit during the K-th prompt chunk read")
+    f.add_argument("--die-while-parked", action="store_true", help="exit shortly after a park")
+    f.add_argument("--malformed-at-chunk", type=int, default=0, help="print a malformed line at chunk K")
+    f.add_argument("--no-preempt-cap", action="store_true", help="omit `preempt` from READY")
+    f.add_argument("--start-delay", type=float, default=0.0, help="seconds before INFO/READY")
+    add_preempt_args(p)
+    p.set_defaults(prefill_preempt_min_tokens=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    time.sleep(args.start_delay)
+    policy = policy_from_args(args)
+    caps = ("stop",) if args.no_preempt_cap else engine_caps(policy)
+    write = Writer(sys.stdout)
+    EngineLoop(FakeRunner(args, write.raw), policy, write, caps).serve(sys.stdin)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
