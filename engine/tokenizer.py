@@ -119,3 +119,10 @@ CHATML_FALLBACK = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['co
 
 def load_tokenizer(path: str) -> GGUFTokenizer:
     return GGUFTokenizer(GGUFReader(path, "r"))
+
+
+def load_tokenizer_and_ctx(path: str) -> tuple[GGUFTokenizer, int]:
+    """The tokenizer and the model's trained context length, from one read of the file."""
+    reader = GGUFReader(path, "r")
+    arch = field_value(reader, "general.architecture", "llama")
+    return GGUFTokenizer(reader), int(field_value(reader, f"{arch}.context_length", 2048))

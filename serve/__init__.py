@@ -1,0 +1,1 @@
+"""strata-server: the OpenAI-compatible HTTP server that owns the FIFO and drives an engine process."""

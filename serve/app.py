@@ -1,0 +1,28 @@
+"""create_app: wiring only. The engine starts in lifespan and is stopped there."""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from engine import __version__
+from serve.config import ServerSettings
+from serve.errors import install_error_handlers
+from serve.routes import include_routes
+from serve.state import ServerState
+
+
+def create_app(settings: ServerSettings, tokenizer, model_ctx: int) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state = app.state.strata = ServerState(settings, tokenizer, model_ctx)
+        state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = FastAPI(title="Strata", version=__version__, lifespan=lifespan)
+    install_error_handlers(app)
+    include_routes(app)
+    return app

@@ -1,0 +1,67 @@
+"""Server settings: one validated dataclass built once from the command line."""
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class PreemptSettings:
+    enabled: bool = False
+    max_wait_s: float = 30.0  # a parked request takes the next period after this; 0 = no limit
+    min_tokens: int | None = None  # forwarded to the default engine; None = the engine's default
+    max_parks: int | None = None
+    snapshot_mib: int | None = None
+
+    def engine_args(self) -> list[str]:
+        if not self.enabled:
+            return []
+        extra = {"--prefill-preempt-min-tokens": self.min_tokens, "--prefill-preempt-max": self.max_parks,
+                 "--prefill-preempt-snapshot-mib": self.snapshot_mib}
+        return ["--prefill-preempt"] + [a for k, v in extra.items() if v is not None for a in (k, str(v))]
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_path: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    engine_cmd: tuple[str, ...] = ()  # empty: the real engine on model_path
+    api_key: str | None = None
+    ctx: int | None = None
+    chunk: int | None = None
+    device: str = "auto"
+    preempt: PreemptSettings = field(default_factory=PreemptSettings)
+    keepalive_s: float = 5.0
+    handshake_timeout_s: float = 300.0
+    max_restarts: int = 3
+    shutdown_timeout_s: float = 10.0
+
+    def __post_init__(self):
+        if not 0 < self.port < 65536:
+            raise ValueError(f"--port must be 1..65535, got {self.port}")
+        if self.keepalive_s <= 0 or self.handshake_timeout_s <= 0:
+            raise ValueError("--keepalive-s and --handshake-timeout-s must be > 0")
+        if self.preempt.max_wait_s < 0:
+            raise ValueError("--prefill-preempt-max-wait-s must be >= 0")
+
+    @property
+    def model_name(self) -> str:
+        return self.model_path.stem
+
+    def engine_command(self) -> list[str]:
+        if self.engine_cmd:
+            return list(self.engine_cmd)
+        cmd = [sys.executable, "-m", "engine", "--serve", "--model", str(self.model_path), "--device", self.device]
+        cmd += ["--ctx", str(self.ctx)] if self.ctx else []
+        cmd += ["--chunk", str(self.chunk)] if self.chunk else []
+        return cmd + self.preempt.engine_args()
+
+
+def split_command(text: str) -> tuple[str, ...]:
+    parts = tuple(shlex.split(text))
+    if not parts:
+        raise ValueError("--engine-cmd is empty")
+    return parts

@@ -1,0 +1,51 @@
+"""OpenAI-shaped errors: one exception type and the handlers that render every error that way."""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serve.openai_schema import error_body
+
+log = logging.getLogger("strata.http")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_body(self.message, self.type, self.param, self.code), status_code=self.status)
+
+
+def server_error(status: int, message: str) -> APIError:
+    return APIError(status, message, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        message = f"{param}: {first['msg']}" if param else first["msg"]
+        if first.get("type") == "json_invalid":
+            param = None
+            message = f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}"
+        log.warning("%s %s -> 400: %s", request.method, request.url.path, message)
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error" if exc.status_code < 500
+                                       else "server_error"), status_code=exc.status_code)

@@ -1,0 +1,86 @@
+"""Turn a request's engine events into text pieces: detokenization, stop strings, keep-alives."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from protocol import messages as m
+
+from serve.metrics import Metrics
+from serve.request import EngineFailure, Phase, Request
+from serve.scheduler import Scheduler
+from serve.stop_strings import StopMatcher
+
+FINISH = {"stop": "stop", "length": "length", "cancel": "stop"}
+
+
+class GenerationError(RuntimeError):
+    def __init__(self, message: str, status: int = 503):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class KeepAlive:
+    """Nothing to say yet (queued or parked): a streaming response sends an SSE comment."""
+
+
+@dataclass
+class Piece:
+    text: str
+
+
+@dataclass
+class Finished:
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metrics,
+                   keepalive_s: float) -> AsyncIterator[KeepAlive | Piece | Finished]:
+    detok, stops = tokenizer.stream(), StopMatcher(req.stop)
+    finished = False
+    scheduler.submit(req)
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(req.events.get(), keepalive_s)
+            except asyncio.TimeoutError:
+                yield KeepAlive()
+                continue
+            if isinstance(event, m.T):
+                text = stops.feed(detok.step(event.token))
+                if text:
+                    yield Piece(text)
+                if stops.hit:
+                    scheduler.abandon(req)  # STOP the engine; we have what we need
+                    finished = True
+                    yield _finish(req, "stop", metrics)
+                    return
+            elif isinstance(event, m.Done):
+                finished = True
+                rest = stops.flush()
+                if rest:
+                    yield Piece(rest)
+                yield _finish(req, FINISH[event.finish], metrics)
+                return
+            elif isinstance(event, m.Err):
+                raise GenerationError(f"engine error: {event.message}", status=400)
+            elif isinstance(event, EngineFailure):
+                raise GenerationError(event.message, event.status)
+    except GenerationError:
+        finished = True
+        metrics.requests.labels("error").inc()
+        raise
+    finally:
+        if not finished:  # client gone (cancelled or closed): free the engine
+            metrics.requests.labels("cancelled").inc()
+            if req.phase is not Phase.DONE:
+                scheduler.abandon(req)
+
+
+def _finish(req: Request, reason: str, metrics: Metrics) -> Finished:
+    metrics.requests.labels(reason).inc()
+    return Finished(reason, len(req.prompt), req.generated)

@@ -1,0 +1,38 @@
+"""Prometheus metrics (prometheus_client), one registry per app so tests can run several."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+
+
+class Metrics:
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("strata_requests", "Finished requests by finish reason", ["finish_reason"], registry=r)
+        self.queue_wait = Histogram("strata_queue_wait_seconds", "Arrival to the first prompt chunk in the engine",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("strata_ttft_seconds", "Arrival to the first generated token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("strata_prompt_tokens", "Prompt tokens read by the engine", registry=r)
+        self.generated_tokens = Counter("strata_generated_tokens", "Tokens generated", registry=r)
+        self.max_queue_wait_ms = Gauge("strata_max_queue_wait_ms", "Largest queue wait seen (ms)", registry=r)
+        self.queued = Gauge("strata_queued_requests", "Requests waiting for the engine", registry=r)
+        self.preemptions = Counter("strata_prefill_preemptions", "Prompt reads parked at a chunk boundary", registry=r)
+        self.resumes = Counter("strata_prefill_resumes", "Parked reads resumed", registry=r)
+        self.declined = Counter("strata_prefill_park_declined", "Boundary offers the engine declined, by gate",
+                                ["reason"], registry=r)
+        self.parked = Gauge("strata_parked_requests", "Requests parked in the engine", registry=r)
+        self.park_duration = Histogram("strata_park_duration_seconds", "Time from SUSPENDED to RESUME",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.engine_restarts = Counter("strata_engine_restarts", "Engine processes restarted after dying", registry=r)
+        self._max_wait = 0.0
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        self.queue_wait.observe(seconds)
+        if seconds * 1000 > self._max_wait:
+            self._max_wait = seconds * 1000
+            self.max_queue_wait_ms.set(self._max_wait)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

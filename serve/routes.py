@@ -1,0 +1,214 @@
+"""HTTP routes: OpenAI endpoints under /v1 (optional Bearer auth), health, status, metrics."""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from typing import AsyncIterator, Callable
+
+from fastapi import APIRouter, Depends, FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from serve import openai_schema as schema
+from serve.errors import APIError, server_error
+from serve.generation import Finished, GenerationError, KeepAlive, Piece, generate
+from serve.request import Request
+from serve.state import ServerState
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def state_of(http: HTTPRequest) -> ServerState:
+    return http.app.state.strata
+
+
+def check_api_key(http: HTTPRequest) -> None:
+    key = state_of(http).settings.api_key
+    if key is None:
+        return
+    given = http.headers.get("authorization", "")
+    if not given.startswith("Bearer ") or not secrets.compare_digest(given[7:].encode(), key.encode()):
+        raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)", code="invalid_api_key")
+
+
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+ops = APIRouter()
+
+
+# ---------------------------------------------------------------- building a request
+
+def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[int],
+                  max_tokens: int | None) -> Request:
+    ctx = state.ctx
+    if not prompt:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if len(prompt) >= ctx:
+        raise APIError(400, f"the prompt has {len(prompt)} tokens; the context holds {ctx} "
+                            f"(prompt and completion together)", param="messages", code="context_length_exceeded")
+    room = ctx - len(prompt)
+    if max_tokens is not None and max_tokens <= 0:
+        raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
+    if max_tokens is not None and max_tokens > ctx:
+        raise APIError(400, f"max_tokens {max_tokens} exceeds the context of {ctx} tokens", param="max_tokens")
+    if any(t < 0 or t >= state.tokenizer.vocab_size for t in prompt):
+        raise APIError(400, "prompt token ids must be within the vocabulary", param="prompt")
+    return Request(prompt=prompt, max_tokens=min(max_tokens or room, room), sampling=body.gen_params(),
+                   stop=body.stop_strings(), stream=body.stream)
+
+
+def chat_prompt(state: ServerState, body: schema.ChatCompletionRequest) -> list[int]:
+    messages = [{"role": msg.role, "content": msg.text()} for msg in body.messages]
+    if not any(msg["content"].strip() for msg in messages):
+        raise APIError(400, "every message is empty", param="messages")
+    try:
+        text = state.tokenizer.apply_chat_template(messages)
+    except ValueError as e:
+        raise APIError(400, str(e), param="messages") from None
+    return state.tokenizer.encode(text)
+
+
+def completion_prompt(state: ServerState, body: schema.CompletionRequest) -> list[int]:
+    if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], int):
+        return list(body.prompt)
+    text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+    return state.tokenizer.encode(text)
+
+
+# ---------------------------------------------------------------- running it
+
+async def collect(state: ServerState, req: Request) -> tuple[str, Finished]:
+    parts: list[str] = []
+    async for event in generate(req, state.scheduler, state.tokenizer, state.metrics, state.settings.keepalive_s):
+        if isinstance(event, Piece):
+            parts.append(event.text)
+        elif isinstance(event, Finished):
+            return "".join(parts), event
+    raise GenerationError("the request ended without a result", 500)
+
+
+async def until_disconnect(http: HTTPRequest, work):
+    """Run `work`; cancel it if the client disconnects first (cancellation frees the engine)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch():
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        return Response(status_code=499)
+    return task.result()
+
+
+def sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def stream_events(state: ServerState, req: Request, on_piece: Callable[[str], dict],
+                        on_finish: Callable[[Finished], list[dict]], first: list[dict]) -> AsyncIterator[str]:
+    for chunk in first:
+        yield sse(chunk)
+    try:
+        async for event in generate(req, state.scheduler, state.tokenizer, state.metrics, state.settings.keepalive_s):
+            if isinstance(event, KeepAlive):
+                yield ": keep-alive\n\n"
+            elif isinstance(event, Piece):
+                yield sse(on_piece(event.text))
+            elif isinstance(event, Finished):
+                for chunk in on_finish(event):
+                    yield sse(chunk)
+                yield sse("[DONE]")
+                return
+    except GenerationError as e:
+        yield sse(schema.error_body(str(e), "server_error" if e.status >= 500 else "invalid_request_error"))
+
+
+def run_stream(state, req, on_piece, on_finish, first=()) -> StreamingResponse:
+    return StreamingResponse(stream_events(state, req, on_piece, on_finish, list(first)),
+                             media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def run_once(http: HTTPRequest, state: ServerState, req: Request, render) -> Response:
+    async def work():
+        try:
+            text, fin = await collect(state, req)
+        except GenerationError as e:
+            return server_error(e.status, str(e)).response()
+        return JSONResponse(render(text, fin))
+
+    return await until_disconnect(http, work())
+
+
+# ---------------------------------------------------------------- endpoints
+
+@v1.post("/chat/completions")
+async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest):
+    state = state_of(http)
+    req = build_request(state, body, chat_prompt(state, body), body.max_completion_tokens or body.max_tokens)
+    rid, model = f"chatcmpl-{req.id}", state.settings.model_name
+    if not body.stream:
+        return await run_once(http, state, req, lambda text, f: schema.chat_body(
+            rid, model, text, f.finish_reason, f.prompt_tokens, f.completion_tokens))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def finish(f: Finished) -> list[dict]:
+        last = [schema.chat_chunk(rid, model, {}, f.finish_reason)]
+        return last + ([schema.usage_chunk(rid, model, "chat.completion.chunk", f.prompt_tokens,
+                                           f.completion_tokens)] if include_usage else [])
+
+    return run_stream(state, req, lambda text: schema.chat_chunk(rid, model, {"content": text}), finish,
+                      first=[schema.chat_chunk(rid, model, {"role": "assistant", "content": ""})])
+
+
+@v1.post("/completions")
+async def completions(body: schema.CompletionRequest, http: HTTPRequest):
+    state = state_of(http)
+    req = build_request(state, body, completion_prompt(state, body), body.max_tokens)
+    rid, model = f"cmpl-{req.id}", state.settings.model_name
+    if not body.stream:
+        return await run_once(http, state, req, lambda text, f: schema.completion_body(
+            rid, model, text, f.finish_reason, f.prompt_tokens, f.completion_tokens))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def finish(f: Finished) -> list[dict]:
+        last = [schema.completion_chunk(rid, model, "", f.finish_reason)]
+        return last + ([schema.usage_chunk(rid, model, "text_completion", f.prompt_tokens,
+                                           f.completion_tokens)] if include_usage else [])
+
+    return run_stream(state, req, lambda text: schema.completion_chunk(rid, model, text), finish)
+
+
+@v1.get("/models")
+async def models(http: HTTPRequest):
+    state = state_of(http)
+    return {"object": "list", "data": [{"id": state.settings.model_name, "object": "model",
+                                        "created": state.started_at, "owned_by": "strata"}]}
+
+
+@ops.get("/health")
+async def health(http: HTTPRequest):
+    engine = state_of(http).engine
+    body = {"status": "ok" if engine.ready else engine.state.value}
+    return JSONResponse(body, status_code=200 if engine.ready else 503)
+
+
+@ops.get("/status")
+async def status(http: HTTPRequest):
+    state = state_of(http)
+    return state.scheduler.status() | {"engine": state.engine.state.value, "engine_info": state.engine.info.fields}
+
+
+@ops.get("/metrics")
+async def metrics(http: HTTPRequest):
+    return Response(state_of(http).metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def include_routes(app: FastAPI) -> None:
+    app.include_router(v1)
+    app.include_router(ops)

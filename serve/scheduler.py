@@ -1,0 +1,209 @@
+"""The FIFO and the engine's ownership periods.
+
+Preemption off: one request owns the engine from GEN to DONE, strict FIFO.
+Preemption on: periods GEN -> SUSPENDED and RESUME -> SUSPENDED | DONE. While the owner reads its
+prompt and someone waits, every PP is answered with a boundary offer (YIELD). A parked request
+resumes once the queue has drained, or ahead of the queue once it has waited max_wait_s.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from protocol import messages as m
+
+from serve.engine_client import EngineClient, EngineState
+from serve.metrics import Metrics
+from serve.request import EngineFailure, Phase, Request
+
+log = logging.getLogger("strata.scheduler")
+
+
+class Scheduler:
+    def __init__(self, metrics: Metrics, preempt: bool, max_wait_s: float):
+        self.metrics, self.preempt_wanted, self.max_wait_s = metrics, preempt, max_wait_s
+        self.engine: EngineClient | None = None
+        self.waiting: deque[Request] = deque()
+        self.owner: Request | None = None
+        self.parked: Request | None = None
+        self.requests: dict[int, Request] = {}  # every request the engine may still send lines for
+        self.closed = False
+        self._warned_no_cap = False
+
+    @property
+    def preempt(self) -> bool:
+        return self.preempt_wanted and self.engine is not None and "preempt" in self.engine.info.caps
+
+    # ------------------------------------------------------------ from the HTTP side
+
+    def submit(self, req: Request) -> None:
+        if self.closed or (self.engine is not None and self.engine.state is EngineState.FAILED):
+            req.deliver(EngineFailure("the server is shutting down" if self.closed else
+                                      f"the engine is unavailable: {self.engine.failure}"))
+            return
+        self.requests[req.id] = req
+        self.waiting.append(req)
+        self.metrics.queued.set(len(self.waiting))
+        self.dispatch()
+
+    def abandon(self, req: Request) -> None:
+        """The client has gone (or no longer wants tokens): free whatever the request holds."""
+        req.abandoned = True
+        if req.phase is Phase.QUEUED:
+            self._drop_waiting(req)
+            self._forget(req)
+        elif req.phase is Phase.RUNNING:
+            self.engine.send(m.Stop(req.id))  # the period ends when DONE arrives
+        elif req.phase is Phase.PARKED:
+            self.engine.send(m.Cancel(req.id))
+            self._unpark(req)
+            self._forget(req)
+            self.dispatch()
+
+    # ------------------------------------------------------------ from the engine
+
+    def on_message(self, msg: m.Message) -> None:
+        req = self.requests.get(msg.id) if msg.id is not None else None
+        if req is None:
+            if isinstance(msg, m.Err):
+                log.error("engine error: %s", msg.message)
+            return
+        handler = self._HANDLERS.get(type(msg))
+        if handler:
+            handler(self, req, msg)
+        if not req.abandoned:
+            req.deliver(msg)
+
+    def _on_pp(self, req: Request, msg: m.PP) -> None:
+        if req.first_chunk_at is None:
+            req.first_chunk_at = time.monotonic()
+            self.metrics.observe_queue_wait(req.queue_wait_s)
+        self.metrics.prompt_tokens.inc(msg.done - req.prompt_done)
+        req.prompt_done = msg.done
+        if self.preempt and self.waiting and req is self.owner and msg.done < msg.total:
+            self.engine.send(m.Yield())
+
+    def _on_token(self, req: Request, msg: m.T) -> None:
+        if req.first_token_at is None:
+            req.first_token_at = time.monotonic()
+            self.metrics.ttft.observe(req.ttft_s)
+        req.generated += 1
+        self.metrics.generated_tokens.inc()
+
+    def _on_suspended(self, req: Request, msg: m.Suspended) -> None:
+        req.phase, req.parks, req.parked_at = Phase.PARKED, req.parks + 1, time.monotonic()
+        self.owner, self.parked = None, req
+        self.metrics.preemptions.inc()
+        self.metrics.parked.set(1)
+        self.dispatch()
+
+    def _on_decline(self, req: Request, msg: m.Decline) -> None:
+        self.metrics.declined.labels(msg.reason).inc()
+
+    def _on_end(self, req: Request, msg: m.Done | m.Err) -> None:
+        if req is self.owner:
+            self.owner = None
+        req.phase = Phase.DONE
+        self._forget(req)
+        self.dispatch()
+
+    _HANDLERS = {m.PP: _on_pp, m.T: _on_token, m.Suspended: _on_suspended, m.Decline: _on_decline,
+                 m.Done: _on_end, m.Err: _on_end}
+
+    def on_malformed(self, line: str, error: str) -> None:
+        """A line that does not parse fails the owner; the engine is told to stop it."""
+        req = self.owner
+        if req is None:
+            return
+        req.deliver(EngineFailure(f"the engine sent a malformed line ({error})", status=502))
+        req.abandoned = True
+        self.engine.send(m.Stop(req.id))
+
+    def on_engine_exit(self, reason: str) -> None:
+        """Everything the engine held died with it; queued requests wait for the restart."""
+        self.metrics.engine_restarts.inc()
+        for req in (self.owner, self.parked):
+            if req is not None:
+                req.phase = Phase.DONE
+                req.deliver(EngineFailure(f"{reason}; the request was lost"))
+                self._forget(req)
+        self.owner = None
+        self._unpark(self.parked)
+
+    def on_engine_ready(self) -> None:
+        if self.preempt_wanted and "preempt" not in self.engine.info.caps and not self._warned_no_cap:
+            self._warned_no_cap = True
+            log.warning("--prefill-preempt is on but the engine lacks the 'preempt' capability: serving FIFO")
+        self.dispatch()
+
+    def on_engine_failed(self) -> None:
+        """Restarts are exhausted: nobody waiting can be served."""
+        while self.waiting:
+            req = self.waiting.popleft()
+            req.deliver(EngineFailure(f"the engine is unavailable: {self.engine.failure}"))
+            self._forget(req)
+        self.metrics.queued.set(0)
+
+    # ------------------------------------------------------------ granting periods
+
+    def dispatch(self) -> None:
+        if self.owner is not None or self.engine is None or not self.engine.ready or self.closed:
+            return
+        if self.parked is not None and (not self.waiting or self._parked_too_long()):
+            req = self.parked
+            self._unpark(req)
+            self._grant(req, m.Resume(req.id))
+            self.metrics.resumes.inc()
+        elif self.waiting:
+            req = self.waiting.popleft()
+            self.metrics.queued.set(len(self.waiting))
+            self._grant(req, m.Gen(req.max_tokens, tuple(req.prompt), req.sampling, req.id))
+
+    def _grant(self, req: Request, msg: m.Message) -> None:
+        self.owner, req.phase = req, Phase.RUNNING
+        self.engine.send(msg)
+
+    def _parked_too_long(self) -> bool:
+        return self.max_wait_s > 0 and time.monotonic() - self.parked.parked_at >= self.max_wait_s
+
+    def _unpark(self, req: Request | None) -> None:
+        if req is None or req is not self.parked:
+            return
+        waited = time.monotonic() - req.parked_at
+        req.parked_s += waited
+        self.metrics.park_duration.observe(waited)
+        self.parked = None
+        self.metrics.parked.set(0)
+
+    def _drop_waiting(self, req: Request) -> None:
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            pass
+        self.metrics.queued.set(len(self.waiting))
+
+    def _forget(self, req: Request) -> None:
+        self.requests.pop(req.id, None)
+
+    def shutdown(self) -> None:
+        """Every request gets an answer: the waiting and the parked fail, the owner is stopped."""
+        self.closed = True
+        for req in list(self.waiting) + ([self.parked] if self.parked else []) + ([self.owner] if self.owner else []):
+            req.deliver(EngineFailure("the server is shutting down"))
+        self.waiting.clear()
+        self.parked = self.owner = None
+
+    def status(self) -> dict:
+        owner = self.owner
+        return {
+            "busy": owner is not None,
+            "queued": len(self.waiting),
+            "phase": "idle" if owner is None else ("reading" if owner.reading else "decoding"),
+            "prompt_progress": None if owner is None else
+            {"id": owner.id, "done": owner.prompt_done, "total": len(owner.prompt), "generated": owner.generated},
+            "parked": [] if self.parked is None else
+            [{"id": self.parked.id, "done": self.parked.prompt_done, "total": len(self.parked.prompt),
+              "parks": self.parked.parks, "parked_s": round(time.monotonic() - self.parked.parked_at, 3)}],
+            "preempt": self.preempt,
+        }

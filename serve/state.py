@@ -1,0 +1,42 @@
+"""Everything the app holds while it runs, built in one place and started/stopped in lifespan."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from serve.config import ServerSettings
+from serve.engine_client import EngineClient
+from serve.metrics import Metrics
+from serve.scheduler import Scheduler
+
+MAX_DEFAULT_CTX = 8192
+
+
+class ServerState:
+    def __init__(self, settings: ServerSettings, tokenizer, model_ctx: int):
+        self.settings, self.tokenizer = settings, tokenizer
+        self.started_at = int(time.time())
+        self.fallback_ctx = settings.ctx or min(model_ctx, MAX_DEFAULT_CTX)
+        self.metrics = Metrics()
+        self.scheduler = Scheduler(self.metrics, settings.preempt.enabled, settings.preempt.max_wait_s)
+        self.engine = EngineClient(
+            settings.engine_command(), settings.handshake_timeout_s, settings.max_restarts,
+            on_message=self.scheduler.on_message, on_malformed=self.scheduler.on_malformed,
+            on_exit=self.scheduler.on_engine_exit, on_ready=self.scheduler.on_engine_ready,
+            on_failed=self.scheduler.on_engine_failed)
+        self.scheduler.engine = self.engine
+        self._starter: asyncio.Task | None = None
+
+    @property
+    def ctx(self) -> int:
+        return self.engine.info.ctx or self.fallback_ctx
+
+    def start(self) -> None:
+        """The engine starts in the background: /health answers 503 until it is ready."""
+        self._starter = asyncio.create_task(self.engine.start())
+
+    async def stop(self) -> None:
+        self.scheduler.shutdown()
+        if self._starter:
+            self._starter.cancel()
+        await self.engine.stop(self.settings.shutdown_timeout_s)
