@@ -70,11 +70,12 @@ class LlamaModel:
             t1 = min(t0 + KEY_TILE, total)
             s = qg @ keys[:, t0:t1].transpose(0, 2, 1)  # (kv_heads, group*n, tile)
             if t1 > start + 1:  # tile reaches the diagonal: mask keys after each query
-                s = s.reshape(c.n_kv_heads, group, n, t1 - t0) + self.causal_bias(start, n, t0, t1)
-                s = s.reshape(c.n_kv_heads, group * n, t1 - t0)
+                s4 = s.reshape(c.n_kv_heads, group, n, t1 - t0)
+                xp.add(s4, self.causal_bias(start, n, t0, t1), out=s4)
             tile_max = s.max(axis=-1, keepdims=True)
             new_best = tile_max if best is None else xp.maximum(best, tile_max)
-            p = xp.exp(s - new_best)
+            xp.subtract(s, new_best, out=s)
+            p = xp.exp(s, out=s)  # unnormalized probabilities, in place
             if best is None:
                 acc, norm = p @ values[:, t0:t1], p.sum(axis=-1, keepdims=True)
             else:
