@@ -1,0 +1,27 @@
+import pytest
+
+from engine.backend import cpu_backend
+from engine.gguf_model import load_model
+from engine.kv import KVCache
+from engine.model import LlamaModel
+
+
+class LoadedModel:
+    def __init__(self, path: str):
+        self.backend = cpu_backend()
+        self.cfg, self.weights, _ = load_model(path, self.backend)
+        self.model = LlamaModel(self.cfg, self.weights, self.backend)
+
+    def logits_after(self, ids, chunk: int, ctx: int = 1024):
+        """Read `ids` in absolute chunks of `chunk` into a fresh cache; logits of the last position."""
+        kv = KVCache(self.cfg, ctx, self.backend)
+        logits = None
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            logits = self.model.forward(part, start, kv, want_logits=start + len(part) == len(ids))
+        return logits
+
+
+@pytest.fixture(scope="session")
+def loaded(model_path) -> LoadedModel:
+    return LoadedModel(model_path)

@@ -1,0 +1,101 @@
+"""`strata --serve` over its pipes with the default model, and `strata "prompt"` at a terminal."""
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from protocol import messages as m
+from protocol.codec import decode
+from tests.harness import PY, ROOT, EngineProcess
+
+CASES = json.loads((Path(__file__).parent.parent / "fixtures/logits_golden.json").read_text())["cases"]
+FRANCE = tuple(CASES[0]["ids"])
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = EngineProcess([PY, "-m", "engine", "--serve", "--device", "cpu", "--chunk", "16", "--ctx", "1024"])
+    ready = e.handshake()
+    assert ready.ctx == 1024 and "stop" in ready.caps
+    yield e
+    assert e.close() == 0
+
+
+def test_info_names_model_device_and_chunk(engine):
+    info = decode(engine.lines[0])
+    assert isinstance(info, m.Info)
+    assert info.fields["chunk"] == "16" and info.fields["device"].startswith("cpu")
+    assert "Smollm2" in info.fields["model"]
+
+
+def test_gen_reads_in_absolute_chunks_then_answers_paris(engine, tokenizer):
+    engine.send(m.Gen(20, FRANCE, {"temperature": 0.0}, 1))
+    got = engine.read_until(m.Done, ident=1)
+    assert [p.done for p in got if isinstance(p, m.PP)] == [16, 32, 37]
+    tokens = [t.token for t in got if isinstance(t, m.T)]
+    assert tokenizer.decode(tokens) == "The capital of France is Paris."
+    done = got[-1]
+    assert (done.finish, done.generated, done.prompt_tokens) == ("stop", len(tokens), 37)
+
+
+def test_seeded_sampling_repeats_exactly(engine):
+    runs = []
+    for ident in (2, 3):
+        engine.send(m.Gen(12, FRANCE, {"temperature": 0.9, "seed": 1234}, ident))
+        runs.append([t.token for t in engine.read_until(m.Done, ident=ident) if isinstance(t, m.T)])
+    assert runs[0] == runs[1] and runs[0]
+
+
+def test_stop_between_tokens(engine):
+    engine.send(m.Gen(500, FRANCE, {"temperature": 1.0, "seed": 1, "stop": (99999,)}, 4))
+    engine.read_until(m.T, ident=4)
+    engine.send(m.Stop(4))
+    done = engine.read_until(m.Done, ident=4)[-1]
+    assert done.finish in ("cancel", "stop") and done.generated < 500
+
+
+def test_bad_lines_get_err_naming_the_problem_and_serving_goes_on(engine, tokenizer):
+    engine.send("GEN 5 warp=9 1,2,3 id=5")
+    err = engine.read()
+    assert isinstance(err, m.Err) and err.id == 5 and "warp" in err.message
+    engine.send(m.Gen(5, tuple(range(1, 1100)), {}, 6))
+    err = engine.read()
+    assert err.id == 6 and "context" in err.message
+    engine.send(m.Gen(5, (1, 60000), {}, 7))
+    assert "vocabulary" in engine.read().message
+    engine.send(m.Gen(5, (1, 2), {"top_p": 0.0}, 8))
+    assert "top_p" in engine.read().message
+    engine.send("HELLO there")
+    assert "unknown verb" in engine.read().message
+    engine.send(m.Gen(20, FRANCE, {}, 9))
+    tokens = [t.token for t in engine.read_until(m.Done, ident=9) if isinstance(t, m.T)]
+    assert "Paris" in tokenizer.decode(tokens)
+
+
+def test_terminal_mode_streams_an_answer():
+    out = subprocess.run([PY, "-m", "engine", "What is the capital of France?", "--device", "cpu"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+
+
+def test_missing_model_file_is_a_clear_error_and_nonzero_exit(tmp_path):
+    out = subprocess.run([PY, "-m", "engine", "--serve", "--model", str(tmp_path / "nope.gguf")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "model file not found" in out.stderr
+
+
+def test_unsupported_architecture_is_refused_by_name(tmp_path):
+    import gguf
+
+    path = tmp_path / "mamba.gguf"
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = subprocess.run([PY, "-m", "engine", "--serve", "--model", str(path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "unsupported architecture 'mamba'" in out.stderr

@@ -1,0 +1,59 @@
+"""Sampling: greedy, seeded determinism, top-k/top-p/min-p limits, penalties, validation."""
+import numpy as np
+import pytest
+
+from engine.sampler import Sampler, SamplingParams
+
+LOGITS = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
+
+
+def draws(params: SamplingParams, n: int = 400) -> list[int]:
+    s = Sampler(params, ())
+    return [s.sample(LOGITS) for _ in range(n)]
+
+
+def test_greedy_picks_the_argmax():
+    assert set(draws(SamplingParams(temperature=0), 10)) == {0}
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens():
+    a = draws(SamplingParams(temperature=1, seed=7))
+    assert a == draws(SamplingParams(temperature=1, seed=7))
+    assert a != draws(SamplingParams(temperature=1, seed=8))
+
+
+def test_top_k_one_is_greedy():
+    assert set(draws(SamplingParams(temperature=1, top_k=1, seed=1))) == {0}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    assert set(draws(SamplingParams(temperature=1, top_p=0.7, seed=1))) == {0, 1}
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_best():
+    assert set(draws(SamplingParams(temperature=1, min_p=0.5, seed=1))) == {0, 1}
+
+
+def test_temperature_sampling_follows_the_distribution():
+    counts = np.bincount(draws(SamplingParams(temperature=1, seed=3), 4000), minlength=4) / 4000
+    assert np.allclose(counts, [0.5, 0.3, 0.15, 0.05], atol=0.03)
+
+
+def test_repeat_penalty_moves_greedy_off_a_recent_token():
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=10.0), prompt=(0,))
+    logits = np.array([2.0, 1.9, 0.0], dtype=np.float32)
+    assert s.sample(logits) == 1
+
+
+def test_frequency_and_presence_penalties_count_occurrences():
+    s = Sampler(SamplingParams(temperature=0, frequency_penalty=0.5), prompt=(0, 0, 0))
+    assert s.sample(np.array([2.0, 1.0], dtype=np.float32)) == 1
+    s = Sampler(SamplingParams(temperature=0, presence_penalty=2.0), prompt=(0,))
+    assert s.sample(np.array([2.0, 1.0], dtype=np.float32)) == 1
+
+
+@pytest.mark.parametrize("bad", [{"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -1},
+                                 {"min_p": 2}, {"repeat_penalty": 0}, {"presence_penalty": 3}])
+def test_invalid_values_are_refused_by_name(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams(**bad)

@@ -1,0 +1,92 @@
+"""The line grammar: every message round-trips; anything off raises ProtocolError quoting the line."""
+import pytest
+from hypothesis import given, strategies as st
+
+from protocol import messages as m
+from protocol.codec import ProtocolError, decode, encode
+
+ids = st.none() | st.integers(0, 2**40)
+counts = st.integers(0, 10**7)
+floats = st.floats(0, 1e9, allow_nan=False, allow_infinity=False)
+words = st.from_regex(r"[A-Za-z0-9_.:/+-]{1,12}", fullmatch=True)
+keys = st.from_regex(r"[a-z_]{1,10}", fullmatch=True)
+text = st.text(max_size=60)  # any unicode: newlines, '=', backslashes, U+2028, ...
+tokens = st.lists(st.integers(0, 200_000), min_size=1, max_size=20).map(tuple)
+
+gen_params = st.fixed_dictionaries({}, optional={
+    "temperature": floats, "top_p": floats, "top_k": st.integers(0, 100), "min_p": floats,
+    "seed": st.integers(-(2**62), 2**62), "repeat_penalty": floats, "repeat_last_n": st.integers(0, 512),
+    "presence_penalty": floats, "frequency_penalty": floats, "stop": tokens, "fp": st.integers(0, 1)})
+
+messages = st.one_of(
+    st.builds(m.Gen, st.integers(0, 10**6), tokens, gen_params, ids),
+    st.builds(m.Stop, ids), st.builds(m.Yield, ids), st.builds(m.Quit, ids),
+    st.builds(m.Resume, st.integers(0, 2**40)), st.builds(m.Cancel, st.integers(0, 2**40)),
+    st.builds(m.Info, st.dictionaries(keys, text, max_size=5), ids),
+    st.builds(m.Ready, st.integers(1, 10**6), st.lists(words, max_size=4).map(tuple), ids),
+    st.builds(m.PP, counts, counts, floats, floats, ids),
+    st.builds(m.T, counts, ids),
+    st.builds(m.Suspended, counts, counts, ids),
+    st.builds(m.Decline, words, counts, counts, ids),
+    st.builds(m.FP, st.sampled_from(m.FP_STAGES), counts, st.from_regex(r"[0-9a-f]{1,32}", fullmatch=True), ids),
+    st.builds(m.Done, counts, counts, floats, floats, st.sampled_from(m.FINISH_REASONS),
+              st.dictionaries(keys, text, max_size=4), ids),
+    st.builds(m.Err, text, ids),
+)
+
+
+@given(messages)
+def test_every_message_round_trips_on_one_line(msg):
+    line = encode(msg)
+    assert "\n" not in line and "\r" not in line
+    assert decode(line + "\n") == msg
+
+
+@given(text, ids)
+def test_err_text_with_odd_unicode_round_trips(message, ident):
+    assert decode(encode(m.Err(message, ident))) == m.Err(message, ident)
+
+
+@given(st.sampled_from(["STOP", "YIELD", "T 5", "PP 1 2 3.0 4.0", "ERR oops"]), st.integers(0, 10**9))
+def test_id_suffix_is_the_last_field(body, ident):
+    assert decode(f"{body} id={ident}").id == ident
+    assert decode(body).id is None
+
+
+def test_err_text_that_looks_like_an_id_suffix_is_not_one():
+    msg = m.Err("went wrong at id=7")
+    assert decode(encode(msg)) == msg
+    assert decode(encode(m.Err("went wrong at id=7", 3))) == m.Err("went wrong at id=7", 3)
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("FROB 1", "unknown verb 'FROB'"),
+    ("T", "T takes 1 fields, got 0"),
+    ("T 1 2", "T takes 1 fields, got 2"),
+    ("T x", "token must be an integer"),
+    ("T 1_000", "token must be an integer"),
+    ("T -1", "token must be >= 0"),
+    ("PP 1 2 3.0 fast", "tok/s must be a number"),
+    ("PP 1 2 3.0 4.0 id=x", "PP takes 4 fields"),
+    ("RESUME", "RESUME needs id=N"),
+    ("CANCEL 3", "CANCEL takes 0 fields"),
+    ("GEN 5 bogus=1 1,2", "unknown GEN key 'bogus'"),
+    ("GEN 5 temperature=hot 1,2", "temperature must be a number"),
+    ("GEN 5", "GEN takes at least 2 fields"),
+    ("GEN 5 1,,2", "token id must be an integer"),
+    ("DONE 1 2 3.0 4.0 exploded", "bad finish 'exploded'"),
+    ("READY", "READY takes at least 1 fields"),
+    ("T 1  id=2", "empty field"),
+    ("FP park 3 XYZ", "bad digest"),
+])
+def test_malformed_lines_raise_an_error_that_quotes_the_line(line, fragment):
+    with pytest.raises(ProtocolError) as err:
+        decode(line)
+    assert fragment in str(err.value)
+    assert repr(line) in str(err.value)
+
+
+def test_protocol_error_keeps_the_id_of_a_bad_line():
+    with pytest.raises(ProtocolError) as err:
+        decode("GEN 5 bogus=1 1,2 id=42")
+    assert err.value.id == 42

@@ -1,0 +1,105 @@
+"""The mock engine over its pipes: the whole protocol and each fault knob."""
+import time
+
+from protocol import messages as m
+
+
+def gen(n_prompt: int, max_new: int, ident: int, **params) -> m.Gen:
+    return m.Gen(max_new, tuple(range(10, 10 + n_prompt)), params, ident)
+
+
+def test_handshake_then_chunks_tokens_and_done(engine_factory):
+    e = engine_factory("--chunk", "4", mock=True)
+    assert e.handshake() == m.Ready(8192, ("stop",))
+    e.send(gen(10, 3, 1))
+    got = e.read_until(m.Done)
+    assert [(x.done, x.total) for x in got if isinstance(x, m.PP)] == [(4, 10), (8, 10), (10, 10)]
+    assert [x.token for x in got if isinstance(x, m.T)] == [10, 11, 12]  # the prompt echoed
+    assert got[-1].finish == "length" and got[-1].generated == 3 and got[-1].id == 1
+
+
+def test_scripted_output_stops_at_eos(engine_factory):
+    e = engine_factory("--script", "7,8,2,9", mock=True)
+    e.handshake()
+    e.send(gen(3, 10, 5))
+    got = e.read_until(m.Done)
+    assert [x.token for x in got if isinstance(x, m.T)] == [7, 8, 2]
+    assert got[-1].finish == "stop"
+
+
+def test_stop_ends_the_running_request_with_cancel(engine_factory):
+    e = engine_factory("--chunk", "4", "--chunk-s", "0.05", mock=True)
+    e.handshake()
+    e.send(gen(400, 5, 2))
+    e.read()  # first PP
+    e.send(m.Stop(2))
+    done = e.read_until(m.Done)[-1]
+    assert done.finish == "cancel" and done.id == 2
+
+
+def test_bad_lines_get_err_and_the_engine_keeps_serving(engine_factory):
+    e = engine_factory(mock=True)
+    e.handshake()
+    e.send("FROB 1 2")
+    assert "unknown verb" in e.read().message
+    e.send("GEN 5 bogus=1 1,2 id=9")
+    err = e.read()
+    assert isinstance(err, m.Err) and err.id == 9 and "bogus" in err.message
+    e.send(gen(2, 1, 10))
+    assert e.read_until(m.Done)[-1].finish == "length"
+
+
+def test_park_and_resume_when_preempt_is_on(engine_factory):
+    e = engine_factory("--chunk", "4", "--chunk-s", "0.05", "--prefill-preempt", mock=True)
+    assert "preempt" in e.handshake().caps
+    e.send(gen(20, 2, 1, fp=1))
+    e.read()
+    e.send(m.Yield())
+    got = e.read_until(m.Suspended)
+    parked = next(x for x in got if isinstance(x, m.FP))
+    e.send(m.Resume(1))
+    got = e.read_until(m.Done)
+    resumed = next(x for x in got if isinstance(x, m.FP))
+    assert (resumed.stage, resumed.digest) == ("resume", parked.digest)
+    assert got[-1].extra["parks"] == "1"
+
+
+def test_fault_die_at_chunk(engine_factory):
+    e = engine_factory("--chunk", "4", "--die-at-chunk", "2", mock=True)
+    e.handshake()
+    e.send(gen(20, 2, 1))
+    e.read()
+    try:
+        e.read()
+        raise AssertionError("the engine should have died")
+    except EOFError:
+        pass
+    assert e.proc.wait(5) == 3
+
+
+def test_fault_malformed_line(engine_factory):
+    e = engine_factory("--chunk", "4", "--malformed-at-chunk", "1", mock=True)
+    e.handshake()
+    e.send(gen(8, 1, 1))
+    try:
+        e.read()
+        raise AssertionError("expected a malformed line")
+    except ValueError as err:
+        assert "this-is-not-a-number" in str(err)
+
+
+def test_fault_no_preempt_cap_and_slow_start(engine_factory):
+    started = time.monotonic()
+    e = engine_factory("--prefill-preempt", "--no-preempt-cap", "--start-delay", "0.5", mock=True)
+    assert e.handshake().caps == ("stop",)
+    assert time.monotonic() - started >= 0.5
+
+
+def test_fault_die_while_parked(engine_factory):
+    e = engine_factory("--chunk", "4", "--chunk-s", "0.05", "--prefill-preempt", "--die-while-parked", mock=True)
+    e.handshake()
+    e.send(gen(20, 2, 1))
+    e.read()
+    e.send(m.Yield())
+    e.read_until(m.Suspended)
+    assert e.proc.wait(5) == 3
