@@ -1,0 +1,46 @@
+"""Small HTTP helpers for server tests."""
+from __future__ import annotations
+
+import threading
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def chat(url: str, content: str = "Hello", **body) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": content}], **body},
+                      timeout=60)
+
+
+def complete_tokens(url: str, n_prompt: int, max_tokens: int = 4, **body) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", json={"prompt": list(range(100, 100 + n_prompt)),
+                                                      "max_tokens": max_tokens, **body}, timeout=120)
+
+
+def metrics(url: str) -> dict[str, float]:
+    """Every sample as 'name{labels}' -> value, parsed by prometheus_client's own parser."""
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+class Background(threading.Thread):
+    """Run a request on a thread; .result holds the response or the exception."""
+
+    def __init__(self, fn, *args, **kwargs):
+        super().__init__(daemon=True)
+        self.fn, self.args, self.kwargs, self.result = fn, args, kwargs, None
+
+    def run(self):
+        try:
+            self.result = self.fn(*self.args, **self.kwargs)
+        except Exception as e:  # recorded for the test to assert on
+            self.result = e
+
+    def get(self, timeout: float = 120):
+        self.join(timeout)
+        assert not self.is_alive(), "background request did not finish"
+        return self.result
