@@ -1,6 +1,7 @@
 """The OpenAI-compatible API over the mock engine, through the real openai client."""
 import concurrent.futures
 import threading
+import time
 
 import httpx
 import openai
@@ -79,6 +80,9 @@ def test_sse_keepalive_comments_while_queued(mock_server):
     blocker = threading.Thread(target=lambda: httpx.post(
         mock_server.url + "/v1/completions", json={"prompt": list(range(100, 4100)), "max_tokens": 600}, timeout=60))
     blocker.start()
+    deadline = time.monotonic() + 10
+    while not httpx.get(mock_server.url + "/status").json()["busy"] and time.monotonic() < deadline:
+        time.sleep(0.01)
     with httpx.stream("POST", mock_server.url + "/v1/completions", timeout=60,
                       json={"prompt": "hi", "max_tokens": 2, "stream": True}) as r:
         body = "".join(r.iter_text())
