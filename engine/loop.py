@@ -50,6 +50,12 @@ class EngineLoop:
         self.parked: dict[int, Parked] = {}
         self.yield_offered = False
         self.quitting = False
+        self.logged: set[str] = set()
+
+    def log_once(self, kind: str, text: str) -> None:
+        if kind not in self.logged:
+            self.logged.add(kind)
+            print(f"strata: {text}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------ input
 
@@ -199,8 +205,12 @@ class EngineLoop:
         if reason is None:
             try:
                 snapshot = self.runner.park(seq)
-            except MemoryError:
-                reason = "alloc_failed"
+            except Exception as e:  # MemoryError, CuPy's OutOfMemoryError, ...: keep reading
+                self.log_once("snapshot_failed", f"snapshot copy failed ({type(e).__name__}: {e}); the read continues unparked")
+                reason = "snapshot_failed"
+        if reason == "budget":
+            self.log_once("budget", f"park declined: a {nbytes >> 20} MiB snapshot would exceed the "
+                     f"{self.policy.budget_bytes >> 20} MiB budget ({used >> 20} MiB in use)")
         if reason is not None:
             self.write(m.Decline(reason, seq.pos, seq.total, seq.id))
             return False
@@ -217,6 +227,7 @@ class EngineLoop:
             self.write(m.Err(f"no parked request with id {ident}", ident))
             return
         self.runner.restore(parked.seq, parked.snapshot)
+        self.yield_offered = False  # a fresh period waits for a fresh offer
         if parked.seq.fingerprints:
             self.write(m.FP("resume", parked.seq.pos, self.runner.fingerprint(parked.seq), ident))
         self.run(parked.seq)

@@ -5,6 +5,8 @@ import argparse
 import logging
 import sys
 
+import uvicorn
+
 from engine.model_path import ModelNotFound, resolve_model_path
 from serve.config import PreemptSettings, ServerSettings, split_command
 
@@ -53,8 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ModelNotFound) as e:
         print(f"strata-server: {e}", file=sys.stderr)
         return 2
-    import uvicorn
-
     from engine.gguf_model import ModelLoadError
     from engine.tokenizer import load_tokenizer_and_ctx
     from serve.app import create_app
@@ -65,9 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata-server: {e}", file=sys.stderr)
         return 2
     app = create_app(settings, tokenizer, model_ctx)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=5)
+    AnsweringServer(config).run()
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+class AnsweringServer(uvicorn.Server):
+    """uvicorn's Server, except that on SIGINT/SIGTERM every waiting request is answered (with an
+    error) before uvicorn waits for open connections to finish: nothing hangs, nobody is dropped."""
+
+    def handle_exit(self, sig, frame):
+        state = getattr(self.config.app.state, "strata", None)
+        if state is not None and self.started:
+            state.loop.call_soon_threadsafe(state.scheduler.shutdown)
+        super().handle_exit(sig, frame)

@@ -43,6 +43,7 @@ class Request:
     parks: int = 0
     parked_at: float | None = None
     parked_s: float = 0.0
+    protected: bool = False  # resumed by the max-wait rule: no more boundary offers
     abandoned: bool = False  # its client left (or a stop string matched); the engine may still hold it
 
     @property

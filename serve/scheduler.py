@@ -3,7 +3,8 @@
 Preemption off: one request owns the engine from GEN to DONE, strict FIFO.
 Preemption on: periods GEN -> SUSPENDED and RESUME -> SUSPENDED | DONE. While the owner reads its
 prompt and someone waits, every PP is answered with a boundary offer (YIELD). A parked request
-resumes once the queue has drained, or ahead of the queue once it has waited max_wait_s.
+resumes once the queue has drained, or ahead of the queue once it has waited max_wait_s; then
+it reads to the end without further offers, so its postponement is bounded.
 """
 from __future__ import annotations
 
@@ -46,6 +47,14 @@ class Scheduler:
         self.waiting.append(req)
         self.metrics.queued.set(len(self.waiting))
         self.dispatch()
+        self.offer_boundary()
+
+    def offer_boundary(self) -> None:
+        """Someone waits while the owner reads its prompt: offer a park at its next boundary.
+        Repeated after every PP, since a declined offer is consumed."""
+        owner = self.owner
+        if self.preempt and self.waiting and owner is not None and owner.reading and not owner.protected:
+            self.engine.send(m.Yield())
 
     def abandon(self, req: Request) -> None:
         """The client has gone (or no longer wants tokens): free whatever the request holds."""
@@ -81,8 +90,8 @@ class Scheduler:
             self.metrics.observe_queue_wait(req.queue_wait_s)
         self.metrics.prompt_tokens.inc(msg.done - req.prompt_done)
         req.prompt_done = msg.done
-        if self.preempt and self.waiting and req is self.owner and msg.done < msg.total:
-            self.engine.send(m.Yield())
+        if req is self.owner and msg.done < msg.total:
+            self.offer_boundary()
 
     def _on_token(self, req: Request, msg: m.T) -> None:
         if req.first_token_at is None:
@@ -152,6 +161,7 @@ class Scheduler:
             return
         if self.parked is not None and (not self.waiting or self._parked_too_long()):
             req = self.parked
+            req.protected = bool(self.waiting)  # resumed ahead of the queue: read to the end unparked
             self._unpark(req)
             self._grant(req, m.Resume(req.id))
             self.metrics.resumes.inc()
@@ -188,11 +198,17 @@ class Scheduler:
 
     def shutdown(self) -> None:
         """Every request gets an answer: the waiting and the parked fail, the owner is stopped."""
+        if self.closed:
+            return
         self.closed = True
-        for req in list(self.waiting) + ([self.parked] if self.parked else []) + ([self.owner] if self.owner else []):
+        if self.owner is not None and self.engine is not None:
+            self.engine.send(m.Stop(self.owner.id))
+        for req in list(self.waiting) + [r for r in (self.parked, self.owner) if r is not None]:
             req.deliver(EngineFailure("the server is shutting down"))
         self.waiting.clear()
-        self.parked = self.owner = None
+        self.metrics.queued.set(0)
+        self._unpark(self.parked)
+        self.owner = None
 
     def status(self) -> dict:
         owner = self.owner

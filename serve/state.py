@@ -33,6 +33,7 @@ class ServerState:
 
     def start(self) -> None:
         """The engine starts in the background: /health answers 503 until it is ready."""
+        self.loop = asyncio.get_running_loop()
         self._starter = asyncio.create_task(self.engine.start())
 
     async def stop(self) -> None:
