@@ -135,8 +135,9 @@ class EngineLoop:
             self.runner.read_prompt_chunk(seq)
             ms = (time.perf_counter() - started) * 1000
             seq.prompt_ms += ms
+            stop = self.poll_control(seq)  # lines that arrived during this chunk, before its PP
             self.write(m.PP(seq.pos, seq.total, ms, (seq.pos - before) / max(ms, 1e-6) * 1000, seq.id))
-            if self.poll_control(seq):
+            if stop:
                 return self.finish(seq, "cancel")
             if self.yield_offered and seq.reading and self.try_park(seq):
                 return

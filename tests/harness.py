@@ -6,15 +6,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from protocol import messages as m
-from protocol.codec import decode, encode
+from protocol.pipe_client import EnginePipe
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -102,56 +100,8 @@ class ServerProcess:
         self.stop()
 
 
-class EngineProcess:
-    """An engine (real or mock) driven directly over its pipes."""
+class EngineProcess(EnginePipe):
+    """An engine (real or mock) driven directly over its pipes, from the repository root."""
 
     def __init__(self, cmd: list[str]):
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1)
-        self.lines: list[str] = []
-        self.stderr: list[str] = []
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-
-    def _drain_stderr(self) -> None:
-        for line in self.proc.stderr:
-            self.stderr.append(line)
-
-    def send(self, msg: m.Message | str) -> None:
-        self.proc.stdin.write((msg if isinstance(msg, str) else encode(msg)) + "\n")
-        self.proc.stdin.flush()
-
-    def read(self) -> m.Message:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise EOFError(f"engine closed stdout (exit {self.proc.poll()}):\n{''.join(self.stderr[-20:])}")
-        self.lines.append(line.rstrip("\n"))
-        return decode(line)
-
-    def handshake(self) -> m.Ready:
-        while True:
-            msg = self.read()
-            if isinstance(msg, m.Ready):
-                return msg
-
-    def read_until(self, *types, ident: int | None = None) -> list[m.Message]:
-        """Read lines up to and including the first of `types` (for `ident` if given)."""
-        got = []
-        while True:
-            msg = self.read()
-            got.append(msg)
-            if isinstance(msg, types) and (ident is None or msg.id == ident):
-                return got
-
-    def close(self) -> int:
-        if self.proc.poll() is None:
-            try:
-                self.send("QUIT")
-                self.proc.stdin.close()
-            except (BrokenPipeError, ValueError):
-                pass
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        super().__init__(cmd, cwd=ROOT)

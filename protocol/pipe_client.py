@@ -1,0 +1,61 @@
+"""A synchronous client for an engine process over its pipes (tests and tools drive engines with it)."""
+from __future__ import annotations
+
+import subprocess
+import threading
+
+from protocol import messages as m
+from protocol.codec import decode, encode
+
+
+class EnginePipe:
+    def __init__(self, cmd: list[str], cwd=None, env=None):
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.lines: list[str] = []
+        self.stderr: list[str] = []
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+
+    def _drain_stderr(self) -> None:
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+
+    def send(self, msg: m.Message | str) -> None:
+        self.proc.stdin.write((msg if isinstance(msg, str) else encode(msg)) + "\n")
+        self.proc.stdin.flush()
+
+    def read(self) -> m.Message:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise EOFError(f"engine closed stdout (exit {self.proc.poll()}):\n{''.join(self.stderr[-20:])}")
+        self.lines.append(line.rstrip("\n"))
+        return decode(line)
+
+    def handshake(self) -> m.Ready:
+        while True:
+            msg = self.read()
+            if isinstance(msg, m.Ready):
+                return msg
+
+    def read_until(self, *types, ident: int | None = None) -> list[m.Message]:
+        """Read lines up to and including the first of `types` (for `ident` if given)."""
+        got = []
+        while True:
+            msg = self.read()
+            got.append(msg)
+            if isinstance(msg, types) and (ident is None or msg.id == ident):
+                return got
+
+    def close(self, timeout_s: float = 20) -> int:
+        if self.proc.poll() is None:
+            try:
+                self.send("QUIT")
+                self.proc.stdin.close()
+            except (BrokenPipeError, ValueError):
+                pass
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode

@@ -1,0 +1,115 @@
+"""Park/resume parity scenarios, driven over an engine's pipes (`strata --serve --prefill-preempt`).
+
+Each scenario returns what request A produced: its tokens and its state fingerprints. Parity means
+the tokens and the DONE fingerprint equal those of the uninterrupted run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol import messages as m
+from protocol.pipe_client import EnginePipe
+
+A, B = 1, 2
+
+
+@dataclass
+class Outcome:
+    tokens: list[int]
+    done_fp: str
+    parks: list[int] = field(default_factory=list)  # positions A parked at
+    park_fps: list[str] = field(default_factory=list)
+    resume_fps: list[str] = field(default_factory=list)
+    finish: str = ""
+
+
+def tokens_of(lines: list[m.Message], ident: int) -> list[int]:
+    return [x.token for x in lines if isinstance(x, m.T) and x.id == ident]
+
+
+def gen(prompt, max_new: int, params: dict, ident: int) -> m.Gen:
+    return m.Gen(max_new, tuple(prompt), {**params, "fp": 1}, ident)
+
+
+def finish_a(engine: EnginePipe, seen: list[m.Message], outcome: Outcome) -> Outcome:
+    seen += engine.read_until(m.Done, ident=A)
+    outcome.tokens = tokens_of(seen, A)
+    outcome.done_fp, outcome.finish = seen[-1].extra["fp"], seen[-1].finish
+    return outcome
+
+
+def uninterrupted(engine: EnginePipe, prompt, max_new: int, params: dict) -> Outcome:
+    engine.send(gen(prompt, max_new, params, A))
+    return finish_a(engine, [], Outcome([], ""))
+
+
+def read_to_boundary_and_park(engine: EnginePipe, chunk: int, boundary: int, seen: list[m.Message],
+                              outcome: Outcome) -> None:
+    """Offer a park so that A parks at position boundary*chunk (the offer is sent while the chunk
+    ending there is being read), then record the park."""
+    target = boundary * chunk
+    while True:
+        done = max([x.done for x in seen if isinstance(x, m.PP) and x.id == A] +
+                   [x.pos for x in seen if isinstance(x, m.FP) and x.id == A] or [0])
+        if done >= target - chunk:
+            break
+        seen.append(engine.read())
+        if isinstance(seen[-1], (m.Err, m.Done)):
+            raise AssertionError(f"A ended before reaching boundary {boundary}: {seen[-1]}")
+    engine.send(m.Yield())
+    got = engine.read_until(m.Suspended, ident=A)
+    seen += got
+    suspended = got[-1]
+    if suspended.done != target:
+        engine.send(m.Cancel(A))
+        engine.read_until(m.Done, ident=A)
+        raise AssertionError(f"parked at {suspended.done}, wanted {target}: {got}")
+    outcome.parks.append(suspended.done)
+    outcome.park_fps.append(next(x.digest for x in got if isinstance(x, m.FP) and x.stage == "park"))
+
+
+def run_interim(engine: EnginePipe, prompt, decode_tokens: int, params: dict) -> list[int]:
+    """Request B while A is parked. decode_tokens=0: B is stopped after its first prompt chunk."""
+    engine.send(gen(prompt, max(decode_tokens, 1), params, B))
+    if decode_tokens == 0:
+        engine.read_until(m.PP, ident=B)
+        engine.send(m.Stop(B))
+    return tokens_of(engine.read_until(m.Done, ident=B), B)
+
+
+def resume(engine: EnginePipe, seen: list[m.Message], outcome: Outcome) -> None:
+    engine.send(m.Resume(A))
+    got = engine.read_until(m.FP, ident=A)
+    seen += got
+    outcome.resume_fps.append(got[-1].digest)
+
+
+def parked(engine: EnginePipe, prompt, max_new: int, params: dict, chunk: int, boundaries: list[int],
+           interim_prompt=None, interim_tokens: int | None = None) -> Outcome:
+    """A parks at each of `boundaries` (in chunks); between park and resume an interim request B
+    runs if interim_tokens is not None; otherwise it is a pure restore."""
+    outcome, seen = Outcome([], ""), []
+    engine.send(gen(prompt, max_new, params, A))
+    for boundary in boundaries:
+        read_to_boundary_and_park(engine, chunk, boundary, seen, outcome)
+        if interim_tokens is not None:
+            run_interim(engine, interim_prompt, interim_tokens, params)
+        resume(engine, seen, outcome)
+    return finish_a(engine, seen, outcome)
+
+
+def cancel_while_parked(engine: EnginePipe, prompt, params: dict, chunk: int) -> m.Done:
+    outcome, seen = Outcome([], ""), []
+    engine.send(gen(prompt, 4, params, A))
+    read_to_boundary_and_park(engine, chunk, 1, seen, outcome)
+    engine.send(m.Cancel(A))
+    return engine.read_until(m.Done, ident=A)[-1]
+
+
+def yield_during_decode(engine: EnginePipe, prompt, max_new: int, params: dict) -> tuple[Outcome, list]:
+    """A YIELD offered after the first token must be ignored: decode never parks."""
+    engine.send(gen(prompt, max_new, params, A))
+    seen = engine.read_until(m.T, ident=A)
+    engine.send(m.Yield())
+    outcome = finish_a(engine, seen, Outcome([], ""))
+    return outcome, [x for x in seen if isinstance(x, (m.Suspended, m.Decline))]
