@@ -27,14 +27,14 @@ from engine.model import LlamaModel  # noqa: E402
 from engine.model_path import resolve_model_path  # noqa: E402
 
 
-def machine(backend: Backend) -> str:
+def machine(device_name: str) -> str:
     cpu = platform.processor() or platform.machine()
     try:
         names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
         cpu = names[0] if names else cpu
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, numpy {np.__version__}, device {backend.device_name}"
+    return f"{cpu}, {os.cpu_count()} cores, numpy {np.__version__}, device {device_name}"
 
 
 def prefill_tok_s(model: LlamaModel, kv: KVCache, n: int, chunk: int, backend: Backend) -> float:
@@ -65,7 +65,7 @@ def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: in
     model = LlamaModel(cfg, weights, backend)
     kv = KVCache(cfg, max(sizes) + decode_steps + 1, backend)
     prefill_tok_s(model, kv, min(chunk, 256), chunk, backend)  # warm-up
-    result = {"machine": machine(backend), "model": Path(model_path).name, "chunk": chunk, "repeats": repeats}
+    result = {"machine": machine(backend.device_name), "model": Path(model_path).name, "chunk": chunk, "repeats": repeats}
     for n in sizes:
         runs = [prefill_tok_s(model, kv, n, chunk, backend) for _ in range(repeats)]
         result[f"prefill_{n}_tok_s"] = round(statistics.median(runs), 1)

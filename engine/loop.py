@@ -163,7 +163,7 @@ class EngineLoop:
         self.finish(seq, seq.finish)
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        extra = {"parks": str(seq.parks)}
+        extra = {"parks": str(seq.parks), "park_ms": f"{seq.park_ms:.3f}"}
         if seq.fingerprints:
             extra["fp"] = self.runner.fingerprint(seq)
         self.write(m.Done(len(seq.generated), seq.total, seq.prompt_ms, seq.decode_ms, reason, extra, seq.id))
@@ -204,8 +204,10 @@ class EngineLoop:
         if reason is None and seq.id is None:
             reason = "no_id"
         if reason is None:
+            started = time.perf_counter()
             try:
                 snapshot = self.runner.park(seq)
+                seq.park_ms += (time.perf_counter() - started) * 1000
             except Exception as e:  # MemoryError, CuPy's OutOfMemoryError, ...: keep reading
                 self.log_once("snapshot_failed", f"snapshot copy failed ({type(e).__name__}: {e}); the read continues unparked")
                 reason = "snapshot_failed"
@@ -227,7 +229,9 @@ class EngineLoop:
         if parked is None:
             self.write(m.Err(f"no parked request with id {ident}", ident))
             return
+        started = time.perf_counter()
         self.runner.restore(parked.seq, parked.snapshot)
+        parked.seq.park_ms += (time.perf_counter() - started) * 1000
         self.yield_offered = False  # a fresh period waits for a fresh offer
         if parked.seq.fingerprints:
             self.write(m.FP("resume", parked.seq.pos, self.runner.fingerprint(parked.seq), ident))

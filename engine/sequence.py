@@ -20,6 +20,7 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     logits: np.ndarray | None = None  # (vocab,) of the last position read, until sampled
     parks: int = 0
+    park_ms: float = 0.0  # time spent copying snapshots out and back in
     prompt_ms: float = 0.0
     decode_ms: float = 0.0
     finish: str | None = None

@@ -36,6 +36,7 @@ class Finished:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    timings: dict
 
 
 async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metrics,
@@ -64,7 +65,7 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
                 rest = stops.flush()
                 if rest:
                     yield Piece(rest)
-                yield _finish(req, FINISH[event.finish], metrics)
+                yield _finish(req, FINISH[event.finish], metrics, event)
                 return
             elif isinstance(event, m.Err):
                 raise GenerationError(f"engine error: {event.message}", status=400)
@@ -81,6 +82,17 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
                 scheduler.abandon(req)
 
 
-def _finish(req: Request, reason: str, metrics: Metrics) -> Finished:
+def _finish(req: Request, reason: str, metrics: Metrics, done: m.Done | None = None) -> Finished:
     metrics.requests.labels(reason).inc()
-    return Finished(reason, len(req.prompt), req.generated)
+    return Finished(reason, len(req.prompt), req.generated, timings(req, done))
+
+
+def timings(req: Request, done: m.Done | None) -> dict:
+    """Per-request figures in the words of DESIGN.md (ms), returned with the response."""
+    ms = lambda s: None if s is None else round(s * 1000, 3)  # noqa: E731
+    out = {"queue_wait_ms": ms(req.queue_wait_s), "ttft_ms": ms(req.ttft_s), "parks": req.parks,
+           "parked_ms": ms(req.parked_s)}
+    if done is not None:
+        out |= {"prompt_ms": round(done.prompt_ms, 3), "decode_ms": round(done.decode_ms, 3),
+                "park_copy_ms": float(done.extra.get("park_ms", 0))}
+    return out

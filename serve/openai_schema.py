@@ -89,10 +89,11 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def chat_body(rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> dict:
+def chat_body(rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int,
+              timings: dict) -> dict:
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens), "timings": timings}
 
 
 def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None) -> dict:
@@ -100,10 +101,11 @@ def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None) -> 
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
-def completion_body(rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> dict:
+def completion_body(rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int,
+                    timings: dict) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens), "timings": timings}
 
 
 def completion_chunk(rid: str, model: str, text: str, finish: str | None = None) -> dict:

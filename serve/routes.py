@@ -154,11 +154,11 @@ async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest
     rid, model = f"chatcmpl-{req.id}", state.settings.model_name
     if not body.stream:
         return await run_once(http, state, req, lambda text, f: schema.chat_body(
-            rid, model, text, f.finish_reason, f.prompt_tokens, f.completion_tokens))
+            rid, model, text, f.finish_reason, f.prompt_tokens, f.completion_tokens, f.timings))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def finish(f: Finished) -> list[dict]:
-        last = [schema.chat_chunk(rid, model, {}, f.finish_reason)]
+        last = [schema.chat_chunk(rid, model, {}, f.finish_reason) | {"timings": f.timings}]
         return last + ([schema.usage_chunk(rid, model, "chat.completion.chunk", f.prompt_tokens,
                                            f.completion_tokens)] if include_usage else [])
 
@@ -173,11 +173,11 @@ async def completions(body: schema.CompletionRequest, http: HTTPRequest):
     rid, model = f"cmpl-{req.id}", state.settings.model_name
     if not body.stream:
         return await run_once(http, state, req, lambda text, f: schema.completion_body(
-            rid, model, text, f.finish_reason, f.prompt_tokens, f.completion_tokens))
+            rid, model, text, f.finish_reason, f.prompt_tokens, f.completion_tokens, f.timings))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def finish(f: Finished) -> list[dict]:
-        last = [schema.completion_chunk(rid, model, "", f.finish_reason)]
+        last = [schema.completion_chunk(rid, model, "", f.finish_reason) | {"timings": f.timings}]
         return last + ([schema.usage_chunk(rid, model, "text_completion", f.prompt_tokens,
                                            f.completion_tokens)] if include_usage else [])
 
