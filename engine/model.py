@@ -23,6 +23,7 @@ class LlamaModel:
         xp, c = self.xp, self.cfg
         x = self.w.tok_embd[self.xp.asarray(tokens)].astype(xp.float32)  # (n, dim)
         cos, sin = self.rope_tables(start, len(tokens))
+        bias = self.causal_bias(len(tokens)) if len(tokens) > 1 else None  # shared by every layer
         for i, layer in enumerate(self.w.layers):
             h = self.rms_norm(x, layer.attn_norm)
             qkv = self.backend.matmul(h, layer.wqkv)  # (n, dim + 2*kv_dim)
@@ -32,7 +33,7 @@ class LlamaModel:
             end = start + len(tokens)
             kv.k[i, :, start:end] = self.rope(k, cos, sin).transpose(1, 0, 2)  # (kv_heads, n, head_dim)
             kv.v[i, :, start:end] = v.transpose(1, 0, 2)
-            attn = self.attention(self.rope(q, cos, sin), kv.k[i, :, :end], kv.v[i, :, :end], start)
+            attn = self.attention(self.rope(q, cos, sin), kv.k[i, :, :end], kv.v[i, :, :end], start, bias)
             x = x + self.backend.matmul(attn, layer.wo)
             x = x + self.feed_forward(self.rms_norm(x, layer.ffn_norm), layer)
         if not want_logits:
@@ -56,9 +57,9 @@ class LlamaModel:
         x1, x2 = x[..., :half], x[..., half:]
         return self.xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
-    def attention(self, q, keys, values, start: int):
-        """q: (n, heads, d); keys/values: (kv_heads, start+n, d). Causal, GQA, online softmax
-        over key tiles. Returns (n, heads*d)."""
+    def attention(self, q, keys, values, start: int, bias):
+        """q: (n, heads, d); keys/values: (kv_heads, start+n, d); bias: (n, n) causal mask of the
+        chunk's own keys. Causal, GQA, online softmax over key tiles. Returns (n, heads*d)."""
         xp, c = self.xp, self.cfg
         n, group = q.shape[0], c.n_heads // c.n_kv_heads
         # heads h = kv*group + g share kv head `kv`: (kv_heads, group*n, d), rows ordered (g, i)
@@ -70,8 +71,9 @@ class LlamaModel:
             t1 = min(t0 + KEY_TILE, total)
             s = qg @ keys[:, t0:t1].transpose(0, 2, 1)  # (kv_heads, group*n, tile)
             if t1 > start + 1:  # tile reaches the diagonal: mask keys after each query
-                s4 = s.reshape(c.n_kv_heads, group, n, t1 - t0)
-                xp.add(s4, self.causal_bias(start, n, t0, t1), out=s4)
+                lo = max(start, t0)  # keys of the chunk itself start here; earlier keys are all visible
+                part = s.reshape(c.n_kv_heads, group, n, t1 - t0)[..., lo - t0 :]
+                xp.add(part, bias[:, lo - start : t1 - start], out=part)
             tile_max = s.max(axis=-1, keepdims=True)
             new_best = tile_max if best is None else xp.maximum(best, tile_max)
             xp.subtract(s, new_best, out=s)
@@ -86,11 +88,9 @@ class LlamaModel:
         out = (acc / norm).reshape(c.n_kv_heads, group, n, c.head_dim)  # (kv, g, n, d)
         return out.transpose(2, 0, 1, 3).reshape(n, c.n_heads * c.head_dim)
 
-    def causal_bias(self, start: int, n: int, t0: int, t1: int):
-        """(n, tile) float32: 0 where key <= query position, -inf after it."""
-        q_pos = np.arange(start, start + n)[:, None]
-        k_pos = np.arange(t0, t1)[None, :]
-        return self.xp.asarray(np.where(k_pos > q_pos, -np.inf, 0.0).astype(np.float32))
+    def causal_bias(self, n: int):
+        """(n, n) float32 over the chunk's own keys: 0 where key <= query, -inf after it."""
+        return self.xp.asarray(np.triu(np.full((n, n), -np.inf, dtype=np.float32), k=1))
 
     def feed_forward(self, h, layer):
         gate_up = self.backend.matmul(h, layer.w_gate_up)  # (n, 2*ffn_dim)

@@ -8,6 +8,7 @@ A's overhead = A's wall(on) - A's wall(off) - B's own service time (B alone), an
 cost. Writes JSON and a PNG timeline to bench/results/.
 
     python tools/prefill_preempt_bench.py [--a-tokens 5000] [--b-delay 3] [--repeats 3] [--chunk 256]
+        [--device cpu|gpu]          (the model: $STRATA_MODEL, else the default)
 """
 from __future__ import annotations
 
@@ -32,10 +33,10 @@ B_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def long_prompt(n: int) -> list[int]:
-    from engine.model_path import default_model_path
+    from engine.model_path import resolve_model_path
     from engine.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(str(default_model_path()))
+    tokenizer = load_tokenizer(str(resolve_model_path(None)))  # --model, $STRATA_MODEL or the default
     text = " ".join(f"Record {i}: the committee reviewed item {i * 37 % 1000} and noted its status as "
                     f"{['open', 'closed', 'pending'][i % 3]}." for i in range(n // 10))
     ids = tokenizer.encode(text)
