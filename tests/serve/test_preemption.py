@@ -53,6 +53,8 @@ def test_a_queued_request_parks_the_read_and_runs_first(server_factory):
     a_response, a_done = a.get()
     assert a_done > b_done
     assert a_response.json()["choices"][0]["text"] == alone  # the resumed read gives the same text
+    assert a_response.json()["timings"]["parks"] == 1 and a_response.json()["timings"]["parked_ms"] > 0
+    assert b.json()["timings"]["queue_wait_ms"] < 1000 and b.json()["timings"]["parks"] == 0
     m = metrics(server.url)
     assert m["strata_prefill_preemptions_total"] == 1 and m["strata_prefill_resumes_total"] == 1
     assert m["strata_parked_requests"] == 0 and m["strata_park_duration_seconds_count"] == 1
