@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request as HTTPRequest
@@ -147,41 +148,58 @@ async def run_once(http: HTTPRequest, state: ServerState, req: Request, render) 
 
 # ---------------------------------------------------------------- endpoints
 
+@dataclass(frozen=True)
+class Shape:
+    """How one endpoint renders its results: the whole body, a stream chunk, the stream's start."""
+
+    prefix: str
+    chunk_object: str
+    body: Callable[[str, str, str, Finished], dict]
+    chunk: Callable[[str, str, str, str | None], dict]
+    first: Callable[[str, str], list[dict]]
+
+
+CHAT = Shape(
+    "chatcmpl", "chat.completion.chunk",
+    body=lambda rid, model, text, f: schema.chat_body(rid, model, text, f.finish_reason, f.prompt_tokens,
+                                                      f.completion_tokens, f.timings),
+    chunk=lambda rid, model, text, finish: schema.chat_chunk(rid, model, {"content": text} if text else {}, finish),
+    first=lambda rid, model: [schema.chat_chunk(rid, model, {"role": "assistant", "content": ""})])
+COMPLETION = Shape(
+    "cmpl", "text_completion",
+    body=lambda rid, model, text, f: schema.completion_body(rid, model, text, f.finish_reason, f.prompt_tokens,
+                                                            f.completion_tokens, f.timings),
+    chunk=schema.completion_chunk,
+    first=lambda rid, model: [])
+
+
+async def respond(http: HTTPRequest, state: ServerState, req: Request, body: schema.SamplingFields,
+                  shape: Shape) -> Response:
+    rid, model = f"{shape.prefix}-{req.id}", state.settings.model_name
+    if not body.stream:
+        return await run_once(http, state, req, lambda text, f: shape.body(rid, model, text, f))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def finish(f: Finished) -> list[dict]:
+        last = [shape.chunk(rid, model, "", f.finish_reason) | {"timings": f.timings}]
+        return last + ([schema.usage_chunk(rid, model, shape.chunk_object, f.prompt_tokens, f.completion_tokens)]
+                       if include_usage else [])
+
+    return run_stream(state, req, lambda text: shape.chunk(rid, model, text, None), finish, shape.first(rid, model))
+
+
 @v1.post("/chat/completions")
 async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest):
     state = state_of(http)
     req = build_request(state, body, chat_prompt(state, body), body.max_completion_tokens or body.max_tokens)
-    rid, model = f"chatcmpl-{req.id}", state.settings.model_name
-    if not body.stream:
-        return await run_once(http, state, req, lambda text, f: schema.chat_body(
-            rid, model, text, f.finish_reason, f.prompt_tokens, f.completion_tokens, f.timings))
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-    def finish(f: Finished) -> list[dict]:
-        last = [schema.chat_chunk(rid, model, {}, f.finish_reason) | {"timings": f.timings}]
-        return last + ([schema.usage_chunk(rid, model, "chat.completion.chunk", f.prompt_tokens,
-                                           f.completion_tokens)] if include_usage else [])
-
-    return run_stream(state, req, lambda text: schema.chat_chunk(rid, model, {"content": text}), finish,
-                      first=[schema.chat_chunk(rid, model, {"role": "assistant", "content": ""})])
+    return await respond(http, state, req, body, CHAT)
 
 
 @v1.post("/completions")
 async def completions(body: schema.CompletionRequest, http: HTTPRequest):
     state = state_of(http)
     req = build_request(state, body, completion_prompt(state, body), body.max_tokens)
-    rid, model = f"cmpl-{req.id}", state.settings.model_name
-    if not body.stream:
-        return await run_once(http, state, req, lambda text, f: schema.completion_body(
-            rid, model, text, f.finish_reason, f.prompt_tokens, f.completion_tokens, f.timings))
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-    def finish(f: Finished) -> list[dict]:
-        last = [schema.completion_chunk(rid, model, "", f.finish_reason) | {"timings": f.timings}]
-        return last + ([schema.usage_chunk(rid, model, "text_completion", f.prompt_tokens,
-                                           f.completion_tokens)] if include_usage else [])
-
-    return run_stream(state, req, lambda text: schema.completion_chunk(rid, model, text), finish)
+    return await respond(http, state, req, body, COMPLETION)
 
 
 @v1.get("/models")

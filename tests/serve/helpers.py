@@ -27,6 +27,14 @@ def metrics(url: str) -> dict[str, float]:
     return out
 
 
+def post_and_leave(url: str, prompt: str = "leaving", after_s: float = 0.2) -> None:
+    """A client that sends a completion and disconnects after `after_s` without waiting for it."""
+    try:
+        httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 5}, timeout=after_s)
+    except httpx.TimeoutException:
+        pass
+
+
 class Background(threading.Thread):
     """Run a request on a thread; .result holds the response or the exception."""
 

@@ -8,7 +8,7 @@ import time
 import httpx
 
 from tests.harness import mock_engine_cmd
-from tests.serve.helpers import Background, complete_tokens, metrics
+from tests.serve.helpers import Background, complete_tokens, metrics, post_and_leave
 from tests.serve.test_scheduling import status, wait_for
 
 LONG = 2560  # prompt tokens of A: 40 chunks of 64 at 0.05 s = 2 s of reading
@@ -93,10 +93,7 @@ def test_a_waiter_leaving_before_the_boundary_withdraws_the_park(server_factory)
     a = Background(complete_tokens, server.url, 640, 3)
     a.start()
     wait_for(lambda: status(server)["busy"])
-    try:
-        httpx.post(server.url + "/v1/completions", json={"prompt": "gone", "max_tokens": 2}, timeout=0.05)
-    except httpx.TimeoutException:
-        pass
+    post_and_leave(server.url, after_s=0.05)
     assert a.get().status_code == 200
     m = metrics(server.url)
     assert m["strata_prefill_preemptions_total"] == m["strata_prefill_resumes_total"]
@@ -110,10 +107,7 @@ def test_a_queued_request_can_leave_before_its_turn(server_factory):
     b = Background(complete_tokens, server.url, 20, 100)
     b.start()
     wait_for(lambda: status(server)["parked"] != [])
-    try:
-        httpx.post(server.url + "/v1/completions", json={"prompt": "gone", "max_tokens": 2}, timeout=0.2)
-    except httpx.TimeoutException:
-        pass
+    post_and_leave(server.url, after_s=0.2)
     wait_for(lambda: status(server)["queued"] == 0)
     assert b.get().status_code == 200 and a.get().status_code == 200
     assert metrics(server.url)["strata_queue_wait_seconds_count"] == 2  # A and B only

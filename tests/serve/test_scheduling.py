@@ -4,7 +4,7 @@ import time
 import httpx
 
 from tests.harness import mock_engine_cmd
-from tests.serve.helpers import Background, complete_tokens, metrics
+from tests.serve.helpers import Background, complete_tokens, metrics, post_and_leave
 
 SLOW = mock_engine_cmd("--chunk", "64", "--chunk-s", "0.05", "--token-s", "0.01")
 
@@ -46,10 +46,7 @@ def test_client_leaving_while_queued_never_reaches_the_engine(server_factory):
     a = Background(complete_tokens, server.url, 1280, 2)  # ~1 s of prompt reading
     a.start()
     wait_for(lambda: status(server)["busy"])
-    try:
-        httpx.post(server.url + "/v1/completions", json={"prompt": "leaving", "max_tokens": 5}, timeout=0.3)
-    except httpx.ReadTimeout:
-        pass
+    post_and_leave(server.url, after_s=0.3)
     wait_for(lambda: status(server)["queued"] == 0)
     assert a.get().status_code == 200
     m = metrics(server.url)
