@@ -42,8 +42,7 @@ class LlamaModel:
         return self.backend.to_host(self.backend.matmul(last, self.w.head)[0])  # (vocab,)
 
     def rms_norm(self, x, weight):
-        xp = self.xp
-        return x * (1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + self.cfg.norm_eps)) * weight
+        return self.backend.ops.rms_norm(x, weight, self.cfg.norm_eps)
 
     def rope_tables(self, start: int, n: int):
         angles = np.outer(np.arange(start, start + n, dtype=np.float64), self.inv_freq)  # (n, half)
@@ -53,9 +52,7 @@ class LlamaModel:
 
     def rope(self, x, cos, sin):
         """x: (n, heads, head_dim) with each head laid out [evens, odds] (see deinterleave_heads)."""
-        half = self.cfg.head_dim // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return self.xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+        return self.backend.ops.rope(x, cos, sin)
 
     def attention(self, q, keys, values, start: int, bias):
         """q: (n, heads, d); keys/values: (kv_heads, start+n, d); bias: (n, n) causal mask of the
@@ -95,4 +92,4 @@ class LlamaModel:
     def feed_forward(self, h, layer):
         gate_up = self.backend.matmul(h, layer.w_gate_up)  # (n, 2*ffn_dim)
         gate, up = gate_up[:, : self.cfg.ffn_dim], gate_up[:, self.cfg.ffn_dim :]
-        return self.backend.matmul(gate / (1.0 + self.xp.exp(-gate)) * up, layer.w_down)
+        return self.backend.matmul(self.backend.ops.silu_mul(gate, up), layer.w_down)
