@@ -79,6 +79,7 @@ def one_pair(url: str, prompt: list[int], a: argparse.Namespace) -> dict:
     t0 = a_out["sent"]
     return {"a_wall_s": a_out["done"] - t0, "a_parks": a_out["timings"].get("parks"),
             "a_parked_ms": a_out["timings"].get("parked_ms"), "a_park_copy_ms": a_out["timings"].get("park_copy_ms"),
+            "a_prompt_ms": a_out["timings"].get("prompt_ms"), "a_decode_ms": a_out["timings"].get("decode_ms"),
             "b_sent_s": b["sent"] - t0, "b_queue_wait_ms": b["timings"].get("queue_wait_ms"),
             "b_ttft_s": b["first"] - b["sent"], "b_done_s": b["done"] - b["sent"]}
 
