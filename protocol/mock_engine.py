@@ -5,7 +5,7 @@ output is the prompt echoed back or a scripted token list, and faults can be inj
 
     python -m protocol.mock_engine [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
         [--script 1,2,3] [--prefill-preempt] [--die-at-chunk K] [--die-while-parked]
-        [--malformed-at-chunk K] [--no-preempt-cap] [--start-delay S]
+        [--malformed-at-chunk K] [--fail-snapshot] [--no-preempt-cap] [--start-delay S]
 """
 from __future__ import annotations
 
@@ -68,6 +68,8 @@ class FakeRunner:
         return seq.pos * self.a.bytes_per_token
 
     def park(self, seq: Sequence):
+        if self.a.fail_snapshot:
+            raise MemoryError("injected: snapshot allocation failed")
         if self.a.die_while_parked:
             threading.Timer(0.2, os._exit, (FAULT_EXIT_CODE,)).start()
         return seq.pos
@@ -95,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     f = p.add_argument_group("faults")
     f.add_argument("--die-at-chunk", type=int, default=0, help="exit during the K-th prompt chunk read")
     f.add_argument("--die-while-parked", action="store_true", help="exit shortly after a park")
+    f.add_argument("--fail-snapshot", action="store_true", help="every snapshot copy fails (MemoryError)")
     f.add_argument("--malformed-at-chunk", type=int, default=0, help="print a malformed line at chunk K")
     f.add_argument("--no-preempt-cap", action="store_true", help="omit `preempt` from READY")
     f.add_argument("--start-delay", type=float, default=0.0, help="seconds before INFO/READY")
