@@ -27,6 +27,13 @@ class ModelRunner:
                 "ctx": str(self.ctx), "chunk": str(self.chunk), "device": self.backend.device_name,
                 "vocab": str(self.vocab_size), "version": __version__}
 
+    def warm_up(self) -> None:
+        """One small forward before READY, so the first request does not pay first-call costs
+        (page faults on the weights, BLAS/CuPy initialization, kernel compilation)."""
+        self.model.forward(np.zeros(8, dtype=np.int64), 0, self.kv, want_logits=True)
+        self.model.forward(np.zeros(1, dtype=np.int64), 8, self.kv, want_logits=True)
+        self.backend.synchronize()
+
     def read_prompt_chunk(self, seq: Sequence) -> None:
         end = chunk_end(seq.pos, seq.total, self.chunk)
         tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)

@@ -29,6 +29,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer]:
     ctx = config.ctx or min(cfg.context_length, MAX_DEFAULT_CTX)
     runner = ModelRunner(cfg, weights, backend, ctx, config.chunk,
                          frozenset({tokenizer.special.eos}), str(path))
+    runner.warm_up()
     log(f"loaded {cfg.name} ({cfg.n_layers} layers, ctx {ctx}) in {time.monotonic() - started:.1f}s")
     return runner, tokenizer
 

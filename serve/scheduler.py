@@ -85,8 +85,8 @@ class Scheduler:
             req.deliver(msg)
 
     def _on_pp(self, req: Request, msg: m.PP) -> None:
-        if req.first_chunk_at is None:
-            req.first_chunk_at = time.monotonic()
+        if req.first_chunk_at is None:  # the first chunk started msg.ms before this line
+            req.first_chunk_at = time.monotonic() - msg.ms / 1000
             self.metrics.observe_queue_wait(req.queue_wait_s)
         self.metrics.prompt_tokens.inc(msg.done - req.prompt_done)
         req.prompt_done = msg.done
