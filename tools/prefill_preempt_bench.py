@@ -5,7 +5,8 @@ A = a long prompt (default ~5,000 tokens) sent to /v1/completions; B = a short c
 started fresh with the real engine, and the pair is repeated. Reported (DESIGN.md's words):
 B's queue wait (server timings), B's TTFT and completion (client clock, from B's send), A's wall,
 A's overhead = A's wall(on) - A's wall(off) - B's own service time (B alone), and the park copy
-cost. Writes JSON and a PNG timeline to bench/results/.
+cost (the snapshot copies, and A's time outside its own compute and its parked interval, on vs
+off). Writes JSON and a PNG timeline to bench/results/.
 
     python tools/prefill_preempt_bench.py [--a-tokens 5000] [--b-delay 3] [--repeats 3] [--chunk 256]
         [--device cpu|gpu]          (the model: $STRATA_MODEL, else the default)
@@ -116,6 +117,13 @@ def summarize(off: dict, on: dict) -> dict:
     s["a_overhead_s"] = round(s["a_wall_s_on"] - s["a_wall_s_off"] - s["b_alone_s"], 3)
     s["a_overhead_pct"] = round(100 * s["a_overhead_s"] / s["a_wall_s_off"], 2)
     s["park_copy_ms"] = round(median(on["runs"], "a_park_copy_ms"), 3)
+    # A's wall minus its own engine compute and minus the time it was parked: what a park costs A
+    # beyond waiting for B, measured inside each run, so it is immune to run-to-run speed drift.
+    for arm, data in (("off", off), ("on", on)):
+        s[f"a_outside_compute_s_{arm}"] = round(statistics.median(
+            r["a_wall_s"] - (r["a_prompt_ms"] + r["a_decode_ms"] + r["a_parked_ms"]) / 1000 for r in data["runs"]), 3)
+    s["a_park_cost_s"] = round(s["a_outside_compute_s_on"] - s["a_outside_compute_s_off"], 3)
+    s["a_park_cost_pct"] = round(100 * s["a_park_cost_s"] / s["a_wall_s_off"], 2)
     return s
 
 
@@ -127,7 +135,7 @@ def plot(off: dict, on: dict, path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(2, 1, figsize=(10, 4.2), sharex=True)
     for ax, (name, data) in zip(axes, (("FIFO (preemption off)", off), ("--prefill-preempt", on))):
-        r = data["runs"][-1]
+        r = sorted(data["runs"], key=lambda run: run["a_wall_s"])[len(data["runs"]) // 2]  # the median run
         b0, wait = r["b_sent_s"], r["b_queue_wait_ms"] / 1000
         ax.barh(1, r["a_wall_s"], color="#4c72b0", label="A: long prompt read + decode")
         if r.get("a_parked_ms"):
@@ -146,6 +154,11 @@ def plot(off: dict, on: dict, path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def title(result: dict) -> str:
+    return (f"A = {result['a_tokens']} prompt tokens, B sent {result['b_delay_s']:g} s in "
+            f"(chunk {result['chunk']}; median runs; {result['machine']})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--a-tokens", type=int, default=5000)
@@ -156,7 +169,15 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=str(ROOT / "bench/results"))
+    p.add_argument("--summarize", help="recompute the summary of an existing result JSON and exit")
     a = p.parse_args()
+    if a.summarize:
+        result = json.loads(Path(a.summarize).read_text())
+        result["summary"] = summarize(result["off"], result["on"])
+        Path(a.summarize).write_text(json.dumps(result, indent=1) + "\n")
+        plot(result["off"], result["on"], Path(a.summarize).with_suffix(".png"), title(result))
+        print(json.dumps(result["summary"], indent=1))
+        return
     prompt = long_prompt(a.a_tokens)
     print(f"A: {len(prompt)} prompt tokens; B sent {a.b_delay}s in; {a.repeats} repeats per arm", flush=True)
     off = run_arm(False, prompt, a)
@@ -169,8 +190,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"prefill_preempt_{a.device}_{len(prompt)}"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(off, on, out / f"{stem}.png", f"A = {len(prompt)} prompt tokens, B sent {a.b_delay:g} s in "
-                                        f"(chunk {a.chunk}; {result['machine']})")
+    plot(off, on, out / f"{stem}.png", title(result))
     print(json.dumps(summary, indent=1))
     print(f"wrote {out / stem}.json and .png")
 
