@@ -1,7 +1,6 @@
 """Engine faults seen from the HTTP side: death, malformed lines, slow or failed start-up."""
 import os
 import signal
-import time
 
 import httpx
 

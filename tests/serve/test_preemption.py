@@ -117,6 +117,7 @@ def test_the_parked_request_can_be_cancelled_by_its_client(server_factory):
     server = preempt_server(server_factory)
     with httpx.stream("POST", server.url + "/v1/completions", timeout=30,
                       json={"prompt": list(range(100, 100 + LONG)), "max_tokens": 3, "stream": True}) as r:
+        assert r.status_code == 200
         wait_for(lambda: (status(server)["prompt_progress"] or {}).get("done", 0) > 0)
         b = Background(complete_tokens, server.url, 20, 100)
         b.start()

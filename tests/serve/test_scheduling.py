@@ -36,7 +36,7 @@ def test_requests_are_served_in_arrival_order(server_factory):
         threads.append(Background(run, i))
         threads[-1].start()
         # each one is in (queued or running) before the next is sent
-        wait_for(lambda: status(server)["queued"] + status(server)["busy"] + len(finished) == i + 1)
+        wait_for(lambda n=i + 1: status(server)["queued"] + status(server)["busy"] + len(finished) == n)
     assert [t.get().status_code for t in threads] == [200] * 4
     assert finished == [0, 1, 2, 3]
 
