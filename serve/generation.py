@@ -46,9 +46,10 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
     scheduler.submit(req)
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(req.events.get(), keepalive_s)
-            except asyncio.TimeoutError:
+            try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
+                async with asyncio.timeout(keepalive_s):  # that races with a token's arrival
+                    event = await req.events.get()
+            except TimeoutError:
                 yield KeepAlive()
                 continue
             if isinstance(event, m.T):

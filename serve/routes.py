@@ -102,6 +102,9 @@ async def until_disconnect(http: HTTPRequest, work):
         watcher.cancel()
         if not task.done():
             task.cancel()
+            # wait for the cancellation to finish: it is what frees the engine (and a task the
+            # loop holds only weakly could otherwise be collected before it runs)
+            await asyncio.gather(task, return_exceptions=True)
     if task.cancelled():
         return Response(status_code=499)
     return task.result()
