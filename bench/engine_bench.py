@@ -41,9 +41,7 @@ def prefill_tok_s(model: LlamaModel, kv: KVCache, n: int, chunk: int, backend: B
     tokens = np.random.default_rng(n).integers(100, model.cfg.vocab_size - 100, n)
     backend.synchronize()
     started = time.perf_counter()
-    for start in range(0, n, chunk):
-        part = tokens[start:start + chunk]
-        model.forward(part, start, kv, want_logits=start + len(part) == n)
+    model.prefill(tokens, kv, chunk)
     backend.synchronize()
     return n / (time.perf_counter() - started)
 

@@ -6,6 +6,7 @@ import numpy as np
 from engine.backend import Backend
 from engine.gguf_model import ModelConfig, Weights
 from engine.kv import KVCache
+from engine.prefill import chunk_end
 
 KEY_TILE = 2048  # keys per attention tile: scores never exceed (kv_heads, group*n, KEY_TILE)
 
@@ -24,13 +25,13 @@ class LlamaModel:
         x = self.w.tok_embd[self.xp.asarray(tokens)].astype(xp.float32)  # (n, dim)
         cos, sin = self.rope_tables(start, len(tokens))
         bias = self.causal_bias(len(tokens)) if len(tokens) > 1 else None  # shared by every layer
+        end = start + len(tokens)
         for i, layer in enumerate(self.w.layers):
             h = self.rms_norm(x, layer.attn_norm)
             qkv = self.backend.matmul(h, layer.wqkv)  # (n, dim + 2*kv_dim)
             q = qkv[:, : c.dim].reshape(-1, c.n_heads, c.head_dim)  # (n, heads, head_dim)
             k = qkv[:, c.dim : c.dim + c.kv_dim].reshape(-1, c.n_kv_heads, c.head_dim)
             v = qkv[:, c.dim + c.kv_dim :].reshape(-1, c.n_kv_heads, c.head_dim)
-            end = start + len(tokens)
             kv.k[i, :, start:end] = self.rope(k, cos, sin).transpose(1, 0, 2)  # (kv_heads, n, head_dim)
             kv.v[i, :, start:end] = v.transpose(1, 0, 2)
             attn = self.attention(self.rope(q, cos, sin), kv.k[i, :, :end], kv.v[i, :, :end], start, bias)
@@ -40,6 +41,16 @@ class LlamaModel:
             return None
         last = self.rms_norm(x[-1:], self.w.out_norm)  # (1, dim)
         return self.backend.to_host(self.backend.matmul(last, self.w.head)[0])  # (vocab,)
+
+    def prefill(self, tokens: np.ndarray, kv: KVCache, chunk: int):
+        """Read a whole prompt from position 0 in absolute chunks, as the engine does; returns the
+        logits (vocab,) of its last position."""
+        start, logits = 0, None
+        while start < len(tokens):
+            end = chunk_end(start, len(tokens), chunk)
+            logits = self.forward(tokens[start:end], start, kv, want_logits=end == len(tokens))
+            start = end
+        return logits
 
     def rms_norm(self, x, weight):
         return self.backend.ops.rms_norm(x, weight, self.cfg.norm_eps)

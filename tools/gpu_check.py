@@ -34,10 +34,7 @@ GREEDY = 16
 
 def last_logits_and_greedy(model: LlamaModel, ids: list[int], chunk: int, backend) -> tuple[np.ndarray, list[int]]:
     kv = KVCache(model.cfg, 2048, backend)
-    logits = None
-    for start in range(0, len(ids), chunk):
-        part = np.asarray(ids[start:start + chunk])
-        logits = model.forward(part, start, kv, want_logits=start + len(part) == len(ids))
+    logits = model.prefill(np.asarray(ids), kv, chunk)
     first, out, cur = logits.copy(), [], logits
     for _ in range(GREEDY):
         out.append(int(np.argmax(cur)))

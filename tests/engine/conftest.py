@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from engine.backend import cpu_backend
@@ -14,12 +15,7 @@ class LoadedModel:
 
     def logits_after(self, ids, chunk: int, ctx: int = 1024):
         """Read `ids` in absolute chunks of `chunk` into a fresh cache; logits of the last position."""
-        kv = KVCache(self.cfg, ctx, self.backend)
-        logits = None
-        for start in range(0, len(ids), chunk):
-            part = ids[start:start + chunk]
-            logits = self.model.forward(part, start, kv, want_logits=start + len(part) == len(ids))
-        return logits
+        return self.model.prefill(np.asarray(ids), KVCache(self.cfg, ctx, self.backend), chunk)
 
 
 @pytest.fixture(scope="session")

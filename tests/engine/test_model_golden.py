@@ -25,10 +25,7 @@ def test_top_logits_match_the_reference(loaded, case):
 
 def greedy(loaded, ids, n: int, chunk: int = 64) -> list[int]:
     kv = KVCache(loaded.cfg, 1024, loaded.backend)
-    logits = None
-    for start in range(0, len(ids), chunk):
-        part = np.asarray(ids[start:start + chunk])
-        logits = loaded.model.forward(part, start, kv, want_logits=start + len(part) == len(ids))
+    logits = loaded.model.prefill(np.asarray(ids), kv, chunk)
     out = []
     for _ in range(n):
         out.append(int(np.argmax(logits)))
