@@ -201,19 +201,16 @@ class EngineLoop:
         nbytes = self.runner.snapshot_nbytes(seq)
         used = sum(p.nbytes for p in self.parked.values())
         reason = self.policy.decline_reason(seq, nbytes, used, len(self.parked))
-        if reason is None and seq.id is None:
-            reason = "no_id"
-        if reason is None:
-            started = time.perf_counter()
-            try:
-                snapshot = self.runner.park(seq)
-                seq.park_ms += (time.perf_counter() - started) * 1000
-            except Exception as e:  # MemoryError, CuPy's OutOfMemoryError, ...: keep reading
-                self.log_once("snapshot_failed", f"snapshot copy failed ({type(e).__name__}: {e}); the read continues unparked")
-                reason = "snapshot_failed"
         if reason == "budget":
             self.log_once("budget", f"park declined: a {nbytes >> 20} MiB snapshot would exceed the "
-                     f"{self.policy.budget_bytes >> 20} MiB budget ({used >> 20} MiB in use)")
+                                    f"{self.policy.budget_bytes >> 20} MiB budget ({used >> 20} MiB in use)")
+        if reason is None:
+            try:
+                snapshot = self.timed_copy(seq, self.runner.park)
+            except Exception as e:  # MemoryError, CuPy's OutOfMemoryError, ...: keep reading
+                self.log_once("snapshot_failed", f"snapshot copy failed ({type(e).__name__}: {e}); "
+                                                 "the read continues unparked")
+                reason = "snapshot_failed"
         if reason is not None:
             self.write(m.Decline(reason, seq.pos, seq.total, seq.id))
             return False
@@ -229,13 +226,19 @@ class EngineLoop:
         if parked is None:
             self.write(m.Err(f"no parked request with id {ident}", ident))
             return
-        started = time.perf_counter()
-        self.runner.restore(parked.seq, parked.snapshot)
-        parked.seq.park_ms += (time.perf_counter() - started) * 1000
+        self.timed_copy(parked.seq, self.runner.restore, parked.snapshot)
         self.yield_offered = False  # a fresh period waits for a fresh offer
         if parked.seq.fingerprints:
             self.write(m.FP("resume", parked.seq.pos, self.runner.fingerprint(parked.seq), ident))
         self.run(parked.seq)
+
+    @staticmethod
+    def timed_copy(seq: Sequence, copy, *args):
+        """A snapshot copy (out or back in); its time is the park's cost, reported in DONE."""
+        started = time.perf_counter()
+        result = copy(seq, *args)
+        seq.park_ms += (time.perf_counter() - started) * 1000
+        return result
 
     def cancel_parked(self, ident: int) -> None:
         parked = self.parked.pop(ident, None)

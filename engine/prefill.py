@@ -27,6 +27,8 @@ class ParkPolicy:
         """None if `seq` may park now; else the name of the first gate that refuses."""
         if not self.enabled:
             return "disabled"
+        if seq.id is None:
+            return "no_id"  # RESUME names a parked request by its id
         if not seq.reading or seq.generated:
             return "not_reading"
         if seq.pos < self.min_tokens:
