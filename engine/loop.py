@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from dataclasses import fields
-from typing import TextIO
+from typing import Callable, TextIO
 
 from protocol import messages as m
 from protocol.codec import ProtocolError, decode, encode
@@ -43,7 +43,8 @@ class Parked:
 
 
 class EngineLoop:
-    def __init__(self, runner, policy: ParkPolicy, write: Writer, caps: tuple[str, ...] = ("stop",)):
+    def __init__(self, runner, policy: ParkPolicy, write: Callable[[m.Message], None],
+                 caps: tuple[str, ...] = ("stop",)):
         self.runner, self.policy, self.write = runner, policy, write
         self.caps = caps
         self.inbox: queue.Queue = queue.Queue()

@@ -1,38 +1,33 @@
 """`strata "prompt"`: one chat completion streamed to a terminal, through the same engine loop."""
 from __future__ import annotations
 
-import io
 import sys
 import threading
 
 from protocol import messages as m
-from protocol.codec import decode
 
-from engine.loop import EngineLoop, Writer
+from engine.loop import EngineLoop
 from engine.prefill import ParkPolicy
 
 
-class _LineSink(io.TextIOBase):
-    """Receives the engine's protocol lines and prints the decoded text as it arrives."""
+class TerminalSink:
+    """Takes the loop's messages directly (no protocol lines) and prints text as it arrives."""
 
     def __init__(self, tokenizer):
         self.stream, self.done = tokenizer.stream(), None
 
-    def write(self, text: str) -> int:
-        for line in text.splitlines():
-            msg = decode(line)
-            if isinstance(msg, m.T):
-                print(self.stream.step(msg.token), end="", flush=True)
-            elif isinstance(msg, (m.Done, m.Err)):
-                self.done = msg
-        return len(text)
+    def __call__(self, msg: m.Message) -> None:
+        if isinstance(msg, m.T):
+            print(self.stream.step(msg.token), end="", flush=True)
+        elif isinstance(msg, (m.Done, m.Err)):
+            self.done = msg
 
 
 def chat_once(runner, tokenizer, prompt: str, args) -> int:
     tokens = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": prompt}]))
     params = {"temperature": args.temperature} | ({"seed": args.seed} if args.seed is not None else {})
-    sink = _LineSink(tokenizer)
-    loop = EngineLoop(runner, ParkPolicy(), Writer(sink))
+    sink = TerminalSink(tokenizer)
+    loop = EngineLoop(runner, ParkPolicy(), sink)
     loop.inbox.put(m.Gen(args.max_tokens, tuple(tokens), params, 1))
     loop.inbox.put(m.Quit())
     thread = threading.Thread(target=loop.process)
