@@ -28,6 +28,11 @@ class Metrics:
         self.engine_restarts = Counter("strata_engine_restarts", "Engine processes restarted after dying", registry=r)
         self._max_wait = 0.0
 
+    def watch_scheduler(self, scheduler) -> None:
+        """The queue and park gauges are read from the scheduler's state at scrape time."""
+        self.queued.set_function(lambda: len(scheduler.waiting))
+        self.parked.set_function(lambda: int(scheduler.parked is not None))
+
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)
         if seconds * 1000 > self._max_wait:

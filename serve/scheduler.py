@@ -31,6 +31,7 @@ class Scheduler:
         self.requests: dict[int, Request] = {}  # every request the engine may still send lines for
         self.closed = False
         self._warned_no_cap = False
+        metrics.watch_scheduler(self)
 
     @property
     def preempt(self) -> bool:
@@ -45,7 +46,6 @@ class Scheduler:
             return
         self.requests[req.id] = req
         self.waiting.append(req)
-        self.metrics.queued.set(len(self.waiting))
         self.dispatch()
         self.offer_boundary()
 
@@ -104,7 +104,6 @@ class Scheduler:
         req.phase, req.parks, req.parked_at = Phase.PARKED, req.parks + 1, time.monotonic()
         self.owner, self.parked = None, req
         self.metrics.preemptions.inc()
-        self.metrics.parked.set(1)
         self.dispatch()
 
     def _on_decline(self, req: Request, msg: m.Decline) -> None:
@@ -126,8 +125,7 @@ class Scheduler:
         if req is None:
             return
         req.deliver(EngineFailure(f"the engine sent a malformed line ({error})", status=502))
-        req.abandoned = True
-        self.engine.send(m.Stop(req.id))
+        self.abandon(req)  # STOP it; the period ends at its DONE
 
     def on_engine_exit(self, reason: str) -> None:
         """Everything the engine held died with it; queued requests wait for the restart."""
@@ -152,7 +150,6 @@ class Scheduler:
             req = self.waiting.popleft()
             req.deliver(EngineFailure(f"the engine is unavailable: {self.engine.failure}"))
             self._forget(req)
-        self.metrics.queued.set(0)
 
     # ------------------------------------------------------------ granting periods
 
@@ -167,7 +164,6 @@ class Scheduler:
             self.metrics.resumes.inc()
         elif self.waiting:
             req = self.waiting.popleft()
-            self.metrics.queued.set(len(self.waiting))
             self._grant(req, m.Gen(req.max_tokens, tuple(req.prompt), req.sampling, req.id))
 
     def _grant(self, req: Request, msg: m.Message) -> None:
@@ -184,14 +180,12 @@ class Scheduler:
         req.parked_s += waited
         self.metrics.park_duration.observe(waited)
         self.parked = None
-        self.metrics.parked.set(0)
 
     def _drop_waiting(self, req: Request) -> None:
         try:
             self.waiting.remove(req)
         except ValueError:
             pass
-        self.metrics.queued.set(len(self.waiting))
 
     def _forget(self, req: Request) -> None:
         self.requests.pop(req.id, None)
@@ -206,7 +200,6 @@ class Scheduler:
         for req in list(self.waiting) + [r for r in (self.parked, self.owner) if r is not None]:
             req.deliver(EngineFailure("the server is shutting down"))
         self.waiting.clear()
-        self.metrics.queued.set(0)
         self._unpark(self.parked)
         self.owner = None
 
