@@ -19,8 +19,11 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
 
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
     def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, self.type, self.param, self.code), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status)
 
 
 def server_error(status: int, message: str) -> APIError:

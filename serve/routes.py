@@ -77,9 +77,13 @@ def completion_prompt(state: ServerState, body: schema.CompletionRequest) -> lis
 
 # ---------------------------------------------------------------- running it
 
+def events(state: ServerState, req: Request):
+    return generate(req, state.scheduler, state.tokenizer, state.metrics, state.settings.keepalive_s)
+
+
 async def collect(state: ServerState, req: Request) -> tuple[str, Finished]:
     parts: list[str] = []
-    async for event in generate(req, state.scheduler, state.tokenizer, state.metrics, state.settings.keepalive_s):
+    async for event in events(state, req):
         if isinstance(event, Piece):
             parts.append(event.text)
         elif isinstance(event, Finished):
@@ -119,7 +123,7 @@ async def stream_events(state: ServerState, req: Request, on_piece: Callable[[st
     for chunk in first:
         yield sse(chunk)
     try:
-        async for event in generate(req, state.scheduler, state.tokenizer, state.metrics, state.settings.keepalive_s):
+        async for event in events(state, req):
             if isinstance(event, KeepAlive):
                 yield ": keep-alive\n\n"
             elif isinstance(event, Piece):
@@ -130,11 +134,11 @@ async def stream_events(state: ServerState, req: Request, on_piece: Callable[[st
                 yield sse("[DONE]")
                 return
     except GenerationError as e:
-        yield sse(schema.error_body(str(e), "server_error" if e.status >= 500 else "invalid_request_error"))
+        yield sse(server_error(e.status, str(e)).body())
 
 
-def run_stream(state, req, on_piece, on_finish, first=()) -> StreamingResponse:
-    return StreamingResponse(stream_events(state, req, on_piece, on_finish, list(first)),
+def run_stream(state, req, on_piece, on_finish, first: list[dict]) -> StreamingResponse:
+    return StreamingResponse(stream_events(state, req, on_piece, on_finish, first),
                              media_type="text/event-stream", headers=SSE_HEADERS)
 
 
