@@ -12,6 +12,7 @@ from gguf.quants import dequantize
 from engine.backend import Backend
 
 SUPPORTED_ARCHITECTURES = ("llama",)
+MAX_DEFAULT_CTX = 8192  # without --ctx, the model's trained context, capped here (KV memory)
 
 
 class ModelLoadError(RuntimeError):
@@ -39,6 +40,10 @@ class ModelConfig:
         if self.dim != self.n_heads * self.head_dim or self.n_heads % self.n_kv_heads:
             raise ModelLoadError(f"inconsistent head shapes: dim={self.dim} heads={self.n_heads} "
                                  f"kv_heads={self.n_kv_heads} head_dim={self.head_dim}")
+
+    @property
+    def default_ctx(self) -> int:
+        return min(self.context_length, MAX_DEFAULT_CTX)
 
     @property
     def kv_dim(self) -> int:

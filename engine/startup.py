@@ -12,7 +12,6 @@ from engine.model_path import ModelNotFound, resolve_model_path
 from engine.runner import ModelRunner
 from engine.tokenizer import GGUFTokenizer
 
-MAX_DEFAULT_CTX = 8192
 
 
 def log(text: str) -> None:
@@ -26,7 +25,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer]:
     started = time.monotonic()
     cfg, weights, reader = load_model(str(path), backend)
     tokenizer = GGUFTokenizer(reader)
-    ctx = config.ctx or min(cfg.context_length, MAX_DEFAULT_CTX)
+    ctx = config.ctx or cfg.default_ctx
     runner = ModelRunner(cfg, weights, backend, ctx, config.chunk,
                          frozenset({tokenizer.special.eos}), str(path))
     runner.warm_up()

@@ -12,7 +12,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from gguf import GGUFReader
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from engine.gguf_model import ModelLoadError, field_value
+from engine.gguf_model import ModelLoadError, field_value, read_config
 
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED_TOKEN_TYPE = 4
@@ -122,7 +122,6 @@ def load_tokenizer(path: str) -> GGUFTokenizer:
 
 
 def load_tokenizer_and_ctx(path: str) -> tuple[GGUFTokenizer, int]:
-    """The tokenizer and the model's trained context length, from one read of the file."""
+    """The tokenizer and the context the engine uses by default, from one read of the file."""
     reader = GGUFReader(path, "r")
-    arch = field_value(reader, "general.architecture", "llama")
-    return GGUFTokenizer(reader), int(field_value(reader, f"{arch}.context_length", 2048))
+    return GGUFTokenizer(reader), read_config(reader).default_ctx

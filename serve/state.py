@@ -9,14 +9,14 @@ from serve.engine_client import EngineClient
 from serve.metrics import Metrics
 from serve.scheduler import Scheduler
 
-MAX_DEFAULT_CTX = 8192
 
 
 class ServerState:
     def __init__(self, settings: ServerSettings, tokenizer, model_ctx: int):
+        """model_ctx: the context the default engine uses for this model without --ctx."""
         self.settings, self.tokenizer = settings, tokenizer
         self.started_at = int(time.time())
-        self.fallback_ctx = settings.ctx or min(model_ctx, MAX_DEFAULT_CTX)
+        self.fallback_ctx = settings.ctx or model_ctx  # until the engine's READY says
         self.metrics = Metrics()
         self.scheduler = Scheduler(self.metrics, settings.preempt.enabled, settings.preempt.max_wait_s)
         self.engine = EngineClient(
