@@ -233,11 +233,17 @@ def _fp(p, i):
 
 
 def _bare(cls, verb):
-    return lambda p, i: (_fields(p, 0, verb), cls(i))[1]
+    def decode_bare(parts, ident):
+        _fields(parts, 0, verb)
+        return cls(ident)
+    return decode_bare
 
 
 def _with_id(cls, verb):
-    return lambda p, i: (_fields(p, 0, verb), cls(_needs_id(verb, i)))[1]
+    def decode_with_id(parts, ident):
+        _fields(parts, 0, verb)
+        return cls(_needs_id(verb, ident))
+    return decode_with_id
 
 
 _DECODERS = {

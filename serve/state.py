@@ -10,7 +10,6 @@ from serve.metrics import Metrics
 from serve.scheduler import Scheduler
 
 
-
 class ServerState:
     def __init__(self, settings: ServerSettings, tokenizer, model_ctx: int):
         """model_ctx: the context the default engine uses for this model without --ctx."""
