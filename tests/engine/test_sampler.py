@@ -1,8 +1,9 @@
 """Sampling: greedy, seeded determinism, top-k/top-p/min-p limits, penalties, validation."""
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
-from engine.sampler import Sampler, SamplingParams
+from engine.sampler import Sampler, SamplingParams, descending_order
 
 LOGITS = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
 
@@ -57,3 +58,16 @@ def test_frequency_and_presence_penalties_count_occurrences():
 def test_invalid_values_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
+
+
+@given(st.lists(st.sampled_from([0.0, -0.0, 1.5, -1.5, 3.0, float("-inf"), 7.25, -2.0]) |
+                st.floats(-50, 50, allow_nan=False, width=32), min_size=1, max_size=300))
+def test_descending_order_is_a_stable_descending_argsort(values):
+    x = np.asarray(values, dtype=np.float32)
+    assert np.array_equal(descending_order(x), np.argsort(-x, kind="stable"))
+
+
+def test_sampling_does_not_modify_the_callers_logits():
+    logits = np.array([2.0, 1.9, 0.0], dtype=np.float32)
+    Sampler(SamplingParams(temperature=0, repeat_penalty=10.0), prompt=(0,)).sample(logits)
+    assert logits.tolist() == [2.0, 1.899999976158142, 0.0]
