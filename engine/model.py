@@ -17,6 +17,7 @@ class LlamaModel:
         half = cfg.head_dim // 2
         self.inv_freq = 1.0 / (cfg.rope_base ** (np.arange(half, dtype=np.float64) * 2 / cfg.head_dim))
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
+        self.cos_table = self.sin_table = None  # (positions, 1, half) on the device, grown on demand
 
     def forward(self, tokens: np.ndarray, start: int, kv: KVCache, want_logits: bool):
         """tokens: (n,) at absolute positions [start, start+n). Writes their K/V rows.
@@ -56,10 +57,14 @@ class LlamaModel:
         return self.backend.ops.rms_norm(x, weight, self.cfg.norm_eps)
 
     def rope_tables(self, start: int, n: int):
-        angles = np.outer(np.arange(start, start + n, dtype=np.float64), self.inv_freq)  # (n, half)
-        cos = self.xp.asarray(np.cos(angles).astype(np.float32))[:, None, :]  # (n, 1, half)
-        sin = self.xp.asarray(np.sin(angles).astype(np.float32))[:, None, :]
-        return cos, sin
+        """cos, sin: (n, 1, half) for positions [start, start+n), sliced from tables computed once
+        (not per token: that was host trigonometry and, on a GPU, two copies every step)."""
+        if self.cos_table is None or start + n > len(self.cos_table):
+            size = max(start + n, self.cfg.context_length)
+            angles = np.outer(np.arange(size, dtype=np.float64), self.inv_freq)  # (size, half)
+            self.cos_table = self.xp.asarray(np.cos(angles).astype(np.float32))[:, None, :]
+            self.sin_table = self.xp.asarray(np.sin(angles).astype(np.float32))[:, None, :]
+        return self.cos_table[start : start + n], self.sin_table[start : start + n]
 
     def rope(self, x, cos, sin):
         """x: (n, heads, head_dim) with each head laid out [evens, odds] (see deinterleave_heads)."""
