@@ -217,21 +217,33 @@ class EngineLoop:
             return False
         seq.parks += 1
         self.parked[seq.id] = Parked(seq, snapshot, nbytes)
-        if seq.fingerprints:
-            self.write(m.FP("park", seq.pos, self.runner.fingerprint(seq), seq.id))
+        self.write_fingerprint(seq, "park")
         self.write(m.Suspended(seq.pos, seq.total, seq.id))
         return True
 
     def resume(self, ident: int) -> None:
-        parked = self.parked.pop(ident, None)
+        parked = self.take_parked(ident)
         if parked is None:
-            self.write(m.Err(f"no parked request with id {ident}", ident))
             return
         self.timed_copy(parked.seq, self.runner.restore, parked.snapshot)
         self.yield_offered = False  # a fresh period waits for a fresh offer
-        if parked.seq.fingerprints:
-            self.write(m.FP("resume", parked.seq.pos, self.runner.fingerprint(parked.seq), ident))
+        self.write_fingerprint(parked.seq, "resume")
         self.run(parked.seq)
+
+    def cancel_parked(self, ident: int) -> None:
+        parked = self.take_parked(ident)
+        if parked is not None:
+            self.finish(parked.seq, "cancel")
+
+    def take_parked(self, ident: int) -> Parked | None:
+        parked = self.parked.pop(ident, None)
+        if parked is None:
+            self.write(m.Err(f"no parked request with id {ident}", ident))
+        return parked
+
+    def write_fingerprint(self, seq: Sequence, stage: str) -> None:
+        if seq.fingerprints:
+            self.write(m.FP(stage, seq.pos, self.runner.fingerprint(seq), seq.id))
 
     @staticmethod
     def timed_copy(seq: Sequence, copy, *args):
@@ -240,13 +252,6 @@ class EngineLoop:
         result = copy(seq, *args)
         seq.park_ms += (time.perf_counter() - started) * 1000
         return result
-
-    def cancel_parked(self, ident: int) -> None:
-        parked = self.parked.pop(ident, None)
-        if parked is None:
-            self.write(m.Err(f"no parked request with id {ident}", ident))
-            return
-        self.finish(parked.seq, "cancel")
 
 
 def engine_caps(policy: ParkPolicy) -> tuple[str, ...]:
