@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_preempt_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("prefill preemption")
-    g.add_argument("--prefill-preempt", action="store_true", help="park a read at a chunk boundary on YIELD")
+    g.add_argument("--prefill-preempt", action=argparse.BooleanOptionalAction, default=True,
+                   help="park a read at a chunk boundary on YIELD (default: on)")
     g.add_argument("--prefill-preempt-min-tokens", type=int, default=ParkPolicy.min_tokens)
     g.add_argument("--prefill-preempt-max", type=int, default=ParkPolicy.max_parks, help="parks per request")
     g.add_argument("--prefill-preempt-snapshot-mib", type=int, default=ParkPolicy.budget_bytes >> 20,
@@ -66,9 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"strata: {e}", file=sys.stderr)
         return 2
-    from engine.startup import serve, chat  # heavy imports after argument errors are reported
+    try:
+        from engine.startup import serve, chat  # heavy imports after argument errors are reported
 
-    return serve(config) if args.serve else chat(config, args)
+        return serve(config) if args.serve else chat(config, args)
+    except KeyboardInterrupt:  # Ctrl+C at a terminal: stop quietly (the server's engine never sees one)
+        print(file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

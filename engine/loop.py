@@ -120,12 +120,15 @@ class EngineLoop:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.runner.vocab_size}")
         if gen.max_new < 1:
             raise ValueError("max_new must be >= 1")
+        drawn = gen.params.get("drawn", 0)
+        if not 0 <= drawn < len(gen.tokens):
+            raise ValueError(f"drawn={drawn} must be >= 0 and shorter than the prompt")
         params = {k: v for k, v in gen.params.items() if k in _SAMPLING_KEYS}
         sampling = SamplingParams(**params)
         return Sequence(
             id=gen.id, prompt=gen.tokens, max_new=min(gen.max_new, self.runner.ctx - len(gen.tokens)),
-            sampler=Sampler(sampling, gen.tokens), stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
-            fingerprints=bool(gen.params.get("fp", 0)))
+            sampler=Sampler(sampling, gen.tokens, drawn), stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
+            fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn)
 
     # ------------------------------------------------------------ running
 

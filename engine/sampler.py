@@ -38,11 +38,15 @@ class SamplingParams:
 class Sampler:
     """Holds everything sampling reads: the RNG and the penalty window of recent tokens."""
 
-    def __init__(self, params: SamplingParams, prompt: tuple[int, ...]):
+    def __init__(self, params: SamplingParams, prompt: tuple[int, ...], drawn: int = 0):
+        """drawn: tokens already sampled by this request (a continuation after an engine restart);
+        their draws are skipped so that a seeded stream continues where it was."""
         self.params = params
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
         self.rng = np.random.Generator(np.random.PCG64(seed % 2**64))
         self.recent = list(prompt[-params.repeat_last_n :]) if params.repeat_last_n else []
+        if params.temperature > 0 and drawn:
+            self.rng.random(drawn)  # one uniform draw per sampled token (see sample)
 
     def sample(self, logits: np.ndarray) -> int:
         """logits: (vocab,) float32 on the host."""
@@ -59,8 +63,8 @@ class Sampler:
             keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
         if p.min_p > 0:
             keep = min(keep, max(1, int(np.sum(probs >= p.min_p * probs[0]))))
-        probs = probs[:keep] / probs[:keep].sum()
-        return int(order[self.rng.choice(keep, p=probs)])
+        cdf = np.cumsum(probs[:keep])  # exactly one uniform draw per token: a restart can skip them
+        return int(order[min(int(np.searchsorted(cdf / cdf[-1], self.rng.random(), side="right")), keep - 1)])
 
     def apply_penalties(self, logits: np.ndarray) -> np.ndarray:
         """A penalized copy of `logits`, or `logits` itself when no penalty applies."""

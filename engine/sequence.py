@@ -16,6 +16,7 @@ class Sequence:
     sampler: Sampler
     stop_ids: frozenset[int]
     fingerprints: bool = False
+    drawn: int = 0  # tokens generated before an engine restart; the prompt ends with them
     pos: int = 0  # prompt tokens read so far (KV rows filled)
     generated: list[int] = field(default_factory=list)
     logits: np.ndarray | None = None  # (vocab,) of the last position read, until sampled

@@ -32,13 +32,15 @@ def chat_once(runner, tokenizer, prompt: str, args) -> int:
     loop.inbox.put(m.Quit())
     thread = threading.Thread(target=loop.process)
     thread.start()
+    interrupted = False
     try:
         thread.join()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl+C: the answer stops at the next token, then a quiet exit
+        interrupted = True
         loop.inbox.put(m.Stop())
         thread.join()
     print()
     if isinstance(sink.done, m.Err):
         print(f"strata: error: {sink.done.message}", file=sys.stderr)
         return 1
-    return 0
+    return 130 if interrupted else 0

@@ -21,6 +21,8 @@ GEN_KEYS: dict[str, type] = {
     "frequency_penalty": float,
     "stop": tuple,  # extra stop token ids, comma-separated on the wire
     "fp": int,  # 1 = print state fingerprints at park, resume and DONE
+    "drawn": int,  # tokens this request already generated before an engine restart (they end
+    # the prompt): the continuation skips their random draws, so a seeded stream goes on unchanged
 }
 
 FINISH_REASONS = ("stop", "length", "cancel")

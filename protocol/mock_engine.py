@@ -4,8 +4,12 @@ Same lines as `strata --serve`, no weights: prompt chunks and tokens take config
 output is the prompt echoed back or a scripted token list, and faults can be injected.
 
     python -m protocol.mock_engine [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
-        [--script 1,2,3] [--prefill-preempt] [--die-at-chunk K] [--die-while-parked]
+        [--script 1,2,3] [--no-prefill-preempt] [--die-at-chunk K] [--die-at-gen K]
+        [--die-after-tokens K] [--die-while-parked] [--poison-token T] [--faults-once PATH]
         [--malformed-at-chunk K] [--fail-snapshot] [--no-preempt-cap] [--start-delay S]
+
+Output depends only on the request and the position in its answer, so a request continued on a
+restarted mock (GEN with prompt + tokens so far, drawn=k) goes on with the very same tokens.
 """
 from __future__ import annotations
 
@@ -34,17 +38,33 @@ class FakeRunner:
         self.ctx, self.chunk, self.vocab_size = a.ctx, a.chunk, a.vocab
         self.eos_ids = frozenset({a.eos})
         self.script = tuple(int(t) for t in a.script.split(",")) if a.script else None
-        self.chunks_read = 0
+        self.chunks_read = self.gens_started = self.tokens_written = 0
 
     def info(self) -> dict[str, str]:
         return {"model": "mock", "ctx": str(self.ctx), "chunk": str(self.chunk), "device": "none",
                 "version": "mock"}
 
+    def die(self, once: bool = True) -> None:
+        """Exit like a crash. With --faults-once PATH, a one-shot fault fires in the first process
+        only: the one that fires creates PATH, and a later process that finds it fires none."""
+        if once and self.a.faults_once:
+            try:
+                os.close(os.open(self.a.faults_once, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return
+        os._exit(FAULT_EXIT_CODE)
+
     def read_prompt_chunk(self, seq: Sequence) -> None:
+        if seq.pos == 0:
+            self.gens_started += 1
+            if self.gens_started == self.a.die_at_gen:  # the GEN is taken but never answered
+                self.die()
+            if self.a.poison_token in seq.prompt:
+                self.die(once=False)
         time.sleep(self.a.chunk_s)
         self.chunks_read += 1
         if self.chunks_read == self.a.die_at_chunk:
-            os._exit(FAULT_EXIT_CODE)
+            self.die()
         if self.chunks_read == self.a.malformed_at_chunk:
             self.write_raw("PP this-is-not-a-number")
         seq.pos = chunk_end(seq.pos, seq.total, self.chunk)
@@ -52,12 +72,16 @@ class FakeRunner:
             seq.logits = self.one_hot(self.scripted(seq, 0))
 
     def decode_one_token(self, seq: Sequence) -> None:
+        self.tokens_written += 1  # the loop has just written one more T line
+        if self.tokens_written == self.a.die_after_tokens:
+            self.die()
         time.sleep(self.a.token_s)
         seq.logits = self.one_hot(self.scripted(seq, len(seq.generated)))
 
     def scripted(self, seq: Sequence, i: int) -> int:
-        source = self.script or seq.prompt
-        return source[i % len(source)]
+        """Token i of this request's answer: the script, or the original prompt echoed, cycled."""
+        source = self.script or seq.prompt[: seq.total - seq.drawn]
+        return source[(seq.drawn + i) % len(source)]
 
     def one_hot(self, token: int) -> np.ndarray:
         logits = np.full(self.vocab_size, -np.inf, dtype=np.float32)  # (vocab,)
@@ -71,7 +95,7 @@ class FakeRunner:
         if self.a.fail_snapshot:
             raise MemoryError("injected: snapshot allocation failed")
         if self.a.die_while_parked:
-            threading.Timer(0.2, os._exit, (FAULT_EXIT_CODE,)).start()
+            threading.Timer(0.2, self.die).start()
         return seq.pos
 
     def restore(self, seq: Sequence, snapshot) -> None:
@@ -96,7 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bytes-per-token", type=int, default=1024, help="simulated snapshot size")
     f = p.add_argument_group("faults")
     f.add_argument("--die-at-chunk", type=int, default=0, help="exit during the K-th prompt chunk read")
+    f.add_argument("--die-at-gen", type=int, default=0, help="exit on taking the K-th request, before any line")
+    f.add_argument("--die-after-tokens", type=int, default=0, help="exit after writing the K-th token")
     f.add_argument("--die-while-parked", action="store_true", help="exit shortly after a park")
+    f.add_argument("--poison-token", type=int, default=-1,
+                   help="exit whenever a prompt holds token T (in every process: a poison request)")
+    f.add_argument("--faults-once", metavar="PATH",
+                   help="the die-at/after faults fire in the first process only (PATH marks it)")
     f.add_argument("--fail-snapshot", action="store_true", help="every snapshot copy fails (MemoryError)")
     f.add_argument("--malformed-at-chunk", type=int, default=0, help="print a malformed line at chunk K")
     f.add_argument("--no-preempt-cap", action="store_true", help="omit `preempt` from READY")

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
 
 import uvicorn
@@ -25,10 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keepalive-s", type=float, default=5.0, help="SSE comment interval while a stream waits")
     p.add_argument("--handshake-timeout-s", type=float, default=300.0, help="engine start-up limit")
     p.add_argument("--max-restarts", type=int, default=3, help="engine start attempts after a failure")
+    p.add_argument("--max-request-retries", type=int, default=2,
+                   help="a request running at this many engine deaths is taken for their cause and fails")
+    p.add_argument("--shutdown-grace-s", type=float, default=5.0,
+                   help="on SIGINT/SIGTERM, how long the running request may take to finish")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     g = p.add_argument_group("prefill preemption")
-    g.add_argument("--prefill-preempt", action="store_true",
-                   help="park a long prompt read at a chunk boundary while a short request runs")
+    g.add_argument("--prefill-preempt", action=argparse.BooleanOptionalAction, default=True,
+                   help="park a long prompt read at a chunk boundary while a short request runs "
+                        "(default: on; --no-prefill-preempt serves strict FIFO)")
     g.add_argument("--prefill-preempt-max-wait-s", type=float, default=30.0,
                    help="a parked request takes the next period after this long (0 = no limit)")
     g.add_argument("--prefill-preempt-min-tokens", type=int, help="forwarded to the default engine")
@@ -44,10 +51,18 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         model_path=resolve_model_path(a.model), host=a.host, port=a.port,
         engine_cmd=split_command(a.engine_cmd) if a.engine_cmd is not None else (), api_key=a.api_key,
         ctx=a.ctx, chunk=a.chunk, device=a.device, preempt=preempt, keepalive_s=a.keepalive_s,
-        handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts)
+        handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts,
+        max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s)
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except KeyboardInterrupt:  # Ctrl+C before the server took over the signals (loading)
+        return 130
+
+
+def run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -66,17 +81,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     app = create_app(settings, tokenizer, model_ctx)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=settings.shutdown_grace_s + 3)
     AnsweringServer(config).run()
     return 0
 
 
 class AnsweringServer(uvicorn.Server):
-    """uvicorn's Server, except that on SIGINT/SIGTERM every waiting request is answered (with an
-    error) before uvicorn waits for open connections to finish: nothing hangs, nobody is dropped."""
+    """uvicorn's Server, owning shutdown. On SIGINT or SIGTERM: no new work and no engine restart,
+    the waiting and parked requests are answered at once, the running one may finish within
+    --shutdown-grace-s (a second signal ends it now), then the engine gets QUIT. The process then
+    exits with status 0: uvicorn would re-raise the signal, a traceback for SIGINT."""
 
     def handle_exit(self, sig, frame):
         state = getattr(self.config.app.state, "strata", None)
-        if state is not None and self.started:
-            state.loop.call_soon_threadsafe(state.scheduler.shutdown)
+        if state is not None and hasattr(state, "loop"):
+            stopping = state.engine.stopping
+            state.loop.call_soon_threadsafe(state.scheduler.stop_owner if stopping else state.begin_shutdown)
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        handlers = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)

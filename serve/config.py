@@ -9,7 +9,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class PreemptSettings:
-    enabled: bool = False
+    enabled: bool = True
     max_wait_s: float = 30.0  # a parked request takes the next period after this; 0 = no limit
     min_tokens: int | None = None  # forwarded to the default engine; None = the engine's default
     max_parks: int | None = None
@@ -17,7 +17,7 @@ class PreemptSettings:
 
     def engine_args(self) -> list[str]:
         if not self.enabled:
-            return []
+            return ["--no-prefill-preempt"]
         extra = {"--prefill-preempt-min-tokens": self.min_tokens, "--prefill-preempt-max": self.max_parks,
                  "--prefill-preempt-snapshot-mib": self.snapshot_mib}
         return ["--prefill-preempt"] + [a for k, v in extra.items() if v is not None for a in (k, str(v))]
@@ -37,13 +37,19 @@ class ServerSettings:
     keepalive_s: float = 5.0
     handshake_timeout_s: float = 300.0
     max_restarts: int = 3
-    shutdown_timeout_s: float = 10.0
+    max_request_retries: int = 2  # a request running at this many engine deaths fails
+    shutdown_grace_s: float = 5.0  # on SIGINT/SIGTERM the running request may finish within this
+    shutdown_timeout_s: float = 10.0  # then the engine gets this long to exit after QUIT
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be 1..65535, got {self.port}")
         if self.keepalive_s <= 0 or self.handshake_timeout_s <= 0:
             raise ValueError("--keepalive-s and --handshake-timeout-s must be > 0")
+        if self.max_request_retries < 1:
+            raise ValueError(f"--max-request-retries must be >= 1, got {self.max_request_retries}")
+        if self.shutdown_grace_s < 0:
+            raise ValueError("--shutdown-grace-s must be >= 0")
         if self.preempt.max_wait_s < 0:
             raise ValueError("--prefill-preempt-max-wait-s must be >= 0")
 

@@ -49,7 +49,7 @@ class EngineClient:
         self.restarts = 0
         self.failure = ""
         self._reader: asyncio.Task | None = None
-        self._stopping = False
+        self.stopping = False  # set once at shutdown: from then on an exit is expected, never restarted
 
     @property
     def ready(self) -> bool:
@@ -60,7 +60,7 @@ class EngineClient:
     async def start(self) -> None:
         """Start with bounded retries; on success the reader task runs until the process ends."""
         for attempt in range(self.max_restarts + 1):
-            if self._stopping:
+            if self.stopping:
                 return
             try:
                 await self._spawn_and_handshake()
@@ -79,8 +79,11 @@ class EngineClient:
 
     async def _spawn_and_handshake(self) -> None:
         log.info("starting engine: %s", " ".join(self.cmd))
+        # its own session: a Ctrl+C or a signal to the server's process group is the server's to
+        # handle; the engine ends when the server says QUIT (or closes its stdin)
         self.proc = await asyncio.create_subprocess_exec(
-            *self.cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=LINE_LIMIT)
+            *self.cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=LINE_LIMIT,
+            start_new_session=True)
         try:
             self.info = await asyncio.wait_for(self._handshake(self.proc), self.handshake_timeout_s)
         except asyncio.TimeoutError:
@@ -120,7 +123,7 @@ class EngineClient:
                 continue
             self.on_message(msg)
         code = await proc.wait()
-        if self._stopping:
+        if self.stopping:
             return
         self.state = EngineState.RESTARTING
         log.error("engine exited unexpectedly (exit code %s); restarting", code)
@@ -129,7 +132,7 @@ class EngineClient:
         await self.start()
 
     async def stop(self, timeout_s: float) -> None:
-        self._stopping = True
+        self.stopping = True
         self.state = EngineState.STOPPED
         if self.proc is None or self.proc.returncode is not None:
             return
@@ -154,9 +157,12 @@ class EngineClient:
     # ------------------------------------------------------------ output
 
     def send(self, msg: m.Message) -> None:
-        if self.proc is None or self.proc.stdin is None or self.proc.returncode is not None:
+        """A line to an engine that has gone is dropped: its death is handled by the reader."""
+        stdin = None if self.proc is None or self.proc.returncode is not None else self.proc.stdin
+        if stdin is None or stdin.is_closing():
             return
         try:
-            self.proc.stdin.write((encode(msg) + "\n").encode())
-        except (BrokenPipeError, ConnectionResetError):
-            log.warning("engine stdin closed while sending %s", type(msg).__name__)
+            stdin.write((encode(msg) + "\n").encode())
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            if not self.stopping:
+                log.warning("engine stdin closed while sending %s", type(msg).__name__)

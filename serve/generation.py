@@ -92,7 +92,7 @@ def timings(req: Request, done: m.Done | None) -> dict:
     """Per-request figures in the words of DESIGN.md (ms), returned with the response."""
     ms = lambda s: None if s is None else round(s * 1000, 3)  # noqa: E731
     out = {"queue_wait_ms": ms(req.queue_wait_s), "ttft_ms": ms(req.ttft_s), "parks": req.parks,
-           "parked_ms": ms(req.parked_s)}
+           "parked_ms": ms(req.parked_s), "engine_restarts": req.restarts}
     if done is not None:
         out |= {"prompt_ms": round(done.prompt_ms, 3), "decode_ms": round(done.decode_ms, 3),
                 "park_copy_ms": float(done.extra.get("park_ms", 0))}

@@ -26,6 +26,10 @@ class Metrics:
         self.park_duration = Histogram("strata_park_duration_seconds", "Time from SUSPENDED to RESUME",
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.engine_restarts = Counter("strata_engine_restarts", "Engine processes restarted after dying", registry=r)
+        self.engine_death_requests = Counter(
+            "strata_engine_death_requests", "Requests the engine held when it died, by outcome: recovered "
+            "(answered in full after a restart) or failed (taken for the cause of repeated deaths)",
+            ["outcome"], registry=r)
         self._max_wait = 0.0
 
     def watch_scheduler(self, scheduler) -> None:

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from protocol import messages as m
+
 _ids = itertools.count(1)
 
 
@@ -38,13 +40,31 @@ class Request:
     arrived: float = field(default_factory=time.monotonic)
     first_chunk_at: float | None = None
     first_token_at: float | None = None
-    prompt_done: int = 0
-    generated: int = 0
+    prompt_done: int = 0  # progress of the current read (a re-read after an engine death starts at 0)
+    prompt_counted: int = 0  # prompt tokens counted in the metrics: each once, whatever re-reads
+    output: list[int] = field(default_factory=list)  # every token the engine sent, across restarts
     parks: int = 0
     parked_at: float | None = None
     parked_s: float = 0.0
     protected: bool = False  # resumed by the max-wait rule: no more boundary offers
     abandoned: bool = False  # its client left (or a stop string matched); the engine may still hold it
+    restarts: int = 0  # engine restarts this request lived through
+    deaths_running: int = 0  # engine deaths while it was the request being run (a poison count)
+
+    @property
+    def generated(self) -> int:
+        return len(self.output)
+
+    def gen(self) -> m.Gen:
+        """The GEN that (re)starts this request. After an engine death, a request that has
+        tokens continues from its prompt plus those tokens: the penalty window is rebuilt from
+        them, and `drawn` makes the seeded stream skip the draws already made."""
+        params = self.sampling | ({"drawn": self.generated} if self.output else {})
+        return m.Gen(self.max_tokens - self.generated, tuple(self.prompt) + tuple(self.output), params, self.id)
+
+    def requeue(self) -> None:
+        """Back to the queue after an engine death; what the client has received stays."""
+        self.phase, self.prompt_done, self.protected = Phase.QUEUED, 0, False
 
     @property
     def reading(self) -> bool:

@@ -5,6 +5,11 @@ Preemption on: periods GEN -> SUSPENDED and RESUME -> SUSPENDED | DONE. While th
 prompt and someone waits, every PP is answered with a boundary offer (YIELD). A parked request
 resumes once the queue has drained, or ahead of the queue once it has waited max_wait_s; then
 it reads to the end without further offers, so its postponement is bounded.
+
+Engine death loses no request: the running and the parked requests go back to the front of the
+queue (in arrival order) and run again on the restarted engine; one that had tokens continues
+from its prompt plus those tokens. The request running at `max_retries` deaths is taken for their
+cause (a poison request) and fails; the others are not blamed.
 """
 from __future__ import annotations
 
@@ -22,8 +27,10 @@ log = logging.getLogger("strata.scheduler")
 
 
 class Scheduler:
-    def __init__(self, metrics: Metrics, preempt: bool, max_wait_s: float):
+    def __init__(self, metrics: Metrics, preempt: bool, max_wait_s: float, max_retries: int = 2,
+                 eos_ids: frozenset[int] = frozenset()):
         self.metrics, self.preempt_wanted, self.max_wait_s = metrics, preempt, max_wait_s
+        self.max_retries, self.eos_ids = max_retries, eos_ids
         self.engine: EngineClient | None = None
         self.waiting: deque[Request] = deque()
         self.owner: Request | None = None
@@ -88,8 +95,9 @@ class Scheduler:
         if req.first_chunk_at is None:  # the first chunk started msg.ms before this line
             req.first_chunk_at = time.monotonic() - msg.ms / 1000
             self.metrics.observe_queue_wait(req.queue_wait_s)
-        self.metrics.prompt_tokens.inc(msg.done - req.prompt_done)
-        req.prompt_done = msg.done
+        req.prompt_done = min(msg.done, len(req.prompt))  # a continuation also re-reads its tokens
+        self.metrics.prompt_tokens.inc(max(0, req.prompt_done - req.prompt_counted))
+        req.prompt_counted = max(req.prompt_counted, req.prompt_done)
         if req is self.owner and msg.done < msg.total:
             self.offer_boundary()
 
@@ -97,7 +105,7 @@ class Scheduler:
         if req.first_token_at is None:
             req.first_token_at = time.monotonic()
             self.metrics.ttft.observe(req.ttft_s)
-        req.generated += 1
+        req.output.append(msg.token)
         self.metrics.generated_tokens.inc()
 
     def _on_suspended(self, req: Request, msg: m.Suspended) -> None:
@@ -112,8 +120,9 @@ class Scheduler:
     def _on_end(self, req: Request, msg: m.Done | m.Err) -> None:
         if req is self.owner:
             self.owner = None
-        req.phase = Phase.DONE
-        self._forget(req)
+        if isinstance(msg, m.Done) and req.restarts:
+            self.metrics.engine_death_requests.labels("recovered").inc()
+        self._end(req)
         self.dispatch()
 
     _HANDLERS = {m.PP: _on_pp, m.T: _on_token, m.Suspended: _on_suspended, m.Decline: _on_decline,
@@ -128,15 +137,47 @@ class Scheduler:
         self.abandon(req)  # STOP it; the period ends at its DONE
 
     def on_engine_exit(self, reason: str) -> None:
-        """Everything the engine held died with it; queued requests wait for the restart."""
+        """What the engine held goes back to the front of the queue, to run on the restarted
+        engine (dispatched when it is ready); the request it was running is blamed once."""
         self.metrics.engine_restarts.inc()
-        for req in (self.owner, self.parked):
-            if req is not None:
-                req.phase = Phase.DONE
-                req.deliver(EngineFailure(f"{reason}; the request was lost"))
-                self._forget(req)
+        owner, parked = self.owner, self.parked
         self.owner = None
-        self._unpark(self.parked)
+        self._unpark(parked)
+        if owner is not None:
+            owner.deaths_running += 1
+        held = sorted((r for r in (owner, parked) if r is not None), key=lambda r: r.arrived)
+        self.waiting.extendleft(reversed([r for r in held if self._survives(r, reason)]))
+
+    def _survives(self, req: Request, reason: str) -> bool:
+        req.restarts += 1
+        if req.abandoned:  # nobody waits for it any more
+            self._end(req)
+            return False
+        if req.deaths_running >= self.max_retries:
+            self.metrics.engine_death_requests.labels("failed").inc()
+            log.error("request %d was running at %d engine deaths: failing it as their likely cause",
+                      req.id, req.deaths_running)
+            self._end(req)
+            req.deliver(EngineFailure(f"{reason}; this request was running at {req.deaths_running} engine "
+                                      f"deaths in a row, so it is taken for their cause and not retried"))
+            return False
+        if self._finished_before_death(req):
+            return False
+        log.warning("request %d will %s on the restarted engine", req.id,
+                    f"continue after {req.generated} tokens" if req.output else "run again")
+        req.requeue()
+        return True
+
+    def _finished_before_death(self, req: Request) -> bool:
+        """Its last token ended it (length or a stop token) but the DONE was lost: end it here."""
+        stop_ids = self.eos_ids | frozenset(req.sampling.get("stop", ()))
+        finish = ("length" if req.generated >= req.max_tokens else
+                  "stop" if req.output and req.output[-1] in stop_ids else None)
+        if finish is not None:
+            done = m.Done(req.generated, len(req.prompt), 0.0, 0.0, finish, {}, req.id)
+            self._on_end(req, done)
+            req.deliver(done)
+        return finish is not None
 
     def on_engine_ready(self) -> None:
         if self.preempt_wanted and "preempt" not in self.engine.info.caps and not self._warned_no_cap:
@@ -164,7 +205,7 @@ class Scheduler:
             self.metrics.resumes.inc()
         elif self.waiting:
             req = self.waiting.popleft()
-            self._grant(req, m.Gen(req.max_tokens, tuple(req.prompt), req.sampling, req.id))
+            self._grant(req, req.gen())
 
     def _grant(self, req: Request, msg: m.Message) -> None:
         self.owner, req.phase = req, Phase.RUNNING
@@ -190,18 +231,29 @@ class Scheduler:
     def _forget(self, req: Request) -> None:
         self.requests.pop(req.id, None)
 
+    def _end(self, req: Request) -> None:
+        req.phase = Phase.DONE
+        self._forget(req)
+
     def shutdown(self) -> None:
-        """Every request gets an answer: the waiting and the parked fail, the owner is stopped."""
+        """No new work; the waiting and the parked are answered now, the running request may
+        finish (see stop_owner). Nothing is restarted from here on."""
         if self.closed:
             return
         self.closed = True
-        if self.owner is not None and self.engine is not None:
-            self.engine.send(m.Stop(self.owner.id))
-        for req in list(self.waiting) + [r for r in (self.parked, self.owner) if r is not None]:
+        for req in list(self.waiting) + [r for r in (self.parked,) if r is not None]:
             req.deliver(EngineFailure("the server is shutting down"))
+            self._end(req)
         self.waiting.clear()
         self._unpark(self.parked)
-        self.owner = None
+
+    def stop_owner(self) -> None:
+        """The shutdown grace is over: the running request is stopped and answered."""
+        req, self.owner = self.owner, None
+        if req is not None:
+            self.engine.send(m.Stop(req.id))
+            req.deliver(EngineFailure("the server is shutting down"))
+            self._end(req)
 
     def status(self) -> dict:
         owner = self.owner
@@ -211,6 +263,7 @@ class Scheduler:
             "phase": "idle" if owner is None else ("reading" if owner.reading else "decoding"),
             "prompt_progress": None if owner is None else
             {"id": owner.id, "done": owner.prompt_done, "total": len(owner.prompt), "generated": owner.generated},
+            "parked_requests": int(self.parked is not None),
             "parked": [] if self.parked is None else
             [{"id": self.parked.id, "done": self.parked.prompt_done, "total": len(self.parked.prompt),
               "parks": self.parked.parks, "parked_s": round(time.monotonic() - self.parked.parked_at, 3)}],

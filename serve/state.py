@@ -17,7 +17,8 @@ class ServerState:
         self.started_at = int(time.time())
         self.fallback_ctx = settings.ctx or model_ctx  # until the engine's READY says
         self.metrics = Metrics()
-        self.scheduler = Scheduler(self.metrics, settings.preempt.enabled, settings.preempt.max_wait_s)
+        self.scheduler = Scheduler(self.metrics, settings.preempt.enabled, settings.preempt.max_wait_s,
+                                   settings.max_request_retries, frozenset({tokenizer.special.eos}))
         self.engine = EngineClient(
             settings.engine_command(), settings.handshake_timeout_s, settings.max_restarts,
             on_message=self.scheduler.on_message, on_malformed=self.scheduler.on_malformed,
@@ -35,8 +36,20 @@ class ServerState:
         self.loop = asyncio.get_running_loop()
         self._starter = asyncio.create_task(self.engine.start())
 
-    async def stop(self) -> None:
+    def begin_shutdown(self) -> None:
+        """First signal: no restarts from now on, no new work, the running request may finish."""
+        if self.engine.stopping:
+            return
+        self.engine.stopping = True
         self.scheduler.shutdown()
+        self.loop.call_later(self.settings.shutdown_grace_s, self.scheduler.stop_owner)
+
+    async def stop(self) -> None:
+        self.begin_shutdown()  # already begun if a signal stopped the server
+        deadline = time.monotonic() + self.settings.shutdown_grace_s
+        while self.scheduler.owner is not None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self.scheduler.stop_owner()
         if self._starter:
             self._starter.cancel()
         await self.engine.stop(self.settings.shutdown_timeout_s)

@@ -71,3 +71,24 @@ def test_sampling_does_not_modify_the_callers_logits():
     logits = np.array([2.0, 1.9, 0.0], dtype=np.float32)
     Sampler(SamplingParams(temperature=0, repeat_penalty=10.0), prompt=(0,)).sample(logits)
     assert logits.tolist() == [2.0, 1.899999976158142, 0.0]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8, seed=3, top_k=3),
+                                    SamplingParams(temperature=1.2, seed=9, min_p=0.2, repeat_penalty=1.3)])
+def test_a_continuation_after_k_draws_samples_what_the_whole_run_samples(params):
+    """What an engine restart relies on: a sampler built on prompt + the first k tokens with
+    drawn=k draws the same rest as the sampler that drew all of them (RNG and penalty window)."""
+    logits = np.random.default_rng(0).normal(size=(40, 64)).astype(np.float32)
+    whole = Sampler(params, (1, 2, 3))
+    tokens = []
+    for row in logits:
+        tokens.append(whole.sample(row))
+        whole.accept(tokens[-1])
+    k = 17
+    cont = Sampler(params, (1, 2, 3, *tokens[:k]), drawn=k)
+    rest = []
+    for row in logits[k:]:
+        rest.append(cont.sample(row))
+        cont.accept(rest[-1])
+    assert rest == tokens[k:]
+    assert cont.state_digest() == whole.state_digest()

@@ -10,7 +10,7 @@ def gen(n_prompt: int, max_new: int, ident: int, **params) -> m.Gen:
 
 def test_handshake_then_chunks_tokens_and_done(engine_factory):
     e = engine_factory("--chunk", "4", mock=True)
-    assert e.handshake() == m.Ready(8192, ("stop",))
+    assert e.handshake() == m.Ready(8192, ("stop", "preempt"))  # preemption is on by default
     e.send(gen(10, 3, 1))
     got = e.read_until(m.Done)
     assert [(x.done, x.total) for x in got if isinstance(x, m.PP)] == [(4, 10), (8, 10), (10, 10)]
@@ -103,3 +103,55 @@ def test_fault_die_while_parked(engine_factory):
     e.send(m.Yield())
     e.read_until(m.Suspended)
     assert e.proc.wait(5) == 3
+
+
+def test_no_prefill_preempt_drops_the_capability(engine_factory):
+    assert engine_factory("--no-prefill-preempt", mock=True).handshake().caps == ("stop",)
+
+
+def test_a_continuation_goes_on_with_the_same_tokens(engine_factory):
+    """GEN with the prompt plus the first k tokens and drawn=k: the answer's tail, unchanged."""
+    e = engine_factory("--chunk", "4", mock=True)
+    e.handshake()
+    e.send(gen(6, 8, 1))
+    whole = [x.token for x in e.read_until(m.Done) if isinstance(x, m.T)]
+    prompt = tuple(range(10, 16))
+    e.send(m.Gen(5, prompt + tuple(whole[:3]), {"drawn": 3}, 2))
+    assert [x.token for x in e.read_until(m.Done) if isinstance(x, m.T)] == whole[3:]
+
+
+def test_fault_die_at_gen_answers_nothing(engine_factory):
+    e = engine_factory("--die-at-gen", "2", mock=True)
+    e.handshake()
+    e.send(gen(5, 1, 1))
+    e.read_until(m.Done)
+    e.send(gen(5, 1, 2))
+    assert e.proc.wait(5) == 3 and e.proc.stdout.read() == ""
+
+
+def test_fault_die_after_tokens(engine_factory):
+    e = engine_factory("--die-after-tokens", "3", mock=True)
+    e.handshake()
+    e.send(gen(5, 10, 1))
+    assert e.proc.wait(5) == 3
+    assert [line.split()[0] for line in e.proc.stdout.read().splitlines()].count("T") == 3
+
+
+def test_faults_once_fire_in_the_first_process_only(engine_factory, tmp_path):
+    marker = str(tmp_path / "fired")
+    first = engine_factory("--die-at-chunk", "1", "--faults-once", marker, mock=True)
+    first.handshake()
+    first.send(gen(5, 1, 1))
+    assert first.proc.wait(5) == 3
+    second = engine_factory("--die-at-chunk", "1", "--faults-once", marker, mock=True)
+    second.handshake()
+    second.send(gen(5, 1, 1))
+    assert second.read_until(m.Done)[-1].finish == "length"
+
+
+def test_fault_poison_token_kills_every_process(engine_factory, tmp_path):
+    for _ in range(2):
+        e = engine_factory("--poison-token", "12", "--faults-once", str(tmp_path / "x"), mock=True)
+        e.handshake()
+        e.send(gen(5, 1, 1))  # the prompt 10..14 holds 12
+        assert e.proc.wait(5) == 3

@@ -1,4 +1,4 @@
-"""Strict FIFO over the mock engine, and clients that leave while queued or while running."""
+"""Strict FIFO (--no-prefill-preempt) over the mock engine, and clients that leave while queued or while running."""
 import time
 
 import httpx
@@ -23,7 +23,7 @@ def status(server) -> dict:
 
 
 def test_requests_are_served_in_arrival_order(server_factory):
-    server = server_factory(engine_cmd=SLOW)
+    server = server_factory(engine_cmd=SLOW, extra=["--no-prefill-preempt"])
     finished = []
 
     def run(i):
@@ -42,7 +42,7 @@ def test_requests_are_served_in_arrival_order(server_factory):
 
 
 def test_client_leaving_while_queued_never_reaches_the_engine(server_factory):
-    server = server_factory(engine_cmd=SLOW)
+    server = server_factory(engine_cmd=SLOW, extra=["--no-prefill-preempt"])
     a = Background(complete_tokens, server.url, 1280, 2)  # ~1 s of prompt reading
     a.start()
     wait_for(lambda: status(server)["busy"])
@@ -56,7 +56,7 @@ def test_client_leaving_while_queued_never_reaches_the_engine(server_factory):
 
 
 def test_client_leaving_while_running_stops_the_engine(server_factory):
-    server = server_factory(engine_cmd=SLOW)
+    server = server_factory(engine_cmd=SLOW, extra=["--no-prefill-preempt"])
     with httpx.stream("POST", server.url + "/v1/completions", timeout=30,
                       json={"prompt": list(range(100, 200)), "max_tokens": 5000, "stream": True}) as r:
         for line in r.iter_lines():
@@ -71,7 +71,7 @@ def test_client_leaving_while_running_stops_the_engine(server_factory):
 
 
 def test_non_streaming_client_leaving_while_running_frees_the_engine(server_factory):
-    server = server_factory(engine_cmd=SLOW)
+    server = server_factory(engine_cmd=SLOW, extra=["--no-prefill-preempt"])
     try:
         httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3000}, timeout=0.5)
     except httpx.ReadTimeout:
