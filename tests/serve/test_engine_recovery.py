@@ -3,11 +3,12 @@ tokens already sent, a stream shows each token once, and a poison request fails 
 import json
 import os
 import signal
+import subprocess
 
 import httpx
 import pytest
 
-from tests.harness import mock_engine_cmd
+from tests.harness import PY, ROOT, mock_engine_cmd
 from tests.serve.helpers import Background, complete_tokens, metrics
 from tests.serve.test_scheduling import status, wait_for
 
@@ -127,6 +128,12 @@ def test_waiting_requests_keep_their_order_behind_the_recovered_one(server_facto
     threads = [Background(run, i) for i in range(3)]
     for i, t in enumerate(threads):
         t.start()
-        wait_for(lambda n=i + 1: status(server)["queued"] + status(server)["busy"] == n)
+        wait_for(lambda n=i + 1: status(server)["queued"] + status(server)["busy"] + len(finished) == n)
     assert [t.get().status_code for t in threads] == [200] * 3
     assert finished == [0, 1, 2]
+
+
+def test_max_request_retries_below_one_is_refused_at_start():
+    done = subprocess.run([PY, "-m", "serve", "--max-request-retries", "0"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "--max-request-retries must be >= 1" in done.stderr

@@ -67,6 +67,7 @@ def test_status_shows_the_parked_request(server_factory):
     b.start()
     wait_for(lambda: status(server)["parked"] != [])
     parked = status(server)["parked"][0]
+    assert status(server)["parked_requests"] == 1
     assert parked["total"] == LONG and 0 < parked["done"] < LONG and parked["parks"] == 1
     assert metrics(server.url)["strata_parked_requests"] == 1
     assert b.get().status_code == 200 and a.get().status_code == 200
