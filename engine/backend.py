@@ -1,4 +1,10 @@
-"""The NumPy/CuPy switch. The only module that imports cupy; the rest is array code over `xp`."""
+"""The NumPy/CuPy switch. The only module that imports cupy; the rest is array code over `xp`.
+
+The forward pass (engine/model.py) is written once against the operations below. ArrayOps is
+plain float32 array code: the CPU path and the reference every GPU kernel is checked against.
+HalfCupyOps runs the same operations in half precision on the GPU through the kernels in
+engine/kernels/ (fp16 activations and KV cache; fp32 residual stream, norm statistics, softmax
+and logits)."""
 from __future__ import annotations
 
 import sys
@@ -7,15 +13,30 @@ from types import ModuleType
 
 import numpy as np
 
+KEY_TILE = 2048  # keys per attention tile on the CPU: scores never exceed (kv_heads, group*n, KEY_TILE)
+
 
 class ArrayOps:
-    """The elementwise pieces of the forward pass as plain array code over xp."""
+    """Weights are stored as GGUF has them, (out_features, in_features)."""
+
+    act_dtype = np.float32
 
     def __init__(self, xp: ModuleType):
         self.xp = xp
+        self._bias: dict[int, object] = {}
 
-    def rms_norm(self, x, weight, eps: float):
-        """x: (n, dim), weight: (dim,)."""
+    def embed(self, table, tokens):
+        """table: (vocab, dim), tokens: (n,) -> the fp32 residual stream (n, dim)."""
+        return table[self.xp.asarray(tokens)].astype(self.xp.float32)
+
+    def matmul(self, x, w):
+        """x: (n, k), w: (m, k) -> (n, m)."""
+        return x @ w.T
+
+    def add_rms_norm(self, x, delta, weight, eps: float):
+        """x += delta (when given; the residual add), then rms_norm(x) * weight."""
+        if delta is not None:
+            x += delta
         return x * (1.0 / self.xp.sqrt(self.xp.mean(x * x, axis=-1, keepdims=True) + eps)) * weight
 
     def rope(self, x, cos, sin):
@@ -24,48 +45,100 @@ class ArrayOps:
         x1, x2 = x[..., :half], x[..., half:]
         return self.xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
-    def silu_mul(self, gate, up):
+    def rope_store(self, qkv, cos, sin, k_cache, v_cache, start: int):
+        """qkv: (n, (heads + 2*kv_heads) * d); k_cache/v_cache: (kv_heads, ctx, d), rows
+        start..start+n written (K rotated). Returns q rotated: (n, heads, d)."""
+        kv_heads, _, d = k_cache.shape
+        n = qkv.shape[0]
+        heads = qkv.shape[1] // d - 2 * kv_heads
+        qkv = qkv.reshape(n, heads + 2 * kv_heads, d)
+        k_cache[:, start : start + n] = self.rope(qkv[:, heads : heads + kv_heads], cos, sin).transpose(1, 0, 2)
+        v_cache[:, start : start + n] = qkv[:, heads + kv_heads :].transpose(1, 0, 2)
+        return self.rope(qkv[:, :heads], cos, sin)
+
+    def attention(self, q, k_cache, v_cache, start: int):
+        """q: (n, heads, d) at positions start..start+n; k_cache/v_cache: (kv_heads, ctx, d) with
+        rows 0..start+n filled. Causal, GQA, online softmax over key tiles. Returns (n, heads*d)."""
+        xp = self.xp
+        n, heads, d = q.shape
+        kv_heads = k_cache.shape[0]
+        group, end = heads // kv_heads, start + n
+        keys, values = k_cache[:, :end], v_cache[:, :end]
+        bias = self.causal_bias(n)
+        # heads h = kv*group + g share kv head `kv`: (kv_heads, group*n, d), rows ordered (g, i)
+        qg = q.reshape(n, kv_heads, group, d).transpose(1, 2, 0, 3)
+        qg = (qg * np.float32(1.0 / np.sqrt(d))).reshape(kv_heads, group * n, d)
+        best = acc = norm = None
+        for t0 in range(0, end, KEY_TILE):
+            t1 = min(t0 + KEY_TILE, end)
+            s = qg @ keys[:, t0:t1].transpose(0, 2, 1)  # (kv_heads, group*n, tile)
+            if t1 > start + 1:  # tile reaches the diagonal: mask keys after each query
+                lo = max(start, t0)  # keys of the chunk itself start here; earlier keys are all visible
+                part = s.reshape(kv_heads, group, n, t1 - t0)[..., lo - t0 :]
+                xp.add(part, bias[:, lo - start : t1 - start], out=part)
+            tile_max = s.max(axis=-1, keepdims=True)
+            new_best = tile_max if best is None else xp.maximum(best, tile_max)
+            xp.subtract(s, new_best, out=s)
+            p = xp.exp(s, out=s)  # unnormalized probabilities, in place
+            if best is None:
+                acc, norm = p @ values[:, t0:t1], p.sum(axis=-1, keepdims=True)
+            else:
+                corr = xp.exp(best - new_best)
+                acc = acc * corr + p @ values[:, t0:t1]
+                norm = norm * corr + p.sum(axis=-1, keepdims=True)
+            best = new_best
+        out = (acc / norm).reshape(kv_heads, group, n, d)  # (kv, g, n, d)
+        return out.transpose(2, 0, 1, 3).reshape(n, heads * d)
+
+    def causal_bias(self, n: int):
+        """(n, n) float32 over the chunk's own keys: 0 where key <= query, -inf after it."""
+        if n not in self._bias:
+            self._bias = {n: self.xp.asarray(np.triu(np.full((n, n), -np.inf, dtype=np.float32), k=1))}
+        return self._bias[n]
+
+    def silu_mul(self, gate_up):
+        """gate_up: (n, 2*ffn) = [gate | up] -> silu(gate) * up: (n, ffn)."""
+        ffn = gate_up.shape[1] // 2
+        gate, up = gate_up[:, :ffn], gate_up[:, ffn:]
         return gate / (1.0 + self.xp.exp(-gate)) * up
 
+    def logits(self, h, head):
+        """h: (1, dim), head: (vocab, dim) -> (vocab,) float32."""
+        return self.matmul(h, head)[0]
 
-class FusedCupyOps(ArrayOps):
-    """One CUDA kernel for each piece instead of 4 to 8 CuPy calls: a decode step on a GPU is
-    bound by kernel launches, not arithmetic."""
+
+class HalfCupyOps(ArrayOps):
+    """The same operations on the GPU in half precision, each one kernel (engine/kernels/):
+    cuBLAS GEMMs on the fp16 weights as stored, fused norm/RoPE/SwiGLU, flash attention."""
 
     def __init__(self, cp: ModuleType):
         super().__init__(cp)
-        self.sum_squares = cp.ReductionKernel("T x", "T y", "x * x", "a + b", "y = a", "0", "strata_sum_squares")
-        self.rms_scale = cp.ElementwiseKernel(
-            "T x, T ss, T w, T inv_n, T eps", "T y", "y = x / sqrt(ss * inv_n + eps) * w", "strata_rms_scale")
-        self.silu_mul_kernel = cp.ElementwiseKernel(
-            "T g, T u", "T y", "y = g / (1 + exp(-g)) * u", "strata_silu_mul")
-        self.rope_kernel = cp.ElementwiseKernel(
-            "raw T x, raw T cos, raw T sin, int32 heads, int32 d", "T y",
-            """
-            const int half = d / 2, j = i % d, row = i / d, t = row / heads;
-            const int k = j < half ? j : j - half;
-            const T c = cos[t * half + k], s = sin[t * half + k];
-            const T a = x[row * d + k], b = x[row * d + k + half];
-            y = j < half ? a * c - b * s : b * c + a * s;
-            """, "strata_rope")
+        from engine.kernels import GpuKernels
 
-    def rms_norm(self, x, weight, eps: float):
-        ss = self.sum_squares(x, axis=-1, keepdims=True)  # (n, 1)
-        return self.rms_scale(x, ss, weight, x.dtype.type(1.0 / x.shape[-1]), x.dtype.type(eps))
+        self.act_dtype = cp.float16
+        self.kernels = GpuKernels(cp)
 
-    def rope(self, x, cos, sin):
-        x = self.xp.ascontiguousarray(x)
-        return self.rope_kernel(x, cos, sin, x.shape[1], x.shape[2], self.xp.empty_like(x))
+    def add_rms_norm(self, x, delta, weight, eps: float):
+        return self.kernels.add_rms_norm(x, delta, weight, eps)
 
-    def silu_mul(self, gate, up):
-        return self.silu_mul_kernel(gate, up)
+    def rope_store(self, qkv, cos, sin, k_cache, v_cache, start: int):
+        return self.kernels.rope_store(qkv, cos, sin, k_cache, v_cache, start)
+
+    def attention(self, q, k_cache, v_cache, start: int):
+        return self.kernels.attention(q, k_cache, v_cache, start)
+
+    def silu_mul(self, gate_up):
+        return self.kernels.silu_mul(gate_up)
+
+    def logits(self, h, head):
+        return self.kernels.matvec(head, h[0])
 
 
 @dataclass(frozen=True)
 class Backend:
     name: str  # "cpu" | "gpu"
     xp: ModuleType  # numpy or cupy
-    weight_dtype: type  # float32 on the CPU, float16 on the GPU
+    weight_dtype: type  # weights, activations and KV: float32 on the CPU, float16 on the GPU
     device_name: str
     ops: ArrayOps
 
@@ -75,15 +148,20 @@ class Backend:
     def to_host(self, arr) -> np.ndarray:
         return arr if self.xp is np else self.xp.asnumpy(arr)
 
-    def matmul(self, x, w):
-        """x: (n, k) float32, w: (k, m) weight_dtype -> (n, m) float32 (fp32 accumulate on GPU)."""
-        if w.dtype == x.dtype:
-            return x @ w
-        return (x.astype(w.dtype) @ w).astype(self.xp.float32)
-
     def synchronize(self) -> None:
         if self.xp is not np:
             self.xp.cuda.Stream.null.synchronize()
+
+    def free_bytes(self) -> int | None:
+        """Device memory still free for the KV cache (None on the CPU: not managed here)."""
+        if self.xp is np:
+            return None
+        self.xp.get_default_memory_pool().free_all_blocks()
+        return int(self.xp.cuda.runtime.memGetInfo()[0])
+
+    @property
+    def kernels(self):
+        return getattr(self.ops, "kernels", None)
 
 
 def cpu_backend() -> Backend:
@@ -96,7 +174,7 @@ def gpu_backend() -> Backend:
     cp.cuda.runtime.getDeviceCount()  # raises without a driver or a device
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    return Backend("gpu", cp, cp.float16, name, FusedCupyOps(cp))
+    return Backend("gpu", cp, cp.float16, name, HalfCupyOps(cp))
 
 
 def select_backend(device: str) -> Backend:

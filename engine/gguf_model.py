@@ -52,12 +52,14 @@ class ModelConfig:
 
 @dataclass
 class LayerWeights:
+    """Weights as GGUF stores them, (out_features, in_features): float32 on the CPU, fp16 on the GPU."""
+
     attn_norm: object  # (dim,) float32
-    wqkv: object  # (dim, dim + 2*kv_dim): q and k rows de-interleaved for half-split RoPE
+    wqkv: object  # (dim + 2*kv_dim, dim): q and k rows de-interleaved for half-split RoPE
     wo: object  # (dim, dim)
     ffn_norm: object  # (dim,) float32
-    w_gate_up: object  # (dim, 2*ffn_dim)
-    w_down: object  # (ffn_dim, dim)
+    w_gate_up: object  # (2*ffn_dim, dim)
+    w_down: object  # (dim, ffn_dim)
 
 
 @dataclass
@@ -65,7 +67,7 @@ class Weights:
     tok_embd: object  # (vocab, dim)
     layers: list[LayerWeights]
     out_norm: object  # (dim,) float32
-    head: object  # (dim, vocab); a transposed view of tok_embd when tied
+    head: object  # (vocab, dim); tok_embd itself when tied
 
 
 def field_value(reader: GGUFReader, key: str, default=None):
@@ -92,7 +94,7 @@ def read_config(reader: GGUFReader) -> ModelConfig:
 
 
 def dequantize_tensor(t) -> np.ndarray:
-    """GGUF tensor -> float32 (rows, cols) in numpy order (out_features, in_features)."""
+    """GGUF tensor -> float32 (rows, cols) in numpy order (out_features, in_features), on the host."""
     try:
         if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             return np.asarray(t.data, dtype=np.float32)
@@ -101,7 +103,7 @@ def dequantize_tensor(t) -> np.ndarray:
         raise ModelLoadError(f"unsupported tensor type {t.tensor_type.name} in {t.name}") from e
 
 
-def deinterleave_heads(w: np.ndarray, n_heads: int) -> np.ndarray:
+def deinterleave_heads(w, n_heads: int):
     """llama.cpp stores Q/K rows with RoPE pairs adjacent; reorder each head to [evens, odds]
     so RoPE rotates halves (contiguous slices). q.k is unchanged since q and k move alike."""
     rows, cols = w.shape
@@ -110,45 +112,79 @@ def deinterleave_heads(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 class WeightLoader:
+    """Weights from the memory-mapped file to the backend. On the GPU, F16 tensors are copied as
+    they are and quantized (or BF16) ones go over as their raw blocks and are expanded to fp16 by
+    a kernel: no float32 host copy of the model is made."""
+
+    REPORT_EVERY_S = 2.0
+
     def __init__(self, reader: GGUFReader, cfg: ModelConfig, backend: Backend):
         self.tensors = {t.name: t for t in reader.tensors}
-        self.cfg, self.backend = cfg, backend
-        self.done, self.started = 0, time.monotonic()
+        self.cfg, self.backend, self.xp = cfg, backend, backend.xp
+        self.total_bytes = sum(int(t.n_bytes) for t in reader.tensors)
+        self.done_bytes, self.started = 0, time.monotonic()
+        self.reported = self.started
 
-    def host(self, name: str) -> np.ndarray:
+    def tensor(self, name: str):
         if name not in self.tensors:
             raise ModelLoadError(f"missing tensor {name}")
-        self.done += 1
-        if self.done % 40 == 0 or self.done == len(self.tensors):
-            print(f"strata: loading weights {self.done}/{len(self.tensors)} tensors "
-                  f"({time.monotonic() - self.started:.1f}s)", file=sys.stderr, flush=True)
-        return dequantize_tensor(self.tensors[name])
+        return self.tensors[name]
 
-    def device(self, host: np.ndarray, weight: bool = True):
-        dtype = self.backend.weight_dtype if weight else np.float32
-        return self.backend.asarray(np.ascontiguousarray(host), dtype=dtype)
+    def progress(self, t) -> None:
+        self.done_bytes += int(t.n_bytes)
+        now = time.monotonic()
+        if now - self.reported >= self.REPORT_EVERY_S or self.done_bytes == self.total_bytes:
+            self.reported = now
+            print(f"strata: loading weights {self.done_bytes / 2**30:.2f}/{self.total_bytes / 2**30:.2f} GiB "
+                  f"({now - self.started:.1f}s)", file=sys.stderr, flush=True)
+
+    def matrix(self, name: str):
+        """(out, in) in the backend's weight dtype."""
+        t = self.tensor(name)
+        w = self.host_matrix(t) if self.backend.name == "cpu" else self.device_matrix(t)
+        self.progress(t)
+        return w
+
+    def host_matrix(self, t):
+        return dequantize_tensor(t)
+
+    def device_matrix(self, t):
+        kind, (cols, rows) = t.tensor_type.name, (int(t.shape[0]), int(t.shape[1]))
+        if kind == "F16":
+            return self.xp.asarray(t.data)  # straight from the mapped file
+        kernels = self.backend.kernels
+        if kernels is not None and kind in kernel_types():
+            return kernels.dequantize(t.data, kind, (rows, cols))
+        return self.xp.asarray(dequantize_tensor(t), dtype=self.xp.float16)  # F32 and rare types
+
+    def vector(self, name: str):
+        t = self.tensor(name)
+        self.progress(t)
+        return self.xp.asarray(np.asarray(t.data, dtype=np.float32))
 
     def layer(self, i: int) -> LayerWeights:
-        c, p = self.cfg, f"blk.{i}."
-        q = deinterleave_heads(self.host(p + "attn_q.weight"), c.n_heads)
-        k = deinterleave_heads(self.host(p + "attn_k.weight"), c.n_kv_heads)
-        v = self.host(p + "attn_v.weight")
-        gate, up = self.host(p + "ffn_gate.weight"), self.host(p + "ffn_up.weight")
-        return LayerWeights(
-            attn_norm=self.device(self.host(p + "attn_norm.weight"), weight=False),
-            wqkv=self.device(np.concatenate([q, k, v]).T),
-            wo=self.device(self.host(p + "attn_output.weight").T),
-            ffn_norm=self.device(self.host(p + "ffn_norm.weight"), weight=False),
-            w_gate_up=self.device(np.concatenate([gate, up]).T),
-            w_down=self.device(self.host(p + "ffn_down.weight").T),
-        )
+        c, p, xp = self.cfg, f"blk.{i}.", self.xp
+        q = deinterleave_heads(self.matrix(p + "attn_q.weight"), c.n_heads)
+        k = deinterleave_heads(self.matrix(p + "attn_k.weight"), c.n_kv_heads)
+        wqkv = xp.concatenate([q, k, self.matrix(p + "attn_v.weight")])
+        del q, k
+        w_gate_up = xp.concatenate([self.matrix(p + "ffn_gate.weight"), self.matrix(p + "ffn_up.weight")])
+        return LayerWeights(attn_norm=self.vector(p + "attn_norm.weight"), wqkv=wqkv,
+                            wo=self.matrix(p + "attn_output.weight"), ffn_norm=self.vector(p + "ffn_norm.weight"),
+                            w_gate_up=w_gate_up, w_down=self.matrix(p + "ffn_down.weight"))
 
     def load(self) -> Weights:
-        embd = self.device(self.host("token_embd.weight"))
+        embd = self.matrix("token_embd.weight")
         layers = [self.layer(i) for i in range(self.cfg.n_layers)]
-        out_norm = self.device(self.host("output_norm.weight"), weight=False)
-        head = self.device(self.host("output.weight")).T if "output.weight" in self.tensors else embd.T
+        out_norm = self.vector("output_norm.weight")
+        head = self.matrix("output.weight") if "output.weight" in self.tensors else embd
         return Weights(embd, layers, out_norm, head)
+
+
+def kernel_types() -> tuple[str, ...]:
+    from engine.kernels import DEQUANT
+
+    return tuple(DEQUANT)
 
 
 def load_model(path: str, backend: Backend) -> tuple[ModelConfig, Weights, GGUFReader]:

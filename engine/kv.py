@@ -4,6 +4,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import numpy as np
+
 from engine.backend import Backend
 from engine.gguf_model import ModelConfig
 
@@ -11,7 +13,7 @@ from engine.gguf_model import ModelConfig
 @dataclass
 class KVSnapshot:
     pos: int
-    k: object  # (layers, kv_heads, pos, head_dim) float32, a private copy
+    k: object  # (layers, kv_heads, pos, head_dim), a private copy
     v: object  # (layers, kv_heads, pos, head_dim)
 
     @property
@@ -19,13 +21,19 @@ class KVSnapshot:
         return int(self.k.nbytes + self.v.nbytes)
 
 
+def kv_row_bytes(cfg: ModelConfig, backend: Backend) -> int:
+    """Bytes of K and V for one position over all layers."""
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * np.dtype(backend.weight_dtype).itemsize
+
+
 class KVCache:
     def __init__(self, cfg: ModelConfig, ctx: int, backend: Backend):
         shape = (cfg.n_layers, cfg.n_kv_heads, ctx, cfg.head_dim)
         self.backend, self.ctx = backend, ctx
-        self.k = backend.xp.zeros(shape, dtype=backend.xp.float32)  # (layers, kv_heads, ctx, head_dim)
-        self.v = backend.xp.zeros(shape, dtype=backend.xp.float32)
-        self.row_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4  # K and V, one position
+        # (layers, kv_heads, ctx, head_dim): float32 on the CPU, float16 on the GPU
+        self.k = backend.xp.zeros(shape, dtype=backend.weight_dtype)
+        self.v = backend.xp.zeros(shape, dtype=backend.weight_dtype)
+        self.row_bytes = kv_row_bytes(cfg, backend)
 
     def snapshot_nbytes(self, pos: int) -> int:
         return pos * self.row_bytes

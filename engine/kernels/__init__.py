@@ -1,0 +1,122 @@
+"""Thin launchers for the CUDA kernels in this folder (one .cu file per family), compiled at first
+use by CuPy (NVRTC). CuPy is handed in by engine/backend.py, the only module that imports it.
+Every kernel has a NumPy reference (engine/backend.py ArrayOps, gguf.quants.dequantize) that
+tools/gpu_kernels_check.py compares it with on the GPU."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+KERNEL_DIR = Path(__file__).resolve().parent
+OPTIONS = ("-std=c++17", "--use_fast_math")
+THREADS = 256
+ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR in attention.cu
+HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
+
+# GGUF type -> (kernel, values per thread): one thread expands 32 values (1 for BF16)
+DEQUANT = {"Q4_0": ("dequant_q4_0", 32), "Q4_1": ("dequant_q4_1", 32), "Q5_0": ("dequant_q5_0", 32),
+           "Q5_1": ("dequant_q5_1", 32), "Q8_0": ("dequant_q8_0", 32), "Q4_K": ("dequant_q4_k", 32),
+           "Q5_K": ("dequant_q5_k", 32), "Q6_K": ("dequant_q6_k", 32), "BF16": ("dequant_bf16", 1)}
+
+
+def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
+    return (max(1, math.ceil(n / per_block)),)
+
+
+class GpuKernels:
+    def __init__(self, cp: ModuleType):
+        self.cp = cp
+        module = lambda name, **kw: cp.RawModule(code=(KERNEL_DIR / name).read_text(), options=OPTIONS, **kw)  # noqa: E731
+        self.norm_rope = module("norm_rope.cu")
+        self.matvec_module = module("matvec.cu")
+        self.dequant_module = module("dequant.cu")
+        self.attention_module = module("attention.cu", name_expressions=[f"flash_attention<{d}>" for d in HEAD_DIMS])
+        self._sequence_key, self._sequence = None, None
+
+    # ------------------------------------------------------------ norm, RoPE, SwiGLU
+
+    def add_rms_norm(self, x, delta, weight, eps: float):
+        """x: (n, dim) fp32, updated in place by += delta (n, dim) fp16 if given; returns
+        rms_norm(x) * weight as (n, dim) fp16."""
+        n, dim = x.shape
+        out = self.cp.empty((n, dim), dtype=self.cp.float16)
+        has_delta = delta is not None
+        self.norm_rope.get_function("add_rms_norm")(
+            (n,), (THREADS,), (x, delta if has_delta else out, np.int32(has_delta), weight, out,
+                               np.int32(dim), np.float32(eps)))
+        return out
+
+    def rope_store(self, qkv, cos, sin, k_cache, v_cache, start: int):
+        """qkv: (n, (heads + 2*kv_heads) * d) fp16; cos/sin: (n, 1, d/2) fp32 of the positions;
+        k_cache/v_cache: (kv_heads, ctx, d) fp16, rows start..start+n written. Returns q (n, heads, d)."""
+        kv_heads, ctx, d = k_cache.shape
+        n = qkv.shape[0]
+        heads = qkv.shape[1] // d - 2 * kv_heads
+        q = self.cp.empty((n, heads, d), dtype=self.cp.float16)
+        total = n * (heads + 2 * kv_heads) * (d // 2)
+        self.norm_rope.get_function("rope_store")(
+            blocks(total), (THREADS,), (qkv, q, k_cache, v_cache, cos, sin, np.int32(n), np.int32(heads),
+                                        np.int32(kv_heads), np.int32(d), np.int32(ctx), np.int32(start)))
+        return q
+
+    def silu_mul(self, gate_up):
+        """gate_up: (n, 2*ffn) fp16 -> silu(gate) * up: (n, ffn) fp16."""
+        n, two_ffn = gate_up.shape
+        out = self.cp.empty((n, two_ffn // 2), dtype=self.cp.float16)
+        pairs = n * two_ffn // 4
+        self.norm_rope.get_function("silu_mul")(blocks(pairs), (THREADS,),
+                                                (gate_up, out, np.int32(two_ffn // 4), np.uint64(pairs)))
+        return out
+
+    # ------------------------------------------------------------ attention
+
+    def attention(self, q, k_cache, v_cache, start: int):
+        """q: (n, heads, d) fp16 at positions start..start+n; k_cache/v_cache: (kv_heads, ctx, d)
+        fp16 holding rows 0..start+n. Causal flash attention; returns (n, heads*d) fp16."""
+        cp = self.cp
+        n, heads, d = q.shape
+        kv_heads, ctx, _ = k_cache.shape
+        if d not in HEAD_DIMS:
+            raise ValueError(f"head width {d} is not supported on the GPU (supported: {HEAD_DIMS})")
+        out = cp.empty((n, heads, d), dtype=cp.float16)
+        q_start, pos0, kv_off = self.one_sequence(n, start)
+        rows = n * (heads // kv_heads)
+        grid = (math.ceil(rows / ATTENTION_ROWS), kv_heads, 1)
+        self.attention_module.get_function(f"flash_attention<{d}>")(
+            grid, (128,), (q, k_cache, v_cache, out, q_start, pos0, kv_off, np.int32(heads), np.int32(kv_heads),
+                           np.int32(ctx), np.float32(math.log2(math.e) / math.sqrt(d))))
+        return out.reshape(n, heads * d)
+
+    def one_sequence(self, n: int, start: int):
+        """The kernel's batch description for one sequence; every layer of a forward reuses it."""
+        if self._sequence_key != (n, start):
+            cp = self.cp
+            self._sequence = (cp.asarray(np.array([0, n], dtype=np.int32)),
+                              cp.asarray(np.array([start], dtype=np.int32)), cp.zeros(1, dtype=cp.int64))
+            self._sequence_key = (n, start)
+        return self._sequence
+
+    # ------------------------------------------------------------ single rows
+
+    def matvec(self, w, x):
+        """w: (m, k) fp16, x: (k,) fp16 -> (m,) fp32."""
+        m, k = w.shape
+        y = self.cp.empty(m, dtype=self.cp.float32)
+        self.matvec_module.get_function("matvec_f16")(blocks(m, 8), (256,), (w, self.cp.ascontiguousarray(x), y,
+                                                                             np.int32(m), np.int32(k)))
+        return y
+
+    # ------------------------------------------------------------ load-time dequantization
+
+    def dequantize(self, raw, type_name: str, shape: tuple[int, int]):
+        """raw: the tensor's GGUF bytes (a host array, e.g. the memory-mapped file) -> (rows, cols)
+        fp16 on the device. Only the raw bytes cross the bus."""
+        kernel, per_thread = DEQUANT[type_name]
+        src = self.cp.asarray(np.ascontiguousarray(raw))
+        out = self.cp.empty(shape, dtype=self.cp.float16)
+        n = shape[0] * shape[1] // per_thread
+        self.dequant_module.get_function(kernel)(blocks(n), (THREADS,), (src, out, np.int64(n)))
+        return out

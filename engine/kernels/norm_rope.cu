@@ -1,0 +1,89 @@
+// Elementwise work of the half-precision forward pass, each fused into one kernel:
+// residual add + RMSNorm, RoPE + K/V cache write, SwiGLU. Activations are fp16; the residual
+// stream and the norm statistics are fp32. NumPy references: engine/backend.py ArrayOps.
+#include <cuda_fp16.h>
+
+constexpr int NORM_THREADS = 256;  // one block per row; rows are 576..8192 wide
+
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float partial[NORM_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = threadIdx.x < NORM_THREADS / 32 ? partial[threadIdx.x] : 0.f;
+    if (threadIdx.x < 32)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __shared__ float total;
+    if (threadIdx.x == 0) total = v;
+    __syncthreads();
+    return total;
+}
+
+// x: (n, dim) fp32 residual stream; x += delta when has_delta (delta: (n, dim) fp16).
+// out: (n, dim) fp16 = x / sqrt(mean(x^2) + eps) * w, w: (dim,) fp32.
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_delta, const float* __restrict__ w,
+             __half* __restrict__ out, int dim, float eps) {
+    const size_t row = blockIdx.x;
+    float* xr = x + row * dim;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < dim; j += NORM_THREADS) {
+        float v = xr[j];
+        if (has_delta) {
+            v += __half2float(delta[row * dim + j]);
+            xr[j] = v;
+        }
+        ss += v * v;
+    }
+    const float scale = rsqrtf(block_sum(ss) / dim + eps);
+    for (int j = threadIdx.x; j < dim; j += NORM_THREADS)
+        out[row * dim + j] = __float2half(xr[j] * scale * w[j]);
+}
+
+// x += delta: the residual add after the last layer's feed-forward (no norm follows in place).
+extern "C" __global__ void add_residual(float* __restrict__ x, const __half* __restrict__ delta, size_t n) {
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) x[i] += __half2float(delta[i]);
+}
+
+// qkv: (n, heads + 2*kv_heads, d) fp16, the fused projection of n tokens at positions start..
+// Each head is laid out [evens, odds] so RoPE rotates its two halves. One thread per
+// (token, head slot, pair j < d/2): q and k are rotated, q goes to q_out (n, heads, d), k and v
+// go straight into this layer's cache rows k_cache/v_cache: (kv_heads, ctx, d) at start + token.
+// cos, sin: (n, d/2) fp32 for the chunk's positions.
+extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __restrict__ q_out,
+                                      __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                                      const float* __restrict__ cos, const float* __restrict__ sin,
+                                      int n, int heads, int kv_heads, int d, int ctx, int start) {
+    const int half_d = d / 2, slots = heads + 2 * kv_heads;
+    const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)n * slots * half_d) return;
+    const int j = idx % half_d;
+    const size_t r = idx / half_d;
+    const int slot = r % slots, t = r / slots;
+    const __half* src = qkv + r * d;
+    float a = __half2float(src[j]), b = __half2float(src[j + half_d]);
+    if (slot < heads + kv_heads) {
+        const float c = cos[(size_t)t * half_d + j], s = sin[(size_t)t * half_d + j];
+        const float ra = a * c - b * s, rb = b * c + a * s;
+        a = ra;
+        b = rb;
+    }
+    __half* dst;
+    if (slot < heads) dst = q_out + ((size_t)t * heads + slot) * d;
+    else if (slot < heads + kv_heads) dst = k_cache + ((size_t)(slot - heads) * ctx + start + t) * d;
+    else dst = v_cache + ((size_t)(slot - heads - kv_heads) * ctx + start + t) * d;
+    dst[j] = __float2half(a);
+    dst[j + half_d] = __float2half(b);
+}
+
+// gate_up: (n, 2*ffn) fp16 = [gate | up] per row -> out: (n, ffn) fp16 = silu(gate) * up.
+extern "C" __global__ void silu_mul(const __half2* __restrict__ gate_up, __half2* __restrict__ out,
+                                    int ffn2, size_t n_pairs) {  // ffn2 = ffn / 2 (pairs per half-row)
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n_pairs) return;
+    const size_t row = i / ffn2, col = i % ffn2;
+    const float2 g = __half22float2(gate_up[row * 2 * ffn2 + col]);
+    const float2 u = __half22float2(gate_up[row * 2 * ffn2 + ffn2 + col]);
+    out[i] = __floats2half2_rn(g.x / (1.f + __expf(-g.x)) * u.x, g.y / (1.f + __expf(-g.y)) * u.y);
+}

@@ -1,0 +1,233 @@
+"""A llama-architecture GGUF of any shape and weight type, with random weights of sane magnitude and
+the default model's tokenizer and chat template: any model size can be measured where no large
+model can be downloaded. Quantized tensors are written as blocks directly (random quants with
+valid scales), so no float32 copy of the model is ever made and K-quants need no quantizer.
+
+    python tools/make_synthetic_gguf.py OUT.gguf --preset llama3-8b --type F16
+    python tools/make_synthetic_gguf.py OUT.gguf --layers 4 --dim 512 --ffn 1536 --heads 8 --kv-heads 2 --type Q4_K
+
+Types: F16 BF16 F32 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K, and Q4_K_M (Q4_K, with Q6_K for
+attn_v, ffn_down and the output head, as llama.cpp's Q4_K_M mix). A tensor whose rows do not
+divide into the type's blocks falls back to Q8_0 (or F16), as llama.cpp's quantizer does.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from engine.model_path import default_model_path  # noqa: E402
+
+PRESETS = {  # layers, dim, ffn, heads, kv_heads, context, rope base, vocab (None = the tokenizer's)
+    "llama3-8b": dict(layers=32, dim=4096, ffn=14336, heads=32, kv_heads=8, ctx=131072, rope_base=500000.0,
+                      vocab=128256),
+    "smollm2-135m": dict(layers=30, dim=576, ffn=1536, heads=9, kv_heads=3, ctx=8192, rope_base=100000.0,
+                         vocab=None),
+    "tiny": dict(layers=2, dim=256, ffn=512, heads=4, kv_heads=2, ctx=4096, rope_base=10000.0, vocab=None),
+}
+WEIGHT_STD = 0.02  # the spread of a trained 8B model's weights, roughly
+BLOCK = {Q.Q8_0: (32, 34), Q.Q4_0: (32, 18), Q.Q4_1: (32, 20), Q.Q5_0: (32, 22), Q.Q5_1: (32, 24),
+         Q.Q4_K: (256, 144), Q.Q5_K: (256, 176), Q.Q6_K: (256, 210)}
+
+
+# ---------------------------------------------------------------- random tensors
+
+def half_bytes(rng, n: int, value: float) -> np.ndarray:
+    """n fp16 scale fields near `value` (within +-25%), as (n, 2) bytes."""
+    return (value * rng.uniform(0.75, 1.25, n)).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+
+def random_blocks(rng, qtype: Q, rows: int, cols: int, std: float) -> np.ndarray:
+    """(rows, cols // block * block_bytes) uint8: random quants, scales chosen so the dequantized
+    values spread about `std`."""
+    size, nbytes = BLOCK[qtype]
+    n = rows * cols // size
+    raw = rng.integers(0, 256, (n, nbytes), dtype=np.uint8)
+    if qtype == Q.Q8_0:  # d, qs[32] int8 in [-127, 127] (std ~73)
+        raw[:, :2] = half_bytes(rng, n, std / 73)
+        raw[:, 2:][raw[:, 2:] == 0x80] = 0x81
+    elif qtype in (Q.Q4_0, Q.Q5_0):  # d, [qh], qs: q - 8 (or - 16) uniform
+        raw[:, :2] = half_bytes(rng, n, std / (4.6 if qtype == Q.Q4_0 else 9.2))
+    elif qtype in (Q.Q4_1, Q.Q5_1):  # d, m, [qh], qs: d*q + m, centred by m
+        spread = 4.6 if qtype == Q.Q4_1 else 9.2
+        d = std / spread
+        raw[:, :2] = half_bytes(rng, n, d)
+        raw[:, 2:4] = np.full(n, -d * (7.5 if qtype == Q.Q4_1 else 15.5), np.float16).view(np.uint8).reshape(n, 2)
+    elif qtype in (Q.Q4_K, Q.Q5_K):  # d, dmin, 12 bytes of 6-bit scale/min pairs (any bytes are valid)
+        sc_mean, q_mid = 31.5, (7.5 if qtype == Q.Q4_K else 15.5)
+        d = std / (sc_mean * (4.6 if qtype == Q.Q4_K else 9.2))
+        raw[:, :2] = half_bytes(rng, n, d)
+        raw[:, 2:4] = half_bytes(rng, n, d * q_mid)  # dmin * m ~ d * sc * q_mid: centred on average
+    elif qtype == Q.Q6_K:  # ql[128], qh[64], scales[16] int8, d: d * sc * (q - 32)
+        raw[:, 192:208] = rng.integers(16, 64, (n, 16), dtype=np.uint8)  # positive int8 scales
+        raw[:, 208:210] = half_bytes(rng, n, std / (40 * 18.5))
+    return raw.reshape(rows, cols // size * nbytes)
+
+
+def random_half(rng, rows: int, cols: int, bf16: bool) -> np.ndarray:
+    """Random fp16 / bf16 bit patterns of magnitude ~[std/4, 2*std), random sign, built from
+    integers (a float32 intermediate of an 8B model would take minutes and 32 GB)."""
+    bits = rng.integers(0, 1 << 16, (rows, cols), dtype=np.uint16)
+    if bf16:  # sign | exponent 8 bits | mantissa 7 bits
+        e0 = int(np.floor(np.log2(WEIGHT_STD / 4))) + 127
+        return (bits & 0x807F) | ((e0 + (bits >> 7) % 3).astype(np.uint16) << 7)
+    e0 = int(np.floor(np.log2(WEIGHT_STD / 4))) + 15
+    return ((bits & 0x83FF) | ((e0 + (bits >> 10) % 3).astype(np.uint16) << 10)).view(np.float16)
+
+
+def fits(qtype: Q, cols: int) -> bool:
+    return qtype not in BLOCK or cols % BLOCK[qtype][0] == 0
+
+
+def tensor_type(kind: str, file_type: str) -> Q:
+    """The type of one tensor: `kind` is the tensor's role (attn_v, ffn_down, output, ...)."""
+    if file_type == "Q4_K_M":
+        return Q.Q6_K if kind in ("attn_v", "ffn_down", "output") else Q.Q4_K
+    return Q[file_type]
+
+
+# ---------------------------------------------------------------- the model
+
+def tensor_plan(a) -> list[tuple[str, str, tuple[int, int] | tuple[int]]]:
+    """(name, role, numpy shape (out, in)) of every tensor, in file order."""
+    head_dim = a.dim // a.heads
+    kv = a.kv_heads * head_dim
+    plan = [("token_embd.weight", "token_embd", (a.vocab, a.dim))]
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        plan += [(p + "attn_norm.weight", "norm", (a.dim,)), (p + "attn_q.weight", "attn_q", (a.dim, a.dim)),
+                 (p + "attn_k.weight", "attn_k", (kv, a.dim)), (p + "attn_v.weight", "attn_v", (kv, a.dim)),
+                 (p + "attn_output.weight", "attn_output", (a.dim, a.dim)), (p + "ffn_norm.weight", "norm", (a.dim,)),
+                 (p + "ffn_gate.weight", "ffn_gate", (a.ffn, a.dim)), (p + "ffn_up.weight", "ffn_up", (a.ffn, a.dim)),
+                 (p + "ffn_down.weight", "ffn_down", (a.dim, a.ffn))]
+    plan.append(("output_norm.weight", "norm", (a.dim,)))
+    if not a.tied:
+        plan.append(("output.weight", "output", (a.vocab, a.dim)))
+    return plan
+
+
+def make_tensor(rng, role: str, shape, file_type: str) -> tuple[np.ndarray, Q]:
+    if len(shape) == 1:  # norm weights: around 1
+        return (1.0 + 0.05 * rng.standard_normal(shape)).astype(np.float32), Q.F32
+    rows, cols = shape
+    qtype = planned_type(role, shape, file_type)
+    if qtype in BLOCK:
+        return random_blocks(rng, qtype, rows, cols, WEIGHT_STD), qtype
+    if qtype == Q.F32:
+        return (WEIGHT_STD * rng.standard_normal(shape)).astype(np.float32), Q.F32
+    half = random_half(rng, rows, cols, bf16=qtype == Q.BF16)
+    return (half.view(np.uint8) if qtype == Q.BF16 else half), qtype
+
+
+def copy_tokenizer(w: GGUFWriter, src: GGUFReader, vocab: int | None) -> int:
+    """The default model's tokenizer and template; `vocab` pads the token list with unused tokens."""
+    f = lambda k: src.fields[k].contents()  # noqa: E731
+    tokens, types = list(f("tokenizer.ggml.tokens")), list(f("tokenizer.ggml.token_type"))
+    if vocab is not None and vocab > len(tokens):
+        tokens += [f"<|unused_{i}|>" for i in range(vocab - len(tokens))]
+        types += [5] * (vocab - len(types))  # UNUSED
+    w.add_tokenizer_model(f("tokenizer.ggml.model"))
+    w.add_tokenizer_pre(f("tokenizer.ggml.pre"))
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(list(f("tokenizer.ggml.merges")))
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        if f"tokenizer.ggml.{key}" in src.fields:
+            w.add_uint32(f"tokenizer.ggml.{key}", int(f(f"tokenizer.ggml.{key}")))
+    w.add_chat_template(f("tokenizer.chat_template"))
+    return len(tokens)
+
+
+def write_model(a) -> None:
+    src = GGUFReader(str(default_model_path()))
+    w = GGUFWriter(a.out, "llama")
+    w.add_name(f"synthetic {a.preset or 'custom'} {a.type}")
+    a.vocab = copy_tokenizer(w, src, a.vocab)
+    w.add_block_count(a.layers)
+    w.add_context_length(a.ctx)
+    w.add_embedding_length(a.dim)
+    w.add_feed_forward_length(a.ffn)
+    w.add_head_count(a.heads)
+    w.add_head_count_kv(a.kv_heads)
+    w.add_rope_freq_base(a.rope_base)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(a.vocab)
+    rng = np.random.default_rng(a.seed)
+    plan = tensor_plan(a)
+    for name, role, shape in plan:  # tensor infos first, then each tensor's data made and written in turn
+        qtype = planned_type(role, shape, a.type)
+        nbytes = planned_nbytes(qtype, shape)
+        if qtype in (Q.F32, Q.F16):
+            w.add_tensor_info(name, shape, np.dtype(np.float32 if qtype == Q.F32 else np.float16), nbytes)
+        else:  # block types (and BF16) are described by their byte shape
+            w.add_tensor_info(name, (shape[0], nbytes // shape[0]), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    started, total = time.monotonic(), 0
+    for i, (name, role, shape) in enumerate(plan):
+        data, _ = make_tensor(rng, role, shape, a.type)
+        w.write_tensor_data(data)
+        total += data.nbytes
+        if i % 50 == 0 or i == len(plan) - 1:
+            print(f"{i + 1}/{len(plan)} tensors, {total / 2**30:.2f} GiB, {time.monotonic() - started:.1f}s",
+                  file=sys.stderr, flush=True)
+    w.close()
+
+
+def planned_type(role: str, shape, file_type: str) -> Q:
+    if len(shape) == 1:
+        return Q.F32
+    qtype = tensor_type(role, file_type)
+    return qtype if fits(qtype, shape[1]) else (Q.Q8_0 if shape[1] % 32 == 0 else Q.F16)
+
+
+def planned_nbytes(qtype: Q, shape) -> int:
+    n = int(np.prod(shape))
+    if qtype in BLOCK:
+        size, nbytes = BLOCK[qtype]
+        return n // size * nbytes
+    return n * (4 if qtype == Q.F32 else 2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out")
+    p.add_argument("--preset", choices=sorted(PRESETS))
+    p.add_argument("--type", default="F16", choices=["F16", "BF16", "F32", "Q4_K_M", *(t.name for t in BLOCK)])
+    for flag in ("layers", "dim", "ffn", "heads", "kv-heads", "ctx", "vocab"):
+        p.add_argument(f"--{flag}", type=int)
+    p.add_argument("--rope-base", type=float)
+    p.add_argument("--tied", action="store_true", help="no output.weight: the head is the embedding")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def resolve_shape(a: argparse.Namespace) -> argparse.Namespace:
+    base = PRESETS.get(a.preset, {})
+    for key in ("layers", "dim", "ffn", "heads", "kv_heads", "ctx", "rope_base", "vocab"):
+        if getattr(a, key) is None:
+            setattr(a, key, base.get(key))
+    missing = [k for k in ("layers", "dim", "ffn", "heads", "kv_heads", "ctx") if getattr(a, k) is None]
+    if missing:
+        raise SystemExit(f"make_synthetic_gguf: give --preset or --{missing[0].replace('_', '-')}")
+    if a.dim % a.heads or a.heads % a.kv_heads or (a.dim // a.heads) % 2:
+        raise SystemExit("make_synthetic_gguf: dim must split into heads of even width, heads into kv heads")
+    a.rope_base = a.rope_base or 10000.0
+    return a
+
+
+def main(argv=None) -> int:
+    a = resolve_shape(build_parser().parse_args(argv))
+    write_model(a)
+    print(f"wrote {a.out} ({Path(a.out).stat().st_size / 2**30:.2f} GiB)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
