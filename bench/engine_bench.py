@@ -1,9 +1,12 @@
-"""Engine throughput: prefill tok/s at 512 and 2048 prompt tokens, and decode tok/s.
+"""Engine throughput: load time, prefill tok/s at several prompt lengths, decode tok/s, peak GPU
+memory, and a profile of one prompt chunk at depth (time per operation family).
 
     python bench/engine_bench.py [--model PATH] [--device cpu|gpu|auto] [--chunk 512] [--repeats 3]
+        [--sizes 512,2048] [--profile-depth N] [--label NAME --json FILE]
 
 Runs the engine's own forward pass in process (no server, no pipes), reading prompts in absolute
 chunks exactly as `strata --serve` does, and reports medians of repeats with the machine named.
+With --label, the result is merged into FILE under that label (one entry per model shape).
 """
 from __future__ import annotations
 
@@ -57,18 +60,68 @@ def decode_tok_s(model: LlamaModel, kv: KVCache, context: int, steps: int, backe
     return steps / (time.perf_counter() - started)
 
 
-def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: int, sizes: list[int]) -> dict:
+class TimedOps:
+    """Wraps the backend's operations: each call bracketed by CUDA events, time summed per name."""
+
+    def __init__(self, ops, xp):
+        self.ops, self.xp, self.events = ops, xp, []
+
+    def __getattr__(self, name):
+        fn = getattr(self.ops, name)
+
+        def timed(*args, **kwargs):
+            start, end = self.xp.cuda.Event(), self.xp.cuda.Event()
+            start.record()
+            out = fn(*args, **kwargs)
+            end.record()
+            self.events.append((name, start, end))
+            return out
+
+        return timed
+
+    def totals_ms(self) -> dict[str, float]:
+        self.events[-1][2].synchronize()
+        totals: dict[str, float] = {}
+        for name, start, end in self.events:
+            totals[name] = totals.get(name, 0.0) + self.xp.cuda.get_elapsed_time(start, end)
+        return {k: round(v, 3) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def profile_chunk(model: LlamaModel, kv: KVCache, depth: int, chunk: int, backend: Backend) -> dict:
+    """One chunk read at `depth` (the prefix already cached), time per operation family (ms)."""
+    tokens = np.random.default_rng(1).integers(100, model.cfg.vocab_size - 100, depth + chunk)
+    model.prefill(tokens[:depth], kv, chunk) if depth else None
+    model.ops = TimedOps(backend.ops, backend.xp)
+    try:
+        model.forward(tokens[depth:], depth, kv, want_logits=True)
+        return {"depth": depth, "chunk": chunk, "ms": model.ops.totals_ms()}
+    finally:
+        model.ops = backend.ops
+
+
+def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: int, sizes: list[int],
+        profile_depth: int | None = None) -> dict:
     backend = select_backend(device)
+    started = time.perf_counter()
     cfg, weights, _ = load_model(model_path, backend)
+    backend.synchronize()
+    load_s = time.perf_counter() - started
     model = LlamaModel(cfg, weights, backend)
-    kv = KVCache(cfg, max(sizes) + decode_steps + 1, backend)
+    kv = KVCache(cfg, max(sizes + [(profile_depth or 0) + chunk]) + decode_steps + 1, backend)
     prefill_tok_s(model, kv, min(chunk, 256), chunk, backend)  # warm-up
-    result = {"machine": machine(backend.device_name), "model": Path(model_path).name, "chunk": chunk, "repeats": repeats}
+    result = {"machine": machine(backend.device_name), "model": Path(model_path).name,
+              "shape": f"{cfg.n_layers} layers, dim {cfg.dim}, ffn {cfg.ffn_dim}, heads {cfg.n_heads}/{cfg.n_kv_heads}",
+              "chunk": chunk, "repeats": repeats, "load_s": round(load_s, 2)}
     for n in sizes:
         runs = [prefill_tok_s(model, kv, n, chunk, backend) for _ in range(repeats)]
         result[f"prefill_{n}_tok_s"] = round(statistics.median(runs), 1)
-    runs = [decode_tok_s(model, kv, 128, decode_steps, backend) for _ in range(repeats)]
-    result["decode_tok_s"] = round(statistics.median(runs), 1)
+    if decode_steps:
+        runs = [decode_tok_s(model, kv, 128, decode_steps, backend) for _ in range(repeats)]
+        result["decode_tok_s"] = round(statistics.median(runs), 1)
+    if profile_depth is not None and backend.name == "gpu":
+        result["profile"] = profile_chunk(model, kv, profile_depth, chunk, backend)
+    if backend.name == "gpu":
+        result["peak_gpu_mib"] = round(backend.xp.get_default_memory_pool().total_bytes() / 2**20)
     return result
 
 
@@ -80,12 +133,18 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--decode-steps", type=int, default=64)
     p.add_argument("--sizes", default="512,2048")
+    p.add_argument("--profile-depth", type=int, help="GPU: profile one chunk read at this depth")
     p.add_argument("--json", help="also write the result here")
+    p.add_argument("--label", help="merge the result into --json under this label")
     a = p.parse_args()
     result = run(str(resolve_model_path(a.model)), a.device, a.chunk, a.repeats, a.decode_steps,
-                 [int(s) for s in a.sizes.split(",")])
+                 [int(s) for s in a.sizes.split(",")], a.profile_depth)
     print(json.dumps(result, indent=1))
-    if a.json:
+    if a.json and a.label:
+        path = Path(a.json)
+        merged = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps(merged | {a.label: result}, indent=1) + "\n")
+    elif a.json:
         Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
 
 

@@ -16,8 +16,9 @@ from engine.sequence import Sequence
 
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: Weights, backend: Backend, ctx: int, chunk: int,
-                 eos_ids: frozenset[int], model_path: str = ""):
+                 eos_ids: frozenset[int], model_path: str = "", memory: dict[str, str] | None = None):
         self.cfg, self.backend, self.ctx, self.chunk = cfg, backend, ctx, chunk
+        self.memory = memory or {}
         self.model = LlamaModel(cfg, weights, backend)
         self.kv = KVCache(cfg, ctx, backend)
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
@@ -25,7 +26,7 @@ class ModelRunner:
     def info(self) -> dict[str, str]:
         return {"model": self.cfg.name, "path": self.model_path, "arch": self.cfg.arch,
                 "ctx": str(self.ctx), "chunk": str(self.chunk), "device": self.backend.device_name,
-                "vocab": str(self.vocab_size), "version": __version__}
+                "vocab": str(self.vocab_size), "version": __version__} | self.memory
 
     def warm_up(self) -> None:
         """One small forward before READY, so the first request does not pay first-call costs

@@ -8,6 +8,7 @@ from engine.backend import select_backend
 from engine.cli import EngineConfig
 from engine.gguf_model import ModelLoadError, load_model
 from engine.loop import run_loop
+from engine.memory import plan_context
 from engine.model_path import ModelNotFound, resolve_model_path
 from engine.runner import ModelRunner
 from engine.tokenizer import GGUFTokenizer
@@ -25,11 +26,12 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer]:
     started = time.monotonic()
     cfg, weights, reader = load_model(str(path), backend)
     tokenizer = GGUFTokenizer(reader)
-    ctx = config.ctx or cfg.default_ctx
-    runner = ModelRunner(cfg, weights, backend, ctx, config.chunk,
-                         frozenset({tokenizer.special.eos}), str(path))
+    plan = plan_context(cfg, backend, config.ctx, config.chunk, config.policy.budget_bytes)
+    runner = ModelRunner(cfg, weights, backend, plan.ctx, config.chunk,
+                         frozenset({tokenizer.special.eos}), str(path), plan.info())
     runner.warm_up()
-    log(f"loaded {cfg.name} ({cfg.n_layers} layers, ctx {ctx}) in {time.monotonic() - started:.1f}s")
+    log(f"loaded {cfg.name} ({cfg.n_layers} layers, ctx {plan.ctx}, KV cache {plan.kv_bytes / 2**30:.2f} GiB, "
+        f"park snapshots up to {plan.snapshot_bytes / 2**30:.2f} GiB) in {time.monotonic() - started:.1f}s")
     return runner, tokenizer
 
 

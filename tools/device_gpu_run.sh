@@ -1,15 +1,57 @@
 #!/usr/bin/env bash
-# The GPU runs of this project. A device call carries at most 64 MiB and the default model is
-# 94 MiB, so it travels in two halves (`split -n 2 -d MODEL .device/part`): a first call carries
-# .device/part00 and copies it to /tmp/sm/; the next call, while the machine is warm, carries
-# .device/part01 and the wheels in .whl/ (gguf, fastapi and their needs) and runs this script.
-# Results land in $OUT. SKIP_CHECKS=1 runs only the benchmark and the decode profile.
+# The GPU runs of this project, on the device machine (see /work/.library/device): one call runs the
+# steps named on the command line, in order, and leaves results under $OUT.
+#
+#   bash tools/device_gpu_run.sh kernels synth bench parity hol real
+#
+# kernels  tools/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention TFLOP/s
+# synth    synthetic GGUFs in /tmp/m: the Llama-3-8B shape (F16) and the SmolLM2-135M shape (Q4_1)
+# bench    bench/engine_bench.py on both shapes -> $OUT/engine_gpu.json (load, prefill, profile)
+# parity   tools/prefill_preempt_test.py --device gpu on the 8B shape
+# hol      tools/prefill_preempt_bench.py on the 8B shape, A = 46,832 tokens, B 2 s in
+# real     the real default model: tools/gpu_check.py and parity. The model (94 MiB) is larger than
+#          one call may carry (64 MiB): an earlier call on the same warm machine carries
+#          .device/part00 (`split -n 2 -d MODEL .device/part`) and runs `bash tools/device_gpu_run.sh
+#          stash`; the call with `real` carries .device/part01.
+#
+# Python packages the device image lacks travel as wheels in .whl/ (gguf, fastapi and their needs).
 set -euo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-cat /tmp/sm/part00 .device/part01 > /tmp/sm/model.gguf
-export STRATA_MODEL=/tmp/sm/model.gguf
-[ "${SKIP_CHECKS:-}" ] || python3 tools/gpu_check.py --model "$STRATA_MODEL" --out "$OUT/gpu_check.json" 2>&1 | grep -v "loading weights"
-[ "${SKIP_CHECKS:-}" ] || python3 tools/prefill_preempt_test.py --device gpu --chunk 256 --prompt-tokens 3000 --json "$OUT/preempt_parity_gpu.json" 2>&1 | grep -v "loading weights"
-python3 tools/prefill_preempt_bench.py --device gpu --chunk 512 --a-tokens 8000 --b-delay 0.5 --repeats 5 --out "$OUT" 2>&1 | grep -v "loading weights"
-python3 tools/gpu_profile_decode.py --model "$STRATA_MODEL" 2>&1 | grep -v "loading weights" | head -40
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+mkdir -p /tmp/m /tmp/sm
+M8=/tmp/m/llama3-8b-f16.gguf
+MS=/tmp/m/smollm2-135m-q4_1.gguf
+quiet() { grep --line-buffered -v "loading weights" || true; }
+
+for step in "$@"; do
+  echo "=== $step ($(date +%T))"
+  case $step in
+    stash)
+      cp .device/part00 /tmp/sm/part00 ;;
+    kernels)
+      python3 tools/gpu_kernels_check.py --json "$OUT/kernels.json" || echo "KERNEL CHECKS FAILED" ;;
+    synth)
+      [ -f $M8 ] || python3 tools/make_synthetic_gguf.py $M8 --preset llama3-8b --type F16 2>&1 | tail -2
+      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 2>&1 | tail -1 ;;
+    bench)
+      python3 bench/engine_bench.py --model $MS --device gpu --chunk 2048 --sizes 2048,8192 --repeats 5 \
+        --decode-steps 32 --profile-depth 6144 --label smollm2-135m-shape-q4_1 --json "$OUT/engine_gpu.json" 2>&1 | quiet
+      python3 bench/engine_bench.py --model $M8 --device gpu --chunk 2048 --sizes 4096,16384,65536 --repeats 3 \
+        --decode-steps 16 --profile-depth 14336 --label llama3-8b-shape-f16 --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
+    parity)
+      python3 tools/prefill_preempt_test.py --model $M8 --device gpu --chunk 256 --prompt-tokens 3000 \
+        --json "$OUT/preempt_parity_gpu_8b.json" 2>&1 | quiet ;;
+    hol)
+      STRATA_MODEL=$M8 python3 tools/prefill_preempt_bench.py --device gpu --chunk 2048 --a-tokens 46832 \
+        --b-delay 2 --repeats 3 --out "$OUT" 2>&1 | quiet ;;
+    real)
+      cat /tmp/sm/part00 .device/part01 > /tmp/sm/model.gguf
+      python3 tools/gpu_check.py --model /tmp/sm/model.gguf --out "$OUT/gpu_check.json" 2>&1 | quiet
+      python3 tools/prefill_preempt_test.py --model /tmp/sm/model.gguf --device gpu --chunk 256 \
+        --prompt-tokens 3000 --json "$OUT/preempt_parity_gpu.json" 2>&1 | quiet ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done

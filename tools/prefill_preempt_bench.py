@@ -9,7 +9,7 @@ cost (the snapshot copies, and A's time outside its own compute and its parked i
 off). Writes JSON and a PNG timeline to bench/results/.
 
     python tools/prefill_preempt_bench.py [--a-tokens 5000] [--b-delay 3] [--repeats 3] [--chunk 256]
-        [--device cpu|gpu]          (the model: $STRATA_MODEL, else the default)
+        [--device cpu|gpu] [--ctx N]   (the model: $STRATA_MODEL, else the default)
 """
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ def one_pair(url: str, prompt: list[int], a: argparse.Namespace) -> dict:
 
 
 def run_arm(preempt: bool, prompt: list[int], a: argparse.Namespace) -> dict:
-    extra = ["--device", a.device, "--chunk", str(a.chunk)] + (["--prefill-preempt"] if preempt else [])
+    extra = ["--device", a.device, "--chunk", str(a.chunk)] + ([] if preempt else ["--no-prefill-preempt"])
+    extra += ["--ctx", str(a.ctx)] if a.ctx else []
     with ServerProcess(extra=extra, keepalive_s=5) as server:
         send_b(server.url, a.b_max_tokens)  # warm-up
         services = []  # B alone: its own service time
@@ -134,7 +135,7 @@ def plot(off: dict, on: dict, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 1, figsize=(10, 4.2), sharex=True)
-    for ax, (name, data) in zip(axes, (("FIFO (preemption off)", off), ("--prefill-preempt", on))):
+    for ax, (name, data) in zip(axes, (("FIFO (--no-prefill-preempt)", off), ("preemption on (the default)", on))):
         r = sorted(data["runs"], key=lambda run: run["a_wall_s"])[len(data["runs"]) // 2]  # the median run
         b0, wait = r["b_sent_s"], r["b_queue_wait_ms"] / 1000
         ax.barh(1, r["a_wall_s"], color="#4c72b0", label="A: long prompt read + decode")
@@ -168,6 +169,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--ctx", type=int, help="context for the server (default: the engine's choice)")
     p.add_argument("--out", default=str(ROOT / "bench/results"))
     p.add_argument("--summarize", help="recompute the summary of an existing result JSON and exit")
     a = p.parse_args()

@@ -1,0 +1,174 @@
+"""Every GPU kernel against its NumPy reference over odd shapes, then what the big ones reach.
+
+    python tools/gpu_kernels_check.py [--json OUT] [--no-speed]
+
+Correctness: flash attention (head widths 64 and 128, GQA ratios 1, 3, 4, 8, one token, lengths
+that are not multiples of the tile, prefixes that end mid-tile), add+RMSNorm, RoPE+KV write,
+SwiGLU, the head matvec, and the load-time dequantization of every GGUF block type against the
+gguf package. Inputs are fresh random data; outputs are poisoned (NaN) before each run, so an
+unwritten element fails. Error is ||gpu - ref|| / ||ref|| with the reference in float32 on the
+fp16-rounded inputs. Speed: cuBLAS fp16 GEMM on the 8B shapes (the ceiling the prefill runs
+against) and the attention kernel's TFLOP/s at depth.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import cupy as cp  # noqa: E402
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf.quants import dequantize  # noqa: E402
+
+from engine.backend import ArrayOps  # noqa: E402
+from engine.kernels import DEQUANT, GpuKernels  # noqa: E402
+from make_synthetic_gguf import random_blocks, random_half  # noqa: E402
+
+REF = ArrayOps(np)
+rng = np.random.default_rng(1234)
+results: list[dict] = []
+
+
+def rel_err(gpu, ref) -> float:
+    gpu = np.asarray(cp.asnumpy(gpu) if isinstance(gpu, cp.ndarray) else gpu, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if not np.all(np.isfinite(gpu)):
+        return float("inf")
+    return float(np.linalg.norm(gpu - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def record(kernel: str, case: str, err: float, tol: float) -> None:
+    ok = err <= tol
+    results.append({"kernel": kernel, "case": case, "rel_err": err, "tol": tol, "ok": ok})
+    print(f"{'ok  ' if ok else 'FAIL'} {kernel:14s} {case:44s} rel_err {err:.2e} (tol {tol:.0e})", flush=True)
+
+
+def half_normal(*shape, scale=1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float16)
+
+
+# ---------------------------------------------------------------- correctness
+
+def check_attention(k: GpuKernels) -> None:
+    for d, heads, kv_heads, n, start in [(64, 9, 3, 1, 0), (64, 9, 3, 100, 0), (64, 9, 3, 77, 130),
+                                         (128, 32, 8, 1, 700), (128, 32, 8, 257, 0), (128, 32, 8, 64, 64),
+                                         (128, 8, 8, 33, 1000), (128, 16, 2, 200, 50), (64, 4, 4, 129, 3),
+                                         (128, 32, 4, 130, 4099)]:
+        ctx = start + n + 13
+        q = half_normal(n, heads, d)
+        kc, vc = half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d)
+        ref = REF.attention(q.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), start)
+        out = k.attention(cp.asarray(q), cp.asarray(kc), cp.asarray(vc), start)
+        record("attention", f"d={d} gqa={heads // kv_heads} n={n} start={start}", rel_err(out, ref), 5e-3)
+
+
+def check_norm_rope_swiglu(k: GpuKernels) -> None:
+    for n, dim in [(1, 576), (37, 4096), (5, 100)]:
+        x = rng.standard_normal((n, dim)).astype(np.float32)
+        delta, w = half_normal(n, dim), (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32)
+        xg = cp.asarray(x)
+        out = k.add_rms_norm(xg, cp.asarray(delta), cp.asarray(w), 1e-5)
+        x_ref = x.copy()
+        ref = REF.add_rms_norm(x_ref, delta.astype(np.float32), w, 1e-5)
+        record("add_rms_norm", f"n={n} dim={dim}", max(rel_err(out, ref), rel_err(xg, x_ref)), 2e-3)
+        out = k.add_rms_norm(cp.asarray(x), None, cp.asarray(w), 1e-5)
+        record("add_rms_norm", f"n={n} dim={dim} no delta", rel_err(out, REF.add_rms_norm(x.copy(), None, w, 1e-5)), 2e-3)
+    for n, heads, kv_heads, d, start in [(1, 9, 3, 64, 5), (70, 32, 8, 128, 100), (3, 4, 4, 64, 0)]:
+        ctx = start + n + 7
+        qkv = half_normal(n, (heads + 2 * kv_heads) * d)
+        angles = np.outer(np.arange(start, start + n), 1.0 / (10000 ** (np.arange(d // 2) * 2 / d)))
+        cos, sin = np.cos(angles).astype(np.float32)[:, None, :], np.sin(angles).astype(np.float32)[:, None, :]
+        kc, vc = np.full((kv_heads, ctx, d), np.nan, np.float32), np.full((kv_heads, ctx, d), np.nan, np.float32)
+        q_ref = REF.rope_store(qkv.astype(np.float32), cos, sin, kc, vc, start)
+        kg, vg = cp.full((kv_heads, ctx, d), np.nan, cp.float16), cp.full((kv_heads, ctx, d), np.nan, cp.float16)
+        q = k.rope_store(cp.asarray(qkv), cp.asarray(cos), cp.asarray(sin), kg, vg, start)
+        rows = slice(start, start + n)
+        err = max(rel_err(q, q_ref), rel_err(kg[:, rows], kc[:, rows]), rel_err(vg[:, rows], vc[:, rows]))
+        untouched = bool(cp.isnan(kg[:, :start]).all() and cp.isnan(kg[:, start + n:]).all())
+        record("rope_store", f"n={n} heads={heads}/{kv_heads} d={d} start={start}", err if untouched else math.inf, 2e-3)
+    for n, ffn in [(1, 1536), (33, 14336), (4, 6)]:
+        gu = half_normal(n, 2 * ffn, scale=2.0)
+        record("silu_mul", f"n={n} ffn={ffn}", rel_err(k.silu_mul(cp.asarray(gu)), REF.silu_mul(gu.astype(np.float32))), 2e-3)
+    for m, kdim in [(49152, 576), (1000, 4096), (7, 8)]:
+        w, x = half_normal(m, kdim, scale=0.05), half_normal(kdim)
+        record("matvec", f"m={m} k={kdim}", rel_err(k.matvec(cp.asarray(w), cp.asarray(x)),
+                                                    w.astype(np.float32) @ x.astype(np.float32)), 1e-3)
+
+
+def check_dequant(k: GpuKernels) -> None:
+    for name in DEQUANT:
+        qtype = Q[name]
+        for rows, cols in [(37, 512), (3, 4096)]:
+            if name == "BF16":
+                raw = random_half(rng, rows, cols, bf16=True).view(np.uint8)
+            else:
+                raw = random_blocks(rng, qtype, rows, cols, 0.02)
+            ref = dequantize(raw, qtype).astype(np.float32)
+            out = k.dequantize(raw, name, (rows, cols))
+            record("dequant", f"{name} {rows}x{cols}", rel_err(out, ref), 1e-3)
+
+
+# ---------------------------------------------------------------- speed
+
+def median_ms(fn, repeats: int = 10) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b))
+    return float(np.median(times))
+
+
+def speed(k: GpuKernels) -> dict:
+    out = {}
+    for m_, n_, k_ in [(8192, 8192, 8192), (2048, 6144, 4096), (2048, 28672, 4096), (2048, 4096, 14336)]:
+        a, w = cp.asarray(half_normal(m_, k_)), cp.asarray(half_normal(n_, k_, scale=0.02))
+        ms = median_ms(lambda: a @ w.T)
+        out[f"gemm_{m_}x{n_}x{k_}_tflops"] = round(2 * m_ * n_ * k_ / ms / 1e9, 1)
+    heads, kv_heads, d, n = 32, 8, 128, 2048
+    for depth in (0, 14336, 63488):
+        ctx = depth + n
+        q = cp.asarray(half_normal(n, heads, d))
+        kc, vc = cp.asarray(half_normal(kv_heads, ctx, d)), cp.asarray(half_normal(kv_heads, ctx, d))
+        ms = median_ms(lambda: k.attention(q, kc, vc, depth))
+        flops = 4 * n * heads * d * (depth + (n + 1) / 2)  # QK^T and PV over the visible keys
+        out[f"attention_chunk{n}_depth{depth}_tflops"] = round(flops / ms / 1e9, 1)
+        out[f"attention_chunk{n}_depth{depth}_ms"] = round(ms, 3)
+    for key, value in out.items():
+        print(f"{key:40s} {value}", flush=True)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json")
+    p.add_argument("--no-speed", action="store_true")
+    a = p.parse_args()
+    k = GpuKernels(cp)
+    check_attention(k)
+    check_norm_rope_swiglu(k)
+    check_dequant(k)
+    report = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "checks": results,
+              "all_ok": all(r["ok"] for r in results)}
+    if not a.no_speed:
+        report["speed"] = speed(k)
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"{sum(r['ok'] for r in results)}/{len(results)} kernel checks passed", flush=True)
+    return 0 if report["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
