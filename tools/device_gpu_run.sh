@@ -34,8 +34,8 @@ for step in "$@"; do
     kernels)
       python3 tools/gpu_kernels_check.py --json "$OUT/kernels.json" || echo "KERNEL CHECKS FAILED" ;;
     synth)
-      [ -f $M8 ] || python3 tools/make_synthetic_gguf.py $M8 --preset llama3-8b --type F16 2>&1 | tail -2
-      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 2>&1 | tail -1 ;;
+      [ -f $M8 ] || python3 tools/make_synthetic_gguf.py $M8 --preset llama3-8b --type F16 --tokenizer .device/tok.gguf 2>&1 | tail -2
+      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1 ;;
     bench)
       python3 bench/engine_bench.py --model $MS --device gpu --chunk 2048 --sizes 2048,8192 --repeats 5 \
         --decode-steps 32 --profile-depth 6144 --label smollm2-135m-shape-q4_1 --json "$OUT/engine_gpu.json" 2>&1 | quiet

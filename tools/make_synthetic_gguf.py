@@ -80,6 +80,30 @@ def random_half(rng, rows: int, cols: int, bf16: bool) -> np.ndarray:
     return ((bits & 0x83FF) | ((e0 + (bits >> 10) % 3).astype(np.uint16) << 10)).view(np.float16)
 
 
+class RandomPool:
+    """Tensors cut at random offsets from one random buffer per type: an 8B model's 15 GB then
+    costs copies, not 8e9 random draws (weights for measuring speed need only look random)."""
+
+    VALUES = 1 << 27  # per buffer: 128 Mi values (256 MiB of fp16)
+
+    def __init__(self, rng):
+        self.rng, self.buffers = rng, {}
+
+    def take(self, qtype: Q, rows: int, cols: int) -> np.ndarray:
+        if qtype not in self.buffers:
+            self.buffers[qtype] = (random_blocks(self.rng, qtype, self.VALUES // BLOCK[qtype][0], BLOCK[qtype][0],
+                                                 WEIGHT_STD) if qtype in BLOCK else
+                                   random_half(self.rng, 1, self.VALUES, qtype == Q.BF16)[0])
+        buf = self.buffers[qtype]  # (units, ...): blocks of the type, or single values
+        n = rows * cols // (BLOCK[qtype][0] if qtype in BLOCK else 1)
+        out, pos, off = np.empty((n,) + buf.shape[1:], buf.dtype), 0, int(self.rng.integers(len(buf)))
+        while pos < n:
+            k = min(n - pos, len(buf) - off)
+            out[pos : pos + k] = buf[off : off + k]
+            pos, off = pos + k, 0
+        return out.reshape(rows, -1)
+
+
 def fits(qtype: Q, cols: int) -> bool:
     return qtype not in BLOCK or cols % BLOCK[qtype][0] == 0
 
@@ -111,17 +135,15 @@ def tensor_plan(a) -> list[tuple[str, str, tuple[int, int] | tuple[int]]]:
     return plan
 
 
-def make_tensor(rng, role: str, shape, file_type: str) -> tuple[np.ndarray, Q]:
+def make_tensor(pool: RandomPool, role: str, shape, file_type: str) -> tuple[np.ndarray, Q]:
     if len(shape) == 1:  # norm weights: around 1
-        return (1.0 + 0.05 * rng.standard_normal(shape)).astype(np.float32), Q.F32
+        return (1.0 + 0.05 * pool.rng.standard_normal(shape)).astype(np.float32), Q.F32
     rows, cols = shape
     qtype = planned_type(role, shape, file_type)
-    if qtype in BLOCK:
-        return random_blocks(rng, qtype, rows, cols, WEIGHT_STD), qtype
     if qtype == Q.F32:
-        return (WEIGHT_STD * rng.standard_normal(shape)).astype(np.float32), Q.F32
-    half = random_half(rng, rows, cols, bf16=qtype == Q.BF16)
-    return (half.view(np.uint8) if qtype == Q.BF16 else half), qtype
+        return (WEIGHT_STD * pool.rng.standard_normal(shape)).astype(np.float32), Q.F32
+    data = pool.take(qtype, rows, cols)
+    return (data.view(np.uint8) if qtype == Q.BF16 else data), qtype
 
 
 def copy_tokenizer(w: GGUFWriter, src: GGUFReader, vocab: int | None) -> int:
@@ -144,7 +166,7 @@ def copy_tokenizer(w: GGUFWriter, src: GGUFReader, vocab: int | None) -> int:
 
 
 def write_model(a) -> None:
-    src = GGUFReader(str(default_model_path()))
+    src = GGUFReader(a.tokenizer or str(default_model_path()))
     w = GGUFWriter(a.out, "llama")
     w.add_name(f"synthetic {a.preset or 'custom'} {a.type}")
     a.vocab = copy_tokenizer(w, src, a.vocab)
@@ -157,7 +179,7 @@ def write_model(a) -> None:
     w.add_rope_freq_base(a.rope_base)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(a.vocab)
-    rng = np.random.default_rng(a.seed)
+    pool = RandomPool(np.random.default_rng(a.seed))
     plan = tensor_plan(a)
     for name, role, shape in plan:  # tensor infos first, then each tensor's data made and written in turn
         qtype = planned_type(role, shape, a.type)
@@ -171,7 +193,7 @@ def write_model(a) -> None:
     w.write_ti_data_to_file()
     started, total = time.monotonic(), 0
     for i, (name, role, shape) in enumerate(plan):
-        data, _ = make_tensor(rng, role, shape, a.type)
+        data, _ = make_tensor(pool, role, shape, a.type)
         w.write_tensor_data(data)
         total += data.nbytes
         if i % 50 == 0 or i == len(plan) - 1:
@@ -205,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rope-base", type=float)
     p.add_argument("--tied", action="store_true", help="no output.weight: the head is the embedding")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", help="GGUF to take the tokenizer and chat template from (default: the default model)")
     return p
 
 

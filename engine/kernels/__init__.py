@@ -22,6 +22,11 @@ DEQUANT = {"Q4_0": ("dequant_q4_0", 32), "Q4_1": ("dequant_q4_1", 32), "Q5_0": (
            "Q5_K": ("dequant_q5_k", 32), "Q6_K": ("dequant_q6_k", 32), "BF16": ("dequant_bf16", 1)}
 
 
+def attention_smem_bytes(d: int) -> int:
+    """Two stages of a 64-key K tile and V tile, rows padded by 8 halves: Tiles<D>::BYTES."""
+    return 2 * 2 * 64 * (d + 8) * 2
+
+
 def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
     return (max(1, math.ceil(n / per_block)),)
 
@@ -33,8 +38,18 @@ class GpuKernels:
         self.norm_rope = module("norm_rope.cu")
         self.matvec_module = module("matvec.cu")
         self.dequant_module = module("dequant.cu")
-        self.attention_module = module("attention.cu", name_expressions=[f"flash_attention<{d}>" for d in HEAD_DIMS])
+        self.attention_module = module("attention.cu")
+        self.attention_kernels = {d: self.with_shared_memory(self.attention_module.get_function(f"flash_attention_d{d}"),
+                                                             attention_smem_bytes(d)) for d in HEAD_DIMS}
         self._sequence_key, self._sequence = None, None
+
+    @staticmethod
+    def with_shared_memory(function, nbytes: int):
+        """Allow `function` more than the default 48 KiB of dynamic shared memory."""
+        from cupy_backends.cuda.api import driver
+
+        driver.funcSetAttribute(function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
+        return function
 
     # ------------------------------------------------------------ norm, RoPE, SwiGLU
 
@@ -85,9 +100,10 @@ class GpuKernels:
         q_start, pos0, kv_off = self.one_sequence(n, start)
         rows = n * (heads // kv_heads)
         grid = (math.ceil(rows / ATTENTION_ROWS), kv_heads, 1)
-        self.attention_module.get_function(f"flash_attention<{d}>")(
+        self.attention_kernels[d](
             grid, (128,), (q, k_cache, v_cache, out, q_start, pos0, kv_off, np.int32(heads), np.int32(kv_heads),
-                           np.int32(ctx), np.float32(math.log2(math.e) / math.sqrt(d))))
+                           np.int32(ctx), np.float32(math.log2(math.e) / math.sqrt(d))),
+            shared_mem=attention_smem_bytes(d))
         return out.reshape(n, heads * d)
 
     def one_sequence(self, n: int, start: int):

@@ -8,7 +8,8 @@
 // K/V head are packed into the rows of one tile (row r = token r / group, head r % group), so a
 // K/V tile is loaded once for all of them. Scores live in registers only; one pass over K/V.
 //
-// Grid: (row tiles, kv_heads, sequences); a block of 4 warps owns 64 rows, each warp 16.
+// Grid: (row tiles, kv_heads, sequences); a block of 4 warps owns 64 rows, each warp 16. K/V tiles
+// of 64 keys stream through two shared-memory stages (cp.async), fragments come by ldmatrix.
 #include <cuda_fp16.h>
 using uint32_t = unsigned int;  // NVRTC has no <stdint.h>
 
@@ -17,7 +18,7 @@ constexpr int BR = 16 * WARPS;  // query rows per block (16 per warp: the mma's 
 constexpr int BC = 64;          // keys per tile: S is 16 x 64 per warp = 32 fp32 registers a thread
 constexpr int PAD = 8;          // fp16 padding per shared row: rows land on distinct banks
 #define NEG_INF (-__int_as_float(0x7f800000))  // -inf (NVRTC has no <math.h> INFINITY)
-static_assert(BR == BC, "the K tile buffer also stages the Q rows");
+static_assert(BR == BC, "stage 1's K tile also stages the Q rows");
 
 __device__ __forceinline__ void mma_16x8x16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
     asm volatile(
@@ -34,15 +35,63 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// q, out: (tokens, heads, D) fp16; k, v: this layer's cache, sequence s at k + kv_off[s]:
-// (kv_heads, ctx, D) fp16. scale_log2 = log2(e) / sqrt(D).
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared without passing through registers; zero-filled when !valid.
+__device__ __forceinline__ void cp_async16(__half* dst, const __half* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Four 8x8 fp16 matrices from shared memory, in mma fragment layout (lanes 8i..8i+7 give the
+// row addresses of matrix i); .trans hands each thread the transposed elements.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const __half* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const __half* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
 template <int D>
-__global__ void __launch_bounds__(WARPS * 32)
-flash_attention(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v,
-                __half* __restrict__ out, const int* __restrict__ q_start, const int* __restrict__ pos0,
-                const long long* __restrict__ kv_off, int heads, int kv_heads, int ctx, float scale_log2) {
-    __shared__ __align__(16) __half ks[BC][D + PAD];   // K tile, row = key (also stages Q)
-    __shared__ __align__(16) __half vt[D][BC + PAD];   // V tile transposed, row = dim
+struct Tiles {  // dynamic shared memory: two stages of (K tile, V tile), each BC x ROW fp16
+    static constexpr int ROW = D + PAD;
+    static constexpr int TILE = BC * ROW;
+    static constexpr int BYTES = 2 * 2 * TILE * 2;
+};
+
+// Keys/values k0..k0+BC-1 of one head into a stage, asynchronously; rows past key_end are zeros.
+template <int D>
+__device__ __forceinline__ void load_kv_tile(__half* ks, __half* vs, const __half* kb, const __half* vb, int k0,
+                                             int key_end) {
+    for (int c = threadIdx.x; c < BC * D / 8; c += WARPS * 32) {
+        const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+        const bool ok = k0 + r < key_end;
+        const size_t off = ok ? (size_t)(k0 + r) * D + col : 0;
+        cp_async16(ks + r * Tiles<D>::ROW + col, kb + off, ok);
+        cp_async16(vs + r * Tiles<D>::ROW + col, vb + off, ok);
+    }
+}
+
+// q, out: (tokens, heads, D) fp16; k, v: this layer's cache, sequence s at k + kv_off[s]:
+// (kv_heads, ctx, D) fp16. scale_log2 = log2(e) / sqrt(D). Dynamic shared memory: Tiles<D>::BYTES.
+template <int D>
+__device__ __forceinline__ void flash_attention(const __half* __restrict__ q, const __half* __restrict__ k,
+                                                const __half* __restrict__ v, __half* __restrict__ out,
+                                                const int* __restrict__ q_start, const int* __restrict__ pos0,
+                                                const long long* __restrict__ kv_off, int heads, int kv_heads,
+                                                int ctx, float scale_log2) {
+    extern __shared__ __align__(16) __half smem[];
+    constexpr int ROW = Tiles<D>::ROW, TILE = Tiles<D>::TILE;
 
     const int s = blockIdx.z, kvh = blockIdx.y, group = heads / kv_heads;
     const int n = q_start[s + 1] - q_start[s], rows = n * group;
@@ -51,12 +100,16 @@ flash_attention(const __half* __restrict__ q, const __half* __restrict__ k, cons
     const int p0 = pos0[s];
     const __half* kb = k + kv_off[s] + (size_t)kvh * ctx * D;
     const __half* vb = v + kv_off[s] + (size_t)kvh * ctx * D;
-    const int last_token = min(n - 1, (row0 + BR - 1) / group);
-    const int key_end = p0 + last_token + 1;  // keys this block can see
+    const int key_end = p0 + min(n - 1, (row0 + BR - 1) / group) + 1;  // keys this block can see
+    const int min_pos = p0 + row0 / group;  // keys up to here are visible to every row of the block
+    const int tiles = (key_end + BC - 1) / BC;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
-    // ---- stage the block's 64 query rows in shared memory, then into registers (A fragments)
+    // ---- tile 0 starts loading into stage 0 while the query rows are staged in stage 1
+    load_kv_tile<D>(smem, smem + TILE, kb, vb, 0, key_end);
+    cp_async_commit();
+    __half* qs = smem + 2 * TILE;
     for (int c = threadIdx.x; c < BR * D / 8; c += WARPS * 32) {
         const int r = c / (D / 8), col = (c % (D / 8)) * 8, row = row0 + r;
         uint4 val = make_uint4(0, 0, 0, 0);
@@ -64,17 +117,17 @@ flash_attention(const __half* __restrict__ q, const __half* __restrict__ k, cons
             const int tok = row / group, head = kvh * group + row % group;
             val = *reinterpret_cast<const uint4*>(q + ((size_t)(q_start[s] + tok) * heads + head) * D + col);
         }
-        *reinterpret_cast<uint4*>(&ks[r][col]) = val;
+        *reinterpret_cast<uint4*>(qs + r * ROW + col) = val;
     }
     __syncthreads();
-    uint32_t qa[D / 16][4];
-    const int wr = warp * 16;  // this warp's first row within the block
+    uint32_t qa[D / 16][4];  // this warp's 16 query rows as mma A fragments, for the whole pass
+    const int wr = warp * 16;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-        qa[kk][0] = ld32(&ks[wr + g][kk * 16 + 2 * t]);
-        qa[kk][1] = ld32(&ks[wr + g + 8][kk * 16 + 2 * t]);
-        qa[kk][2] = ld32(&ks[wr + g][kk * 16 + 8 + 2 * t]);
-        qa[kk][3] = ld32(&ks[wr + g + 8][kk * 16 + 8 + 2 * t]);
+        qa[kk][0] = ld32(qs + (wr + g) * ROW + kk * 16 + 2 * t);
+        qa[kk][1] = ld32(qs + (wr + g + 8) * ROW + kk * 16 + 2 * t);
+        qa[kk][2] = ld32(qs + (wr + g) * ROW + kk * 16 + 8 + 2 * t);
+        qa[kk][3] = ld32(qs + (wr + g + 8) * ROW + kk * 16 + 8 + 2 * t);
     }
     __syncthreads();
 
@@ -85,45 +138,48 @@ flash_attention(const __half* __restrict__ q, const __half* __restrict__ k, cons
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_a = NEG_INF, m_b = NEG_INF, l_a = 0.f, l_b = 0.f;
 
-    for (int k0 = 0; k0 < key_end; k0 += BC) {
-        // ---- K tile (coalesced rows) and V tile transposed (consecutive threads, consecutive keys)
-        for (int c = threadIdx.x; c < BC * D / 8; c += WARPS * 32) {
-            const int kr = c / (D / 8), col = (c % (D / 8)) * 8;
-            uint4 val = make_uint4(0, 0, 0, 0);
-            if (k0 + kr < key_end) val = *reinterpret_cast<const uint4*>(kb + (size_t)(k0 + kr) * D + col);
-            *reinterpret_cast<uint4*>(&ks[kr][col]) = val;
-            const int vr = c % BC, vcol = (c / BC) * 8;
-            uint4 vv = make_uint4(0, 0, 0, 0);
-            if (k0 + vr < key_end) vv = *reinterpret_cast<const uint4*>(vb + (size_t)(k0 + vr) * D + vcol);
-            const __half* h = reinterpret_cast<const __half*>(&vv);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) vt[vcol + i][vr] = h[i];
+    for (int j = 0; j < tiles; ++j) {
+        const int k0 = j * BC;
+        if (j + 1 < tiles) {  // the next tile loads while this one is computed
+            const int next = ((j + 1) & 1) * 2 * TILE;
+            load_kv_tile<D>(smem + next, smem + next + TILE, kb, vb, k0 + BC, key_end);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
         __syncthreads();
+        const __half* ks = smem + (j & 1) * 2 * TILE;
+        const __half* vs = ks + TILE;
 
-        // ---- S = Q K^T (16 x 64 per warp), in the log2 domain, masked
+        // ---- S = Q K^T (16 x BC per warp); K fragments by ldmatrix, two k-steps per load
         float sc[BC / 8][4];
 #pragma unroll
         for (int nt = 0; nt < BC / 8; ++nt) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk)
-                mma_16x8x16(sc[nt], qa[kk], ld32(&ks[nt * 8 + g][kk * 16 + 2 * t]),
-                            ld32(&ks[nt * 8 + g][kk * 16 + 8 + 2 * t]));
+            for (int kk = 0; kk < D / 16; kk += 2) {
+                uint32_t b[4];
+                ldmatrix_x4(b, ks + (nt * 8 + (lane & 7)) * ROW + kk * 16 + (lane >> 3) * 8);
+                mma_16x8x16(sc[nt], qa[kk], b[0], b[1]);
+                mma_16x8x16(sc[nt], qa[kk + 1], b[2], b[3]);
+            }
         }
+        // ---- scale into the log2 domain; mask only the tiles that reach the diagonal or the end
+        const bool masked = k0 + BC - 1 > min_pos || k0 + BC > key_end;
         float tmax_a = NEG_INF, tmax_b = NEG_INF;
 #pragma unroll
         for (int nt = 0; nt < BC / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int key = k0 + nt * 8 + 2 * t + e;
-                sc[nt][e] = key <= pos_a && key < key_end ? sc[nt][e] * scale_log2 : NEG_INF;
-                sc[nt][2 + e] = key <= pos_b && key < key_end ? sc[nt][2 + e] * scale_log2 : NEG_INF;
+                sc[nt][e] = !masked || (key <= pos_a && key < key_end) ? sc[nt][e] * scale_log2 : NEG_INF;
+                sc[nt][2 + e] = !masked || (key <= pos_b && key < key_end) ? sc[nt][2 + e] * scale_log2 : NEG_INF;
                 tmax_a = fmaxf(tmax_a, sc[nt][e]);
                 tmax_b = fmaxf(tmax_b, sc[nt][2 + e]);
             }
         }
-        // a row's 64 scores are spread over the 4 threads of a quad
+        // a row's scores are spread over the 4 threads of a quad
         tmax_a = fmaxf(tmax_a, __shfl_xor_sync(0xffffffffu, tmax_a, 1));
         tmax_a = fmaxf(tmax_a, __shfl_xor_sync(0xffffffffu, tmax_a, 2));
         tmax_b = fmaxf(tmax_b, __shfl_xor_sync(0xffffffffu, tmax_b, 1));
@@ -143,7 +199,8 @@ flash_attention(const __half* __restrict__ q, const __half* __restrict__ k, cons
             o[i][2] *= corr_b;
             o[i][3] *= corr_b;
         }
-        // ---- P = exp2(S - m), then O += P V with P straight from registers (C layout = A layout)
+        // ---- P = exp2(S - m) straight from registers (the C layout is the A layout), O += P V
+        // with V fragments by transposing ldmatrix, two dim tiles per load
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) {
             float p[2][4];
@@ -159,11 +216,15 @@ flash_attention(const __half* __restrict__ q, const __half* __restrict__ k, cons
             const uint32_t pa[4] = {pack_half2(p[0][0], p[0][1]), pack_half2(p[0][2], p[0][3]),
                                     pack_half2(p[1][0], p[1][1]), pack_half2(p[1][2], p[1][3])};
 #pragma unroll
-            for (int dn = 0; dn < D / 8; ++dn)
-                mma_16x8x16(o[dn], pa, ld32(&vt[dn * 8 + g][kk * 16 + 2 * t]),
-                            ld32(&vt[dn * 8 + g][kk * 16 + 8 + 2 * t]));
+            for (int dn = 0; dn < D / 8; dn += 2) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + dn * 8 +
+                                         (lane >> 4) * 8);
+                mma_16x8x16(o[dn], pa, b[0], b[1]);
+                mma_16x8x16(o[dn + 1], pa, b[2], b[3]);
+            }
         }
-        __syncthreads();
+        __syncthreads();  // this stage is loaded again two tiles on
     }
 
     // ---- normalize and write the rows this thread holds
@@ -185,7 +246,12 @@ flash_attention(const __half* __restrict__ q, const __half* __restrict__ k, cons
     }
 }
 
-template __global__ void flash_attention<64>(const __half*, const __half*, const __half*, __half*, const int*,
-                                             const int*, const long long*, int, int, int, float);
-template __global__ void flash_attention<128>(const __half*, const __half*, const __half*, __half*, const int*,
-                                              const int*, const long long*, int, int, int, float);
+#define FLASH_ATTENTION(D)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                   \
+        flash_attention_d##D(const __half* q, const __half* k, const __half* v, __half* out, const int* q_start, \
+                             const int* pos0, const long long* kv_off, int heads, int kv_heads, int ctx,       \
+                             float scale_log2) {                                                               \
+        flash_attention<D>(q, k, v, out, q_start, pos0, kv_off, heads, kv_heads, ctx, scale_log2);             \
+    }
+FLASH_ATTENTION(64)
+FLASH_ATTENTION(128)
