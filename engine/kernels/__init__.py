@@ -46,9 +46,7 @@ class GpuKernels:
     @staticmethod
     def with_shared_memory(function, nbytes: int):
         """Allow `function` more than the default 48 KiB of dynamic shared memory."""
-        from cupy_backends.cuda.api import driver
-
-        driver.funcSetAttribute(function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
+        function.max_dynamic_shared_size_bytes = nbytes  # a cupy RawKernel
         return function
 
     # ------------------------------------------------------------ norm, RoPE, SwiGLU
