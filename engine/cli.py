@@ -18,6 +18,7 @@ class EngineConfig:
     chunk: int
     device: str
     policy: ParkPolicy
+    snapshot_budget_given: bool = False  # else the engine sizes it with the KV cache (engine/memory.py)
 
     def __post_init__(self):
         if self.chunk < 1:
@@ -31,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="?", help="a prompt to answer at the terminal (default: read stdin)")
     p.add_argument("--serve", action="store_true", help="speak the line protocol on stdin/stdout")
     p.add_argument("--model", help="GGUF file (default: $STRATA_MODEL, else SmolLM2-135M-Instruct)")
-    p.add_argument("--ctx", type=int, help="context length in tokens (default: the model's, capped at 8192)")
+    p.add_argument("--ctx", type=int, help="context length in tokens (default: on the CPU the model's, capped at "
+                                           "8192; on the GPU the largest that fits, capped at the model's)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prompt tokens per prefill chunk")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--max-tokens", type=int, default=512, help="terminal mode: tokens to generate")
@@ -47,17 +49,20 @@ def add_preempt_args(p: argparse.ArgumentParser) -> None:
                    help="park a read at a chunk boundary on YIELD (default: on)")
     g.add_argument("--prefill-preempt-min-tokens", type=int, default=ParkPolicy.min_tokens)
     g.add_argument("--prefill-preempt-max", type=int, default=ParkPolicy.max_parks, help="parks per request")
-    g.add_argument("--prefill-preempt-snapshot-mib", type=int, default=ParkPolicy.budget_bytes >> 20,
-                   help="one budget over all parked snapshots")
+    g.add_argument("--prefill-preempt-snapshot-mib", type=int,
+                   help="one budget over all parked snapshots (default: 2048 on the CPU; on the GPU the KV "
+                        "cache's size, so that any read can park)")
 
 
 def policy_from_args(a: argparse.Namespace) -> ParkPolicy:
     return ParkPolicy(enabled=a.prefill_preempt, min_tokens=a.prefill_preempt_min_tokens,
-                      max_parks=a.prefill_preempt_max, budget_bytes=a.prefill_preempt_snapshot_mib << 20)
+                      max_parks=a.prefill_preempt_max,
+                      budget_bytes=(a.prefill_preempt_snapshot_mib or ParkPolicy.budget_bytes >> 20) << 20)
 
 
 def config_from_args(a: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(a.model, a.ctx, a.chunk, a.device, policy_from_args(a))
+    return EngineConfig(a.model, a.ctx, a.chunk, a.device, policy_from_args(a),
+                        snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None)
 
 
 def main(argv: list[str] | None = None) -> int:

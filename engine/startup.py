@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 
 from engine.backend import select_backend
 from engine.cli import EngineConfig
@@ -10,6 +11,7 @@ from engine.gguf_model import ModelLoadError, load_model
 from engine.loop import run_loop
 from engine.memory import plan_context
 from engine.model_path import ModelNotFound, resolve_model_path
+from engine.prefill import ParkPolicy
 from engine.runner import ModelRunner
 from engine.tokenizer import GGUFTokenizer
 
@@ -19,23 +21,26 @@ def log(text: str) -> None:
     print(f"strata: {text}", file=sys.stderr, flush=True)
 
 
-def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer]:
+def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, ParkPolicy]:
+    """The runner, its tokenizer, and the park policy with its snapshot budget sized to the device."""
     path = resolve_model_path(config.model)
     backend = select_backend(config.device)
     log(f"loading {path} on {backend.device_name}")
     started = time.monotonic()
     cfg, weights, reader = load_model(str(path), backend)
     tokenizer = GGUFTokenizer(reader)
-    plan = plan_context(cfg, backend, config.ctx, config.chunk, config.policy.budget_bytes)
+    plan = plan_context(cfg, backend, config.ctx, config.chunk,
+                        config.policy.budget_bytes if config.snapshot_budget_given else None)
     runner = ModelRunner(cfg, weights, backend, plan.ctx, config.chunk,
                          frozenset({tokenizer.special.eos}), str(path), plan.info())
+    policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     runner.warm_up()
     log(f"loaded {cfg.name} ({cfg.n_layers} layers, ctx {plan.ctx}, KV cache {plan.kv_bytes / 2**30:.2f} GiB, "
         f"park snapshots up to {plan.snapshot_bytes / 2**30:.2f} GiB) in {time.monotonic() - started:.1f}s")
-    return runner, tokenizer
+    return runner, tokenizer, policy
 
 
-def load_or_exit(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer]:
+def load_or_exit(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, ParkPolicy]:
     try:
         return build_runner(config)
     except (ModelLoadError, ModelNotFound, RuntimeError) as e:
@@ -50,8 +55,8 @@ def load_or_exit(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer]:
 
 
 def serve(config: EngineConfig) -> int:
-    runner, _ = load_or_exit(config)
-    run_loop(runner, config.policy)
+    runner, _, policy = load_or_exit(config)
+    run_loop(runner, policy)
     return 0
 
 
@@ -62,5 +67,5 @@ def chat(config: EngineConfig, args) -> int:
     if not prompt.strip():
         log("error: empty prompt (give one as an argument or on stdin)")
         return 2
-    runner, tokenizer = load_or_exit(config)
+    runner, tokenizer, _ = load_or_exit(config)
     return chat_once(runner, tokenizer, prompt, args)
