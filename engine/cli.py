@@ -57,7 +57,8 @@ def add_preempt_args(p: argparse.ArgumentParser) -> None:
 def policy_from_args(a: argparse.Namespace) -> ParkPolicy:
     return ParkPolicy(enabled=a.prefill_preempt, min_tokens=a.prefill_preempt_min_tokens,
                       max_parks=a.prefill_preempt_max,
-                      budget_bytes=(a.prefill_preempt_snapshot_mib or ParkPolicy.budget_bytes >> 20) << 20)
+                      budget_bytes=ParkPolicy.budget_bytes if a.prefill_preempt_snapshot_mib is None
+                      else a.prefill_preempt_snapshot_mib << 20)
 
 
 def config_from_args(a: argparse.Namespace) -> EngineConfig:
