@@ -39,11 +39,15 @@ class KVCache:
         return pos * self.row_bytes
 
     def snapshot(self, pos: int) -> KVSnapshot:
-        return KVSnapshot(pos, self.k[:, :, :pos].copy(), self.v[:, :, :pos].copy())
+        xp, (layers, heads, _, d) = self.backend.xp, self.k.shape
+        snap = KVSnapshot(pos, xp.empty((layers, heads, pos, d), self.k.dtype), xp.empty((layers, heads, pos, d), self.v.dtype))
+        self.backend.copy_rows(snap.k, self.k, pos)
+        self.backend.copy_rows(snap.v, self.v, pos)
+        return snap
 
     def restore(self, snap: KVSnapshot) -> None:
-        self.k[:, :, : snap.pos] = snap.k
-        self.v[:, :, : snap.pos] = snap.v
+        self.backend.copy_rows(self.k, snap.k, snap.pos)
+        self.backend.copy_rows(self.v, snap.v, snap.pos)
 
     def digest(self, pos: int) -> bytes:
         h = hashlib.blake2b(digest_size=16)

@@ -55,6 +55,7 @@ class ModelRunner:
 
     def restore(self, seq: Sequence, snap: KVSnapshot) -> None:
         self.kv.restore(snap)
+        self.backend.synchronize()  # so that the park's reported cost includes the copy back
 
     def fingerprint(self, seq: Sequence) -> str:
         h = hashlib.blake2b(digest_size=16)
