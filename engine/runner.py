@@ -39,7 +39,8 @@ class ModelRunner:
         end = chunk_end(seq.pos, seq.total, self.chunk)
         tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)
         seq.logits = self.model.forward(tokens, seq.pos, self.kv, want_logits=end == seq.total)
-        seq.pos = end
+        self.backend.synchronize()  # a chunk is done when its PP says so: GPU launches are asynchronous,
+        seq.pos = end  # and a host running chunks ahead would make a park wait for all of them
 
     def decode_one_token(self, seq: Sequence) -> None:
         token = np.asarray(seq.generated[-1:], dtype=np.int64)
