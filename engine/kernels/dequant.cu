@@ -92,17 +92,23 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, float* sc, floa
     }
 }
 
+// Sub-block sb of the Q4_K / Q5_K super-block at p: its value = d * q - dm.
+__device__ __forceinline__ void scale_offset_k4(const u8* p, int sb, float* d, float* dm) {
+    float sc, m;
+    scale_min_k4(sb, p + 4, &sc, &m);
+    *d = f16_at(p) * sc;
+    *dm = f16_at(p + 2) * m;
+}
+
 // Q4_K: {d, dmin, scales[12], qs[128]} per 256 values; sub-block sb (32 values) uses the low
 // (even sb) or high (odd sb) nibbles of qs[32 * (sb / 2) ...]: y = d * sc * q - dmin * m.
 // n = super-blocks * 8.
 extern "C" __global__ void dequant_q4_k(const u8* __restrict__ src, __half* __restrict__ y, long long n) {
     THREAD_INDEX;
-    const long long b = i / 8;
     const int sb = i % 8;
-    const u8* p = src + b * 144;
-    float sc, m;
-    scale_min_k4(sb, p + 4, &sc, &m);
-    const float d = f16_at(p) * sc, dm = f16_at(p + 2) * m;
+    const u8* p = src + (i / 8) * 144;
+    float d, dm;
+    scale_offset_k4(p, sb, &d, &dm);
     const u8* q = p + 16 + 32 * (sb / 2);
     __half* out = y + i * 32;
     for (int l = 0; l < 32; ++l) out[l] = __float2half(d * ((sb & 1) ? q[l] >> 4 : q[l] & 0xF) - dm);
@@ -111,12 +117,10 @@ extern "C" __global__ void dequant_q4_k(const u8* __restrict__ src, __half* __re
 // Q5_K: {d, dmin, scales[12], qh[32], qs[128]}: the fifth bit of sub-block sb is bit sb of qh[l].
 extern "C" __global__ void dequant_q5_k(const u8* __restrict__ src, __half* __restrict__ y, long long n) {
     THREAD_INDEX;
-    const long long b = i / 8;
     const int sb = i % 8;
-    const u8* p = src + b * 176;
-    float sc, m;
-    scale_min_k4(sb, p + 4, &sc, &m);
-    const float d = f16_at(p) * sc, dm = f16_at(p + 2) * m;
+    const u8* p = src + (i / 8) * 176;
+    float d, dm;
+    scale_offset_k4(p, sb, &d, &dm);
     const u8* qh = p + 16;
     const u8* ql = p + 48 + 32 * (sb / 2);
     __half* out = y + i * 32;
