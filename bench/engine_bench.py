@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.backend import Backend, select_backend  # noqa: E402
+from engine.decode_graph import GraphDecoder  # noqa: E402
 from engine.gguf_model import load_model  # noqa: E402
 from engine.kv import KVCache  # noqa: E402
 from engine.model import LlamaModel  # noqa: E402
@@ -49,13 +50,21 @@ def prefill_tok_s(model: LlamaModel, kv: KVCache, n: int, chunk: int, backend: B
     return n / (time.perf_counter() - started)
 
 
-def decode_tok_s(model: LlamaModel, kv: KVCache, context: int, steps: int, backend: Backend) -> float:
+def decode_tok_s(model: LlamaModel, kv: KVCache, context: int, steps: int, backend: Backend,
+                 graphs: GraphDecoder | None = None) -> float:
+    """Decode steps after a `context`-token prompt, each returning its logits to the host as the
+    engine's are; through CUDA graph replays when `graphs` is given."""
     tokens = np.random.default_rng(0).integers(100, model.cfg.vocab_size - 100, context + steps)
     model.forward(tokens[:context], 0, kv, want_logits=True)
+    if graphs is not None:
+        graphs.decode(int(tokens[context]), context)  # the bucket's capture stays out of the timing
     backend.synchronize()
     started = time.perf_counter()
     for i in range(steps):
-        model.forward(tokens[context + i:context + i + 1], context + i, kv, want_logits=True)
+        if graphs is not None:
+            graphs.decode(int(tokens[context + i]), context + i)
+        else:
+            model.forward(tokens[context + i:context + i + 1], context + i, kv, want_logits=True)
     backend.synchronize()
     return steps / (time.perf_counter() - started)
 
@@ -100,14 +109,14 @@ def profile_chunk(model: LlamaModel, kv: KVCache, depth: int, chunk: int, backen
 
 
 def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: int, sizes: list[int],
-        profile_depth: int | None = None) -> dict:
+        profile_depth: int | None = None, decode_contexts: tuple[int, ...] = (128,)) -> dict:
     backend = select_backend(device)
     started = time.perf_counter()
     cfg, weights, _ = load_model(model_path, backend)
     backend.synchronize()
     load_s = time.perf_counter() - started
     model = LlamaModel(cfg, weights, backend)
-    kv = KVCache(cfg, max(sizes + [(profile_depth or 0) + chunk]) + decode_steps + 1, backend)
+    kv = KVCache(cfg, max(sizes + [(profile_depth or 0) + chunk, *decode_contexts]) + decode_steps + 1, backend)
     prefill_tok_s(model, kv, min(chunk, 256), chunk, backend)  # warm-up
     result = {"machine": machine(backend.device_name), "model": Path(model_path).name,
               "shape": f"{cfg.n_layers} layers, dim {cfg.dim}, ffn {cfg.ffn_dim}, heads {cfg.n_heads}/{cfg.n_kv_heads}",
@@ -117,7 +126,12 @@ def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: in
         result[f"prefill_{n}_tok_s"] = round(statistics.median(runs), 1)
     if decode_steps:
         runs = [decode_tok_s(model, kv, 128, decode_steps, backend) for _ in range(repeats)]
-        result["decode_tok_s"] = round(statistics.median(runs), 1)
+        result["decode_eager_tok_s" if backend.name == "gpu" else "decode_tok_s"] = round(statistics.median(runs), 1)
+    if decode_steps and backend.name == "gpu":
+        graphs = GraphDecoder(model, kv, backend)
+        for context in decode_contexts:
+            runs = [decode_tok_s(model, kv, context, decode_steps, backend, graphs) for _ in range(repeats)]
+            result["decode_tok_s" if context == 128 else f"decode_at_{context}_tok_s"] = round(statistics.median(runs), 1)
     if profile_depth is not None and backend.name == "gpu":
         result["profile"] = profile_chunk(model, kv, profile_depth, chunk, backend)
     if backend.name == "gpu":
@@ -134,11 +148,13 @@ def main() -> None:
     p.add_argument("--decode-steps", type=int, default=64)
     p.add_argument("--sizes", default="512,2048")
     p.add_argument("--profile-depth", type=int, help="GPU: profile one chunk read at this depth")
+    p.add_argument("--decode-contexts", default="128", help="GPU: decode (graphs) after prompts of these lengths")
     p.add_argument("--json", help="also write the result here")
     p.add_argument("--label", help="merge the result into --json under this label")
     a = p.parse_args()
     result = run(str(resolve_model_path(a.model)), a.device, a.chunk, a.repeats, a.decode_steps,
-                 [int(s) for s in a.sizes.split(",")], a.profile_depth)
+                 [int(s) for s in a.sizes.split(",")], a.profile_depth,
+                 tuple(int(c) for c in a.decode_contexts.split(",")))
     print(json.dumps(result, indent=1))
     if a.json and a.label:
         path = Path(a.json)

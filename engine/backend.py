@@ -16,6 +16,19 @@ import numpy as np
 KEY_TILE = 2048  # keys per attention tile on the CPU: scores never exceed (kv_heads, group*n, KEY_TILE)
 
 
+@dataclass
+class Step:
+    """Where one forward's tokens sit: n tokens at positions start..start+n of one sequence. On the
+    GPU it also holds the device copies the kernels read (q_start, pos0, kv_off), so that a
+    captured decode graph reads each step's position from memory; max_keys bounds a decode
+    kernel's grid (a graph's context bucket)."""
+
+    n: int
+    start: int
+    device: tuple | None = None
+    max_keys: int | None = None
+
+
 class ArrayOps:
     """Weights are stored as GGUF has them, (out_features, in_features)."""
 
@@ -24,6 +37,9 @@ class ArrayOps:
     def __init__(self, xp: ModuleType):
         self.xp = xp
         self._bias: dict[int, object] = {}
+
+    def step(self, n: int, start: int) -> Step:
+        return Step(n, start)
 
     def embed(self, table, tokens):
         """table: (vocab, dim), tokens: (n,) -> the fp32 residual stream (n, dim)."""
@@ -45,21 +61,22 @@ class ArrayOps:
         x1, x2 = x[..., :half], x[..., half:]
         return self.xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
-    def rope_store(self, qkv, cos, sin, k_cache, v_cache, start: int):
-        """qkv: (n, (heads + 2*kv_heads) * d); k_cache/v_cache: (kv_heads, ctx, d), rows
-        start..start+n written (K rotated). Returns q rotated: (n, heads, d)."""
+    def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step):
+        """qkv: (n, (heads + 2*kv_heads) * d); cos/sin tables: (positions, 1, d/2); k_cache/v_cache:
+        (kv_heads, ctx, d), rows start..start+n written (K rotated). Returns q rotated: (n, heads, d)."""
         kv_heads, _, d = k_cache.shape
-        n = qkv.shape[0]
+        n, start = qkv.shape[0], step.start
+        cos, sin = cos_table[start : start + n], sin_table[start : start + n]
         heads = qkv.shape[1] // d - 2 * kv_heads
         qkv = qkv.reshape(n, heads + 2 * kv_heads, d)
         k_cache[:, start : start + n] = self.rope(qkv[:, heads : heads + kv_heads], cos, sin).transpose(1, 0, 2)
         v_cache[:, start : start + n] = qkv[:, heads + kv_heads :].transpose(1, 0, 2)
         return self.rope(qkv[:, :heads], cos, sin)
 
-    def attention(self, q, k_cache, v_cache, start: int):
+    def attention(self, q, k_cache, v_cache, step: Step):
         """q: (n, heads, d) at positions start..start+n; k_cache/v_cache: (kv_heads, ctx, d) with
         rows 0..start+n filled. Causal, GQA, online softmax over key tiles. Returns (n, heads*d)."""
-        xp = self.xp
+        xp, start = self.xp, step.start
         n, heads, d = q.shape
         kv_heads = k_cache.shape[0]
         group, end = heads // kv_heads, start + n
@@ -118,14 +135,17 @@ class HalfCupyOps(ArrayOps):
         self.act_dtype = cp.float16
         self.kernels = GpuKernels(cp)
 
+    def step(self, n: int, start: int) -> Step:
+        return self.kernels.step(n, start)
+
     def add_rms_norm(self, x, delta, weight, eps: float):
         return self.kernels.add_rms_norm(x, delta, weight, eps)
 
-    def rope_store(self, qkv, cos, sin, k_cache, v_cache, start: int):
-        return self.kernels.rope_store(qkv, cos, sin, k_cache, v_cache, start)
+    def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step):
+        return self.kernels.rope_store(qkv, cos_table, sin_table, k_cache, v_cache, step)
 
-    def attention(self, q, k_cache, v_cache, start: int):
-        return self.kernels.attention(q, k_cache, v_cache, start)
+    def attention(self, q, k_cache, v_cache, step: Step):
+        return self.kernels.attention(q, k_cache, v_cache, step)
 
     def silu_mul(self, gate_up):
         return self.kernels.silu_mul(gate_up)

@@ -19,6 +19,7 @@ class EngineConfig:
     device: str
     policy: ParkPolicy
     snapshot_budget_given: bool = False  # else the engine sizes it with the KV cache (engine/memory.py)
+    cuda_graphs: bool = True  # GPU decode steps as graph replays (engine/decode_graph.py)
 
     def __post_init__(self):
         if self.chunk < 1:
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                                            "8192; on the GPU the largest that fits, capped at the model's)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prompt tokens per prefill chunk")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="GPU: decode with eager launches (debugging)")
     p.add_argument("--max-tokens", type=int, default=512, help="terminal mode: tokens to generate")
     p.add_argument("--temperature", type=float, default=0.0, help="terminal mode: 0 = greedy")
     p.add_argument("--seed", type=int, help="terminal mode: sampling seed")
@@ -63,7 +65,8 @@ def policy_from_args(a: argparse.Namespace) -> ParkPolicy:
 
 def config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(a.model, a.ctx, a.chunk, a.device, policy_from_args(a),
-                        snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None)
+                        snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None,
+                        cuda_graphs=not a.no_cuda_graphs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.backend import Backend
+from engine.backend import Backend, Step
 from engine.gguf_model import ModelConfig, Weights
 from engine.kv import KVCache
 from engine.prefill import chunk_end
@@ -20,20 +20,26 @@ class LlamaModel:
     def forward(self, tokens: np.ndarray, start: int, kv: KVCache, want_logits: bool):
         """tokens: (n,) at absolute positions [start, start+n). Writes their K/V rows.
         Returns logits (vocab,) float32 of the last position on the host, or None."""
+        logits = self.forward_on_device(tokens, self.ops.step(len(tokens), start), kv, want_logits)
+        return None if logits is None else self.backend.to_host(logits)
+
+    def forward_on_device(self, tokens, step: Step, kv: KVCache, want_logits: bool):
+        """The forward pass proper; tokens may already be on the device and `step` may carry
+        device-side positions (a captured decode graph). Returns device logits (vocab,) or None."""
         ops, eps = self.ops, self.cfg.norm_eps
         x = ops.embed(self.w.tok_embd, tokens)  # (n, dim) fp32 residual stream
-        cos, sin = self.rope_tables(start, len(tokens))
+        cos, sin = self.rope_tables(step.start, step.n)
         delta = None  # the previous layer's feed-forward output, added at the next norm
         for i, layer in enumerate(self.w.layers):
             h = ops.add_rms_norm(x, delta, layer.attn_norm, eps)  # (n, dim)
-            q = ops.rope_store(ops.matmul(h, layer.wqkv), cos, sin, kv.k[i], kv.v[i], start)  # (n, heads, d)
-            attn = ops.attention(q, kv.k[i], kv.v[i], start)  # (n, heads * d)
+            q = ops.rope_store(ops.matmul(h, layer.wqkv), cos, sin, kv.k[i], kv.v[i], step)  # (n, heads, d)
+            attn = ops.attention(q, kv.k[i], kv.v[i], step)  # (n, heads * d)
             h = ops.add_rms_norm(x, ops.matmul(attn, layer.wo), layer.ffn_norm, eps)
             delta = ops.matmul(ops.silu_mul(ops.matmul(h, layer.w_gate_up)), layer.w_down)  # (n, dim)
         if not want_logits:
             return None
         last = ops.add_rms_norm(x[-1:], delta[-1:], self.w.out_norm, eps)  # (1, dim)
-        return self.backend.to_host(ops.logits(last, self.w.head))  # (vocab,) float32
+        return ops.logits(last, self.w.head)  # (vocab,) float32
 
     def prefill(self, tokens: np.ndarray, kv: KVCache, chunk: int):
         """Read a whole prompt from position 0 in absolute chunks, as the engine does; returns the
@@ -46,11 +52,12 @@ class LlamaModel:
         return logits
 
     def rope_tables(self, start: int, n: int):
-        """cos, sin: (n, 1, half) float32 for positions [start, start+n), sliced from tables
-        computed once (not per token: that was host trigonometry and, on a GPU, two copies a step)."""
+        """cos, sin: (positions, 1, half) float32 tables covering [0, start+n), computed once (not
+        per token: that was host trigonometry and, on a GPU, two copies a step); rope_store reads
+        the rows of its positions."""
         if self.cos_table is None or start + n > len(self.cos_table):
             size = max(start + n, min(self.cfg.context_length, 1 << 17))
             angles = np.outer(np.arange(size, dtype=np.float64), self.inv_freq)  # (size, half)
             self.cos_table = self.backend.xp.asarray(np.cos(angles).astype(np.float32))[:, None, :]
             self.sin_table = self.backend.xp.asarray(np.sin(angles).astype(np.float32))[:, None, :]
-        return self.cos_table[start : start + n], self.sin_table[start : start + n]
+        return self.cos_table, self.sin_table

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import numpy as np
 
 from engine import __version__
 from engine.backend import Backend
+from engine.decode_graph import GraphDecoder
 from engine.gguf_model import ModelConfig, Weights
 from engine.kv import KVCache, KVSnapshot
 from engine.model import LlamaModel
@@ -16,11 +18,13 @@ from engine.sequence import Sequence
 
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: Weights, backend: Backend, ctx: int, chunk: int,
-                 eos_ids: frozenset[int], model_path: str = "", memory: dict[str, str] | None = None):
+                 eos_ids: frozenset[int], model_path: str = "", memory: dict[str, str] | None = None,
+                 cuda_graphs: bool = True):
         self.cfg, self.backend, self.ctx, self.chunk = cfg, backend, ctx, chunk
         self.memory = memory or {}
         self.model = LlamaModel(cfg, weights, backend)
         self.kv = KVCache(cfg, ctx, backend)
+        self.decoder = GraphDecoder(self.model, self.kv, backend) if cuda_graphs and backend.name == "gpu" else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
 
     def info(self) -> dict[str, str]:
@@ -30,9 +34,11 @@ class ModelRunner:
 
     def warm_up(self) -> None:
         """One small forward before READY, so the first request does not pay first-call costs
-        (page faults on the weights, BLAS/CuPy initialization, kernel compilation)."""
+        (page faults on the weights, BLAS/CuPy initialization, kernel compilation, the first
+        decode graph's capture)."""
         self.model.forward(np.zeros(8, dtype=np.int64), 0, self.kv, want_logits=True)
-        self.model.forward(np.zeros(1, dtype=np.int64), 8, self.kv, want_logits=True)
+        warm = Sequence(None, (0,) * 8, 1, None, frozenset(), pos=8, generated=[0])
+        self.decode_one_token(warm)
         self.backend.synchronize()
 
     def read_prompt_chunk(self, seq: Sequence) -> None:
@@ -43,6 +49,14 @@ class ModelRunner:
         seq.pos = end  # and a host running chunks ahead would make a park wait for all of them
 
     def decode_one_token(self, seq: Sequence) -> None:
+        if self.decoder is not None:
+            try:
+                seq.logits = self.decoder.decode(seq.generated[-1], seq.kv_len)
+                return
+            except Exception as e:  # a capture the driver refuses: decode eagerly from now on
+                print(f"strata: CUDA graph decode unavailable ({type(e).__name__}: {e}); decoding eagerly",
+                      file=sys.stderr, flush=True)
+                self.decoder = None
         token = np.asarray(seq.generated[-1:], dtype=np.int64)
         seq.logits = self.model.forward(token, seq.kv_len, self.kv, want_logits=True)
 

@@ -32,7 +32,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
                         config.policy.budget_bytes if config.snapshot_budget_given else None)
     runner = ModelRunner(cfg, weights, backend, plan.ctx, config.chunk,
-                         frozenset({tokenizer.special.eos}), str(path), plan.info())
+                         frozenset({tokenizer.special.eos}), str(path), plan.info(), config.cuda_graphs)
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     runner.warm_up()
     log(f"loaded {cfg.name} ({cfg.n_layers} layers, ctx {plan.ctx}, KV cache {plan.kv_bytes / 2**30:.2f} GiB, "

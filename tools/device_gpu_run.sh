@@ -38,9 +38,11 @@ for step in "$@"; do
       [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1 ;;
     bench)
       python3 bench/engine_bench.py --model $MS --device gpu --chunk 2048 --sizes 2048,8192 --repeats 5 \
-        --decode-steps 32 --profile-depth 6144 --label smollm2-135m-shape-q4_1 --json "$OUT/engine_gpu.json" 2>&1 | quiet
+        --decode-steps 64 --decode-contexts 128,4096 --profile-depth 6144 --label smollm2-135m-shape-q4_1 \
+        --json "$OUT/engine_gpu.json" 2>&1 | quiet
       python3 bench/engine_bench.py --model $M8 --device gpu --chunk 2048 --sizes 4096,16384,65536 --repeats 3 \
-        --decode-steps 16 --profile-depth 14336 --label llama3-8b-shape-f16 --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
+        --decode-steps 64 --decode-contexts 128,4096,46832 --profile-depth 14336 --label llama3-8b-shape-f16 \
+        --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
     parity)
       python3 tools/prefill_preempt_test.py --model $M8 --device gpu --chunk 256 --prompt-tokens 3000 \
         --json "$OUT/preempt_parity_gpu_8b.json" 2>&1 | quiet ;;

@@ -28,7 +28,7 @@ import cupy as cp  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 
-from engine.backend import ArrayOps  # noqa: E402
+from engine.backend import ArrayOps, Step  # noqa: E402
 from engine.kernels import DEQUANT, GpuKernels  # noqa: E402
 from make_synthetic_gguf import random_blocks, random_half  # noqa: E402
 
@@ -58,16 +58,26 @@ def half_normal(*shape, scale=1.0) -> np.ndarray:
 # ---------------------------------------------------------------- correctness
 
 def check_attention(k: GpuKernels) -> None:
-    for d, heads, kv_heads, n, start in [(64, 9, 3, 1, 0), (64, 9, 3, 100, 0), (64, 9, 3, 77, 130),
-                                         (128, 32, 8, 1, 700), (128, 32, 8, 257, 0), (128, 32, 8, 64, 64),
-                                         (128, 8, 8, 33, 1000), (128, 16, 2, 200, 50), (64, 4, 4, 129, 3),
-                                         (128, 32, 4, 130, 4099)]:
+    """Prompt chunks (n > 1) and single tokens (flash-decoding), including a decode grid sized for
+    more keys than present, as a captured graph's bucket is."""
+    for d, heads, kv_heads, n, start, bucket in [
+            (64, 9, 3, 1, 0, None), (64, 9, 3, 100, 0, None), (64, 9, 3, 77, 130, None),
+            (128, 32, 8, 1, 700, None), (128, 32, 8, 257, 0, None), (128, 32, 8, 64, 64, None),
+            (128, 8, 8, 33, 1000, None), (128, 16, 2, 200, 50, None), (64, 4, 4, 129, 3, None),
+            (128, 32, 4, 130, 4099, None), (128, 32, 8, 1, 255, None), (128, 32, 8, 1, 256, None),
+            (128, 64, 8, 1, 4999, None), (64, 9, 3, 1, 63, None), (128, 32, 8, 1, 1500, 8192),
+            (64, 9, 3, 1, 10, 1024)]:
         ctx = start + n + 13
         q = half_normal(n, heads, d)
         kc, vc = half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d)
-        ref = REF.attention(q.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), start)
-        out = k.attention(cp.asarray(q), cp.asarray(kc), cp.asarray(vc), start)
-        record("attention", f"d={d} gqa={heads // kv_heads} n={n} start={start}", rel_err(out, ref), 5e-3)
+        ref = REF.attention(q.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), Step(n, start))
+        step = k.step(n, start)
+        if bucket:
+            step = k.static_step(n, bucket)
+            step.device[1][...] = start
+        out = k.attention(cp.asarray(q), cp.asarray(kc), cp.asarray(vc), step)
+        record("attention", f"d={d} gqa={heads // kv_heads} n={n} start={start}" + (f" grid for {bucket}" if bucket else ""),
+               rel_err(out, ref), 5e-3)
 
 
 def check_norm_rope_swiglu(k: GpuKernels) -> None:
@@ -84,12 +94,12 @@ def check_norm_rope_swiglu(k: GpuKernels) -> None:
     for n, heads, kv_heads, d, start in [(1, 9, 3, 64, 5), (70, 32, 8, 128, 100), (3, 4, 4, 64, 0)]:
         ctx = start + n + 7
         qkv = half_normal(n, (heads + 2 * kv_heads) * d)
-        angles = np.outer(np.arange(start, start + n), 1.0 / (10000 ** (np.arange(d // 2) * 2 / d)))
+        angles = np.outer(np.arange(start + n + 5), 1.0 / (10000 ** (np.arange(d // 2) * 2 / d)))
         cos, sin = np.cos(angles).astype(np.float32)[:, None, :], np.sin(angles).astype(np.float32)[:, None, :]
         kc, vc = np.full((kv_heads, ctx, d), np.nan, np.float32), np.full((kv_heads, ctx, d), np.nan, np.float32)
-        q_ref = REF.rope_store(qkv.astype(np.float32), cos, sin, kc, vc, start)
+        q_ref = REF.rope_store(qkv.astype(np.float32), cos, sin, kc, vc, Step(n, start))
         kg, vg = cp.full((kv_heads, ctx, d), np.nan, cp.float16), cp.full((kv_heads, ctx, d), np.nan, cp.float16)
-        q = k.rope_store(cp.asarray(qkv), cp.asarray(cos), cp.asarray(sin), kg, vg, start)
+        q = k.rope_store(cp.asarray(qkv), cp.asarray(cos), cp.asarray(sin), kg, vg, k.step(n, start))
         rows = slice(start, start + n)
         err = max(rel_err(q, q_ref), rel_err(kg[:, rows], kc[:, rows]), rel_err(vg[:, rows], vc[:, rows]))
         untouched = bool(cp.isnan(kg[:, :start]).all() and cp.isnan(kg[:, start + n:]).all())
@@ -142,10 +152,17 @@ def speed(k: GpuKernels) -> dict:
         ctx = depth + n
         q = cp.asarray(half_normal(n, heads, d))
         kc, vc = cp.asarray(half_normal(kv_heads, ctx, d)), cp.asarray(half_normal(kv_heads, ctx, d))
-        ms = median_ms(lambda: k.attention(q, kc, vc, depth))
+        step = k.step(n, depth)
+        ms = median_ms(lambda: k.attention(q, kc, vc, step))
         flops = 4 * n * heads * d * (depth + (n + 1) / 2)  # QK^T and PV over the visible keys
         out[f"attention_chunk{n}_depth{depth}_tflops"] = round(flops / ms / 1e9, 1)
         out[f"attention_chunk{n}_depth{depth}_ms"] = round(ms, 3)
+    for depth in (1024, 46832, 131071):  # one decode token: bound by reading K and V once
+        kc, vc = cp.asarray(half_normal(kv_heads, depth + 1, d)), cp.asarray(half_normal(kv_heads, depth + 1, d))
+        q, step = cp.asarray(half_normal(1, heads, d)), k.step(1, depth)
+        ms = median_ms(lambda: k.attention(q, kc, vc, step))
+        out[f"decode_attention_depth{depth}_us"] = round(ms * 1000, 1)
+        out[f"decode_attention_depth{depth}_tb_s"] = round(2 * kv_heads * (depth + 1) * d * 2 / ms / 1e9, 2)
     for key, value in out.items():
         print(f"{key:40s} {value}", flush=True)
     return out

@@ -10,10 +10,15 @@ from types import ModuleType
 
 import numpy as np
 
+from engine.backend import Step
+
 KERNEL_DIR = Path(__file__).resolve().parent
 OPTIONS = ("-std=c++17", "--use_fast_math")
 THREADS = 256
 ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR in attention.cu
+DECODE_KEYS = 256  # keys per flash-decoding block: DEC_WARPS * DEC_KEYS_PER_WARP in attention.cu
+DECODE_KEYS_PER_WARP = 64  # one partial softmax state per warp
+MAX_GROUP = 8  # query heads per K/V head the decoding kernel holds
 HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
 
 # GGUF type -> (kernel, values per thread): one thread expands 32 values (1 for BF16)
@@ -41,7 +46,7 @@ class GpuKernels:
         self.attention_module = module("attention.cu")
         self.attention_kernels = {d: self.with_shared_memory(self.attention_module.get_function(f"flash_attention_d{d}"),
                                                              attention_smem_bytes(d)) for d in HEAD_DIMS}
-        self._sequence_key, self._sequence = None, None
+        self._step: Step | None = None
 
     @staticmethod
     def with_shared_memory(function, nbytes: int):
@@ -62,17 +67,18 @@ class GpuKernels:
                                np.int32(dim), np.float32(eps)))
         return out
 
-    def rope_store(self, qkv, cos, sin, k_cache, v_cache, start: int):
-        """qkv: (n, (heads + 2*kv_heads) * d) fp16; cos/sin: (n, 1, d/2) fp32 of the positions;
-        k_cache/v_cache: (kv_heads, ctx, d) fp16, rows start..start+n written. Returns q (n, heads, d)."""
+    def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step):
+        """qkv: (n, (heads + 2*kv_heads) * d) fp16; cos/sin tables: (positions, 1, d/2) fp32;
+        k_cache/v_cache: (kv_heads, ctx, d) fp16, rows start..start+n written, start read from
+        the step's device copy. Returns q (n, heads, d)."""
         kv_heads, ctx, d = k_cache.shape
         n = qkv.shape[0]
         heads = qkv.shape[1] // d - 2 * kv_heads
         q = self.cp.empty((n, heads, d), dtype=self.cp.float16)
         total = n * (heads + 2 * kv_heads) * (d // 2)
         self.norm_rope.get_function("rope_store")(
-            blocks(total), (THREADS,), (qkv, q, k_cache, v_cache, cos, sin, np.int32(n), np.int32(heads),
-                                        np.int32(kv_heads), np.int32(d), np.int32(ctx), np.int32(start)))
+            blocks(total), (THREADS,), (qkv, q, k_cache, v_cache, cos_table, sin_table, step.device[1], np.int32(n),
+                                        np.int32(heads), np.int32(kv_heads), np.int32(d), np.int32(ctx)))
         return q
 
     def silu_mul(self, gate_up):
@@ -86,16 +92,19 @@ class GpuKernels:
 
     # ------------------------------------------------------------ attention
 
-    def attention(self, q, k_cache, v_cache, start: int):
+    def attention(self, q, k_cache, v_cache, step: Step):
         """q: (n, heads, d) fp16 at positions start..start+n; k_cache/v_cache: (kv_heads, ctx, d)
-        fp16 holding rows 0..start+n. Causal flash attention; returns (n, heads*d) fp16."""
+        fp16 holding rows 0..start+n. Causal flash attention; returns (n, heads*d) fp16. One
+        token goes to flash-decoding (the keys split across blocks)."""
         cp = self.cp
         n, heads, d = q.shape
         kv_heads, ctx, _ = k_cache.shape
         if d not in HEAD_DIMS:
             raise ValueError(f"head width {d} is not supported on the GPU (supported: {HEAD_DIMS})")
+        if n == 1:
+            return self.decode_attention(q, k_cache, v_cache, step)
         out = cp.empty((n, heads, d), dtype=cp.float16)
-        q_start, pos0, kv_off = self.one_sequence(n, start)
+        q_start, pos0, kv_off = step.device
         rows = n * (heads // kv_heads)
         grid = (math.ceil(rows / ATTENTION_ROWS), kv_heads, 1)
         self.attention_kernels[d](
@@ -104,14 +113,42 @@ class GpuKernels:
             shared_mem=attention_smem_bytes(d))
         return out.reshape(n, heads * d)
 
-    def one_sequence(self, n: int, start: int):
-        """The kernel's batch description for one sequence; every layer of a forward reuses it."""
-        if self._sequence_key != (n, start):
+    def decode_attention(self, q, k_cache, v_cache, step: Step):
+        """One query token: blocks of DECODE_KEYS keys each, then the partials merged. The grid
+        covers step.max_keys (a graph's bucket) or the keys present."""
+        cp = self.cp
+        _, heads, d = q.shape
+        kv_heads, ctx, _ = k_cache.shape
+        if heads // kv_heads > MAX_GROUP:
+            raise ValueError(f"{heads // kv_heads} query heads per K/V head (at most {MAX_GROUP} supported)")
+        _, pos0, kv_off = step.device
+        splits = math.ceil((step.max_keys or step.start + 1) / DECODE_KEYS)
+        partials = splits * DECODE_KEYS // DECODE_KEYS_PER_WARP
+        part_o = cp.empty((heads, partials, d), dtype=cp.float32)
+        part_ml = cp.empty((heads, partials, 2), dtype=cp.float32)
+        out = cp.empty((1, heads, d), dtype=cp.float16)
+        self.attention_module.get_function(f"flash_decode_d{d}")(
+            (splits, kv_heads, 1), (128,), (q, k_cache, v_cache, part_o, part_ml, pos0, kv_off, np.int32(heads),
+                                            np.int32(kv_heads), np.int32(ctx),
+                                            np.float32(math.log2(math.e) / math.sqrt(d))))
+        self.attention_module.get_function("flash_decode_combine")(
+            (heads, 1), (d,), (part_o, part_ml, out, pos0, np.int32(heads), np.int32(partials), np.int32(d)))
+        return out.reshape(1, heads * d)
+
+    def step(self, n: int, start: int) -> Step:
+        """The kernels' description of one sequence's n tokens at `start`; every layer of a
+        forward reuses it (one small copy to the device per forward)."""
+        if self._step is None or (self._step.n, self._step.start) != (n, start):
             cp = self.cp
-            self._sequence = (cp.asarray(np.array([0, n], dtype=np.int32)),
-                              cp.asarray(np.array([start], dtype=np.int32)), cp.zeros(1, dtype=cp.int64))
-            self._sequence_key = (n, start)
-        return self._sequence
+            self._step = Step(n, start, (cp.asarray(np.array([0, n], dtype=np.int32)),
+                                         cp.asarray(np.array([start], dtype=np.int32)), cp.zeros(1, dtype=cp.int64)))
+        return self._step
+
+    def static_step(self, n: int, max_keys: int) -> Step:
+        """A step whose device copies are updated in place (set_position) for graph replays."""
+        cp = self.cp
+        return Step(n, 0, (cp.asarray(np.array([0, n], dtype=np.int32)), cp.zeros(1, dtype=cp.int32),
+                           cp.zeros(1, dtype=cp.int64)), max_keys)
 
     # ------------------------------------------------------------ single rows
 

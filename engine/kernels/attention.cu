@@ -255,3 +255,149 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
     }
 FLASH_ATTENTION(64)
 FLASH_ATTENTION(128)
+
+// ---------------------------------------------------------------- flash-decoding: one query token
+// A decode step has one query token per sequence: too little work for the prompt kernel's 64-row
+// tiles (it would give each K/V head one block for the whole context). Here the key range is split
+// across blocks: block (split, kv head, sequence) reads keys [split * SPLIT, +SPLIT) once for the
+// `group` query heads that share them, each of its warps keeping its own partial softmax state;
+// flash_decode_combine then merges the partials. The grid may be larger than the keys (so that a
+// captured graph serves a range of lengths): blocks past the end write an empty partial.
+constexpr int DEC_WARPS = 4;
+constexpr int DEC_KEYS_PER_WARP = 64;  // two rounds of 32 keys, one key per lane: 256 keys a block
+constexpr int MAX_GROUP = 8;  // query heads per K/V head
+
+// q: (sequences, heads, D) fp16 (one token each), at position pos0[s]; keys 0..pos0[s] are visible.
+// part_o: (sequences, heads, partials, D) fp32 unnormalized; part_ml: (sequences, heads, partials, 2)
+// the running max (log2 domain) and sum; partials = gridDim.x * DEC_WARPS.
+template <int D>
+__device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const __half* __restrict__ k,
+                                             const __half* __restrict__ v, float* __restrict__ part_o,
+                                             float* __restrict__ part_ml, const int* __restrict__ pos0,
+                                             const long long* __restrict__ kv_off, int heads, int kv_heads, int ctx,
+                                             float scale_log2) {
+    constexpr int DL = D / 32;  // dims per lane in the P V product
+    __shared__ float qs[MAX_GROUP][D];
+    const int s = blockIdx.z, kvh = blockIdx.y, group = heads / kv_heads;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kv_len = pos0[s] + 1, partials = gridDim.x * DEC_WARPS;
+    const int part = blockIdx.x * DEC_WARPS + warp;
+    for (int i = threadIdx.x; i < group * D; i += DEC_WARPS * 32)
+        qs[i / D][i % D] = __half2float(q[((size_t)s * heads + kvh * group + i / D) * D + i % D]);
+    __syncthreads();
+    const __half* kb = k + kv_off[s] + (size_t)kvh * ctx * D;
+    const __half* vb = v + kv_off[s] + (size_t)kvh * ctx * D;
+
+    float m[MAX_GROUP], l[MAX_GROUP], o[MAX_GROUP][DL];
+#pragma unroll
+    for (int h = 0; h < MAX_GROUP; ++h) {
+        m[h] = NEG_INF;
+        l[h] = 0.f;
+#pragma unroll
+        for (int j = 0; j < DL; ++j) o[h][j] = 0.f;
+    }
+    const int first = part * DEC_KEYS_PER_WARP;
+#pragma unroll 1
+    for (int base = first; base < min(first + DEC_KEYS_PER_WARP, kv_len); base += 32) {
+        const int key = base + lane;
+        float sc[MAX_GROUP];
+#pragma unroll
+        for (int h = 0; h < MAX_GROUP; ++h) sc[h] = 0.f;
+        if (key < kv_len) {  // this lane's key against every query head of the group
+            const uint4* kr = reinterpret_cast<const uint4*>(kb + (size_t)key * D);
+#pragma unroll 4
+            for (int c = 0; c < D / 8; ++c) {
+                const uint4 raw = kr[c];
+                const __half2* h2 = reinterpret_cast<const __half2*>(&raw);
+                float kf[8];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 f = __half22float2(h2[e]);
+                    kf[2 * e] = f.x;
+                    kf[2 * e + 1] = f.y;
+                }
+#pragma unroll
+                for (int h = 0; h < MAX_GROUP; ++h)
+                    if (h < group)
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) sc[h] += qs[h][c * 8 + e] * kf[e];
+            }
+        }
+        float p[MAX_GROUP];
+#pragma unroll
+        for (int h = 0; h < MAX_GROUP; ++h) {
+            if (h >= group) continue;
+            const float x = key < kv_len ? sc[h] * scale_log2 : NEG_INF;
+            float mx = x;
+            for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            const float m_new = fmaxf(m[h], mx);  // finite: the round holds at least one key
+            p[h] = exp2f(x - m_new);
+            float sum = p[h];
+            for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            const float corr = exp2f(m[h] - m_new);
+            l[h] = l[h] * corr + sum;
+            m[h] = m_new;
+#pragma unroll
+            for (int j = 0; j < DL; ++j) o[h][j] *= corr;
+        }
+        // P V: lanes now cover the head dims, keys come one by one (p by shuffle)
+        const int n_keys = min(32, kv_len - base);
+        for (int j = 0; j < n_keys; ++j) {
+            float vf[DL];
+            const __half2* vr = reinterpret_cast<const __half2*>(vb + (size_t)(base + j) * D + lane * DL);
+#pragma unroll
+            for (int e = 0; e < DL / 2; ++e) {
+                const float2 f = __half22float2(vr[e]);
+                vf[2 * e] = f.x;
+                vf[2 * e + 1] = f.y;
+            }
+#pragma unroll
+            for (int h = 0; h < MAX_GROUP; ++h) {
+                if (h >= group) continue;
+                const float pj = __shfl_sync(0xffffffffu, p[h], j);
+#pragma unroll
+                for (int d = 0; d < DL; ++d) o[h][d] += pj * vf[d];
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < MAX_GROUP; ++h) {
+        if (h >= group) continue;
+        const size_t row = ((size_t)s * heads + kvh * group + h) * partials + part;
+#pragma unroll
+        for (int d = 0; d < DL; ++d) part_o[row * D + lane * DL + d] = o[h][d];
+        if (lane == 0) {
+            part_ml[row * 2] = m[h];
+            part_ml[row * 2 + 1] = l[h];
+        }
+    }
+}
+
+#define FLASH_DECODE(D)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
+        flash_decode_d##D(const __half* q, const __half* k, const __half* v, float* part_o, float* part_ml,   \
+                          const int* pos0, const long long* kv_off, int heads, int kv_heads, int ctx,         \
+                          float scale_log2) {                                                                 \
+        flash_decode<D>(q, k, v, part_o, part_ml, pos0, kv_off, heads, kv_heads, ctx, scale_log2);            \
+    }
+FLASH_DECODE(64)
+FLASH_DECODE(128)
+
+// Merge the partials of one (sequence, head): out = sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M) l_i.
+// Only the partials that hold keys are read (the rest of a graph's grid is empty). Block: D threads.
+extern "C" __global__ void flash_decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                                __half* __restrict__ out, const int* __restrict__ pos0,
+                                                int heads, int partials, int d) {
+    const int s = blockIdx.y, head = blockIdx.x;
+    const int used = min(partials, (pos0[s] + 1 + DEC_KEYS_PER_WARP - 1) / DEC_KEYS_PER_WARP);
+    const size_t row0 = ((size_t)s * heads + head) * partials;
+    float mx = NEG_INF;
+    for (int i = 0; i < used; ++i) mx = fmaxf(mx, part_ml[(row0 + i) * 2]);
+    float num = 0.f, den = 0.f;
+    for (int i = 0; i < used; ++i) {
+        const float w = exp2f(part_ml[(row0 + i) * 2] - mx);
+        den += w * part_ml[(row0 + i) * 2 + 1];
+        num += w * part_o[(row0 + i) * d + threadIdx.x];
+    }
+    out[((size_t)s * heads + head) * d + threadIdx.x] = __float2half(num / den);
+}

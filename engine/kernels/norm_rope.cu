@@ -46,16 +46,17 @@ extern "C" __global__ void add_residual(float* __restrict__ x, const __half* __r
     if (i < n) x[i] += __half2float(delta[i]);
 }
 
-// qkv: (n, heads + 2*kv_heads, d) fp16, the fused projection of n tokens at positions start..
+// qkv: (n, heads + 2*kv_heads, d) fp16, the fused projection of n tokens at positions start..,
+// start read from device memory (*pos) so that a captured decode graph serves every position.
 // Each head is laid out [evens, odds] so RoPE rotates its two halves. One thread per
 // (token, head slot, pair j < d/2): q and k are rotated, q goes to q_out (n, heads, d), k and v
 // go straight into this layer's cache rows k_cache/v_cache: (kv_heads, ctx, d) at start + token.
-// cos, sin: (n, d/2) fp32 for the chunk's positions.
+// cos, sin: (positions, d/2) fp32 tables.
 extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __restrict__ q_out,
                                       __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                       const float* __restrict__ cos, const float* __restrict__ sin,
-                                      int n, int heads, int kv_heads, int d, int ctx, int start) {
-    const int half_d = d / 2, slots = heads + 2 * kv_heads;
+                                      const int* __restrict__ pos, int n, int heads, int kv_heads, int d, int ctx) {
+    const int half_d = d / 2, slots = heads + 2 * kv_heads, start = *pos;
     const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (idx >= (size_t)n * slots * half_d) return;
     const int j = idx % half_d;
@@ -64,7 +65,8 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
     const __half* src = qkv + r * d;
     float a = __half2float(src[j]), b = __half2float(src[j + half_d]);
     if (slot < heads + kv_heads) {
-        const float c = cos[(size_t)t * half_d + j], s = sin[(size_t)t * half_d + j];
+        const size_t at = (size_t)(start + t) * half_d + j;
+        const float c = cos[at], s = sin[at];
         const float ra = a * c - b * s, rb = b * c + a * s;
         a = ra;
         b = rb;

@@ -1,0 +1,77 @@
+"""Decode steps on the GPU as CUDA graph replays: the whole step (every layer's kernels and GEMMs)
+is captured once and replayed per token, so a step costs the GPU's time, not Python's launches.
+
+One graph per context bucket (1024, 2048, 4096, ... keys): the decoding attention's grid covers
+the bucket, its blocks past the present keys return at once. Everything a graph reads or writes
+sits at a fixed address: the token and the position are device buffers set before each replay,
+the KV cache is the engine's, and the step's temporaries come from a memory pool of the graphs'
+own (filled by an eager run of the same step before capture, so that capture allocates nothing).
+The model code does not know graphs exist.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.backend import Backend, Step
+from engine.kv import KVCache
+
+MIN_BUCKET = 1024
+
+
+@dataclass
+class CapturedStep:
+    graph: object
+    step: Step  # its device position buffer
+    logits: object  # (vocab,) fp32 on the device, written by each replay
+
+
+class GraphDecoder:
+    def __init__(self, model, kv: KVCache, backend: Backend):
+        cp = backend.xp
+        self.model, self.kv, self.backend, self.cp = model, kv, backend, cp
+        model.rope_tables(0, kv.ctx)  # sized once: a capture must not grow them
+        self.token = cp.zeros(1, dtype=cp.int64)
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.pool = cp.cuda.MemoryPool()
+        self.captured: dict[int, CapturedStep] = {}
+
+    def bucket(self, pos: int) -> int:
+        size = MIN_BUCKET
+        while size < pos + 1:
+            size *= 2
+        return min(size, self.kv.ctx)
+
+    def decode(self, token: int, pos: int) -> np.ndarray:
+        """Logits (vocab,) float32 on the host after `token` at position `pos` (its K/V row written)."""
+        cp, size = self.cp, self.bucket(pos)
+        self.backend.synchronize()  # prompt work ran on the default stream
+        with self.stream:
+            self.token.set(np.array([token], dtype=np.int64))
+            entry = self.captured.get(size)
+            if entry is None:
+                return self.capture(size, pos)
+            entry.step.device[1].set(np.array([pos], dtype=np.int32))
+            entry.graph.launch(self.stream)
+            logits = cp.asnumpy(entry.logits, stream=self.stream)
+        self.stream.synchronize()
+        return logits
+
+    def capture(self, size: int, pos: int) -> np.ndarray:
+        """Run this step eagerly (its result is returned, and it fills the pool), then capture it."""
+        cp = self.cp
+        step = self.backend.kernels.static_step(1, size)
+        step.device[1].set(np.array([pos], dtype=np.int32))
+        with cp.cuda.using_allocator(self.pool.malloc):
+            logits = cp.asnumpy(self.model.forward_on_device(self.token, step, self.kv, True), stream=self.stream)
+            self.stream.synchronize()
+            self.stream.begin_capture()
+            try:
+                out = self.model.forward_on_device(self.token, step, self.kv, True)
+            finally:
+                graph = self.stream.end_capture()
+        self.captured[size] = CapturedStep(graph, step, out)
+        print(f"strata: captured the decode step for up to {size} positions", file=sys.stderr, flush=True)
+        return logits
