@@ -138,6 +138,12 @@ class HalfCupyOps(ArrayOps):
     def step(self, n: int, start: int) -> Step:
         return self.kernels.step(n, start)
 
+    def matmul(self, x, w):
+        """One row (a decode step) by the matvec kernel: memory-bound, and capturable in a graph."""
+        if x.shape[0] == 1:
+            return self.kernels.matvec(w, x[0], self.xp.float16)[None]
+        return x @ w.T
+
     def add_rms_norm(self, x, delta, weight, eps: float):
         return self.kernels.add_rms_norm(x, delta, weight, eps)
 

@@ -109,8 +109,9 @@ def check_norm_rope_swiglu(k: GpuKernels) -> None:
         record("silu_mul", f"n={n} ffn={ffn}", rel_err(k.silu_mul(cp.asarray(gu)), REF.silu_mul(gu.astype(np.float32))), 2e-3)
     for m, kdim in [(49152, 576), (1000, 4096), (7, 8)]:
         w, x = half_normal(m, kdim, scale=0.05), half_normal(kdim)
-        record("matvec", f"m={m} k={kdim}", rel_err(k.matvec(cp.asarray(w), cp.asarray(x)),
-                                                    w.astype(np.float32) @ x.astype(np.float32)), 1e-3)
+        ref = w.astype(np.float32) @ x.astype(np.float32)
+        record("matvec", f"m={m} k={kdim}", rel_err(k.matvec(cp.asarray(w), cp.asarray(x)), ref), 1e-3)
+        record("matvec", f"m={m} k={kdim} fp16 out", rel_err(k.matvec(cp.asarray(w), cp.asarray(x), np.float16), ref), 2e-3)
 
 
 def check_dequant(k: GpuKernels) -> None:

@@ -152,12 +152,13 @@ class GpuKernels:
 
     # ------------------------------------------------------------ single rows
 
-    def matvec(self, w, x):
-        """w: (m, k) fp16, x: (k,) fp16 -> (m,) fp32."""
+    def matvec(self, w, x, dtype=np.float32):
+        """w: (m, k) fp16, x: (k,) fp16 -> (m,) in dtype (float32 or float16), fp32 accumulation."""
         m, k = w.shape
-        y = self.cp.empty(m, dtype=self.cp.float32)
-        self.matvec_module.get_function("matvec_f16")(blocks(m, 8), (256,), (w, self.cp.ascontiguousarray(x), y,
-                                                                             np.int32(m), np.int32(k)))
+        y = self.cp.empty(m, dtype=dtype)
+        kernel = "matvec_f16" if np.dtype(dtype) == np.float32 else "matvec_f16_h"
+        self.matvec_module.get_function(kernel)(blocks(m, 8), (256,), (w, self.cp.ascontiguousarray(x), y,
+                                                                       np.int32(m), np.int32(k)))
         return y
 
     # ------------------------------------------------------------ load-time dequantization

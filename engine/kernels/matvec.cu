@@ -4,10 +4,15 @@
 
 constexpr int MATVEC_WARPS = 8;  // rows per block: one warp a row
 
-// y: (m,) fp32 = W: (m, k) fp16 row-major @ x: (k,) fp16; fp32 accumulation, 16-byte loads.
+__device__ __forceinline__ void store(float* y, int i, float v) { y[i] = v; }
+__device__ __forceinline__ void store(__half* y, int i, float v) { y[i] = __float2half(v); }
+
+// y: (m,) = W: (m, k) fp16 row-major @ x: (k,) fp16; fp32 accumulation, 16-byte loads; y fp32
+// (logits) or fp16 (a decode step's projections: cuBLAS cannot be captured in a graph by CuPy).
 // Requires k % 8 == 0 (every model width is).
-extern "C" __global__ void __launch_bounds__(MATVEC_WARPS * 32)
-matvec_f16(const __half* __restrict__ w, const __half* __restrict__ x, float* __restrict__ y, int m, int k) {
+template <typename T>
+__device__ __forceinline__ void matvec(const __half* __restrict__ w, const __half* __restrict__ x, T* __restrict__ y,
+                                       int m, int k) {
     const int row = blockIdx.x * MATVEC_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= m) return;
     const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)row * k);
@@ -24,5 +29,11 @@ matvec_f16(const __half* __restrict__ w, const __half* __restrict__ x, float* __
         }
     }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) y[row] = acc;
+    if (lane == 0) store(y, row, acc);
 }
+
+extern "C" __global__ void __launch_bounds__(MATVEC_WARPS * 32)
+matvec_f16(const __half* w, const __half* x, float* y, int m, int k) { matvec(w, x, y, m, k); }
+
+extern "C" __global__ void __launch_bounds__(MATVEC_WARPS * 32)
+matvec_f16_h(const __half* w, const __half* x, __half* y, int m, int k) { matvec(w, x, y, m, k); }
