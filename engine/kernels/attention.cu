@@ -305,22 +305,24 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
         for (int h = 0; h < MAX_GROUP; ++h) sc[h] = 0.f;
         if (key < kv_len) {  // this lane's key against every query head of the group
             const uint4* kr = reinterpret_cast<const uint4*>(kb + (size_t)key * D);
-#pragma unroll 4
-            for (int c = 0; c < D / 8; ++c) {
-                const uint4 raw = kr[c];
-                const __half2* h2 = reinterpret_cast<const __half2*>(&raw);
-                float kf[8];
+            constexpr int BATCH = D / 8 < 8 ? D / 8 : 8;  // 16-byte loads in flight before any use
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 f = __half22float2(h2[e]);
-                    kf[2 * e] = f.x;
-                    kf[2 * e + 1] = f.y;
+            for (int c0 = 0; c0 < D / 8; c0 += BATCH) {
+                uint4 raw[BATCH];
+#pragma unroll
+                for (int c = 0; c < BATCH; ++c) raw[c] = kr[c0 + c];
+#pragma unroll
+                for (int c = 0; c < BATCH; ++c) {
+                    const __half2* h2 = reinterpret_cast<const __half2*>(&raw[c]);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float2 f = __half22float2(h2[e]);
+#pragma unroll
+                        for (int h = 0; h < MAX_GROUP; ++h)
+                            if (h < group)
+                                sc[h] += qs[h][(c0 + c) * 8 + 2 * e] * f.x + qs[h][(c0 + c) * 8 + 2 * e + 1] * f.y;
+                    }
                 }
-#pragma unroll
-                for (int h = 0; h < MAX_GROUP; ++h)
-                    if (h < group)
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) sc[h] += qs[h][c * 8 + e] * kf[e];
             }
         }
         float p[MAX_GROUP];
@@ -340,21 +342,29 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
 #pragma unroll
             for (int j = 0; j < DL; ++j) o[h][j] *= corr;
         }
-        // P V: lanes now cover the head dims, keys come one by one (p by shuffle)
+        // P V: lanes now cover the head dims, keys come one by one (p by shuffle); the 32 rows'
+        // slices are all loaded before the first is used, so the loads overlap
         const int n_keys = min(32, kv_len - base);
-        for (int j = 0; j < n_keys; ++j) {
-            float vf[DL];
+        __half2 vh[32][DL / 2];
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
             const __half2* vr = reinterpret_cast<const __half2*>(vb + (size_t)(base + j) * D + lane * DL);
 #pragma unroll
+            for (int e = 0; e < DL / 2; ++e) vh[j][e] = j < n_keys ? vr[e] : __float2half2_rn(0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            float vf[DL];
+#pragma unroll
             for (int e = 0; e < DL / 2; ++e) {
-                const float2 f = __half22float2(vr[e]);
+                const float2 f = __half22float2(vh[j][e]);
                 vf[2 * e] = f.x;
                 vf[2 * e + 1] = f.y;
             }
 #pragma unroll
             for (int h = 0; h < MAX_GROUP; ++h) {
                 if (h >= group) continue;
-                const float pj = __shfl_sync(0xffffffffu, p[h], j);
+                const float pj = __shfl_sync(0xffffffffu, p[h], j);  // 0 past the last key
 #pragma unroll
                 for (int d = 0; d < DL; ++d) o[h][d] += pj * vf[d];
             }
