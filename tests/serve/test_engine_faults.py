@@ -2,8 +2,8 @@
 import httpx
 
 from tests.harness import mock_engine_cmd
-from tests.serve.helpers import Background, complete_tokens, metrics
-from tests.serve.test_scheduling import status, wait_for
+from tests.serve.helpers import Background, complete_tokens
+from tests.serve.test_scheduling import wait_for
 
 
 def test_malformed_engine_line_fails_the_request_with_502_and_serving_goes_on(server_factory):

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.harness import PY, ROOT, mock_engine_cmd
-from tests.serve.helpers import Background, complete_tokens, metrics
+from tests.serve.helpers import Background, metrics
 from tests.serve.test_scheduling import status, wait_for
 
 PROMPT = list(range(300, 300 + 700))  # 11 chunks of 64; the mock echoes it back
