@@ -54,17 +54,8 @@ class Sampler:
         logits = self.apply_penalties(logits)
         if p.temperature == 0:
             return int(np.argmax(logits))
-        order = descending_order(logits)  # candidates, best first
-        if p.top_k:
-            order = order[: p.top_k]
-        probs = softmax(logits[order] / p.temperature)
-        keep = len(probs)
-        if p.top_p < 1.0:
-            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
-        if p.min_p > 0:
-            keep = min(keep, max(1, int(np.sum(probs >= p.min_p * probs[0]))))
-        cdf = np.cumsum(probs[:keep])  # exactly one uniform draw per token: a restart can skip them
-        return int(order[min(int(np.searchsorted(cdf / cdf[-1], self.rng.random(), side="right")), keep - 1)])
+        u = self.rng.random()  # exactly one uniform draw per sampled token: a restart can skip them
+        return pick(logits.astype(np.float32) / np.float32(p.temperature), u, p)
 
     def apply_penalties(self, logits: np.ndarray) -> np.ndarray:
         """A penalized copy of `logits`, or `logits` itself when no penalty applies."""
@@ -100,6 +91,66 @@ def descending_order(x: np.ndarray) -> np.ndarray:
     return (np.sort(keys) & np.uint64(0xFFFFFFFF)).astype(np.intp)
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
+# ---------------------------------------------------------------- the draw
+
+PREFIXES = (256, 4096)  # best candidates sorted before the whole vocabulary is (almost never)
+
+
+def pick(scaled: np.ndarray, u: float, p: SamplingParams) -> int:
+    """The token at uniform draw u from logits / temperature: candidates in descending order (ties
+    by index), cut by top-k, top-p and min-p, then the inverse CDF. Decided on the shortest sorted
+    prefix of the candidates that settles it, which is exactly what sorting all of them gives (the
+    weights, the normalizer and the cumulative sums are the same numbers), at a fraction of the
+    cost: a temperature draw over 49K logits took 1.9 ms with a full sort."""
+    weights = np.exp(scaled - scaled.max())  # (vocab,) the best candidate weighs 1
+    if p.top_k:  # the candidates are the first k: sort exactly them
+        order = canonical_prefix(scaled, min(p.top_k, len(scaled)))[: p.top_k]
+        e = weights[order]
+        return choose(order, e, float(e.sum()), len(order), keep_by_min_p(e, p), u, p)
+    total, keep_min = float(weights.sum()), keep_by_min_p(weights, p)
+    for m in (*PREFIXES, len(scaled)):
+        order = canonical_prefix(scaled, min(m, len(scaled)))
+        token = choose(order, weights[order], total, len(scaled), keep_min, u, p)
+        if token is not None:
+            return token
+    raise AssertionError("the whole vocabulary always decides")
+
+
+def keep_by_min_p(weights: np.ndarray, p: SamplingParams) -> int:
+    """How many candidates min-p keeps (weights are relative to the best, which weighs 1)."""
+    return max(1, int(np.count_nonzero(weights >= p.min_p))) if p.min_p > 0 else len(weights)
+
+
+def choose(order: np.ndarray, e: np.ndarray, total: float, n: int, keep_min: int, u: float,
+           p: SamplingParams) -> int | None:
+    """order: the first len(order) of the n candidates in canonical order, e their weights, total
+    the weight of all n. The chosen token, or None when this prefix cannot decide."""
+    m = len(order)
+    cum = np.cumsum(e, dtype=np.float64)
+    keep = min(n, keep_min)
+    if p.top_p < 1.0:
+        j = int(np.searchsorted(cum, p.top_p * total))  # the smallest set reaching top_p
+        if j >= m and m < n:
+            return None
+        keep = min(keep, j + 1, m)
+    if keep == n:  # no cut: every candidate, and their weight summed in index order
+        mass = total
+    elif keep <= m:
+        mass = cum[keep - 1]
+    else:  # a cut lies beyond this prefix
+        return None
+    seen = min(keep, m)
+    at = int(np.searchsorted(cum[:seen], u * mass, side="right"))
+    if at < seen:
+        return int(order[at])
+    return int(order[keep - 1]) if keep <= m else None  # rounding at the very end, or undecided
+
+
+def canonical_prefix(x: np.ndarray, m: int) -> np.ndarray:
+    """The first (at least) m indices of descending_order(x), without sorting the rest: every value
+    at or above the m-th largest, then sorted. Ties at the edge are all taken, so it is exact."""
+    if m >= len(x):
+        return descending_order(x)
+    edge = np.partition(x, len(x) - m)[len(x) - m]
+    idx = np.flatnonzero(x >= edge)
+    return idx[descending_order(x[idx])]

@@ -92,3 +92,44 @@ def test_a_continuation_after_k_draws_samples_what_the_whole_run_samples(params)
         cont.accept(rest[-1])
     assert rest == tokens[k:]
     assert cont.state_digest() == whole.state_digest()
+
+
+@given(st.lists(st.integers(-40, 40), min_size=1, max_size=200), st.floats(0, 0.999999),
+       st.sampled_from([0.3, 1.0, 2.5]), st.sampled_from([0, 1, 7, 50]), st.sampled_from([1.0, 0.97, 0.6]),
+       st.sampled_from([0.0, 0.02, 0.4]))
+def test_a_draw_decided_on_a_sorted_prefix_equals_sorting_everything(ints, u, temperature, top_k, top_p, min_p):
+    """The fast path sorts only the best candidates; the token must be the one a full sort gives.
+    Logits on a coarse grid so that ties (broken by index) are common."""
+    from engine import sampler as module
+
+    scaled = np.asarray(ints, dtype=np.float32) / np.float32(4 * temperature)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    everything = module.pick(scaled, u, params)
+    saved = module.PREFIXES
+    try:
+        for prefixes in [(1,), (2, 5), (3, 17, 60)]:
+            module.PREFIXES = prefixes
+            assert module.pick(scaled, u, params) == everything
+    finally:
+        module.PREFIXES = saved
+
+
+def test_sampling_the_vocabulary_costs_well_under_a_millisecond_typically():
+    """Not a timing assertion (the machine is shared): with logits shaped like a language model's
+    (a few strong candidates over a broad tail) the fast path must rarely sort the whole
+    vocabulary, which is what makes it cheap. Counted by patching the sort."""
+    from engine import sampler as module
+
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal(49152) * 2).astype(np.float32)
+    logits[rng.choice(49152, 30, replace=False)] += 12
+    sorted_lengths = []
+    original = module.descending_order
+    module.descending_order = lambda x: (sorted_lengths.append(len(x)), original(x))[1]
+    try:
+        s = Sampler(SamplingParams(temperature=1.0, seed=2), ())
+        for _ in range(100):
+            s.sample(logits)
+    finally:
+        module.descending_order = original
+    assert len(sorted_lengths) >= 100 and sum(n == 49152 for n in sorted_lengths) <= 5
