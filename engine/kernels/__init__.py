@@ -19,6 +19,7 @@ ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR
 DECODE_KEYS = 256  # keys per flash-decoding block: DEC_WARPS * DEC_KEYS_PER_WARP in attention.cu
 DECODE_KEYS_PER_WARP = 64  # one partial softmax state per warp
 MAX_GROUP = 8  # query heads per K/V head the decoding kernel holds
+COMBINE_GROUPS = 8  # thread rows of the partials' merge: COMBINE_GROUPS in attention.cu
 HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
 
 # GGUF type -> (kernel, values per thread): one thread expands 32 values (1 for BF16)
@@ -132,7 +133,8 @@ class GpuKernels:
                                             np.int32(kv_heads), np.int32(ctx),
                                             np.float32(math.log2(math.e) / math.sqrt(d))))
         self.attention_module.get_function("flash_decode_combine")(
-            (heads, 1), (d,), (part_o, part_ml, out, pos0, np.int32(heads), np.int32(partials), np.int32(d)))
+            (heads, 1), (d, COMBINE_GROUPS), (part_o, part_ml, out, pos0, np.int32(heads), np.int32(partials),
+                                              np.int32(d)))
         return out.reshape(1, heads * d)
 
     def step(self, n: int, start: int) -> Step:

@@ -394,20 +394,43 @@ FLASH_DECODE(64)
 FLASH_DECODE(128)
 
 // Merge the partials of one (sequence, head): out = sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M) l_i.
-// Only the partials that hold keys are read (the rest of a graph's grid is empty). Block: D threads.
+// Only the partials that hold keys are read (the rest of a graph's grid is empty). Block: (D,
+// COMBINE_GROUPS) threads; group g folds partials g, g + COMBINE_GROUPS, ... with an online max,
+// then the groups are merged through shared memory (one thread a dim walking 700 partials alone
+// was most of a long-context decode step).
+constexpr int COMBINE_GROUPS = 8;
+
 extern "C" __global__ void flash_decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                                 __half* __restrict__ out, const int* __restrict__ pos0,
                                                 int heads, int partials, int d) {
-    const int s = blockIdx.y, head = blockIdx.x;
+    __shared__ float gm[COMBINE_GROUPS][128], gnum[COMBINE_GROUPS][128], gden[COMBINE_GROUPS][128];
+    const int s = blockIdx.y, head = blockIdx.x, dim = threadIdx.x, g = threadIdx.y;
     const int used = min(partials, (pos0[s] + 1 + DEC_KEYS_PER_WARP - 1) / DEC_KEYS_PER_WARP);
     const size_t row0 = ((size_t)s * heads + head) * partials;
-    float mx = NEG_INF;
-    for (int i = 0; i < used; ++i) mx = fmaxf(mx, part_ml[(row0 + i) * 2]);
-    float num = 0.f, den = 0.f;
-    for (int i = 0; i < used; ++i) {
-        const float w = exp2f(part_ml[(row0 + i) * 2] - mx);
-        den += w * part_ml[(row0 + i) * 2 + 1];
-        num += w * part_o[(row0 + i) * d + threadIdx.x];
+    float m = NEG_INF, num = 0.f, den = 0.f;
+#pragma unroll 4
+    for (int i = g; i < used; i += COMBINE_GROUPS) {  // a used partial holds a key: its max is finite
+        const float mi = part_ml[(row0 + i) * 2], li = part_ml[(row0 + i) * 2 + 1];
+        const float oi = part_o[(row0 + i) * d + dim];
+        const float mn = fmaxf(m, mi), a = exp2f(m - mn), b = exp2f(mi - mn);
+        num = num * a + oi * b;
+        den = den * a + li * b;
+        m = mn;
     }
-    out[((size_t)s * heads + head) * d + threadIdx.x] = __float2half(num / den);
+    gm[g][dim] = m;
+    gnum[g][dim] = num;
+    gden[g][dim] = den;
+    __syncthreads();
+    if (g != 0) return;
+    float mx = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < COMBINE_GROUPS; ++k) mx = fmaxf(mx, gm[k][dim]);
+    float n_all = 0.f, d_all = 0.f;
+#pragma unroll
+    for (int k = 0; k < COMBINE_GROUPS; ++k) {  // a group with no partial: m = -inf, weight 0
+        const float w = exp2f(gm[k][dim] - mx);
+        n_all += gnum[k][dim] * w;
+        d_all += gden[k][dim] * w;
+    }
+    out[((size_t)s * heads + head) * d + dim] = __float2half(n_all / d_all);
 }
