@@ -8,6 +8,10 @@
 // K/V head are packed into the rows of one tile (row r = token r / group, head r % group), so a
 // K/V tile is loaded once for all of them. Scores live in registers only; one pass over K/V.
 //
+// Measured on an H200 (tools/gpu_kernels_check.py): 145-153 TFLOP/s on a 2048-token chunk with no
+// prefix, 215-227 at depths of 14K-63K: about 30% of the 720-758 cuBLAS reaches on the same card
+// (mma.sync; a wgmma/TMA kernel is what would close the gap).
+//
 // Grid: (row tiles, kv_heads, sequences); a block of 4 warps owns 64 rows, each warp 16. K/V tiles
 // of 64 keys stream through two shared-memory stages (cp.async), fragments come by ldmatrix.
 #include <cuda_fp16.h>
@@ -263,6 +267,8 @@ FLASH_ATTENTION(128)
 // `group` query heads that share them, each of its warps keeping its own partial softmax state;
 // flash_decode_combine then merges the partials. The grid may be larger than the keys (so that a
 // captured graph serves a range of lengths): blocks past the end write an empty partial.
+// Measured on an H200: 234 us a layer at 46,832 positions, 587 us at 131,071 (8 K/V heads of 128):
+// 0.82-0.91 TB/s of the ~4.3 TB/s the card copies at. Latency-bound still.
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_KEYS_PER_WARP = 64;  // two rounds of 32 keys, one key per lane: 256 keys a block
 constexpr int MAX_GROUP = 8;  // query heads per K/V head
