@@ -10,6 +10,7 @@ from gguf import GGUFReader, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.backend import Backend
+from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 MAX_DEFAULT_CTX = 8192  # without --ctx, the model's trained context, capped here (KV memory)
@@ -153,7 +154,7 @@ class WeightLoader:
         if kind == "F16":
             return self.xp.asarray(t.data)  # straight from the mapped file
         kernels = self.backend.kernels
-        if kernels is not None and kind in kernel_types():
+        if kernels is not None and kind in DEQUANT:
             return kernels.dequantize(t.data, kind, (rows, cols))
         return self.xp.asarray(dequantize_tensor(t), dtype=self.xp.float16)  # F32 and rare types
 
@@ -179,12 +180,6 @@ class WeightLoader:
         out_norm = self.vector("output_norm.weight")
         head = self.matrix("output.weight") if "output.weight" in self.tensors else embd
         return Weights(embd, layers, out_norm, head)
-
-
-def kernel_types() -> tuple[str, ...]:
-    from engine.kernels import DEQUANT
-
-    return tuple(DEQUANT)
 
 
 def load_model(path: str, backend: Backend) -> tuple[ModelConfig, Weights, GGUFReader]:
