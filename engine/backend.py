@@ -19,20 +19,23 @@ KEY_TILE = 2048  # keys per attention tile on the CPU: scores never exceed (kv_h
 @dataclass
 class Step:
     """Where one forward's tokens sit: n tokens at positions start..start+n of one sequence. On the
-    GPU it also holds the device copies the kernels read (q_start, pos0, kv_off), so that a
-    captured decode graph reads each step's position from memory; max_keys bounds a decode
-    kernel's grid (a graph's context bucket)."""
+    GPU it also holds the device arrays the kernels read, so that a captured decode graph reads
+    each step's position from memory; max_keys bounds a decode kernel's grid (a graph's bucket)."""
 
     n: int
     start: int
-    device: tuple | None = None
+    q_start: object = None  # (sequences + 1,) int32: each sequence's first query row
+    pos0: object = None  # (sequences,) int32: each sequence's first position
+    kv_off: object = None  # (sequences,) int64: each sequence's offset into the KV cache
     max_keys: int | None = None
+
+    def set_position(self, pos: int) -> None:
+        """A graph's step: the position its next replay reads."""
+        self.pos0.set(np.array([pos], dtype=np.int32))
 
 
 class ArrayOps:
     """Weights are stored as GGUF has them, (out_features, in_features)."""
-
-    act_dtype = np.float32
 
     def __init__(self, xp: ModuleType):
         self.xp = xp
@@ -132,7 +135,6 @@ class HalfCupyOps(ArrayOps):
         super().__init__(cp)
         from engine.kernels import GpuKernels
 
-        self.act_dtype = cp.float16
         self.kernels = GpuKernels(cp)
 
     def step(self, n: int, start: int) -> Step:

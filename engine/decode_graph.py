@@ -53,7 +53,7 @@ class GraphDecoder:
             entry = self.captured.get(size)
             if entry is None:
                 return self.capture(size, pos)
-            entry.step.device[1].set(np.array([pos], dtype=np.int32))
+            entry.step.set_position(pos)
             entry.graph.launch(self.stream)
             logits = cp.asnumpy(entry.logits, stream=self.stream)
         self.stream.synchronize()
@@ -63,7 +63,7 @@ class GraphDecoder:
         """Run this step eagerly (its result is returned, and it fills the pool), then capture it."""
         cp = self.cp
         step = self.backend.kernels.static_step(1, size)
-        step.device[1].set(np.array([pos], dtype=np.int32))
+        step.set_position(pos)
         with cp.cuda.using_allocator(self.pool.malloc):
             logits = cp.asnumpy(self.model.forward_on_device(self.token, step, self.kv, True), stream=self.stream)
             self.stream.synchronize()

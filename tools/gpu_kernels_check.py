@@ -74,7 +74,7 @@ def check_attention(k: GpuKernels) -> None:
         step = k.step(n, start)
         if bucket:
             step = k.static_step(n, bucket)
-            step.device[1][...] = start
+            step.set_position(start)
         out = k.attention(cp.asarray(q), cp.asarray(kc), cp.asarray(vc), step)
         record("attention", f"d={d} gqa={heads // kv_heads} n={n} start={start}" + (f" grid for {bucket}" if bucket else ""),
                rel_err(out, ref), 5e-3)

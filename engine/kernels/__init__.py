@@ -40,20 +40,18 @@ def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
 class GpuKernels:
     def __init__(self, cp: ModuleType):
         self.cp = cp
-        module = lambda name, **kw: cp.RawModule(code=(KERNEL_DIR / name).read_text(), options=OPTIONS, **kw)  # noqa: E731
-        self.norm_rope = module("norm_rope.cu")
-        self.matvec_module = module("matvec.cu")
-        self.dequant_module = module("dequant.cu")
-        self.attention_module = module("attention.cu")
-        self.attention_kernels = {d: self.with_shared_memory(self.attention_module.get_function(f"flash_attention_d{d}"),
-                                                             attention_smem_bytes(d)) for d in HEAD_DIMS}
+        names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "silu_mul"),
+                 "matvec.cu": ("matvec_f16", "matvec_f16_h"),
+                 "dequant.cu": tuple(kernel for kernel, _ in DEQUANT.values()),
+                 "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS),
+                                  *(f"flash_decode_d{d}" for d in HEAD_DIMS), "flash_decode_combine")}
+        self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
+        for source, kernels in names.items():
+            module = cp.RawModule(code=(KERNEL_DIR / source).read_text(), options=OPTIONS)
+            self.fn |= {name: module.get_function(name) for name in kernels}
+        for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
+            self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
         self._step: Step | None = None
-
-    @staticmethod
-    def with_shared_memory(function, nbytes: int):
-        """Allow `function` more than the default 48 KiB of dynamic shared memory."""
-        function.max_dynamic_shared_size_bytes = nbytes  # a cupy RawKernel
-        return function
 
     # ------------------------------------------------------------ norm, RoPE, SwiGLU
 
@@ -63,7 +61,7 @@ class GpuKernels:
         n, dim = x.shape
         out = self.cp.empty((n, dim), dtype=self.cp.float16)
         has_delta = delta is not None
-        self.norm_rope.get_function("add_rms_norm")(
+        self.fn["add_rms_norm"](
             (n,), (THREADS,), (x, delta if has_delta else out, np.int32(has_delta), weight, out,
                                np.int32(dim), np.float32(eps)))
         return out
@@ -77,8 +75,8 @@ class GpuKernels:
         heads = qkv.shape[1] // d - 2 * kv_heads
         q = self.cp.empty((n, heads, d), dtype=self.cp.float16)
         total = n * (heads + 2 * kv_heads) * (d // 2)
-        self.norm_rope.get_function("rope_store")(
-            blocks(total), (THREADS,), (qkv, q, k_cache, v_cache, cos_table, sin_table, step.device[1], np.int32(n),
+        self.fn["rope_store"](
+            blocks(total), (THREADS,), (qkv, q, k_cache, v_cache, cos_table, sin_table, step.pos0, np.int32(n),
                                         np.int32(heads), np.int32(kv_heads), np.int32(d), np.int32(ctx)))
         return q
 
@@ -87,8 +85,7 @@ class GpuKernels:
         n, two_ffn = gate_up.shape
         out = self.cp.empty((n, two_ffn // 2), dtype=self.cp.float16)
         pairs = n * two_ffn // 4
-        self.norm_rope.get_function("silu_mul")(blocks(pairs), (THREADS,),
-                                                (gate_up, out, np.int32(two_ffn // 4), np.uint64(pairs)))
+        self.fn["silu_mul"](blocks(pairs), (THREADS,), (gate_up, out, np.int32(two_ffn // 4), np.uint64(pairs)))
         return out
 
     # ------------------------------------------------------------ attention
@@ -105,12 +102,11 @@ class GpuKernels:
         if n == 1:
             return self.decode_attention(q, k_cache, v_cache, step)
         out = cp.empty((n, heads, d), dtype=cp.float16)
-        q_start, pos0, kv_off = step.device
         rows = n * (heads // kv_heads)
         grid = (math.ceil(rows / ATTENTION_ROWS), kv_heads, 1)
-        self.attention_kernels[d](
-            grid, (128,), (q, k_cache, v_cache, out, q_start, pos0, kv_off, np.int32(heads), np.int32(kv_heads),
-                           np.int32(ctx), np.float32(math.log2(math.e) / math.sqrt(d))),
+        self.fn[f"flash_attention_d{d}"](
+            grid, (128,), (q, k_cache, v_cache, out, step.q_start, step.pos0, step.kv_off, np.int32(heads),
+                           np.int32(kv_heads), np.int32(ctx), np.float32(math.log2(math.e) / math.sqrt(d))),
             shared_mem=attention_smem_bytes(d))
         return out.reshape(n, heads * d)
 
@@ -122,18 +118,17 @@ class GpuKernels:
         kv_heads, ctx, _ = k_cache.shape
         if heads // kv_heads > MAX_GROUP:
             raise ValueError(f"{heads // kv_heads} query heads per K/V head (at most {MAX_GROUP} supported)")
-        _, pos0, kv_off = step.device
         splits = math.ceil((step.max_keys or step.start + 1) / DECODE_KEYS)
         partials = splits * DECODE_KEYS // DECODE_KEYS_PER_WARP
         part_o = cp.empty((heads, partials, d), dtype=cp.float32)
         part_ml = cp.empty((heads, partials, 2), dtype=cp.float32)
         out = cp.empty((1, heads, d), dtype=cp.float16)
-        self.attention_module.get_function(f"flash_decode_d{d}")(
-            (splits, kv_heads, 1), (128,), (q, k_cache, v_cache, part_o, part_ml, pos0, kv_off, np.int32(heads),
-                                            np.int32(kv_heads), np.int32(ctx),
+        self.fn[f"flash_decode_d{d}"](
+            (splits, kv_heads, 1), (128,), (q, k_cache, v_cache, part_o, part_ml, step.pos0, step.kv_off,
+                                            np.int32(heads), np.int32(kv_heads), np.int32(ctx),
                                             np.float32(math.log2(math.e) / math.sqrt(d))))
-        self.attention_module.get_function("flash_decode_combine")(
-            (heads, 1), (d, COMBINE_GROUPS), (part_o, part_ml, out, pos0, np.int32(heads), np.int32(partials),
+        self.fn["flash_decode_combine"](
+            (heads, 1), (d, COMBINE_GROUPS), (part_o, part_ml, out, step.pos0, np.int32(heads), np.int32(partials),
                                               np.int32(d)))
         return out.reshape(1, heads * d)
 
@@ -141,16 +136,18 @@ class GpuKernels:
         """The kernels' description of one sequence's n tokens at `start`; every layer of a
         forward reuses it (one small copy to the device per forward)."""
         if self._step is None or (self._step.n, self._step.start) != (n, start):
-            cp = self.cp
-            self._step = Step(n, start, (cp.asarray(np.array([0, n], dtype=np.int32)),
-                                         cp.asarray(np.array([start], dtype=np.int32)), cp.zeros(1, dtype=cp.int64)))
+            self._step = self.device_step(n, start)
         return self._step
 
     def static_step(self, n: int, max_keys: int) -> Step:
-        """A step whose device copies are updated in place (set_position) for graph replays."""
+        """A step whose position is set in place (Step.set_position) before each graph replay."""
+        return self.device_step(n, 0, max_keys)
+
+    def device_step(self, n: int, start: int, max_keys: int | None = None) -> Step:
         cp = self.cp
-        return Step(n, 0, (cp.asarray(np.array([0, n], dtype=np.int32)), cp.zeros(1, dtype=cp.int32),
-                           cp.zeros(1, dtype=cp.int64)), max_keys)
+        return Step(n, start, q_start=cp.asarray(np.array([0, n], dtype=np.int32)),
+                    pos0=cp.asarray(np.array([start], dtype=np.int32)), kv_off=cp.zeros(1, dtype=cp.int64),
+                    max_keys=max_keys)
 
     # ------------------------------------------------------------ single rows
 
@@ -159,8 +156,7 @@ class GpuKernels:
         m, k = w.shape
         y = self.cp.empty(m, dtype=dtype)
         kernel = "matvec_f16" if np.dtype(dtype) == np.float32 else "matvec_f16_h"
-        self.matvec_module.get_function(kernel)(blocks(m, 8), (256,), (w, self.cp.ascontiguousarray(x), y,
-                                                                       np.int32(m), np.int32(k)))
+        self.fn[kernel](blocks(m, 8), (256,), (w, self.cp.ascontiguousarray(x), y, np.int32(m), np.int32(k)))
         return y
 
     # ------------------------------------------------------------ load-time dequantization
@@ -172,5 +168,5 @@ class GpuKernels:
         src = self.cp.asarray(np.ascontiguousarray(raw))
         out = self.cp.empty(shape, dtype=self.cp.float16)
         n = shape[0] * shape[1] // per_thread
-        self.dequant_module.get_function(kernel)(blocks(n), (THREADS,), (src, out, np.int64(n)))
+        self.fn[kernel](blocks(n), (THREADS,), (src, out, np.int64(n)))
         return out
