@@ -39,8 +39,9 @@ class KVCache:
         return pos * self.row_bytes
 
     def snapshot(self, pos: int) -> KVSnapshot:
-        xp, (layers, heads, _, d) = self.backend.xp, self.k.shape
-        snap = KVSnapshot(pos, xp.empty((layers, heads, pos, d), self.k.dtype), xp.empty((layers, heads, pos, d), self.v.dtype))
+        layers, heads, _, d = self.k.shape
+        rows = lambda: self.backend.xp.empty((layers, heads, pos, d), self.k.dtype)  # noqa: E731
+        snap = KVSnapshot(pos, rows(), rows())
         self.backend.copy_rows(snap.k, self.k, pos)
         self.backend.copy_rows(snap.v, self.v, pos)
         return snap

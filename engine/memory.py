@@ -48,14 +48,15 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chun
         ctx = requested or cfg.default_ctx
         return MemoryPlan(ctx, ctx * row, snapshot_bytes if snapshot_bytes is not None else DEFAULT_SNAPSHOT_BYTES)
     weights = int(backend.xp.get_default_memory_pool().used_bytes())
-    room = free - scratch_bytes(cfg, chunk) - RESERVE_BYTES
+    scratch = scratch_bytes(cfg, chunk)
+    room = free - scratch - RESERVE_BYTES
     kv_room = room - snapshot_bytes if snapshot_bytes is not None else room // 2
     fits = max(0, kv_room // row) // CTX_ALIGN * CTX_ALIGN
     if requested is not None and requested > fits:
         raise ModelLoadError(
             f"--ctx {requested} does not fit: its KV cache needs {requested * row / 2**30:.1f} GiB, but with the "
             f"weights loaded ({weights / 2**30:.1f} GiB) {free / 2**30:.1f} GiB are free, of which "
-            f"{scratch_bytes(cfg, chunk) / 2**30:.1f} GiB go to prompt-chunk scratch, "
+            f"{scratch / 2**30:.1f} GiB go to prompt-chunk scratch, "
             f"{(room - kv_room) / 2**30:.1f} GiB to the park snapshot budget and {RESERVE_BYTES / 2**30:.1f} GiB "
             f"are kept in reserve; at most --ctx {fits} fits")
     ctx = requested or min(cfg.context_length, fits)

@@ -37,8 +37,7 @@ class ModelRunner:
         (page faults on the weights, BLAS/CuPy initialization, kernel compilation, the first
         decode graph's capture)."""
         self.model.forward(np.zeros(8, dtype=np.int64), 0, self.kv, want_logits=True)
-        warm = Sequence(None, (0,) * 8, 1, None, frozenset(), pos=8, generated=[0])
-        self.decode_one_token(warm)
+        self.decode_logits(0, 8)
         self.backend.synchronize()
 
     def read_prompt_chunk(self, seq: Sequence) -> None:
@@ -49,16 +48,18 @@ class ModelRunner:
         seq.pos = end  # and a host running chunks ahead would make a park wait for all of them
 
     def decode_one_token(self, seq: Sequence) -> None:
+        seq.logits = self.decode_logits(seq.generated[-1], seq.kv_len)
+
+    def decode_logits(self, token: int, pos: int) -> np.ndarray:
+        """Logits (vocab,) after `token` at position `pos`: a graph replay on the GPU, else eager."""
         if self.decoder is not None:
             try:
-                seq.logits = self.decoder.decode(seq.generated[-1], seq.kv_len)
-                return
+                return self.decoder.decode(token, pos)
             except Exception as e:  # a capture the driver refuses: decode eagerly from now on
                 print(f"strata: CUDA graph decode unavailable ({type(e).__name__}: {e}); decoding eagerly",
                       file=sys.stderr, flush=True)
                 self.decoder = None
-        token = np.asarray(seq.generated[-1:], dtype=np.int64)
-        seq.logits = self.model.forward(token, seq.kv_len, self.kv, want_logits=True)
+        return self.model.forward(np.asarray([token], dtype=np.int64), pos, self.kv, want_logits=True)
 
     def snapshot_nbytes(self, seq: Sequence) -> int:
         return self.kv.snapshot_nbytes(seq.pos)
