@@ -1,6 +1,7 @@
 """Small HTTP helpers for server tests."""
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -15,6 +16,17 @@ def chat(url: str, content: str = "Hello", **body) -> httpx.Response:
 def complete_tokens(url: str, n_prompt: int, max_tokens: int = 4, **body) -> httpx.Response:
     return httpx.post(f"{url}/v1/completions", json={"prompt": list(range(100, 100 + n_prompt)),
                                                       "max_tokens": max_tokens, **body}, timeout=120)
+
+
+def sse_chunks(url: str, path: str, body: dict, timeout: float = 120):
+    """The JSON chunks of a streamed response, as they arrive (keep-alives and [DONE] skipped);
+    an error event fails the test."""
+    with httpx.stream("POST", url + path, json=body | {"stream": True}, timeout=timeout) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                yield chunk
 
 
 def metrics(url: str) -> dict[str, float]:

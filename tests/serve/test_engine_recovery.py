@@ -1,6 +1,5 @@
 """Engine death loses no request (mock engine faults): reads run again, decodes continue from the
 tokens already sent, a stream shows each token once, and a poison request fails alone."""
-import json
 import os
 import signal
 import subprocess
@@ -9,7 +8,7 @@ import httpx
 import pytest
 
 from tests.harness import PY, ROOT, mock_engine_cmd
-from tests.serve.helpers import Background, metrics
+from tests.serve.helpers import Background, metrics, sse_chunks
 from tests.serve.test_scheduling import status, wait_for
 
 PROMPT = list(range(300, 300 + 700))  # 11 chunks of 64; the mock echoes it back
@@ -28,18 +27,12 @@ def complete(server, max_tokens: int = 12, prompt=PROMPT) -> httpx.Response:
 def stream(server, max_tokens: int = 12, prompt=PROMPT) -> tuple[list[str], dict]:
     """Every text piece the client saw, and the final chunk (finish reason, timings, usage)."""
     pieces, last, usage = [], {}, None
-    with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
-                      json={"prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                            "stream_options": {"include_usage": True}}) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            assert "error" not in chunk, chunk
-            usage = chunk.get("usage") or usage
-            for choice in chunk["choices"]:
-                pieces += [choice["text"]] if choice["text"] else []
-                last = chunk if choice["finish_reason"] else last
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream_options": {"include_usage": True}}
+    for chunk in sse_chunks(server.url, "/v1/completions", body, timeout=60):
+        usage = chunk.get("usage") or usage
+        for choice in chunk["choices"]:
+            pieces += [choice["text"]] if choice["text"] else []
+            last = chunk if choice["finish_reason"] else last
     return pieces, last | {"usage": usage}
 
 

@@ -1,6 +1,5 @@
 """The real engine killed with SIGKILL while a request reads, while it is parked, and while it
 decodes: every answer (greedy) equals the uninterrupted run's, a stream shows each piece once."""
-import json
 import os
 import signal
 
@@ -8,7 +7,7 @@ import httpx
 import pytest
 
 from tests.harness import ServerProcess
-from tests.serve.helpers import Background, metrics
+from tests.serve.helpers import Background, metrics, sse_chunks
 from tests.serve.test_scheduling import status, wait_for
 
 LONG = "The keeper climbed the stairs of the lighthouse at dusk and lit the lamp. " * 80  # ~1,300 tokens
@@ -68,17 +67,11 @@ def test_killed_while_one_read_is_parked_and_another_request_decodes(server):
 def test_killed_while_decoding_a_stream(server):
     whole = answer(ask(server, SHORT, 40))
     pieces = []
-    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=120, json={
-            "messages": [{"role": "user", "content": SHORT}], "max_tokens": 40, "temperature": 0,
-            "stream": True}) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            assert "error" not in chunk, chunk
-            pieces.append(chunk["choices"][0]["delta"].get("content") or "")
-            if len([p for p in pieces if p]) == 5:
-                kill_engine(server)  # five pieces shown: the rest comes from a new engine
-            if chunk["choices"][0]["finish_reason"]:
-                assert chunk["timings"]["engine_restarts"] == 1
+    body = {"messages": [{"role": "user", "content": SHORT}], "max_tokens": 40, "temperature": 0}
+    for chunk in sse_chunks(server.url, "/v1/chat/completions", body):
+        pieces.append(chunk["choices"][0]["delta"].get("content") or "")
+        if len([p for p in pieces if p]) == 5:
+            kill_engine(server)  # five pieces shown: the rest comes from a new engine
+        if chunk["choices"][0]["finish_reason"]:
+            assert chunk["timings"]["engine_restarts"] == 1
     assert "".join(pieces) == whole
