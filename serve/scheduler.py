@@ -27,8 +27,8 @@ log = logging.getLogger("strata.scheduler")
 
 
 class Scheduler:
-    def __init__(self, metrics: Metrics, preempt: bool, max_wait_s: float, max_retries: int = 2,
-                 eos_ids: frozenset[int] = frozenset()):
+    def __init__(self, metrics: Metrics, preempt: bool, max_wait_s: float, max_retries: int,
+                 eos_ids: frozenset[int]):
         self.metrics, self.preempt_wanted, self.max_wait_s = metrics, preempt, max_wait_s
         self.max_retries, self.eos_ids = max_retries, eos_ids
         self.engine: EngineClient | None = None
