@@ -1,8 +1,9 @@
-"""Engine throughput: load time, prefill tok/s at several prompt lengths, decode tok/s, peak GPU
-memory, and a profile of one prompt chunk at depth (time per operation family).
+"""Engine throughput: load time, prefill tok/s at several prompt lengths, decode tok/s, GPU memory
+against the file's size, a profile of one prompt chunk and of one decode step at depth (time per
+operation family), and a decode token's time broken down (graph replay, logits copy, sampling).
 
     python bench/engine_bench.py [--model PATH] [--device cpu|gpu|auto] [--chunk 512] [--repeats 3]
-        [--sizes 512,2048] [--profile-depth N] [--label NAME --json FILE]
+        [--sizes 512,2048] [--profile-depth N] [--weights quantized|fp16] [--label NAME --json FILE]
 
 Runs the engine's own forward pass in process (no server, no pipes), reading prompts in absolute
 chunks exactly as `strata --serve` does, and reports medians of repeats with the machine named.
@@ -29,6 +30,7 @@ from engine.gguf_model import load_model  # noqa: E402
 from engine.kv import KVCache  # noqa: E402
 from engine.model import LlamaModel  # noqa: E402
 from engine.model_path import resolve_model_path  # noqa: E402
+from engine.sampler import Sampler, SamplingParams  # noqa: E402
 
 
 def machine(device_name: str) -> str:
@@ -96,31 +98,76 @@ class TimedOps:
         return {k: round(v, 3) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
-def profile_chunk(model: LlamaModel, kv: KVCache, depth: int, chunk: int, backend: Backend) -> dict:
-    """One chunk read at `depth` (the prefix already cached), time per operation family (ms)."""
-    tokens = np.random.default_rng(1).integers(100, model.cfg.vocab_size - 100, depth + chunk)
+def profile_chunk(model: LlamaModel, kv: KVCache, depth: int, chunk: int, backend: Backend,
+                  n: int | None = None) -> dict:
+    """n tokens (default: one chunk; 1: an eager decode step) at `depth` (the prefix already
+    cached), time per operation family (ms)."""
+    n = n or chunk
+    tokens = np.random.default_rng(1).integers(100, model.cfg.vocab_size - 100, depth + n)
     model.prefill(tokens[:depth], kv, chunk) if depth else None
     model.ops = TimedOps(backend.ops, backend.xp)
     try:
         model.forward(tokens[depth:], depth, kv, want_logits=True)
-        return {"depth": depth, "chunk": chunk, "ms": model.ops.totals_ms()}
+        return {"depth": depth, "tokens": n, "ms": model.ops.totals_ms()}
     finally:
         model.ops = backend.ops
 
 
+def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, graphs: GraphDecoder) -> dict:
+    """Where a decode token's time goes (medians, ms): the graph replay on the GPU (events), the
+    logits to the host, and the host sampler on them (greedy, and a temperature/top-p draw)."""
+    cp = graphs.cp
+    tokens = np.random.default_rng(2).integers(100, model.cfg.vocab_size - 100, context + steps + 1)
+    model.forward(tokens[:context], 0, kv, want_logits=True)
+    graphs.decode(int(tokens[context]), context)  # captured before timing
+    entry = graphs.captured[graphs.bucket(context)]
+    greedy, sampled = Sampler(SamplingParams(), ()), Sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=1), ())
+    times: dict[str, list[float]] = {"replay": [], "logits_to_host": [], "sample_greedy": [], "sample_top_p": [],
+                                     "whole_step": []}
+    for i in range(steps):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        t0 = time.perf_counter()
+        with graphs.stream:
+            graphs.token.set(np.array([tokens[context + 1 + i]], dtype=np.int64))
+            entry.step.set_position(context + 1 + i)
+            a.record(graphs.stream)
+            entry.graph.launch(graphs.stream)
+            b.record(graphs.stream)
+            b.synchronize()
+            t1 = time.perf_counter()
+            logits = cp.asnumpy(entry.logits, stream=graphs.stream)
+        t2 = time.perf_counter()
+        greedy.sample(logits)
+        t3 = time.perf_counter()
+        sampled.sample(logits)
+        t4 = time.perf_counter()
+        times["replay"].append(cp.cuda.get_elapsed_time(a, b))
+        times["logits_to_host"].append((t2 - t1) * 1e3)
+        times["sample_greedy"].append((t3 - t2) * 1e3)
+        times["sample_top_p"].append((t4 - t3) * 1e3)
+        times["whole_step"].append((t3 - t0) * 1e3)
+    return {"context": context, "ms": {k: round(statistics.median(v), 3) for k, v in times.items()}}
+
+
 def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: int, sizes: list[int],
-        profile_depth: int | None = None, decode_contexts: tuple[int, ...] = (128,)) -> dict:
+        profile_depth: int | None = None, decode_contexts: tuple[int, ...] = (128,), weights_form: str = "quantized",
+        ) -> dict:
     backend = select_backend(device)
     started = time.perf_counter()
-    cfg, weights, _ = load_model(model_path, backend)
+    cfg, weights, reader = load_model(model_path, backend, keep_blocks=weights_form == "quantized")
     backend.synchronize()
     load_s = time.perf_counter() - started
+    file_mib = sum(int(t.n_bytes) for t in reader.tensors) / 2**20
+    weights_mib = backend.xp.get_default_memory_pool().used_bytes() / 2**20 if backend.name == "gpu" else None
     model = LlamaModel(cfg, weights, backend)
     kv = KVCache(cfg, max(sizes + [(profile_depth or 0) + chunk, *decode_contexts]) + decode_steps + 1, backend)
     prefill_tok_s(model, kv, min(chunk, 256), chunk, backend)  # warm-up
     result = {"machine": machine(backend.device_name), "model": Path(model_path).name,
               "shape": f"{cfg.n_layers} layers, dim {cfg.dim}, ffn {cfg.ffn_dim}, heads {cfg.n_heads}/{cfg.n_kv_heads}",
-              "chunk": chunk, "repeats": repeats, "load_s": round(load_s, 2)}
+              "chunk": chunk, "repeats": repeats, "load_s": round(load_s, 2), "weights": weights_form,
+              "file_tensor_mib": round(file_mib)}
+    if weights_mib is not None:
+        result |= {"gpu_weights_mib": round(weights_mib), "gpu_weights_over_file": round(weights_mib / file_mib, 3)}
     for n in sizes:
         runs = [prefill_tok_s(model, kv, n, chunk, backend) for _ in range(repeats)]
         result[f"prefill_{n}_tok_s"] = round(statistics.median(runs), 1)
@@ -132,8 +179,10 @@ def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: in
         for context in decode_contexts:
             runs = [decode_tok_s(model, kv, context, decode_steps, backend, graphs) for _ in range(repeats)]
             result["decode_tok_s" if context == 128 else f"decode_at_{context}_tok_s"] = round(statistics.median(runs), 1)
+        result["decode_breakdown"] = decode_breakdown(model, kv, decode_contexts[0], decode_steps, graphs)
     if profile_depth is not None and backend.name == "gpu":
         result["profile"] = profile_chunk(model, kv, profile_depth, chunk, backend)
+        result["profile_decode"] = profile_chunk(model, kv, profile_depth, chunk, backend, n=1)
     if backend.name == "gpu":
         result["peak_gpu_mib"] = round(backend.xp.get_default_memory_pool().total_bytes() / 2**20)
     return result
@@ -149,12 +198,14 @@ def main() -> None:
     p.add_argument("--sizes", default="512,2048")
     p.add_argument("--profile-depth", type=int, help="GPU: profile one chunk read at this depth")
     p.add_argument("--decode-contexts", default="128", help="GPU: decode (graphs) after prompts of these lengths")
+    p.add_argument("--weights", choices=("quantized", "fp16"), default="quantized",
+                   help="GPU: keep quantized weights in their blocks, or expand them at load")
     p.add_argument("--json", help="also write the result here")
     p.add_argument("--label", help="merge the result into --json under this label")
     a = p.parse_args()
     result = run(str(resolve_model_path(a.model)), a.device, a.chunk, a.repeats, a.decode_steps,
                  [int(s) for s in a.sizes.split(",")], a.profile_depth,
-                 tuple(int(c) for c in a.decode_contexts.split(",")))
+                 tuple(int(c) for c in a.decode_contexts.split(",")), a.weights)
     print(json.dumps(result, indent=1))
     if a.json and a.label:
         path = Path(a.json)

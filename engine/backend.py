@@ -13,6 +13,8 @@ from types import ModuleType
 
 import numpy as np
 
+from engine.quantized import QuantMatrix
+
 KEY_TILE = 2048  # keys per attention tile on the CPU: scores never exceed (kv_heads, group*n, KEY_TILE)
 
 
@@ -129,7 +131,9 @@ class ArrayOps:
 
 class HalfCupyOps(ArrayOps):
     """The same operations on the GPU in half precision, each one kernel (engine/kernels/):
-    cuBLAS GEMMs on the fp16 weights as stored, fused norm/RoPE/SwiGLU, flash attention."""
+    cuBLAS GEMMs on the fp16 weights as stored, fused norm/RoPE/SwiGLU, flash attention. A weight
+    may be a QuantMatrix (engine/quantized.py): single rows read its blocks directly, a prompt
+    chunk's GEMM reads it expanded to fp16 in a scratch buffer."""
 
     def __init__(self, cp: ModuleType):
         super().__init__(cp)
@@ -140,10 +144,17 @@ class HalfCupyOps(ArrayOps):
     def step(self, n: int, start: int) -> Step:
         return self.kernels.step(n, start)
 
+    def embed(self, table, tokens):
+        if isinstance(table, QuantMatrix):
+            return self.kernels.embed(table, tokens)
+        return super().embed(table, tokens)
+
     def matmul(self, x, w):
         """One row (a decode step) by the matvec kernel: memory-bound, and capturable in a graph."""
         if x.shape[0] == 1:
             return self.kernels.matvec(w, x[0], self.xp.float16)[None]
+        if isinstance(w, QuantMatrix):
+            w = self.kernels.expand(w)
         return x @ w.T
 
     def add_rms_norm(self, x, delta, weight, eps: float):

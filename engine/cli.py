@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from engine.prefill import ParkPolicy
 
 DEFAULT_CHUNK = 256
+WEIGHT_FORMS = ("quantized", "fp16")
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class EngineConfig:
     policy: ParkPolicy
     snapshot_budget_given: bool = False  # else the engine sizes it with the KV cache (engine/memory.py)
     cuda_graphs: bool = True  # GPU decode steps as graph replays (engine/decode_graph.py)
+    weights: str = "quantized"  # GPU: quantized tensors stay in their blocks; "fp16" expands them at load
 
     def __post_init__(self):
         if self.chunk < 1:
@@ -38,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prompt tokens per prefill chunk")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--no-cuda-graphs", action="store_true", help="GPU: decode with eager launches (debugging)")
+    p.add_argument("--weights", choices=WEIGHT_FORMS, default="quantized",
+                   help="GPU: keep quantized tensors in their GGUF blocks (default; about the file's size in "
+                        "memory) or expand them to fp16 at load (up to 4x larger; the CPU always expands)")
     p.add_argument("--max-tokens", type=int, default=512, help="terminal mode: tokens to generate")
     p.add_argument("--temperature", type=float, default=0.0, help="terminal mode: 0 = greedy")
     p.add_argument("--seed", type=int, help="terminal mode: sampling seed")
@@ -66,7 +71,7 @@ def policy_from_args(a: argparse.Namespace) -> ParkPolicy:
 def config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(a.model, a.ctx, a.chunk, a.device, policy_from_args(a),
                         snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None,
-                        cuda_graphs=not a.no_cuda_graphs)
+                        cuda_graphs=not a.no_cuda_graphs, weights=a.weights)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from gguf.quants import dequantize
 
 from engine.backend import Backend
 from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
+from engine.quantized import BLOCKS, HostRows, stack_rows
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 MAX_DEFAULT_CTX = 8192  # without --ctx, the model's trained context, capped here (KV memory)
@@ -53,7 +54,8 @@ class ModelConfig:
 
 @dataclass
 class LayerWeights:
-    """Weights as GGUF stores them, (out_features, in_features): float32 on the CPU, fp16 on the GPU."""
+    """Weights as GGUF stores them, (out_features, in_features): float32 on the CPU; on the GPU fp16,
+    or a QuantMatrix of the file's blocks (engine/quantized.py) for a quantized tensor."""
 
     attn_norm: object  # (dim,) float32
     wqkv: object  # (dim + 2*kv_dim, dim): q and k rows de-interleaved for half-split RoPE
@@ -113,18 +115,21 @@ def deinterleave_heads(w, n_heads: int):
 
 
 class WeightLoader:
-    """Weights from the memory-mapped file to the backend. On the GPU, F16 tensors are copied as
-    they are and quantized (or BF16) ones go over as their raw blocks and are expanded to fp16 by
-    a kernel: no float32 host copy of the model is made."""
+    """Weights from the memory-mapped file to the backend. On the GPU, quantized tensors stay in their
+    blocks (QuantMatrix; `keep_blocks`) or are expanded to fp16 by a kernel (--weights fp16), F16
+    tensors are copied as they are, BF16 ones expanded on the device: only the file's bytes cross
+    the bus, and no float32 host copy of the model is made."""
 
     REPORT_EVERY_S = 2.0
 
-    def __init__(self, reader: GGUFReader, cfg: ModelConfig, backend: Backend):
+    def __init__(self, reader: GGUFReader, cfg: ModelConfig, backend: Backend, keep_blocks: bool = True):
         self.tensors = {t.name: t for t in reader.tensors}
         self.cfg, self.backend, self.xp = cfg, backend, backend.xp
+        self.keep_blocks = keep_blocks and backend.name == "gpu"
         self.total_bytes = sum(int(t.n_bytes) for t in reader.tensors)
         self.done_bytes, self.started = 0, time.monotonic()
         self.reported = self.started
+        self.largest_quantized = 0  # values of the largest QuantMatrix: the prompt GEMMs' scratch
 
     def tensor(self, name: str):
         if name not in self.tensors:
@@ -139,24 +144,49 @@ class WeightLoader:
             print(f"strata: loading weights {self.done_bytes / 2**30:.2f}/{self.total_bytes / 2**30:.2f} GiB "
                   f"({now - self.started:.1f}s)", file=sys.stderr, flush=True)
 
+    def matrices(self, names: list[str], heads: list[int | None]):
+        """Tensors stacked by rows, (sum of out, in) in the backend's weight form; heads[i]: Q/K
+        rows to de-interleave for RoPE (None for others)."""
+        ts = [self.tensor(n) for n in names]
+        if self.keep_blocks and any(t.tensor_type.name in BLOCKS for t in ts):
+            pieces = [self.host_rows(t, h) for t, h in zip(ts, heads)]
+            m = stack_rows(pieces, self.xp.asarray)
+            self.largest_quantized = max(self.largest_quantized, m.rows * m.cols)
+        else:
+            parts = [self.dense(t, h) for t, h in zip(ts, heads)]
+            m = parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
+        for t in ts:
+            self.progress(t)
+        return m
+
     def matrix(self, name: str):
-        """(out, in) in the backend's weight dtype."""
-        t = self.tensor(name)
-        w = self.host_matrix(t) if self.backend.name == "cpu" else self.device_matrix(t)
-        self.progress(t)
-        return w
+        return self.matrices([name], [None])
 
-    def host_matrix(self, t):
-        return dequantize_tensor(t)
-
-    def device_matrix(self, t):
-        kind, (cols, rows) = t.tensor_type.name, (int(t.shape[0]), int(t.shape[1]))
+    def host_rows(self, t, heads: int | None) -> HostRows:
+        """A tensor's rows as stored (blocks, or fp16 values), Q/K rows reordered: rows of blocks
+        permute like rows of values."""
+        kind, cols = t.tensor_type.name, int(t.shape[0])
+        if kind in BLOCKS or kind == "F16":
+            data = np.asarray(t.data)
+        else:  # F32, BF16, rare types among quantized ones
+            data, kind = dequantize_tensor(t).astype(np.float16), "F16"
         if kind == "F16":
-            return self.xp.asarray(t.data)  # straight from the mapped file
-        kernels = self.backend.kernels
-        if kernels is not None and kind in DEQUANT:
-            return kernels.dequantize(t.data, kind, (rows, cols))
-        return self.xp.asarray(dequantize_tensor(t), dtype=self.xp.float16)  # F32 and rare types
+            data = data.reshape(-1, cols)
+        return HostRows(kind, deinterleave_heads(data, heads) if heads else data, cols)
+
+    def dense(self, t, heads: int | None):
+        """(out, in) float32 on the CPU, fp16 on the GPU."""
+        if self.backend.name == "cpu":
+            w = dequantize_tensor(t)
+        else:
+            kind, (cols, rows) = t.tensor_type.name, (int(t.shape[0]), int(t.shape[1]))
+            if kind == "F16":
+                w = self.xp.asarray(t.data)  # straight from the mapped file
+            elif kind in DEQUANT:
+                w = self.backend.kernels.dequantize(t.data, kind, (rows, cols))
+            else:
+                w = self.xp.asarray(dequantize_tensor(t), dtype=self.xp.float16)  # F32 and rare types
+        return deinterleave_heads(w, heads) if heads else w
 
     def vector(self, name: str):
         t = self.tensor(name)
@@ -164,12 +194,10 @@ class WeightLoader:
         return self.xp.asarray(np.asarray(t.data, dtype=np.float32))
 
     def layer(self, i: int) -> LayerWeights:
-        c, p, xp = self.cfg, f"blk.{i}.", self.xp
-        q = deinterleave_heads(self.matrix(p + "attn_q.weight"), c.n_heads)
-        k = deinterleave_heads(self.matrix(p + "attn_k.weight"), c.n_kv_heads)
-        wqkv = xp.concatenate([q, k, self.matrix(p + "attn_v.weight")])
-        del q, k
-        w_gate_up = xp.concatenate([self.matrix(p + "ffn_gate.weight"), self.matrix(p + "ffn_up.weight")])
+        c, p = self.cfg, f"blk.{i}."
+        wqkv = self.matrices([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+                             [c.n_heads, c.n_kv_heads, None])
+        w_gate_up = self.matrices([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
         return LayerWeights(attn_norm=self.vector(p + "attn_norm.weight"), wqkv=wqkv,
                             wo=self.matrix(p + "attn_output.weight"), ffn_norm=self.vector(p + "ffn_norm.weight"),
                             w_gate_up=w_gate_up, w_down=self.matrix(p + "ffn_down.weight"))
@@ -179,10 +207,13 @@ class WeightLoader:
         layers = [self.layer(i) for i in range(self.cfg.n_layers)]
         out_norm = self.vector("output_norm.weight")
         head = self.matrix("output.weight") if "output.weight" in self.tensors else embd
+        if self.largest_quantized:
+            self.backend.kernels.reserve_scratch(self.largest_quantized)
         return Weights(embd, layers, out_norm, head)
 
 
-def load_model(path: str, backend: Backend) -> tuple[ModelConfig, Weights, GGUFReader]:
+def load_model(path: str, backend: Backend, keep_blocks: bool = True) -> tuple[ModelConfig, Weights, GGUFReader]:
+    """keep_blocks: on the GPU, quantized weights stay in their GGUF blocks (else fp16)."""
     reader = GGUFReader(path, "r")
     cfg = read_config(reader)
-    return cfg, WeightLoader(reader, cfg, backend).load(), reader
+    return cfg, WeightLoader(reader, cfg, backend, keep_blocks).load(), reader

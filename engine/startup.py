@@ -27,12 +27,13 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     backend = select_backend(config.device)
     log(f"loading {path} on {backend.device_name}")
     started = time.monotonic()
-    cfg, weights, reader = load_model(str(path), backend)
+    cfg, weights, reader = load_model(str(path), backend, keep_blocks=config.weights == "quantized")
     tokenizer = GGUFTokenizer(reader)
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
                         config.policy.budget_bytes if config.snapshot_budget_given else None)
     runner = ModelRunner(cfg, weights, backend, plan.ctx, config.chunk,
-                         frozenset({tokenizer.special.eos}), str(path), plan.info(), config.cuda_graphs)
+                         frozenset({tokenizer.special.eos}), str(path), plan.info() | {"weights": config.weights},
+                         config.cuda_graphs)
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     runner.warm_up()
     log(f"loaded {cfg.name} ({cfg.n_layers} layers, ctx {plan.ctx}, KV cache {plan.kv_bytes / 2**30:.2f} GiB, "

@@ -9,6 +9,7 @@ import sys
 
 import uvicorn
 
+from engine.cli import WEIGHT_FORMS
 from engine.model_path import ModelNotFound, resolve_model_path
 from serve.config import PreemptSettings, ServerSettings, split_command
 
@@ -24,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, help="context length (default: the model's, capped at 8192)")
     p.add_argument("--chunk", type=int, help="prompt tokens per prefill chunk (default engine only)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--weights", choices=WEIGHT_FORMS,
+                   help="GPU: keep quantized weights in their blocks (default) or expand them to fp16 at load")
     p.add_argument("--keepalive-s", type=float, default=5.0, help="SSE comment interval while a stream waits")
     p.add_argument("--handshake-timeout-s", type=float, default=300.0, help="engine start-up limit")
     p.add_argument("--max-restarts", type=int, default=3, help="engine start attempts after a failure")
@@ -50,7 +53,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
     return ServerSettings(
         model_path=resolve_model_path(a.model), host=a.host, port=a.port,
         engine_cmd=split_command(a.engine_cmd) if a.engine_cmd is not None else (), api_key=a.api_key,
-        ctx=a.ctx, chunk=a.chunk, device=a.device, preempt=preempt, keepalive_s=a.keepalive_s,
+        ctx=a.ctx, chunk=a.chunk, device=a.device, weights=a.weights, preempt=preempt, keepalive_s=a.keepalive_s,
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts,
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s)
 

@@ -33,6 +33,7 @@ class ServerSettings:
     ctx: int | None = None
     chunk: int | None = None
     device: str = "auto"
+    weights: str | None = None  # forwarded to the default engine: quantized | fp16
     preempt: PreemptSettings = field(default_factory=PreemptSettings)
     keepalive_s: float = 5.0
     handshake_timeout_s: float = 300.0
@@ -63,6 +64,7 @@ class ServerSettings:
         cmd = [sys.executable, "-m", "engine", "--serve", "--model", str(self.model_path), "--device", self.device]
         cmd += ["--ctx", str(self.ctx)] if self.ctx else []
         cmd += ["--chunk", str(self.chunk)] if self.chunk else []
+        cmd += ["--weights", self.weights] if self.weights else []
         return cmd + self.preempt.engine_args()
 
 

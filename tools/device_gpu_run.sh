@@ -4,9 +4,13 @@
 #
 #   bash tools/device_gpu_run.sh kernels synth bench parity hol real
 #
-# kernels  tools/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention TFLOP/s
+# kernels  tools/gpu_kernels_check.py: every kernel against NumPy, GEMM, attention and matvec speed
 # synth    synthetic GGUFs in /tmp/m: the Llama-3-8B shape (F16) and the SmolLM2-135M shape (Q4_1)
-# bench    bench/engine_bench.py on both shapes -> $OUT/engine_gpu.json (load, prefill, profile)
+# bench    bench/engine_bench.py on both shapes -> $OUT/engine_gpu.json (load, prefill, decode, profile)
+# synthq   the Llama-3-8B shape in Q4_K_M (Q4_K, with Q6_K for attn_v, ffn_down and the head)
+# benchq   bench/engine_bench.py on it, quantized weights and --weights fp16 -> $OUT/engine_gpu.json
+# big      the Llama-3-70B shape in Q4_K_M (~45 GB, made in /tmp/m after the others are removed):
+#          load on one H200 and decode -> $OUT/engine_gpu.json
 # parity   tools/prefill_preempt_test.py --device gpu on the 8B shape
 # hol      tools/prefill_preempt_bench.py on the 8B shape, A = 46,832 tokens, B 2 s in
 # real     the real default model: tools/gpu_check.py and parity. The model (94 MiB) is larger than
@@ -24,6 +28,8 @@ fi
 mkdir -p /tmp/m /tmp/sm
 M8=/tmp/m/llama3-8b-f16.gguf
 MS=/tmp/m/smollm2-135m-q4_1.gguf
+MQ=/tmp/m/llama3-8b-q4_k_m.gguf
+M70=/tmp/m/llama3-70b-q4_k_m.gguf
 quiet() { grep --line-buffered -v "loading weights" || true; }
 
 for step in "$@"; do
@@ -38,11 +44,24 @@ for step in "$@"; do
       [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1 ;;
     bench)
       python3 bench/engine_bench.py --model $MS --device gpu --chunk 2048 --sizes 2048,8192 --repeats 5 \
-        --decode-steps 64 --decode-contexts 128,4096 --profile-depth 6144 --label smollm2-135m-shape-q4_1 \
+        --decode-steps 64 --decode-contexts 512,4096 --profile-depth 6144 --label smollm2-135m-shape-q4_1 \
         --json "$OUT/engine_gpu.json" 2>&1 | quiet
       python3 bench/engine_bench.py --model $M8 --device gpu --chunk 2048 --sizes 4096,16384,65536 --repeats 3 \
-        --decode-steps 64 --decode-contexts 128,4096,46832 --profile-depth 14336 --label llama3-8b-shape-f16 \
+        --decode-steps 64 --decode-contexts 512,16384,46832 --profile-depth 14336 --label llama3-8b-shape-f16 \
         --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
+    synthq)
+      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1 ;;
+    benchq)
+      for form in quantized fp16; do
+        python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
+          --decode-steps 64 --decode-contexts 512,16384 --profile-depth 14336 --weights $form \
+          --label llama3-8b-shape-q4_k_m-$form --json "$OUT/engine_gpu.json" 2>&1 | quiet
+      done ;;
+    big)
+      rm -f $M8 $MQ
+      [ -f $M70 ] || python3 tools/make_synthetic_gguf.py $M70 --preset llama3-70b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 bench/engine_bench.py --model $M70 --device gpu --chunk 2048 --sizes 4096 --repeats 2 \
+        --decode-steps 32 --decode-contexts 512 --label llama3-70b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
     parity)
       python3 tools/prefill_preempt_test.py --model $M8 --device gpu --chunk 256 --prompt-tokens 3000 \
         --json "$OUT/preempt_parity_gpu_8b.json" 2>&1 | quiet ;;

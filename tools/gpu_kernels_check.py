@@ -30,6 +30,7 @@ from gguf.quants import dequantize  # noqa: E402
 
 from engine.backend import ArrayOps, Step  # noqa: E402
 from engine.kernels import DEQUANT, GpuKernels  # noqa: E402
+from engine.quantized import BLOCKS, QuantMatrix, QuantPart  # noqa: E402
 from make_synthetic_gguf import random_blocks, random_half  # noqa: E402
 
 REF = ArrayOps(np)
@@ -107,24 +108,50 @@ def check_norm_rope_swiglu(k: GpuKernels) -> None:
     for n, ffn in [(1, 1536), (33, 14336), (4, 6)]:
         gu = half_normal(n, 2 * ffn, scale=2.0)
         record("silu_mul", f"n={n} ffn={ffn}", rel_err(k.silu_mul(cp.asarray(gu)), REF.silu_mul(gu.astype(np.float32))), 2e-3)
-    for m, kdim in [(49152, 576), (1000, 4096), (7, 8)]:
-        w, x = half_normal(m, kdim, scale=0.05), half_normal(kdim)
+
+
+def weight_rows(kind: str, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random tensor of one GGUF type: (its bytes (rows, row_bytes) or fp16 values, float32 reference)."""
+    if kind == "F16":
+        raw = half_normal(rows, cols, scale=0.02)
+        return raw, raw.astype(np.float32)
+    if kind == "BF16":
+        raw = random_half(rng, rows, cols, bf16=True).view(np.uint8)
+    else:
+        raw = random_blocks(rng, Q[kind], rows, cols, 0.02)
+    return raw, dequantize(raw, Q[kind]).astype(np.float32)
+
+
+def check_weights(k: GpuKernels) -> None:
+    """Each GGUF type: load-time expansion, the embedding gather, and the matvec that reads the
+    blocks directly (fp32 and fp16 outputs), over odd row counts and the widths models have."""
+    for kind in DEQUANT:
+        for rows, cols in [(37, 512), (3, 4096), (131, 768), (1, 14336)] + ([(5, 576), (9, 96)] if kind in (
+                "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16") else []):
+            raw, ref = weight_rows(kind, rows, cols)
+            record("dequant", f"{kind} {rows}x{cols}", rel_err(k.dequantize(raw, kind, (rows, cols)), ref), 1e-3)
+            if kind == "BF16":
+                continue
+            m = QuantMatrix((QuantPart(kind, cp.asarray(raw), rows),), cols)
+            x = half_normal(cols)
+            want = ref @ x.astype(np.float32)
+            record("matvec", f"{kind} {rows}x{cols}", rel_err(k.matvec(m, cp.asarray(x)), want), 1e-3)
+            record("matvec", f"{kind} {rows}x{cols} fp16 out", rel_err(k.matvec(m, cp.asarray(x), np.float16), want), 2e-3)
+            ids = rng.integers(0, rows, 9)
+            record("embed", f"{kind} {rows}x{cols} 9 rows", rel_err(k.embed(m, cp.asarray(ids)), ref[ids]), 1e-3)
+    # a stacked matrix of three kinds (Q4_K_M's QKV with an F16 fallback part): expand and matvec
+    pieces = [weight_rows(kind, rows, 1024) for kind, rows in (("Q4_K", 48), ("Q6_K", 17), ("F16", 5))]
+    m = QuantMatrix(tuple(QuantPart(kind, cp.asarray(raw), len(ref)) for (raw, ref), kind in
+                          zip(pieces, ("Q4_K", "Q6_K", "F16"))), 1024)
+    ref = np.concatenate([r for _, r in pieces])
+    k.reserve_scratch(ref.size)
+    x = half_normal(1024)
+    record("expand", "Q4_K+Q6_K+F16 70x1024", rel_err(k.expand(m), ref), 1e-3)
+    record("matvec", "Q4_K+Q6_K+F16 70x1024", rel_err(k.matvec(m, cp.asarray(x)), ref @ x.astype(np.float32)), 1e-3)
+    for rows, cols in [(49152, 576), (1000, 4096), (7, 32)]:  # plain fp16 weights (F16 files, the head)
+        w, x = half_normal(rows, cols, scale=0.05), half_normal(cols)
         ref = w.astype(np.float32) @ x.astype(np.float32)
-        record("matvec", f"m={m} k={kdim}", rel_err(k.matvec(cp.asarray(w), cp.asarray(x)), ref), 1e-3)
-        record("matvec", f"m={m} k={kdim} fp16 out", rel_err(k.matvec(cp.asarray(w), cp.asarray(x), np.float16), ref), 2e-3)
-
-
-def check_dequant(k: GpuKernels) -> None:
-    for name in DEQUANT:
-        qtype = Q[name]
-        for rows, cols in [(37, 512), (3, 4096)]:
-            if name == "BF16":
-                raw = random_half(rng, rows, cols, bf16=True).view(np.uint8)
-            else:
-                raw = random_blocks(rng, qtype, rows, cols, 0.02)
-            ref = dequantize(raw, qtype).astype(np.float32)
-            out = k.dequantize(raw, name, (rows, cols))
-            record("dequant", f"{name} {rows}x{cols}", rel_err(out, ref), 1e-3)
+        record("matvec", f"fp16 array {rows}x{cols}", rel_err(k.matvec(cp.asarray(w), cp.asarray(x)), ref), 1e-3)
 
 
 # ---------------------------------------------------------------- speed
@@ -164,6 +191,18 @@ def speed(k: GpuKernels) -> dict:
         ms = median_ms(lambda: k.attention(q, kc, vc, step))
         out[f"decode_attention_depth{depth}_us"] = round(ms * 1000, 1)
         out[f"decode_attention_depth{depth}_tb_s"] = round(2 * kv_heads * (depth + 1) * d * 2 / ms / 1e9, 2)
+    for kind in ("F16", "Q8_0", "Q4_K", "Q6_K", "Q4_0"):  # decode matvecs: bound by reading the weights once
+        for rows, cols in [(6144, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
+            raw, _ = weight_rows(kind, rows, cols) if rows * cols <= 6144 * 4096 else (None, None)
+            if raw is None:  # big shapes: random bytes of the right size (speed only)
+                width = cols * 2 if kind == "F16" else cols // BLOCKS[kind][0] * BLOCKS[kind][1]
+                raw = cp.random.randint(0, 255, (rows, width), dtype=cp.uint8)
+                raw = raw.view(cp.float16) if kind == "F16" else raw
+            m = QuantMatrix((QuantPart(kind, cp.asarray(raw), rows),), cols)
+            x = cp.asarray(half_normal(cols, scale=0.1))
+            ms = median_ms(lambda: k.matvec(m, x, np.float16), 20)
+            out[f"matvec_{kind}_{rows}x{cols}_us"] = round(ms * 1000, 1)
+            out[f"matvec_{kind}_{rows}x{cols}_tb_s"] = round(m.nbytes / ms / 1e9, 2)
     for key, value in out.items():
         print(f"{key:40s} {value}", flush=True)
     return out
@@ -177,7 +216,7 @@ def main() -> int:
     k = GpuKernels(cp)
     check_attention(k)
     check_norm_rope_swiglu(k)
-    check_dequant(k)
+    check_weights(k)
     report = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "checks": results,
               "all_ok": all(r["ok"] for r in results)}
     if not a.no_speed:

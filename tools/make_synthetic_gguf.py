@@ -26,6 +26,8 @@ from engine.model_path import default_model_path  # noqa: E402
 PRESETS = {  # layers, dim, ffn, heads, kv_heads, context, rope base, vocab (None = the tokenizer's)
     "llama3-8b": dict(layers=32, dim=4096, ffn=14336, heads=32, kv_heads=8, ctx=131072, rope_base=500000.0,
                       vocab=128256),
+    "llama3-70b": dict(layers=80, dim=8192, ffn=28672, heads=64, kv_heads=8, ctx=131072, rope_base=500000.0,
+                       vocab=128256),
     "smollm2-135m": dict(layers=30, dim=576, ffn=1536, heads=9, kv_heads=3, ctx=8192, rope_base=100000.0,
                          vocab=None),
     "tiny": dict(layers=2, dim=256, ffn=512, heads=4, kv_heads=2, ctx=4096, rope_base=10000.0, vocab=None),

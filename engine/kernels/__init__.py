@@ -11,6 +11,7 @@ from types import ModuleType
 import numpy as np
 
 from engine.backend import Step
+from engine.quantized import BLOCKS, UNIT, QuantMatrix
 
 KERNEL_DIR = Path(__file__).resolve().parent
 OPTIONS = ("-std=c++17", "--use_fast_math")
@@ -22,10 +23,9 @@ MAX_GROUP = 8  # query heads per K/V head the decoding kernel holds
 COMBINE_GROUPS = 8  # thread rows of the partials' merge: COMBINE_GROUPS in attention.cu
 HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
 
-# GGUF type -> (kernel, values per thread): one thread expands 32 values (1 for BF16)
-DEQUANT = {"Q4_0": ("dequant_q4_0", 32), "Q4_1": ("dequant_q4_1", 32), "Q5_0": ("dequant_q5_0", 32),
-           "Q5_1": ("dequant_q5_1", 32), "Q8_0": ("dequant_q8_0", 32), "Q4_K": ("dequant_q4_k", 32),
-           "Q5_K": ("dequant_q5_k", 32), "Q6_K": ("dequant_q6_k", 32), "BF16": ("dequant_bf16", 1)}
+WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_, embed_ and matvec_ kernels in quant.cu
+DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
+MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
 
 
 def attention_smem_bytes(d: int) -> int:
@@ -41,8 +41,9 @@ class GpuKernels:
     def __init__(self, cp: ModuleType):
         self.cp = cp
         names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "silu_mul"),
-                 "matvec.cu": ("matvec_f16", "matvec_f16_h"),
-                 "dequant.cu": tuple(kernel for kernel, _ in DEQUANT.values()),
+                 "quant.cu": ("dequant_BF16", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
+                                                for family, suffix in (("dequant", ""), ("embed", ""),
+                                                                       ("matvec", ""), ("matvec", "_f32")))),
                  "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS),
                                   *(f"flash_decode_d{d}" for d in HEAD_DIMS), "flash_decode_combine")}
         self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
@@ -52,6 +53,7 @@ class GpuKernels:
         for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
             self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
         self._step: Step | None = None
+        self.scratch = None  # fp16 values of the largest quantized matrix: a prompt chunk's GEMM operand
 
     # ------------------------------------------------------------ norm, RoPE, SwiGLU
 
@@ -149,24 +151,63 @@ class GpuKernels:
                     pos0=cp.asarray(np.array([start], dtype=np.int32)), kv_off=cp.zeros(1, dtype=cp.int64),
                     max_keys=max_keys)
 
-    # ------------------------------------------------------------ single rows
+    # ------------------------------------------------------------ weights: rows, blocks
 
     def matvec(self, w, x, dtype=np.float32):
-        """w: (m, k) fp16, x: (k,) fp16 -> (m,) in dtype (float32 or float16), fp32 accumulation."""
-        m, k = w.shape
-        y = self.cp.empty(m, dtype=dtype)
-        kernel = "matvec_f16" if np.dtype(dtype) == np.float32 else "matvec_f16_h"
-        self.fn[kernel](blocks(m, 8), (256,), (w, self.cp.ascontiguousarray(x), y, np.int32(m), np.int32(k)))
+        """w: (m, k) fp16 or a QuantMatrix (its blocks read directly), x: (k,) fp16 -> (m,) in
+        dtype (float32 or float16), fp32 accumulation."""
+        x = self.cp.ascontiguousarray(x)
+        suffix = "_f32" if np.dtype(dtype) == np.float32 else ""
+        y = self.cp.empty(w.shape[0], dtype=dtype)
+        row = 0
+        for kind, data, rows in self.parts(w):
+            self.fn[f"matvec_{kind}{suffix}"](blocks(rows, MATVEC_ROWS), (MATVEC_THREADS,),
+                                               (data, x, y[row:], np.int32(rows), np.int32(w.shape[1])))
+            row += rows
         return y
+
+    @staticmethod
+    def parts(w):
+        if isinstance(w, QuantMatrix):
+            return [(p.kind, p.data, p.rows) for p in w.parts]
+        return [("F16", w, w.shape[0])]
+
+    def embed(self, table: QuantMatrix, tokens):
+        """Rows `tokens` (n,) of a quantized (vocab, dim) table -> (n, dim) fp32."""
+        (part,) = table.parts
+        ids = self.cp.asarray(tokens, dtype=self.cp.int64)
+        out = self.cp.empty((ids.shape[0], table.cols), dtype=self.cp.float32)
+        units = out.size // UNIT
+        self.fn[f"embed_{part.kind}"](blocks(units), (THREADS,), (part.data, ids, out, np.int64(units),
+                                                                  np.int32(table.cols)))
+        return out
+
+    def reserve_scratch(self, values: int) -> None:
+        """Room for the largest quantized matrix in fp16, allocated once at load."""
+        if self.scratch is None or self.scratch.size < values:
+            self.scratch = None
+            self.scratch = self.cp.empty(values, dtype=self.cp.float16)
+
+    def expand(self, w: QuantMatrix):
+        """A quantized matrix -> (rows, cols) fp16 in the scratch (valid until the next expand)."""
+        out = self.scratch[: w.rows * w.cols].reshape(w.rows, w.cols)
+        row = 0
+        for kind, data, rows in self.parts(w):
+            units = rows * w.cols // UNIT
+            self.fn[f"dequant_{kind}"](blocks(units), (THREADS,), (data, out[row:], np.int64(units), np.int32(w.cols)))
+            row += rows
+        return out
 
     # ------------------------------------------------------------ load-time dequantization
 
     def dequantize(self, raw, type_name: str, shape: tuple[int, int]):
         """raw: the tensor's GGUF bytes (a host array, e.g. the memory-mapped file) -> (rows, cols)
         fp16 on the device. Only the raw bytes cross the bus."""
-        kernel, per_thread = DEQUANT[type_name]
         src = self.cp.asarray(np.ascontiguousarray(raw))
         out = self.cp.empty(shape, dtype=self.cp.float16)
-        n = shape[0] * shape[1] // per_thread
-        self.fn[kernel](blocks(n), (THREADS,), (src, out, np.int64(n)))
+        if type_name == "BF16":
+            self.fn["dequant_BF16"](blocks(out.size), (THREADS,), (src, out, np.int64(out.size)))
+        else:
+            units = out.size // UNIT
+            self.fn[f"dequant_{type_name}"](blocks(units), (THREADS,), (src, out, np.int64(units), np.int32(shape[1])))
         return out

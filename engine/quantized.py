@@ -1,0 +1,78 @@
+"""Weights kept in their GGUF block layout on the GPU: a matrix whose rows are quantized blocks.
+
+A GGUF quantized tensor stores each row as whole blocks (32 values, or 256 for the K-quants), so
+rows can be permuted and stacked as bytes: the Q/K head reordering and the QKV / gate-up stacking
+the forward pass wants work on the blocks as they are. Stacked tensors of different types (a
+Q4_K_M file keeps attn_v in Q6_K beside Q4_K attn_q/attn_k) stay as parts, each of one type; the
+kernels (engine/kernels/quant.cu) run part by part into the rows of one output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# GGUF type -> (values per block, bytes per block): the types whose blocks stay on the device
+BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
+          "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
+UNIT = 32  # values one kernel thread decodes at a time (a block, or a sub-block of a K-quant)
+
+
+def row_bytes(kind: str, cols: int) -> int:
+    if kind == "F16":
+        return 2 * cols
+    size, nbytes = BLOCKS[kind]
+    return cols // size * nbytes
+
+
+@dataclass(frozen=True)
+class QuantPart:
+    kind: str  # a BLOCKS type, or "F16" (a fallback tensor stacked among quantized ones)
+    data: object  # (rows, row_bytes(kind, cols)) uint8, or (rows, cols) float16
+    rows: int
+
+
+@dataclass(frozen=True)
+class QuantMatrix:
+    """(rows, cols) in the (out_features, in_features) order of every weight here."""
+
+    parts: tuple[QuantPart, ...]
+    cols: int
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.parts)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows, self.cols
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(p.data.nbytes) for p in self.parts)
+
+
+@dataclass(frozen=True)
+class HostRows:
+    """One tensor's rows as stored in the file (before upload): blocks (rows, row_bytes) uint8,
+    or float16 (rows, cols) values."""
+
+    kind: str
+    data: np.ndarray
+    cols: int
+
+
+def stack_rows(pieces: list[HostRows], upload) -> QuantMatrix:
+    """Stack tensors' rows (QKV, gate-up) into one matrix: adjacent pieces of one type become one
+    part (one kernel launch); `upload` moves a host array to the device."""
+    groups: list[list[HostRows]] = []
+    for piece in pieces:
+        if groups and groups[-1][0].kind == piece.kind:
+            groups[-1].append(piece)
+        else:
+            groups.append([piece])
+    parts = []
+    for group in groups:
+        data = group[0].data if len(group) == 1 else np.concatenate([g.data for g in group])
+        parts.append(QuantPart(group[0].kind, upload(np.ascontiguousarray(data)), int(data.shape[0])))
+    return QuantMatrix(tuple(parts), pieces[0].cols)

@@ -1,0 +1,74 @@
+"""Weights kept in their GGUF blocks (the GPU's default): the rows the loader stacks and reorders as
+raw blocks must be, once dequantized, exactly the matrices the dense (CPU) path builds. The kernels
+that read the blocks are checked against gguf's NumPy dequantization on the GPU machine
+(tools/gpu_kernels_check.py)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from engine.backend import cpu_backend
+from engine.gguf_model import WeightLoader, read_config
+from engine.quantized import QuantMatrix, row_bytes, stack_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+from make_synthetic_gguf import main as make_synthetic  # noqa: E402
+
+
+def expand(m: QuantMatrix) -> np.ndarray:
+    """The NumPy reference of the kernels' expand: each part dequantized, stacked by rows."""
+    out = []
+    for part in m.parts:
+        assert part.data.shape == (part.rows, row_bytes(part.kind, m.cols) // (2 if part.kind == "F16" else 1))
+        if part.kind == "F16":
+            out.append(part.data.astype(np.float32))
+        else:
+            out.append(dequantize(part.data, GGMLQuantizationType[part.kind]).astype(np.float32))
+    return np.concatenate(out)
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(tmp_path_factory) -> str:
+    """A one-layer Q4_K_M-like file: Q4_K beside Q6_K (attn_v, ffn_down, head) in the same stacks."""
+    path = str(tmp_path_factory.mktemp("synth") / "q4_k_m.gguf")
+    make_synthetic([path, "--layers", "1", "--dim", "256", "--ffn", "512", "--heads", "4", "--kv-heads", "2",
+                    "--ctx", "256", "--type", "Q4_K_M"])
+    return path
+
+
+@pytest.mark.parametrize("which", ["default", "q4_k_m"])
+def test_stacked_blocks_equal_the_dense_matrices(which, q4_k_m, model_path):
+    reader = GGUFReader(q4_k_m if which == "q4_k_m" else str(model_path))
+    cfg = read_config(reader)
+    loader = WeightLoader(reader, cfg, cpu_backend())
+    p = "blk.0."
+    stacks = {"wqkv": ([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+                       [cfg.n_heads, cfg.n_kv_heads, None]),
+              "gate_up": ([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
+              "down": ([p + "ffn_down.weight"], [None]), "embd": (["token_embd.weight"], [None])}
+    kinds = set()
+    for names, heads in stacks.values():
+        ts = [loader.tensor(n) for n in names]
+        blocks = stack_rows([loader.host_rows(t, h) for t, h in zip(ts, heads)], np.asarray)
+        dense = np.concatenate([loader.dense(t, h) for t, h in zip(ts, heads)])
+        assert blocks.shape == dense.shape
+        np.testing.assert_array_equal(expand(blocks), dense)
+        kinds |= {part.kind for part in blocks.parts}
+        if which == "q4_k_m" and names[0].endswith("attn_q.weight"):
+            assert [part.kind for part in blocks.parts] == ["Q4_K", "Q6_K"]  # q and k joined, v its own part
+    assert kinds == ({"Q4_1", "Q8_0"} if which == "default" else {"Q4_K", "Q6_K"})
+
+
+def test_quantized_matrix_bytes_are_the_files(q4_k_m):
+    """Kept blocks take the file's bytes: no expansion hides in the loader."""
+    reader = GGUFReader(q4_k_m)
+    loader = WeightLoader(reader, read_config(reader), cpu_backend())
+    t = loader.tensor("blk.0.ffn_gate.weight")
+    m = stack_rows([loader.host_rows(t, None)], np.asarray)
+    assert m.nbytes == int(t.n_bytes) and m.parts[0].kind == "Q4_K"
