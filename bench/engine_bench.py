@@ -54,9 +54,10 @@ def prefill_tok_s(model: LlamaModel, kv: KVCache, n: int, chunk: int, backend: B
 
 def decode_tok_s(model: LlamaModel, kv: KVCache, context: int, steps: int, backend: Backend,
                  graphs: GraphDecoder | None = None) -> float:
-    """Decode steps after a `context`-token prompt, each returning its logits to the host as the
-    engine's are; through CUDA graph replays when `graphs` is given."""
+    """Decode steps after a `context`-token prompt, each sampled greedily where its logits are, as
+    the engine's are; through CUDA graph replays when `graphs` is given."""
     tokens = np.random.default_rng(0).integers(100, model.cfg.vocab_size - 100, context + steps)
+    greedy = Sampler(SamplingParams(), ())
     model.forward(tokens[:context], 0, kv, want_logits=True)
     if graphs is not None:
         graphs.decode(int(tokens[context]), context)  # the bucket's capture stays out of the timing
@@ -64,9 +65,10 @@ def decode_tok_s(model: LlamaModel, kv: KVCache, context: int, steps: int, backe
     started = time.perf_counter()
     for i in range(steps):
         if graphs is not None:
-            graphs.decode(int(tokens[context + i]), context + i)
+            logits = graphs.decode(int(tokens[context + i]), context + i)
         else:
-            model.forward(tokens[context + i:context + i + 1], context + i, kv, want_logits=True)
+            logits = model.forward(tokens[context + i:context + i + 1], context + i, kv, want_logits=True, on_device=True)
+        greedy.sample(logits, backend.xp)
     backend.synchronize()
     return steps / (time.perf_counter() - started)
 
@@ -115,15 +117,16 @@ def profile_chunk(model: LlamaModel, kv: KVCache, depth: int, chunk: int, backen
 
 def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, graphs: GraphDecoder) -> dict:
     """Where a decode token's time goes (medians, ms): the graph replay on the GPU (events), the
-    logits to the host, and the host sampler on them (greedy, and a temperature/top-p draw)."""
+    sampler on the device (greedy, and a temperature 0.8 / top-p 0.95 draw), and for comparison the
+    logits copied to the host and the same draw there."""
     cp = graphs.cp
     tokens = np.random.default_rng(2).integers(100, model.cfg.vocab_size - 100, context + steps + 1)
     model.forward(tokens[:context], 0, kv, want_logits=True)
     graphs.decode(int(tokens[context]), context)  # captured before timing
     entry = graphs.captured[graphs.bucket(context)]
     greedy, sampled = Sampler(SamplingParams(), ()), Sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=1), ())
-    times: dict[str, list[float]] = {"replay": [], "logits_to_host": [], "sample_greedy": [], "sample_top_p": [],
-                                     "whole_step": []}
+    times: dict[str, list[float]] = {"replay": [], "sample_greedy": [], "sample_top_p": [], "whole_step": [],
+                                     "logits_to_host": [], "host_sample_top_p": []}
     for i in range(steps):
         a, b = cp.cuda.Event(), cp.cuda.Event()
         t0 = time.perf_counter()
@@ -134,18 +137,21 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
             entry.graph.launch(graphs.stream)
             b.record(graphs.stream)
             b.synchronize()
-            t1 = time.perf_counter()
-            logits = cp.asnumpy(entry.logits, stream=graphs.stream)
+        t1 = time.perf_counter()
+        greedy.sample(entry.logits, cp)
         t2 = time.perf_counter()
-        greedy.sample(logits)
+        sampled.sample(entry.logits, cp)
         t3 = time.perf_counter()
-        sampled.sample(logits)
+        logits = cp.asnumpy(entry.logits)
         t4 = time.perf_counter()
+        sampled.sample(logits)
+        t5 = time.perf_counter()
         times["replay"].append(cp.cuda.get_elapsed_time(a, b))
-        times["logits_to_host"].append((t2 - t1) * 1e3)
-        times["sample_greedy"].append((t3 - t2) * 1e3)
-        times["sample_top_p"].append((t4 - t3) * 1e3)
-        times["whole_step"].append((t3 - t0) * 1e3)
+        times["sample_greedy"].append((t2 - t1) * 1e3)
+        times["sample_top_p"].append((t3 - t2) * 1e3)
+        times["whole_step"].append((t2 - t0) * 1e3)
+        times["logits_to_host"].append((t4 - t3) * 1e3)
+        times["host_sample_top_p"].append((t5 - t4) * 1e3)
     return {"context": context, "ms": {k: round(statistics.median(v), 3) for k, v in times.items()}}
 
 

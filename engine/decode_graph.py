@@ -44,9 +44,10 @@ class GraphDecoder:
             size *= 2
         return min(size, self.kv.ctx)
 
-    def decode(self, token: int, pos: int) -> np.ndarray:
-        """Logits (vocab,) float32 on the host after `token` at position `pos` (its K/V row written)."""
-        cp, size = self.cp, self.bucket(pos)
+    def decode(self, token: int, pos: int):
+        """Logits (vocab,) float32 on the device after `token` at position `pos` (its K/V row
+        written); the graph's own output buffer, valid until the next replay."""
+        size = self.bucket(pos)
         self.backend.synchronize()  # prompt work ran on the default stream
         with self.stream:
             self.token.set(np.array([token], dtype=np.int64))
@@ -55,17 +56,16 @@ class GraphDecoder:
                 return self.capture(size, pos)
             entry.step.set_position(pos)
             entry.graph.launch(self.stream)
-            logits = cp.asnumpy(entry.logits, stream=self.stream)
-        self.stream.synchronize()
-        return logits
+        self.stream.synchronize()  # the sampler reads the logits on the default stream
+        return entry.logits
 
-    def capture(self, size: int, pos: int) -> np.ndarray:
+    def capture(self, size: int, pos: int):
         """Run this step eagerly (its result is returned, and it fills the pool), then capture it."""
         cp = self.cp
         step = self.backend.kernels.static_step(1, size)
         step.set_position(pos)
         with cp.cuda.using_allocator(self.pool.malloc):
-            logits = cp.asnumpy(self.model.forward_on_device(self.token, step, self.kv, True), stream=self.stream)
+            logits = self.model.forward_on_device(self.token, step, self.kv, True).copy()
             self.stream.synchronize()
             self.stream.begin_capture()
             try:

@@ -11,7 +11,7 @@ from gguf.quants import dequantize
 
 from engine.backend import Backend
 from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
-from engine.quantized import BLOCKS, HostRows, stack_rows
+from engine.quantized import BLOCKS, HostRows, QuantMatrix, stack_rows
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 MAX_DEFAULT_CTX = 8192  # without --ctx, the model's trained context, capped here (KV memory)
@@ -129,7 +129,6 @@ class WeightLoader:
         self.total_bytes = sum(int(t.n_bytes) for t in reader.tensors)
         self.done_bytes, self.started = 0, time.monotonic()
         self.reported = self.started
-        self.largest_quantized = 0  # values of the largest QuantMatrix: the prompt GEMMs' scratch
 
     def tensor(self, name: str):
         if name not in self.tensors:
@@ -151,7 +150,6 @@ class WeightLoader:
         if self.keep_blocks and any(t.tensor_type.name in BLOCKS for t in ts):
             pieces = [self.host_rows(t, h) for t, h in zip(ts, heads)]
             m = stack_rows(pieces, self.xp.asarray)
-            self.largest_quantized = max(self.largest_quantized, m.rows * m.cols)
         else:
             parts = [self.dense(t, h) for t, h in zip(ts, heads)]
             m = parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
@@ -207,8 +205,10 @@ class WeightLoader:
         layers = [self.layer(i) for i in range(self.cfg.n_layers)]
         out_norm = self.vector("output_norm.weight")
         head = self.matrix("output.weight") if "output.weight" in self.tensors else embd
-        if self.largest_quantized:
-            self.backend.kernels.reserve_scratch(self.largest_quantized)
+        expanded = [w.rows * w.cols for layer in layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
+                    if isinstance(w, QuantMatrix)]  # a prompt chunk's GEMMs read these expanded (not the head)
+        if expanded:
+            self.backend.kernels.reserve_scratch(max(expanded))
         return Weights(embd, layers, out_norm, head)
 
 

@@ -151,7 +151,7 @@ class EngineLoop:
     def decode(self, seq: Sequence) -> None:
         started = time.perf_counter()
         while seq.finish is None:
-            token = seq.sampler.sample(seq.logits)
+            token = self.runner.sample(seq)
             seq.sampler.accept(token)
             seq.generated.append(token)
             self.write(m.T(token, seq.id))

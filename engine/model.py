@@ -17,11 +17,11 @@ class LlamaModel:
         self.inv_freq = 1.0 / (cfg.rope_base ** (np.arange(half, dtype=np.float64) * 2 / cfg.head_dim))
         self.cos_table = self.sin_table = None  # (positions, 1, half) on the device, grown on demand
 
-    def forward(self, tokens: np.ndarray, start: int, kv: KVCache, want_logits: bool):
+    def forward(self, tokens: np.ndarray, start: int, kv: KVCache, want_logits: bool, on_device: bool = False):
         """tokens: (n,) at absolute positions [start, start+n). Writes their K/V rows.
-        Returns logits (vocab,) float32 of the last position on the host, or None."""
+        Returns logits (vocab,) float32 of the last position on the host (or left on the device), or None."""
         logits = self.forward_on_device(tokens, self.ops.step(len(tokens), start), kv, want_logits)
-        return None if logits is None else self.backend.to_host(logits)
+        return logits if logits is None or on_device else self.backend.to_host(logits)
 
     def forward_on_device(self, tokens, step: Step, kv: KVCache, want_logits: bool):
         """The forward pass proper; tokens may already be on the device and `step` may carry

@@ -43,15 +43,20 @@ class ModelRunner:
     def read_prompt_chunk(self, seq: Sequence) -> None:
         end = chunk_end(seq.pos, seq.total, self.chunk)
         tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)
-        seq.logits = self.model.forward(tokens, seq.pos, self.kv, want_logits=end == seq.total)
+        seq.logits = self.model.forward(tokens, seq.pos, self.kv, want_logits=end == seq.total, on_device=True)
         self.backend.synchronize()  # a chunk is done when its PP says so: GPU launches are asynchronous,
         seq.pos = end  # and a host running chunks ahead would make a park wait for all of them
 
     def decode_one_token(self, seq: Sequence) -> None:
         seq.logits = self.decode_logits(seq.generated[-1], seq.kv_len)
 
-    def decode_logits(self, token: int, pos: int) -> np.ndarray:
-        """Logits (vocab,) after `token` at position `pos`: a graph replay on the GPU, else eager."""
+    def sample(self, seq: Sequence) -> int:
+        """The next token from the logits where they are (the GPU samples on the device)."""
+        return seq.sampler.sample(seq.logits, self.backend.xp)
+
+    def decode_logits(self, token: int, pos: int):
+        """Logits (vocab,) after `token` at position `pos`, on the backend's device: a graph replay on
+        the GPU (valid until the next replay), else eager."""
         if self.decoder is not None:
             try:
                 return self.decoder.decode(token, pos)
@@ -59,7 +64,7 @@ class ModelRunner:
                 print(f"strata: CUDA graph decode unavailable ({type(e).__name__}: {e}); decoding eagerly",
                       file=sys.stderr, flush=True)
                 self.decoder = None
-        return self.model.forward(np.asarray([token], dtype=np.int64), pos, self.kv, want_logits=True)
+        return self.model.forward(np.asarray([token], dtype=np.int64), pos, self.kv, want_logits=True, on_device=True)
 
     def snapshot_nbytes(self, seq: Sequence) -> int:
         return self.kv.snapshot_nbytes(seq.pos)

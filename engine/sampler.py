@@ -48,27 +48,30 @@ class Sampler:
         if params.temperature > 0 and drawn:
             self.rng.random(drawn)  # one uniform draw per sampled token (see sample)
 
-    def sample(self, logits: np.ndarray) -> int:
-        """logits: (vocab,) float32 on the host."""
+    def sample(self, logits, xp=np) -> int:
+        """logits: (vocab,) float32 on the host (xp = numpy), or on the GPU (xp = cupy): there the
+        draw runs where the logits are (pick_sorted) and only the token comes back. The RNG stays
+        on the host either way: one uniform per sampled token, fingerprinted with the parked state."""
         p = self.params
-        logits = self.apply_penalties(logits)
+        logits = self.apply_penalties(logits, xp)
         if p.temperature == 0:
-            return int(np.argmax(logits))
+            return int(xp.argmax(logits))
         u = self.rng.random()  # exactly one uniform draw per sampled token: a restart can skip them
-        return pick(logits.astype(np.float32) / np.float32(p.temperature), u, p)
+        scaled = logits.astype(np.float32) / np.float32(p.temperature)
+        return pick(scaled, u, p) if xp is np else pick_sorted(xp, scaled, u, p)
 
-    def apply_penalties(self, logits: np.ndarray) -> np.ndarray:
+    def apply_penalties(self, logits, xp=np):
         """A penalized copy of `logits`, or `logits` itself when no penalty applies."""
         p = self.params
         if not self.recent or (p.repeat_penalty == 1 and not p.presence_penalty and not p.frequency_penalty):
             return logits
         logits = logits.astype(np.float32, copy=True)
         counts = Counter(self.recent)
-        ids = np.fromiter(counts.keys(), dtype=np.int64)
-        freq = np.fromiter(counts.values(), dtype=np.float32)
+        ids = xp.asarray(np.fromiter(counts.keys(), dtype=np.int64))
+        freq = xp.asarray(np.fromiter(counts.values(), dtype=np.float32))
         seen = logits[ids]
-        seen = np.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
-        logits[ids] = seen - freq * p.frequency_penalty - p.presence_penalty
+        seen = xp.where(seen > 0, seen / np.float32(p.repeat_penalty), seen * np.float32(p.repeat_penalty))
+        logits[ids] = seen - freq * np.float32(p.frequency_penalty) - np.float32(p.presence_penalty)
         return logits
 
     def accept(self, token: int) -> None:
@@ -82,13 +85,14 @@ class Sampler:
         return h.digest()
 
 
-def descending_order(x: np.ndarray) -> np.ndarray:
+def descending_order(x, xp=np):
     """The permutation np.argsort(-x, kind="stable") gives (ties keep index order), 5x faster:
-    one unstable sort of unique uint64 keys (value order in the high half, index in the low)."""
+    one unstable sort of unique uint64 keys (value order in the high half, index in the low).
+    On the GPU (xp = cupy) the sort is a radix sort of the same keys."""
     bits = (-x.astype(np.float32) + np.float32(0)).view(np.uint32)  # + 0 folds -0.0 into 0.0
-    ordered = np.where(bits >> 31, ~bits, bits | np.uint32(0x80000000)).astype(np.uint64)
-    keys = (ordered << np.uint64(32)) | np.arange(len(x), dtype=np.uint64)
-    return (np.sort(keys) & np.uint64(0xFFFFFFFF)).astype(np.intp)
+    ordered = xp.where(bits >> 31, ~bits, bits | np.uint32(0x80000000)).astype(np.uint64)
+    keys = (ordered << np.uint64(32)) | xp.arange(len(x), dtype=np.uint64)
+    return (xp.sort(keys) & np.uint64(0xFFFFFFFF)).astype(np.intp)
 
 
 # ---------------------------------------------------------------- the draw
@@ -114,6 +118,33 @@ def pick(scaled: np.ndarray, u: float, p: SamplingParams) -> int:
         if token is not None:
             return token
     raise AssertionError("the whole vocabulary always decides")
+
+
+def pick_sorted(xp, scaled, u: float, p: SamplingParams) -> int:
+    """pick's draw with every candidate sorted, written over the array module: on the GPU a sort of
+    the whole vocabulary costs tens of microseconds, and this runs as a few kernels with one
+    transfer (the token) at the end, where pick on the host takes milliseconds for a flat
+    distribution (it must then sort most of the vocabulary). On NumPy it gives pick's token: the
+    same weights, normalizer and cumulative sums."""
+    order = descending_order(scaled, xp)  # (vocab,) canonical order
+    if p.top_k:
+        order = order[: p.top_k]
+        e = xp.exp(scaled[order] - scaled[order[0]])  # the best candidate weighs 1
+        total = e.sum()
+    else:
+        weights = xp.exp(scaled - scaled.max())
+        total, e = weights.sum(), weights[order]  # the normalizer summed in index order, as pick's
+    n = len(order)
+    keep = xp.asarray(n)
+    if p.min_p > 0:
+        keep = xp.maximum(1, xp.count_nonzero(e >= np.float32(p.min_p)))
+    cum = xp.cumsum(e, dtype=np.float64)
+    if p.top_p < 1.0:  # the smallest set reaching top_p
+        keep = xp.minimum(keep, xp.searchsorted(cum, p.top_p * total.astype(np.float64)) + 1)
+    keep = xp.minimum(keep, n)
+    mass = xp.where(keep == n, total.astype(np.float64), cum[keep - 1])  # no cut: the index-order sum
+    at = xp.minimum(xp.searchsorted(cum, u * mass, side="right"), keep - 1)  # rounding at the very end
+    return int(order[at])
 
 
 def keep_by_min_p(weights: np.ndarray, p: SamplingParams) -> int:

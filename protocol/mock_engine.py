@@ -78,6 +78,9 @@ class FakeRunner:
         time.sleep(self.a.token_s)
         seq.logits = self.one_hot(self.scripted(seq, len(seq.generated)))
 
+    def sample(self, seq: Sequence) -> int:
+        return seq.sampler.sample(seq.logits)
+
     def scripted(self, seq: Sequence, i: int) -> int:
         """Token i of this request's answer: the script, or the original prompt echoed, cycled."""
         source = self.script or seq.prompt[: seq.total - seq.drawn]

@@ -6,7 +6,8 @@
 #
 # kernels  tools/gpu_kernels_check.py: every kernel against NumPy, GEMM, attention and matvec speed
 # synth    synthetic GGUFs in /tmp/m: the Llama-3-8B shape (F16) and the SmolLM2-135M shape (Q4_1)
-# bench    bench/engine_bench.py on both shapes -> $OUT/engine_gpu.json (load, prefill, decode, profile)
+# small    bench/engine_bench.py on the 135M shape -> $OUT/engine_gpu.json (load, prefill, decode, profile)
+# bench    the same on the 8B F16 shape
 # synthq   the Llama-3-8B shape in Q4_K_M (Q4_K, with Q6_K for attn_v, ffn_down and the head)
 # benchq   bench/engine_bench.py on it, quantized weights and --weights fp16 -> $OUT/engine_gpu.json
 # big      the Llama-3-70B shape in Q4_K_M (~45 GB, made in /tmp/m after the others are removed):
@@ -42,10 +43,12 @@ for step in "$@"; do
     synth)
       [ -f $M8 ] || python3 tools/make_synthetic_gguf.py $M8 --preset llama3-8b --type F16 --tokenizer .device/tok.gguf 2>&1 | tail -2
       [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1 ;;
-    bench)
+    small)
+      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 bench/engine_bench.py --model $MS --device gpu --chunk 2048 --sizes 2048,8192 --repeats 5 \
-        --decode-steps 64 --decode-contexts 512,4096 --profile-depth 6144 --label smollm2-135m-shape-q4_1 \
-        --json "$OUT/engine_gpu.json" 2>&1 | quiet
+        --decode-steps 128 --decode-contexts 512,4096 --profile-depth 6144 --label smollm2-135m-shape-q4_1 \
+        --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
+    bench)
       python3 bench/engine_bench.py --model $M8 --device gpu --chunk 2048 --sizes 4096,16384,65536 --repeats 3 \
         --decode-steps 64 --decode-contexts 512,16384,46832 --profile-depth 14336 --label llama3-8b-shape-f16 \
         --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;

@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +155,26 @@ def check_weights(k: GpuKernels) -> None:
         record("matvec", f"fp16 array {rows}x{cols}", rel_err(k.matvec(cp.asarray(w), cp.asarray(x)), ref), 1e-3)
 
 
+def check_sampling() -> None:
+    """The sampler over cupy (engine.sampler.pick_sorted, what the engine runs on the GPU) against
+    the host sampler: greedy exactly; draws agree but for exp's last-bit differences between the
+    two machines' math libraries, so the agreement rate is what is checked."""
+    from engine.sampler import Sampler, SamplingParams, pick, pick_sorted
+
+    greedy = Sampler(SamplingParams(repeat_penalty=1.3), (5, 9, 9))
+    same = sum(greedy.sample(cp.asarray(x), cp) == greedy.sample(x)
+               for x in (rng.standard_normal(128256).astype(np.float32) for _ in range(20)))
+    record("sample", "greedy with repeat penalty, vocab 128256", float(same != 20), 0)
+    for params in (SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=1.0, top_k=40, min_p=0.05),
+                   SamplingParams(temperature=0.7)):
+        agree = 0
+        for _ in range(100):
+            x = (rng.standard_normal(128256) * 2).astype(np.float32) / np.float32(params.temperature)
+            u = float(rng.random())
+            agree += pick_sorted(cp, cp.asarray(x), u, params) == pick(x, u, params)
+        record("sample", f"draws agree, {params.temperature=} {params.top_p=} {params.top_k=}", 1 - agree / 100, 0.02)
+
+
 # ---------------------------------------------------------------- speed
 
 def median_ms(fn, repeats: int = 10) -> float:
@@ -203,6 +224,18 @@ def speed(k: GpuKernels) -> dict:
             ms = median_ms(lambda: k.matvec(m, x, np.float16), 20)
             out[f"matvec_{kind}_{rows}x{cols}_us"] = round(ms * 1000, 1)
             out[f"matvec_{kind}_{rows}x{cols}_tb_s"] = round(m.nbytes / ms / 1e9, 2)
+    from engine.sampler import Sampler, SamplingParams
+
+    logits = cp.asarray(rng.standard_normal(128256).astype(np.float32))
+    for name, params in (("greedy", SamplingParams()), ("top_p", SamplingParams(temperature=0.8, top_p=0.95, seed=1))):
+        sampler = Sampler(params, ())
+        times = []
+        for _ in range(30):
+            cp.cuda.Device().synchronize()
+            t = time.perf_counter()
+            sampler.sample(logits, cp)
+            times.append((time.perf_counter() - t) * 1e3)
+        out[f"sample_{name}_vocab128256_device_ms"] = round(float(np.median(times)), 3)
     for key, value in out.items():
         print(f"{key:40s} {value}", flush=True)
     return out
@@ -217,6 +250,7 @@ def main() -> int:
     check_attention(k)
     check_norm_rope_swiglu(k)
     check_weights(k)
+    check_sampling()
     report = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "checks": results,
               "all_ok": all(r["ok"] for r in results)}
     if not a.no_speed:

@@ -20,13 +20,16 @@ struct Unit {
 
 __device__ __forceinline__ float f16_at(const u8* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
 
-// v + 2^23 as a float's bits is exact for v < 2^23: a LOP and an FADD instead of a slow I2F.
-// Returns v - offset.
-__device__ __forceinline__ float small_int(unsigned v, float offset) {
-    return __uint_as_float(0x4B000000u | v) - (8388608.f + offset);
+// Four bytes of w (each an integer < 256) as exact floats minus offset: each byte is placed under
+// the exponent of 2^23 by one byte permute (0x4B0000bb is the float 2^23 + bb), then one FADD;
+// cheaper than four shifts, masks and integer-to-float conversions.
+__device__ __forceinline__ void put4(float* q, unsigned w, float offset) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q[j] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 + j)) - (8388608.f + offset);
 }
 
-__device__ __forceinline__ unsigned byte_of(const unsigned* w, int j) { return (w[j >> 2] >> ((j & 3) * 8)) & 0xFFu; }
+// Bits 0..3 of b (< 16) moved to bit 4 of bytes 0..3: the fifth bits of four Q5 values.
+__device__ __forceinline__ unsigned fifth_bits(unsigned b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
 
 // WORDS little-endian 32-bit words from an address aligned to 2, 4 or 16 bytes.
 template <int WORDS>
@@ -56,10 +59,9 @@ __device__ __forceinline__ void same_scale(Unit& u, float d, float m) { u.d[0] =
 // Low nibbles are values 0..15 of the block, high nibbles 16..31 (plus a fifth bit from qh).
 __device__ __forceinline__ void nibbles(Unit& u, const unsigned* qs, unsigned qh, float offset) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const unsigned b = byte_of(qs, j);
-        u.q[j] = small_int((b & 0xFu) | (((qh >> j) & 1u) << 4), offset);
-        u.q[j + 16] = small_int((b >> 4) | (((qh >> (j + 16)) & 1u) << 4), offset);
+    for (int i = 0; i < 4; ++i) {
+        put4(u.q + 4 * i, (qs[i] & 0x0F0F0F0Fu) | fifth_bits((qh >> (4 * i)) & 0xFu), offset);
+        put4(u.q + 16 + 4 * i, ((qs[i] >> 4) & 0x0F0F0F0Fu) | fifth_bits((qh >> (16 + 4 * i)) & 0xFu), offset);
     }
 }
 
@@ -126,7 +128,7 @@ struct Q8_0 {
         unsigned qs[8];
         load_a2(p + 2, qs);
 #pragma unroll
-        for (int j = 0; j < 32; ++j) u.q[j] = small_int(byte_of(qs, j) ^ 0x80u, 128.f);  // two's complement
+        for (int i = 0; i < 8; ++i) put4(u.q + 4 * i, qs[i] ^ 0x80808080u, 128.f);  // two's complement + 128
         same_scale(u, f16_at(p), 0.f);
     }
 };
@@ -161,7 +163,7 @@ struct Q4_K {
         load_a16(p + 16 + 32 * (sb >> 1), qs);
         const int shift = (sb & 1) * 4;
 #pragma unroll
-        for (int l = 0; l < 32; ++l) u.q[l] = small_int((byte_of(qs, l) >> shift) & 0xFu, 0.f);
+        for (int i = 0; i < 8; ++i) put4(u.q + 4 * i, (qs[i] >> shift) & 0x0F0F0F0Fu, 0.f);
         k4_scale(u, p, sb);
     }
 };
@@ -178,8 +180,8 @@ struct Q5_K {
         load_a16(p + 48 + 32 * (sb >> 1), qs);
         const int shift = (sb & 1) * 4;
 #pragma unroll
-        for (int l = 0; l < 32; ++l)
-            u.q[l] = small_int(((byte_of(qs, l) >> shift) & 0xFu) | (((byte_of(qh, l) >> sb) & 1u) << 4), 0.f);
+        for (int i = 0; i < 8; ++i)
+            put4(u.q + 4 * i, ((qs[i] >> shift) & 0x0F0F0F0Fu) | (((qh[i] >> sb) & 0x01010101u) << 4), 0.f);
         k4_scale(u, p, sb);
     }
 };
@@ -198,8 +200,8 @@ struct Q6_K {
         load_a2(p + 128 + 32 * h, qh);
         const int lo_shift = (k >> 1) * 4, hi_shift = 2 * k;
 #pragma unroll
-        for (int l = 0; l < 32; ++l)
-            u.q[l] = small_int(((byte_of(ql, l) >> lo_shift) & 0xFu) | (((byte_of(qh, l) >> hi_shift) & 3u) << 4), 32.f);
+        for (int i = 0; i < 8; ++i)
+            put4(u.q + 4 * i, ((ql[i] >> lo_shift) & 0x0F0F0F0Fu) | (((qh[i] >> hi_shift) & 0x03030303u) << 4), 32.f);
         const signed char* scales = reinterpret_cast<const signed char*>(p + 192 + 8 * h + 2 * k);
         const float d = f16_at(p + 208);
         u.d[0] = d * scales[0], u.d[1] = d * scales[1], u.m[0] = u.m[1] = 0.f;

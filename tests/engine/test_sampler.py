@@ -114,6 +114,19 @@ def test_a_draw_decided_on_a_sorted_prefix_equals_sorting_everything(ints, u, te
         module.PREFIXES = saved
 
 
+@given(st.lists(st.integers(-40, 40), min_size=1, max_size=200), st.floats(0, 0.999999),
+       st.sampled_from([0.3, 1.0, 2.5]), st.sampled_from([0, 1, 7, 50]), st.sampled_from([1.0, 0.97, 0.6]),
+       st.sampled_from([0.0, 0.02, 0.4]))
+def test_the_device_draw_written_over_numpy_equals_the_host_draw(ints, u, temperature, top_k, top_p, min_p):
+    """pick_sorted is what the GPU runs (over cupy): the same weights, normalizer and cumulative
+    sums as pick, with no host round trip between its steps. Over NumPy it must give pick's token."""
+    from engine.sampler import pick, pick_sorted
+
+    scaled = np.asarray(ints, dtype=np.float32) / np.float32(4 * temperature)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    assert pick_sorted(np, scaled, u, params) == pick(scaled, u, params)
+
+
 def test_sampling_the_vocabulary_costs_well_under_a_millisecond_typically():
     """Not a timing assertion (the machine is shared): with logits shaped like a language model's
     (a few strong candidates over a broad tail) the fast path must rarely sort the whole
