@@ -263,8 +263,12 @@ __device__ __forceinline__ void dequant_rows(const u8* __restrict__ src, const l
 __device__ __forceinline__ void store(float* y, int i, float v) { y[i] = v; }
 __device__ __forceinline__ void store(__half* y, int i, float v) { y[i] = __float2half(v); }
 
-constexpr int MV_WARPS = 4;  // warps per block
-constexpr int MV_ROWS = 2;   // rows per warp: each x unit loaded once serves both
+#ifndef MV_WARPS
+#define MV_WARPS 4  // warps per block
+#endif
+#ifndef MV_ROWS
+#define MV_ROWS 2  // rows per warp: each x unit loaded once serves them all
+#endif
 
 // Each lane takes units lane, lane + 32, ... of the warp's rows: adjacent lanes read adjacent
 // blocks, so a warp's loads are contiguous runs of the row.

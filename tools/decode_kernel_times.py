@@ -1,0 +1,106 @@
+"""What each kernel of a decode step costs on the GPU, timed per launch (back-to-back launches
+between two events, so host launch costs stay out): the matvec of each weight kind on the
+Llama-3-8B shapes against the weights' bytes (TB/s), with quant.cu compiled for each (warps per
+block, rows per warp); then the step's other kernels (norm, RoPE, decode attention, SwiGLU).
+
+    python tools/decode_kernel_times.py [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import cupy as cp  # noqa: E402
+
+from engine.kernels import KERNEL_DIR, OPTIONS, GpuKernels  # noqa: E402
+from engine.quantized import row_bytes  # noqa: E402
+
+SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
+KINDS = ("F16", "Q4_K", "Q6_K", "Q8_0", "Q4_0")
+LAUNCHES = 50
+
+
+def time_us(fn) -> float:
+    """GPU time per launch: LAUNCHES launches captured as one CUDA graph and replayed, as the
+    engine's decode step is (launched from Python one by one, small kernels would time the host)."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()  # fills the stream's memory pool, so the capture allocates nothing new
+        stream.begin_capture()
+        for _ in range(LAUNCHES):
+            fn()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record(stream)
+        graph.launch(stream)
+        b.record(stream)
+        b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b) * 1000 / LAUNCHES
+
+
+def k_bucket(context: int) -> int:
+    """The decode graph's bucket for this position (engine/decode_graph.py)."""
+    size = 1024
+    while size < context + 1:
+        size *= 2
+    return size
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--json")
+    a = p.parse_args()
+    source = (KERNEL_DIR / "quant.cu").read_text()
+    out = {}
+    for warps, rows in [(4, 2), (4, 4)]:
+        module = cp.RawModule(code=source, options=OPTIONS + (f"-DMV_WARPS={warps}", f"-DMV_ROWS={rows}"))
+        for kind in KINDS:
+            fn = module.get_function(f"matvec_{kind}")
+            for m, k in SHAPES:
+                w = cp.random.randint(0, 255, (m, row_bytes(kind, k)), dtype=cp.uint8)
+                if kind != "F16":  # sane scales: random fp16 bits may be NaN (same speed, but keep it clean)
+                    w[:] = w & 0x3F
+                x = cp.asarray((np.random.default_rng(0).standard_normal(k) * 0.1).astype(np.float16))
+                y = cp.empty(m, dtype=cp.float16)
+                per_block = warps * rows
+                us = time_us(lambda: fn(((m + per_block - 1) // per_block,), (warps * 32,), (w, x, y, np.int32(m), np.int32(k))))
+                key = f"{kind} {m}x{k} warps={warps} rows={rows}"
+                out[key] = {"us": round(us, 2), "tb_s": round(w.nbytes / us / 1e6, 2)}
+                print(f"{key:40s} {us:8.2f} us {w.nbytes / us / 1e6:6.2f} TB/s", flush=True)
+    k = GpuKernels(cp)
+    dim, heads, kv_heads, d, ffn = 4096, 32, 8, 128, 14336
+    x = cp.asarray(np.random.default_rng(1).standard_normal((1, dim)).astype(np.float32))
+    delta, w = cp.zeros((1, dim), cp.float16), cp.ones(dim, cp.float32)
+    qkv = cp.zeros((1, (heads + 2 * kv_heads) * d), cp.float16)
+    angles = cp.zeros((20000, 1, d // 2), cp.float32)
+    gate_up = cp.zeros((1, 2 * ffn), cp.float16)
+    others = {"add_rms_norm 1x4096": lambda: k.add_rms_norm(x, delta, w, 1e-5),
+              "silu_mul 1x14336": lambda: k.silu_mul(gate_up)}
+    for context in (512, 16384):
+        kc = cp.asarray((np.random.default_rng(2).standard_normal((kv_heads, context + 1, d)) * 0.3).astype(np.float16))
+        vc = kc.copy()
+        step = k.static_step(1, k_bucket(context))
+        step.set_position(context)
+        q = cp.zeros((1, heads, d), cp.float16)
+        others[f"rope_store at {context}"] = lambda kc=kc, vc=vc, step=step: k.rope_store(qkv, angles, angles, kc, vc, step)
+        others[f"decode attention at {context} (grid for {k_bucket(context)})"] = (
+            lambda q=q, kc=kc, vc=vc, step=step: k.attention(q, kc, vc, step))
+    for name, fn in others.items():
+        us = time_us(fn)
+        out[name] = {"us": round(us, 2)}
+        print(f"{name:48s} {us:8.2f} us", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
