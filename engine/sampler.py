@@ -49,10 +49,13 @@ class Sampler:
             self.rng.random(drawn)  # one uniform draw per sampled token (see sample)
 
     def sample(self, logits, xp=np) -> int:
-        """logits: (vocab,) float32 on the host (xp = numpy), or on the GPU (xp = cupy): there the
-        draw runs where the logits are (pick_sorted) and only the token comes back. The RNG stays
-        on the host either way: one uniform per sampled token, fingerprinted with the parked state."""
+        """logits: (vocab,) float32 on the host (xp = numpy), or on the GPU (xp = cupy): there a
+        temperature draw runs where the logits are (pick_sorted) and only the token comes back. The
+        RNG stays on the host either way: one uniform per sampled token, fingerprinted with the
+        parked state."""
         p = self.params
+        if p.temperature == 0 and xp is not np:  # one argmax: the copy and a host argmax cost less
+            logits, xp = xp.asnumpy(logits), np  # than a device reduction and its synchronization
         logits = self.apply_penalties(logits, xp)
         if p.temperature == 0:
             return int(xp.argmax(logits))
