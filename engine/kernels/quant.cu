@@ -65,59 +65,32 @@ __device__ __forceinline__ void nibbles(Unit& u, const unsigned* qs, unsigned qh
     }
 }
 
-// Q4_0 {d, qs[16]}: d * (q - 8)
-struct Q4_0 {
-    static constexpr int QK = 32, BYTES = 18;
-    static constexpr bool MIN = false;
+// The 32-value formats: {d, [m], [qh[4]], qs[16]}. Q4_0: d * (q - 8); Q4_1: d * q + m; Q5_0 (the
+// fifth bit of value j is bit j of qh): d * (q - 16); Q5_1: d * q + m. Fields are 2-byte aligned
+// in blocks of 18 or 22 bytes, 4-byte aligned in blocks of 20 or 24.
+template <int BYTES_, bool HAS_MIN, bool FIFTH_BIT>
+struct Q32 {
+    static constexpr int QK = 32, BYTES = BYTES_;
+    static constexpr bool MIN = HAS_MIN;
+    static constexpr int QH = HAS_MIN ? 4 : 2, QS = QH + (FIFTH_BIT ? 4 : 0);
     __device__ static void decode(const u8* row, int s, Unit& u) {
         const u8* p = row + s * BYTES;
-        unsigned qs[4];
-        load_a2(p + 2, qs);
-        nibbles(u, qs, 0u, 8.f);
-        same_scale(u, f16_at(p), 0.f);
+        unsigned qh[1] = {0u}, qs[4];
+        if (BYTES % 4 == 0) {
+            if (FIFTH_BIT) load_a4(p + QH, qh);
+            load_a4(p + QS, qs);
+        } else {
+            if (FIFTH_BIT) load_a2(p + QH, qh);
+            load_a2(p + QS, qs);
+        }
+        nibbles(u, qs, qh[0], HAS_MIN ? 0.f : (FIFTH_BIT ? 16.f : 8.f));
+        same_scale(u, f16_at(p), HAS_MIN ? f16_at(p + 2) : 0.f);
     }
 };
-
-// Q4_1 {d, m, qs[16]}: d * q + m
-struct Q4_1 {
-    static constexpr int QK = 32, BYTES = 20;
-    static constexpr bool MIN = true;
-    __device__ static void decode(const u8* row, int s, Unit& u) {
-        const u8* p = row + s * BYTES;
-        unsigned qs[4];
-        load_a4(p + 4, qs);
-        nibbles(u, qs, 0u, 0.f);
-        same_scale(u, f16_at(p), f16_at(p + 2));
-    }
-};
-
-// Q5_0 {d, qh[4], qs[16]}: the fifth bit of value j is bit j of qh; d * (q - 16)
-struct Q5_0 {
-    static constexpr int QK = 32, BYTES = 22;
-    static constexpr bool MIN = false;
-    __device__ static void decode(const u8* row, int s, Unit& u) {
-        const u8* p = row + s * BYTES;
-        unsigned qh[1], qs[4];
-        load_a2(p + 2, qh);
-        load_a2(p + 6, qs);
-        nibbles(u, qs, qh[0], 16.f);
-        same_scale(u, f16_at(p), 0.f);
-    }
-};
-
-// Q5_1 {d, m, qh[4], qs[16]}: d * q + m
-struct Q5_1 {
-    static constexpr int QK = 32, BYTES = 24;
-    static constexpr bool MIN = true;
-    __device__ static void decode(const u8* row, int s, Unit& u) {
-        const u8* p = row + s * BYTES;
-        unsigned qh[1], qs[4];
-        load_a4(p + 4, qh);
-        load_a4(p + 8, qs);
-        nibbles(u, qs, qh[0], 0.f);
-        same_scale(u, f16_at(p), f16_at(p + 2));
-    }
-};
+using Q4_0 = Q32<18, false, false>;
+using Q4_1 = Q32<20, true, false>;
+using Q5_0 = Q32<22, false, true>;
+using Q5_1 = Q32<24, true, true>;
 
 // Q8_0 {d, qs[32] int8}: d * q
 struct Q8_0 {
