@@ -1,0 +1,25 @@
+"""The server's command line: what it forwards to the default engine, and what it refuses."""
+from __future__ import annotations
+
+import pytest
+
+from engine.cli import build_parser as engine_parser
+from serve.cli import build_parser, settings_from_args
+
+
+def engine_args(*flags: str) -> list[str]:
+    return settings_from_args(build_parser().parse_args(list(flags))).engine_command()
+
+
+def test_weights_form_is_forwarded_only_when_given():
+    assert "--weights" not in engine_args()
+    cmd = engine_args("--weights", "fp16")
+    assert cmd[cmd.index("--weights") + 1] == "fp16"
+    assert engine_parser().parse_args(cmd[cmd.index("--serve"):]).weights == "fp16"  # the engine takes it
+
+
+@pytest.mark.parametrize("parser", [build_parser, engine_parser])
+def test_an_unknown_weights_form_is_refused(parser, capsys):
+    with pytest.raises(SystemExit) as e:
+        parser().parse_args(["--weights", "int3"])
+    assert e.value.code == 2 and "invalid choice: 'int3'" in capsys.readouterr().err
