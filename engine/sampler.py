@@ -60,7 +60,7 @@ class Sampler:
         if p.temperature == 0:
             return int(xp.argmax(logits))
         u = self.rng.random()  # exactly one uniform draw per sampled token: a restart can skip them
-        scaled = logits.astype(np.float32) / np.float32(p.temperature)
+        scaled = logits.astype(np.float32, copy=False) / np.float32(p.temperature)  # a new array either way
         return pick(scaled, u, p) if xp is np else pick_sorted(xp, scaled, u, p)
 
     def apply_penalties(self, logits, xp=np):
@@ -137,15 +137,15 @@ def pick_sorted(xp, scaled, u: float, p: SamplingParams) -> int:
     else:
         weights = xp.exp(scaled - scaled.max())
         total, e = weights.sum(), weights[order]  # the normalizer summed in index order, as pick's
-    n = len(order)
+    n, total = len(order), total.astype(np.float64)
     keep = xp.asarray(n)
     if p.min_p > 0:
         keep = xp.maximum(1, xp.count_nonzero(e >= np.float32(p.min_p)))
     cum = xp.cumsum(e, dtype=np.float64)
     if p.top_p < 1.0:  # the smallest set reaching top_p
-        keep = xp.minimum(keep, xp.searchsorted(cum, p.top_p * total.astype(np.float64)) + 1)
+        keep = xp.minimum(keep, xp.searchsorted(cum, p.top_p * total) + 1)
     keep = xp.minimum(keep, n)
-    mass = xp.where(keep == n, total.astype(np.float64), cum[keep - 1])  # no cut: the index-order sum
+    mass = xp.where(keep == n, total, cum[keep - 1])  # no cut: the index-order sum
     at = xp.minimum(xp.searchsorted(cum, u * mass, side="right"), keep - 1)  # rounding at the very end
     return int(order[at])
 
