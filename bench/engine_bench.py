@@ -130,13 +130,10 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
     for i in range(steps):
         a, b = cp.cuda.Event(), cp.cuda.Event()
         t0 = time.perf_counter()
-        with graphs.stream:
-            graphs.token.set(np.array([tokens[context + 1 + i]], dtype=np.int64))
-            entry.step.set_position(context + 1 + i)
-            a.record(graphs.stream)
-            entry.graph.launch(graphs.stream)
-            b.record(graphs.stream)
-            b.synchronize()
+        a.record(graphs.stream)
+        graphs.replay(entry, int(tokens[context + 1 + i]), context + 1 + i)
+        b.record(graphs.stream)
+        b.synchronize()
         t1 = time.perf_counter()
         greedy.sample(entry.logits, cp)
         t2 = time.perf_counter()

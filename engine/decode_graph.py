@@ -21,6 +21,15 @@ from engine.kv import KVCache
 MIN_BUCKET = 1024
 
 
+def bucket(pos: int, ctx: int) -> int:
+    """The graph a step at `pos` replays: the smallest power-of-two key count from MIN_BUCKET that
+    covers pos + 1 keys, at most the context."""
+    size = MIN_BUCKET
+    while size < pos + 1:
+        size *= 2
+    return min(size, ctx)
+
+
 @dataclass
 class CapturedStep:
     graph: object
@@ -39,25 +48,27 @@ class GraphDecoder:
         self.captured: dict[int, CapturedStep] = {}
 
     def bucket(self, pos: int) -> int:
-        size = MIN_BUCKET
-        while size < pos + 1:
-            size *= 2
-        return min(size, self.kv.ctx)
+        return bucket(pos, self.kv.ctx)
 
     def decode(self, token: int, pos: int):
         """Logits (vocab,) float32 on the device after `token` at position `pos` (its K/V row
         written); the graph's own output buffer, valid until the next replay."""
-        size = self.bucket(pos)
         self.backend.synchronize()  # prompt work ran on the default stream
-        with self.stream:
-            self.token.set(np.array([token], dtype=np.int64))
-            entry = self.captured.get(size)
-            if entry is None:
-                return self.capture(size, pos)
-            entry.step.set_position(pos)
-            entry.graph.launch(self.stream)
+        entry = self.captured.get(self.bucket(pos))
+        if entry is None:
+            with self.stream:
+                self.token.set(np.array([token], dtype=np.int64))
+                return self.capture(self.bucket(pos), pos)
+        self.replay(entry, token, pos)
         self.stream.synchronize()  # the sampler reads the logits on the default stream
         return entry.logits
+
+    def replay(self, entry: CapturedStep, token: int, pos: int) -> None:
+        """Set the step's token and position and launch its graph on the decoder's stream (no wait)."""
+        with self.stream:
+            self.token.set(np.array([token], dtype=np.int64))
+            entry.step.set_position(pos)
+            entry.graph.launch(self.stream)
 
     def capture(self, size: int, pos: int):
         """Run this step eagerly (its result is returned, and it fills the pool), then capture it."""
@@ -65,7 +76,7 @@ class GraphDecoder:
         step = self.backend.kernels.static_step(1, size)
         step.set_position(pos)
         with cp.cuda.using_allocator(self.pool.malloc):
-            logits = self.model.forward_on_device(self.token, step, self.kv, True).copy()
+            logits = self.model.forward_on_device(self.token, step, self.kv, True)
             self.stream.synchronize()
             self.stream.begin_capture()
             try:

@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 import cupy as cp  # noqa: E402
 
+from engine.decode_graph import bucket  # noqa: E402
 from engine.kernels import KERNEL_DIR, OPTIONS, GpuKernels  # noqa: E402
 from engine.quantized import row_bytes  # noqa: E402
 
@@ -44,14 +45,6 @@ def time_us(fn) -> float:
         b.record(stream)
         b.synchronize()
     return cp.cuda.get_elapsed_time(a, b) * 1000 / LAUNCHES
-
-
-def k_bucket(context: int) -> int:
-    """The decode graph's bucket for this position (engine/decode_graph.py)."""
-    size = 1024
-    while size < context + 1:
-        size *= 2
-    return size
 
 
 def main() -> int:
@@ -87,11 +80,12 @@ def main() -> int:
     for context in (512, 16384):
         kc = cp.asarray((np.random.default_rng(2).standard_normal((kv_heads, context + 1, d)) * 0.3).astype(np.float16))
         vc = kc.copy()
-        step = k.static_step(1, k_bucket(context))
+        grid = bucket(context, 1 << 20)  # the decode graph's bucket on a context this long or longer
+        step = k.static_step(1, grid)
         step.set_position(context)
         q = cp.zeros((1, heads, d), cp.float16)
         others[f"rope_store at {context}"] = lambda kc=kc, vc=vc, step=step: k.rope_store(qkv, angles, angles, kc, vc, step)
-        others[f"decode attention at {context} (grid for {k_bucket(context)})"] = (
+        others[f"decode attention at {context} (grid for {grid})"] = (
             lambda q=q, kc=kc, vc=vc, step=step: k.attention(q, kc, vc, step))
     for name, fn in others.items():
         us = time_us(fn)
