@@ -4,11 +4,12 @@
 
 Correctness: flash attention (head widths 64 and 128, GQA ratios 1, 3, 4, 8, one token, lengths
 that are not multiples of the tile, prefixes that end mid-tile), add+RMSNorm, RoPE+KV write,
-SwiGLU, the head matvec, and the load-time dequantization of every GGUF block type against the
-gguf package. Inputs are fresh random data; outputs are poisoned (NaN) before each run, so an
+SwiGLU; for every GGUF weight type the load-time expansion, the embedding gather and the matvec
+that reads the blocks, against the gguf package; the GPU sampler against the host's. Inputs are fresh random data; outputs are poisoned (NaN) before each run, so an
 unwritten element fails. Error is ||gpu - ref|| / ||ref|| with the reference in float32 on the
 fp16-rounded inputs. Speed: cuBLAS fp16 GEMM on the 8B shapes (the ceiling the prefill runs
-against) and the attention kernel's TFLOP/s at depth.
+against), the attention kernel's TFLOP/s at depth, a sampler draw's wall time; per-kernel decode
+times (matvecs per weight kind included) are tools/decode_kernel_times.py's.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from gguf.quants import dequantize  # noqa: E402
 
 from engine.backend import ArrayOps, Step  # noqa: E402
 from engine.kernels import DEQUANT, GpuKernels  # noqa: E402
-from engine.quantized import BLOCKS, QuantMatrix, QuantPart  # noqa: E402
+from engine.quantized import QuantMatrix, QuantPart  # noqa: E402
 from make_synthetic_gguf import random_blocks, random_half  # noqa: E402
 
 REF = ArrayOps(np)
@@ -212,18 +213,6 @@ def speed(k: GpuKernels) -> dict:
         ms = median_ms(lambda: k.attention(q, kc, vc, step))
         out[f"decode_attention_depth{depth}_us"] = round(ms * 1000, 1)
         out[f"decode_attention_depth{depth}_tb_s"] = round(2 * kv_heads * (depth + 1) * d * 2 / ms / 1e9, 2)
-    for kind in ("F16", "Q8_0", "Q4_K", "Q6_K", "Q4_0"):  # decode matvecs: bound by reading the weights once
-        for rows, cols in [(6144, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
-            raw, _ = weight_rows(kind, rows, cols) if rows * cols <= 6144 * 4096 else (None, None)
-            if raw is None:  # big shapes: random bytes of the right size (speed only)
-                width = cols * 2 if kind == "F16" else cols // BLOCKS[kind][0] * BLOCKS[kind][1]
-                raw = cp.random.randint(0, 255, (rows, width), dtype=cp.uint8)
-                raw = raw.view(cp.float16) if kind == "F16" else raw
-            m = QuantMatrix((QuantPart(kind, cp.asarray(raw), rows),), cols)
-            x = cp.asarray(half_normal(cols, scale=0.1))
-            ms = median_ms(lambda: k.matvec(m, x, np.float16), 20)
-            out[f"matvec_{kind}_{rows}x{cols}_us"] = round(ms * 1000, 1)
-            out[f"matvec_{kind}_{rows}x{cols}_tb_s"] = round(m.nbytes / ms / 1e9, 2)
     from engine.sampler import Sampler, SamplingParams
 
     logits = cp.asarray(rng.standard_normal(128256).astype(np.float32))
