@@ -165,11 +165,9 @@ class WeightLoader:
         permute like rows of values."""
         kind, cols = t.tensor_type.name, int(t.shape[0])
         if kind in BLOCKS or kind == "F16":
-            data = np.asarray(t.data)
+            data = np.asarray(t.data)  # (rows, row bytes) or (rows, cols), as the reader maps it
         else:  # F32, BF16, rare types among quantized ones
             data, kind = dequantize_tensor(t).astype(np.float16), "F16"
-        if kind == "F16":
-            data = data.reshape(-1, cols)
         return HostRows(kind, deinterleave_heads(data, heads) if heads else data, cols)
 
     def dense(self, t, heads: int | None):
