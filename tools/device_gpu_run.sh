@@ -4,7 +4,8 @@
 #
 #   bash tools/device_gpu_run.sh kernels synth bench parity hol real
 #
-# kernels  tools/gpu_kernels_check.py: every kernel against NumPy, GEMM, attention and matvec speed
+# kernels  tools/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention speed
+# times    tools/decode_kernel_times.py: each decode kernel's GPU time per launch
 # synth    synthetic GGUFs in /tmp/m: the Llama-3-8B shape (F16) and the SmolLM2-135M shape (Q4_1)
 # small    bench/engine_bench.py on the 135M shape -> $OUT/engine_gpu.json (load, prefill, decode, profile)
 # bench    the same on the 8B F16 shape
@@ -40,6 +41,8 @@ for step in "$@"; do
       cp .device/part00 /tmp/sm/part00 ;;
     kernels)
       python3 tools/gpu_kernels_check.py --json "$OUT/kernels.json" || echo "KERNEL CHECKS FAILED" ;;
+    times)
+      python3 tools/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;
     synth)
       [ -f $M8 ] || python3 tools/make_synthetic_gguf.py $M8 --preset llama3-8b --type F16 --tokenizer .device/tok.gguf 2>&1 | tail -2
       [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1 ;;

@@ -117,47 +117,31 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, float* sc, floa
     }
 }
 
-// Sub-block sb of the Q4_K / Q5_K super-block at p: value = d * sc * q - dmin * mn.
-__device__ __forceinline__ void k4_scale(Unit& u, const u8* p, int sb) {
-    float sc, mn;
-    scale_min_k4(sb, p + 4, &sc, &mn);
-    same_scale(u, f16_at(p) * sc, -f16_at(p + 2) * mn);
-}
-
-// Q4_K {d, dmin, scales[12], qs[128]} per 256 values: sub-block sb (unit s) takes the low (even
-// sb) or high (odd sb) nibbles of qs[32 * (sb / 2) ...].
-struct Q4_K {
-    static constexpr int QK = 256, BYTES = 144;
+// Q4_K {d, dmin, scales[12], qs[128]} and Q5_K {d, dmin, scales[12], qh[32], qs[128]} per 256
+// values: sub-block sb (unit s) takes the low (even sb) or high (odd sb) nibbles of qs[32 * (sb / 2)
+// ...], Q5_K's fifth bit of value l is bit sb of qh[l]; value = d * sc * q - dmin * mn with the
+// sub-block's 6-bit scale and min.
+template <int BYTES_, bool FIFTH_BIT>
+struct K4 {
+    static constexpr int QK = 256, BYTES = BYTES_;
     static constexpr bool MIN = true;
     __device__ static void decode(const u8* row, int s, Unit& u) {
         const int sb = s & 7;
         const u8* p = row + (s >> 3) * BYTES;
-        unsigned qs[8];
-        load_a16(p + 16 + 32 * (sb >> 1), qs);
-        const int shift = (sb & 1) * 4;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) put4(u.q + 4 * i, (qs[i] >> shift) & 0x0F0F0F0Fu, 0.f);
-        k4_scale(u, p, sb);
-    }
-};
-
-// Q5_K {d, dmin, scales[12], qh[32], qs[128]}: the fifth bit of sub-block sb is bit sb of qh[l].
-struct Q5_K {
-    static constexpr int QK = 256, BYTES = 176;
-    static constexpr bool MIN = true;
-    __device__ static void decode(const u8* row, int s, Unit& u) {
-        const int sb = s & 7;
-        const u8* p = row + (s >> 3) * BYTES;
-        unsigned qh[8], qs[8];
-        load_a16(p + 16, qh);
-        load_a16(p + 48 + 32 * (sb >> 1), qs);
+        unsigned qh[8] = {}, qs[8];
+        if (FIFTH_BIT) load_a16(p + 16, qh);
+        load_a16(p + (FIFTH_BIT ? 48 : 16) + 32 * (sb >> 1), qs);
         const int shift = (sb & 1) * 4;
 #pragma unroll
         for (int i = 0; i < 8; ++i)
             put4(u.q + 4 * i, ((qs[i] >> shift) & 0x0F0F0F0Fu) | (((qh[i] >> sb) & 0x01010101u) << 4), 0.f);
-        k4_scale(u, p, sb);
+        float sc, mn;
+        scale_min_k4(sb, p + 4, &sc, &mn);
+        same_scale(u, f16_at(p) * sc, -f16_at(p + 2) * mn);
     }
 };
+using Q4_K = K4<144, false>;
+using Q5_K = K4<176, true>;
 
 // Q6_K {ql[128], qh[64], scales[16] int8, d} per 256 values, two halves of 128. In half h,
 // quarter k (sub-block sb = 4h + k), value l: low 4 bits from ql[64h + 32(k&1) + l] (low nibble for
