@@ -18,6 +18,15 @@ BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24)
 UNIT = 32  # values one kernel thread decodes at a time (a block, or a sub-block of a K-quant)
 
 
+def quantize_q8(x: np.ndarray) -> np.ndarray:
+    """The activation x (k,) as the quantized matvecs see it: per 32 values, d = max |x| / 127 and
+    x ~ d * round(x / d) (engine/kernels/quant.cu quantize_q8). Returns those values, float32."""
+    units = x.astype(np.float32).reshape(-1, UNIT)
+    amax = np.abs(units).max(axis=1, keepdims=True)
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+    return (np.rint(units * inv) * (amax / np.float32(127))).reshape(-1)
+
+
 def row_bytes(kind: str, cols: int) -> int:
     if kind == "F16":
         return 2 * cols

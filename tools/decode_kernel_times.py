@@ -53,7 +53,8 @@ def main() -> int:
     a = p.parse_args()
     source = (KERNEL_DIR / "quant.cu").read_text()
     out = {}
-    for warps, rows in [(4, 2), (4, 4)]:
+    kernels = GpuKernels(cp)
+    for warps, rows in [(4, 2), (4, 4), (8, 2)]:
         module = cp.RawModule(code=source, options=OPTIONS + (f"-DMV_WARPS={warps}", f"-DMV_ROWS={rows}"))
         for kind in KINDS:
             fn = module.get_function(f"matvec_{kind}")
@@ -62,6 +63,8 @@ def main() -> int:
                 if kind != "F16":  # sane scales: random fp16 bits may be NaN (same speed, but keep it clean)
                     w[:] = w & 0x3F
                 x = cp.asarray((np.random.default_rng(0).standard_normal(k) * 0.1).astype(np.float16))
+                if kind != "F16":  # the quantized kinds read x in 8 bits (quantize_q8, timed below)
+                    x = kernels.quantize_q8(x)
                 y = cp.empty(m, dtype=cp.float16)
                 per_block = warps * rows
                 us = time_us(lambda: fn(((m + per_block - 1) // per_block,), (warps * 32,), (w, x, y, np.int32(m), np.int32(k))))
@@ -75,18 +78,22 @@ def main() -> int:
     qkv = cp.zeros((1, (heads + 2 * kv_heads) * d), cp.float16)
     angles = cp.zeros((20000, 1, d // 2), cp.float32)
     gate_up = cp.zeros((1, 2 * ffn), cp.float16)
+    x16 = cp.zeros(14336, cp.float16)
     others = {"add_rms_norm 1x4096": lambda: k.add_rms_norm(x, delta, w, 1e-5),
+              "quantize_q8 14336": lambda: k.quantize_q8(x16),
               "silu_mul 1x14336": lambda: k.silu_mul(gate_up)}
-    for context in (512, 16384):
-        kc = cp.asarray((np.random.default_rng(2).standard_normal((kv_heads, context + 1, d)) * 0.3).astype(np.float16))
-        vc = kc.copy()
-        grid = bucket(context, 1 << 20)  # the decode graph's bucket on a context this long or longer
-        step = k.static_step(1, grid)
-        step.set_position(context)
+    for heads, kv_heads, d, label in [(32, 8, 128, "8B"), (9, 3, 64, "135M"), (64, 8, 128, "70B")]:
         q = cp.zeros((1, heads, d), cp.float16)
-        others[f"rope_store at {context}"] = lambda kc=kc, vc=vc, step=step: k.rope_store(qkv, angles, angles, kc, vc, step)
-        others[f"decode attention at {context} (grid for {grid})"] = (
-            lambda q=q, kc=kc, vc=vc, step=step: k.attention(q, kc, vc, step))
+        for context in (512, 4096, 16384):
+            kc = cp.asarray((np.random.default_rng(2).standard_normal((kv_heads, context + 1, d)) * 0.3).astype(np.float16))
+            vc = kc.copy()
+            grid = bucket(context, 1 << 20)  # the decode graph's bucket on a context this long or longer
+            step = k.static_step(1, grid)
+            step.set_position(context)
+            if label == "8B":
+                others[f"rope_store at {context}"] = lambda kc=kc, vc=vc, step=step: k.rope_store(qkv, angles, angles, kc, vc, step)
+            others[f"decode attention {label} at {context} (grid for {grid})"] = (
+                lambda q=q, kc=kc, vc=vc, step=step: k.attention(q, kc, vc, step))
     for name, fn in others.items():
         us = time_us(fn)
         out[name] = {"us": round(us, 2)}

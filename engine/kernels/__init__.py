@@ -17,20 +17,27 @@ KERNEL_DIR = Path(__file__).resolve().parent
 OPTIONS = ("-std=c++17", "--use_fast_math")
 THREADS = 256
 ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR in attention.cu
-DECODE_KEYS = 256  # keys per flash-decoding block: DEC_WARPS * DEC_KEYS_PER_WARP in attention.cu
-DECODE_KEYS_PER_WARP = 64  # one partial softmax state per warp
-MAX_GROUP = 8  # query heads per K/V head the decoding kernel holds
-COMBINE_GROUPS = 8  # thread rows of the partials' merge: COMBINE_GROUPS in attention.cu
+DECODE_THREADS = 128  # a flash-decoding block: DEC_WARPS warps in attention.cu
+DECODE_MAX_SPLITS = 64  # DEC_MAX_SPLITS in attention.cu
+MAX_GROUP = 8  # query heads per K/V head the decoding kernels are built for (one kernel each)
 HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
 
 WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_, embed_ and matvec_ kernels in quant.cu
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
+Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in quant.cu
 
 
 def attention_smem_bytes(d: int) -> int:
     """Two stages of a 64-key K tile and V tile, rows padded by 8 halves: Tiles<D>::BYTES."""
     return 2 * 2 * 64 * (d + 8) * 2
+
+
+def decode_keys_per_block(keys: int) -> int:
+    """Keys one flash-decoding block reads: 64 (a round of 16 for each of its 4 warps) up to 4,096
+    keys, then growing with the key count rounded up to a power of two so that a grid never has
+    more than DECODE_MAX_SPLITS blocks per K/V head (the merge reads each split's partial)."""
+    return max(64, (1 << max(0, keys - 1).bit_length()) // DECODE_MAX_SPLITS)
 
 
 def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
@@ -41,11 +48,11 @@ class GpuKernels:
     def __init__(self, cp: ModuleType):
         self.cp = cp
         names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "silu_mul"),
-                 "quant.cu": ("dequant_BF16", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
+                 "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
                                                 for family, suffix in (("dequant", ""), ("embed", ""),
                                                                        ("matvec", ""), ("matvec", "_f32")))),
                  "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS),
-                                  *(f"flash_decode_d{d}" for d in HEAD_DIMS), "flash_decode_combine")}
+                                  *(f"flash_decode_d{d}_g{g}" for d in HEAD_DIMS for g in range(1, MAX_GROUP + 1)))}
         self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
         for source, kernels in names.items():
             module = cp.RawModule(code=(KERNEL_DIR / source).read_text(), options=OPTIONS)
@@ -53,6 +60,7 @@ class GpuKernels:
         for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
             self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
         self._step: Step | None = None
+        self.counters = None  # flash-decoding's per-K/V-head block counters (int32, zero at rest)
         self.scratch = None  # fp16 values of the largest quantized matrix: a prompt chunk's GEMM operand
 
     # ------------------------------------------------------------ norm, RoPE, SwiGLU
@@ -113,25 +121,28 @@ class GpuKernels:
         return out.reshape(n, heads * d)
 
     def decode_attention(self, q, k_cache, v_cache, step: Step):
-        """One query token: blocks of DECODE_KEYS keys each, then the partials merged. The grid
-        covers step.max_keys (a graph's bucket) or the keys present."""
+        """One query token: blocks of decode_keys_per_block keys each, their partials merged by the
+        last block to finish. The grid covers step.max_keys (a graph's bucket) or the keys present;
+        the split depends only on that count rounded up to a power of two, so an eager step and a
+        captured one split (and round) alike."""
         cp = self.cp
         _, heads, d = q.shape
         kv_heads, ctx, _ = k_cache.shape
-        if heads // kv_heads > MAX_GROUP:
-            raise ValueError(f"{heads // kv_heads} query heads per K/V head (at most {MAX_GROUP} supported)")
-        splits = math.ceil((step.max_keys or step.start + 1) / DECODE_KEYS)
-        partials = splits * DECODE_KEYS // DECODE_KEYS_PER_WARP
-        part_o = cp.empty((heads, partials, d), dtype=cp.float32)
-        part_ml = cp.empty((heads, partials, 2), dtype=cp.float32)
+        group = heads // kv_heads
+        if group > MAX_GROUP:
+            raise ValueError(f"{group} query heads per K/V head (at most {MAX_GROUP} supported)")
+        keys = step.max_keys or step.start + 1
+        per_block = decode_keys_per_block(keys)
+        splits = math.ceil(keys / per_block)
+        part_o = cp.empty((heads, splits, d), dtype=cp.float32)
+        part_ml = cp.empty((heads, splits, 2), dtype=cp.float32)
         out = cp.empty((1, heads, d), dtype=cp.float16)
-        self.fn[f"flash_decode_d{d}"](
-            (splits, kv_heads, 1), (128,), (q, k_cache, v_cache, part_o, part_ml, step.pos0, step.kv_off,
-                                            np.int32(heads), np.int32(kv_heads), np.int32(ctx),
-                                            np.float32(math.log2(math.e) / math.sqrt(d))))
-        self.fn["flash_decode_combine"](
-            (heads, 1), (d, COMBINE_GROUPS), (part_o, part_ml, out, step.pos0, np.int32(heads), np.int32(partials),
-                                              np.int32(d)))
+        if self.counters is None or self.counters.size < kv_heads:  # zero; each launch leaves them zero
+            self.counters = cp.zeros(kv_heads, dtype=cp.int32)
+        self.fn[f"flash_decode_d{d}_g{group}"](
+            (splits, kv_heads, 1), (DECODE_THREADS,),
+            (q, k_cache, v_cache, part_o, part_ml, out, self.counters, step.pos0, step.kv_off, np.int32(kv_heads),
+             np.int32(ctx), np.int32(per_block), np.float32(math.log2(math.e) / math.sqrt(d))))
         return out.reshape(1, heads * d)
 
     def step(self, n: int, start: int) -> Step:
@@ -155,16 +166,28 @@ class GpuKernels:
 
     def matvec(self, w, x, dtype=np.float32):
         """w: (m, k) fp16 or a QuantMatrix (its blocks read directly), x: (k,) fp16 -> (m,) in
-        dtype (float32 or float16), fp32 accumulation."""
+        dtype (float32 or float16), fp32 accumulation. Quantized parts take x in 8 bits per 32
+        values (quantize_q8, once for all parts) and integer dot products."""
         x = self.cp.ascontiguousarray(x)
         suffix = "_f32" if np.dtype(dtype) == np.float32 else ""
         y = self.cp.empty(w.shape[0], dtype=dtype)
+        parts = self.parts(w)
+        xq = self.quantize_q8(x) if any(kind != "F16" for kind, _, _ in parts) else None
         row = 0
-        for kind, data, rows in self.parts(w):
+        for kind, data, rows in parts:
             self.fn[f"matvec_{kind}{suffix}"](blocks(rows, MATVEC_ROWS), (MATVEC_THREADS,),
-                                               (data, x, y[row:], np.int32(rows), np.int32(w.shape[1])))
+                                               (data, x if kind == "F16" else xq, y[row:], np.int32(rows),
+                                                np.int32(w.shape[1])))
             row += rows
         return y
+
+    def quantize_q8(self, x):
+        """x: (k,) fp16 -> k / 32 units of 48 bytes (Q8 in quant.cu): 32 int8, the scale and the
+        halves' sums. NumPy reference: engine.quantized.quantize_q8."""
+        units = x.shape[0] // UNIT
+        out = self.cp.empty((units, Q8_BYTES), dtype=self.cp.uint8)
+        self.fn["quantize_q8"](blocks(units), (THREADS,), (x, out, np.int32(units)))
+        return out
 
     @staticmethod
     def parts(w):

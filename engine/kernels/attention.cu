@@ -262,181 +262,213 @@ FLASH_ATTENTION(128)
 
 // ---------------------------------------------------------------- flash-decoding: one query token
 // A decode step has one query token per sequence: too little work for the prompt kernel's 64-row
-// tiles (it would give each K/V head one block for the whole context). Here the key range is split
-// across blocks: block (split, kv head, sequence) reads keys [split * SPLIT, +SPLIT) once for the
-// `group` query heads that share them, each of its warps keeping its own partial softmax state;
-// flash_decode_combine then merges the partials. The grid may be larger than the keys (so that a
-// captured graph serves a range of lengths): blocks past the end write an empty partial.
-// Measured on an H200: 234 us a layer at 46,832 positions, 587 us at 131,071 (8 K/V heads of 128):
-// 0.82-0.91 TB/s of the ~4.3 TB/s the card copies at. Latency-bound still.
+// tiles. Here the key range is split across blocks: block (split, kv head, sequence) reads keys
+// [split * per_block, +per_block) once for the G query heads that share them (each warp a quarter,
+// 16 keys a round, keeping its own softmax state); the block writes one partial, and the last block
+// of a (sequence, kv head) to finish (an atomic counter, reset by it) merges the partials in split
+// order. The grid may cover more keys than present (a captured graph serves a range of lengths):
+// blocks past the end only count themselves. Scores: 8 lanes a key (a 16-byte slice each), four
+// keys per load; P V: the warp's lanes cover the head dims, keys one by one. K and V of a round are
+// loaded before any is used, so one memory round trip serves 16 keys.
 constexpr int DEC_WARPS = 4;
-constexpr int DEC_KEYS_PER_WARP = 64;  // two rounds of 32 keys, one key per lane: 256 keys a block
-constexpr int MAX_GROUP = 8;  // query heads per K/V head
+constexpr int DEC_ROUND = 16;  // keys a warp takes per round: 4 quads of 4 keys
+constexpr int DEC_MAX_SPLITS = 64;  // per_block is chosen so that no grid has more
 
-// q: (sequences, heads, D) fp16 (one token each), at position pos0[s]; keys 0..pos0[s] are visible.
-// part_o: (sequences, heads, partials, D) fp32 unnormalized; part_ml: (sequences, heads, partials, 2)
-// the running max (log2 domain) and sum; partials = gridDim.x * DEC_WARPS.
-template <int D>
+template <int BYTES> struct Bits;
+template <> struct Bits<4> { using T = unsigned; };
+template <> struct Bits<8> { using T = uint2; };
+template <> struct Bits<16> { using T = uint4; };
+
+template <int N>
+__device__ __forceinline__ void halves_to_float(const void* p, float* f) {
+    const __half2* h = reinterpret_cast<const __half2*>(p);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+        const float2 v = __half22float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+
+// q: (sequences, heads, D) fp16, one token each at position pos0[s]: keys 0..pos0[s] are visible.
+// part_o: (sequences, heads, splits, D) fp32 unnormalized; part_ml: (sequences, heads, splits, 2)
+// the max (log2 domain) and sum; out: (sequences, heads, D) fp16; counters: (sequences, kv_heads)
+// int, zero between launches. heads = kv_heads * G.
+template <int D, int G>
 __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const __half* __restrict__ k,
                                              const __half* __restrict__ v, float* __restrict__ part_o,
-                                             float* __restrict__ part_ml, const int* __restrict__ pos0,
-                                             const long long* __restrict__ kv_off, int heads, int kv_heads, int ctx,
-                                             float scale_log2) {
-    constexpr int DL = D / 32;  // dims per lane in the P V product
-    __shared__ float qs[MAX_GROUP][D];
-    const int s = blockIdx.z, kvh = blockIdx.y, group = heads / kv_heads;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int kv_len = pos0[s] + 1, partials = gridDim.x * DEC_WARPS;
-    const int part = blockIdx.x * DEC_WARPS + warp;
-    for (int i = threadIdx.x; i < group * D; i += DEC_WARPS * 32)
-        qs[i / D][i % D] = __half2float(q[((size_t)s * heads + kvh * group + i / D) * D + i % D]);
-    __syncthreads();
-    const __half* kb = k + kv_off[s] + (size_t)kvh * ctx * D;
-    const __half* vb = v + kv_off[s] + (size_t)kvh * ctx * D;
-
-    float m[MAX_GROUP], l[MAX_GROUP], o[MAX_GROUP][DL];
+                                             float* __restrict__ part_ml, __half* __restrict__ out,
+                                             int* __restrict__ counters, const int* __restrict__ pos0,
+                                             const long long* __restrict__ kv_off, int kv_heads, int ctx,
+                                             int per_block, float scale_log2) {
+    constexpr int DQ = D / 8;   // dims per lane while scoring (8 lanes a key)
+    constexpr int DV = D / 32;  // dims per lane in P V
+    constexpr int QS = DQ + 4;  // a lane's q slice in shared memory, padded: 8 slices on distinct banks
+    using KT = typename Bits<2 * DQ >= 16 ? 16 : 2 * DQ>::T;
+    constexpr int KN = 2 * DQ / sizeof(KT);  // loads per key slice
+    using VT = typename Bits<2 * DV>::T;
+    __shared__ __align__(16) float qs[G][8][QS];
+    __shared__ float wm[DEC_WARPS][G], wl[DEC_WARPS][G];
+    __shared__ float wo[DEC_WARPS][G][D];
+    __shared__ float weight[G][DEC_MAX_SPLITS], inv_den[G];
+    __shared__ bool last;
+    const int s = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane >> 3, chunk = lane & 7;
+    const int heads = kv_heads * G, head0 = kvh * G, kv_len = pos0[s] + 1;
+    const int first = split * per_block;
+    if (first < kv_len) {
+        for (int i = threadIdx.x; i < G * D; i += DEC_WARPS * 32)
+            qs[i / D][(i % D) / DQ][i % DQ] = __half2float(q[((size_t)s * heads + head0) * D + i]) * scale_log2;
+        __syncthreads();
+        const __half* kb = k + kv_off[s] + (size_t)kvh * ctx * D;
+        const __half* vb = v + kv_off[s] + (size_t)kvh * ctx * D;
+        float m[G], l[G], o[G][DV];
 #pragma unroll
-    for (int h = 0; h < MAX_GROUP; ++h) {
-        m[h] = NEG_INF;
-        l[h] = 0.f;
+        for (int h = 0; h < G; ++h) {
+            m[h] = NEG_INF, l[h] = 0.f;
 #pragma unroll
-        for (int j = 0; j < DL; ++j) o[h][j] = 0.f;
-    }
-    const int first = part * DEC_KEYS_PER_WARP;
+            for (int e = 0; e < DV; ++e) o[h][e] = 0.f;
+        }
+        const int per_warp = per_block / DEC_WARPS, begin = first + warp * per_warp;
+        const int end = min(begin + per_warp, kv_len);
 #pragma unroll 1
-    for (int base = first; base < min(first + DEC_KEYS_PER_WARP, kv_len); base += 32) {
-        const int key = base + lane;
-        float sc[MAX_GROUP];
+        for (int base = begin; base < end; base += DEC_ROUND) {
+            KT kr[4][KN];
+            VT vr[DEC_ROUND];
 #pragma unroll
-        for (int h = 0; h < MAX_GROUP; ++h) sc[h] = 0.f;
-        if (key < kv_len) {  // this lane's key against every query head of the group
-            const uint4* kr = reinterpret_cast<const uint4*>(kb + (size_t)key * D);
-            constexpr int BATCH = D / 8 < 8 ? D / 8 : 8;  // 16-byte loads in flight before any use
+            for (int qd = 0; qd < 4; ++qd) {
+                const int key = base + 4 * qd + sub;
+                const KT* src = reinterpret_cast<const KT*>(kb + (size_t)key * D + chunk * DQ);
 #pragma unroll
-            for (int c0 = 0; c0 < D / 8; c0 += BATCH) {
-                uint4 raw[BATCH];
+                for (int c = 0; c < KN; ++c) kr[qd][c] = key < end ? src[c] : KT{};
+            }
 #pragma unroll
-                for (int c = 0; c < BATCH; ++c) raw[c] = kr[c0 + c];
+            for (int j = 0; j < DEC_ROUND; ++j)
+                vr[j] = base + j < end ? reinterpret_cast<const VT*>(vb + (size_t)(base + j) * D)[lane] : VT{};
+            float sc[4][G];  // the score of key base + 4 qd + sub, head h
 #pragma unroll
-                for (int c = 0; c < BATCH; ++c) {
-                    const __half2* h2 = reinterpret_cast<const __half2*>(&raw[c]);
+            for (int qd = 0; qd < 4; ++qd) {
+                float kf[DQ];
+                halves_to_float<DQ>(kr[qd], kf);
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float2 f = __half22float2(h2[e]);
+                for (int h = 0; h < G; ++h) {
+                    float acc = 0.f;
 #pragma unroll
-                        for (int h = 0; h < MAX_GROUP; ++h)
-                            if (h < group)
-                                sc[h] += qs[h][(c0 + c) * 8 + 2 * e] * f.x + qs[h][(c0 + c) * 8 + 2 * e + 1] * f.y;
+                    for (int e = 0; e < DQ; e += 4) {
+                        const float4 qv = *reinterpret_cast<const float4*>(&qs[h][chunk][e]);
+                        acc = fmaf(qv.x, kf[e], fmaf(qv.y, kf[e + 1], fmaf(qv.z, kf[e + 2], fmaf(qv.w, kf[e + 3], acc))));
                     }
+                    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+                    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+                    acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+                    sc[qd][h] = base + 4 * qd + sub < end ? acc : NEG_INF;
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < G; ++h) {  // online softmax over the round's 16 keys
+                float mx = fmaxf(fmaxf(sc[0][h], sc[1][h]), fmaxf(sc[2][h], sc[3][h]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+                const float m_new = fmaxf(m[h], mx);  // finite: key `base` is present
+                const float corr = exp2f(m[h] - m_new);
+                float sum = 0.f;
+#pragma unroll
+                for (int qd = 0; qd < 4; ++qd) sum += (sc[qd][h] = exp2f(sc[qd][h] - m_new));
+                sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+                l[h] = l[h] * corr + sum;
+                m[h] = m_new;
+#pragma unroll
+                for (int e = 0; e < DV; ++e) o[h][e] *= corr;
+            }
+#pragma unroll
+            for (int j = 0; j < DEC_ROUND; ++j) {  // key base + j: p from lane 8 (j % 4), round slot j / 4
+                float vf[DV];
+                halves_to_float<DV>(&vr[j], vf);
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    const float pj = __shfl_sync(0xffffffffu, sc[j / 4][h], 8 * (j % 4));
+#pragma unroll
+                    for (int e = 0; e < DV; ++e) o[h][e] = fmaf(pj, vf[e], o[h][e]);
                 }
             }
         }
-        float p[MAX_GROUP];
+        // the block's partial: its warps merged (a warp with no keys has m = -inf and weighs 0)
+        if (lane == 0)
 #pragma unroll
-        for (int h = 0; h < MAX_GROUP; ++h) {
-            if (h >= group) continue;
-            const float x = key < kv_len ? sc[h] * scale_log2 : NEG_INF;
-            float mx = x;
-            for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-            const float m_new = fmaxf(m[h], mx);  // finite: the round holds at least one key
-            p[h] = exp2f(x - m_new);
-            float sum = p[h];
-            for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-            const float corr = exp2f(m[h] - m_new);
-            l[h] = l[h] * corr + sum;
-            m[h] = m_new;
+            for (int h = 0; h < G; ++h) wm[warp][h] = m[h], wl[warp][h] = l[h];
 #pragma unroll
-            for (int j = 0; j < DL; ++j) o[h][j] *= corr;
-        }
-        // P V: lanes now cover the head dims, keys come one by one (p by shuffle); the 32 rows'
-        // slices are all loaded before the first is used, so the loads overlap
-        const int n_keys = min(32, kv_len - base);
-        __half2 vh[32][DL / 2];
+        for (int h = 0; h < G; ++h)
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            const __half2* vr = reinterpret_cast<const __half2*>(vb + (size_t)(base + j) * D + lane * DL);
+            for (int e = 0; e < DV; ++e) wo[warp][h][lane * DV + e] = o[h][e];
+        __syncthreads();
+        for (int i = threadIdx.x; i < G * D; i += DEC_WARPS * 32) {
+            const int h = i / D, dim = i % D;
+            float mx = NEG_INF;
 #pragma unroll
-            for (int e = 0; e < DL / 2; ++e) vh[j][e] = j < n_keys ? vr[e] : __float2half2_rn(0.f);
-        }
+            for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, wm[w][h]);
+            float num = 0.f, den = 0.f;
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            float vf[DL];
-#pragma unroll
-            for (int e = 0; e < DL / 2; ++e) {
-                const float2 f = __half22float2(vh[j][e]);
-                vf[2 * e] = f.x;
-                vf[2 * e + 1] = f.y;
+            for (int w = 0; w < DEC_WARPS; ++w) {
+                const float a = exp2f(wm[w][h] - mx);
+                num = fmaf(a, wo[w][h][dim], num);
+                den = fmaf(a, wl[w][h], den);
             }
-#pragma unroll
-            for (int h = 0; h < MAX_GROUP; ++h) {
-                if (h >= group) continue;
-                const float pj = __shfl_sync(0xffffffffu, p[h], j);  // 0 past the last key
-#pragma unroll
-                for (int d = 0; d < DL; ++d) o[h][d] += pj * vf[d];
-            }
+            const size_t row = ((size_t)s * heads + head0 + h) * splits + split;
+            part_o[row * D + dim] = num;
+            if (dim == 0) part_ml[row * 2] = mx, part_ml[row * 2 + 1] = den;
         }
+        __threadfence();  // the partial is visible to the block that merges
     }
-#pragma unroll
-    for (int h = 0; h < MAX_GROUP; ++h) {
-        if (h >= group) continue;
-        const size_t row = ((size_t)s * heads + kvh * group + h) * partials + part;
-#pragma unroll
-        for (int d = 0; d < DL; ++d) part_o[row * D + lane * DL + d] = o[h][d];
-        if (lane == 0) {
-            part_ml[row * 2] = m[h];
-            part_ml[row * 2 + 1] = l[h];
-        }
-    }
-}
-
-#define FLASH_DECODE(D)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
-        flash_decode_d##D(const __half* q, const __half* k, const __half* v, float* part_o, float* part_ml,   \
-                          const int* pos0, const long long* kv_off, int heads, int kv_heads, int ctx,         \
-                          float scale_log2) {                                                                 \
-        flash_decode<D>(q, k, v, part_o, part_ml, pos0, kv_off, heads, kv_heads, ctx, scale_log2);            \
-    }
-FLASH_DECODE(64)
-FLASH_DECODE(128)
-
-// Merge the partials of one (sequence, head): out = sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M) l_i.
-// Only the partials that hold keys are read (the rest of a graph's grid is empty). Block: (D,
-// COMBINE_GROUPS) threads; group g folds partials g, g + COMBINE_GROUPS, ... with an online max,
-// then the groups are merged through shared memory (one thread a dim walking 700 partials alone
-// was most of a long-context decode step).
-constexpr int COMBINE_GROUPS = 8;
-
-extern "C" __global__ void flash_decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                                __half* __restrict__ out, const int* __restrict__ pos0,
-                                                int heads, int partials, int d) {
-    __shared__ float gm[COMBINE_GROUPS][128], gnum[COMBINE_GROUPS][128], gden[COMBINE_GROUPS][128];
-    const int s = blockIdx.y, head = blockIdx.x, dim = threadIdx.x, g = threadIdx.y;
-    const int used = min(partials, (pos0[s] + 1 + DEC_KEYS_PER_WARP - 1) / DEC_KEYS_PER_WARP);
-    const size_t row0 = ((size_t)s * heads + head) * partials;
-    float m = NEG_INF, num = 0.f, den = 0.f;
-#pragma unroll 4
-    for (int i = g; i < used; i += COMBINE_GROUPS) {  // a used partial holds a key: its max is finite
-        const float mi = part_ml[(row0 + i) * 2], li = part_ml[(row0 + i) * 2 + 1];
-        const float oi = part_o[(row0 + i) * d + dim];
-        const float mn = fmaxf(m, mi), a = exp2f(m - mn), b = exp2f(mi - mn);
-        num = num * a + oi * b;
-        den = den * a + li * b;
-        m = mn;
-    }
-    gm[g][dim] = m;
-    gnum[g][dim] = num;
-    gden[g][dim] = den;
     __syncthreads();
-    if (g != 0) return;
-    float mx = NEG_INF;
+    if (threadIdx.x == 0) last = atomicAdd(&counters[s * kv_heads + kvh], 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    // the last block: weights of the used splits per head (a warp a head), then each output dim
+    const int used = min(splits, (kv_len + per_block - 1) / per_block);
+    for (int h = warp; h < G; h += DEC_WARPS) {
+        const size_t row0 = ((size_t)s * heads + head0 + h) * splits;
+        float mi[DEC_MAX_SPLITS / 32], li[DEC_MAX_SPLITS / 32], mx = NEG_INF;
 #pragma unroll
-    for (int k = 0; k < COMBINE_GROUPS; ++k) mx = fmaxf(mx, gm[k][dim]);
-    float n_all = 0.f, d_all = 0.f;
+        for (int r = 0; r < DEC_MAX_SPLITS / 32; ++r) {
+            const int sp = lane + 32 * r;
+            mi[r] = sp < used ? __ldcg(part_ml + (row0 + sp) * 2) : NEG_INF;
+            li[r] = sp < used ? __ldcg(part_ml + (row0 + sp) * 2 + 1) : 0.f;
+            mx = fmaxf(mx, mi[r]);
+        }
+        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        float den = 0.f;
 #pragma unroll
-    for (int k = 0; k < COMBINE_GROUPS; ++k) {  // a group with no partial: m = -inf, weight 0
-        const float w = exp2f(gm[k][dim] - mx);
-        n_all += gnum[k][dim] * w;
-        d_all += gden[k][dim] * w;
+        for (int r = 0; r < DEC_MAX_SPLITS / 32; ++r) {
+            const float a = exp2f(mi[r] - mx);  // 0 for an unused split
+            if (lane + 32 * r < used) weight[h][lane + 32 * r] = a;
+            den = fmaf(a, li[r], den);
+        }
+        for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
+        if (lane == 0) inv_den[h] = 1.f / den;
     }
-    out[((size_t)s * heads + head) * d + dim] = __float2half(n_all / d_all);
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * D; i += DEC_WARPS * 32) {
+        const int h = i / D, dim = i % D;
+        const size_t row0 = ((size_t)s * heads + head0 + h) * splits;
+        float acc = 0.f;
+#pragma unroll 8
+        for (int sp = 0; sp < used; ++sp) acc = fmaf(weight[h][sp], __ldcg(part_o + (row0 + sp) * D + dim), acc);
+        out[((size_t)s * heads + head0 + h) * D + dim] = __float2half(acc * inv_den[h]);
+    }
+    if (threadIdx.x == 0) counters[s * kv_heads + kvh] = 0;  // ready for the next launch
 }
+
+#define FLASH_DECODE(D, G)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
+        flash_decode_d##D##_g##G(const __half* q, const __half* k, const __half* v, float* part_o,           \
+                                 float* part_ml, __half* out, int* counters, const int* pos0,                 \
+                                 const long long* kv_off, int kv_heads, int ctx, int per_block,               \
+                                 float scale_log2) {                                                          \
+        flash_decode<D, G>(q, k, v, part_o, part_ml, out, counters, pos0, kv_off, kv_heads, ctx, per_block,  \
+                           scale_log2);                                                                       \
+    }
+#define FLASH_DECODE_GROUPS(D) \
+    FLASH_DECODE(D, 1) FLASH_DECODE(D, 2) FLASH_DECODE(D, 3) FLASH_DECODE(D, 4) FLASH_DECODE(D, 5) \
+    FLASH_DECODE(D, 6) FLASH_DECODE(D, 7) FLASH_DECODE(D, 8)
+FLASH_DECODE_GROUPS(64)
+FLASH_DECODE_GROUPS(128)
