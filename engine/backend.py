@@ -13,7 +13,7 @@ from types import ModuleType
 
 import numpy as np
 
-from engine.quantized import QuantMatrix
+from engine.quantized import QuantMatrix, Row8
 
 KEY_TILE = 2048  # keys per attention tile on the CPU: scores never exceed (kv_heads, group*n, KEY_TILE)
 
@@ -150,7 +150,10 @@ class HalfCupyOps(ArrayOps):
         return super().embed(table, tokens)
 
     def matmul(self, x, w):
-        """One row (a decode step) by the matvec kernel: memory-bound, and capturable in a graph."""
+        """One row (a decode step) by the matvec kernel: memory-bound, and capturable in a graph.
+        A decode row comes as a Row8 (its producer also wrote it in 8 bits, for quantized weights)."""
+        if isinstance(x, Row8):
+            return self.kernels.matvec(w, x.values[0], self.xp.float16, x.q8)[None]
         if x.shape[0] == 1:
             return self.kernels.matvec(w, x[0], self.xp.float16)[None]
         if isinstance(w, QuantMatrix):
@@ -158,18 +161,20 @@ class HalfCupyOps(ArrayOps):
         return x @ w.T
 
     def add_rms_norm(self, x, delta, weight, eps: float):
-        return self.kernels.add_rms_norm(x, delta, weight, eps)
+        return self.kernels.add_rms_norm(x, delta, weight, eps, q8=x.shape[0] == 1)
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step):
         return self.kernels.rope_store(qkv, cos_table, sin_table, k_cache, v_cache, step)
 
     def attention(self, q, k_cache, v_cache, step: Step):
-        return self.kernels.attention(q, k_cache, v_cache, step)
+        return self.kernels.attention(q, k_cache, v_cache, step, q8=q.shape[0] == 1)
 
     def silu_mul(self, gate_up):
-        return self.kernels.silu_mul(gate_up)
+        return self.kernels.silu_mul(gate_up, q8=gate_up.shape[0] == 1)
 
     def logits(self, h, head):
+        if isinstance(h, Row8):
+            return self.kernels.matvec(head, h.values[0], q8=h.q8)
         return self.kernels.matvec(head, h[0])
 
 

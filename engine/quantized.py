@@ -62,6 +62,15 @@ class QuantMatrix:
 
 
 @dataclass(frozen=True)
+class Row8:
+    """One activation row (1, k) fp16 with its 8-bit form (k / 32 Q8 units, kernels/q8.cuh): a
+    decode step's quantized matvecs read the latter, written by the kernel that produced the row."""
+
+    values: object
+    q8: object
+
+
+@dataclass(frozen=True)
 class HostRows:
     """One tensor's rows as stored in the file (before upload): blocks (rows, row_bytes) uint8,
     or float16 (rows, cols) values."""

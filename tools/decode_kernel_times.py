@@ -81,7 +81,9 @@ def main() -> int:
     x16 = cp.zeros(14336, cp.float16)
     others = {"add_rms_norm 1x4096": lambda: k.add_rms_norm(x, delta, w, 1e-5),
               "quantize_q8 14336": lambda: k.quantize_q8(x16),
-              "silu_mul 1x14336": lambda: k.silu_mul(gate_up)}
+              "add_rms_norm 1x4096 +q8": lambda: k.add_rms_norm(x, delta, w, 1e-5, q8=True),
+              "silu_mul 1x14336": lambda: k.silu_mul(gate_up),
+              "silu_mul 1x14336 +q8": lambda: k.silu_mul(gate_up, q8=True)}
     for heads, kv_heads, d, label in [(32, 8, 128, "8B"), (9, 3, 64, "135M"), (64, 8, 128, "70B")]:
         q = cp.zeros((1, heads, d), cp.float16)
         for context in (512, 4096, 16384):
@@ -93,7 +95,7 @@ def main() -> int:
             if label == "8B":
                 others[f"rope_store at {context}"] = lambda kc=kc, vc=vc, step=step: k.rope_store(qkv, angles, angles, kc, vc, step)
             others[f"decode attention {label} at {context} (grid for {grid})"] = (
-                lambda q=q, kc=kc, vc=vc, step=step: k.attention(q, kc, vc, step))
+                lambda q=q, kc=kc, vc=vc, step=step: k.attention(q, kc, vc, step, q8=True))
     for name, fn in others.items():
         us = time_us(fn)
         out[name] = {"us": round(us, 2)}

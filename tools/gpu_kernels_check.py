@@ -107,9 +107,27 @@ def check_norm_rope_swiglu(k: GpuKernels) -> None:
         err = max(rel_err(q, q_ref), rel_err(kg[:, rows], kc[:, rows]), rel_err(vg[:, rows], vc[:, rows]))
         untouched = bool(cp.isnan(kg[:, :start]).all() and cp.isnan(kg[:, start + n:]).all())
         record("rope_store", f"n={n} heads={heads}/{kv_heads} d={d} start={start}", err if untouched else math.inf, 2e-3)
-    for n, ffn in [(1, 1536), (33, 14336), (4, 6)]:
+    for n, ffn in [(1, 1536), (33, 14336), (4, 96)]:
         gu = half_normal(n, 2 * ffn, scale=2.0)
         record("silu_mul", f"n={n} ffn={ffn}", rel_err(k.silu_mul(cp.asarray(gu)), REF.silu_mul(gu.astype(np.float32))), 2e-3)
+
+
+def check_fused_q8(k: GpuKernels) -> None:
+    """A decode row's producers (the norm, SwiGLU, flash-decoding) write its 8-bit form as they write
+    it: byte for byte what quantize_q8 makes of the fp16 row they return."""
+    def record_same(kernel: str, case: str, row) -> None:
+        want = k.quantize_q8(row.values[0]).get()
+        record(kernel, case + " q8", float((row.q8.get() != want).mean()), 0.0)
+
+    for dim in (576, 4096):
+        x, w = cp.asarray(rng.standard_normal((1, dim)).astype(np.float32)), cp.ones(dim, cp.float32)
+        record_same("add_rms_norm", f"n=1 dim={dim}", k.add_rms_norm(x, cp.asarray(half_normal(1, dim)), w, 1e-5, q8=True))
+    for ffn in (1536, 14336):
+        record_same("silu_mul", f"n=1 ffn={ffn}", k.silu_mul(cp.asarray(half_normal(1, 2 * ffn, scale=2.0)), q8=True))
+    for d, heads, kv_heads, start in [(128, 32, 8, 700), (64, 9, 3, 40), (128, 64, 8, 3000)]:
+        kc, vc = (cp.asarray(half_normal(kv_heads, start + 5, d)) for _ in range(2))
+        row = k.attention(cp.asarray(half_normal(1, heads, d)), kc, vc, k.step(1, start), q8=True)
+        record_same("attention", f"d={d} gqa={heads // kv_heads} n=1 start={start}", row)
 
 
 def weight_rows(kind: str, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -249,6 +267,7 @@ def main() -> int:
     a = p.parse_args()
     k = GpuKernels(cp)
     check_attention(k)
+    check_fused_q8(k)
     check_norm_rope_swiglu(k)
     check_weights(k)
     check_sampling()

@@ -5,13 +5,14 @@ tools/gpu_kernels_check.py compares it with on the GPU."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
 from engine.backend import Step
-from engine.quantized import BLOCKS, UNIT, QuantMatrix
+from engine.quantized import BLOCKS, UNIT, QuantMatrix, Row8
 
 KERNEL_DIR = Path(__file__).resolve().parent
 OPTIONS = ("-std=c++17", "--use_fast_math")
@@ -25,7 +26,18 @@ HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
 WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_, embed_ and matvec_ kernels in quant.cu
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
-Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in quant.cu
+Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
+NULL = np.uint64(0)  # a null pointer argument
+
+
+def kernel_source(name: str) -> str:
+    """A .cu file of this folder with its local headers (#include "x.cuh") pasted in: the code CuPy
+    compiles and caches by, so that a header's change reaches every module that includes it."""
+    lines = []
+    for line in (KERNEL_DIR / name).read_text().splitlines():
+        included = re.fullmatch(r'#include "(\w+\.cuh)"', line.strip())
+        lines.append(kernel_source(included.group(1)) if included else line)
+    return "\n".join(lines) + "\n"
 
 
 def attention_smem_bytes(d: int) -> int:
@@ -55,7 +67,7 @@ class GpuKernels:
                                   *(f"flash_decode_d{d}_g{g}" for d in HEAD_DIMS for g in range(1, MAX_GROUP + 1)))}
         self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
         for source, kernels in names.items():
-            module = cp.RawModule(code=(KERNEL_DIR / source).read_text(), options=OPTIONS)
+            module = cp.RawModule(code=kernel_source(source), options=OPTIONS)
             self.fn |= {name: module.get_function(name) for name in kernels}
         for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
             self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
@@ -65,16 +77,17 @@ class GpuKernels:
 
     # ------------------------------------------------------------ norm, RoPE, SwiGLU
 
-    def add_rms_norm(self, x, delta, weight, eps: float):
+    def add_rms_norm(self, x, delta, weight, eps: float, q8: bool = False):
         """x: (n, dim) fp32, updated in place by += delta (n, dim) fp16 if given; returns
-        rms_norm(x) * weight as (n, dim) fp16."""
+        rms_norm(x) * weight as (n, dim) fp16, or for q8 a Row8 (n == 1) with its 8-bit form."""
         n, dim = x.shape
         out = self.cp.empty((n, dim), dtype=self.cp.float16)
+        units = self.cp.empty((n * dim // UNIT, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
         has_delta = delta is not None
         self.fn["add_rms_norm"](
             (n,), (THREADS,), (x, delta if has_delta else out, np.int32(has_delta), weight, out,
-                               np.int32(dim), np.float32(eps)))
-        return out
+                               units if q8 else NULL, np.int32(dim), np.float32(eps)))
+        return Row8(out, units) if q8 else out
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step):
         """qkv: (n, (heads + 2*kv_heads) * d) fp16; cos/sin tables: (positions, 1, d/2) fp32;
@@ -90,27 +103,29 @@ class GpuKernels:
                                         np.int32(heads), np.int32(kv_heads), np.int32(d), np.int32(ctx)))
         return q
 
-    def silu_mul(self, gate_up):
-        """gate_up: (n, 2*ffn) fp16 -> silu(gate) * up: (n, ffn) fp16."""
+    def silu_mul(self, gate_up, q8: bool = False):
+        """gate_up: (n, 2*ffn) fp16 -> silu(gate) * up: (n, ffn) fp16 (a Row8 with q8)."""
         n, two_ffn = gate_up.shape
         out = self.cp.empty((n, two_ffn // 2), dtype=self.cp.float16)
-        pairs = n * two_ffn // 4
-        self.fn["silu_mul"](blocks(pairs), (THREADS,), (gate_up, out, np.int32(two_ffn // 4), np.uint64(pairs)))
-        return out
+        count = out.size // UNIT
+        units = self.cp.empty((count, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
+        self.fn["silu_mul"](blocks(count), (THREADS,), (gate_up, out, units if q8 else NULL, np.int32(two_ffn // 2),
+                                                        np.int64(count)))
+        return Row8(out, units) if q8 else out
 
     # ------------------------------------------------------------ attention
 
-    def attention(self, q, k_cache, v_cache, step: Step):
+    def attention(self, q, k_cache, v_cache, step: Step, q8: bool = False):
         """q: (n, heads, d) fp16 at positions start..start+n; k_cache/v_cache: (kv_heads, ctx, d)
         fp16 holding rows 0..start+n. Causal flash attention; returns (n, heads*d) fp16. One
-        token goes to flash-decoding (the keys split across blocks)."""
+        token goes to flash-decoding (the keys split across blocks; a Row8 with q8)."""
         cp = self.cp
         n, heads, d = q.shape
         kv_heads, ctx, _ = k_cache.shape
         if d not in HEAD_DIMS:
             raise ValueError(f"head width {d} is not supported on the GPU (supported: {HEAD_DIMS})")
         if n == 1:
-            return self.decode_attention(q, k_cache, v_cache, step)
+            return self.decode_attention(q, k_cache, v_cache, step, q8)
         out = cp.empty((n, heads, d), dtype=cp.float16)
         rows = n * (heads // kv_heads)
         grid = (math.ceil(rows / ATTENTION_ROWS), kv_heads, 1)
@@ -120,11 +135,11 @@ class GpuKernels:
             shared_mem=attention_smem_bytes(d))
         return out.reshape(n, heads * d)
 
-    def decode_attention(self, q, k_cache, v_cache, step: Step):
+    def decode_attention(self, q, k_cache, v_cache, step: Step, q8: bool = False):
         """One query token: blocks of decode_keys_per_block keys each, their partials merged by the
         last block to finish. The grid covers step.max_keys (a graph's bucket) or the keys present;
         the split depends only on that count rounded up to a power of two, so an eager step and a
-        captured one split (and round) alike."""
+        captured one split (and round) alike. With q8, a Row8 (the output in 8 bits too)."""
         cp = self.cp
         _, heads, d = q.shape
         kv_heads, ctx, _ = k_cache.shape
@@ -137,13 +152,14 @@ class GpuKernels:
         part_o = cp.empty((heads, splits, d), dtype=cp.float32)
         part_ml = cp.empty((heads, splits, 2), dtype=cp.float32)
         out = cp.empty((1, heads, d), dtype=cp.float16)
+        units = cp.empty((heads * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
         if self.counters is None or self.counters.size < kv_heads:  # zero; each launch leaves them zero
             self.counters = cp.zeros(kv_heads, dtype=cp.int32)
         self.fn[f"flash_decode_d{d}_g{group}"](
             (splits, kv_heads, 1), (DECODE_THREADS,),
-            (q, k_cache, v_cache, part_o, part_ml, out, self.counters, step.pos0, step.kv_off, np.int32(kv_heads),
+            (q, k_cache, v_cache, part_o, part_ml, out, units if q8 else NULL, self.counters, step.pos0, step.kv_off, np.int32(kv_heads),
              np.int32(ctx), np.int32(per_block), np.float32(math.log2(math.e) / math.sqrt(d))))
-        return out.reshape(1, heads * d)
+        return Row8(out.reshape(1, heads * d), units) if q8 else out.reshape(1, heads * d)
 
     def step(self, n: int, start: int) -> Step:
         """The kernels' description of one sequence's n tokens at `start`; every layer of a
@@ -164,15 +180,16 @@ class GpuKernels:
 
     # ------------------------------------------------------------ weights: rows, blocks
 
-    def matvec(self, w, x, dtype=np.float32):
+    def matvec(self, w, x, dtype=np.float32, q8=None):
         """w: (m, k) fp16 or a QuantMatrix (its blocks read directly), x: (k,) fp16 -> (m,) in
         dtype (float32 or float16), fp32 accumulation. Quantized parts take x in 8 bits per 32
-        values (quantize_q8, once for all parts) and integer dot products."""
+        values (q8: the Q8 units the producer of x wrote, else quantize_q8 runs once for all
+        parts) and integer dot products."""
         x = self.cp.ascontiguousarray(x)
         suffix = "_f32" if np.dtype(dtype) == np.float32 else ""
         y = self.cp.empty(w.shape[0], dtype=dtype)
         parts = self.parts(w)
-        xq = self.quantize_q8(x) if any(kind != "F16" for kind, _, _ in parts) else None
+        xq = q8 if q8 is not None or all(kind == "F16" for kind, _, _ in parts) else self.quantize_q8(x)
         row = 0
         for kind, data, rows in parts:
             self.fn[f"matvec_{kind}{suffix}"](blocks(rows, MATVEC_ROWS), (MATVEC_THREADS,),

@@ -15,6 +15,8 @@
 // Grid: (row tiles, kv_heads, sequences); a block of 4 warps owns 64 rows, each warp 16. K/V tiles
 // of 64 keys stream through two shared-memory stages (cp.async), fragments come by ldmatrix.
 #include <cuda_fp16.h>
+
+#include "q8.cuh"
 using uint32_t = unsigned int;  // NVRTC has no <stdint.h>
 
 constexpr int WARPS = 4;
@@ -291,13 +293,14 @@ __device__ __forceinline__ void halves_to_float(const void* p, float* f) {
 
 // q: (sequences, heads, D) fp16, one token each at position pos0[s]: keys 0..pos0[s] are visible.
 // part_o: (sequences, heads, splits, D) fp32 unnormalized; part_ml: (sequences, heads, splits, 2)
-// the max (log2 domain) and sum; out: (sequences, heads, D) fp16; counters: (sequences, kv_heads)
+// the max (log2 domain) and sum; out: (sequences, heads, D) fp16 and, unless null, its Q8 units
+// q8 (sequences, heads * D / 32); counters: (sequences, kv_heads)
 // int, zero between launches. heads = kv_heads * G.
 template <int D, int G>
 __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const __half* __restrict__ k,
                                              const __half* __restrict__ v, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, __half* __restrict__ out,
-                                             int* __restrict__ counters, const int* __restrict__ pos0,
+                                             Q8* __restrict__ q8, int* __restrict__ counters, const int* __restrict__ pos0,
                                              const long long* __restrict__ kv_off, int kv_heads, int ctx,
                                              int per_block, float scale_log2) {
     constexpr int DQ = D / 8;   // dims per lane while scoring (8 lanes a key)
@@ -453,18 +456,28 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
         float acc = 0.f;
 #pragma unroll 8
         for (int sp = 0; sp < used; ++sp) acc = fmaf(weight[h][sp], __ldcg(part_o + (row0 + sp) * D + dim), acc);
-        out[((size_t)s * heads + head0 + h) * D + dim] = __float2half(acc * inv_den[h]);
+        const __half r = __float2half(acc * inv_den[h]);
+        out[((size_t)s * heads + head0 + h) * D + dim] = r;
+        wo[0][h][dim] = __half2float(r);
     }
     if (threadIdx.x == 0) counters[s * kv_heads + kvh] = 0;  // ready for the next launch
+    if (q8 == nullptr) return;
+    __syncthreads();  // the group's G * D outputs, in 8 bits for the output projection's matvec
+    for (int u = threadIdx.x; u < G * D / 32; u += DEC_WARPS * 32) {
+        float vals[32];
+#pragma unroll
+        for (int j = 0; j < 32; ++j) vals[j] = (&wo[0][0][0])[32 * u + j];
+        quantize_unit(vals, q8 + ((size_t)s * heads + head0) * D / 32 + u);
+    }
 }
 
 #define FLASH_DECODE(D, G)                                                                                    \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
         flash_decode_d##D##_g##G(const __half* q, const __half* k, const __half* v, float* part_o,           \
-                                 float* part_ml, __half* out, int* counters, const int* pos0,                 \
+                                 float* part_ml, __half* out, Q8* q8, int* counters, const int* pos0,         \
                                  const long long* kv_off, int kv_heads, int ctx, int per_block,               \
                                  float scale_log2) {                                                          \
-        flash_decode<D, G>(q, k, v, part_o, part_ml, out, counters, pos0, kv_off, kv_heads, ctx, per_block,  \
+        flash_decode<D, G>(q, k, v, part_o, part_ml, out, q8, counters, pos0, kv_off, kv_heads, ctx, per_block, \
                            scale_log2);                                                                       \
     }
 #define FLASH_DECODE_GROUPS(D) \

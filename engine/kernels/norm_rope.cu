@@ -1,7 +1,11 @@
 // Elementwise work of the half-precision forward pass, each fused into one kernel:
 // residual add + RMSNorm, RoPE + K/V cache write, SwiGLU. Activations are fp16; the residual
-// stream and the norm statistics are fp32. NumPy references: engine/backend.py ArrayOps.
+// stream and the norm statistics are fp32. The norm and SwiGLU also write their rows in 8 bits
+// (q8.cuh) when asked: a decode step's quantized matvecs read that, with no kernel of its own.
+// NumPy references: engine/backend.py ArrayOps.
 #include <cuda_fp16.h>
+
+#include "q8.cuh"
 
 constexpr int NORM_THREADS = 256;  // one block per row; rows are 576..8192 wide
 
@@ -20,24 +24,37 @@ __device__ __forceinline__ float block_sum(float v) {
 }
 
 // x: (n, dim) fp32 residual stream; x += delta when has_delta (delta: (n, dim) fp16).
-// out: (n, dim) fp16 = x / sqrt(mean(x^2) + eps) * w, w: (dim,) fp32.
+// out: (n, dim) fp16 = x / sqrt(mean(x^2) + eps) * w, w: (dim,) fp32; q8 (n, dim / 32) Q8 units of
+// out, unless null. One block a row: the add and the sum of squares four values a thread at a time,
+// then a unit of 32 outputs a thread.
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_delta, const float* __restrict__ w,
-             __half* __restrict__ out, int dim, float eps) {
+             __half* __restrict__ out, Q8* __restrict__ q8, int dim, float eps) {
     const size_t row = blockIdx.x;
-    float* xr = x + row * dim;
+    float4* xr = reinterpret_cast<float4*>(x + row * dim);
     float ss = 0.f;
-    for (int j = threadIdx.x; j < dim; j += NORM_THREADS) {
-        float v = xr[j];
+    for (int j = threadIdx.x; j < dim / 4; j += NORM_THREADS) {
+        float4 v = xr[j];
         if (has_delta) {
-            v += __half2float(delta[row * dim + j]);
+            const uint2 raw = reinterpret_cast<const uint2*>(delta + row * dim)[j];
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+            v.x += a.x, v.y += a.y, v.z += b.x, v.w += b.y;
             xr[j] = v;
         }
-        ss += v * v;
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     const float scale = rsqrtf(block_sum(ss) / dim + eps);
-    for (int j = threadIdx.x; j < dim; j += NORM_THREADS)
-        out[row * dim + j] = __float2half(xr[j] * scale * w[j]);
+    for (int u = threadIdx.x; u < dim / 32; u += NORM_THREADS) {
+        float v[32];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float4 a = xr[8 * u + i], b = reinterpret_cast<const float4*>(w)[8 * u + i];
+            v[4 * i] = a.x * scale * b.x, v[4 * i + 1] = a.y * scale * b.y;
+            v[4 * i + 2] = a.z * scale * b.z, v[4 * i + 3] = a.w * scale * b.w;
+        }
+        store_unit(out + row * dim + 32 * u, q8 ? q8 + row * (dim / 32) + u : nullptr, v);
+    }
 }
 
 // x += delta: the residual add after the last layer's feed-forward (no norm follows in place).
@@ -79,13 +96,27 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
     dst[j + half_d] = __float2half(b);
 }
 
-// gate_up: (n, 2*ffn) fp16 = [gate | up] per row -> out: (n, ffn) fp16 = silu(gate) * up.
-extern "C" __global__ void silu_mul(const __half2* __restrict__ gate_up, __half2* __restrict__ out,
-                                    int ffn2, size_t n_pairs) {  // ffn2 = ffn / 2 (pairs per half-row)
-    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= n_pairs) return;
-    const size_t row = i / ffn2, col = i % ffn2;
-    const float2 g = __half22float2(gate_up[row * 2 * ffn2 + col]);
-    const float2 u = __half22float2(gate_up[row * 2 * ffn2 + ffn2 + col]);
-    out[i] = __floats2half2_rn(g.x / (1.f + __expf(-g.x)) * u.x, g.y / (1.f + __expf(-g.y)) * u.y);
+// gate_up: (n, 2*ffn) fp16 = [gate | up] per row -> out: (n, ffn) fp16 = silu(gate) * up, and its
+// Q8 units q8 (n, ffn / 32) unless null. One thread a unit of 32 outputs.
+extern "C" __global__ void silu_mul(const __half* __restrict__ gate_up, __half* __restrict__ out, Q8* __restrict__ q8,
+                                    int ffn, long long units) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= units) return;
+    const long long row = i / (ffn / 32), u = i % (ffn / 32);
+    const uint4* g = reinterpret_cast<const uint4*>(gate_up + row * 2 * ffn + 32 * u);
+    const uint4* up = reinterpret_cast<const uint4*>(gate_up + row * 2 * ffn + ffn + 32 * u);
+    float v[32];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const uint4 gr = g[c], ur = up[c];
+        const __half2* gh = reinterpret_cast<const __half2*>(&gr);
+        const __half2* uh = reinterpret_cast<const __half2*>(&ur);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 a = __half22float2(gh[e]), b = __half22float2(uh[e]);
+            v[8 * c + 2 * e] = a.x / (1.f + __expf(-a.x)) * b.x;
+            v[8 * c + 2 * e + 1] = a.y / (1.f + __expf(-a.y)) * b.y;
+        }
+    }
+    store_unit(out + row * ffn + 32 * u, q8 ? q8 + i : nullptr, v);
 }

@@ -13,6 +13,8 @@
 // NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/gpu_kernels_check.py).
 #include <cuda_fp16.h>
 
+#include "q8.cuh"
+
 using u8 = unsigned char;
 using u16 = unsigned short;
 
@@ -235,39 +237,6 @@ __device__ __forceinline__ void dequant_rows(const u8* __restrict__ src, const l
     float v[32];
     values<T>(src + src_row * row_bytes<T>(cols), s, v);
     store32(y + r * cols + s * 32, v);
-}
-
-// ---------------------------------------------------------------- activations in 8 bits
-// x (k,) as k / 32 units {q[32] int8, d, s[2]}: x_j ~ d * q_j with d = max |x| / 127 over the
-// unit, s[h] = d * sum of the unit's half h (the term a weight's offset m multiplies).
-struct Q8 {
-    int q[8];  // 32 int8, byte i of q[j] is value 4j + i
-    float d, s[2], pad;
-};
-static_assert(sizeof(Q8) == 48, "Q8 units are read as three 16-byte loads");
-
-__device__ __forceinline__ void quantize_unit(const float* v, Q8* out) {
-    float amax = 0.f;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(v[j]));
-    const float d = __fdiv_rn(amax, 127.f), inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;  // as NumPy rounds
-    Q8 u;
-    int sum[2] = {0, 0};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        unsigned word = 0;
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-            const int q = __float2int_rn(v[4 * i + b] * inv);
-            sum[i / 4] += q;
-            word |= (unsigned)(q & 0xFF) << (8 * b);
-        }
-        u.q[i] = (int)word;
-    }
-    u.d = d, u.s[0] = d * sum[0], u.s[1] = d * sum[1], u.pad = 0.f;
-    const uint4* src = reinterpret_cast<const uint4*>(&u);
-    uint4* dst = reinterpret_cast<uint4*>(out);
-    dst[0] = src[0], dst[1] = src[1], dst[2] = src[2];
 }
 
 // x: (units * 32,) fp16 -> (units,) Q8, one thread a unit.
