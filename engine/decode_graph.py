@@ -35,6 +35,7 @@ class CapturedStep:
     graph: object
     step: Step  # its device position buffer
     logits: object  # (vocab,) fp32 on the device, written by each replay
+    argmax: object  # (1,) int64 on the device: the logits' first maximum (the greedy token)
 
 
 class GraphDecoder:
@@ -46,6 +47,7 @@ class GraphDecoder:
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()
         self.captured: dict[int, CapturedStep] = {}
+        self.last: CapturedStep | None = None  # the graph the latest logits came from
 
     def bucket(self, pos: int) -> int:
         return bucket(pos, self.kv.ctx)
@@ -61,7 +63,15 @@ class GraphDecoder:
                 return self.capture(self.bucket(pos), pos)
         self.replay(entry, token, pos)
         self.stream.synchronize()  # the sampler reads the logits on the default stream
+        self.last = entry
         return entry.logits
+
+    def greedy_token(self, logits) -> int | None:
+        """The argmax the graph computed with `logits` (8 bytes copied, no reduction launched),
+        or None when these logits are not the latest replay's."""
+        if self.last is None or logits is not self.last.logits:
+            return None
+        return int(self.last.argmax.get()[0])
 
     def replay(self, entry: CapturedStep, token: int, pos: int) -> None:
         """Set the step's token and position and launch its graph on the decoder's stream (no wait)."""
@@ -72,17 +82,20 @@ class GraphDecoder:
 
     def capture(self, size: int, pos: int):
         """Run this step eagerly (its result is returned, and it fills the pool), then capture it."""
-        cp = self.cp
-        step = self.backend.kernels.static_step(1, size)
+        cp, kernels = self.cp, self.backend.kernels
+        step = kernels.static_step(1, size)
         step.set_position(pos)
         with cp.cuda.using_allocator(self.pool.malloc):
             logits = self.model.forward_on_device(self.token, step, self.kv, True)
+            kernels.argmax(logits)
             self.stream.synchronize()
             self.stream.begin_capture()
             try:
                 out = self.model.forward_on_device(self.token, step, self.kv, True)
+                argmax = kernels.argmax(out)
             finally:
                 graph = self.stream.end_capture()
-        self.captured[size] = CapturedStep(graph, step, out)
+        self.captured[size] = CapturedStep(graph, step, out, argmax)
+        self.last = None  # the logits returned here are the eager run's
         print(f"strata: captured the decode step for up to {size} positions", file=sys.stderr, flush=True)
         return logits

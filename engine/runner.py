@@ -51,7 +51,12 @@ class ModelRunner:
         seq.logits = self.decode_logits(seq.generated[-1], seq.kv_len)
 
     def sample(self, seq: Sequence) -> int:
-        """The next token from the logits where they are (the GPU samples on the device)."""
+        """The next token from the logits where they are (the GPU samples on the device; a plain
+        greedy pick after a decode graph is the argmax the graph computed)."""
+        if self.decoder is not None and seq.sampler.plain_greedy:
+            token = self.decoder.greedy_token(seq.logits)
+            if token is not None:
+                return token
         return seq.sampler.sample(seq.logits, self.backend.xp)
 
     def decode_logits(self, token: int, pos: int):

@@ -63,10 +63,21 @@ class Sampler:
         scaled = logits.astype(np.float32, copy=False) / np.float32(p.temperature)  # a new array either way
         return pick(scaled, u, p) if xp is np else pick_sorted(xp, scaled, u, p)
 
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty changes the logits of the next draw."""
+        p = self.params
+        return bool(self.recent) and (p.repeat_penalty != 1 or bool(p.presence_penalty) or bool(p.frequency_penalty))
+
+    @property
+    def plain_greedy(self) -> bool:
+        """The next token is the argmax of the logits as they are (a decode graph computes it)."""
+        return self.params.temperature == 0 and not self.penalized
+
     def apply_penalties(self, logits, xp=np):
         """A penalized copy of `logits`, or `logits` itself when no penalty applies."""
         p = self.params
-        if not self.recent or (p.repeat_penalty == 1 and not p.presence_penalty and not p.frequency_penalty):
+        if not self.penalized:
             return logits
         logits = logits.astype(np.float32, copy=True)
         counts = Counter(self.recent)

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 import cupy as cp  # noqa: E402
 
 from engine.decode_graph import bucket  # noqa: E402
-from engine.kernels import KERNEL_DIR, OPTIONS, GpuKernels  # noqa: E402
+from engine.kernels import OPTIONS, GpuKernels, kernel_source  # noqa: E402
 from engine.quantized import row_bytes  # noqa: E402
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
@@ -51,11 +51,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json")
     a = p.parse_args()
-    source = (KERNEL_DIR / "quant.cu").read_text()
+    source = kernel_source("quant.cu")
     out = {}
     kernels = GpuKernels(cp)
-    for warps, rows in [(4, 2), (4, 4), (8, 2)]:
-        module = cp.RawModule(code=source, options=OPTIONS + (f"-DMV_WARPS={warps}", f"-DMV_ROWS={rows}"))
+    for warps, rows, unroll in [(4, 2, 1), (4, 2, 2), (4, 2, 4), (4, 1, 4)]:
+        module = cp.RawModule(code=source, options=OPTIONS + (f"-DMV_WARPS={warps}", f"-DMV_ROWS={rows}",
+                                                                f"-DMV_UNROLL={unroll}"))
         for kind in KINDS:
             fn = module.get_function(f"matvec_{kind}")
             for m, k in SHAPES:
@@ -68,7 +69,7 @@ def main() -> int:
                 y = cp.empty(m, dtype=cp.float16)
                 per_block = warps * rows
                 us = time_us(lambda: fn(((m + per_block - 1) // per_block,), (warps * 32,), (w, x, y, np.int32(m), np.int32(k))))
-                key = f"{kind} {m}x{k} warps={warps} rows={rows}"
+                key = f"{kind} {m}x{k} warps={warps} rows={rows} unroll={unroll}"
                 out[key] = {"us": round(us, 2), "tb_s": round(w.nbytes / us / 1e6, 2)}
                 print(f"{key:40s} {us:8.2f} us {w.nbytes / us / 1e6:6.2f} TB/s", flush=True)
     k = GpuKernels(cp)

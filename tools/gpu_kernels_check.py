@@ -84,7 +84,7 @@ def check_attention(k: GpuKernels) -> None:
 
 
 def check_norm_rope_swiglu(k: GpuKernels) -> None:
-    for n, dim in [(1, 576), (37, 4096), (5, 100)]:
+    for n, dim in [(1, 576), (37, 4096), (5, 160)]:
         x = rng.standard_normal((n, dim)).astype(np.float32)
         delta, w = half_normal(n, dim), (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32)
         xg = cp.asarray(x)
@@ -186,6 +186,15 @@ def check_weights(k: GpuKernels) -> None:
         record("matvec", f"fp16 array {rows}x{cols}", rel_err(k.matvec(cp.asarray(w), cp.asarray(x)), ref), 1e-3)
 
 
+def check_argmax(k: GpuKernels) -> None:
+    """The decode graph's greedy pick: numpy.argmax exactly, ties (the first index) included."""
+    for n, ties in [(128256, False), (49152, True), (1000, True), (7, False)]:
+        x = rng.standard_normal(n).astype(np.float32)
+        if ties:
+            x = np.round(x).astype(np.float32)  # many equal maxima
+        record("argmax", f"n={n}" + (" ties" if ties else ""), float(int(k.argmax(cp.asarray(x)).get()[0]) != int(np.argmax(x))), 0)
+
+
 def check_sampling() -> None:
     """The sampler over cupy (engine.sampler.pick_sorted, what the engine runs on the GPU) against
     the host sampler: greedy exactly; draws agree but for exp's last-bit differences between the
@@ -270,6 +279,7 @@ def main() -> int:
     check_fused_q8(k)
     check_norm_rope_swiglu(k)
     check_weights(k)
+    check_argmax(k)
     check_sampling()
     report = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "checks": results,
               "all_ok": all(r["ok"] for r in results)}

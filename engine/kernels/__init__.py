@@ -59,7 +59,7 @@ def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
 class GpuKernels:
     def __init__(self, cp: ModuleType):
         self.cp = cp
-        names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "silu_mul"),
+        names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
                  "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
                                                 for family, suffix in (("dequant", ""), ("embed", ""),
                                                                        ("matvec", ""), ("matvec", "_f32")))),
@@ -81,6 +81,8 @@ class GpuKernels:
         """x: (n, dim) fp32, updated in place by += delta (n, dim) fp16 if given; returns
         rms_norm(x) * weight as (n, dim) fp16, or for q8 a Row8 (n == 1) with its 8-bit form."""
         n, dim = x.shape
+        if dim % UNIT:
+            raise ValueError(f"a row width of {dim} is not a multiple of {UNIT} (the kernels read 32 values at a time)")
         out = self.cp.empty((n, dim), dtype=self.cp.float16)
         units = self.cp.empty((n * dim // UNIT, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
         has_delta = delta is not None
@@ -112,6 +114,12 @@ class GpuKernels:
         self.fn["silu_mul"](blocks(count), (THREADS,), (gate_up, out, units if q8 else NULL, np.int32(two_ffn // 2),
                                                         np.int64(count)))
         return Row8(out, units) if q8 else out
+
+    def argmax(self, logits):
+        """logits: (n,) fp32 -> (1,) int64 on the device: the first index of the maximum (numpy.argmax)."""
+        out = self.cp.empty(1, dtype=self.cp.int64)
+        self.fn["argmax_first"]((1,), (1024,), (logits, out, np.int32(logits.shape[0])))
+        return out
 
     # ------------------------------------------------------------ attention
 

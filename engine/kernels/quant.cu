@@ -263,6 +263,10 @@ __device__ __forceinline__ void store(__half* y, int i, float v) { y[i] = __floa
 #ifndef MV_ROWS
 #define MV_ROWS 2  // rows per warp: each x unit loaded once serves them all
 #endif
+#ifndef MV_UNROLL
+#define MV_UNROLL 1  // units a lane has in flight per row (the unit loop's unrolling)
+#endif
+constexpr int kMvUnroll = MV_UNROLL;
 
 template <typename Out>
 __device__ __forceinline__ void reduce_store(float (&acc)[MV_ROWS], Out* y, int row0, int m) {
@@ -286,6 +290,7 @@ __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __
     const size_t rb = row_bytes<T>(k);
     const int units = k / 32;
     float acc[MV_ROWS] = {};
+#pragma unroll kMvUnroll
     for (int s = lane; s < units; s += 32) {
         const int4* xp = reinterpret_cast<const int4*>(xq + s);
         const int4 a = xp[0], b = xp[1];
@@ -314,6 +319,7 @@ __device__ __forceinline__ void matvec_f16(const __half* __restrict__ w, const _
     if (row0 >= m) return;
     const int units = k / 32;
     float acc[MV_ROWS] = {};
+#pragma unroll kMvUnroll
     for (int s = lane; s < units; s += 32) {
         float xv[32];
         load_half32(x + s * 32, xv);
