@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.backend import Backend, select_backend  # noqa: E402
 from engine.decode_graph import GraphDecoder  # noqa: E402
+from engine.draw_graph import DrawGraphs  # noqa: E402
 from engine.gguf_model import load_model  # noqa: E402
 from engine.kv import KVCache  # noqa: E402
 from engine.model import LlamaModel  # noqa: E402
@@ -68,7 +69,9 @@ def decode_tok_s(model: LlamaModel, kv: KVCache, context: int, steps: int, backe
             logits = graphs.decode(int(tokens[context + i]), context + i)
         else:
             logits = model.forward(tokens[context + i:context + i + 1], context + i, kv, want_logits=True, on_device=True)
-        if graphs is None or graphs.greedy_token(logits) is None:  # the engine's pick (ModelRunner.sample)
+        if graphs is not None and graphs.owns(logits):  # the engine's pick (ModelRunner.sample)
+            graphs.greedy_token()
+        else:
             greedy.sample(logits, backend.xp)
     backend.synchronize()
     return steps / (time.perf_counter() - started)
@@ -119,7 +122,8 @@ def profile_chunk(model: LlamaModel, kv: KVCache, depth: int, chunk: int, backen
 def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, graphs: GraphDecoder) -> dict:
     """Where a decode token's time goes (medians, ms): the graph replay on the GPU (events), the
     greedy token the graph computed (copied back: what the engine does), the sampler on the device
-    (greedy from the logits, and a temperature 0.8 / top-p 0.95 draw), and for comparison the
+    (greedy from the logits, and a temperature 0.8 / top-p 0.95 draw launched op by op and as a
+    captured draw graph, what the engine does), and for comparison the
     logits copied to the host and the same draw there. whole_step: replay and the graph's token."""
     cp = graphs.cp
     tokens = np.random.default_rng(2).integers(100, model.cfg.vocab_size - 100, context + steps + 1)
@@ -127,7 +131,11 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
     graphs.decode(int(tokens[context]), context)  # captured before timing
     entry = graphs.captured[graphs.bucket(context)]
     greedy, sampled = Sampler(SamplingParams(), ()), Sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=1), ())
+    draws = DrawGraphs(cp)
+    graphed = Sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=1), ())
+    graphed.sample(entry.logits, cp, draws)  # captured before timing
     times: dict[str, list[float]] = {"replay": [], "greedy_from_graph": [], "sample_greedy": [], "sample_top_p": [],
+                                     "sample_top_p_graph": [],
                                      "whole_step": [],
                                      "logits_to_host": [], "host_sample_top_p": []}
     for i in range(steps):
@@ -144,6 +152,8 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
         t2 = time.perf_counter()
         sampled.sample(entry.logits, cp)
         t3 = time.perf_counter()
+        graphed.sample(entry.logits, cp, draws)
+        t_graph = time.perf_counter()
         logits = cp.asnumpy(entry.logits)
         t4 = time.perf_counter()
         sampled.sample(logits)
@@ -152,8 +162,9 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
         times["greedy_from_graph"].append((t_greedy - t1) * 1e3)
         times["sample_greedy"].append((t2 - t_greedy) * 1e3)
         times["sample_top_p"].append((t3 - t2) * 1e3)
+        times["sample_top_p_graph"].append((t_graph - t3) * 1e3)
         times["whole_step"].append((t_greedy - t0) * 1e3)
-        times["logits_to_host"].append((t4 - t3) * 1e3)
+        times["logits_to_host"].append((t4 - t_graph) * 1e3)
         times["host_sample_top_p"].append((t5 - t4) * 1e3)
     return {"context": context, "ms": {k: round(statistics.median(v), 3) for k, v in times.items()}}
 

@@ -66,11 +66,13 @@ class GraphDecoder:
         self.last = entry
         return entry.logits
 
-    def greedy_token(self, logits) -> int | None:
-        """The argmax the graph computed with `logits` (8 bytes copied, no reduction launched),
-        or None when these logits are not the latest replay's."""
-        if self.last is None or logits is not self.last.logits:
-            return None
+    def owns(self, logits) -> bool:
+        """Whether `logits` are the latest replay's output buffer (a fixed address)."""
+        return self.last is not None and logits is self.last.logits
+
+    def greedy_token(self) -> int:
+        """The argmax the latest replay computed with its logits (8 bytes copied, no reduction
+        launched)."""
         return int(self.last.argmax.get()[0])
 
     def replay(self, entry: CapturedStep, token: int, pos: int) -> None:

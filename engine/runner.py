@@ -9,6 +9,7 @@ import numpy as np
 from engine import __version__
 from engine.backend import Backend
 from engine.decode_graph import GraphDecoder
+from engine.draw_graph import DrawGraphs
 from engine.gguf_model import ModelConfig, Weights
 from engine.kv import KVCache, KVSnapshot
 from engine.model import LlamaModel
@@ -25,6 +26,7 @@ class ModelRunner:
         self.model = LlamaModel(cfg, weights, backend)
         self.kv = KVCache(cfg, ctx, backend)
         self.decoder = GraphDecoder(self.model, self.kv, backend) if cuda_graphs and backend.name == "gpu" else None
+        self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
 
     def info(self) -> dict[str, str]:
@@ -51,12 +53,13 @@ class ModelRunner:
         seq.logits = self.decode_logits(seq.generated[-1], seq.kv_len)
 
     def sample(self, seq: Sequence) -> int:
-        """The next token from the logits where they are (the GPU samples on the device; a plain
-        greedy pick after a decode graph is the argmax the graph computed)."""
-        if self.decoder is not None and seq.sampler.plain_greedy:
-            token = self.decoder.greedy_token(seq.logits)
-            if token is not None:
-                return token
+        """The next token from the logits where they are (the GPU samples on the device). After a
+        decode graph's replay a plain greedy pick is the argmax the graph computed, and a
+        temperature draw replays a captured draw (engine/draw_graph.py)."""
+        if self.decoder is not None and self.decoder.owns(seq.logits):
+            if seq.sampler.plain_greedy:
+                return self.decoder.greedy_token()
+            return seq.sampler.sample(seq.logits, self.backend.xp, self.draws)
         return seq.sampler.sample(seq.logits, self.backend.xp)
 
     def decode_logits(self, token: int, pos: int):

@@ -48,11 +48,12 @@ class Sampler:
         if params.temperature > 0 and drawn:
             self.rng.random(drawn)  # one uniform draw per sampled token (see sample)
 
-    def sample(self, logits, xp=np) -> int:
+    def sample(self, logits, xp=np, draws=None) -> int:
         """logits: (vocab,) float32 on the host (xp = numpy), or on the GPU (xp = cupy): there a
-        temperature draw runs where the logits are (pick_sorted) and only the token comes back. The
-        RNG stays on the host either way: one uniform per sampled token, fingerprinted with the
-        parked state."""
+        temperature draw runs where the logits are (pick_sorted) and only the token comes back;
+        `draws` (engine/draw_graph.py) replays it as a CUDA graph when the logits are a decode
+        graph's own buffer and no penalty rewrites them. The RNG stays on the host either way: one
+        uniform per sampled token, fingerprinted with the parked state."""
         p = self.params
         if p.temperature == 0 and xp is not np:  # one argmax: the copy and a host argmax cost less
             logits, xp = xp.asnumpy(logits), np  # than a device reduction and its synchronization
@@ -60,6 +61,8 @@ class Sampler:
         if p.temperature == 0:
             return int(xp.argmax(logits))
         u = self.rng.random()  # exactly one uniform draw per sampled token: a restart can skip them
+        if draws is not None and not self.penalized:
+            return draws.draw(logits, u, p)
         scaled = logits.astype(np.float32, copy=False) / np.float32(p.temperature)  # a new array either way
         return pick(scaled, u, p) if xp is np else pick_sorted(xp, scaled, u, p)
 
@@ -140,6 +143,13 @@ def pick_sorted(xp, scaled, u: float, p: SamplingParams) -> int:
     transfer (the token) at the end, where pick on the host takes milliseconds for a flat
     distribution (it must then sort most of the vocabulary). On NumPy it gives pick's token: the
     same weights, normalizer and cumulative sums."""
+    return int(draw_index(xp, scaled, u, p))
+
+
+def draw_index(xp, scaled, u, p: SamplingParams):
+    """pick_sorted's token as a 0-d array where the logits are, with no transfer and no host value
+    read back: u may be a 0-d device array, so that the whole draw can be captured as a CUDA graph
+    (engine/draw_graph.py) and replayed with a new u."""
     order = descending_order(scaled, xp)  # (vocab,) canonical order
     if p.top_k:
         order = order[: p.top_k]
@@ -149,7 +159,7 @@ def pick_sorted(xp, scaled, u: float, p: SamplingParams) -> int:
         weights = xp.exp(scaled - scaled.max())
         total, e = weights.sum(), weights[order]  # the normalizer summed in index order, as pick's
     n, total = len(order), total.astype(np.float64)
-    keep = xp.asarray(n)
+    keep = n
     if p.min_p > 0:
         keep = xp.maximum(1, xp.count_nonzero(e >= np.float32(p.min_p)))
     cum = xp.cumsum(e, dtype=np.float64)
@@ -158,7 +168,7 @@ def pick_sorted(xp, scaled, u: float, p: SamplingParams) -> int:
     keep = xp.minimum(keep, n)
     mass = xp.where(keep == n, total, cum[keep - 1])  # no cut: the index-order sum
     at = xp.minimum(xp.searchsorted(cum, u * mass, side="right"), keep - 1)  # rounding at the very end
-    return int(order[at])
+    return order[at]
 
 
 def keep_by_min_p(weights: np.ndarray, p: SamplingParams) -> int:
