@@ -109,10 +109,12 @@ class GpuKernels:
         """gate_up: (n, 2*ffn) fp16 -> silu(gate) * up: (n, ffn) fp16 (a Row8 with q8)."""
         n, two_ffn = gate_up.shape
         out = self.cp.empty((n, two_ffn // 2), dtype=self.cp.float16)
-        count = out.size // UNIT
-        units = self.cp.empty((count, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
-        self.fn["silu_mul"](blocks(count), (THREADS,), (gate_up, out, units if q8 else NULL, np.int32(two_ffn // 2),
-                                                        np.int64(count)))
+        if (two_ffn // 2) % UNIT:
+            raise ValueError(f"an FFN width of {two_ffn // 2} is not a multiple of {UNIT}")
+        units = self.cp.empty((out.size // UNIT, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
+        octets = out.size // 8
+        self.fn["silu_mul"](blocks(octets), (THREADS,), (gate_up, out, units if q8 else NULL, np.int32(two_ffn // 2),
+                                                         np.int64(octets)))
         return Row8(out, units) if q8 else out
 
     def argmax(self, logits):

@@ -26,7 +26,7 @@ __device__ __forceinline__ float block_sum(float v) {
 // x: (n, dim) fp32 residual stream; x += delta when has_delta (delta: (n, dim) fp16).
 // out: (n, dim) fp16 = x / sqrt(mean(x^2) + eps) * w, w: (dim,) fp32; q8 (n, dim / 32) Q8 units of
 // out, unless null. One block a row: the add and the sum of squares four values a thread at a time,
-// then a unit of 32 outputs a thread.
+// then eight outputs a thread (four threads a Q8 unit).
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_delta, const float* __restrict__ w,
              __half* __restrict__ out, Q8* __restrict__ q8, int dim, float eps) {
@@ -45,15 +45,20 @@ add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_de
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     const float scale = rsqrtf(block_sum(ss) / dim + eps);
-    for (int u = threadIdx.x; u < dim / 32; u += NORM_THREADS) {
-        float v[32];
+    const float4* wr = reinterpret_cast<const float4*>(w);
+    for (int base = 0; base < dim / 8; base += NORM_THREADS) {  // every lane goes round alike (store_octet)
+        const int o = base + threadIdx.x;
+        const bool valid = o < dim / 8;
+        float v[8] = {};
+        if (valid) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float4 a = xr[8 * u + i], b = reinterpret_cast<const float4*>(w)[8 * u + i];
-            v[4 * i] = a.x * scale * b.x, v[4 * i + 1] = a.y * scale * b.y;
-            v[4 * i + 2] = a.z * scale * b.z, v[4 * i + 3] = a.w * scale * b.w;
+            for (int i = 0; i < 2; ++i) {
+                const float4 a = xr[2 * o + i], b = wr[2 * o + i];
+                v[4 * i] = a.x * scale * b.x, v[4 * i + 1] = a.y * scale * b.y;
+                v[4 * i + 2] = a.z * scale * b.z, v[4 * i + 3] = a.w * scale * b.w;
+            }
         }
-        store_unit(out + row * dim + 32 * u, q8 ? q8 + row * (dim / 32) + u : nullptr, v);
+        store_octet(out + row * dim + 8 * o, q8 ? q8 + row * (dim / 32) + o / 4 : nullptr, v, valid);
     }
 }
 
@@ -97,26 +102,25 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
 }
 
 // gate_up: (n, 2*ffn) fp16 = [gate | up] per row -> out: (n, ffn) fp16 = silu(gate) * up, and its
-// Q8 units q8 (n, ffn / 32) unless null. One thread a unit of 32 outputs.
+// Q8 units q8 (n, ffn / 32) unless null. One thread eight outputs (four threads a unit); octets =
+// n * ffn / 8, a whole number of warps' worth not required (the tail's lanes store nothing).
 extern "C" __global__ void silu_mul(const __half* __restrict__ gate_up, __half* __restrict__ out, Q8* __restrict__ q8,
-                                    int ffn, long long units) {
+                                    int ffn, long long octets) {
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= units) return;
-    const long long row = i / (ffn / 32), u = i % (ffn / 32);
-    const uint4* g = reinterpret_cast<const uint4*>(gate_up + row * 2 * ffn + 32 * u);
-    const uint4* up = reinterpret_cast<const uint4*>(gate_up + row * 2 * ffn + ffn + 32 * u);
-    float v[32];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        const uint4 gr = g[c], ur = up[c];
+    const bool valid = i < octets;
+    const long long row = i / (ffn / 8), o = i % (ffn / 8);
+    float v[8] = {};
+    if (valid) {
+        const uint4 gr = reinterpret_cast<const uint4*>(gate_up + row * 2 * ffn)[o];
+        const uint4 ur = reinterpret_cast<const uint4*>(gate_up + row * 2 * ffn + ffn)[o];
         const __half2* gh = reinterpret_cast<const __half2*>(&gr);
         const __half2* uh = reinterpret_cast<const __half2*>(&ur);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const float2 a = __half22float2(gh[e]), b = __half22float2(uh[e]);
-            v[8 * c + 2 * e] = a.x / (1.f + __expf(-a.x)) * b.x;
-            v[8 * c + 2 * e + 1] = a.y / (1.f + __expf(-a.y)) * b.y;
+            v[2 * e] = a.x / (1.f + __expf(-a.x)) * b.x;
+            v[2 * e + 1] = a.y / (1.f + __expf(-a.y)) * b.y;
         }
     }
-    store_unit(out + row * ffn + 32 * u, q8 ? q8 + i : nullptr, v);
+    store_octet(out + row * ffn + 8 * o, q8 ? q8 + i / 4 : nullptr, v, valid);
 }

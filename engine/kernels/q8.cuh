@@ -35,19 +35,38 @@ __device__ __forceinline__ void quantize_unit(const float* v, Q8* out) {
     dst[0] = src[0], dst[1] = src[1], dst[2] = src[2];
 }
 
-// 32 floats -> fp16 (as stored) and, when q8 is given, that fp16 row's Q8 unit.
-__device__ __forceinline__ void store_unit(__half* out, Q8* q8, float* v) {
-    uint4* o = reinterpret_cast<uint4*>(out);
+// Eight values a thread: four consecutive lanes (lane & 3 = which eight) hold one unit's 32 values
+// and write them as fp16 (out: this thread's eight) and, when q8 is given, as that unit's Q8 (the
+// same bytes quantize_unit makes of the fp16 values). Every lane of the warp must call it (it
+// shuffles); a lane past the end passes valid = false and stores nothing.
+__device__ __forceinline__ void store_octet(__half* out, Q8* q8, float* v, bool valid) {
+    __half2 h[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        __half2 h[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            h[j] = __floats2half2_rn(v[8 * i + 2 * j], v[8 * i + 2 * j + 1]);
-            const float2 r = __half22float2(h[j]);  // quantize what the fp16 row holds
-            v[8 * i + 2 * j] = r.x, v[8 * i + 2 * j + 1] = r.y;
-        }
-        o[i] = *reinterpret_cast<uint4*>(h);
+    for (int j = 0; j < 4; ++j) {
+        h[j] = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
+        const float2 r = __half22float2(h[j]);  // quantize what the fp16 row holds
+        v[2 * j] = r.x, v[2 * j + 1] = r.y;
     }
-    if (q8) quantize_unit(v, q8);
+    if (valid) *reinterpret_cast<uint4*>(out) = *reinterpret_cast<uint4*>(h);
+    if (q8 == nullptr) return;
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float d = __fdiv_rn(amax, 127.f), inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+    int sum = 0;
+    unsigned w[2] = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int q = __float2int_rn(v[j] * inv);
+        sum += q;
+        w[j / 4] |= (unsigned)(q & 0xFF) << (8 * (j % 4));
+    }
+    const int half_sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);  // lanes 0-1: values 0-15; 2-3: 16-31
+    const int other = __shfl_xor_sync(0xffffffffu, half_sum, 2);
+    const int part = threadIdx.x & 3;
+    if (!valid) return;
+    reinterpret_cast<uint2*>(q8->q)[part] = make_uint2(w[0], w[1]);
+    if (part == 0) *reinterpret_cast<float4*>(&q8->d) = make_float4(d, d * half_sum, d * other, 0.f);
 }
