@@ -1,12 +1,14 @@
-"""Temperature draws on the GPU as CUDA graph replays.
+"""Sampling on the GPU as CUDA graph replays.
 
-sampler.draw_index runs a draw as ~20 array operations (a radix sort of the vocabulary, exp,
-cumulative sums, searches); launched one by one from Python they cost over a millisecond per
-token, most of it the host's. Here each (logits buffer, temperature, top-k, top-p, min-p) gets the
-draw captured once as a graph whose only input that changes is the uniform u, a device scalar set
-before each replay; 8 bytes (the token) come back. The logits buffer is a decode graph's own
-output, so its address is fixed. A draw the driver refuses to capture falls back to launching it
-(the same operations, the same token).
+A temperature draw (sampler.draw_index) is ~20 array operations: a radix sort of the vocabulary,
+exp, cumulative sums, searches; the penalties add a gather and a scatter. Launched one by one from
+Python they cost over a millisecond per token, most of it the host's. Here each (logits buffer,
+sampling parameters) gets the whole pick captured once as a graph: the penalties into a copy of
+the logits, then the draw (or, at temperature 0, the argmax). What changes between tokens is set
+into device buffers before each replay: the uniform u, and the recent tokens with their counts
+(padded to the penalty window with a sink slot past the vocabulary). 8 bytes (the token) come
+back. The logits buffer is a decode graph's own output, so its address is fixed. A pick the
+driver refuses to capture falls back to launching it (the same operations, the same token).
 """
 from __future__ import annotations
 
@@ -16,16 +18,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.sampler import SamplingParams, draw_index
+from engine.sampler import SamplingParams, draw_index, penalize
 
-MAX_GRAPHS = 16  # captured draws kept (least recently used go): one per parameter set in use
+MAX_GRAPHS = 16  # captured picks kept (least recently used go): one per parameter set in use
 
 
 @dataclass
 class CapturedDraw:
     graph: object
-    u: object  # () float64 on the device: the uniform of the next replay
-    token: object  # () int64 on the device: the draw's token
+    u: object  # () float64: the uniform of the next replay
+    ids: object | None  # (window,) int64: recent tokens, padded with the sink index (the vocabulary size)
+    freq: object | None  # (window,) float32: their counts, 0 in the padding
+    token: object  # () int64: the pick
 
 
 class DrawGraphs:
@@ -36,41 +40,76 @@ class DrawGraphs:
         self.graphs: OrderedDict[tuple, CapturedDraw] = OrderedDict()
         self.capturable = True
 
-    def draw(self, logits, u: float, p: SamplingParams) -> int:
-        """The token pick_sorted(cupy, logits / temperature, u, p) gives, by a graph replay."""
-        key = (logits.data.ptr, logits.shape[0], p.temperature, p.top_k, p.top_p, p.min_p)
+    def draw(self, logits, u: float | None, p: SamplingParams, counts: tuple | None = None) -> int:
+        """The token Sampler.sample gives over cupy without graphs: logits (vocab,) fp32 on the
+        device, u the uniform (None at temperature 0), counts the penalties' (ids, freq) or None."""
+        window = max(1, p.repeat_last_n) if counts is not None else 0
+        penalties = (p.repeat_penalty, p.presence_penalty, p.frequency_penalty) if window else None
+        key = (logits.data.ptr, logits.shape[0], p.temperature, p.top_k, p.top_p, p.min_p, window, penalties)
         entry = self.graphs.get(key)
         if entry is None and self.capturable:
-            entry = self.capture(key, logits, p)
+            entry = self.capture(key, logits, p, window)
         if entry is None:
-            return int(draw_index(self.cp, scaled(logits, p), u, p))
+            return self.launch(logits, u, p, counts)
         self.graphs.move_to_end(key)
         with self.stream:
-            entry.u.set(np.array(u, dtype=np.float64))
+            if u is not None:
+                entry.u.set(np.array(u, dtype=np.float64))
+            if window:
+                ids, freq = padded(counts, window, logits.shape[0])
+                entry.ids.set(ids)
+                entry.freq.set(freq)
             entry.graph.launch(self.stream)
             return int(entry.token.get(stream=self.stream))
 
-    def capture(self, key: tuple, logits, p: SamplingParams) -> CapturedDraw | None:
+    def launch(self, logits, u, p: SamplingParams, counts) -> int:
+        cp = self.cp
+        ids, freq = (None, None) if counts is None else (cp.asarray(counts[0]), cp.asarray(counts[1]))
+        return int(pick_on_device(cp, logits, cp.asarray(u if u is not None else 0.0), ids, freq, p))
+
+    def capture(self, key: tuple, logits, p: SamplingParams, window: int) -> CapturedDraw | None:
         cp = self.cp
         try:
             with cp.cuda.using_allocator(self.pool.malloc), self.stream:
                 u = cp.zeros((), dtype=cp.float64)
-                draw_index(cp, scaled(logits, p), u, p)  # fills the pool: the capture allocates nothing new
+                ids = cp.full(window, logits.shape[0], dtype=cp.int64) if window else None
+                freq = cp.zeros(window, dtype=cp.float32) if window else None
+                pick_on_device(cp, logits, u, ids, freq, p)  # fills the pool: the capture allocates nothing new
                 self.stream.synchronize()
                 self.stream.begin_capture()
                 try:
-                    token = draw_index(cp, scaled(logits, p), u, p)
+                    token = pick_on_device(cp, logits, u, ids, freq, p)
                 finally:
                     graph = self.stream.end_capture()
-        except Exception as e:  # an operation the driver or CuPy will not capture: launch draws instead
-            print(f"strata: sampling graphs unavailable ({type(e).__name__}: {e}); drawing eagerly",
+        except Exception as e:  # an operation the driver or CuPy will not capture: launch picks instead
+            print(f"strata: sampling graphs unavailable ({type(e).__name__}: {e}); sampling with launches",
                   file=sys.stderr, flush=True)
             self.capturable = False
             return None
-        self.graphs[key] = CapturedDraw(graph, u, token)
+        self.graphs[key] = CapturedDraw(graph, u, ids, freq, token)
         if len(self.graphs) > MAX_GRAPHS:
             self.graphs.popitem(last=False)
         return self.graphs[key]
+
+
+def pick_on_device(cp, logits, u, ids, freq, p: SamplingParams):
+    """The pick as a 0-d device array: penalties (when ids is given) into a copy of the logits with a
+    sink slot at the end for the padding, then the argmax or the draw."""
+    if ids is not None:
+        work = cp.zeros(logits.shape[0] + 1, dtype=cp.float32)
+        work[:-1] = logits
+        penalize(cp, work, ids, freq, p)
+        logits = work[:-1]
+    if p.temperature == 0:
+        return cp.argmax(logits)
+    return draw_index(cp, scaled(logits, p), u, p)
+
+
+def padded(counts: tuple[np.ndarray, np.ndarray], window: int, sink: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, freq) padded to the window: extra ids point at the sink slot with a count of 0."""
+    ids, freq = np.full(window, sink, dtype=np.int64), np.zeros(window, dtype=np.float32)
+    ids[: len(counts[0])], freq[: len(counts[1])] = counts
+    return ids, freq
 
 
 def scaled(logits, p: SamplingParams):

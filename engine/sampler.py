@@ -51,18 +51,19 @@ class Sampler:
     def sample(self, logits, xp=np, draws=None) -> int:
         """logits: (vocab,) float32 on the host (xp = numpy), or on the GPU (xp = cupy): there a
         temperature draw runs where the logits are (pick_sorted) and only the token comes back;
-        `draws` (engine/draw_graph.py) replays it as a CUDA graph when the logits are a decode
-        graph's own buffer and no penalty rewrites them. The RNG stays on the host either way: one
-        uniform per sampled token, fingerprinted with the parked state."""
+        `draws` (engine/draw_graph.py) replays the penalties and the pick as a CUDA graph when the
+        logits are a decode graph's own buffer. The RNG stays on the host either way: one uniform
+        per sampled token, fingerprinted with the parked state."""
         p = self.params
+        if draws is not None:  # the penalties, the argmax or the draw: one graph replay
+            u = self.rng.random() if p.temperature > 0 else None
+            return draws.draw(logits, u, p, self.penalty_counts() if self.penalized else None)
         if p.temperature == 0 and xp is not np:  # one argmax: the copy and a host argmax cost less
             logits, xp = xp.asnumpy(logits), np  # than a device reduction and its synchronization
         logits = self.apply_penalties(logits, xp)
         if p.temperature == 0:
             return int(xp.argmax(logits))
         u = self.rng.random()  # exactly one uniform draw per sampled token: a restart can skip them
-        if draws is not None and not self.penalized:
-            return draws.draw(logits, u, p)
         scaled = logits.astype(np.float32, copy=False) / np.float32(p.temperature)  # a new array either way
         return pick(scaled, u, p) if xp is np else pick_sorted(xp, scaled, u, p)
 
@@ -83,13 +84,14 @@ class Sampler:
         if not self.penalized:
             return logits
         logits = logits.astype(np.float32, copy=True)
-        counts = Counter(self.recent)
-        ids = xp.asarray(np.fromiter(counts.keys(), dtype=np.int64))
-        freq = xp.asarray(np.fromiter(counts.values(), dtype=np.float32))
-        seen = logits[ids]
-        seen = xp.where(seen > 0, seen / np.float32(p.repeat_penalty), seen * np.float32(p.repeat_penalty))
-        logits[ids] = seen - freq * np.float32(p.frequency_penalty) - np.float32(p.presence_penalty)
+        ids, freq = self.penalty_counts()
+        penalize(xp, logits, xp.asarray(ids), xp.asarray(freq), p)
         return logits
+
+    def penalty_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct recent tokens (int64) and how often each occurs (float32)."""
+        counts = Counter(self.recent)
+        return np.fromiter(counts.keys(), dtype=np.int64), np.fromiter(counts.values(), dtype=np.float32)
 
     def accept(self, token: int) -> None:
         if self.params.repeat_last_n:
@@ -100,6 +102,14 @@ class Sampler:
         h.update(repr(self.rng.bit_generator.state).encode())
         h.update(np.asarray(self.recent, dtype=np.int64).tobytes())
         return h.digest()
+
+
+def penalize(xp, logits, ids, freq, p: SamplingParams) -> None:
+    """In place: the repeat penalty (divide a positive logit, multiply a negative one), then the
+    frequency (times the count) and presence penalties, on the logits of tokens `ids`."""
+    seen = logits[ids]
+    seen = xp.where(seen > 0, seen / np.float32(p.repeat_penalty), seen * np.float32(p.repeat_penalty))
+    logits[ids] = seen - freq * np.float32(p.frequency_penalty) - np.float32(p.presence_penalty)
 
 
 def descending_order(x, xp=np):

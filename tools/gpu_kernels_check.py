@@ -226,6 +226,20 @@ def check_sampling() -> None:
                    for u in us)
         record("sample", f"graph draws = launched draws, {params.temperature=} {params.top_p=} {params.top_k=}",
                float(same != 50 or not draws.capturable), 0)
+    from dataclasses import replace
+
+    for params in (SamplingParams(repeat_penalty=1.3, presence_penalty=0.5),
+                   SamplingParams(temperature=0.8, top_p=0.95, repeat_penalty=1.2, frequency_penalty=0.3)):
+        recent = tuple(int(t) for t in rng.integers(0, 128256, 64))
+        graphed, launched = Sampler(replace(params, seed=7), recent), Sampler(replace(params, seed=7), recent)
+        same = 0
+        for _ in range(30):
+            token = graphed.sample(logits, cp, draws)
+            same += token == launched.sample(logits, cp)
+            graphed.accept(token)
+            launched.accept(token)
+        record("sample", f"graph picks = launched picks with penalties, {params.temperature=} {params.top_p=}",
+               float(same != 30 or not draws.capturable), 0)
 
 
 # ---------------------------------------------------------------- speed
@@ -272,8 +286,11 @@ def speed(k: GpuKernels) -> dict:
     for name, params, graphs in (("greedy", SamplingParams(), None),
                                  ("top_p", SamplingParams(temperature=0.8, top_p=0.95, seed=1), None),
                                  ("top_p_graph", SamplingParams(temperature=0.8, top_p=0.95, seed=1), draws),
-                                 ("top_k40_min_p_graph", SamplingParams(temperature=1.0, top_k=40, min_p=0.05), draws)):
-        sampler = Sampler(params, ())
+                                 ("top_k40_min_p_graph", SamplingParams(temperature=1.0, top_k=40, min_p=0.05), draws),
+                                 ("greedy_penalized_graph", SamplingParams(repeat_penalty=1.1), draws),
+                                 ("top_p_penalized_graph", SamplingParams(temperature=0.8, top_p=0.95, seed=1,
+                                                                          repeat_penalty=1.1, presence_penalty=0.2), draws)):
+        sampler = Sampler(params, tuple(range(100, 164)))  # 64 recent tokens for the penalties
         times = []
         for _ in range(31):
             cp.cuda.Device().synchronize()

@@ -72,3 +72,55 @@ def test_quantized_matrix_bytes_are_the_files(q4_k_m):
     t = loader.tensor("blk.0.ffn_gate.weight")
     m = stack_rows([loader.host_rows(t, None)], np.asarray)
     assert m.nbytes == int(t.n_bytes) and m.parts[0].kind == "Q4_K"
+
+
+def test_activations_in_8_bits_round_to_the_nearest_step_of_each_unit():
+    """engine.quantized.quantize_q8 is the reference of the kernels' 8-bit activation rows: per 32
+    values a step d = max |x| / 127, every value within half a step, the largest exactly kept, and a
+    unit of zeros stays zeros (no division by its zero scale)."""
+    from engine.quantized import quantize_q8
+
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(4096) * rng.choice([0.01, 1.0, 30.0], 4096)).astype(np.float16)
+    x[:32] = 0
+    q = quantize_q8(x).reshape(-1, 32)
+    units = x.astype(np.float32).reshape(-1, 32)
+    step = np.abs(units).max(axis=1, keepdims=True) / 127
+    assert np.all(q[0] == 0)
+    assert np.all(np.abs(q - units) <= step / 2 * (1 + 1e-6))
+    np.testing.assert_allclose(np.abs(q).max(axis=1), np.abs(units).max(axis=1), rtol=1e-6)
+    assert np.allclose(np.round(q[1:] / step[1:]), q[1:] / step[1:], atol=1e-3)  # whole steps
+
+
+def test_decode_attention_splits_alike_in_a_captured_and_an_eager_step():
+    """The flash-decoding split (keys per block) must be the same for a graph's bucket and for the
+    eager step at any position it serves, or the two would round differently; and a grid never has
+    more blocks per KV head than the merge reads."""
+    from hypothesis import given, strategies as st
+
+    from engine.decode_graph import bucket
+    from engine.kernels import DECODE_MAX_SPLITS, decode_keys_per_block
+
+    @given(st.integers(0, 200_000), st.integers(1, 262_144))
+    def check(pos, ctx):
+        if pos >= ctx:
+            return
+        size = bucket(pos, ctx)
+        per_block = decode_keys_per_block(size)
+        assert per_block == decode_keys_per_block(pos + 1)
+        assert per_block % 64 == 0
+        assert -(-size // per_block) <= DECODE_MAX_SPLITS
+
+    check()
+
+
+def test_kernel_sources_carry_their_headers():
+    """CuPy caches compiled modules by their source text: a header must be pasted in, not included,
+    so that changing it recompiles every kernel file that uses it."""
+    from engine.kernels import KERNEL_DIR, kernel_source
+
+    for name in ("quant.cu", "norm_rope.cu", "attention.cu"):
+        source = kernel_source(name)
+        assert '#include "' not in source
+        assert "struct Q8 {" in source
+    assert (KERNEL_DIR / "q8.cuh").read_text().strip() in kernel_source("quant.cu")

@@ -125,6 +125,66 @@ def test_the_device_draw_written_over_numpy_equals_the_host_draw(ints, u, temper
     scaled = np.asarray(ints, dtype=np.float32) / np.float32(4 * temperature)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     assert pick_sorted(np, scaled, u, params) == pick(scaled, u, params)
+    # the form a captured draw graph runs: u a 0-d array set before each replay, the token left as an array
+    from engine.sampler import draw_index
+
+    assert int(draw_index(np, scaled, np.array(u), params)) == pick(scaled, u, params)
+
+
+def test_plain_greedy_is_temperature_zero_with_no_penalty_in_effect():
+    """The decode graph's argmax stands in for the sampler exactly when nothing rewrites the logits."""
+    assert Sampler(SamplingParams(), (1, 2)).plain_greedy
+    assert Sampler(SamplingParams(repeat_penalty=1.3), ()).plain_greedy  # nothing recent to penalize yet
+    assert not Sampler(SamplingParams(repeat_penalty=1.3), (1, 2)).plain_greedy
+    assert not Sampler(SamplingParams(presence_penalty=0.5), (4,)).plain_greedy
+    assert not Sampler(SamplingParams(temperature=0.7), ()).plain_greedy
+    penalized = Sampler(SamplingParams(frequency_penalty=1.0, repeat_last_n=0), (4,))
+    assert penalized.plain_greedy  # a window of 0 keeps no recent tokens
+
+
+class FakeDraws:
+    """Records what the sampler hands a draw graph (engine/draw_graph.py needs a GPU)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def draw(self, logits, u, p, counts):
+        self.calls.append((u, counts))
+        return 0
+
+
+def test_a_draw_graph_gets_the_uniform_and_the_penalties_the_launched_pick_would_use():
+    """After a decode graph the whole pick is a graph replay: it must consume exactly the uniforms
+    the launched path consumes (one per temperature draw, none for greedy) and see the same
+    penalty counts."""
+    graphs = FakeDraws()
+    plain = Sampler(SamplingParams(temperature=0.9, seed=3), (1,))
+    assert plain.sample(LOGITS, np, graphs) == 0
+    assert graphs.calls[-1] == (Sampler(SamplingParams(temperature=0.9, seed=3), (1,)).rng.random(), None)
+    penalized = Sampler(SamplingParams(temperature=0, repeat_penalty=2.0), (1, 3, 1))
+    penalized.sample(LOGITS, np, graphs)
+    u, (ids, freq) = graphs.calls[-1]
+    assert u is None and dict(zip(ids.tolist(), freq.tolist())) == {1: 2.0, 3: 1.0}
+    before = penalized.rng.bit_generator.state
+    penalized.sample(LOGITS, np, graphs)
+    assert penalized.rng.bit_generator.state == before  # greedy draws no uniform
+
+
+def test_penalties_over_a_padded_window_change_only_the_recent_tokens():
+    """The draw graph pads the recent tokens to a fixed window with a sink slot past the
+    vocabulary: the penalized logits must equal the unpadded penalties exactly."""
+    from engine.draw_graph import padded
+    from engine.sampler import penalize
+
+    params = SamplingParams(temperature=0.8, repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2,
+                            repeat_last_n=16)
+    sampler = Sampler(params, (2, 0, 2, 3))
+    want = sampler.apply_penalties(LOGITS)
+    ids, freq = padded(sampler.penalty_counts(), 16, len(LOGITS))
+    work = np.concatenate([LOGITS, np.zeros(1, np.float32)])
+    penalize(np, work, ids, freq, params)
+    np.testing.assert_array_equal(work[:-1], want)
+    assert not np.array_equal(want, LOGITS)
 
 
 def test_sampling_the_vocabulary_costs_well_under_a_millisecond_typically():
