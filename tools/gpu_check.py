@@ -1,5 +1,6 @@
 """GPU run of the engine: CuPy vs NumPy logits on the golden prompts (same machine, both paths),
-GPU prefill/decode tok/s, and `strata --serve --device gpu` end to end over its pipes.
+captured decode steps against eager ones, GPU prefill/decode tok/s, and `strata --serve --device
+gpu` end to end over its pipes.
 
     python tools/gpu_check.py --model PATH [--out result.json]
 
@@ -21,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine.backend import select_backend  # noqa: E402
+from engine.decode_graph import GraphDecoder  # noqa: E402
 from engine.gguf_model import load_model  # noqa: E402
 from engine.kv import KVCache  # noqa: E402
 from engine.model import LlamaModel  # noqa: E402
@@ -63,6 +65,35 @@ def compare_paths(model_path: str) -> list[dict]:
     return rows
 
 
+def graph_vs_eager(model_path: str, steps: int = 48) -> dict:
+    """The same greedy decode twice on the GPU, each with its own KV cache: CUDA graph replays
+    (GraphDecoder, what the engine runs) and eager forwards of one token. From a 1,000-token prompt,
+    so the steps cross from the 1,024-position graph to the 2,048 one. The logits must be the same
+    bits, and the graph's own argmax the eager logits' argmax."""
+    backend = select_backend("gpu")
+    cfg, weights, _ = load_model(model_path, backend)
+    model = LlamaModel(cfg, weights, backend)
+    base = json.loads((ROOT / "tests/fixtures/logits_golden.json").read_text())["cases"][3]["ids"]
+    prompt = np.asarray((base * 3)[:1000])
+    kv_graph, kv_eager = KVCache(cfg, 4096, backend), KVCache(cfg, 4096, backend)
+    graphs = GraphDecoder(model, kv_graph, backend)
+    token = int(np.argmax(model.prefill(prompt, kv_graph, 512)))
+    model.prefill(prompt, kv_eager, 512)
+    worst, same_tokens, argmax_agrees = 0.0, True, True
+    for i in range(steps):
+        pos = len(prompt) + i
+        replayed = graphs.decode(token, pos)
+        captured = graphs.owns(replayed)  # False on a bucket's first step (its eager run is returned)
+        g = backend.to_host(replayed)
+        e = model.forward(np.asarray([token]), pos, kv_eager, want_logits=True)
+        worst = max(worst, float(np.max(np.abs(g - e))))
+        argmax_agrees &= not captured or graphs.greedy_token() == int(np.argmax(e))
+        same_tokens &= int(np.argmax(g)) == int(np.argmax(e))
+        token = int(np.argmax(e))
+    return {"steps": steps, "from_position": len(prompt), "graphs": sorted(graphs.captured),
+            "max_abs_logit_diff": worst, "same_tokens": bool(same_tokens), "graph_argmax_agrees": bool(argmax_agrees)}
+
+
 def engine_process_on_gpu(model_path: str) -> dict:
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--serve", "--device", "gpu", "--model", model_path],
                             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
@@ -98,6 +129,8 @@ def main() -> None:
     a = p.parse_args()
     result = {"parity": compare_paths(a.model)}
     print(json.dumps(result["parity"], indent=1), flush=True)
+    result["graph_vs_eager"] = graph_vs_eager(a.model)
+    print(json.dumps(result["graph_vs_eager"]), flush=True)
     result["engine_process"] = engine_process_on_gpu(a.model)
     print(json.dumps(result["engine_process"]), flush=True)
     result["bench"] = {chunk: engine_bench.run(a.model, "gpu", chunk, 5, 128, [512, 2048, 8192])
