@@ -60,6 +60,20 @@ class ArrayOps:
             x += delta
         return x * (1.0 / self.xp.sqrt(self.xp.mean(x * x, axis=-1, keepdims=True) + eps)) * weight
 
+    def head_rms_norm(self, qkv, q_weight, k_weight, heads: int, kv_heads: int, eps: float):
+        """qkv: (n, (heads + 2*kv_heads) * d) -> the same with each Q and K head RMS-normalized over
+        its d values and scaled by q_weight / k_weight (d,) (Qwen3). Computed in float32."""
+        n, width = qkv.shape
+        x = qkv.reshape(n, -1, width // (heads + 2 * kv_heads)).astype(np.float32)  # a copy
+        for lo, hi, w in ((0, heads, q_weight), (heads, heads + kv_heads, k_weight)):
+            part = x[:, lo:hi]
+            x[:, lo:hi] = part / self.xp.sqrt(self.xp.mean(part * part, axis=-1, keepdims=True) + eps) * w
+        return x.reshape(n, width).astype(qkv.dtype)
+
+    def rows(self, h):
+        """An activation as a plain (n, k) array."""
+        return h
+
     def rope(self, x, cos, sin):
         """x: (n, heads, d) with each head laid out [evens, odds]; cos/sin: (n, 1, d/2)."""
         half = x.shape[-1] // 2
@@ -162,6 +176,9 @@ class HalfCupyOps(ArrayOps):
 
     def add_rms_norm(self, x, delta, weight, eps: float):
         return self.kernels.add_rms_norm(x, delta, weight, eps, q8=x.shape[0] == 1)
+
+    def rows(self, h):
+        return h.values if isinstance(h, Row8) else h
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step):
         return self.kernels.rope_store(qkv, cos_table, sin_table, k_cache, v_cache, step)

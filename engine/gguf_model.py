@@ -13,9 +13,13 @@ from engine.backend import Backend
 from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
 from engine.quantized import BLOCKS, HostRows, QuantMatrix, stack_rows
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+# What differs between the supported families, as the forward pass reads it from ModelConfig:
+#   llama     Q/K rows stored with RoPE pairs adjacent (llama.cpp's "normal" RoPE), reordered at load
+#   qwen2     bias on Q, K and V; RoPE on halves (NEOX) as stored
+#   qwen3     RMSNorm per head on Q and K, no bias; head width from attention.key_length
+#   qwen3moe  qwen3's attention; a routed mixture of experts in place of the feed-forward
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
 MAX_DEFAULT_CTX = 8192  # without --ctx, the model's trained context, capped here (KV memory)
-
 
 class ModelLoadError(RuntimeError):
     """The file cannot be served: unsupported architecture, tensor type, or missing tensor."""
@@ -35,17 +39,32 @@ class ModelConfig:
     context_length: int
     rope_base: float
     norm_eps: float
+    qkv_bias: bool = False  # qwen2: Q, K and V projections carry a bias
+    qk_norm: bool = False  # qwen3: RMSNorm over each head of Q and K before RoPE
+    rope_pairs_adjacent: bool = True  # llama's files: Q/K rows reordered at load so RoPE rotates halves
+    n_experts: int = 0  # qwen3moe: experts per layer (0: a dense feed-forward)
+    n_experts_used: int = 0  # experts each token is routed to
+    expert_ffn_dim: int = 0
+    expert_weights_norm: bool = False  # the chosen experts' weights rescaled to sum to 1
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(f"unsupported architecture {self.arch!r} (supported: llama)")
-        if self.dim != self.n_heads * self.head_dim or self.n_heads % self.n_kv_heads:
+            raise ModelLoadError(f"unsupported architecture {self.arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        if self.n_heads % self.n_kv_heads or self.head_dim % 2:
             raise ModelLoadError(f"inconsistent head shapes: dim={self.dim} heads={self.n_heads} "
                                  f"kv_heads={self.n_kv_heads} head_dim={self.head_dim}")
+        if self.n_experts and not 0 < self.n_experts_used <= self.n_experts:
+            raise ModelLoadError(f"{self.n_experts_used} experts used of {self.n_experts}")
 
     @property
     def default_ctx(self) -> int:
         return min(self.context_length, MAX_DEFAULT_CTX)
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the attention's query (and output projection input): heads x head width, which
+        need not be the model width (Qwen3-30B-A3B: 32 x 128 over 2048)."""
+        return self.n_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -58,11 +77,16 @@ class LayerWeights:
     or a QuantMatrix of the file's blocks (engine/quantized.py) for a quantized tensor."""
 
     attn_norm: object  # (dim,) float32
-    wqkv: object  # (dim + 2*kv_dim, dim): q and k rows de-interleaved for half-split RoPE
-    wo: object  # (dim, dim)
+    wqkv: object  # (q_dim + 2*kv_dim, dim): llama's q and k rows de-interleaved for half-split RoPE
+    wo: object  # (dim, q_dim)
     ffn_norm: object  # (dim,) float32
-    w_gate_up: object  # (2*ffn_dim, dim)
-    w_down: object  # (dim, ffn_dim)
+    w_gate_up: object = None  # (2*ffn_dim, dim); None in a MoE layer
+    w_down: object = None  # (dim, ffn_dim)
+    bqkv: object = None  # (q_dim + 2*kv_dim,) qwen2's Q, K and V biases
+    q_norm: object = None  # (head_dim,) float32: qwen3's per-head norms
+    k_norm: object = None
+    router: object = None  # (n_experts, dim) float32: qwen3moe's gate
+    experts: list | None = None  # per expert (w_gate_up (2*expert_ffn, dim), w_down (dim, expert_ffn))
 
 
 @dataclass
@@ -81,18 +105,24 @@ def field_value(reader: GGUFReader, key: str, default=None):
 def read_config(reader: GGUFReader) -> ModelConfig:
     arch = field_value(reader, "general.architecture", "?")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(f"unsupported architecture {arch!r} (supported: llama)")
+        raise ModelLoadError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     g = lambda k, d=None: field_value(reader, f"{arch}.{k}", d)  # noqa: E731
     n_heads = int(g("attention.head_count"))
     dim = int(g("embedding_length"))
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    head_dim = int(g("attention.key_length", g("rope.dimension_count", dim // n_heads)))
+    moe = arch == "qwen3moe"
     return ModelConfig(
         arch=arch, name=str(field_value(reader, "general.name", "unnamed")),
-        n_layers=int(g("block_count")), dim=dim, ffn_dim=int(g("feed_forward_length")),
+        n_layers=int(g("block_count")), dim=dim, ffn_dim=int(g("feed_forward_length", 0)),
         n_heads=n_heads, n_kv_heads=int(g("attention.head_count_kv", n_heads)),
-        head_dim=int(g("rope.dimension_count", dim // n_heads)), vocab_size=int(g("vocab_size", vocab)),
+        head_dim=head_dim, vocab_size=int(g("vocab_size", vocab)),
         context_length=int(g("context_length")), rope_base=float(g("rope.freq_base", 10000.0)),
         norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
+        qkv_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "qwen3moe"), rope_pairs_adjacent=arch == "llama",
+        n_experts=int(g("expert_count", 0)) if moe else 0, n_experts_used=int(g("expert_used_count", 0)) if moe else 0,
+        expert_ffn_dim=int(g("expert_feed_forward_length", 0)) if moe else 0,
+        expert_weights_norm=bool(g("expert_weights_norm", True)) if moe else False,
     )
 
 
@@ -189,25 +219,102 @@ class WeightLoader:
         self.progress(t)
         return self.xp.asarray(np.asarray(t.data, dtype=np.float32))
 
+    def small_matrix(self, name: str):
+        """A small tensor (a MoE router) as float32 (rows, cols), whatever its type."""
+        t = self.tensor(name)
+        self.progress(t)
+        return self.xp.asarray(dequantize_tensor(t).reshape(-1, int(t.shape[0])))
+
     def layer(self, i: int) -> LayerWeights:
         c, p = self.cfg, f"blk.{i}."
-        wqkv = self.matrices([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
-                             [c.n_heads, c.n_kv_heads, None])
-        w_gate_up = self.matrices([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
-        return LayerWeights(attn_norm=self.vector(p + "attn_norm.weight"), wqkv=wqkv,
-                            wo=self.matrix(p + "attn_output.weight"), ffn_norm=self.vector(p + "ffn_norm.weight"),
-                            w_gate_up=w_gate_up, w_down=self.matrix(p + "ffn_down.weight"))
+        pairs = (c.n_heads, c.n_kv_heads, None) if c.rope_pairs_adjacent else (None, None, None)
+        wqkv = self.matrices([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], list(pairs))
+        layer = LayerWeights(attn_norm=self.vector(p + "attn_norm.weight"), wqkv=wqkv,
+                             wo=self.matrix(p + "attn_output.weight"), ffn_norm=self.vector(p + "ffn_norm.weight"))
+        if c.qkv_bias:
+            layer.bqkv = self.xp.concatenate([self.vector(p + f"attn_{x}.bias") for x in "qkv"])
+        if c.qk_norm:
+            layer.q_norm, layer.k_norm = self.vector(p + "attn_q_norm.weight"), self.vector(p + "attn_k_norm.weight")
+        if c.n_experts:
+            layer.router = self.small_matrix(p + "ffn_gate_inp.weight")  # (n_experts, dim)
+            layer.experts = self.experts(p)
+        else:
+            layer.w_gate_up = self.matrices([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
+            layer.w_down = self.matrix(p + "ffn_down.weight")
+        return layer
+
+    def experts(self, p: str) -> list[tuple[object, object]]:
+        """A MoE layer's experts as GGUF stacks them (ffn_{gate,up,down}_exps: (experts, out, in)),
+        split into one (gate+up, down) pair of matrices per expert: rows of blocks slice like rows
+        of values, so quantized experts stay in their blocks."""
+        c = self.cfg
+        gate, up, down = (self.tensor(p + f"ffn_{x}_exps.weight") for x in ("gate", "up", "down"))
+        out = []
+        for e in range(c.n_experts):
+            rows = [expert_rows(t, e, c.n_experts) for t in (gate, up)]
+            out.append((self.rows_matrix(rows), self.rows_matrix([expert_rows(down, e, c.n_experts)])))
+        for t in (gate, up, down):
+            self.progress(t)
+        return out
+
+    def rows_matrix(self, pieces: list["TensorRows"]):
+        """Row ranges of tensors stacked, in the backend's weight form (as matrices() does for whole tensors)."""
+        if self.keep_blocks and any(r.tensor.tensor_type.name in BLOCKS for r in pieces):
+            return stack_rows([r.host_rows(self) for r in pieces], self.xp.asarray)
+        parts = [r.dense(self) for r in pieces]
+        return parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
 
     def load(self) -> Weights:
         embd = self.matrix("token_embd.weight")
         layers = [self.layer(i) for i in range(self.cfg.n_layers)]
         out_norm = self.vector("output_norm.weight")
         head = self.matrix("output.weight") if "output.weight" in self.tensors else embd
-        expanded = [w.rows * w.cols for layer in layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
-                    if isinstance(w, QuantMatrix)]  # a prompt chunk's GEMMs read these expanded (not the head)
+        expanded = [w.rows * w.cols for layer in layers  # a prompt chunk's GEMMs read these expanded (not the head)
+                    for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down,
+                              *(m for pair in layer.experts or () for m in pair)) if isinstance(w, QuantMatrix)]
         if expanded:
             self.backend.kernels.reserve_scratch(max(expanded))
         return Weights(embd, layers, out_norm, head)
+
+
+@dataclass(frozen=True)
+class TensorRows:
+    """Rows [start, stop) of a tensor seen as a (rows, cols) matrix: one expert of a stacked
+    (experts, out, in) tensor. Only these rows are read and converted."""
+
+    tensor: object
+    start: int
+    stop: int
+
+    def raw(self) -> np.ndarray:
+        data = np.asarray(self.tensor.data)  # (experts, out, row bytes or cols), as the reader maps it
+        return data.reshape(-1, data.shape[-1])[self.start : self.stop]
+
+    def values(self) -> np.ndarray:
+        """float32 (rows, cols)."""
+        t, raw = self.tensor, self.raw()
+        if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            return raw.astype(np.float32)
+        try:
+            return dequantize(raw, t.tensor_type).astype(np.float32, copy=False).reshape(len(raw), -1)
+        except NotImplementedError as e:
+            raise ModelLoadError(f"unsupported tensor type {t.tensor_type.name} in {t.name}") from e
+
+    def host_rows(self, loader: "WeightLoader") -> HostRows:
+        kind, cols = self.tensor.tensor_type.name, int(self.tensor.shape[0])
+        if kind in BLOCKS or kind == "F16":
+            return HostRows(kind, self.raw(), cols)
+        return HostRows("F16", self.values().astype(np.float16), cols)
+
+    def dense(self, loader: "WeightLoader"):
+        """float32 on the CPU, fp16 on the GPU."""
+        w = self.values()
+        return w if loader.backend.name == "cpu" else loader.xp.asarray(w, dtype=loader.xp.float16)
+
+
+def expert_rows(t, e: int, n_experts: int) -> TensorRows:
+    rows = int(np.prod(t.shape[1:])) // n_experts  # t.shape is GGUF's (in, out, experts)
+    return TensorRows(t, e * rows, (e + 1) * rows)
 
 
 def load_model(path: str, backend: Backend, keep_blocks: bool = True) -> tuple[ModelConfig, Weights, GGUFReader]:

@@ -1,5 +1,7 @@
-"""The Llama forward pass over a chunk of positions against the KV cache, written once over the
-backend's operations (float32 NumPy on a CPU, half precision kernels on a GPU)."""
+"""The forward pass of the Llama family and its relatives (Qwen2, Qwen3, Qwen3-MoE) over a chunk of
+positions against the KV cache, written once over the backend's operations (float32 NumPy on a
+CPU, half precision kernels on a GPU). What differs between families is in ModelConfig and the
+layer's weights: Q/K/V biases, per-head Q/K norms, routed experts in place of the feed-forward."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,6 +9,7 @@ import numpy as np
 from engine.backend import Backend, Step
 from engine.gguf_model import ModelConfig, Weights
 from engine.kv import KVCache
+from engine.moe import route, run_experts
 from engine.prefill import chunk_end
 
 
@@ -16,6 +19,7 @@ class LlamaModel:
         half = cfg.head_dim // 2
         self.inv_freq = 1.0 / (cfg.rope_base ** (np.arange(half, dtype=np.float64) * 2 / cfg.head_dim))
         self.cos_table = self.sin_table = None  # (positions, 1, half) on the device, grown on demand
+        self.route_log: list | None = None  # (layer, experts (n, k), weights (n, k)) per MoE layer, when a list
 
     def forward(self, tokens: np.ndarray, start: int, kv: KVCache, want_logits: bool, on_device: bool = False):
         """tokens: (n,) at absolute positions [start, start+n). Writes their K/V rows.
@@ -32,14 +36,31 @@ class LlamaModel:
         delta = None  # the previous layer's feed-forward output, added at the next norm
         for i, layer in enumerate(self.w.layers):
             h = ops.add_rms_norm(x, delta, layer.attn_norm, eps)  # (n, dim)
-            q = ops.rope_store(ops.matmul(h, layer.wqkv), cos, sin, kv.k[i], kv.v[i], step)  # (n, heads, d)
+            qkv = ops.matmul(h, layer.wqkv)  # (n, (heads + 2*kv_heads) * d)
+            if layer.bqkv is not None:
+                qkv = (qkv + layer.bqkv).astype(qkv.dtype, copy=False)
+            if layer.q_norm is not None:
+                qkv = ops.head_rms_norm(qkv, layer.q_norm, layer.k_norm, self.cfg.n_heads, self.cfg.n_kv_heads, eps)
+            q = ops.rope_store(qkv, cos, sin, kv.k[i], kv.v[i], step)  # (n, heads, d)
             attn = ops.attention(q, kv.k[i], kv.v[i], step)  # (n, heads * d)
             h = ops.add_rms_norm(x, ops.matmul(attn, layer.wo), layer.ffn_norm, eps)
-            delta = ops.matmul(ops.silu_mul(ops.matmul(h, layer.w_gate_up)), layer.w_down)  # (n, dim)
+            if layer.experts is not None:
+                delta = self.mixture(i, ops.rows(h), layer)  # (n, dim)
+            else:
+                delta = ops.matmul(ops.silu_mul(ops.matmul(h, layer.w_gate_up)), layer.w_down)  # (n, dim)
         if not want_logits:
             return None
         last = ops.add_rms_norm(x[-1:], delta[-1:], self.w.out_norm, eps)  # (1, dim)
         return ops.logits(last, self.w.head)  # (vocab,) float32
+
+    def mixture(self, i: int, h, layer):
+        """Layer i's routed experts (engine/moe.py); the routes are recorded when route_log is a list."""
+        cfg = self.cfg
+        chosen, weights = route(self.backend.xp, h.astype(np.float32) @ layer.router.T,  # (n, experts)
+                                cfg.n_experts_used, cfg.expert_weights_norm)
+        if self.route_log is not None:
+            self.route_log.append((i, self.backend.to_host(chosen), self.backend.to_host(weights)))
+        return run_experts(self.ops, h, layer.experts, chosen, weights)
 
     def prefill(self, tokens: np.ndarray, kv: KVCache, chunk: int):
         """Read a whole prompt from position 0 in absolute chunks, as the engine does; returns the

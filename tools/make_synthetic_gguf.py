@@ -1,10 +1,14 @@
-"""A llama-architecture GGUF of any shape and weight type, with random weights of sane magnitude and
-the default model's tokenizer and chat template: any model size can be measured where no large
-model can be downloaded. Quantized tensors are written as blocks directly (random quants with
+"""A GGUF of any supported architecture (llama, qwen2, qwen3, qwen3moe), shape and weight type, with
+random weights of sane magnitude and the default model's tokenizer and chat template: any model
+size can be measured where no large model can be downloaded, and each family's forward pass
+checked against a reference on a tiny one. Quantized tensors are written as blocks directly (random quants with
 valid scales), so no float32 copy of the model is ever made and K-quants need no quantizer.
 
     python tools/make_synthetic_gguf.py OUT.gguf --preset llama3-8b --type F16
     python tools/make_synthetic_gguf.py OUT.gguf --layers 4 --dim 512 --ffn 1536 --heads 8 --kv-heads 2 --type Q4_K
+    python tools/make_synthetic_gguf.py OUT.gguf --preset qwen3-30b-a3b --type Q4_K_M
+    python tools/make_synthetic_gguf.py OUT.gguf --arch qwen3moe --layers 2 --dim 64 --heads 4 --kv-heads 2 \
+        --head-dim 32 --experts 8 --experts-used 2 --expert-ffn 48 --type F32
 
 Types: F16 BF16 F32 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K, and Q4_K_M (Q4_K, with Q6_K for
 attn_v, ffn_down and the output head, as llama.cpp's Q4_K_M mix). A tensor whose rows do not
@@ -31,7 +35,12 @@ PRESETS = {  # layers, dim, ffn, heads, kv_heads, context, rope base, vocab (Non
     "smollm2-135m": dict(layers=30, dim=576, ffn=1536, heads=9, kv_heads=3, ctx=8192, rope_base=100000.0,
                          vocab=None),
     "tiny": dict(layers=2, dim=256, ffn=512, heads=4, kv_heads=2, ctx=4096, rope_base=10000.0, vocab=None),
+    "qwen3-8b": dict(arch="qwen3", layers=36, dim=4096, ffn=12288, heads=32, kv_heads=8, head_dim=128, ctx=40960,
+                     rope_base=1000000.0, vocab=151936),
+    "qwen3-30b-a3b": dict(arch="qwen3moe", layers=48, dim=2048, ffn=6144, heads=32, kv_heads=4, head_dim=128,
+                          experts=128, experts_used=8, expert_ffn=768, ctx=40960, rope_base=1000000.0, vocab=151936),
 }
+ARCHES = ("llama", "qwen2", "qwen3", "qwen3moe")
 WEIGHT_STD = 0.02  # the spread of a trained 8B model's weights, roughly
 BLOCK = {Q.Q8_0: (32, 34), Q.Q4_0: (32, 18), Q.Q4_1: (32, 20), Q.Q5_0: (32, 22), Q.Q5_1: (32, 24),
          Q.Q4_K: (256, 144), Q.Q5_K: (256, 176), Q.Q6_K: (256, 210)}
@@ -119,18 +128,28 @@ def tensor_type(kind: str, file_type: str) -> Q:
 
 # ---------------------------------------------------------------- the model
 
-def tensor_plan(a) -> list[tuple[str, str, tuple[int, int] | tuple[int]]]:
-    """(name, role, numpy shape (out, in)) of every tensor, in file order."""
-    head_dim = a.dim // a.heads
-    kv = a.kv_heads * head_dim
+def tensor_plan(a) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(name, role, numpy shape (out, in), or (experts, out, in)) of every tensor, in file order."""
+    q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
     plan = [("token_embd.weight", "token_embd", (a.vocab, a.dim))]
     for i in range(a.layers):
         p = f"blk.{i}."
-        plan += [(p + "attn_norm.weight", "norm", (a.dim,)), (p + "attn_q.weight", "attn_q", (a.dim, a.dim)),
-                 (p + "attn_k.weight", "attn_k", (kv, a.dim)), (p + "attn_v.weight", "attn_v", (kv, a.dim)),
-                 (p + "attn_output.weight", "attn_output", (a.dim, a.dim)), (p + "ffn_norm.weight", "norm", (a.dim,)),
-                 (p + "ffn_gate.weight", "ffn_gate", (a.ffn, a.dim)), (p + "ffn_up.weight", "ffn_up", (a.ffn, a.dim)),
-                 (p + "ffn_down.weight", "ffn_down", (a.dim, a.ffn))]
+        plan += [(p + "attn_norm.weight", "norm", (a.dim,)), (p + "attn_q.weight", "attn_q", (q, a.dim)),
+                 (p + "attn_k.weight", "attn_k", (kv, a.dim)), (p + "attn_v.weight", "attn_v", (kv, a.dim))]
+        if a.arch == "qwen2":
+            plan += [(p + "attn_q.bias", "bias", (q,)), (p + "attn_k.bias", "bias", (kv,)), (p + "attn_v.bias", "bias", (kv,))]
+        if a.arch in ("qwen3", "qwen3moe"):
+            plan += [(p + "attn_q_norm.weight", "norm", (a.head_dim,)), (p + "attn_k_norm.weight", "norm", (a.head_dim,))]
+        plan += [(p + "attn_output.weight", "attn_output", (a.dim, q)), (p + "ffn_norm.weight", "norm", (a.dim,))]
+        if a.arch == "qwen3moe":
+            e, f = a.experts, a.expert_ffn
+            plan += [(p + "ffn_gate_inp.weight", "router", (e, a.dim)),
+                     (p + "ffn_gate_exps.weight", "ffn_gate", (e, f, a.dim)),
+                     (p + "ffn_up_exps.weight", "ffn_up", (e, f, a.dim)),
+                     (p + "ffn_down_exps.weight", "ffn_down", (e, a.dim, f))]
+        else:
+            plan += [(p + "ffn_gate.weight", "ffn_gate", (a.ffn, a.dim)), (p + "ffn_up.weight", "ffn_up", (a.ffn, a.dim)),
+                     (p + "ffn_down.weight", "ffn_down", (a.dim, a.ffn))]
     plan.append(("output_norm.weight", "norm", (a.dim,)))
     if not a.tied:
         plan.append(("output.weight", "output", (a.vocab, a.dim)))
@@ -138,14 +157,16 @@ def tensor_plan(a) -> list[tuple[str, str, tuple[int, int] | tuple[int]]]:
 
 
 def make_tensor(pool: RandomPool, role: str, shape, file_type: str) -> tuple[np.ndarray, Q]:
-    if len(shape) == 1:  # norm weights: around 1
-        return (1.0 + 0.05 * pool.rng.standard_normal(shape)).astype(np.float32), Q.F32
-    rows, cols = shape
+    if len(shape) == 1:  # norm weights around 1, biases around 0
+        base = 0.0 if role == "bias" else 1.0
+        return (base + 0.05 * pool.rng.standard_normal(shape)).astype(np.float32), Q.F32
     qtype = planned_type(role, shape, file_type)
     if qtype == Q.F32:
-        return (WEIGHT_STD * pool.rng.standard_normal(shape)).astype(np.float32), Q.F32
+        return (WEIGHT_STD * (5.0 if role == "router" else 1.0) * pool.rng.standard_normal(shape)).astype(np.float32), Q.F32
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
     data = pool.take(qtype, rows, cols)
-    return (data.view(np.uint8) if qtype == Q.BF16 else data), qtype
+    data = data.view(np.uint8) if qtype == Q.BF16 else data
+    return data.reshape(*shape[:-1], data.shape[-1]), qtype
 
 
 def copy_tokenizer(w: GGUFWriter, src: GGUFReader, vocab: int | None) -> int:
@@ -169,8 +190,8 @@ def copy_tokenizer(w: GGUFWriter, src: GGUFReader, vocab: int | None) -> int:
 
 def write_model(a) -> None:
     src = GGUFReader(a.tokenizer or str(default_model_path()))
-    w = GGUFWriter(a.out, "llama")
-    w.add_name(f"synthetic {a.preset or 'custom'} {a.type}")
+    w = GGUFWriter(a.out, a.arch)
+    w.add_name(f"synthetic {a.preset or a.arch} {a.type}")
     a.vocab = copy_tokenizer(w, src, a.vocab)
     w.add_block_count(a.layers)
     w.add_context_length(a.ctx)
@@ -178,6 +199,13 @@ def write_model(a) -> None:
     w.add_feed_forward_length(a.ffn)
     w.add_head_count(a.heads)
     w.add_head_count_kv(a.kv_heads)
+    if a.arch != "llama" or a.head_dim != a.dim // a.heads:
+        w.add_key_length(a.head_dim)
+        w.add_value_length(a.head_dim)
+    if a.arch == "qwen3moe":
+        w.add_expert_count(a.experts)
+        w.add_expert_used_count(a.experts_used)
+        w.add_expert_feed_forward_length(a.expert_ffn)
     w.add_rope_freq_base(a.rope_base)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(a.vocab)
@@ -189,7 +217,8 @@ def write_model(a) -> None:
         if qtype in (Q.F32, Q.F16):
             w.add_tensor_info(name, shape, np.dtype(np.float32 if qtype == Q.F32 else np.float16), nbytes)
         else:  # block types (and BF16) are described by their byte shape
-            w.add_tensor_info(name, (shape[0], nbytes // shape[0]), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+            rows = int(np.prod(shape[:-1]))
+            w.add_tensor_info(name, (*shape[:-1], nbytes // rows), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -205,10 +234,10 @@ def write_model(a) -> None:
 
 
 def planned_type(role: str, shape, file_type: str) -> Q:
-    if len(shape) == 1:
+    if len(shape) == 1 or role == "router":  # norms, biases and routers stay F32, as llama.cpp keeps them
         return Q.F32
     qtype = tensor_type(role, file_type)
-    return qtype if fits(qtype, shape[1]) else (Q.Q8_0 if shape[1] % 32 == 0 else Q.F16)
+    return qtype if fits(qtype, shape[-1]) else (Q.Q8_0 if shape[-1] % 32 == 0 else Q.F16)
 
 
 def planned_nbytes(qtype: Q, shape) -> int:
@@ -223,8 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
     p.add_argument("--preset", choices=sorted(PRESETS))
+    p.add_argument("--arch", choices=ARCHES, help="the model family (default: the preset's, else llama)")
     p.add_argument("--type", default="F16", choices=["F16", "BF16", "F32", "Q4_K_M", *(t.name for t in BLOCK)])
-    for flag in ("layers", "dim", "ffn", "heads", "kv-heads", "ctx", "vocab"):
+    for flag in ("layers", "dim", "ffn", "heads", "kv-heads", "head-dim", "ctx", "vocab", "experts", "experts-used",
+                 "expert-ffn"):
         p.add_argument(f"--{flag}", type=int)
     p.add_argument("--rope-base", type=float)
     p.add_argument("--tied", action="store_true", help="no output.weight: the head is the embedding")
@@ -235,14 +266,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_shape(a: argparse.Namespace) -> argparse.Namespace:
     base = PRESETS.get(a.preset, {})
-    for key in ("layers", "dim", "ffn", "heads", "kv_heads", "ctx", "rope_base", "vocab"):
+    for key in ("arch", "layers", "dim", "ffn", "heads", "kv_heads", "head_dim", "ctx", "rope_base", "vocab",
+                "experts", "experts_used", "expert_ffn"):
         if getattr(a, key) is None:
             setattr(a, key, base.get(key))
-    missing = [k for k in ("layers", "dim", "ffn", "heads", "kv_heads", "ctx") if getattr(a, k) is None]
+    a.arch = a.arch or "llama"
+    needed = ["layers", "dim", "heads", "kv_heads", "ctx"] + (["experts", "experts_used", "expert_ffn"]
+                                                              if a.arch == "qwen3moe" else ["ffn"])
+    missing = [k for k in needed if getattr(a, k) is None]
     if missing:
         raise SystemExit(f"make_synthetic_gguf: give --preset or --{missing[0].replace('_', '-')}")
-    if a.dim % a.heads or a.heads % a.kv_heads or (a.dim // a.heads) % 2:
-        raise SystemExit("make_synthetic_gguf: dim must split into heads of even width, heads into kv heads")
+    a.ffn = a.ffn or a.expert_ffn
+    a.head_dim = a.head_dim or a.dim // a.heads
+    if a.heads % a.kv_heads or a.head_dim % 2 or (a.arch == "llama" and a.dim % a.heads):
+        raise SystemExit("make_synthetic_gguf: heads must split into kv heads, heads must be of even width")
     a.rope_base = a.rope_base or 10000.0
     return a
 
