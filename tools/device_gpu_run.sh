@@ -45,7 +45,7 @@ for step in "$@"; do
     times)
       python3 tools/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;
     families)
-      python3 tools/gpu_families_check.py --json "$OUT/gpu_families.json" 2>&1 | quiet ;;
+      python3 tools/gpu_families_check.py --tokenizer .device/tok.gguf --json "$OUT/gpu_families.json" 2>&1 | quiet ;;
     synth)
       [ -f $M8 ] || python3 tools/make_synthetic_gguf.py $M8 --preset llama3-8b --type F16 --tokenizer .device/tok.gguf 2>&1 | tail -2
       [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1 ;;

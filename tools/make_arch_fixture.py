@@ -28,12 +28,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests/fixtures/arch_golden.json"
-SHAPE = ["--layers", "2", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ctx", "512", "--type", "F32"]
-MODELS = {  # family -> make_synthetic_gguf.py arguments
-    "qwen2": ["--arch", "qwen2", *SHAPE, "--ffn", "96", "--seed", "11"],
-    "qwen3": ["--arch", "qwen3", *SHAPE, "--ffn", "96", "--head-dim", "32", "--seed", "12"],  # 4 x 32 over 64
-    "qwen3moe": ["--arch", "qwen3moe", *SHAPE, "--head-dim", "32", "--experts", "8", "--experts-used", "3",
-                 "--expert-ffn", "48", "--seed", "13"],
+SHAPE = ["--layers", "2", "--heads", "4", "--kv-heads", "2", "--ctx", "512", "--type", "F32"]
+MODELS = {  # family -> make_synthetic_gguf.py arguments (head widths the GPU kernels take: 64, 128)
+    "qwen2": ["--arch", "qwen2", *SHAPE, "--dim", "256", "--ffn", "96", "--seed", "11"],
+    "qwen3": ["--arch", "qwen3", *SHAPE, "--dim", "128", "--ffn", "96", "--head-dim", "64", "--seed", "12"],  # 4 x 64 over 128
+    "qwen3moe": ["--arch", "qwen3moe", *SHAPE, "--dim", "128", "--head-dim", "64", "--experts", "8", "--experts-used", "3",
+                 "--expert-ffn", "64", "--seed", "13"],
 }
 PROMPTS = [[1, 504, 3575, 282, 4649, 314, 7042, 30], [9745, 198, 378, 28518, 216, 260, 216, 3201, 9649, 4521, 17, 99],
            [42]]

@@ -66,16 +66,16 @@ def test_logits_and_greedy_text_equal_the_reference(models, family):
 
 
 def test_the_families_differ_where_the_config_says(models):
-    """What each family adds is read from the file: a qwen3 head is 32 wide under a model width of
-    64 with 4 heads; qwen2 has biases; qwen3moe routes to 3 of 8 experts."""
+    """What each family adds is read from the file: a qwen3 head is 64 wide under a model width of
+    128 with 4 heads; qwen2 has biases; qwen3moe routes to 3 of 8 experts."""
     configs = {f: load_model(str(p), cpu_backend())[:2] for f, p in models.items()}
     cfg, weights = configs["qwen3"]
-    assert (cfg.dim, cfg.n_heads, cfg.head_dim, cfg.q_dim) == (64, 4, 32, 128) and cfg.qk_norm
-    assert weights.layers[0].wo.shape == (64, 128) and weights.layers[0].q_norm.shape == (32,)
+    assert (cfg.dim, cfg.n_heads, cfg.head_dim, cfg.q_dim) == (128, 4, 64, 256) and cfg.qk_norm
+    assert weights.layers[0].wo.shape == (128, 256) and weights.layers[0].q_norm.shape == (64,)
     cfg, weights = configs["qwen2"]
     assert cfg.qkv_bias and weights.layers[0].bqkv.shape == (cfg.q_dim + 2 * cfg.kv_dim,)
     cfg, weights = configs["qwen3moe"]
-    assert (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim, cfg.expert_weights_norm) == (8, 3, 48, True)
+    assert (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim, cfg.expert_weights_norm) == (8, 3, 64, True)
     assert len(weights.layers[0].experts) == 8 and weights.layers[0].w_gate_up is None
     assert not any(c.rope_pairs_adjacent for c, _ in configs.values())
 
