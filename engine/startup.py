@@ -32,7 +32,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
                         config.policy.budget_bytes if config.snapshot_budget_given else None)
     runner = ModelRunner(cfg, weights, backend, plan.ctx, config.chunk,
-                         frozenset({tokenizer.special.eos}), str(path), plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32"},
+                         tokenizer.end_ids, str(path), plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32"},
                          config.cuda_graphs)
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     runner.warm_up()

@@ -5,6 +5,7 @@ chat template is rendered with jinja2 from tokenizer.chat_template.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import jinja2
@@ -16,19 +17,35 @@ from engine.gguf_model import ModelLoadError, field_value, read_config
 
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED_TOKEN_TYPE = 4
+# Control tokens that end a turn whatever the file's eos says (llama.cpp's end-of-generation set):
+# an instruct model's eos is often <|endoftext|> while its turns end with <|im_end|> or <|eot_id|>.
+END_OF_TURN = frozenset({"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                         "<|end_of_text|>"})
 
-# GPT-2's split, as llama.cpp writes it; 'smollm' (and 'gpt2'-family) pre-tokenizers use it.
+# The pre-tokenizers llama.cpp applies for each GGUF `tokenizer.ggml.pre` (llama-vocab.cpp), as
+# regex splits before byte-level BPE. GPT-2's split as llama.cpp writes it:
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# Llama 3's (tiktoken-style; case-insensitive contractions spelled out, digits in runs of up to 3):
+LLAMA3_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")  # Qwen2's: the same, each digit alone
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    splits: tuple[str, ...]  # applied in turn, each piece kept ("isolated")
+    ignore_merges: bool = False  # a piece that is itself a token is taken whole (llama.cpp: Llama 3)
+    add_bos: bool = False  # llama.cpp's default when the file has no tokenizer.ggml.add_bos_token
+
+
 PRE_TOKENIZERS = {
-    # llama.cpp: "\p{N}" (each digit alone) then the GPT-2 split
-    "smollm": lambda: pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
-        pre_tokenizers.Split(Regex(GPT2_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
-    "gpt2": lambda: pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(GPT2_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+    "gpt2": PreTokenizer((GPT2_SPLIT,)),
+    "smollm": PreTokenizer((r"\p{N}", GPT2_SPLIT)),  # each digit alone, then GPT-2's split
+    "llama-bpe": PreTokenizer((LLAMA3_SPLIT,), ignore_merges=True, add_bos=True),
+    "qwen2": PreTokenizer((QWEN2_SPLIT,)),
 }
+for alias, name in (("llama3", "llama-bpe"), ("llama-v3", "llama-bpe"), ("deepseek-r1-qwen", "qwen2")):
+    PRE_TOKENIZERS[alias] = PRE_TOKENIZERS[name]  # names llama.cpp gives the same pre-tokenizer
 
 
 @dataclass(frozen=True)
@@ -51,17 +68,27 @@ class GGUFTokenizer:
         types = field_value(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
         merges = [tuple(x.split(" ", 1)) for x in field_value(reader, "tokenizer.ggml.merges")]
         self.tokens = tokens
+        pre_tokenizer = PRE_TOKENIZERS[pre]
         self.tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                                       ignore_merges=False))
-        self.tk.pre_tokenizer = PRE_TOKENIZERS[pre]()
+                                       ignore_merges=pre_tokenizer.ignore_merges))
+        self.tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(split), behavior="isolated") for split in pre_tokenizer.splits]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         self.tk.decoder = decoders.ByteLevel()
-        special = [t for t, ty in zip(tokens, types) if ty in (CONTROL_TOKEN_TYPE, USER_DEFINED_TOKEN_TYPE)]
-        self.tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+        # control tokens (<|im_end|>) are matched in text and never shown; user-defined ones (Qwen3's
+        # <think>) are matched in text and shown, as llama.cpp renders them
+        self.tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                    for t, ty in zip(tokens, types) if ty == CONTROL_TOKEN_TYPE])
+        self.tk.add_tokens([AddedToken(t, special=False, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == USER_DEFINED_TOKEN_TYPE])
         self.special_ids = frozenset(i for i, ty in enumerate(types) if ty == CONTROL_TOKEN_TYPE)
         bos = field_value(reader, "tokenizer.ggml.bos_token_id")
         eos = int(field_value(reader, "tokenizer.ggml.eos_token_id"))
+        ends = {eos} | {int(field_value(reader, f"tokenizer.ggml.{k}_token_id")) for k in ("eot", "eom")
+                        if field_value(reader, f"tokenizer.ggml.{k}_token_id") is not None}
+        self.end_ids = frozenset(ends | {i for i in self.special_ids if tokens[i] in END_OF_TURN})
         self.special = SpecialTokens(bos, eos, tokens[eos], tokens[bos] if bos is not None else "",
-                                     bool(field_value(reader, "tokenizer.ggml.add_bos_token", False)))
+                                     bool(field_value(reader, "tokenizer.ggml.add_bos_token", pre_tokenizer.add_bos)))
         self.template = ChatTemplate(field_value(reader, "tokenizer.chat_template"), self.special)
 
     @property
@@ -80,8 +107,9 @@ class GGUFTokenizer:
     def stream(self) -> "DetokenizeStream":
         return DetokenizeStream(self.tk)
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        return self.template.render(messages)
+    def apply_chat_template(self, messages: list[dict], variables: dict | None = None) -> str:
+        """variables: the request's chat_template_kwargs (e.g. enable_thinking for Qwen3)."""
+        return self.template.render(messages, variables)
 
 
 class DetokenizeStream:
@@ -95,16 +123,31 @@ class DetokenizeStream:
 
 
 class ChatTemplate:
+    RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
+
     def __init__(self, source: str | None, special: SpecialTokens):
         self.special = special
+        self.source = source or CHATML_FALLBACK
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_template_error
-        self.template = env.from_string(source or CHATML_FALLBACK)
+        env.globals["strftime_now"] = lambda fmt: time.strftime(fmt)  # Llama 3.x templates date their system prompt
+        self.template = env.from_string(self.source)
 
-    def render(self, messages: list[dict]) -> str:
+    @property
+    def thinks(self) -> bool:
+        """Whether the model writes its reasoning in <think>...</think> (Qwen3, QwQ, DeepSeek-R1)."""
+        return "<think>" in self.source
+
+    def render(self, messages: list[dict], variables: dict | None = None) -> str:
+        """variables: extra template variables (chat_template_kwargs); not the ones set here."""
+        variables = variables or {}
+        reserved = self.RESERVED & variables.keys()
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}")
         try:
-            return self.template.render(messages=messages, add_generation_prompt=True,
-                                        bos_token=self.special.bos_text, eos_token=self.special.eos_text)
+            return self.template.render(variables | {"messages": messages, "add_generation_prompt": True,
+                                                     "bos_token": self.special.bos_text,
+                                                     "eos_token": self.special.eos_text})
         except jinja2.TemplateError as e:
             raise ValueError(f"chat template error: {e}") from e
 

@@ -11,7 +11,7 @@ import uvicorn
 
 from engine.cli import WEIGHT_FORMS
 from engine.model_path import ModelNotFound, resolve_model_path
-from serve.config import PreemptSettings, ServerSettings, split_command
+from serve.config import REASONING_FORMATS, PreemptSettings, ServerSettings, split_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace-s", type=float, default=5.0,
                    help="on SIGINT/SIGTERM, how long the running request may take to finish")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="deepseek",
+                   help="a thinking model's <think>...</think> text (Qwen3, QwQ, DeepSeek-R1): deepseek = returned "
+                        "as reasoning_content beside content (as llama.cpp's option of that name), none = left inline")
     g = p.add_argument_group("prefill preemption")
     g.add_argument("--prefill-preempt", action=argparse.BooleanOptionalAction, default=True,
                    help="park a long prompt read at a chunk boundary while a short request runs "
@@ -55,7 +58,8 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         engine_cmd=split_command(a.engine_cmd) if a.engine_cmd is not None else (), api_key=a.api_key,
         ctx=a.ctx, chunk=a.chunk, device=a.device, weights=a.weights, preempt=preempt, keepalive_s=a.keepalive_s,
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts,
-        max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s)
+        max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
+        reasoning_format=a.reasoning_format)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,9 @@ class PreemptSettings:
         return ["--prefill-preempt"] + [a for k, v in extra.items() if v is not None for a in (k, str(v))]
 
 
+REASONING_FORMATS = ("deepseek", "none")
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     model_path: Path
@@ -41,6 +44,7 @@ class ServerSettings:
     max_request_retries: int = 2  # a request running at this many engine deaths fails
     shutdown_grace_s: float = 5.0  # on SIGINT/SIGTERM the running request may finish within this
     shutdown_timeout_s: float = 10.0  # then the engine gets this long to exit after QUIT
+    reasoning_format: str = "deepseek"  # a thinking model's <think> text: reasoning_content, or "none": inline
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -53,6 +57,8 @@ class ServerSettings:
             raise ValueError("--shutdown-grace-s must be >= 0")
         if self.preempt.max_wait_s < 0:
             raise ValueError("--prefill-preempt-max-wait-s must be >= 0")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ValueError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}")
 
     @property
     def model_name(self) -> str:

@@ -68,6 +68,9 @@ class SamplingFields(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    chat_template_kwargs: dict[str, object] | None = Field(
+        default=None, description="extra variables for the model's chat template, e.g. {\"enable_thinking\": false} "
+                                  "(as vLLM and llama.cpp accept)")
 
 
 class CompletionRequest(SamplingFields):
@@ -89,10 +92,11 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def chat_body(rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int,
+def chat_body(rid: str, model: str, message: dict, finish: str, prompt_tokens: int, completion_tokens: int,
               timings: dict) -> dict:
+    """message: the assistant's fields: content, and reasoning_content for a thinking model."""
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": {"role": "assistant"} | message, "finish_reason": finish}],
             "usage": usage(prompt_tokens, completion_tokens), "timings": timings}
 
 

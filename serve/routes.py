@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from serve import openai_schema as schema
 from serve.errors import APIError, server_error
 from serve.generation import Finished, GenerationError, KeepAlive, Piece, generate
+from serve.reasoning import CONTENT, REASONING, ReasoningSplitter, prompt_opens_thinking, split_all
 from serve.request import Request
 from serve.state import ServerState
 
@@ -60,15 +61,24 @@ def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[
                    stop=body.stop_strings(), stream=body.stream)
 
 
-def chat_prompt(state: ServerState, body: schema.ChatCompletionRequest) -> list[int]:
+def chat_text(state: ServerState, body: schema.ChatCompletionRequest) -> str:
+    """The conversation rendered by the model's template (with the request's chat_template_kwargs)."""
     messages = [{"role": msg.role, "content": msg.text()} for msg in body.messages]
     if not any(msg["content"].strip() for msg in messages):
         raise APIError(400, "every message is empty", param="messages")
     try:
-        text = state.tokenizer.apply_chat_template(messages)
+        return state.tokenizer.apply_chat_template(messages, body.chat_template_kwargs)
     except ValueError as e:
-        raise APIError(400, str(e), param="messages") from None
-    return state.tokenizer.encode(text)
+        raise APIError(400, str(e), param="chat_template_kwargs" if "chat_template_kwargs" in str(e) else "messages") from None
+
+
+def reasoning_opened(state: ServerState, prompt_text: str) -> bool | None:
+    """For a thinking model (its template writes <think>) under --reasoning-format deepseek: whether
+    the prompt itself leaves a <think> open (the answer starts as reasoning); None when the text is
+    left as it is."""
+    if state.settings.reasoning_format != "deepseek" or not state.tokenizer.template.thinks:
+        return None
+    return prompt_opens_thinking(prompt_text)
 
 
 def completion_prompt(state: ServerState, body: schema.CompletionRequest) -> list[int]:
@@ -169,12 +179,33 @@ class Shape:
     first: Callable[[str, str], list[dict]]
 
 
-CHAT = Shape(
-    "chatcmpl", "chat.completion.chunk",
-    body=lambda rid, model, text, f: schema.chat_body(rid, model, text, f.finish_reason, f.prompt_tokens,
-                                                      f.completion_tokens, f.timings),
-    chunk=lambda rid, model, text, finish: schema.chat_chunk(rid, model, {"content": text} if text else {}, finish),
-    first=lambda rid, model: [schema.chat_chunk(rid, model, {"role": "assistant", "content": ""})])
+def chat_shape(opened: bool | None) -> Shape:
+    """Chat bodies and chunks. Unless `opened` is None, a thinking model's reasoning goes to
+    reasoning_content (each stream keeps its own splitter: a tag may arrive cut across pieces)."""
+    if opened is None:
+        return Shape(
+            "chatcmpl", "chat.completion.chunk",
+            body=lambda rid, model, text, f: schema.chat_body(rid, model, {"content": text}, f.finish_reason,
+                                                              f.prompt_tokens, f.completion_tokens, f.timings),
+            chunk=lambda rid, model, text, finish: schema.chat_chunk(rid, model, {"content": text} if text else {},
+                                                                     finish),
+            first=lambda rid, model: [schema.chat_chunk(rid, model, {"role": "assistant", "content": ""})])
+    stream = ReasoningSplitter(opened)
+
+    def chunk(rid: str, model: str, text: str, finish: str | None) -> dict:
+        parts = stream.feed(text) + (stream.finish() if finish else [])
+        delta: dict[str, str] = {}
+        for field, part in parts:
+            delta[field] = delta.get(field, "") + part
+        return schema.chat_chunk(rid, model, delta, finish)
+
+    def body(rid: str, model: str, text: str, f: Finished) -> dict:
+        fields = split_all(text, opened)
+        message = {"content": fields[CONTENT], "reasoning_content": fields[REASONING] or None}
+        return schema.chat_body(rid, model, message, f.finish_reason, f.prompt_tokens, f.completion_tokens, f.timings)
+
+    return Shape("chatcmpl", "chat.completion.chunk", body=body, chunk=chunk,
+                 first=lambda rid, model: [schema.chat_chunk(rid, model, {"role": "assistant", "content": ""})])
 COMPLETION = Shape(
     "cmpl", "text_completion",
     body=lambda rid, model, text, f: schema.completion_body(rid, model, text, f.finish_reason, f.prompt_tokens,
@@ -201,8 +232,9 @@ async def respond(http: HTTPRequest, state: ServerState, req: Request, body: sch
 @v1.post("/chat/completions")
 async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest):
     state = state_of(http)
-    req = build_request(state, body, chat_prompt(state, body), body.max_completion_tokens or body.max_tokens)
-    return await respond(http, state, req, body, CHAT)
+    text = chat_text(state, body)
+    req = build_request(state, body, state.tokenizer.encode(text), body.max_completion_tokens or body.max_tokens)
+    return await respond(http, state, req, body, chat_shape(reasoning_opened(state, text)))
 
 
 @v1.post("/completions")

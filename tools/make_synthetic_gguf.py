@@ -169,8 +169,9 @@ def make_tensor(pool: RandomPool, role: str, shape, file_type: str) -> tuple[np.
     return data.reshape(*shape[:-1], data.shape[-1]), qtype
 
 
-def copy_tokenizer(w: GGUFWriter, src: GGUFReader, vocab: int | None) -> int:
-    """The default model's tokenizer and template; `vocab` pads the token list with unused tokens."""
+def copy_tokenizer(w: GGUFWriter, src: GGUFReader, vocab: int | None, template: str | None = None) -> int:
+    """The default model's tokenizer and template (or `template`); `vocab` pads the token list with
+    unused tokens."""
     f = lambda k: src.fields[k].contents()  # noqa: E731
     tokens, types = list(f("tokenizer.ggml.tokens")), list(f("tokenizer.ggml.token_type"))
     if vocab is not None and vocab > len(tokens):
@@ -184,7 +185,7 @@ def copy_tokenizer(w: GGUFWriter, src: GGUFReader, vocab: int | None) -> int:
     for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
         if f"tokenizer.ggml.{key}" in src.fields:
             w.add_uint32(f"tokenizer.ggml.{key}", int(f(f"tokenizer.ggml.{key}")))
-    w.add_chat_template(f("tokenizer.chat_template"))
+    w.add_chat_template(template if template is not None else f("tokenizer.chat_template"))
     return len(tokens)
 
 
@@ -192,7 +193,7 @@ def write_model(a) -> None:
     src = GGUFReader(a.tokenizer or str(default_model_path()))
     w = GGUFWriter(a.out, a.arch)
     w.add_name(f"synthetic {a.preset or a.arch} {a.type}")
-    a.vocab = copy_tokenizer(w, src, a.vocab)
+    a.vocab = copy_tokenizer(w, src, a.vocab, Path(a.chat_template).read_text() if a.chat_template else None)
     w.add_block_count(a.layers)
     w.add_context_length(a.ctx)
     w.add_embedding_length(a.dim)
@@ -261,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tied", action="store_true", help="no output.weight: the head is the embedding")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", help="GGUF to take the tokenizer and chat template from (default: the default model)")
+    p.add_argument("--chat-template", help="a Jinja file to use as the chat template instead")
     return p
 
 
