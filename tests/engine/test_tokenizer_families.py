@@ -1,9 +1,13 @@
 """The pre-tokenizers of Qwen2 (`qwen2`) and Llama 3 (`llama-bpe`) beside SmolLM's: token ids equal
 llama.cpp's on its own vocabulary test files (tests/fixtures/vocab: ggml-vocab-*.gguf with the .inp
-strings and the .out ids llama.cpp's test-tokenizer-0 checks). An unknown pre-tokenizer is refused
-by name."""
+strings and the .out ids llama.cpp's test-tokenizer-0 checks), and on a hypothesis fuzz of unicode
+strings whose ids llama.cpp made (tests/fixtures/tokenizer_fuzz.json, tools/make_tokenizer_fixture.py
+--fuzz: arbitrary text and joins of what pre-tokenizers split on). An unknown pre-tokenizer is
+refused by name."""
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ from engine.tokenizer import GGUFTokenizer, load_tokenizer
 
 VOCAB = Path(__file__).parent.parent / "fixtures/vocab"
 FAMILIES = ("qwen2", "llama-bpe")
+FUZZ = json.loads((Path(__file__).parent.parent / "fixtures/tokenizer_fuzz.json").read_text(encoding="utf-8"))
 
 
 def llama_cpp_cases(name: str) -> list[tuple[str, list[int]]]:
@@ -24,9 +29,14 @@ def llama_cpp_cases(name: str) -> list[tuple[str, list[int]]]:
     return [(t, [int(x) for x in i.split()]) for t, i in zip(texts, ids)]
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@functools.cache
+def tokenizer(name: str) -> GGUFTokenizer:
+    return load_tokenizer(str(VOCAB / f"ggml-vocab-{name}.gguf"))  # ~10 s: gguf's reader of 150K strings
+
+
+@pytest.fixture(params=FAMILIES)
 def family(request):
-    return request.param, load_tokenizer(str(VOCAB / f"ggml-vocab-{request.param}.gguf"))
+    return request.param, tokenizer(request.param)
 
 
 def test_ids_equal_llama_cpps_on_its_own_test_strings(family):
@@ -43,22 +53,30 @@ def test_decode_gives_the_text_back(family):
         assert tok.decode(ids) == text
 
 
+def test_ids_equal_llama_cpps_on_fuzzed_unicode(family):
+    name, tok = family
+    cases = FUZZ["vocabularies"][name]
+    assert len(cases) >= 250
+    wrong = [(c["text"], tok.encode(c["text"], add_bos=False), c["ids"]) for c in cases
+             if tok.encode(c["text"], add_bos=False) != c["ids"]]
+    assert not wrong, wrong[:3]
+
+
 def test_llama3_adds_its_bos_by_default_and_qwen2_does_not():
     """llama.cpp's defaults when the file does not say: Llama 3 prompts start with <|begin_of_text|>."""
-    llama3 = load_tokenizer(str(VOCAB / "ggml-vocab-llama-bpe.gguf"))
+    llama3 = tokenizer("llama-bpe")
     assert llama3.encode("Hello")[0] == 128000 and llama3.encode("Hello", add_bos=False)[0] != 128000
-    assert load_tokenizer(str(VOCAB / "ggml-vocab-qwen2.gguf")).encode("Hello") == [9707]
+    assert tokenizer("qwen2").encode("Hello") == [9707]
 
 
 def test_an_unknown_pre_tokenizer_is_refused_by_name(tmp_path):
-    src = GGUFReader(str(VOCAB / "ggml-vocab-qwen2.gguf"))
     path = tmp_path / "vocab.gguf"
     w = GGUFWriter(str(path), "qwen2")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("falcon")
-    w.add_token_list(list(src.fields["tokenizer.ggml.tokens"].contents()))
-    w.add_token_merges(list(src.fields["tokenizer.ggml.merges"].contents()))
-    w.add_eos_token_id(151643)
+    w.add_token_list(["a", "b", "ab"])
+    w.add_token_merges(["a b"])
+    w.add_eos_token_id(0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

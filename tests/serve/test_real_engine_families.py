@@ -1,0 +1,55 @@
+"""A Qwen3-MoE GGUF served as a user would (`make serve ARGS="--model FILE"`): strata-server over the
+real engine, with the file's own chat template, answering what the model computes in process."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import openai
+import pytest
+
+from engine.backend import cpu_backend
+from engine.gguf_model import load_model
+from engine.kv import KVCache
+from engine.model import LlamaModel
+from engine.tokenizer import load_tokenizer
+from tests.harness import ROOT, ServerProcess
+
+PROMPT = [9745, 198, 378, 28518, 216, 260, 216, 3201, 9649, 4521, 17, 99]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("moe") / "qwen3moe-tiny.gguf"
+    subprocess.run([sys.executable, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), "--arch", "qwen3moe",
+                    "--layers", "2", "--dim", "128", "--heads", "4", "--kv-heads", "2", "--head-dim", "64",
+                    "--experts", "8", "--experts-used", "2", "--expert-ffn", "64", "--ctx", "512", "--type", "Q8_0",
+                    "--seed", "5", "--chat-template", str(ROOT / "tests/fixtures/templates/Qwen-Qwen3-0.6B.jinja")],
+                   check=True, capture_output=True)
+    return path
+
+
+def in_process_greedy(path, ids: list[int], n: int) -> list[int]:
+    backend = cpu_backend()
+    cfg, weights, _ = load_model(str(path), backend)
+    m, kv = LlamaModel(cfg, weights, backend), KVCache(cfg, 512, backend)
+    logits, out = m.prefill(np.asarray(ids), kv, 256), []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = m.forward(np.asarray(out[-1:]), len(ids) + len(out) - 1, kv, want_logits=True)
+    return out
+
+
+def test_a_qwen3moe_model_serves_what_it_computes(model):
+    with ServerProcess(extra=["--model", str(model), "--device", "cpu", "--ctx", "512", "--chunk", "8"]) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        r = client.completions.create(model="qwen3moe-tiny", prompt=PROMPT, temperature=0, max_tokens=8)
+        n = r.usage.completion_tokens
+        assert r.usage.prompt_tokens == len(PROMPT) and 0 < n <= 8
+        assert r.choices[0].text == load_tokenizer(str(model)).decode(in_process_greedy(model, PROMPT, n))
+        chat = client.chat.completions.create(model="qwen3moe-tiny", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=4, temperature=0,
+                                              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert chat.choices[0].finish_reason in ("stop", "length") and chat.usage.completion_tokens <= 4
+        assert [m.id for m in client.models.list().data] == ["qwen3moe-tiny"]
