@@ -34,7 +34,8 @@ def chat_once(runner, tokenizer, prompt: str, args) -> int:
     thread.start()
     interrupted = False
     try:
-        thread.join()
+        while thread.is_alive():  # woken often: a Ctrl+C the OS hands to a worker (BLAS) thread is
+            thread.join(0.1)      # only seen when the main thread runs, not while it sleeps in one join
     except KeyboardInterrupt:  # Ctrl+C: the answer stops at the next token, then a quiet exit
         interrupted = True
         loop.inbox.put(m.Stop())
