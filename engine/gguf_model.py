@@ -126,16 +126,6 @@ def read_config(reader: GGUFReader) -> ModelConfig:
     )
 
 
-def dequantize_tensor(t) -> np.ndarray:
-    """GGUF tensor -> float32 (rows, cols) in numpy order (out_features, in_features), on the host."""
-    try:
-        if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            return np.asarray(t.data, dtype=np.float32)
-        return dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-    except NotImplementedError as e:
-        raise ModelLoadError(f"unsupported tensor type {t.tensor_type.name} in {t.name}") from e
-
-
 def deinterleave_heads(w, n_heads: int):
     """llama.cpp stores Q/K rows with RoPE pairs adjacent; reorder each head to [evens, odds]
     so RoPE rotates halves (contiguous slices). q.k is unchanged since q and k move alike."""
@@ -177,12 +167,7 @@ class WeightLoader:
         """Tensors stacked by rows, (sum of out, in) in the backend's weight form; heads[i]: Q/K
         rows to de-interleave for RoPE (None for others)."""
         ts = [self.tensor(n) for n in names]
-        if self.keep_blocks and any(t.tensor_type.name in BLOCKS for t in ts):
-            pieces = [self.host_rows(t, h) for t, h in zip(ts, heads)]
-            m = stack_rows(pieces, self.xp.asarray)
-        else:
-            parts = [self.dense(t, h) for t, h in zip(ts, heads)]
-            m = parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
+        m = self.rows_matrix([TensorRows(t, heads=h) for t, h in zip(ts, heads)])
         for t in ts:
             self.progress(t)
         return m
@@ -190,29 +175,19 @@ class WeightLoader:
     def matrix(self, name: str):
         return self.matrices([name], [None])
 
+    def rows_matrix(self, pieces: list["TensorRows"]):
+        """Row ranges of tensors (whole tensors, or one expert's rows) stacked, in the backend's
+        weight form: the file's blocks kept on the GPU when any piece has them, else dense."""
+        if self.keep_blocks and any(r.tensor.tensor_type.name in BLOCKS for r in pieces):
+            return stack_rows([r.host_rows() for r in pieces], self.xp.asarray)
+        parts = [r.dense(self) for r in pieces]
+        return parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
+
     def host_rows(self, t, heads: int | None) -> HostRows:
-        """A tensor's rows as stored (blocks, or fp16 values), Q/K rows reordered: rows of blocks
-        permute like rows of values."""
-        kind, cols = t.tensor_type.name, int(t.shape[0])
-        if kind in BLOCKS or kind == "F16":
-            data = np.asarray(t.data)  # (rows, row bytes) or (rows, cols), as the reader maps it
-        else:  # F32, BF16, rare types among quantized ones
-            data, kind = dequantize_tensor(t).astype(np.float16), "F16"
-        return HostRows(kind, deinterleave_heads(data, heads) if heads else data, cols)
+        return TensorRows(t, heads=heads).host_rows()
 
     def dense(self, t, heads: int | None):
-        """(out, in) float32 on the CPU, fp16 on the GPU."""
-        if self.backend.name == "cpu":
-            w = dequantize_tensor(t)
-        else:
-            kind, (cols, rows) = t.tensor_type.name, (int(t.shape[0]), int(t.shape[1]))
-            if kind == "F16":
-                w = self.xp.asarray(t.data)  # straight from the mapped file
-            elif kind in DEQUANT:
-                w = self.backend.kernels.dequantize(t.data, kind, (rows, cols))
-            else:
-                w = self.xp.asarray(dequantize_tensor(t), dtype=self.xp.float16)  # F32 and rare types
-        return deinterleave_heads(w, heads) if heads else w
+        return TensorRows(t, heads=heads).dense(self)
 
     def vector(self, name: str):
         t = self.tensor(name)
@@ -223,7 +198,7 @@ class WeightLoader:
         """A small tensor (a MoE router) as float32 (rows, cols), whatever its type."""
         t = self.tensor(name)
         self.progress(t)
-        return self.xp.asarray(dequantize_tensor(t).reshape(-1, int(t.shape[0])))
+        return self.xp.asarray(TensorRows(t).values())
 
     def layer(self, i: int) -> LayerWeights:
         c, p = self.cfg, f"blk.{i}."
@@ -257,13 +232,6 @@ class WeightLoader:
             self.progress(t)
         return out
 
-    def rows_matrix(self, pieces: list["TensorRows"]):
-        """Row ranges of tensors stacked, in the backend's weight form (as matrices() does for whole tensors)."""
-        if self.keep_blocks and any(r.tensor.tensor_type.name in BLOCKS for r in pieces):
-            return stack_rows([r.host_rows(self) for r in pieces], self.xp.asarray)
-        parts = [r.dense(self) for r in pieces]
-        return parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
-
     def load(self) -> Weights:
         embd = self.matrix("token_embd.weight")
         layers = [self.layer(i) for i in range(self.cfg.n_layers)]
@@ -279,15 +247,17 @@ class WeightLoader:
 
 @dataclass(frozen=True)
 class TensorRows:
-    """Rows [start, stop) of a tensor seen as a (rows, cols) matrix: one expert of a stacked
-    (experts, out, in) tensor. Only these rows are read and converted."""
+    """Rows [start, stop) of a tensor seen as a (rows, cols) matrix (all of them by default, or one
+    expert of a stacked (experts, out, in) tensor): only these rows are read and converted. heads:
+    Q/K rows to de-interleave for RoPE; rows of blocks permute like rows of values."""
 
     tensor: object
-    start: int
-    stop: int
+    start: int = 0
+    stop: int | None = None
+    heads: int | None = None
 
     def raw(self) -> np.ndarray:
-        data = np.asarray(self.tensor.data)  # (experts, out, row bytes or cols), as the reader maps it
+        data = np.asarray(self.tensor.data)  # (rows, row bytes or cols), or (experts, out, ...) as mapped
         return data.reshape(-1, data.shape[-1])[self.start : self.stop]
 
     def values(self) -> np.ndarray:
@@ -300,16 +270,29 @@ class TensorRows:
         except NotImplementedError as e:
             raise ModelLoadError(f"unsupported tensor type {t.tensor_type.name} in {t.name}") from e
 
-    def host_rows(self, loader: "WeightLoader") -> HostRows:
+    def reorder(self, w):
+        return deinterleave_heads(w, self.heads) if self.heads else w
+
+    def host_rows(self) -> HostRows:
+        """The rows as stored (blocks, or fp16 values; F32, BF16 and rare types become fp16)."""
         kind, cols = self.tensor.tensor_type.name, int(self.tensor.shape[0])
         if kind in BLOCKS or kind == "F16":
-            return HostRows(kind, self.raw(), cols)
-        return HostRows("F16", self.values().astype(np.float16), cols)
+            return HostRows(kind, self.reorder(self.raw()), cols)
+        return HostRows("F16", self.reorder(self.values().astype(np.float16)), cols)
 
     def dense(self, loader: "WeightLoader"):
-        """float32 on the CPU, fp16 on the GPU."""
-        w = self.values()
-        return w if loader.backend.name == "cpu" else loader.xp.asarray(w, dtype=loader.xp.float16)
+        """(rows, cols) float32 on the CPU; fp16 on the GPU, where only the file's bytes cross the
+        bus (F16 as it is, the block types and BF16 expanded by a kernel)."""
+        if loader.backend.name == "cpu":
+            return self.reorder(self.values())
+        kind, raw = self.tensor.tensor_type.name, self.raw()
+        if kind == "F16":
+            w = loader.xp.asarray(raw)
+        elif kind in DEQUANT:
+            w = loader.backend.kernels.dequantize(raw, kind, (len(raw), int(self.tensor.shape[0])))
+        else:  # F32 and rare types
+            w = loader.xp.asarray(self.values(), dtype=loader.xp.float16)
+        return self.reorder(w)
 
 
 def expert_rows(t, e: int, n_experts: int) -> TensorRows:
