@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.sampler import SamplingParams, draw_index, penalize
+from engine.sampler import SamplingParams, draw_index, penalize, scale
 
 MAX_GRAPHS = 16  # captured picks kept (least recently used go): one per parameter set in use
 
@@ -102,7 +102,7 @@ def pick_on_device(cp, logits, u, ids, freq, p: SamplingParams):
         logits = work[:-1]
     if p.temperature == 0:
         return cp.argmax(logits)
-    return draw_index(cp, scaled(logits, p), u, p)
+    return draw_index(cp, scale(logits, p), u, p)
 
 
 def padded(counts: tuple[np.ndarray, np.ndarray], window: int, sink: int) -> tuple[np.ndarray, np.ndarray]:
@@ -110,8 +110,3 @@ def padded(counts: tuple[np.ndarray, np.ndarray], window: int, sink: int) -> tup
     ids, freq = np.full(window, sink, dtype=np.int64), np.zeros(window, dtype=np.float32)
     ids[: len(counts[0])], freq[: len(counts[1])] = counts
     return ids, freq
-
-
-def scaled(logits, p: SamplingParams):
-    """Logits over the temperature, as Sampler.sample divides them (a new array)."""
-    return logits.astype(np.float32, copy=False) / np.float32(p.temperature)

@@ -32,8 +32,8 @@ def run_experts(ops, h, experts: list, chosen, weights):
     out = xp.zeros(h.shape, dtype=np.float32)
     host = chosen if xp is np else xp.asnumpy(chosen)
     for e in np.unique(host):
-        rows, slot = np.nonzero(host == e)
+        rows, slot = (xp.asarray(a) for a in np.nonzero(host == e))
         gate_up, down = experts[int(e)]
-        y = ops.matmul(ops.silu_mul(ops.matmul(h[xp.asarray(rows)], gate_up)), down)
-        out[xp.asarray(rows)] += weights[xp.asarray(rows), xp.asarray(slot)][:, None] * y.astype(np.float32)
+        y = ops.matmul(ops.silu_mul(ops.matmul(h[rows], gate_up)), down)
+        out[rows] += weights[rows, slot][:, None] * y.astype(np.float32)
     return out.astype(h.dtype)

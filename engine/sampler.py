@@ -64,7 +64,7 @@ class Sampler:
         if p.temperature == 0:
             return int(xp.argmax(logits))
         u = self.rng.random()  # exactly one uniform draw per sampled token: a restart can skip them
-        scaled = logits.astype(np.float32, copy=False) / np.float32(p.temperature)  # a new array either way
+        scaled = scale(logits, p)
         return pick(scaled, u, p) if xp is np else pick_sorted(xp, scaled, u, p)
 
     @property
@@ -102,6 +102,11 @@ class Sampler:
         h.update(repr(self.rng.bit_generator.state).encode())
         h.update(np.asarray(self.recent, dtype=np.int64).tobytes())
         return h.digest()
+
+
+def scale(logits, p: SamplingParams):
+    """Logits over the temperature (a new float32 array), as every draw takes them."""
+    return logits.astype(np.float32, copy=False) / np.float32(p.temperature)
 
 
 def penalize(xp, logits, ids, freq, p: SamplingParams) -> None:

@@ -215,14 +215,15 @@ def check_sampling() -> None:
             agree += pick_sorted(cp, cp.asarray(x), u, params) == pick(x, u, params)
         record("sample", f"draws agree, {params.temperature=} {params.top_p=} {params.top_k=}", 1 - agree / 100, 0.05)
     # the engine's draws after a decode graph: captured once per parameter set, replayed with a new u
-    from engine.draw_graph import DrawGraphs, scaled
+    from engine.draw_graph import DrawGraphs
+    from engine.sampler import scale
 
     draws = DrawGraphs(cp)
     logits = cp.asarray((rng.standard_normal(128256) * 2).astype(np.float32))
     for params in (SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=1.0, top_k=40, min_p=0.05),
                    SamplingParams(temperature=0.7)):
         us = rng.random(50)
-        same = sum(draws.draw(logits, float(u), params) == pick_sorted(cp, scaled(logits, params), float(u), params)
+        same = sum(draws.draw(logits, float(u), params) == pick_sorted(cp, scale(logits, params), float(u), params)
                    for u in us)
         record("sample", f"graph draws = launched draws, {params.temperature=} {params.top_p=} {params.top_k=}",
                float(same != 50 or not draws.capturable), 0)
