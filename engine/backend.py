@@ -13,6 +13,7 @@ from types import ModuleType
 
 import numpy as np
 
+from engine.moe import route, run_experts
 from engine.quantized import QuantMatrix, Row8
 
 KEY_TILE = 2048  # keys per attention tile on the CPU: scores never exceed (kv_heads, group*n, KEY_TILE)
@@ -142,6 +143,12 @@ class ArrayOps:
         """h: (1, dim), head: (vocab, dim) -> (vocab,) float32."""
         return self.matmul(h, head)[0]
 
+    def mixture(self, h, router, experts, k: int, normalize: bool):
+        """A MoE feed-forward (engine/moe.py): h (n, dim), router (experts, dim) float32 -> (out (n, dim),
+        chosen experts (n, k), their weights (n, k) float32)."""
+        chosen, weights = route(h @ router.T, k, normalize)
+        return run_experts(self, h, experts, chosen, weights), chosen, weights
+
 
 class HalfCupyOps(ArrayOps):
     """The same operations on the GPU in half precision, each one kernel (engine/kernels/):
@@ -180,6 +187,9 @@ class HalfCupyOps(ArrayOps):
     def rows(self, h):
         return h.values if isinstance(h, Row8) else h
 
+    def head_rms_norm(self, qkv, q_weight, k_weight, heads: int, kv_heads: int, eps: float):
+        return self.kernels.head_rms_norm(qkv, q_weight, k_weight, heads, kv_heads, eps)
+
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step):
         return self.kernels.rope_store(qkv, cos_table, sin_table, k_cache, v_cache, step)
 
@@ -188,6 +198,15 @@ class HalfCupyOps(ArrayOps):
 
     def silu_mul(self, gate_up):
         return self.kernels.silu_mul(gate_up, q8=gate_up.shape[0] == 1)
+
+    def mixture(self, h, router, experts, k: int, normalize: bool):
+        """Routed on the device (no host round trip, so a decode step stays capturable): a decode
+        row reads only its chosen experts' blocks; a prompt chunk's rows are grouped by expert
+        (engine/kernels/moe.cu)."""
+        moe = self.kernels.moe
+        chosen, weights = moe.route(self.rows(h), router, k, normalize)
+        run = moe.decode if isinstance(h, Row8) else moe.prompt
+        return run(h, experts, chosen, weights), chosen, weights
 
     def logits(self, h, head):
         if isinstance(h, Row8):

@@ -11,6 +11,7 @@ from gguf.quants import dequantize
 
 from engine.backend import Backend
 from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
+from engine.moe import Experts, ExpertStack
 from engine.quantized import BLOCKS, HostRows, QuantMatrix, stack_rows
 
 # What differs between the supported families, as the forward pass reads it from ModelConfig:
@@ -86,7 +87,7 @@ class LayerWeights:
     q_norm: object = None  # (head_dim,) float32: qwen3's per-head norms
     k_norm: object = None
     router: object = None  # (n_experts, dim) float32: qwen3moe's gate
-    experts: list | None = None  # per expert (w_gate_up (2*expert_ffn, dim), w_down (dim, expert_ffn))
+    experts: Experts | None = None  # the stacked expert tensors (engine/moe.py)
 
 
 @dataclass
@@ -176,18 +177,12 @@ class WeightLoader:
         return self.matrices([name], [None])
 
     def rows_matrix(self, pieces: list["TensorRows"]):
-        """Row ranges of tensors (whole tensors, or one expert's rows) stacked, in the backend's
-        weight form: the file's blocks kept on the GPU when any piece has them, else dense."""
+        """Tensors stacked by rows, in the backend's weight form: the file's blocks kept on the GPU
+        when any piece has them, else dense."""
         if self.keep_blocks and any(r.tensor.tensor_type.name in BLOCKS for r in pieces):
             return stack_rows([r.host_rows() for r in pieces], self.xp.asarray)
         parts = [r.dense(self) for r in pieces]
         return parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
-
-    def host_rows(self, t, heads: int | None) -> HostRows:
-        return TensorRows(t, heads=heads).host_rows()
-
-    def dense(self, t, heads: int | None):
-        return TensorRows(t, heads=heads).dense(self)
 
     def vector(self, name: str):
         t = self.tensor(name)
@@ -218,28 +213,30 @@ class WeightLoader:
             layer.w_down = self.matrix(p + "ffn_down.weight")
         return layer
 
-    def experts(self, p: str) -> list[tuple[object, object]]:
-        """A MoE layer's experts as GGUF stacks them (ffn_{gate,up,down}_exps: (experts, out, in)),
-        split into one (gate+up, down) pair of matrices per expert: rows of blocks slice like rows
-        of values, so quantized experts stay in their blocks."""
-        c = self.cfg
-        gate, up, down = (self.tensor(p + f"ffn_{x}_exps.weight") for x in ("gate", "up", "down"))
-        out = []
-        for e in range(c.n_experts):
-            rows = [expert_rows(t, e, c.n_experts) for t in (gate, up)]
-            out.append((self.rows_matrix(rows), self.rows_matrix([expert_rows(down, e, c.n_experts)])))
-        for t in (gate, up, down):
-            self.progress(t)
-        return out
+    def experts(self, p: str) -> Experts:
+        """A MoE layer's expert tensors as GGUF stacks them, (experts, out, in): on the GPU in their
+        blocks as stored (the kernels index an expert's rows), else values."""
+        return Experts(*(self.expert_stack(p + f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")))
+
+    def expert_stack(self, name: str) -> ExpertStack:
+        t = self.tensor(name)
+        whole, kind = TensorRows(t), t.tensor_type.name
+        if self.keep_blocks and kind in BLOCKS:
+            data = self.xp.asarray(np.ascontiguousarray(whole.raw()))
+        else:
+            data, kind = whole.dense(self), "F32" if self.backend.name == "cpu" else "F16"
+        self.progress(t)
+        rows = int(np.prod(t.shape[1:])) // self.cfg.n_experts  # t.shape is GGUF's (in, out, experts)
+        return ExpertStack(kind, data, self.cfg.n_experts, rows, int(t.shape[0]))
 
     def load(self) -> Weights:
         embd = self.matrix("token_embd.weight")
         layers = [self.layer(i) for i in range(self.cfg.n_layers)]
         out_norm = self.vector("output_norm.weight")
         head = self.matrix("output.weight") if "output.weight" in self.tensors else embd
-        expanded = [w.rows * w.cols for layer in layers  # a prompt chunk's GEMMs read these expanded (not the head)
-                    for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down,
-                              *(m for pair in layer.experts or () for m in pair)) if isinstance(w, QuantMatrix)]
+        expanded = [w.rows * w.cols for layer in layers  # a prompt chunk's GEMMs read these expanded (not the head
+                    for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)  # nor the experts: moe.cu)
+                    if isinstance(w, QuantMatrix)]
         if expanded:
             self.backend.kernels.reserve_scratch(max(expanded))
         return Weights(embd, layers, out_norm, head)
@@ -247,18 +244,16 @@ class WeightLoader:
 
 @dataclass(frozen=True)
 class TensorRows:
-    """Rows [start, stop) of a tensor seen as a (rows, cols) matrix (all of them by default, or one
-    expert of a stacked (experts, out, in) tensor): only these rows are read and converted. heads:
-    Q/K rows to de-interleave for RoPE; rows of blocks permute like rows of values."""
+    """A tensor seen as a (rows, cols) matrix (a stacked (experts, out, in) one as all its rows),
+    converted to the form the backend wants. heads: Q/K rows to de-interleave for RoPE; rows of
+    blocks permute like rows of values."""
 
     tensor: object
-    start: int = 0
-    stop: int | None = None
     heads: int | None = None
 
     def raw(self) -> np.ndarray:
         data = np.asarray(self.tensor.data)  # (rows, row bytes or cols), or (experts, out, ...) as mapped
-        return data.reshape(-1, data.shape[-1])[self.start : self.stop]
+        return data.reshape(-1, data.shape[-1])
 
     def values(self) -> np.ndarray:
         """float32 (rows, cols)."""
@@ -293,11 +288,6 @@ class TensorRows:
         else:  # F32 and rare types
             w = loader.xp.asarray(self.values(), dtype=loader.xp.float16)
         return self.reorder(w)
-
-
-def expert_rows(t, e: int, n_experts: int) -> TensorRows:
-    rows = int(np.prod(t.shape[1:])) // n_experts  # t.shape is GGUF's (in, out, experts)
-    return TensorRows(t, e * rows, (e + 1) * rows)
 
 
 def load_model(path: str, backend: Backend, keep_blocks: bool = True) -> tuple[ModelConfig, Weights, GGUFReader]:

@@ -9,7 +9,6 @@ import numpy as np
 from engine.backend import Backend, Step
 from engine.gguf_model import ModelConfig, Weights
 from engine.kv import KVCache
-from engine.moe import route, run_experts
 from engine.prefill import chunk_end
 
 
@@ -45,7 +44,7 @@ class LlamaModel:
             attn = ops.attention(q, kv.k[i], kv.v[i], step)  # (n, heads * d)
             h = ops.add_rms_norm(x, ops.matmul(attn, layer.wo), layer.ffn_norm, eps)
             if layer.experts is not None:
-                delta = self.mixture(i, ops.rows(h), layer)  # (n, dim)
+                delta = self.mixture(i, h, layer)  # (n, dim)
             else:
                 delta = ops.matmul(ops.silu_mul(ops.matmul(h, layer.w_gate_up)), layer.w_down)  # (n, dim)
         if not want_logits:
@@ -55,12 +54,11 @@ class LlamaModel:
 
     def mixture(self, i: int, h, layer):
         """Layer i's routed experts (engine/moe.py); the routes are recorded when route_log is a list."""
-        cfg = self.cfg
-        chosen, weights = route(self.backend.xp, h.astype(np.float32) @ layer.router.T,  # (n, experts)
-                                cfg.n_experts_used, cfg.expert_weights_norm)
+        delta, chosen, weights = self.ops.mixture(h, layer.router, layer.experts, self.cfg.n_experts_used,
+                                                  self.cfg.expert_weights_norm)
         if self.route_log is not None:
             self.route_log.append((i, self.backend.to_host(chosen), self.backend.to_host(weights)))
-        return run_experts(self.ops, h, layer.experts, chosen, weights)
+        return delta
 
     def prefill(self, tokens: np.ndarray, kv: KVCache, chunk: int):
         """Read a whole prompt from position 0 in absolute chunks, as the engine does; returns the

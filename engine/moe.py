@@ -1,6 +1,7 @@
 """A mixture-of-experts feed-forward (qwen3moe): each token's router picks its top-k experts, and
-the layer's output is their outputs weighted by the router's probabilities. Written over the
-backend's operations like the rest of the forward pass; the NumPy path is the reference.
+the layer's output is their outputs weighted by the router's probabilities. The weights' layout
+and the NumPy path, which is the reference the GPU kernels (engine/kernels/moe.cu) are checked
+against.
 
 Routing (as Qwen3-MoE and llama.cpp do it): probabilities = softmax of the router logits over all
 experts (float32); the k most probable experts, ties to the lower index; their probabilities,
@@ -8,32 +9,58 @@ rescaled to sum to 1 when the model says so (expert_weights_norm).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 
-def route(xp, logits, k: int, normalize: bool):
+@dataclass(frozen=True)
+class ExpertStack:
+    """One of a layer's stacked expert tensors (ffn_{gate,up,down}_exps) as GGUF stores it: expert
+    e's (rows, cols) matrix is rows e*rows .. (e+1)*rows of `data`, which holds blocks of one type
+    ((experts*rows, row bytes) uint8, kept on the GPU as the file has them) or values ((experts*rows,
+    cols): float32 on the CPU, fp16 on the GPU)."""
+
+    kind: str  # a GGUF block type (engine/quantized.py BLOCKS), "F16" or "F32"
+    data: object
+    experts: int
+    rows: int
+    cols: int
+
+    def expert(self, e: int):
+        """Expert e's matrix (rows, cols), of a stack of values."""
+        return self.data[e * self.rows : (e + 1) * self.rows]
+
+
+@dataclass(frozen=True)
+class Experts:
+    gate: ExpertStack  # (experts, expert_ffn, dim)
+    up: ExpertStack  # (experts, expert_ffn, dim)
+    down: ExpertStack  # (experts, dim, expert_ffn)
+
+
+def route(logits: np.ndarray, k: int, normalize: bool):
     """logits: (n, experts) float32 -> (experts (n, k) int64 in descending probability, weights (n, k)
     float32)."""
     logits = logits.astype(np.float32, copy=False)
-    p = xp.exp(logits - logits.max(axis=-1, keepdims=True))
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
-    chosen = xp.argsort(-p, axis=-1, kind="stable")[:, :k] if xp is np else xp.argsort(-p, axis=-1)[:, :k]
-    weights = xp.take_along_axis(p, chosen, axis=-1)
+    chosen = np.argsort(-p, axis=-1, kind="stable")[:, :k]
+    weights = np.take_along_axis(p, chosen, axis=-1)
     if normalize:
         weights = weights / weights.sum(axis=-1, keepdims=True)
     return chosen.astype(np.int64), weights.astype(np.float32)
 
 
-def run_experts(ops, h, experts: list, chosen, weights):
-    """h: (n, dim) -> (n, dim) in h's dtype: sum over each token's chosen experts e of
+def run_experts(ops, h, experts: Experts, chosen, weights):
+    """h: (n, dim) float32 -> (n, dim): sum over each token's chosen experts e of
     weight * down_e(silu(gate_e h) * up_e h). The tokens routed to one expert go through it
-    together (one GEMM per used expert in a prompt chunk, a matvec in a decode step)."""
-    xp = ops.xp
-    out = xp.zeros(h.shape, dtype=np.float32)
-    host = chosen if xp is np else xp.asnumpy(chosen)
-    for e in np.unique(host):
-        rows, slot = (xp.asarray(a) for a in np.nonzero(host == e))
-        gate_up, down = experts[int(e)]
-        y = ops.matmul(ops.silu_mul(ops.matmul(h[rows], gate_up)), down)
-        out[rows] += weights[rows, slot][:, None] * y.astype(np.float32)
+    together (one GEMM per used expert)."""
+    out = np.zeros(h.shape, dtype=np.float32)
+    for e in np.unique(chosen):
+        rows, slot = np.nonzero(chosen == e)
+        x = h[rows]
+        gate_up = np.concatenate([ops.matmul(x, experts.gate.expert(e)), ops.matmul(x, experts.up.expert(e))], axis=1)
+        y = ops.matmul(ops.silu_mul(gate_up), experts.down.expert(e))
+        out[rows] += weights[rows, slot][:, None] * y
     return out.astype(h.dtype)

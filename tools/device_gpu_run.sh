@@ -16,6 +16,10 @@
 #          load on one H200 and decode -> $OUT/engine_gpu.json
 # parity   tools/prefill_preempt_test.py --device gpu on the 8B shape
 # hol      tools/prefill_preempt_bench.py on the 8B shape, A = 46,832 tokens, B 2 s in
+# moe      a 4-layer qwen3moe of Qwen3-30B-A3B's layer shape (Q4_K_M): park/resume parity on the GPU
+# bench8q  the Llama-3-8B and Qwen3-8B shapes in Q4_K_M side by side (bench/engine_bench.py: prompt
+#          reads at 4,096 and 16,384 tokens, decode at 512 and 16K context)
+# bencha3b the same on the Qwen3-30B-A3B shape in Q4_K_M
 # real     the real default model: tools/gpu_check.py and parity. The model (94 MiB) is larger than
 #          one call may carry (64 MiB): an earlier call on the same warm machine carries
 #          .device/part00 (`split -n 2 -d MODEL .device/part`) and runs `bash tools/device_gpu_run.sh
@@ -33,6 +37,9 @@ M8=/tmp/m/llama3-8b-f16.gguf
 MS=/tmp/m/smollm2-135m-q4_1.gguf
 MQ=/tmp/m/llama3-8b-q4_k_m.gguf
 M70=/tmp/m/llama3-70b-q4_k_m.gguf
+MQ3=/tmp/m/qwen3-8b-q4_k_m.gguf
+MQA=/tmp/m/qwen3-30b-a3b-q4_k_m.gguf
+MQS=/tmp/m/qwen3moe-4layer-q4_k_m.gguf
 quiet() { grep --line-buffered -v "loading weights" || true; }
 
 for step in "$@"; do
@@ -77,6 +84,24 @@ for step in "$@"; do
     hol)
       STRATA_MODEL=$M8 python3 tools/prefill_preempt_bench.py --device gpu --chunk 2048 --a-tokens 46832 \
         --b-delay 2 --repeats 3 --out "$OUT" 2>&1 | quiet ;;
+    moe)
+      [ -f $MQS ] || python3 tools/make_synthetic_gguf.py $MQS --arch qwen3moe --layers 4 --dim 2048 --ffn 6144 \
+        --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --ctx 8192 \
+        --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 tools/prefill_preempt_test.py --model $MQS --device gpu --chunk 256 --prompt-tokens 3000 \
+        --json "$OUT/preempt_parity_gpu_qwen3moe.json" 2>&1 | quiet ;;
+    bench8q)  # the 8B shapes side by side
+      for m in "$MQ llama3-8b q4_k_m" "$MQ3 qwen3-8b q4_k_m"; do
+        set -- $m
+        [ -f $1 ] || python3 tools/make_synthetic_gguf.py $1 --preset $2 --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+        python3 bench/engine_bench.py --model $1 --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
+          --decode-steps 64 --decode-contexts 512,16384 --label $2-shape-$3 --json "$OUT/engine_gpu.json" 2>&1 | quiet
+      done ;;
+    bencha3b)
+      [ -f $MQA ] || python3 tools/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
+        --decode-steps 64 --decode-contexts 512,16384 --profile-depth 2048 --label qwen3-30b-a3b-shape-q4_k_m \
+        --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
     real)
       cat /tmp/sm/part00 .device/part01 > /tmp/sm/model.gguf
       python3 tools/gpu_check.py --model /tmp/sm/model.gguf --out "$OUT/gpu_check.json" 2>&1 | quiet

@@ -1,7 +1,8 @@
 """The model families beside llama on the GPU (CuPy, half precision) against the transformers
 reference of tests/fixtures/arch_golden.json: the tiny GGUFs are made again (same bytes as the
 fixture's), read on the GPU with eager forwards and with the decode graphs, and compared: top ids,
-logits (fp16 tolerance), greedy continuations, MoE routes.
+logits (fp16 tolerance), greedy continuations, MoE routes. The qwen3moe model is also made in Q8_0
+(its experts then stay in blocks on the GPU) and compared with the NumPy engine on that file.
 
     python tools/gpu_families_check.py [--json OUT]
 """
@@ -29,31 +30,52 @@ from engine.model import LlamaModel  # noqa: E402
 FIXTURE = json.loads((ROOT / "tests/fixtures/arch_golden.json").read_text())["models"]
 
 
+def run(model, backend, ids: list[int], greedy: int, graphs: bool):
+    """The prompt's last logits, the routes of its read (MoE), and its greedy continuation."""
+    kv = KVCache(model.cfg, 256, backend)
+    model.route_log = []
+    logits = model.prefill(np.asarray(ids), kv, 512)
+    routes, model.route_log = model.route_log, None
+    decoder = GraphDecoder(model, kv, backend) if graphs else None
+    out, cur = [], logits
+    for _ in range(greedy):
+        out.append(int(np.argmax(cur)))
+        pos = len(ids) + len(out) - 1
+        cur = (backend.to_host(decoder.decode(out[-1], pos)) if decoder else
+               model.forward(np.asarray(out[-1:]), pos, kv, want_logits=True))
+    return logits, [e.tolist() for _, e, _ in routes], out
+
+
 def check(path: Path, spec: dict, backend, graphs: bool) -> list[dict]:
     cfg, weights, _ = load_model(str(path), backend)
     model = LlamaModel(cfg, weights, backend)
     rows = []
     for case in spec["cases"]:
-        kv = KVCache(cfg, 256, backend)
-        model.route_log = []
-        logits = model.prefill(np.asarray(case["ids"]), kv, 512)
-        routes, model.route_log = model.route_log, None
-        decoder = GraphDecoder(model, kv, backend) if graphs else None
-        out, cur = [], logits
-        for _ in range(len(case["greedy"])):
-            out.append(int(np.argmax(cur)))
-            pos = len(case["ids"]) + len(out) - 1
-            cur = (backend.to_host(decoder.decode(out[-1], pos)) if decoder else
-                   model.forward(np.asarray(out[-1:]), pos, kv, want_logits=True))
+        logits, routes, out = run(model, backend, case["ids"], len(case["greedy"]), graphs)
         row = {"tokens": len(case["ids"]),
                "top_ids_equal": [int(i) for i in np.argsort(-logits, kind="stable")[:5]] == case["top_ids"][:5],
                "max_abs_diff": float(max(np.max(np.abs(logits[case["top_ids"]] - case["top_logits"])),
                                          np.max(np.abs(logits[spec["probe_ids"]] - case["probe_logits"])))),
                "greedy_equal": out == case["greedy"]}
         if "routes" in case:
-            row["routes_equal"] = all(e.tolist() == r["experts"] for (_, e, _), r in zip(routes, case["routes"]))
+            row["routes_equal"] = routes == [r["experts"] for r in case["routes"]]
         rows.append(row)
     return rows
+
+
+def numpy_reference(path: Path, spec: dict) -> dict:
+    """The fixture's cases recomputed by the NumPy engine on another file (a quantized one, whose
+    values transformers does not read the same way): what the GPU must then reproduce."""
+    backend = select_backend("cpu")
+    cfg, weights, _ = load_model(str(path), backend)
+    model, cases = LlamaModel(cfg, weights, backend), []
+    for case in spec["cases"]:
+        logits, routes, out = run(model, backend, case["ids"], len(case["greedy"]), False)
+        top = [int(i) for i in np.argsort(-logits, kind="stable")[:5]]
+        cases.append({"ids": case["ids"], "greedy": out, "top_ids": top, "top_logits": logits[top].tolist(),
+                      "probe_logits": logits[spec["probe_ids"]].tolist(),
+                      **({"routes": [{"experts": r} for r in routes]} if routes and routes[0] else {})})
+    return {**spec, "cases": cases}
 
 
 def main() -> int:
@@ -63,12 +85,16 @@ def main() -> int:
     a = p.parse_args()
     backend = select_backend("gpu")
     result = {}
+    families = [(family, spec, []) for family, spec in FIXTURE.items()]
+    families.append(("qwen3moe Q8_0 (vs NumPy)", FIXTURE["qwen3moe"], ["--type", "Q8_0"]))  # experts in blocks
     with tempfile.TemporaryDirectory() as folder:
-        for family, spec in FIXTURE.items():
-            path = Path(folder) / f"{family}.gguf"
-            subprocess.run([sys.executable, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), *spec["args"],
+        for family, spec, extra in families:
+            path = Path(folder) / f"{family.split()[0]}{len(extra)}.gguf"
+            subprocess.run([sys.executable, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), *spec["args"], *extra,
                             *(["--tokenizer", a.tokenizer] if a.tokenizer else [])], check=True, capture_output=True)
             same_file = hashlib.sha256(path.read_bytes()).hexdigest() == spec["sha256"]
+            if extra:
+                spec, same_file = numpy_reference(path, spec), None
             for graphs in (False, True):
                 try:
                     rows = check(path, spec, backend, graphs)

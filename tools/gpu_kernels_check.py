@@ -5,7 +5,8 @@
 Correctness: flash attention (head widths 64 and 128, GQA ratios 1, 3, 4, 8, one token, lengths
 that are not multiples of the tile, prefixes that end mid-tile), add+RMSNorm, RoPE+KV write,
 SwiGLU; for every GGUF weight type the load-time expansion, the embedding gather and the matvec
-that reads the blocks, against the gguf package; the GPU sampler against the host's. Inputs are fresh random data; outputs are poisoned (NaN) before each run, so an
+that reads the blocks, against the gguf package; the MoE routing and expert kernels against
+engine/moe.py; the GPU sampler against the host's. Inputs are fresh random data; outputs are poisoned (NaN) before each run, so an
 unwritten element fails. Error is ||gpu - ref|| / ||ref|| with the reference in float32 on the
 fp16-rounded inputs. Speed: cuBLAS fp16 GEMM on the 8B shapes (the ceiling the prefill runs
 against), the attention kernel's TFLOP/s at depth, a sampler draw's wall time; per-kernel decode
@@ -107,6 +108,12 @@ def check_norm_rope_swiglu(k: GpuKernels) -> None:
         err = max(rel_err(q, q_ref), rel_err(kg[:, rows], kc[:, rows]), rel_err(vg[:, rows], vc[:, rows]))
         untouched = bool(cp.isnan(kg[:, :start]).all() and cp.isnan(kg[:, start + n:]).all())
         record("rope_store", f"n={n} heads={heads}/{kv_heads} d={d} start={start}", err if untouched else math.inf, 2e-3)
+    for n, heads, kv_heads, d in [(1, 32, 4, 128), (37, 32, 8, 128), (5, 4, 2, 64)]:  # Qwen3's Q/K norms
+        qkv = half_normal(n, (heads + 2 * kv_heads) * d, scale=3.0)
+        qw, kw = ((1 + 0.1 * rng.standard_normal(d)).astype(np.float32) for _ in range(2))
+        ref = REF.head_rms_norm(qkv.astype(np.float32), qw, kw, heads, kv_heads, 1e-6)
+        got = k.head_rms_norm(cp.asarray(qkv), cp.asarray(qw), cp.asarray(kw), heads, kv_heads, 1e-6)
+        record("head_rms_norm", f"n={n} heads={heads}/{kv_heads} d={d}", rel_err(got, ref), 2e-3)
     for n, ffn in [(1, 1536), (33, 14336), (4, 96)]:
         gu = half_normal(n, 2 * ffn, scale=2.0)
         record("silu_mul", f"n={n} ffn={ffn}", rel_err(k.silu_mul(cp.asarray(gu)), REF.silu_mul(gu.astype(np.float32))), 2e-3)
@@ -185,6 +192,45 @@ def check_weights(k: GpuKernels) -> None:
         w, x = half_normal(rows, cols, scale=0.05), half_normal(cols)
         ref = w.astype(np.float32) @ x.astype(np.float32)
         record("matvec", f"fp16 array {rows}x{cols}", rel_err(k.matvec(cp.asarray(w), cp.asarray(x)), ref), 1e-3)
+
+
+def expert_stacks(kind: str, count: int, dim: int, ffn: int):
+    """Random gate, up and down expert stacks of one GGUF type: (on the GPU in their blocks, float32 reference)."""
+    from engine.moe import Experts, ExpertStack
+
+    gpu, ref = [], []
+    for rows, cols in ((ffn, dim), (ffn, dim), (dim, ffn)):
+        raw, values = weight_rows(kind, count * rows, cols)
+        gpu.append(ExpertStack(kind, cp.asarray(raw), count, rows, cols))
+        ref.append(ExpertStack("F32", values, count, rows, cols))
+    return Experts(*gpu), Experts(*ref)
+
+
+def check_moe(k: GpuKernels) -> None:
+    """The MoE kernels (moe.cu) against engine/moe.py: the router's choices (exactly) and weights; a
+    decode row through its chosen experts (x in 8 bits, twice: before gate/up and before down); a
+    prompt chunk grouped by expert through the tiled GEMMs; per weight type, chunks of odd sizes."""
+    from engine.moe import route, run_experts
+    from engine.quantized import Row8
+
+    cases = [(kind, 16, 4, 512, 256) for kind in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16")]
+    for kind, count, used, dim, ffn in cases + [("Q4_K", 128, 8, 2048, 768), ("F16", 8, 3, 128, 64)]:
+        gpu, ref = expert_stacks(kind, count, dim, ffn)
+        router = (rng.standard_normal((count, dim)) * 0.05).astype(np.float32)
+        for n in (1, 37, 300):
+            h = half_normal(n, dim)
+            chosen, weights = k.moe.route(cp.asarray(h), cp.asarray(router), used, True)
+            want_c, want_w = route(h.astype(np.float32) @ router.T, used, True)
+            case = f"{kind} {count}x{ffn}x{dim} top-{used} n={n}"
+            record("moe_route", case, float(not np.array_equal(chosen.get(), want_c)), 0)
+            record("moe_route", case + " weights", rel_err(weights, want_w), 1e-5)
+            want = run_experts(REF, h.astype(np.float32), ref, want_c, want_w)
+            if n == 1:
+                row = Row8(cp.asarray(h), k.quantize_q8(cp.asarray(h[0])))
+                tol = 2e-3 if kind == "F16" else 3e-2
+                record("moe_matvec", case, rel_err(k.moe.decode(row, gpu, chosen, weights), want), tol)
+            else:
+                record("moe_gemm", case, rel_err(k.moe.prompt(cp.asarray(h), gpu, chosen, weights), want), 5e-3)
 
 
 def check_argmax(k: GpuKernels) -> None:
@@ -299,8 +345,33 @@ def speed(k: GpuKernels) -> dict:
             sampler.sample(logits, cp, graphs)
             times.append((time.perf_counter() - t) * 1e3)
         out[f"sample_{name}_vocab128256_device_ms"] = round(float(np.median(times[1:])), 3)  # the first captures
+    out |= moe_speed(k)
     for key, value in out.items():
         print(f"{key:40s} {value}", flush=True)
+    return out
+
+
+def moe_speed(k: GpuKernels) -> dict:
+    """One Qwen3-30B-A3B MoE layer (128 experts of 768 over 2048, 8 used) in Q4_K: a 2048-token
+    chunk's grouped GEMMs (TFLOP/s over the chosen experts' work) and a decode row (GB/s over the
+    chosen experts' bytes)."""
+    from engine.quantized import Row8, row_bytes
+
+    out, (count, used, dim, ffn) = {}, (128, 8, 2048, 768)
+    gpu, _ = expert_stacks("Q4_K", count, dim, ffn)
+    router = cp.asarray((rng.standard_normal((count, dim)) * 0.05).astype(np.float32))
+    h = cp.asarray(half_normal(2048, dim))
+    chosen, weights = k.moe.route(h, router, used, True)
+    ms = median_ms(lambda: k.moe.prompt(h, gpu, chosen, weights))
+    out["moe_layer_30b_a3b_q4_k_chunk2048_ms"] = round(ms, 3)
+    out["moe_layer_30b_a3b_q4_k_chunk2048_tflops"] = round(2 * 2048 * used * 3 * ffn * dim / ms / 1e9, 1)
+    out["moe_layer_30b_a3b_q4_k_chunk2048_route_ms"] = round(median_ms(lambda: k.moe.route(h, router, used, True)), 3)
+    row = Row8(h[:1], k.quantize_q8(h[0]))
+    c1, w1 = k.moe.route(h[:1], router, used, True)
+    ms = median_ms(lambda: k.moe.decode(row, gpu, c1, w1), 50)
+    out["moe_layer_30b_a3b_q4_k_decode_us"] = round(ms * 1000, 1)
+    out["moe_layer_30b_a3b_q4_k_decode_tb_s"] = round(used * 3 * ffn * row_bytes("Q4_K", dim) / ms / 1e9, 2)
+    out["moe_layer_30b_a3b_q4_k_decode_route_us"] = round(median_ms(lambda: k.moe.route(h[:1], router, used, True), 50) * 1000, 1)
     return out
 
 
@@ -314,6 +385,7 @@ def main() -> int:
     check_fused_q8(k)
     check_norm_rope_swiglu(k)
     check_weights(k)
+    check_moe(k)
     check_argmax(k)
     check_sampling()
     report = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "checks": results,

@@ -12,6 +12,7 @@ from types import ModuleType
 import numpy as np
 
 from engine.backend import Step
+from engine.kernels import moe
 from engine.quantized import BLOCKS, UNIT, QuantMatrix, Row8
 
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -30,13 +31,20 @@ Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
 NULL = np.uint64(0)  # a null pointer argument
 
 
-def kernel_source(name: str) -> str:
-    """A .cu file of this folder with its local headers (#include "x.cuh") pasted in: the code CuPy
-    compiles and caches by, so that a header's change reaches every module that includes it."""
+def kernel_source(name: str, pasted: set[str] | None = None) -> str:
+    """A .cu file of this folder with its local headers (#include "x.cuh") pasted in, each once: the
+    code CuPy compiles and caches by, so that a header's change reaches every module that includes it."""
+    pasted = set() if pasted is None else pasted
     lines = []
     for line in (KERNEL_DIR / name).read_text().splitlines():
         included = re.fullmatch(r'#include "(\w+\.cuh)"', line.strip())
-        lines.append(kernel_source(included.group(1)) if included else line)
+        if line.strip() == "#pragma once" or (included and included.group(1) in pasted):
+            continue
+        if included:
+            pasted.add(included.group(1))
+            lines.append(kernel_source(included.group(1), pasted))
+        else:
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -59,12 +67,13 @@ def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
 class GpuKernels:
     def __init__(self, cp: ModuleType):
         self.cp = cp
-        names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
+        names = {"norm_rope.cu": ("add_rms_norm", "head_rms_norm", "rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
                  "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
                                                 for family, suffix in (("dequant", ""), ("embed", ""),
                                                                        ("matvec", ""), ("matvec", "_f32")))),
                  "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS),
-                                  *(f"flash_decode_d{d}_g{g}" for d in HEAD_DIMS for g in range(1, MAX_GROUP + 1)))}
+                                  *(f"flash_decode_d{d}_g{g}" for d in HEAD_DIMS for g in range(1, MAX_GROUP + 1))),
+                 "moe.cu": moe.KERNELS}
         self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
         for source, kernels in names.items():
             module = cp.RawModule(code=kernel_source(source), options=OPTIONS)
@@ -74,6 +83,7 @@ class GpuKernels:
         self._step: Step | None = None
         self.counters = None  # flash-decoding's per-K/V-head block counters (int32, zero at rest)
         self.scratch = None  # fp16 values of the largest quantized matrix: a prompt chunk's GEMM operand
+        self.moe = moe.MoeKernels(self)
 
     # ------------------------------------------------------------ norm, RoPE, SwiGLU
 
@@ -90,6 +100,15 @@ class GpuKernels:
             (n,), (THREADS,), (x, delta if has_delta else out, np.int32(has_delta), weight, out,
                                units if q8 else NULL, np.int32(dim), np.float32(eps)))
         return Row8(out, units) if q8 else out
+
+    def head_rms_norm(self, qkv, q_weight, k_weight, heads: int, kv_heads: int, eps: float):
+        """qkv: (n, (heads + 2*kv_heads) * d) fp16, each Q and K head RMS-normalized in place (Qwen3)."""
+        n, width = qkv.shape
+        d = width // (heads + 2 * kv_heads)
+        self.fn["head_rms_norm"](blocks(n * (heads + kv_heads), 4), (128,),
+                                 (qkv, q_weight, k_weight, np.int32(n), np.int32(heads), np.int32(kv_heads),
+                                  np.int32(d), np.float32(eps)))
+        return qkv
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step):
         """qkv: (n, (heads + 2*kv_heads) * d) fp16; cos/sin tables: (positions, 1, d/2) fp32;

@@ -16,8 +16,8 @@
 // of 64 keys stream through two shared-memory stages (cp.async), fragments come by ldmatrix.
 #include <cuda_fp16.h>
 
+#include "mma.cuh"
 #include "q8.cuh"
-using uint32_t = unsigned int;  // NVRTC has no <stdint.h>
 
 constexpr int WARPS = 4;
 constexpr int BR = 16 * WARPS;  // query rows per block (16 per warp: the mma's M)
@@ -25,48 +25,6 @@ constexpr int BC = 64;          // keys per tile: S is 16 x 64 per warp = 32 fp3
 constexpr int PAD = 8;          // fp16 padding per shared row: rows land on distinct banks
 #define NEG_INF (-__int_as_float(0x7f800000))  // -inf (NVRTC has no <math.h> INFINITY)
 static_assert(BR == BC, "stage 1's K tile also stages the Q rows");
-
-__device__ __forceinline__ void mma_16x8x16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t ld32(const __half* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-}
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared without passing through registers; zero-filled when !valid.
-__device__ __forceinline__ void cp_async16(__half* dst, const __half* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-// Four 8x8 fp16 matrices from shared memory, in mma fragment layout (lanes 8i..8i+7 give the
-// row addresses of matrix i); .trans hands each thread the transposed elements.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const __half* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const __half* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
 
 template <int D>
 struct Tiles {  // dynamic shared memory: two stages of (K tile, V tile), each BC x ROW fp16

@@ -1,5 +1,5 @@
 // Elementwise work of the half-precision forward pass, each fused into one kernel:
-// residual add + RMSNorm, RoPE + K/V cache write, SwiGLU. Activations are fp16; the residual
+// residual add + RMSNorm, per-head Q/K RMSNorm, RoPE + K/V cache write, SwiGLU. Activations are fp16; the residual
 // stream and the norm statistics are fp32. The norm and SwiGLU also write their rows in 8 bits
 // (q8.cuh) when asked: a decode step's quantized matvecs read that, with no kernel of its own.
 // NumPy references: engine/backend.py ArrayOps.
@@ -66,6 +66,27 @@ add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_de
 extern "C" __global__ void add_residual(float* __restrict__ x, const __half* __restrict__ delta, size_t n) {
     const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n) x[i] += __half2float(delta[i]);
+}
+
+// Qwen3's per-head norms, in place: qkv (n, (heads + 2*kv_heads) * d) fp16; each Q head and K head
+// x (d values) becomes x / sqrt(mean(x^2) + eps) * w with w = q_w or k_w (d,) fp32 (fp32 statistics);
+// V heads are left alone. One warp a (token, Q or K head): grid ceil(n * (heads + kv_heads) / 4), 128 threads.
+extern "C" __global__ void head_rms_norm(__half* __restrict__ qkv, const float* __restrict__ q_w,
+                                         const float* __restrict__ k_w, int n, int heads, int kv_heads, int d,
+                                         float eps) {
+    const int idx = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31, normed = heads + kv_heads;
+    if (idx >= n * normed) return;
+    const int t = idx / normed, h = idx % normed;
+    __half* x = qkv + ((size_t)t * (heads + 2 * kv_heads) + h) * d;
+    const float* w = h < heads ? q_w : k_w;
+    float ss = 0.f;
+    for (int i = lane; i < d; i += 32) {
+        const float v = __half2float(x[i]);
+        ss += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = rsqrtf(ss / d + eps);
+    for (int i = lane; i < d; i += 32) x[i] = __float2half(__half2float(x[i]) * inv * w[i]);
 }
 
 // qkv: (n, heads + 2*kv_heads, d) fp16, the fused projection of n tokens at positions start..,

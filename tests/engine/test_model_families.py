@@ -76,7 +76,9 @@ def test_the_families_differ_where_the_config_says(models):
     assert cfg.qkv_bias and weights.layers[0].bqkv.shape == (cfg.q_dim + 2 * cfg.kv_dim,)
     cfg, weights = configs["qwen3moe"]
     assert (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim, cfg.expert_weights_norm) == (8, 3, 64, True)
-    assert len(weights.layers[0].experts) == 8 and weights.layers[0].w_gate_up is None
+    experts = weights.layers[0].experts
+    assert (experts.gate.experts, experts.gate.rows, experts.gate.cols) == (8, 64, 128) and weights.layers[0].w_gate_up is None
+    assert experts.down.data.shape == (8 * 128, 64) and experts.down.expert(7).shape == (128, 64)
     assert not any(c.rope_pairs_adjacent for c, _ in configs.values())
 
 

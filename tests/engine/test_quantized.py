@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from engine.backend import cpu_backend
-from engine.gguf_model import WeightLoader, read_config
+from engine.gguf_model import TensorRows, WeightLoader, read_config
 from engine.quantized import QuantMatrix, row_bytes, stack_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +55,8 @@ def test_stacked_blocks_equal_the_dense_matrices(which, q4_k_m, model_path):
     kinds = set()
     for names, heads in stacks.values():
         ts = [loader.tensor(n) for n in names]
-        blocks = stack_rows([loader.host_rows(t, h) for t, h in zip(ts, heads)], np.asarray)
-        dense = np.concatenate([loader.dense(t, h) for t, h in zip(ts, heads)])
+        blocks = stack_rows([TensorRows(t, heads=h).host_rows() for t, h in zip(ts, heads)], np.asarray)
+        dense = np.concatenate([TensorRows(t, heads=h).dense(loader) for t, h in zip(ts, heads)])
         assert blocks.shape == dense.shape
         np.testing.assert_array_equal(expand(blocks), dense)
         kinds |= {part.kind for part in blocks.parts}
@@ -70,7 +70,7 @@ def test_quantized_matrix_bytes_are_the_files(q4_k_m):
     reader = GGUFReader(q4_k_m)
     loader = WeightLoader(reader, read_config(reader), cpu_backend())
     t = loader.tensor("blk.0.ffn_gate.weight")
-    m = stack_rows([loader.host_rows(t, None)], np.asarray)
+    m = stack_rows([TensorRows(t).host_rows()], np.asarray)
     assert m.nbytes == int(t.n_bytes) and m.parts[0].kind == "Q4_K"
 
 
@@ -116,11 +116,14 @@ def test_decode_attention_splits_alike_in_a_captured_and_an_eager_step():
 
 def test_kernel_sources_carry_their_headers():
     """CuPy caches compiled modules by their source text: a header must be pasted in, not included,
-    so that changing it recompiles every kernel file that uses it."""
+    so that changing it recompiles every kernel file that uses it; each header once, however many
+    of the file's headers include it (moe.cu reaches q8.cuh through blocks.cuh and matvec.cuh)."""
     from engine.kernels import KERNEL_DIR, kernel_source
 
-    for name in ("quant.cu", "norm_rope.cu", "attention.cu"):
+    for name in ("quant.cu", "norm_rope.cu", "attention.cu", "moe.cu"):
         source = kernel_source(name)
-        assert '#include "' not in source
-        assert "struct Q8 {" in source
-    assert (KERNEL_DIR / "q8.cuh").read_text().strip() in kernel_source("quant.cu")
+        assert '#include "' not in source and "#pragma once" not in source
+        assert source.count("struct Q8 {") == 1
+    assert source.count("struct Raw {") == 1 and source.count("void mma_16x8x16(") == 1
+    body = (KERNEL_DIR / "matvec.cuh").read_text().split('#include "blocks.cuh"')[1].strip()
+    assert body in kernel_source("quant.cu") and body in source

@@ -1,0 +1,84 @@
+// Matrix-vector products over rows of weights, shared by quant.cu (a whole matrix: decode steps,
+// the head) and moe.cu (the chosen experts' rows). A warp owns MV_ROWS consecutive rows; each lane
+// takes units lane, lane + 32, ... of them, so adjacent lanes read adjacent blocks and a warp's
+// loads are contiguous runs of a row. The dot products accumulate into per-lane partials, summed
+// across the warp by reduce_store.
+#pragma once
+#include "blocks.cuh"
+
+#ifndef MV_WARPS
+#define MV_WARPS 4  // warps per block
+#endif
+#ifndef MV_ROWS
+#define MV_ROWS 2  // rows per warp: each x unit loaded once serves them all
+#endif
+#ifndef MV_UNROLL
+#define MV_UNROLL 1  // units a lane has in flight per row (the unit loop's unrolling)
+#endif
+constexpr int kMvUnroll = MV_UNROLL;
+
+__device__ __forceinline__ void store(float* y, int i, float v) { y[i] = v; }
+__device__ __forceinline__ void store(__half* y, int i, float v) { y[i] = __float2half(v); }
+
+// The first row this warp owns.
+__device__ __forceinline__ int warp_row0() { return (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * MV_ROWS; }
+
+template <typename Out>
+__device__ __forceinline__ void reduce_store(float (&acc)[MV_ROWS], Out* y, int row0, int m) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) {
+        float a = acc[r];
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0 && row0 + r < m) store(y, row0 + r, a);
+    }
+}
+
+// Rows row0 .. row0 + MV_ROWS (of m) of W (blocks of type T, k columns) . x in 8 bits: acc[r] +=
+// this lane's share. Per unit and row: 8 dp4a against the unit's Q8 (d, the halves' sums).
+template <class T>
+__device__ __forceinline__ void rows_dot_q8(const u8* __restrict__ w, const Q8* __restrict__ xq, int row0, int m,
+                                            int k, float (&acc)[MV_ROWS]) {
+    const int lane = threadIdx.x & 31;
+    const size_t rb = row_bytes<T>(k);
+    const int units = k / 32;
+#pragma unroll kMvUnroll
+    for (int s = lane; s < units; s += 32) {
+        const int4* xp = reinterpret_cast<const int4*>(xq + s);
+        const int4 a = xp[0], b = xp[1];
+        const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, pad
+        const int xw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; ++r) {
+            if (row0 + r >= m) break;
+            Raw u;
+            T::decode(w + (row0 + r) * rb, s, u);
+            int s0 = 0, s1 = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s0 = dp4a(u.w[i], xw[i], s0), s1 = dp4a(u.w[4 + i], xw[4 + i], s1);
+            acc[r] += ds.x * (u.d[0] * (float)s0 + u.d[1] * (float)s1) + u.m[0] * ds.y + u.m[1] * ds.z;
+        }
+    }
+}
+
+// The same for fp16 rows against fp16 x, fp32 accumulation: memory-bound at ~4.1 TB/s as it is.
+__device__ __forceinline__ void rows_dot_f16(const __half* __restrict__ w, const __half* __restrict__ x, int row0,
+                                             int m, int k, float (&acc)[MV_ROWS]) {
+    const int lane = threadIdx.x & 31;
+    const int units = k / 32;
+#pragma unroll kMvUnroll
+    for (int s = lane; s < units; s += 32) {
+        float xv[32];
+        load_half32(x + s * 32, xv);
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; ++r) {
+            if (row0 + r >= m) break;
+            float wv[32];
+            load_half32(w + (size_t)(row0 + r) * k + s * 32, wv);
+            float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) s0 = fmaf(wv[j], xv[j], s0), s1 = fmaf(wv[j + 16], xv[j + 16], s1);
+            acc[r] += s0 + s1;
+        }
+    }
+}

@@ -1,0 +1,290 @@
+// Mixture-of-experts layers (qwen3moe) on the GPU with no host round trip: the route is computed
+// on the device and every later kernel reads the chosen experts from device memory, so a decode
+// step stays one captured graph. Experts stay as GGUF stacks them: expert e's rows of a stacked
+// tensor (ffn_{gate,up,down}_exps) are rows e*m .. e*m + m, in blocks of one type (or fp16).
+// NumPy reference: engine/moe.py (route, run_experts), checked by tools/gpu_kernels_check.py.
+//
+//   router_logits(w, x, out, E, dim)     out (n, E) fp32 = x (n, dim) fp16 . w (E, dim) fp32
+//   moe_route(logits, ids, wts, E, k, norm)   per token: softmax over the E experts, the k most
+//                                        probable (ties to the lower index), rescaled to sum to 1
+//                                        when norm; ids (n, k) int32, wts (n, k) fp32
+//   moe_matvec_<T>(...)                  a decode step: the chosen experts' rows read in their
+//                                        blocks (dp4a against the row in 8 bits, as quant.cu's
+//                                        matvecs); gate/up: one output row per chosen expert; down:
+//                                        the chosen experts' outputs summed with their weights
+//   moe_sort(ids, entries, E, ...)       a prompt chunk: its (token, slot) entries grouped by expert
+//   moe_gemm_<T>(...)                    a prompt chunk: per expert, its entries' rows times its
+//                                        matrix on tensor cores (mma.sync), the blocks decoded into
+//                                        shared memory tile by tile (no fp16 copy of the experts)
+//   moe_combine(y, inv, wts, out, ...)   out[t] = sum_j wts[t, j] * y[entry (t, j)'s row]
+#include "blocks.cuh"
+#include "matvec.cuh"
+#include "mma.cuh"
+
+constexpr int MAX_EXPERTS = 256;  // one warp holds a token's router probabilities: 8 a lane
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// grid (ceil(E / 4), n), 128 threads: a warp per (expert, token). dim % 4 == 0.
+extern "C" __global__ void router_logits(const float* __restrict__ w, const __half* __restrict__ x,
+                                         float* __restrict__ out, int experts, int dim) {
+    const int e = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31, t = blockIdx.y;
+    if (e >= experts) return;
+    const float* row = w + (size_t)e * dim;
+    const __half* xr = x + (size_t)t * dim;
+    float acc = 0.f;
+    for (int i = lane * 4; i < dim; i += 128) {
+        const float4 a = *reinterpret_cast<const float4*>(row + i);
+        const float2 b0 = __half22float2(*reinterpret_cast<const __half2*>(xr + i));
+        const float2 b1 = __half22float2(*reinterpret_cast<const __half2*>(xr + i + 2));
+        acc += a.x * b0.x + a.y * b0.y + a.z * b1.x + a.w * b1.y;
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) out[(size_t)t * experts + e] = acc;
+}
+
+// grid (n,), 32 threads: one warp a token; lane j < k ends holding the j-th choice. k <= 32.
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,
+                                     int experts, int k, int normalize) {
+    const int t = blockIdx.x, lane = threadIdx.x;
+    const float* l = logits + (size_t)t * experts;
+    constexpr int PER_LANE = MAX_EXPERTS / 32;
+    float p[PER_LANE];
+    float mx = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int e = lane + 32 * i;
+        p[i] = e < experts ? l[e] : NEG_INF;
+        mx = fmaxf(mx, p[i]);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        p[i] = lane + 32 * i < experts ? expf(p[i] - mx) : 0.f;
+        sum += p[i];
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) p[i] = lane + 32 * i < experts ? p[i] / sum : -1.f;  // -1: never chosen
+    float mine = 0.f;
+    int my_id = 0;
+    for (int j = 0; j < k; ++j) {
+        float best = -2.f;
+        int idx = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i)
+            if (p[i] > best) best = p[i], idx = lane + 32 * i;  // ascending within a lane: ties keep the lower
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (ob > best || (ob == best && oi < idx)) best = ob, idx = oi;
+        }
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i)
+            if (lane + 32 * i == idx) p[i] = -1.f;
+        if (lane == j) mine = best, my_id = idx;
+    }
+    float total = mine;  // lanes >= k hold 0
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    if (lane < k) {
+        ids[t * k + lane] = my_id;
+        wts[t * k + lane] = normalize ? mine / total : mine;
+    }
+}
+
+// A decode step's expert matvecs. grid (ceil(m / (MV_WARPS * MV_ROWS)), chosen, 2 * chosen or 1).
+// Without wts: block row b serves chosen expert j = b % chosen of stack w (b < chosen) or w2 (gate
+// and up in one launch): y[j * y_stride + (b / chosen) * m + r] = W_ids[j] row r . x_j, with x_j = x +
+// j * x_stride (units, or halves for F16). With wts (grid y 1): y[r] = sum over the chosen j of
+// wts[j] * (W_ids[j] row r . x_j), each expert's sum reduced in the same order as alone.
+template <class T, typename X, typename Out>
+__device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, const u8* __restrict__ w2, int m, int k,
+                                           const int* __restrict__ ids, int chosen, const X* __restrict__ x,
+                                           int x_stride, const float* __restrict__ wts, Out* __restrict__ y,
+                                           int y_stride) {
+    const int row0 = warp_row0();
+    if (row0 >= m) return;
+    const size_t rb = row_bytes<T>(k);
+    const int j0 = wts ? 0 : (int)blockIdx.y % chosen, j1 = wts ? chosen : j0 + 1;
+    const int second = wts ? 0 : (int)blockIdx.y / chosen;
+    const u8* stack = second ? w2 : w;
+    float acc[MV_ROWS] = {};
+    for (int j = j0; j < j1; ++j) {
+        const u8* we = stack + (size_t)ids[j] * m * rb;
+        float part[MV_ROWS] = {};
+        if constexpr (is_f16<T>)
+            rows_dot_f16(reinterpret_cast<const __half*>(we), x + (size_t)j * x_stride, row0, m, k, part);
+        else
+            rows_dot_q8<T>(we, x + (size_t)j * x_stride, row0, m, k, part);
+        const float scale = wts ? wts[j] : 1.f;
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; ++r) acc[r] += scale * part[r];
+    }
+    reduce_store(acc, y + (wts ? 0 : (size_t)j0 * y_stride + (size_t)second * m), row0, m);
+}
+
+// ---------------------------------------------------------------- prompt chunks: grouped GEMM
+
+constexpr int GEMM_BM = 64;             // entries (rows) per tile
+constexpr int GEMM_BN = 64;             // output features per tile
+constexpr int GEMM_BK = 64;             // columns per step: two units, one decoded by each thread
+constexpr int GEMM_ROW = GEMM_BK + 8;   // fp16 per shared row, padded: ldmatrix rows on distinct banks
+constexpr int GEMM_THREADS = 128;       // 2 x 2 warps of 32 x 32 outputs
+
+// One block. offsets[e] .. offsets[e + 1]: expert e's entries' positions in order[] (entry t*k + j
+// of ids); inv[entry] = its position; tiles[e]: the first GEMM row tile of expert e (tiles of
+// GEMM_BM entries; tiles[E]: how many). Within an expert the order is whatever the atomics give:
+// each output row is computed alone, so the order changes no value.
+extern "C" __global__ void moe_sort(const int* __restrict__ ids, int entries, int experts, int* __restrict__ offsets,
+                                    int* __restrict__ tiles, int* __restrict__ order, int* __restrict__ inv) {
+    __shared__ int count[MAX_EXPERTS], fill[MAX_EXPERTS];
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) atomicAdd(&count[ids[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int off = 0, tile = 0;
+        for (int e = 0; e < experts; ++e) {
+            offsets[e] = fill[e] = off, tiles[e] = tile;
+            off += count[e], tile += (count[e] + GEMM_BM - 1) / GEMM_BM;
+        }
+        offsets[experts] = off, tiles[experts] = tile;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
+        const int p = atomicAdd(&fill[ids[i]], 1);
+        order[p] = i, inv[i] = p;
+    }
+}
+
+// grid (an upper bound on the row tiles: ceil(entries / BM) + E, ceil(m / BN)), GEMM_THREADS.
+// y[p, :m] (row stride y_stride) = A_p . W_e^T for the entries p of expert e, where A_p is row
+// order[p] / gather of x (a token's normed row, shared by its k entries) or, with gather 0, row p
+// (the entries' own rows, already grouped). k % 32 == 0, m % 2 == 0.
+template <class T>
+__device__ __forceinline__ void moe_gemm(const __half* __restrict__ x, int x_stride, int gather,
+                                         const int* __restrict__ order, const int* __restrict__ offsets,
+                                         const int* __restrict__ tiles, int experts, const u8* __restrict__ w, int m,
+                                         int k, __half* __restrict__ y, int y_stride) {
+    __shared__ __align__(16) __half as[GEMM_BM * GEMM_ROW];
+    __shared__ __align__(16) __half bs[GEMM_BN * GEMM_ROW];
+    __shared__ int src_row[GEMM_BM];
+    const int tile = blockIdx.x;
+    if (tile >= tiles[experts]) return;
+    int e = 0, hi = experts - 1;  // the last expert whose tiles start at or before this one (never an empty one)
+    while (e < hi) {
+        const int mid = (e + hi + 1) >> 1;
+        if (tiles[mid] <= tile) e = mid; else hi = mid - 1;
+    }
+    const int p0 = offsets[e] + (tile - tiles[e]) * GEMM_BM, p_end = offsets[e + 1];
+    const int n0 = blockIdx.y * GEMM_BN;
+    if (threadIdx.x < GEMM_BM) {
+        const int p = p0 + threadIdx.x;
+        src_row[threadIdx.x] = p < p_end ? (gather ? order[p] / gather : p) : -1;
+    }
+    __syncthreads();
+    const size_t rb = row_bytes<T>(k);
+    const u8* we = w + (size_t)e * m * rb;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    float c[2][4][4] = {};
+    for (int k0 = 0; k0 < k; k0 += GEMM_BK) {
+        for (int c16 = threadIdx.x; c16 < GEMM_BM * GEMM_BK / 8; c16 += GEMM_THREADS) {  // A: 16 bytes a copy
+            const int r = c16 / (GEMM_BK / 8), col = (c16 % (GEMM_BK / 8)) * 8, row = src_row[r];
+            const bool ok = row >= 0 && k0 + col < k;
+            cp_async16(as + r * GEMM_ROW + col, x + (ok ? (size_t)row * x_stride + k0 + col : 0), ok);
+        }
+        cp_async_commit();
+        {  // B: GEMM_BN rows x two units, one unit a thread, decoded to fp16 while A's copies fly
+            const int r = threadIdx.x >> 1, half = threadIdx.x & 1, s = k0 / 32 + half;
+            float v[32];
+            if (n0 + r < m && s < k / 32) {
+                values<T>(we + (size_t)(n0 + r) * rb, s, v);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 32; ++j) v[j] = 0.f;
+            }
+            store32(bs + r * GEMM_ROW + half * 32, v);
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < GEMM_BK / 16; ++kk) {
+            uint32_t a[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+                ldmatrix_x4(a[mi], as + (wm + mi * 16 + (lane & 15)) * GEMM_ROW + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int np = 0; np < 2; ++np) {  // two n-tiles of 8 a load: (n, k 0-7), (n, k 8-15), (n + 8, ...)
+                uint32_t b[4];
+                ldmatrix_x4(b, bs + (wn + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * GEMM_ROW + kk * 16 +
+                                   ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) {
+                    mma_16x8x16(c[mi][2 * np], a[mi], b[0], b[1]);
+                    mma_16x8x16(c[mi][2 * np + 1], a[mi], b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int p = p0 + wm + mi * 16 + g + 8 * h, col = n0 + wn + ni * 8 + 2 * t4;
+                if (p < p_end && col < m)
+                    *reinterpret_cast<__half2*>(y + (size_t)p * y_stride + col) =
+                        __floats2half2_rn(c[mi][ni][2 * h], c[mi][ni][2 * h + 1]);
+            }
+}
+
+// grid over n * dim / 8 (one thread per 8 values): out (n, dim) fp16 = sum over j of
+// wts[t, j] * y[inv[t k + j]] in fp32, j ascending. dim % 8 == 0.
+extern "C" __global__ void moe_combine(const __half* __restrict__ y, const int* __restrict__ inv,
+                                       const float* __restrict__ wts, __half* __restrict__ out, int n, int k, int dim) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const int per_row = dim / 8;
+    if (i >= (long long)n * per_row) return;
+    const int t = (int)(i / per_row), col = (int)(i % per_row) * 8;
+    float acc[8] = {};
+    for (int j = 0; j < k; ++j) {
+        const float wj = wts[t * k + j];
+        const uint4 raw = *reinterpret_cast<const uint4*>(y + (size_t)inv[t * k + j] * dim + col);
+        const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const float2 f = __half22float2(h[q]);
+            acc[2 * q] += wj * f.x, acc[2 * q + 1] += wj * f.y;
+        }
+    }
+    __half2 h[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) h[q] = __floats2half2_rn(acc[2 * q], acc[2 * q + 1]);
+    *reinterpret_cast<uint4*>(out + (size_t)t * dim + col) = *reinterpret_cast<uint4*>(h);
+}
+
+#define MOE_KERNELS(T, X)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                  \
+        moe_matvec_##T(const u8* w, const u8* w2, int m, int k, const int* ids, int chosen, const X* x,         \
+                       int x_stride, const float* wts, __half* y, int y_stride) {                                \
+        moe_matvec<T>(w, w2, m, k, ids, chosen, x, x_stride, wts, y, y_stride);                                  \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                                   \
+        moe_gemm_##T(const __half* x, int x_stride, int gather, const int* order, const int* offsets,            \
+                     const int* tiles, int experts, const u8* w, int m, int k, __half* y, int y_stride) {         \
+        moe_gemm<T>(x, x_stride, gather, order, offsets, tiles, experts, w, m, k, y, y_stride);                 \
+    }
+
+MOE_KERNELS(Q4_0, Q8)
+MOE_KERNELS(Q4_1, Q8)
+MOE_KERNELS(Q5_0, Q8)
+MOE_KERNELS(Q5_1, Q8)
+MOE_KERNELS(Q8_0, Q8)
+MOE_KERNELS(Q4_K, Q8)
+MOE_KERNELS(Q5_K, Q8)
+MOE_KERNELS(Q6_K, Q8)
+MOE_KERNELS(F16, __half)

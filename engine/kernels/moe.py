@@ -1,0 +1,107 @@
+"""Launchers of the mixture-of-experts kernels (moe.cu): routing on the device, a decode row's
+chosen experts read in their blocks, a prompt chunk's rows grouped by expert for tensor-core
+GEMMs. Nothing here waits for the GPU or reads a device value on the host, so a decode step of a
+MoE model is captured in one graph like any other. NumPy reference: engine/moe.py."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.moe import Experts, ExpertStack
+from engine.quantized import UNIT, Row8
+
+NULL = np.uint64(0)
+MAX_EXPERTS, MAX_USED = 256, 32  # MAX_EXPERTS in moe.cu (8 router values a lane); one lane per choice
+GEMM_BM, GEMM_BN, GEMM_THREADS = 64, 64, 128  # moe.cu's grouped GEMM tiles
+WEIGHT_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16")  # moe_*_<kind> kernels
+KERNELS = ("router_logits", "moe_route", "moe_sort", "moe_combine",
+           *(f"moe_{family}_{kind}" for kind in WEIGHT_KINDS for family in ("matvec", "gemm")))
+
+
+class MoeKernels:
+    def __init__(self, kernels):
+        from engine.kernels import MATVEC_ROWS, MATVEC_THREADS  # the package's, initialized by now
+
+        self.kernels, self.cp, self.fn = kernels, kernels.cp, kernels.fn
+        self.matvec_rows, self.matvec_threads = MATVEC_ROWS, MATVEC_THREADS
+
+    def route(self, h, router, k: int, normalize: bool):
+        """h: (n, dim) fp16, router: (experts, dim) fp32 -> chosen (n, k) int32 in descending
+        probability and their weights (n, k) fp32, on the device."""
+        cp = self.cp
+        n, dim = h.shape
+        experts = router.shape[0]
+        if experts > MAX_EXPERTS or k > MAX_USED:
+            raise ValueError(f"{experts} experts, {k} used: the GPU routes at most {MAX_EXPERTS}, {MAX_USED}")
+        logits = cp.empty((n, experts), dtype=cp.float32)
+        self.fn["router_logits"]((math.ceil(experts / 4), n), (128,), (router, h, logits, np.int32(experts), np.int32(dim)))
+        chosen = cp.empty((n, k), dtype=cp.int32)
+        weights = cp.empty((n, k), dtype=cp.float32)
+        self.fn["moe_route"]((n,), (32,), (logits, chosen, weights, np.int32(experts), np.int32(k), np.int32(normalize)))
+        return chosen, weights
+
+    def decode(self, h: Row8, experts: Experts, chosen, weights):
+        """One token (h: its normed row with its 8-bit form): gate and up of each chosen expert, SwiGLU,
+        then the down rows of all chosen experts summed with their weights in one kernel. -> (1, dim) fp16."""
+        cp = self.cp
+        k, ffn = chosen.shape[1], experts.gate.rows
+        gate_up = cp.empty((k, 2 * ffn), dtype=cp.float16)  # a row per chosen expert
+        if experts.gate.kind == experts.up.kind:  # one launch: its second half of blocks reads up
+            self.matvec(experts.gate, chosen, h, 0, None, gate_up, 2 * ffn, 2 * k, second=experts.up)
+        else:
+            for stack, out in ((experts.gate, gate_up), (experts.up, gate_up[:, ffn:])):
+                self.matvec(stack, chosen, h, 0, None, out, 2 * ffn, k)
+        act = self.kernels.silu_mul(gate_up, q8=experts.down.kind != "F16")  # (k, ffn)
+        act = act if isinstance(act, Row8) else Row8(act, None)
+        out = cp.empty((1, experts.down.rows), dtype=cp.float16)
+        self.matvec(experts.down, chosen, act, ffn, weights, out, 0, 1)
+        return out
+
+    def matvec(self, stack: ExpertStack, chosen, x: Row8, x_row: int, weights, out, out_stride: int, grid_y: int,
+               second: ExpertStack | None = None):
+        """moe_matvec over the chosen experts of a stack (and a second one of the same type and
+        shape, written beside it); x_row: values per chosen expert's input row (0: one row for all)."""
+        if stack.kind == "F16":
+            xs, stride = x.values, x_row
+        else:
+            xs = x.q8 if x.q8 is not None else self.kernels.quantize_q8(x.values.reshape(-1))
+            stride = x_row // UNIT
+        self.fn[f"moe_matvec_{stack.kind}"](
+            (math.ceil(stack.rows / self.matvec_rows), grid_y), (self.matvec_threads,),
+            (stack.data, second.data if second is not None else NULL, np.int32(stack.rows), np.int32(stack.cols), chosen, np.int32(chosen.shape[1]), xs,
+             np.int32(stride), weights, out, np.int32(out_stride)))
+
+    def prompt(self, h, experts: Experts, chosen, weights):
+        """A chunk h (n, dim) fp16: its n*k (token, choice) entries grouped by expert on the device,
+        each expert's entries through its gate/up and down matrices as tiled tensor-core GEMMs (one
+        launch per stacked tensor for all experts), then each token's k outputs summed with their
+        weights. -> (n, dim) fp16."""
+        cp = self.cp
+        n, dim = h.shape
+        k, ffn, count = chosen.shape[1], experts.gate.rows, experts.gate.experts
+        entries = n * k
+        offsets, tiles = cp.empty(count + 1, dtype=cp.int32), cp.empty(count + 1, dtype=cp.int32)
+        order, inv = cp.empty(entries, dtype=cp.int32), cp.empty(entries, dtype=cp.int32)
+        self.fn["moe_sort"]((1,), (1024,), (chosen, np.int32(entries), np.int32(count), offsets, tiles, order, inv))
+        groups = (order, offsets, tiles, np.int32(count))
+        row_tiles = math.ceil(entries / GEMM_BM) + count  # at most: each expert's last tile part full
+        gate_up = cp.empty((entries, 2 * ffn), dtype=cp.float16)  # rows in grouped order
+        for stack, out in ((experts.gate, gate_up), (experts.up, gate_up[:, ffn:])):
+            self.gemm(stack, h, k, groups, out, 2 * ffn, row_tiles)
+        act = self.kernels.silu_mul(gate_up)  # (entries, ffn)
+        y = cp.empty((entries, dim), dtype=cp.float16)
+        self.gemm(experts.down, act, 0, groups, y, dim, row_tiles)
+        out = cp.empty((n, dim), dtype=cp.float16)
+        octets = n * dim // 8
+        self.fn["moe_combine"]((math.ceil(octets / 256),), (256,), (y, inv, weights, out, np.int32(n), np.int32(k),
+                                                                   np.int32(dim)))
+        return out
+
+    def gemm(self, stack: ExpertStack, x, gather: int, groups, out, out_stride: int, row_tiles: int):
+        """out[p] = x's row for entry p (x[order[p] // gather], or x[p] when gather is 0) . W_e^T."""
+        order, offsets, tiles, count = groups
+        self.fn[f"moe_gemm_{stack.kind}"](
+            (row_tiles, math.ceil(stack.rows / GEMM_BN)), (GEMM_THREADS,),
+            (x, np.int32(x.shape[1]), np.int32(gather), order, offsets, tiles, count, stack.data, np.int32(stack.rows),
+             np.int32(stack.cols), out, np.int32(out_stride)))
