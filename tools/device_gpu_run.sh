@@ -6,6 +6,7 @@
 #
 # kernels  tools/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention speed
 # times    tools/decode_kernel_times.py: each decode kernel's GPU time per launch
+# moetimes tools/moe_decode_times.py: each kernel of a Qwen3-30B-A3B decode step, GPU time per launch
 # families tools/gpu_families_check.py: qwen2, qwen3, qwen3moe on the GPU against the reference fixture
 # synth    synthetic GGUFs in /tmp/m: the Llama-3-8B shape (F16) and the SmolLM2-135M shape (Q4_1)
 # small    bench/engine_bench.py on the 135M shape -> $OUT/engine_gpu.json (load, prefill, decode, profile)
@@ -51,6 +52,8 @@ for step in "$@"; do
       python3 tools/gpu_kernels_check.py --json "$OUT/kernels.json" || echo "KERNEL CHECKS FAILED" ;;
     times)
       python3 tools/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;
+    moetimes)
+      python3 tools/moe_decode_times.py --json "$OUT/moe_decode_times.json" ;;
     families)
       python3 tools/gpu_families_check.py --tokenizer .device/tok.gguf --json "$OUT/gpu_families.json" 2>&1 | quiet ;;
     synth)

@@ -34,51 +34,57 @@ __device__ __forceinline__ void reduce_store(float (&acc)[MV_ROWS], Out* y, int 
     }
 }
 
-// Rows row0 .. row0 + MV_ROWS (of m) of W (blocks of type T, k columns) . x in 8 bits: acc[r] +=
-// this lane's share. Per unit and row: 8 dp4a against the unit's Q8 (d, the halves' sums).
+// Unit s of rows row0 .. row0 + MV_ROWS (of m) of W (blocks of type T, rows rb bytes apart) against
+// x's unit xu in 8 bits: acc[r] += scale * the unit's dot product (8 dp4a; the Q8 unit carries d and
+// its halves' sums, which the weights' offsets multiply).
+template <class T>
+__device__ __forceinline__ void unit_dot_q8(const u8* __restrict__ w, size_t rb, int row0, int m, int s,
+                                            const Q8* __restrict__ xu, float scale, float (&acc)[MV_ROWS]) {
+    const int4* xp = reinterpret_cast<const int4*>(xu);
+    const int4 a = xp[0], b = xp[1];
+    const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, pad
+    const int xw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) {
+        if (row0 + r >= m) break;
+        Raw u;
+        T::decode(w + (row0 + r) * rb, s, u);
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s0 = dp4a(u.w[i], xw[i], s0), s1 = dp4a(u.w[4 + i], xw[4 + i], s1);
+        acc[r] += scale * (ds.x * (u.d[0] * (float)s0 + u.d[1] * (float)s1) + u.m[0] * ds.y + u.m[1] * ds.z);
+    }
+}
+
+// The same for fp16 rows (k values each) against 32 fp16 values of x.
+__device__ __forceinline__ void unit_dot_f16(const __half* __restrict__ w, int k, int row0, int m, int s,
+                                             const __half* __restrict__ xu, float scale, float (&acc)[MV_ROWS]) {
+    float xv[32];
+    load_half32(xu, xv);
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) {
+        if (row0 + r >= m) break;
+        float wv[32];
+        load_half32(w + (size_t)(row0 + r) * k + s * 32, wv);
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) s0 = fmaf(wv[j], xv[j], s0), s1 = fmaf(wv[j + 16], xv[j + 16], s1);
+        acc[r] += scale * (s0 + s1);
+    }
+}
+
+// Rows row0 .. row0 + MV_ROWS of W . x in 8 bits: acc[r] += this lane's share (units lane, lane + 32, ...).
 template <class T>
 __device__ __forceinline__ void rows_dot_q8(const u8* __restrict__ w, const Q8* __restrict__ xq, int row0, int m,
                                             int k, float (&acc)[MV_ROWS]) {
-    const int lane = threadIdx.x & 31;
     const size_t rb = row_bytes<T>(k);
-    const int units = k / 32;
 #pragma unroll kMvUnroll
-    for (int s = lane; s < units; s += 32) {
-        const int4* xp = reinterpret_cast<const int4*>(xq + s);
-        const int4 a = xp[0], b = xp[1];
-        const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, pad
-        const int xw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int r = 0; r < MV_ROWS; ++r) {
-            if (row0 + r >= m) break;
-            Raw u;
-            T::decode(w + (row0 + r) * rb, s, u);
-            int s0 = 0, s1 = 0;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) s0 = dp4a(u.w[i], xw[i], s0), s1 = dp4a(u.w[4 + i], xw[4 + i], s1);
-            acc[r] += ds.x * (u.d[0] * (float)s0 + u.d[1] * (float)s1) + u.m[0] * ds.y + u.m[1] * ds.z;
-        }
-    }
+    for (int s = threadIdx.x & 31; s < k / 32; s += 32) unit_dot_q8<T>(w, rb, row0, m, s, xq + s, 1.f, acc);
 }
 
 // The same for fp16 rows against fp16 x, fp32 accumulation: memory-bound at ~4.1 TB/s as it is.
 __device__ __forceinline__ void rows_dot_f16(const __half* __restrict__ w, const __half* __restrict__ x, int row0,
                                              int m, int k, float (&acc)[MV_ROWS]) {
-    const int lane = threadIdx.x & 31;
-    const int units = k / 32;
 #pragma unroll kMvUnroll
-    for (int s = lane; s < units; s += 32) {
-        float xv[32];
-        load_half32(x + s * 32, xv);
-#pragma unroll
-        for (int r = 0; r < MV_ROWS; ++r) {
-            if (row0 + r >= m) break;
-            float wv[32];
-            load_half32(w + (size_t)(row0 + r) * k + s * 32, wv);
-            float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) s0 = fmaf(wv[j], xv[j], s0), s1 = fmaf(wv[j + 16], xv[j + 16], s1);
-            acc[r] += s0 + s1;
-        }
-    }
+    for (int s = threadIdx.x & 31; s < k / 32; s += 32) unit_dot_f16(w, k, row0, m, s, x + s * 32, 1.f, acc);
 }

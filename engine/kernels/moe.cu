@@ -8,10 +8,11 @@
 //   moe_route(logits, ids, wts, E, k, norm)   per token: softmax over the E experts, the k most
 //                                        probable (ties to the lower index), rescaled to sum to 1
 //                                        when norm; ids (n, k) int32, wts (n, k) fp32
-//   moe_matvec_<T>(...)                  a decode step: the chosen experts' rows read in their
-//                                        blocks (dp4a against the row in 8 bits, as quant.cu's
-//                                        matvecs); gate/up: one output row per chosen expert; down:
-//                                        the chosen experts' outputs summed with their weights
+//   moe_matvec_<T>(...)                  a decode step's gate or up: the chosen experts' rows read in
+//                                        their blocks (dp4a against the row in 8 bits, as quant.cu's
+//                                        matvecs), one output row per chosen expert
+//   moe_down_<T>(...)                    a decode step's down: the chosen experts' outputs summed
+//                                        with their weights in one pass
 //   moe_sort(ids, entries, E, ...)       a prompt chunk: its (token, slot) entries grouped by expert
 //   moe_gemm_<T>(...)                    a prompt chunk: per expert, its entries' rows times its
 //                                        matrix on tensor cores (mma.sync), the blocks decoded into
@@ -92,35 +93,45 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int* __re
     }
 }
 
-// A decode step's expert matvecs. grid (ceil(m / (MV_WARPS * MV_ROWS)), chosen, 2 * chosen or 1).
-// Without wts: block row b serves chosen expert j = b % chosen of stack w (b < chosen) or w2 (gate
-// and up in one launch): y[j * y_stride + (b / chosen) * m + r] = W_ids[j] row r . x_j, with x_j = x +
-// j * x_stride (units, or halves for F16). With wts (grid y 1): y[r] = sum over the chosen j of
-// wts[j] * (W_ids[j] row r . x_j), each expert's sum reduced in the same order as alone.
-template <class T, typename X, typename Out>
-__device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, const u8* __restrict__ w2, int m, int k,
-                                           const int* __restrict__ ids, int chosen, const X* __restrict__ x,
-                                           int x_stride, const float* __restrict__ wts, Out* __restrict__ y,
-                                           int y_stride) {
+// A decode step's gate or up rows: grid (ceil(m / (MV_WARPS * MV_ROWS)), chosen); block row j serves
+// chosen expert j: y[j * y_stride + r] = W_ids[j] row r . x (x: units, or halves for F16).
+template <class T, typename X>
+__device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, int m, int k, const int* __restrict__ ids,
+                                           const X* __restrict__ x, __half* __restrict__ y, int y_stride) {
+    const int row0 = warp_row0();
+    if (row0 >= m) return;
+    const u8* we = w + (size_t)ids[blockIdx.y] * m * row_bytes<T>(k);
+    float acc[MV_ROWS] = {};
+    if constexpr (is_f16<T>)
+        rows_dot_f16(reinterpret_cast<const __half*>(we), x, row0, m, k, acc);
+    else
+        rows_dot_q8<T>(we, x, row0, m, k, acc);
+    reduce_store(acc, y + (size_t)blockIdx.y * y_stride, row0, m);
+}
+
+// A decode step's down rows of all chosen experts, summed with their weights: y[r] = sum over j of
+// wts[j] * (W_ids[j] row r . x_j), x_j the j-th row of x (k values: k / 32 units, or k halves).
+// grid ceil(m / (MV_WARPS * MV_ROWS)). A warp's lanes take the (expert, unit) pairs of its rows in
+// turn, so every chosen expert's blocks are in flight at once (a loop over the experts would wait
+// for each one's loads in turn); the order of the sums is fixed, so the result is too.
+template <class T, typename X>
+__device__ __forceinline__ void moe_down(const u8* __restrict__ w, int m, int k, const int* __restrict__ ids,
+                                         int chosen, const X* __restrict__ x, const float* __restrict__ wts,
+                                         __half* __restrict__ y) {
     const int row0 = warp_row0();
     if (row0 >= m) return;
     const size_t rb = row_bytes<T>(k);
-    const int j0 = wts ? 0 : (int)blockIdx.y % chosen, j1 = wts ? chosen : j0 + 1;
-    const int second = wts ? 0 : (int)blockIdx.y / chosen;
-    const u8* stack = second ? w2 : w;
+    const int units = k / 32;
     float acc[MV_ROWS] = {};
-    for (int j = j0; j < j1; ++j) {
-        const u8* we = stack + (size_t)ids[j] * m * rb;
-        float part[MV_ROWS] = {};
+    for (int i = threadIdx.x & 31; i < chosen * units; i += 32) {
+        const int j = i / units, s = i % units;
+        const u8* we = w + (size_t)ids[j] * m * rb;
         if constexpr (is_f16<T>)
-            rows_dot_f16(reinterpret_cast<const __half*>(we), x + (size_t)j * x_stride, row0, m, k, part);
+            unit_dot_f16(reinterpret_cast<const __half*>(we), k, row0, m, s, x + (size_t)j * k + s * 32, wts[j], acc);
         else
-            rows_dot_q8<T>(we, x + (size_t)j * x_stride, row0, m, k, part);
-        const float scale = wts ? wts[j] : 1.f;
-#pragma unroll
-        for (int r = 0; r < MV_ROWS; ++r) acc[r] += scale * part[r];
+            unit_dot_q8<T>(we, rb, row0, m, s, x + (size_t)j * units + s, wts[j], acc);
     }
-    reduce_store(acc, y + (wts ? 0 : (size_t)j0 * y_stride + (size_t)second * m), row0, m);
+    reduce_store(acc, y, row0, m);
 }
 
 // ---------------------------------------------------------------- prompt chunks: grouped GEMM
@@ -269,9 +280,13 @@ extern "C" __global__ void moe_combine(const __half* __restrict__ y, const int* 
 
 #define MOE_KERNELS(T, X)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                  \
-        moe_matvec_##T(const u8* w, const u8* w2, int m, int k, const int* ids, int chosen, const X* x,         \
-                       int x_stride, const float* wts, __half* y, int y_stride) {                                \
-        moe_matvec<T>(w, w2, m, k, ids, chosen, x, x_stride, wts, y, y_stride);                                  \
+        moe_matvec_##T(const u8* w, int m, int k, const int* ids, const X* x, __half* y, int y_stride) {         \
+        moe_matvec<T>(w, m, k, ids, x, y, y_stride);                                                             \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                  \
+        moe_down_##T(const u8* w, int m, int k, const int* ids, int chosen, const X* x, const float* wts,        \
+                     __half* y) {                                                                               \
+        moe_down<T>(w, m, k, ids, chosen, x, wts, y);                                                            \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                                   \
         moe_gemm_##T(const __half* x, int x_stride, int gather, const int* order, const int* offsets,            \

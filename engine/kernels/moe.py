@@ -9,14 +9,13 @@ import math
 import numpy as np
 
 from engine.moe import Experts, ExpertStack
-from engine.quantized import UNIT, Row8
+from engine.quantized import Row8
 
-NULL = np.uint64(0)
 MAX_EXPERTS, MAX_USED = 256, 32  # MAX_EXPERTS in moe.cu (8 router values a lane); one lane per choice
 GEMM_BM, GEMM_BN, GEMM_THREADS = 64, 64, 128  # moe.cu's grouped GEMM tiles
 WEIGHT_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16")  # moe_*_<kind> kernels
 KERNELS = ("router_logits", "moe_route", "moe_sort", "moe_combine",
-           *(f"moe_{family}_{kind}" for kind in WEIGHT_KINDS for family in ("matvec", "gemm")))
+           *(f"moe_{family}_{kind}" for kind in WEIGHT_KINDS for family in ("matvec", "down", "gemm")))
 
 
 class MoeKernels:
@@ -43,34 +42,28 @@ class MoeKernels:
 
     def decode(self, h: Row8, experts: Experts, chosen, weights):
         """One token (h: its normed row with its 8-bit form): gate and up of each chosen expert, SwiGLU,
-        then the down rows of all chosen experts summed with their weights in one kernel. -> (1, dim) fp16."""
+        then the down rows of all chosen experts summed with their weights in one kernel. -> (1, dim) fp16.
+        Experts only: the chosen (1, k) come from route, on the device."""
         cp = self.cp
         k, ffn = chosen.shape[1], experts.gate.rows
         gate_up = cp.empty((k, 2 * ffn), dtype=cp.float16)  # a row per chosen expert
-        if experts.gate.kind == experts.up.kind:  # one launch: its second half of blocks reads up
-            self.matvec(experts.gate, chosen, h, 0, None, gate_up, 2 * ffn, 2 * k, second=experts.up)
-        else:
-            for stack, out in ((experts.gate, gate_up), (experts.up, gate_up[:, ffn:])):
-                self.matvec(stack, chosen, h, 0, None, out, 2 * ffn, k)
+        for stack, out in ((experts.gate, gate_up), (experts.up, gate_up[:, ffn:])):
+            self.launch("moe_matvec", stack, k, (chosen, self.operand(stack, h), out, np.int32(2 * ffn)))
         act = self.kernels.silu_mul(gate_up, q8=experts.down.kind != "F16")  # (k, ffn)
         act = act if isinstance(act, Row8) else Row8(act, None)
         out = cp.empty((1, experts.down.rows), dtype=cp.float16)
-        self.matvec(experts.down, chosen, act, ffn, weights, out, 0, 1)
+        self.launch("moe_down", experts.down, 1, (chosen, np.int32(k), self.operand(experts.down, act), weights, out))
         return out
 
-    def matvec(self, stack: ExpertStack, chosen, x: Row8, x_row: int, weights, out, out_stride: int, grid_y: int,
-               second: ExpertStack | None = None):
-        """moe_matvec over the chosen experts of a stack (and a second one of the same type and
-        shape, written beside it); x_row: values per chosen expert's input row (0: one row for all)."""
+    def operand(self, stack: ExpertStack, x: Row8):
+        """What a stack's matvec reads of x: fp16 values, or the 8-bit units."""
         if stack.kind == "F16":
-            xs, stride = x.values, x_row
-        else:
-            xs = x.q8 if x.q8 is not None else self.kernels.quantize_q8(x.values.reshape(-1))
-            stride = x_row // UNIT
-        self.fn[f"moe_matvec_{stack.kind}"](
-            (math.ceil(stack.rows / self.matvec_rows), grid_y), (self.matvec_threads,),
-            (stack.data, second.data if second is not None else NULL, np.int32(stack.rows), np.int32(stack.cols), chosen, np.int32(chosen.shape[1]), xs,
-             np.int32(stride), weights, out, np.int32(out_stride)))
+            return x.values
+        return x.q8 if x.q8 is not None else self.kernels.quantize_q8(x.values.reshape(-1))
+
+    def launch(self, family: str, stack: ExpertStack, grid_y: int, args: tuple) -> None:
+        self.fn[f"{family}_{stack.kind}"]((math.ceil(stack.rows / self.matvec_rows), grid_y), (self.matvec_threads,),
+                                          (stack.data, np.int32(stack.rows), np.int32(stack.cols), *args))
 
     def prompt(self, h, experts: Experts, chosen, weights):
         """A chunk h (n, dim) fp16: its n*k (token, choice) entries grouped by expert on the device,
