@@ -67,10 +67,9 @@ def main() -> int:
         "rope_store": lambda: k.rope_store(qkv, table, table, kc, vc, step),
         f"decode attention at {a.context}": lambda: k.attention(q, kc, vc, step, q8=True),
         "wo matvec": lambda: k.matvec(wo, attn.values[0], cp.float16, attn.q8),
-        "router_logits + moe_route": lambda: k.moe.route(h.values, router, USED, True),
-        "gate + up (moe_matvec x2)": lambda: [k.fn["moe_matvec_Q4_K"]((96, USED), (128,), (
-            s.data, np.int32(FFN), np.int32(DIM), chosen, h.q8, gate_up[:, i * FFN:], np.int32(2 * FFN)))
-            for i, s in enumerate((experts.gate, experts.up))],
+        "router_route": lambda: k.moe.route(h.values, router, USED, True),
+        "gate + up (one moe_matvec)": lambda: k.moe.launch("moe_matvec", experts.gate, 2 * USED, (
+            chosen, np.int32(USED), h.q8, gate_up, np.int32(2 * FFN)), experts.up.data),
         "silu_mul +q8": lambda: k.silu_mul(gate_up, q8=True),
         "moe_down": lambda: k.moe.launch("moe_down", experts.down, 1, (chosen, np.int32(USED), act.q8, weights,
                                                                         cp.empty((1, DIM), dtype=cp.float16))),
@@ -81,7 +80,7 @@ def main() -> int:
     per_layer = sum(v for name, v in times.items() if not name.startswith("moe decode"))
     out = {"layer_us": times, "layer_sum_us": round(per_layer, 1),
            "head_matvec_us": round(time_us(lambda: k.matvec(head, h.values[0], cp.float32, h.q8)), 1),
-           "kernels_per_layer": 12}
+           "kernels_per_layer": 11}
     out["step_sum_ms"] = round((per_layer * LAYERS + out["head_matvec_us"]) / 1000, 3)
     print(json.dumps(out, indent=1))
     if a.json:

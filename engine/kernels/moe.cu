@@ -8,9 +8,10 @@
 //   moe_route(logits, ids, wts, E, k, norm)   per token: softmax over the E experts, the k most
 //                                        probable (ties to the lower index), rescaled to sum to 1
 //                                        when norm; ids (n, k) int32, wts (n, k) fp32
-//   moe_matvec_<T>(...)                  a decode step's gate or up: the chosen experts' rows read in
+//   router_route(...)                    both for a decode row, in one launch
+//   moe_matvec_<T>(...)                  a decode step's gate and up: the chosen experts' rows read in
 //                                        their blocks (dp4a against the row in 8 bits, as quant.cu's
-//                                        matvecs), one output row per chosen expert
+//                                        matvecs), one output row per chosen expert and matrix
 //   moe_down_<T>(...)                    a decode step's down: the chosen experts' outputs summed
 //                                        with their weights in one pass
 //   moe_sort(ids, entries, E, ...)       a prompt chunk: its (token, slot) entries grouped by expert
@@ -25,13 +26,11 @@
 constexpr int MAX_EXPERTS = 256;  // one warp holds a token's router probabilities: 8 a lane
 #define NEG_INF (-__int_as_float(0x7f800000))
 
-// grid (ceil(E / 4), n), 128 threads: a warp per (expert, token). dim % 4 == 0.
-extern "C" __global__ void router_logits(const float* __restrict__ w, const __half* __restrict__ x,
-                                         float* __restrict__ out, int experts, int dim) {
-    const int e = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31, t = blockIdx.y;
-    if (e >= experts) return;
+// The logit of expert e for row xr (dim fp16 values), by a warp: dim % 4 == 0.
+__device__ __forceinline__ float router_logit(const float* __restrict__ w, const __half* __restrict__ xr, int e,
+                                             int dim) {
+    const int lane = threadIdx.x & 31;
     const float* row = w + (size_t)e * dim;
-    const __half* xr = x + (size_t)t * dim;
     float acc = 0.f;
     for (int i = lane * 4; i < dim; i += 128) {
         const float4 a = *reinterpret_cast<const float4*>(row + i);
@@ -40,21 +39,30 @@ extern "C" __global__ void router_logits(const float* __restrict__ w, const __ha
         acc += a.x * b0.x + a.y * b0.y + a.z * b1.x + a.w * b1.y;
     }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) out[(size_t)t * experts + e] = acc;
+    return acc;
 }
 
-// grid (n,), 32 threads: one warp a token; lane j < k ends holding the j-th choice. k <= 32.
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,
-                                     int experts, int k, int normalize) {
-    const int t = blockIdx.x, lane = threadIdx.x;
-    const float* l = logits + (size_t)t * experts;
+// grid (ceil(E / 4), n), 128 threads: a warp per (expert, token).
+extern "C" __global__ void router_logits(const float* __restrict__ w, const __half* __restrict__ x,
+                                         float* __restrict__ out, int experts, int dim) {
+    const int e = blockIdx.x * 4 + (threadIdx.x >> 5), t = blockIdx.y;
+    if (e >= experts) return;
+    const float acc = router_logit(w, x + (size_t)t * dim, e, dim);
+    if ((threadIdx.x & 31) == 0) out[(size_t)t * experts + e] = acc;
+}
+
+// One token's route by one warp, from its E logits l: lane j < k ends holding the j-th choice. k <= 32.
+// The logits are read through L2 (__ldcg): in router_route they were written by other blocks.
+__device__ __forceinline__ void route_token(const float* l, int* __restrict__ ids, float* __restrict__ wts,
+                                            int experts, int k, int normalize) {
+    const int lane = threadIdx.x & 31;
     constexpr int PER_LANE = MAX_EXPERTS / 32;
     float p[PER_LANE];
     float mx = NEG_INF;
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) {
         const int e = lane + 32 * i;
-        p[i] = e < experts ? l[e] : NEG_INF;
+        p[i] = e < experts ? __ldcg(l + e) : NEG_INF;
         mx = fmaxf(mx, p[i]);
     }
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -87,26 +95,54 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int* __re
     }
     float total = mine;  // lanes >= k hold 0
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-    if (lane < k) {
-        ids[t * k + lane] = my_id;
-        wts[t * k + lane] = normalize ? mine / total : mine;
-    }
+    if (lane < k) ids[lane] = my_id, wts[lane] = normalize ? mine / total : mine;
 }
 
-// A decode step's gate or up rows: grid (ceil(m / (MV_WARPS * MV_ROWS)), chosen); block row j serves
-// chosen expert j: y[j * y_stride + r] = W_ids[j] row r . x (x: units, or halves for F16).
+// grid (n,), 32 threads: token t's route from its logits (n, E).
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,
+                                     int experts, int k, int normalize) {
+    const int t = blockIdx.x;
+    route_token(logits + (size_t)t * experts, ids + t * k, wts + t * k, experts, k, normalize);
+}
+
+// A decode row's router and route in one launch: grid ceil(E / 4), 128 threads; each block writes
+// its experts' logits, and the last block to finish (an atomic counter, zero at rest, reset by it)
+// routes: the same logits and choices as router_logits + moe_route, one graph node fewer.
+extern "C" __global__ void router_route(const float* __restrict__ w, const __half* __restrict__ x,
+                                        float* __restrict__ logits, int* __restrict__ counter, int* __restrict__ ids,
+                                        float* __restrict__ wts, int experts, int dim, int k, int normalize) {
+    __shared__ bool last;
+    const int e = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (e < experts) {
+        const float acc = router_logit(w, x, e, dim);
+        if ((threadIdx.x & 31) == 0) logits[e] = acc;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x < 32) route_token(logits, ids, wts, experts, k, normalize);
+    if (threadIdx.x == 0) *counter = 0;
+}
+
+// A decode step's gate and up rows: grid (ceil(m / (MV_WARPS * MV_ROWS)), 2 * chosen or chosen);
+// block row b serves chosen expert j = b % chosen of stack w (b < chosen) or w2 (b >= chosen):
+// y[j * y_stride + (b / chosen) * m + r] = W_ids[j] row r . x (x: units, or halves for F16).
 template <class T, typename X>
-__device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, int m, int k, const int* __restrict__ ids,
-                                           const X* __restrict__ x, __half* __restrict__ y, int y_stride) {
+__device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, const u8* __restrict__ w2, int m, int k,
+                                           const int* __restrict__ ids, int chosen, const X* __restrict__ x,
+                                           __half* __restrict__ y, int y_stride) {
     const int row0 = warp_row0();
     if (row0 >= m) return;
-    const u8* we = w + (size_t)ids[blockIdx.y] * m * row_bytes<T>(k);
+    const int j = blockIdx.y % chosen, second = blockIdx.y / chosen;
+    const u8* we = (second ? w2 : w) + (size_t)ids[j] * m * row_bytes<T>(k);
     float acc[MV_ROWS] = {};
     if constexpr (is_f16<T>)
         rows_dot_f16(reinterpret_cast<const __half*>(we), x, row0, m, k, acc);
     else
         rows_dot_q8<T>(we, x, row0, m, k, acc);
-    reduce_store(acc, y + (size_t)blockIdx.y * y_stride, row0, m);
+    reduce_store(acc, y + (size_t)j * y_stride + (size_t)second * m, row0, m);
 }
 
 // A decode step's down rows of all chosen experts, summed with their weights: y[r] = sum over j of
@@ -280,8 +316,9 @@ extern "C" __global__ void moe_combine(const __half* __restrict__ y, const int* 
 
 #define MOE_KERNELS(T, X)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                  \
-        moe_matvec_##T(const u8* w, int m, int k, const int* ids, const X* x, __half* y, int y_stride) {         \
-        moe_matvec<T>(w, m, k, ids, x, y, y_stride);                                                             \
+        moe_matvec_##T(const u8* w, const u8* w2, int m, int k, const int* ids, int chosen, const X* x,         \
+                       __half* y, int y_stride) {                                                                \
+        moe_matvec<T>(w, w2, m, k, ids, chosen, x, y, y_stride);                                                 \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                  \
         moe_down_##T(const u8* w, int m, int k, const int* ids, int chosen, const X* x, const float* wts,        \

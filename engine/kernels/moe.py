@@ -14,7 +14,7 @@ from engine.quantized import Row8
 MAX_EXPERTS, MAX_USED = 256, 32  # MAX_EXPERTS in moe.cu (8 router values a lane); one lane per choice
 GEMM_BM, GEMM_BN, GEMM_THREADS = 64, 64, 128  # moe.cu's grouped GEMM tiles
 WEIGHT_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16")  # moe_*_<kind> kernels
-KERNELS = ("router_logits", "moe_route", "moe_sort", "moe_combine",
+KERNELS = ("router_logits", "moe_route", "router_route", "moe_sort", "moe_combine",
            *(f"moe_{family}_{kind}" for kind in WEIGHT_KINDS for family in ("matvec", "down", "gemm")))
 
 
@@ -24,6 +24,7 @@ class MoeKernels:
 
         self.kernels, self.cp, self.fn = kernels, kernels.cp, kernels.fn
         self.matvec_rows, self.matvec_threads = MATVEC_ROWS, MATVEC_THREADS
+        self.counter = kernels.cp.zeros(1, dtype=kernels.cp.int32)  # router_route's, zero at rest
 
     def route(self, h, router, k: int, normalize: bool):
         """h: (n, dim) fp16, router: (experts, dim) fp32 -> chosen (n, k) int32 in descending
@@ -34,9 +35,14 @@ class MoeKernels:
         if experts > MAX_EXPERTS or k > MAX_USED:
             raise ValueError(f"{experts} experts, {k} used: the GPU routes at most {MAX_EXPERTS}, {MAX_USED}")
         logits = cp.empty((n, experts), dtype=cp.float32)
-        self.fn["router_logits"]((math.ceil(experts / 4), n), (128,), (router, h, logits, np.int32(experts), np.int32(dim)))
         chosen = cp.empty((n, k), dtype=cp.int32)
         weights = cp.empty((n, k), dtype=cp.float32)
+        blocks = math.ceil(experts / 4)
+        if n == 1:  # one launch: the last block routes
+            self.fn["router_route"]((blocks,), (128,), (router, h, logits, self.counter, chosen, weights,
+                                                        np.int32(experts), np.int32(dim), np.int32(k), np.int32(normalize)))
+            return chosen, weights
+        self.fn["router_logits"]((blocks, n), (128,), (router, h, logits, np.int32(experts), np.int32(dim)))
         self.fn["moe_route"]((n,), (32,), (logits, chosen, weights, np.int32(experts), np.int32(k), np.int32(normalize)))
         return chosen, weights
 
@@ -47,8 +53,12 @@ class MoeKernels:
         cp = self.cp
         k, ffn = chosen.shape[1], experts.gate.rows
         gate_up = cp.empty((k, 2 * ffn), dtype=cp.float16)  # a row per chosen expert
-        for stack, out in ((experts.gate, gate_up), (experts.up, gate_up[:, ffn:])):
-            self.launch("moe_matvec", stack, k, (chosen, self.operand(stack, h), out, np.int32(2 * ffn)))
+        gate, up = experts.gate, experts.up
+        pairs = [(gate, up, gate_up, 2 * k)] if gate.kind == up.kind else [  # one launch for both
+            (gate, gate, gate_up, k), (up, up, gate_up[:, ffn:], k)]
+        for stack, second, out, grid_y in pairs:
+            self.launch("moe_matvec", stack, grid_y, (chosen, np.int32(k), self.operand(stack, h), out, np.int32(2 * ffn)),
+                        second.data)
         act = self.kernels.silu_mul(gate_up, q8=experts.down.kind != "F16")  # (k, ffn)
         act = act if isinstance(act, Row8) else Row8(act, None)
         out = cp.empty((1, experts.down.rows), dtype=cp.float16)
@@ -61,9 +71,10 @@ class MoeKernels:
             return x.values
         return x.q8 if x.q8 is not None else self.kernels.quantize_q8(x.values.reshape(-1))
 
-    def launch(self, family: str, stack: ExpertStack, grid_y: int, args: tuple) -> None:
+    def launch(self, family: str, stack: ExpertStack, grid_y: int, args: tuple, *data) -> None:
+        """A decode kernel over a stack's rows: (its blocks, *data, rows, cols, *args)."""
         self.fn[f"{family}_{stack.kind}"]((math.ceil(stack.rows / self.matvec_rows), grid_y), (self.matvec_threads,),
-                                          (stack.data, np.int32(stack.rows), np.int32(stack.cols), *args))
+                                          (stack.data, *data, np.int32(stack.rows), np.int32(stack.cols), *args))
 
     def prompt(self, h, experts: Experts, chosen, weights):
         """A chunk h (n, dim) fp16: its n*k (token, choice) entries grouped by expert on the device,
