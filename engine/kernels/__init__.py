@@ -175,6 +175,8 @@ class GpuKernels:
         group = heads // kv_heads
         if group > MAX_GROUP:
             raise ValueError(f"{group} query heads per K/V head (at most {MAX_GROUP} supported)")
+        kv_div = 2 if group > 4 and group % 2 == 0 else 1  # 8 heads a block spill registers: two blocks of 4
+        group, blocks_y = group // kv_div, kv_heads * kv_div
         keys = step.max_keys or step.start + 1
         per_block = decode_keys_per_block(keys)
         splits = math.ceil(keys / per_block)
@@ -182,12 +184,13 @@ class GpuKernels:
         part_ml = cp.empty((heads, splits, 2), dtype=cp.float32)
         out = cp.empty((1, heads, d), dtype=cp.float16)
         units = cp.empty((heads * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
-        if self.counters is None or self.counters.size < kv_heads:  # zero; each launch leaves them zero
-            self.counters = cp.zeros(kv_heads, dtype=cp.int32)
+        if self.counters is None or self.counters.size < blocks_y:  # zero; each launch leaves them zero
+            self.counters = cp.zeros(blocks_y, dtype=cp.int32)
         self.fn[f"flash_decode_d{d}_g{group}"](
-            (splits, kv_heads, 1), (DECODE_THREADS,),
-            (q, k_cache, v_cache, part_o, part_ml, out, units if q8 else NULL, self.counters, step.pos0, step.kv_off, np.int32(kv_heads),
-             np.int32(ctx), np.int32(per_block), np.float32(math.log2(math.e) / math.sqrt(d))))
+            (splits, blocks_y, 1), (DECODE_THREADS,),
+            (q, k_cache, v_cache, part_o, part_ml, out, units if q8 else NULL, self.counters, step.pos0, step.kv_off,
+             np.int32(blocks_y), np.int32(kv_div), np.int32(ctx), np.int32(per_block),
+             np.float32(math.log2(math.e) / math.sqrt(d))))
         return Row8(out.reshape(1, heads * d), units) if q8 else out.reshape(1, heads * d)
 
     def step(self, n: int, start: int) -> Step:

@@ -253,13 +253,16 @@ __device__ __forceinline__ void halves_to_float(const void* p, float* f) {
 // part_o: (sequences, heads, splits, D) fp32 unnormalized; part_ml: (sequences, heads, splits, 2)
 // the max (log2 domain) and sum; out: (sequences, heads, D) fp16 and, unless null, its Q8 units
 // q8 (sequences, heads * D / 32); counters: (sequences, kv_heads)
-// int, zero between launches. heads = kv_heads * G.
+// int, zero between launches. heads = kv_heads * G. The grid's kv heads may be a K/V head's query
+// heads in kv_div groups of G (kv_heads of the grid = the model's x kv_div): group kvh reads K/V head
+// kvh / kv_div. Eight query heads a block spill registers; two blocks of four do not, and double
+// the blocks of a short context (the K/V rows are read twice, the second time mostly from L2).
 template <int D, int G>
 __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const __half* __restrict__ k,
                                              const __half* __restrict__ v, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, __half* __restrict__ out,
                                              Q8* __restrict__ q8, int* __restrict__ counters, const int* __restrict__ pos0,
-                                             const long long* __restrict__ kv_off, int kv_heads, int ctx,
+                                             const long long* __restrict__ kv_off, int kv_heads, int kv_div, int ctx,
                                              int per_block, float scale_log2) {
     constexpr int DQ = D / 8;   // dims per lane while scoring (8 lanes a key)
     constexpr int DV = D / 32;  // dims per lane in P V
@@ -280,8 +283,8 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
         for (int i = threadIdx.x; i < G * D; i += DEC_WARPS * 32)
             qs[i / D][(i % D) / DQ][i % DQ] = __half2float(q[((size_t)s * heads + head0) * D + i]) * scale_log2;
         __syncthreads();
-        const __half* kb = k + kv_off[s] + (size_t)kvh * ctx * D;
-        const __half* vb = v + kv_off[s] + (size_t)kvh * ctx * D;
+        const __half* kb = k + kv_off[s] + (size_t)(kvh / kv_div) * ctx * D;
+        const __half* vb = v + kv_off[s] + (size_t)(kvh / kv_div) * ctx * D;
         float m[G], l[G], o[G][DV];
 #pragma unroll
         for (int h = 0; h < G; ++h) {
@@ -433,10 +436,10 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
         flash_decode_d##D##_g##G(const __half* q, const __half* k, const __half* v, float* part_o,           \
                                  float* part_ml, __half* out, Q8* q8, int* counters, const int* pos0,         \
-                                 const long long* kv_off, int kv_heads, int ctx, int per_block,               \
+                                 const long long* kv_off, int kv_heads, int kv_div, int ctx, int per_block,   \
                                  float scale_log2) {                                                          \
-        flash_decode<D, G>(q, k, v, part_o, part_ml, out, q8, counters, pos0, kv_off, kv_heads, ctx, per_block, \
-                           scale_log2);                                                                       \
+        flash_decode<D, G>(q, k, v, part_o, part_ml, out, q8, counters, pos0, kv_off, kv_heads, kv_div, ctx,     \
+                           per_block, scale_log2);                                                            \
     }
 #define FLASH_DECODE_GROUPS(D) \
     FLASH_DECODE(D, 1) FLASH_DECODE(D, 2) FLASH_DECODE(D, 3) FLASH_DECODE(D, 4) FLASH_DECODE(D, 5) \

@@ -32,6 +32,7 @@ __device__ __forceinline__ float router_logit(const float* __restrict__ w, const
     const int lane = threadIdx.x & 31;
     const float* row = w + (size_t)e * dim;
     float acc = 0.f;
+#pragma unroll 4
     for (int i = lane * 4; i < dim; i += 128) {
         const float4 a = *reinterpret_cast<const float4*>(row + i);
         const float2 b0 = __half22float2(*reinterpret_cast<const __half2*>(xr + i));
@@ -159,6 +160,7 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ w, int m, int k,
     const size_t rb = row_bytes<T>(k);
     const int units = k / 32;
     float acc[MV_ROWS] = {};
+#pragma unroll 2
     for (int i = threadIdx.x & 31; i < chosen * units; i += 32) {
         const int j = i / units, s = i % units;
         const u8* we = w + (size_t)ids[j] * m * rb;
