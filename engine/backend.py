@@ -81,10 +81,13 @@ class ArrayOps:
         x1, x2 = x[..., :half], x[..., half:]
         return self.xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
-    def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step):
+    def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):
         """qkv: (n, (heads + 2*kv_heads) * d); cos/sin tables: (positions, 1, d/2); k_cache/v_cache:
-        (kv_heads, ctx, d), rows start..start+n written (K rotated). Returns q rotated: (n, heads, d)."""
+        (kv_heads, ctx, d), rows start..start+n written (K rotated). norms: (q_weight, k_weight, eps)
+        when each Q and K head is RMS-normalized first (Qwen3). Returns q rotated: (n, heads, d)."""
         kv_heads, _, d = k_cache.shape
+        if norms is not None:
+            qkv = self.head_rms_norm(qkv, *norms[:2], qkv.shape[1] // d - 2 * kv_heads, kv_heads, norms[2])
         n, start = qkv.shape[0], step.start
         cos, sin = cos_table[start : start + n], sin_table[start : start + n]
         heads = qkv.shape[1] // d - 2 * kv_heads
@@ -187,11 +190,9 @@ class HalfCupyOps(ArrayOps):
     def rows(self, h):
         return h.values if isinstance(h, Row8) else h
 
-    def head_rms_norm(self, qkv, q_weight, k_weight, heads: int, kv_heads: int, eps: float):
-        return self.kernels.head_rms_norm(qkv, q_weight, k_weight, heads, kv_heads, eps)
 
-    def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step):
-        return self.kernels.rope_store(qkv, cos_table, sin_table, k_cache, v_cache, step)
+    def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):
+        return self.kernels.rope_store(qkv, cos_table, sin_table, k_cache, v_cache, step, norms)
 
     def attention(self, q, k_cache, v_cache, step: Step):
         return self.kernels.attention(q, k_cache, v_cache, step, q8=q.shape[0] == 1)

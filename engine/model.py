@@ -38,9 +38,8 @@ class LlamaModel:
             qkv = ops.matmul(h, layer.wqkv)  # (n, (heads + 2*kv_heads) * d)
             if layer.bqkv is not None:
                 qkv = (qkv + layer.bqkv).astype(qkv.dtype, copy=False)
-            if layer.q_norm is not None:
-                qkv = ops.head_rms_norm(qkv, layer.q_norm, layer.k_norm, self.cfg.n_heads, self.cfg.n_kv_heads, eps)
-            q = ops.rope_store(qkv, cos, sin, kv.k[i], kv.v[i], step)  # (n, heads, d)
+            norms = None if layer.q_norm is None else (layer.q_norm, layer.k_norm, eps)  # qwen3: per-head RMSNorm
+            q = ops.rope_store(qkv, cos, sin, kv.k[i], kv.v[i], step, norms)  # (n, heads, d)
             attn = ops.attention(q, kv.k[i], kv.v[i], step)  # (n, heads * d)
             h = ops.add_rms_norm(x, ops.matmul(attn, layer.wo), layer.ffn_norm, eps)
             if layer.experts is not None:

@@ -95,25 +95,24 @@ def check_norm_rope_swiglu(k: GpuKernels) -> None:
         record("add_rms_norm", f"n={n} dim={dim}", max(rel_err(out, ref), rel_err(xg, x_ref)), 2e-3)
         out = k.add_rms_norm(cp.asarray(x), None, cp.asarray(w), 1e-5)
         record("add_rms_norm", f"n={n} dim={dim} no delta", rel_err(out, REF.add_rms_norm(x.copy(), None, w, 1e-5)), 2e-3)
-    for n, heads, kv_heads, d, start in [(1, 9, 3, 64, 5), (70, 32, 8, 128, 100), (3, 4, 4, 64, 0)]:
+    for n, heads, kv_heads, d, start, normed in [(1, 9, 3, 64, 5, False), (70, 32, 8, 128, 100, False),
+                                                 (3, 4, 4, 64, 0, False), (1, 32, 4, 128, 700, True),
+                                                 (37, 32, 8, 128, 3, True), (5, 4, 2, 64, 0, True)]:
         ctx = start + n + 7
-        qkv = half_normal(n, (heads + 2 * kv_heads) * d)
+        qkv = half_normal(n, (heads + 2 * kv_heads) * d, scale=3.0 if normed else 1.0)
         angles = np.outer(np.arange(start + n + 5), 1.0 / (10000 ** (np.arange(d // 2) * 2 / d)))
         cos, sin = np.cos(angles).astype(np.float32)[:, None, :], np.sin(angles).astype(np.float32)[:, None, :]
+        norms = tuple((1 + 0.1 * rng.standard_normal(d)).astype(np.float32) for _ in range(2)) if normed else None
         kc, vc = np.full((kv_heads, ctx, d), np.nan, np.float32), np.full((kv_heads, ctx, d), np.nan, np.float32)
-        q_ref = REF.rope_store(qkv.astype(np.float32), cos, sin, kc, vc, Step(n, start))
+        q_ref = REF.rope_store(qkv.astype(np.float32), cos, sin, kc, vc, Step(n, start), norms and (*norms, 1e-6))
         kg, vg = cp.full((kv_heads, ctx, d), np.nan, cp.float16), cp.full((kv_heads, ctx, d), np.nan, cp.float16)
-        q = k.rope_store(cp.asarray(qkv), cp.asarray(cos), cp.asarray(sin), kg, vg, k.step(n, start))
+        q = k.rope_store(cp.asarray(qkv), cp.asarray(cos), cp.asarray(sin), kg, vg, k.step(n, start),
+                         norms and (*map(cp.asarray, norms), 1e-6))
         rows = slice(start, start + n)
         err = max(rel_err(q, q_ref), rel_err(kg[:, rows], kc[:, rows]), rel_err(vg[:, rows], vc[:, rows]))
         untouched = bool(cp.isnan(kg[:, :start]).all() and cp.isnan(kg[:, start + n:]).all())
-        record("rope_store", f"n={n} heads={heads}/{kv_heads} d={d} start={start}", err if untouched else math.inf, 2e-3)
-    for n, heads, kv_heads, d in [(1, 32, 4, 128), (37, 32, 8, 128), (5, 4, 2, 64)]:  # Qwen3's Q/K norms
-        qkv = half_normal(n, (heads + 2 * kv_heads) * d, scale=3.0)
-        qw, kw = ((1 + 0.1 * rng.standard_normal(d)).astype(np.float32) for _ in range(2))
-        ref = REF.head_rms_norm(qkv.astype(np.float32), qw, kw, heads, kv_heads, 1e-6)
-        got = k.head_rms_norm(cp.asarray(qkv), cp.asarray(qw), cp.asarray(kw), heads, kv_heads, 1e-6)
-        record("head_rms_norm", f"n={n} heads={heads}/{kv_heads} d={d}", rel_err(got, ref), 2e-3)
+        record("norm_rope_store" if normed else "rope_store", f"n={n} heads={heads}/{kv_heads} d={d} start={start}",
+               err if untouched else math.inf, 2e-3)
     for n, ffn in [(1, 1536), (33, 14336), (4, 96)]:
         gu = half_normal(n, 2 * ffn, scale=2.0)
         record("silu_mul", f"n={n} ffn={ffn}", rel_err(k.silu_mul(cp.asarray(gu)), REF.silu_mul(gu.astype(np.float32))), 2e-3)

@@ -63,8 +63,7 @@ def main() -> int:
     layer = {
         "add_rms_norm +q8 (x2)": lambda: k.add_rms_norm(x, delta, norm_w, 1e-6, q8=True),
         "qkv matvec (Q4_K + Q6_K)": lambda: k.matvec(wqkv, h.values[0], cp.float16, h.q8),
-        "head_rms_norm": lambda: k.head_rms_norm(qkv, qn, kn, HEADS, KV_HEADS, 1e-6),
-        "rope_store": lambda: k.rope_store(qkv, table, table, kc, vc, step),
+        "Q/K norms + rope_store": lambda: k.rope_store(qkv, table, table, kc, vc, step, (qn, kn, 1e-6)),
         f"decode attention at {a.context}": lambda: k.attention(q, kc, vc, step, q8=True),
         "wo matvec": lambda: k.matvec(wo, attn.values[0], cp.float16, attn.q8),
         "router_route": lambda: k.moe.route(h.values, router, USED, True),
@@ -80,7 +79,7 @@ def main() -> int:
     per_layer = sum(v for name, v in times.items() if not name.startswith("moe decode"))
     out = {"layer_us": times, "layer_sum_us": round(per_layer, 1),
            "head_matvec_us": round(time_us(lambda: k.matvec(head, h.values[0], cp.float32, h.q8)), 1),
-           "kernels_per_layer": 11}
+           "kernels_per_layer": 10}
     out["step_sum_ms"] = round((per_layer * LAYERS + out["head_matvec_us"]) / 1000, 3)
     print(json.dumps(out, indent=1))
     if a.json:

@@ -67,7 +67,7 @@ def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
 class GpuKernels:
     def __init__(self, cp: ModuleType):
         self.cp = cp
-        names = {"norm_rope.cu": ("add_rms_norm", "head_rms_norm", "rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
+        names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "norm_rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
                  "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
                                                 for family, suffix in (("dequant", ""), ("embed", ""),
                                                                        ("matvec", ""), ("matvec", "_f32")))),
@@ -101,27 +101,25 @@ class GpuKernels:
                                units if q8 else NULL, np.int32(dim), np.float32(eps)))
         return Row8(out, units) if q8 else out
 
-    def head_rms_norm(self, qkv, q_weight, k_weight, heads: int, kv_heads: int, eps: float):
-        """qkv: (n, (heads + 2*kv_heads) * d) fp16, each Q and K head RMS-normalized in place (Qwen3)."""
-        n, width = qkv.shape
-        d = width // (heads + 2 * kv_heads)
-        self.fn["head_rms_norm"](blocks(n * (heads + kv_heads), 4), (128,),
-                                 (qkv, q_weight, k_weight, np.int32(n), np.int32(heads), np.int32(kv_heads),
-                                  np.int32(d), np.float32(eps)))
-        return qkv
-
-    def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step):
+    def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):
         """qkv: (n, (heads + 2*kv_heads) * d) fp16; cos/sin tables: (positions, 1, d/2) fp32;
         k_cache/v_cache: (kv_heads, ctx, d) fp16, rows start..start+n written, start read from
-        the step's device copy. Returns q (n, heads, d)."""
+        the step's device copy. norms: (q_weight, k_weight, eps) to RMS-normalize each Q and K head
+        first (Qwen3), in the same kernel. Returns q (n, heads, d)."""
         kv_heads, ctx, d = k_cache.shape
         n = qkv.shape[0]
         heads = qkv.shape[1] // d - 2 * kv_heads
         q = self.cp.empty((n, heads, d), dtype=self.cp.float16)
-        total = n * (heads + 2 * kv_heads) * (d // 2)
-        self.fn["rope_store"](
-            blocks(total), (THREADS,), (qkv, q, k_cache, v_cache, cos_table, sin_table, step.pos0, np.int32(n),
-                                        np.int32(heads), np.int32(kv_heads), np.int32(d), np.int32(ctx)))
+        common = (qkv, q, k_cache, v_cache, cos_table, sin_table, step.pos0)
+        if norms is None:
+            total = n * (heads + 2 * kv_heads) * (d // 2)
+            self.fn["rope_store"](blocks(total), (THREADS,), (*common, np.int32(n), np.int32(heads),
+                                                               np.int32(kv_heads), np.int32(d), np.int32(ctx)))
+        else:
+            q_weight, k_weight, eps = norms
+            self.fn["norm_rope_store"](blocks(n * (heads + 2 * kv_heads), 4), (128,),
+                                       (*common, q_weight, k_weight, np.int32(n), np.int32(heads), np.int32(kv_heads),
+                                        np.int32(d), np.int32(ctx), np.float32(eps)))
         return q
 
     def silu_mul(self, gate_up, q8: bool = False):

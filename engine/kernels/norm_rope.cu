@@ -1,5 +1,5 @@
 // Elementwise work of the half-precision forward pass, each fused into one kernel:
-// residual add + RMSNorm, per-head Q/K RMSNorm, RoPE + K/V cache write, SwiGLU. Activations are fp16; the residual
+// residual add + RMSNorm, (per-head Q/K RMSNorm +) RoPE + K/V cache write, SwiGLU. Activations are fp16; the residual
 // stream and the norm statistics are fp32. The norm and SwiGLU also write their rows in 8 bits
 // (q8.cuh) when asked: a decode step's quantized matvecs read that, with no kernel of its own.
 // NumPy references: engine/backend.py ArrayOps.
@@ -68,27 +68,6 @@ extern "C" __global__ void add_residual(float* __restrict__ x, const __half* __r
     if (i < n) x[i] += __half2float(delta[i]);
 }
 
-// Qwen3's per-head norms, in place: qkv (n, (heads + 2*kv_heads) * d) fp16; each Q head and K head
-// x (d values) becomes x / sqrt(mean(x^2) + eps) * w with w = q_w or k_w (d,) fp32 (fp32 statistics);
-// V heads are left alone. One warp a (token, Q or K head): grid ceil(n * (heads + kv_heads) / 4), 128 threads.
-extern "C" __global__ void head_rms_norm(__half* __restrict__ qkv, const float* __restrict__ q_w,
-                                         const float* __restrict__ k_w, int n, int heads, int kv_heads, int d,
-                                         float eps) {
-    const int idx = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31, normed = heads + kv_heads;
-    if (idx >= n * normed) return;
-    const int t = idx / normed, h = idx % normed;
-    __half* x = qkv + ((size_t)t * (heads + 2 * kv_heads) + h) * d;
-    const float* w = h < heads ? q_w : k_w;
-    float ss = 0.f;
-    for (int i = lane; i < d; i += 32) {
-        const float v = __half2float(x[i]);
-        ss += v * v;
-    }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv = rsqrtf(ss / d + eps);
-    for (int i = lane; i < d; i += 32) x[i] = __float2half(__half2float(x[i]) * inv * w[i]);
-}
-
 // qkv: (n, heads + 2*kv_heads, d) fp16, the fused projection of n tokens at positions start..,
 // start read from device memory (*pos) so that a captured decode graph serves every position.
 // Each head is laid out [evens, odds] so RoPE rotates its two halves. One thread per
@@ -120,6 +99,54 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
     else dst = v_cache + ((size_t)(slot - heads - kv_heads) * ctx + start + t) * d;
     dst[j] = __float2half(a);
     dst[j + half_d] = __float2half(b);
+}
+
+// rope_store for Qwen3, whose Q and K heads are RMS-normalized first: each Q head and K head x
+// (d values) becomes x / sqrt(mean(x^2) + eps) * w (w = q_w or k_w (d,) fp32, fp32 statistics,
+// rounded to fp16 as a separate norm would store it), then is rotated and stored as rope_store
+// does; V heads are stored as they are. One warp a (token, head slot): grid ceil(n * slots / 4),
+// 128 threads.
+extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __half* __restrict__ q_out,
+                                           __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                                           const float* __restrict__ cos, const float* __restrict__ sin,
+                                           const int* __restrict__ pos, const float* __restrict__ q_w,
+                                           const float* __restrict__ k_w, int n, int heads, int kv_heads, int d,
+                                           int ctx, float eps) {
+    const int half_d = d / 2, slots = heads + 2 * kv_heads, start = *pos, lane = threadIdx.x & 31;
+    const size_t r = blockIdx.x * (size_t)4 + (threadIdx.x >> 5);
+    if (r >= (size_t)n * slots) return;
+    const int slot = r % slots, t = r / slots;
+    const __half* src = qkv + r * d;
+    const bool rotate = slot < heads + kv_heads;
+    const float* w = slot < heads ? q_w : k_w;
+    float inv = 1.f;
+    if (rotate) {
+        float ss = 0.f;
+        for (int i = lane; i < d; i += 32) {
+            const float v = __half2float(src[i]);
+            ss += v * v;
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        inv = rsqrtf(ss / d + eps);
+    }
+    __half* dst;
+    if (slot < heads) dst = q_out + ((size_t)t * heads + slot) * d;
+    else if (slot < heads + kv_heads) dst = k_cache + ((size_t)(slot - heads) * ctx + start + t) * d;
+    else dst = v_cache + ((size_t)(slot - heads - kv_heads) * ctx + start + t) * d;
+    for (int j = lane; j < half_d; j += 32) {
+        float a = __half2float(src[j]), b = __half2float(src[j + half_d]);
+        if (rotate) {
+            a = __half2float(__float2half(a * inv * w[j]));
+            b = __half2float(__float2half(b * inv * w[j + half_d]));
+            const size_t at = (size_t)(start + t) * half_d + j;
+            const float c = cos[at], s = sin[at];
+            const float ra = a * c - b * s, rb = b * c + a * s;
+            a = ra;
+            b = rb;
+        }
+        dst[j] = __float2half(a);
+        dst[j + half_d] = __float2half(b);
+    }
 }
 
 // gate_up: (n, 2*ffn) fp16 = [gate | up] per row -> out: (n, ffn) fp16 = silu(gate) * up, and its
