@@ -107,9 +107,11 @@ class GGUFTokenizer:
     def stream(self) -> "DetokenizeStream":
         return DetokenizeStream(self.tk)
 
-    def apply_chat_template(self, messages: list[dict], variables: dict | None = None) -> str:
-        """variables: the request's chat_template_kwargs (e.g. enable_thinking for Qwen3)."""
-        return self.template.render(messages, variables)
+    def apply_chat_template(self, messages: list[dict], variables: dict | None = None,
+                            tools: list[dict] | None = None) -> str:
+        """variables: the request's chat_template_kwargs (e.g. enable_thinking for Qwen3); tools: the
+        request's tool definitions (OpenAI shape), for templates that describe them."""
+        return self.template.render(messages, variables, tools)
 
 
 class DetokenizeStream:
@@ -123,7 +125,7 @@ class DetokenizeStream:
 
 
 class ChatTemplate:
-    RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
+    RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"})
 
     def __init__(self, source: str | None, special: SpecialTokens):
         self.special = special
@@ -138,14 +140,14 @@ class ChatTemplate:
         """Whether the model writes its reasoning in <think>...</think> (Qwen3, QwQ, DeepSeek-R1)."""
         return "<think>" in self.source
 
-    def render(self, messages: list[dict], variables: dict | None = None) -> str:
+    def render(self, messages: list[dict], variables: dict | None = None, tools: list[dict] | None = None) -> str:
         """variables: extra template variables (chat_template_kwargs); not the ones set here."""
         variables = variables or {}
         reserved = self.RESERVED & variables.keys()
         if reserved:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}")
         try:
-            return self.template.render(variables | {"messages": messages, "add_generation_prompt": True,
+            return self.template.render(variables | {"messages": messages, "add_generation_prompt": True, "tools": tools,
                                                      "bos_token": self.special.bos_text,
                                                      "eos_token": self.special.eos_text})
         except jinja2.TemplateError as e:

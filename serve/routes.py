@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from serve import openai_schema as schema
 from serve.errors import APIError, server_error
 from serve.generation import Finished, GenerationError, KeepAlive, Piece, generate
-from serve.reasoning import CONTENT, REASONING, ReasoningSplitter, prompt_opens_thinking, split_all
+from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
 from serve.request import Request
 from serve.state import ServerState
 
@@ -59,26 +59,6 @@ def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[
         sampling.setdefault("seed", secrets.randbits(63))
     return Request(prompt=prompt, max_tokens=min(max_tokens or room, room), sampling=sampling,
                    stop=body.stop_strings(), stream=body.stream)
-
-
-def chat_text(state: ServerState, body: schema.ChatCompletionRequest) -> str:
-    """The conversation rendered by the model's template (with the request's chat_template_kwargs)."""
-    messages = [{"role": msg.role, "content": msg.text()} for msg in body.messages]
-    if not any(msg["content"].strip() for msg in messages):
-        raise APIError(400, "every message is empty", param="messages")
-    try:
-        return state.tokenizer.apply_chat_template(messages, body.chat_template_kwargs)
-    except ValueError as e:
-        raise APIError(400, str(e), param="chat_template_kwargs" if "chat_template_kwargs" in str(e) else "messages") from None
-
-
-def reasoning_opened(state: ServerState, prompt_text: str) -> bool | None:
-    """For a thinking model (its template writes <think>) under --reasoning-format deepseek: whether
-    the prompt itself leaves a <think> open (the answer starts as reasoning); None when the text is
-    left as it is."""
-    if state.settings.reasoning_format != "deepseek" or not state.tokenizer.template.thinks:
-        return None
-    return prompt_opens_thinking(prompt_text)
 
 
 def completion_prompt(state: ServerState, body: schema.CompletionRequest) -> list[int]:
@@ -131,7 +111,7 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def stream_events(state: ServerState, req: Request, on_piece: Callable[[str], dict],
+async def stream_events(state: ServerState, req: Request, on_piece: Callable[[str], list[dict]],
                         on_finish: Callable[[Finished], list[dict]], first: list[dict]) -> AsyncIterator[str]:
     for chunk in first:
         yield sse(chunk)
@@ -140,7 +120,8 @@ async def stream_events(state: ServerState, req: Request, on_piece: Callable[[st
             if isinstance(event, KeepAlive):
                 yield ": keep-alive\n\n"
             elif isinstance(event, Piece):
-                yield sse(on_piece(event.text))
+                for chunk in on_piece(event.text):
+                    yield sse(chunk)
             elif isinstance(event, Finished):
                 for chunk in on_finish(event):
                     yield sse(chunk)
@@ -170,47 +151,45 @@ async def run_once(http: HTTPRequest, state: ServerState, req: Request, render) 
 
 @dataclass(frozen=True)
 class Shape:
-    """How one endpoint renders its results: the whole body, a stream chunk, the stream's start."""
+    """How one endpoint renders its results: the whole body; a stream's start, its chunks for a
+    piece of text, and its last chunks."""
 
     prefix: str
     chunk_object: str
     body: Callable[[str, str, str, Finished], dict]
-    chunk: Callable[[str, str, str, str | None], dict]
+    pieces: Callable[[str, str, str], list[dict]]
+    last: Callable[[str, str, Finished], list[dict]]
     first: Callable[[str, str], list[dict]]
 
 
-def chat_shape(opened: bool | None) -> Shape:
-    """Chat bodies and chunks. Unless `opened` is None, a thinking model's reasoning goes to
-    reasoning_content (each stream keeps its own splitter: a tag may arrive cut across pieces)."""
-    if opened is None:
-        return Shape(
-            "chatcmpl", "chat.completion.chunk",
-            body=lambda rid, model, text, f: schema.chat_body(rid, model, {"content": text}, f.finish_reason,
-                                                              f.prompt_tokens, f.completion_tokens, f.timings),
-            chunk=lambda rid, model, text, finish: schema.chat_chunk(rid, model, {"content": text} if text else {},
-                                                                     finish),
-            first=lambda rid, model: [schema.chat_chunk(rid, model, {"role": "assistant", "content": ""})])
-    stream = ReasoningSplitter(opened)
+def chat_shape(opened: bool | None, plan) -> Shape:
+    """Chat bodies and chunks (serve/chat.py ChatOutput: reasoning and tool calls split from the
+    content; each stream keeps its own, as a tag may arrive cut across pieces)."""
+    stream = ChatOutput(opened, plan)
 
-    def chunk(rid: str, model: str, text: str, finish: str | None) -> dict:
-        parts = stream.feed(text) + (stream.finish() if finish else [])
-        delta: dict[str, str] = {}
-        for field, part in parts:
-            delta[field] = delta.get(field, "") + part
-        return schema.chat_chunk(rid, model, delta, finish)
+    def pieces(rid: str, model: str, text: str) -> list[dict]:
+        return [schema.chat_chunk(rid, model, delta) for delta in stream.feed(text)]
+
+    def last(rid: str, model: str, f: Finished) -> list[dict]:
+        tail = [schema.chat_chunk(rid, model, d) for d in stream.feed("", end=True, stopped=f.finish_reason == "stop")]
+        return tail + [schema.chat_chunk(rid, model, {}, stream.finish_reason(f.finish_reason))]
 
     def body(rid: str, model: str, text: str, f: Finished) -> dict:
-        fields = split_all(text, opened)
-        message = {"content": fields[CONTENT], "reasoning_content": fields[REASONING] or None}
-        return schema.chat_body(rid, model, message, f.finish_reason, f.prompt_tokens, f.completion_tokens, f.timings)
+        whole = ChatOutput(opened, plan)
+        message = whole.message(text, f.finish_reason)
+        return schema.chat_body(rid, model, message, whole.finish_reason(f.finish_reason), f.prompt_tokens,
+                                f.completion_tokens, f.timings)
 
-    return Shape("chatcmpl", "chat.completion.chunk", body=body, chunk=chunk,
+    return Shape("chatcmpl", "chat.completion.chunk", body=body, pieces=pieces, last=last,
                  first=lambda rid, model: [schema.chat_chunk(rid, model, {"role": "assistant", "content": ""})])
+
+
 COMPLETION = Shape(
     "cmpl", "text_completion",
     body=lambda rid, model, text, f: schema.completion_body(rid, model, text, f.finish_reason, f.prompt_tokens,
                                                             f.completion_tokens, f.timings),
-    chunk=schema.completion_chunk,
+    pieces=lambda rid, model, text: [schema.completion_chunk(rid, model, text)],
+    last=lambda rid, model, f: [schema.completion_chunk(rid, model, "", f.finish_reason)],
     first=lambda rid, model: [])
 
 
@@ -222,19 +201,21 @@ async def respond(http: HTTPRequest, state: ServerState, req: Request, body: sch
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def finish(f: Finished) -> list[dict]:
-        last = [shape.chunk(rid, model, "", f.finish_reason) | {"timings": f.timings}]
+        last = shape.last(rid, model, f)
+        last[-1] |= {"timings": f.timings}
         return last + ([schema.usage_chunk(rid, model, shape.chunk_object, f.prompt_tokens, f.completion_tokens)]
                        if include_usage else [])
 
-    return run_stream(state, req, lambda text: shape.chunk(rid, model, text, None), finish, shape.first(rid, model))
+    return run_stream(state, req, lambda text: shape.pieces(rid, model, text), finish, shape.first(rid, model))
 
 
 @v1.post("/chat/completions")
 async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest):
     state = state_of(http)
-    text = chat_text(state, body)
+    plan = tool_plan(state, body)
+    text = render(state, body, plan)
     req = build_request(state, body, state.tokenizer.encode(text), body.max_completion_tokens or body.max_tokens)
-    return await respond(http, state, req, body, chat_shape(reasoning_opened(state, text)))
+    return await respond(http, state, req, body, chat_shape(reasoning_opened(state, text), plan))
 
 
 @v1.post("/completions")
