@@ -8,7 +8,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from serve import anthropic_schema
 from serve.openai_schema import error_body
+
+ANTHROPIC_PATHS = "/v1/messages"  # their errors take Anthropic's shape
 
 log = logging.getLogger("strata.http")
 
@@ -22,7 +25,10 @@ class APIError(Exception):
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
 
-    def response(self) -> JSONResponse:
+    def response(self, path: str = "") -> JSONResponse:
+        if path.startswith(ANTHROPIC_PATHS):
+            return JSONResponse(anthropic_schema.error_body(self.message, anthropic_schema.error_type(self.status)),
+                                status_code=self.status)
         return JSONResponse(self.body(), status_code=self.status)
 
 
@@ -34,7 +40,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
-        return exc.response()
+        return exc.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -46,9 +52,8 @@ def install_error_handlers(app: FastAPI) -> None:
             param = None
             message = f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}"
         log.warning("%s %s -> 400: %s", request.method, request.url.path, message)
-        return JSONResponse(error_body(message, param=param), status_code=400)
+        return APIError(400, message, param=param).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body(str(exc.detail), "invalid_request_error" if exc.status_code < 500
-                                       else "server_error"), status_code=exc.status_code)
+        return server_error(exc.status_code, str(exc.detail)).response(request.url.path)

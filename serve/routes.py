@@ -1,7 +1,6 @@
 """HTTP routes: OpenAI endpoints under /v1 (optional Bearer auth), health, status, metrics."""
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 from dataclasses import dataclass
@@ -10,11 +9,13 @@ from typing import AsyncIterator, Callable
 from fastapi import APIRouter, Depends, FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from serve import anthropic_schema, messages_api
 from serve import openai_schema as schema
-from serve.errors import APIError, server_error
-from serve.generation import Finished, GenerationError, KeepAlive, Piece, generate
 from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
+from serve.errors import APIError, server_error
+from serve.generation import Finished, GenerationError, KeepAlive, Piece
 from serve.request import Request
+from serve.running import build_request, collect, events, until_disconnect
 from serve.state import ServerState
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -25,40 +26,19 @@ def state_of(http: HTTPRequest) -> ServerState:
 
 
 def check_api_key(http: HTTPRequest) -> None:
+    """--api-key: as OpenAI clients send it (Authorization: Bearer) or Anthropic's (x-api-key)."""
     key = state_of(http).settings.api_key
     if key is None:
         return
-    given = http.headers.get("authorization", "")
-    if not given.startswith("Bearer ") or not secrets.compare_digest(given[7:].encode(), key.encode()):
-        raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)", code="invalid_api_key")
+    bearer = http.headers.get("authorization", "")
+    given = bearer[7:] if bearer.startswith("Bearer ") else http.headers.get("x-api-key")
+    if given is None or not secrets.compare_digest(given.encode(), key.encode()):
+        raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>, or x-api-key: <key>)",
+                       code="invalid_api_key")
 
 
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 ops = APIRouter()
-
-
-# ---------------------------------------------------------------- building a request
-
-def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[int],
-                  max_tokens: int | None) -> Request:
-    ctx = state.ctx
-    if not prompt:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    if len(prompt) >= ctx:
-        raise APIError(400, f"the prompt has {len(prompt)} tokens; the context holds {ctx} "
-                            f"(prompt and completion together)", param="messages", code="context_length_exceeded")
-    room = ctx - len(prompt)
-    if max_tokens is not None and max_tokens <= 0:
-        raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
-    if max_tokens is not None and max_tokens > ctx:
-        raise APIError(400, f"max_tokens {max_tokens} exceeds the context of {ctx} tokens", param="max_tokens")
-    if any(t < 0 or t >= state.tokenizer.vocab_size for t in prompt):
-        raise APIError(400, "prompt token ids must be within the vocabulary", param="prompt")
-    sampling = body.gen_params()
-    if sampling["temperature"] > 0:  # seeded here, so that a restarted engine continues the same stream
-        sampling.setdefault("seed", secrets.randbits(63))
-    return Request(prompt=prompt, max_tokens=min(max_tokens or room, room), sampling=sampling,
-                   stop=body.stop_strings(), stream=body.stream)
 
 
 def completion_prompt(state: ServerState, body: schema.CompletionRequest) -> list[int]:
@@ -66,45 +46,6 @@ def completion_prompt(state: ServerState, body: schema.CompletionRequest) -> lis
         return list(body.prompt)
     text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
     return state.tokenizer.encode(text)
-
-
-# ---------------------------------------------------------------- running it
-
-def events(state: ServerState, req: Request):
-    return generate(req, state.scheduler, state.tokenizer, state.metrics, state.settings.keepalive_s)
-
-
-async def collect(state: ServerState, req: Request) -> tuple[str, Finished]:
-    parts: list[str] = []
-    async for event in events(state, req):
-        if isinstance(event, Piece):
-            parts.append(event.text)
-        elif isinstance(event, Finished):
-            return "".join(parts), event
-    raise GenerationError("the request ended without a result", 500)
-
-
-async def until_disconnect(http: HTTPRequest, work):
-    """Run `work`; cancel it if the client disconnects first (cancellation frees the engine)."""
-    task = asyncio.ensure_future(work)
-
-    async def watch():
-        while (await http.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            # wait for the cancellation to finish: it is what frees the engine (and a task the
-            # loop holds only weakly could otherwise be collected before it runs)
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        return Response(status_code=499)
-    return task.result()
 
 
 def sse(data: dict | str) -> str:
@@ -223,6 +164,17 @@ async def completions(body: schema.CompletionRequest, http: HTTPRequest):
     state = state_of(http)
     req = build_request(state, body, completion_prompt(state, body), body.max_tokens)
     return await respond(http, state, req, body, COMPLETION)
+
+
+@v1.post("/messages")
+async def anthropic_messages(body: anthropic_schema.MessagesRequest, http: HTTPRequest):
+    """Anthropic's Messages API (`?beta=true`, as Claude Code sends it, is accepted and ignored)."""
+    return await messages_api.respond(http, state_of(http), body)
+
+
+@v1.post("/messages/count_tokens")
+async def anthropic_count_tokens(body: anthropic_schema.CountTokensRequest, http: HTTPRequest):
+    return messages_api.count_tokens(state_of(http), body)
 
 
 @v1.get("/models")

@@ -1,0 +1,74 @@
+"""Running one request: its checks and limits (shared by every endpoint), its events, and
+cancelling it when the client leaves."""
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import Response
+
+from serve import openai_schema as schema
+from serve.errors import APIError
+from serve.generation import Finished, GenerationError, Piece, generate
+from serve.request import Request
+from serve.state import ServerState
+
+
+def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[int],
+                  max_tokens: int | None) -> Request:
+    ctx = state.ctx
+    if not prompt:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if len(prompt) >= ctx:
+        raise APIError(400, f"the prompt has {len(prompt)} tokens; the context holds {ctx} "
+                            f"(prompt and completion together)", param="messages", code="context_length_exceeded")
+    room = ctx - len(prompt)
+    if max_tokens is not None and max_tokens <= 0:
+        raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
+    if max_tokens is not None and max_tokens > ctx:
+        raise APIError(400, f"max_tokens {max_tokens} exceeds the context of {ctx} tokens", param="max_tokens")
+    if any(t < 0 or t >= state.tokenizer.vocab_size for t in prompt):
+        raise APIError(400, "prompt token ids must be within the vocabulary", param="prompt")
+    sampling = body.gen_params()
+    if sampling["temperature"] > 0:  # seeded here, so that a restarted engine continues the same stream
+        sampling.setdefault("seed", secrets.randbits(63))
+    return Request(prompt=prompt, max_tokens=min(max_tokens or room, room), sampling=sampling,
+                   stop=body.stop_strings(), stream=body.stream)
+
+
+def events(state: ServerState, req: Request):
+    return generate(req, state.scheduler, state.tokenizer, state.metrics, state.settings.keepalive_s)
+
+
+async def collect(state: ServerState, req: Request) -> tuple[str, Finished]:
+    parts: list[str] = []
+    async for event in events(state, req):
+        if isinstance(event, Piece):
+            parts.append(event.text)
+        elif isinstance(event, Finished):
+            return "".join(parts), event
+    raise GenerationError("the request ended without a result", 500)
+
+
+async def until_disconnect(http: HTTPRequest, work):
+    """Run `work`; cancel it if the client disconnects first (cancellation frees the engine)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch():
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            # wait for the cancellation to finish: it is what frees the engine (and a task the
+            # loop holds only weakly could otherwise be collected before it runs)
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        return Response(status_code=499)
+    return task.result()
