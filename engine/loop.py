@@ -125,9 +125,15 @@ class EngineLoop:
             raise ValueError(f"drawn={drawn} must be >= 0 and shorter than the prompt")
         params = {k: v for k, v in gen.params.items() if k in _SAMPLING_KEYS}
         sampling = SamplingParams(**params)
+        constraint = None
+        if "grammar" in gen.params:
+            constraint = self.runner.constraint(gen.params["grammar"])
+            for token in gen.tokens[len(gen.tokens) - drawn:]:  # a continuation's tokens so far
+                constraint.accept(token)
         return Sequence(
             id=gen.id, prompt=gen.tokens, max_new=min(gen.max_new, self.runner.ctx - len(gen.tokens)),
-            sampler=Sampler(sampling, gen.tokens, drawn), stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
+            sampler=Sampler(sampling, gen.tokens, drawn, constraint),
+            stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
             fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn)
 
     # ------------------------------------------------------------ running

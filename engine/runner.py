@@ -28,6 +28,7 @@ class ModelRunner:
         self.decoder = GraphDecoder(self.model, self.kv, backend) if cuda_graphs and backend.name == "gpu" else None
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
+        self.grammars = None  # engine/grammar.py GrammarTokenizer, set once the tokenizer is read
 
     def info(self) -> dict[str, str]:
         return {"model": self.cfg.name, "path": self.model_path, "arch": self.cfg.arch,
@@ -48,6 +49,15 @@ class ModelRunner:
         seq.logits = self.model.forward(tokens, seq.pos, self.kv, want_logits=end == seq.total, on_device=True)
         self.backend.synchronize()  # a chunk is done when its PP says so: GPU launches are asynchronous,
         seq.pos = end  # and a host running chunks ahead would make a park wait for all of them
+
+    def constraint(self, grammar: str):
+        """A request's grammar state (engine/grammar.py); ValueError if it does not compile."""
+        if self.grammars is None:
+            raise ValueError("this engine has no tokenizer for grammars")
+        try:
+            return self.grammars.constraint(grammar)
+        except (ValueError, RuntimeError) as e:
+            raise ValueError(f"grammar: {e}") from None
 
     def decode_one_token(self, seq: Sequence) -> None:
         seq.logits = self.decode_logits(seq.generated[-1], seq.kv_len)

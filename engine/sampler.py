@@ -38,10 +38,11 @@ class SamplingParams:
 class Sampler:
     """Holds everything sampling reads: the RNG and the penalty window of recent tokens."""
 
-    def __init__(self, params: SamplingParams, prompt: tuple[int, ...], drawn: int = 0):
+    def __init__(self, params: SamplingParams, prompt: tuple[int, ...], drawn: int = 0, constraint=None):
         """drawn: tokens already sampled by this request (a continuation after an engine restart);
-        their draws are skipped so that a seeded stream continues where it was."""
-        self.params = params
+        their draws are skipped so that a seeded stream continues where it was. constraint: the
+        request's grammar (engine/grammar.py), already past those tokens."""
+        self.params, self.constraint = params, constraint
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
         self.rng = np.random.Generator(np.random.PCG64(seed % 2**64))
         self.recent = list(prompt[-params.repeat_last_n :]) if params.repeat_last_n else []
@@ -55,6 +56,12 @@ class Sampler:
         logits are a decode graph's own buffer. The RNG stays on the host either way: one uniform
         per sampled token, fingerprinted with the parked state."""
         p = self.params
+        if self.constraint is not None:  # the grammar's mask: the pick runs on the host
+            logits = self.apply_penalties(xp.asnumpy(logits) if xp is not np else logits, np)
+            logits = np.where(self.constraint.allowed(), logits, np.float32(-np.inf)).astype(np.float32)
+            if p.temperature == 0:
+                return int(np.argmax(logits))
+            return pick(scale(logits, p), self.rng.random(), p)
         if draws is not None:  # the penalties, the argmax or the draw: one graph replay
             u = self.rng.random() if p.temperature > 0 else None
             return draws.draw(logits, u, p, self.penalty_counts() if self.penalized else None)
@@ -76,7 +83,7 @@ class Sampler:
     @property
     def plain_greedy(self) -> bool:
         """The next token is the argmax of the logits as they are (a decode graph computes it)."""
-        return self.params.temperature == 0 and not self.penalized
+        return self.params.temperature == 0 and not self.penalized and self.constraint is None
 
     def apply_penalties(self, logits, xp=np):
         """A penalized copy of `logits`, or `logits` itself when no penalty applies."""
@@ -94,6 +101,8 @@ class Sampler:
         return np.fromiter(counts.keys(), dtype=np.int64), np.fromiter(counts.values(), dtype=np.float32)
 
     def accept(self, token: int) -> None:
+        if self.constraint is not None:
+            self.constraint.accept(token)
         if self.params.repeat_last_n:
             self.recent = (self.recent + [token])[-self.params.repeat_last_n :]
 

@@ -13,6 +13,7 @@ from engine.memory import plan_context
 from engine.model_path import ModelNotFound, resolve_model_path
 from engine.prefill import ParkPolicy
 from engine.runner import ModelRunner
+from engine.grammar import GrammarTokenizer
 from engine.tokenizer import GGUFTokenizer
 
 
@@ -34,6 +35,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     runner = ModelRunner(cfg, weights, backend, plan.ctx, config.chunk,
                          tokenizer.end_ids, str(path), plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32"},
                          config.cuda_graphs)
+    runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     runner.warm_up()
     log(f"loaded {cfg.name} ({cfg.n_layers} layers, ctx {plan.ctx}, KV cache {plan.kv_bytes / 2**30:.2f} GiB, "

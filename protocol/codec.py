@@ -111,6 +111,8 @@ def parse_gen_params(parts: list[str]) -> dict:
             params[k] = parse_int(v, k, minimum=None)
         elif kind is float:
             params[k] = parse_float(v, k)
+        elif kind is str:
+            params[k] = v
         else:
             params[k] = parse_tokens(v)
     return params

@@ -23,6 +23,7 @@ GEN_KEYS: dict[str, type] = {
     "fp": int,  # 1 = print state fingerprints at park, resume and DONE
     "drawn": int,  # tokens this request already generated before an engine restart (they end
     # the prompt): the continuation skips their random draws, so a seeded stream goes on unchanged
+    "grammar": str,  # the output must match this grammar (llguidance's grammar text, escaped)
 }
 
 FINISH_REASONS = ("stop", "length", "cancel")

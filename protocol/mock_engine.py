@@ -40,6 +40,9 @@ class FakeRunner:
         self.script = tuple(int(t) for t in a.script.split(",")) if a.script else None
         self.chunks_read = self.gens_started = self.tokens_written = 0
 
+    def constraint(self, grammar: str):
+        raise ValueError("the mock engine applies no grammars")
+
     def info(self) -> dict[str, str]:
         return {"model": "mock", "ctx": str(self.ctx), "chunk": str(self.chunk), "device": "none",
                 "version": "mock"}

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from serve import anthropic_schema as schema
 from serve import openai_schema as oai
 from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
+from serve.constraints import grammar_for
 from serve.generation import Finished, GenerationError, KeepAlive, Piece
 from serve.reasoning import CONTENT, REASONING
 from serve.running import build_request, collect, events, until_disconnect
@@ -86,7 +87,7 @@ def blocks_of(message: dict) -> list[dict]:
 
 async def respond(http: HTTPRequest, state, body: schema.MessagesRequest) -> Response:
     chat, plan, text = prepared(state, body)
-    req = build_request(state, chat, state.tokenizer.encode(text), body.max_tokens)
+    req = build_request(state, chat, state.tokenizer.encode(text), body.max_tokens, grammar_for(state, plan, chat))
     opened, mid, model = reasoning_opened(state, text), f"msg_{req.id:024d}", body.model or state.settings.model_name
     if not body.stream:
         async def work():

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from serve import anthropic_schema, messages_api
 from serve import openai_schema as schema
 from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
+from serve.constraints import grammar_for
 from serve.errors import APIError, server_error
 from serve.generation import Finished, GenerationError, KeepAlive, Piece
 from serve.request import Request
@@ -155,7 +156,9 @@ async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest
     state = state_of(http)
     plan = tool_plan(state, body)
     text = render(state, body, plan)
-    req = build_request(state, body, state.tokenizer.encode(text), body.max_completion_tokens or body.max_tokens)
+    grammar = grammar_for(state, plan, body)
+    req = build_request(state, body, state.tokenizer.encode(text), body.max_completion_tokens or body.max_tokens,
+                        grammar)
     return await respond(http, state, req, body, chat_shape(reasoning_opened(state, text), plan))
 
 

@@ -16,7 +16,8 @@ from serve.state import ServerState
 
 
 def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[int],
-                  max_tokens: int | None) -> Request:
+                  max_tokens: int | None, grammar: str | None = None) -> Request:
+    """grammar: what the output must match (serve/constraints.py), carried to the engine on GEN."""
     ctx = state.ctx
     if not prompt:
         raise APIError(400, "the prompt is empty", param="prompt")
@@ -30,7 +31,7 @@ def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[
         raise APIError(400, f"max_tokens {max_tokens} exceeds the context of {ctx} tokens", param="max_tokens")
     if any(t < 0 or t >= state.tokenizer.vocab_size for t in prompt):
         raise APIError(400, "prompt token ids must be within the vocabulary", param="prompt")
-    sampling = body.gen_params()
+    sampling = body.gen_params() | ({"grammar": grammar} if grammar else {})
     if sampling["temperature"] > 0:  # seeded here, so that a restarted engine continues the same stream
         sampling.setdefault("seed", secrets.randbits(63))
     return Request(prompt=prompt, max_tokens=min(max_tokens or room, room), sampling=sampling,

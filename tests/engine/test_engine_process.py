@@ -55,6 +55,18 @@ def test_stop_between_tokens(engine):
     assert done.finish in ("cancel", "stop") and done.generated < 500
 
 
+def test_a_grammar_on_gen_constrains_the_tokens(engine, tokenizer):
+    """GEN's grammar (llguidance's text, escaped on the wire): the answer to the France prompt is made
+    to be one of two words, whatever the model prefers."""
+    import llguidance
+
+    grammar = llguidance.LLMatcher.grammar_from_regex("(Lyon|Marseille)")
+    engine.send(m.Gen(20, FRANCE, {"temperature": 0.0, "grammar": grammar}, 11))
+    got = engine.read_until(m.Done, ident=11)
+    text = tokenizer.decode([t.token for t in got if isinstance(t, m.T)])
+    assert text in ("Lyon", "Marseille") and got[-1].finish == "stop"
+
+
 def test_bad_lines_get_err_naming_the_problem_and_serving_goes_on(engine, tokenizer):
     engine.send("GEN 5 warp=9 1,2,3 id=5")
     err = engine.read()
@@ -68,6 +80,8 @@ def test_bad_lines_get_err_naming_the_problem_and_serving_goes_on(engine, tokeni
     assert "top_p" in engine.read().message
     engine.send("HELLO there")
     assert "unknown verb" in engine.read().message
+    engine.send(m.Gen(5, FRANCE, {"grammar": '{"grammars": [{"lark_grammar": "start: ("}]}'}, 10))
+    assert engine.read().message.startswith("grammar")
     engine.send(m.Gen(20, FRANCE, {}, 9))
     tokens = [t.token for t in engine.read_until(m.Done, ident=9) if isinstance(t, m.T)]
     assert "Paris" in tokenizer.decode(tokens)

@@ -1,0 +1,82 @@
+"""The grammar a chat request's output must match, for the engine's constrained decoding
+(engine/grammar.py): response_format (json_object, json_schema) as a JSON schema, and a forced tool
+call (tool_choice "required" or a named function) in the model's own call format with each
+function's parameters schema. Grammars are llguidance's (JSON schemas, Lark); they are checked here
+against the tokenizer, so a bad schema is the client's 400, never an engine error."""
+from __future__ import annotations
+
+import json
+
+import llguidance
+
+from engine.grammar import GrammarTokenizer
+from serve import openai_schema as schema
+from serve.chat import ToolPlan
+from serve.errors import APIError
+
+JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: a small model cannot wander off in blanks
+
+
+def grammar_for(state, plan: ToolPlan, body: schema.ChatCompletionRequest) -> str | None:
+    """llguidance grammar text, or None when the output is free."""
+    if plan.forced:
+        grammar, param = tool_grammar(plan), "tools"
+    else:
+        fmt = body.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_schema" and (fmt.json_schema is None or fmt.json_schema.schema_ is None):
+            raise APIError(400, "response_format json_schema needs json_schema.schema", param="response_format")
+        target = {"type": "object"} if fmt.type == "json_object" else fmt.json_schema.schema_
+        grammar, param = json_grammar(target, "response_format"), "response_format"
+    check(state, grammar, param)
+    return grammar
+
+
+def json_grammar(target: dict, param: str) -> str:
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(target, defaults=JSON_OPTIONS)
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise APIError(400, f"{param}: invalid JSON schema: {e}", param=param) from None
+
+
+def check(state, grammar: str, param: str) -> None:
+    tokenizer = getattr(state, "grammar_tokenizer", None)
+    if tokenizer is None:
+        tokenizer = state.grammar_tokenizer = GrammarTokenizer(state.tokenizer, state.tokenizer.vocab_size)
+    error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer.lltokenizer)
+    if error:
+        raise APIError(400, f"{param}: the schema cannot be enforced: {error}", param=param)
+
+
+def tool_grammar(plan: ToolPlan) -> str:
+    """One call (or, with parallel_tool_calls, one or more) of the allowed functions, written as the
+    model's format writes calls: arguments that match each function's parameters schema."""
+    functions = [t["function"] for t in plan.tools if plan.choice in ("required", t["function"]["name"])]
+    schemas = [call_schema(f, "arguments") for f in functions]
+    name = plan.fmt.name
+    if name == "generic":
+        items = {"anyOf": schemas}
+        calls = {"type": "array", "items": items, "minItems": 1} | ({} if plan.parallel else {"maxItems": 1})
+        return json_grammar({"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"],
+                             "additionalProperties": False}, "tools")
+    if name == "llama3":
+        return json_grammar({"anyOf": [call_schema(f, "parameters") for f in functions]}, "tools")
+    repeat = "+" if plan.parallel else ""
+    if name == "hermes":
+        body = json.dumps({"anyOf": schemas} | {"x-guidance": JSON_OPTIONS})
+        return llguidance.LLMatcher.grammar_from_lark(
+            f'start: call{repeat}\ncall: "<tool_call>\\n" body "\\n</tool_call>\\n"\nbody: %json {body}\n')
+    names = " | ".join(json.dumps(f["name"]) for f in functions)  # qwen3-coder's XML form
+    return llguidance.LLMatcher.grammar_from_lark(
+        f'start: call{repeat}\n'
+        'call: "<tool_call>\\n<function=" NAME ">\\n" param* "</function>\\n</tool_call>\\n"\n'
+        f'NAME: {names}\n'
+        'param: "<parameter=" PNAME ">\\n" VALUE "</parameter>\\n"\n'
+        'PNAME: /[A-Za-z0-9_.-]+/\nVALUE: /[^<]*/\n')
+
+
+def call_schema(function: dict, arguments_key: str) -> dict:
+    parameters = function.get("parameters") or {"type": "object"}
+    return {"type": "object", "properties": {"name": {"const": function["name"]}, arguments_key: parameters},
+            "required": ["name", arguments_key], "additionalProperties": False}
