@@ -26,8 +26,7 @@ class GrammarTokenizer:
     def lltokenizer(self):
         if self._built is None:
             tk = self.source
-            self._built = llguidance.LLTokenizer(tk.tk.to_str(), n_vocab=self.vocab_size,
-                                                 eos_token=sorted(tk.end_ids) or [tk.special.eos])
+            self._built = llguidance.LLTokenizer(tk.tk.to_str(), n_vocab=self.vocab_size, eos_token=tk.special.eos)
         return self._built
 
     def constraint(self, grammar: str) -> "Constraint":
@@ -41,7 +40,7 @@ class Constraint:
         self.matcher = llguidance.LLMatcher(lltokenizer, grammar)
         if self.matcher.is_error():
             raise ValueError(f"grammar: {self.matcher.get_error()}")
-        self.vocab_size, self.matcher_eos = vocab_size, list(lltokenizer.eos_tokens)
+        self.vocab_size, self.matcher_eos = vocab_size, [lltokenizer.eos_token]
         self.bitmask = llnp.allocate_token_bitmask(1, vocab_size)  # (1, ceil(vocab / 32)) int32
 
     def allowed(self) -> np.ndarray:

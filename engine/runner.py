@@ -56,7 +56,7 @@ class ModelRunner:
             raise ValueError("this engine has no tokenizer for grammars")
         try:
             return self.grammars.constraint(grammar)
-        except (ValueError, RuntimeError) as e:
+        except Exception as e:  # whatever llguidance raises on a grammar it cannot take: an ERR, not a crash
             raise ValueError(f"grammar: {e}") from None
 
     def decode_one_token(self, seq: Sequence) -> None:

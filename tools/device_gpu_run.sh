@@ -6,6 +6,7 @@
 #
 # kernels  tools/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention speed
 # times    tools/decode_kernel_times.py: each decode kernel's GPU time per launch
+# grammar  tools/gpu_grammar_check.py: constrained decoding (regex, JSON schema) on the GPU
 # moetimes tools/moe_decode_times.py: each kernel of a Qwen3-30B-A3B decode step, GPU time per launch
 # families tools/gpu_families_check.py: qwen2, qwen3, qwen3moe on the GPU against the reference fixture
 # synth    synthetic GGUFs in /tmp/m: the Llama-3-8B shape (F16) and the SmolLM2-135M shape (Q4_1)
@@ -52,6 +53,10 @@ for step in "$@"; do
       python3 tools/gpu_kernels_check.py --json "$OUT/kernels.json" || echo "KERNEL CHECKS FAILED" ;;
     times)
       python3 tools/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;
+    grammar)  # constrained decoding through the GPU sampler path (a small synthetic model, graphs on)
+      [ -f /tmp/m/small-q8.gguf ] || python3 tools/make_synthetic_gguf.py /tmp/m/small-q8.gguf --preset smollm2-135m \
+        --type Q8_0 --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 tools/gpu_grammar_check.py --model /tmp/m/small-q8.gguf --json "$OUT/gpu_grammar.json" 2>&1 | quiet ;;
     moetimes)
       python3 tools/moe_decode_times.py --json "$OUT/moe_decode_times.json" ;;
     families)
