@@ -87,10 +87,10 @@ class MessagesRequest(CountTokensRequest):
     stop_sequences: list[str] | None = Field(default=None, max_length=4)
 
 
-def message_body(mid: str, model: str, content: list[dict], stop_reason: str, input_tokens: int,
-                 output_tokens: int) -> dict:
+def message_body(mid: str, model: str, content: list[dict], stop_reason: str | None, input_tokens: int,
+                 output_tokens: int, stop_sequence: str | None = None) -> dict:
     return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop_reason, "stop_sequence": None,
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence,
             "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}
 
 

@@ -37,6 +37,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     timings: dict
+    stop_sequence: str | None = None  # the stop string that ended the output, if one did
 
 
 async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metrics,
@@ -59,7 +60,7 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
                 if stops.hit:
                     scheduler.abandon(req)  # STOP the engine; we have what we need
                     finished = True
-                    yield _finish(req, "stop", metrics)
+                    yield _finish(req, "stop", metrics, stop_sequence=stops.matched)
                     return
             elif isinstance(event, m.Done):
                 finished = True
@@ -83,9 +84,10 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
                 scheduler.abandon(req)
 
 
-def _finish(req: Request, reason: str, metrics: Metrics, done: m.Done | None = None) -> Finished:
+def _finish(req: Request, reason: str, metrics: Metrics, done: m.Done | None = None,
+            stop_sequence: str | None = None) -> Finished:
     metrics.requests.labels(reason).inc()
-    return Finished(reason, len(req.prompt), req.generated, timings(req, done))
+    return Finished(reason, len(req.prompt), req.generated, timings(req, done), stop_sequence)
 
 
 def timings(req: Request, done: m.Done | None) -> dict:

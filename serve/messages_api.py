@@ -97,13 +97,19 @@ async def respond(http: HTTPRequest, state, body: schema.MessagesRequest) -> Res
                 return error_response(e.status, str(e))
             output = ChatOutput(opened, plan)
             message = output.message(out, fin.finish_reason)
-            reason = STOP_REASONS[output.finish_reason(fin.finish_reason)]
+            reason = stop_reason(output, fin)
             return JSONResponse(schema.message_body(mid, model, blocks_of(message), reason, fin.prompt_tokens,
-                                                    fin.completion_tokens))
+                                                    fin.completion_tokens, fin.stop_sequence))
 
         return await until_disconnect(http, work())
     return StreamingResponse(stream(state, req, ChatOutput(opened, plan), mid, model),
                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def stop_reason(output: ChatOutput, fin: Finished) -> str:
+    if fin.stop_sequence is not None and not output.calls:
+        return "stop_sequence"
+    return STOP_REASONS[output.finish_reason(fin.finish_reason)]
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -176,9 +182,9 @@ async def stream(state, req, output: ChatOutput, mid: str, model: str) -> AsyncI
                         yield line
                 for line in blocks.close():
                     yield line
-                reason = STOP_REASONS[output.finish_reason(ev.finish_reason)]
                 yield event("message_delta", {"type": "message_delta",
-                                              "delta": {"stop_reason": reason, "stop_sequence": None},
+                                              "delta": {"stop_reason": stop_reason(output, ev),
+                                                        "stop_sequence": ev.stop_sequence},
                                               "usage": {"output_tokens": ev.completion_tokens}})
                 yield event("message_stop", {"type": "message_stop"})
                 return

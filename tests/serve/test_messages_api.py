@@ -80,6 +80,15 @@ def test_text_answers_stop_reasons_and_beta_query(qwen3):
         assert r.stop_reason == "end_turn"
         short = client.messages.create(model="any", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
         assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 2
+        stopped = client.messages.create(model="any", max_tokens=300, messages=[{"role": "user", "content": "Hi"}],
+                                         stop_sequences=["no tools", "words"])
+        assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "words")
+        assert stopped.content[0].text == "Just "
+        with client.messages.stream(model="any", max_tokens=300, messages=[{"role": "user", "content": "Hi"}],
+                                    stop_sequences=["tools"]) as stream:
+            final = stream.get_final_message()
+        assert (final.stop_reason, final.stop_sequence, final.content[0].text) == ("stop_sequence", "tools",
+                                                                                  "Just words, no ")
         raw = httpx.post(s.url + "/v1/messages?beta=true", json={"model": "any", "max_tokens": 50, "messages": [
             {"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "system": [{"type": "text", "text": "Be kind."}]})
         assert raw.status_code == 200 and raw.json()["content"][0]["text"] == "Just words, no tools."
