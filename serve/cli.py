@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: on; --no-prefill-preempt serves strict FIFO)")
     g.add_argument("--prefill-preempt-max-wait-s", type=float, default=30.0,
                    help="a parked request takes the next period after this long (0 = no limit)")
+    g.add_argument("--prefill-preempt-aged-s", type=float, default=4.0,
+                   help="a waiter parks the read once it is this old, even if its own read is not shorter "
+                        "than what the reader has left")
     g.add_argument("--prefill-preempt-min-tokens", type=int, help="forwarded to the default engine")
     g.add_argument("--prefill-preempt-max", type=int, help="forwarded to the default engine")
     g.add_argument("--prefill-preempt-snapshot-mib", type=int, help="forwarded to the default engine")
@@ -51,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(a: argparse.Namespace) -> ServerSettings:
-    preempt = PreemptSettings(a.prefill_preempt, a.prefill_preempt_max_wait_s, a.prefill_preempt_min_tokens,
-                              a.prefill_preempt_max, a.prefill_preempt_snapshot_mib)
+    preempt = PreemptSettings(a.prefill_preempt, a.prefill_preempt_max_wait_s, a.prefill_preempt_aged_s,
+                              a.prefill_preempt_min_tokens, a.prefill_preempt_max, a.prefill_preempt_snapshot_mib)
     return ServerSettings(
         model_path=resolve_model_path(a.model), host=a.host, port=a.port,
         engine_cmd=split_command(a.engine_cmd) if a.engine_cmd is not None else (), api_key=a.api_key,

@@ -11,6 +11,7 @@ from pathlib import Path
 class PreemptSettings:
     enabled: bool = True
     max_wait_s: float = 30.0  # a parked request takes the next period after this; 0 = no limit
+    aged_s: float = 4.0  # a waiter this old triggers a park whatever its length (same or higher class)
     min_tokens: int | None = None  # forwarded to the default engine; None = the engine's default
     max_parks: int | None = None
     snapshot_mib: int | None = None
@@ -55,8 +56,8 @@ class ServerSettings:
             raise ValueError(f"--max-request-retries must be >= 1, got {self.max_request_retries}")
         if self.shutdown_grace_s < 0:
             raise ValueError("--shutdown-grace-s must be >= 0")
-        if self.preempt.max_wait_s < 0:
-            raise ValueError("--prefill-preempt-max-wait-s must be >= 0")
+        if self.preempt.max_wait_s < 0 or self.preempt.aged_s < 0:
+            raise ValueError("--prefill-preempt-max-wait-s and --prefill-preempt-aged-s must be >= 0")
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}")
 

@@ -34,6 +34,7 @@ class Request:
     sampling: dict  # GEN keys (protocol.messages.GEN_KEYS)
     stop: tuple[str, ...] = ()
     stream: bool = False
+    priority: int = 0  # lower runs first (as vLLM's); a lower class never preempts a higher one
     id: int = field(default_factory=lambda: next(_ids))
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     phase: Phase = Phase.QUEUED

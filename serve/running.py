@@ -35,7 +35,7 @@ def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[
     if sampling["temperature"] > 0:  # seeded here, so that a restarted engine continues the same stream
         sampling.setdefault("seed", secrets.randbits(63))
     return Request(prompt=prompt, max_tokens=min(max_tokens or room, room), sampling=sampling,
-                   stop=body.stop_strings(), stream=body.stream)
+                   stop=body.stop_strings(), stream=body.stream, priority=body.priority)
 
 
 def events(state: ServerState, req: Request):

@@ -2,9 +2,12 @@
 
 Preemption off: one request owns the engine from GEN to DONE, strict FIFO.
 Preemption on: periods GEN -> SUSPENDED and RESUME -> SUSPENDED | DONE. While the owner reads its
-prompt and someone waits, every PP is answered with a boundary offer (YIELD). A parked request
-resumes once the queue has drained, or ahead of the queue once it has waited max_wait_s; then
-it reads to the end without further offers, so its postponement is bounded.
+prompt, every PP is answered with a boundary offer (YIELD) when the next waiter is worth a park:
+of the same or a higher class (`priority`, lower first; a lower class never preempts a higher
+one), and either its own read is shorter than what the reader has left to read, or it has waited
+aged_s. Waiters are served by class, then arrival. A parked request resumes once no waiter of its
+class or above remains, or ahead of them once it has waited max_wait_s; then it reads to the end
+without further offers, so its postponement is bounded. Decode never parks.
 
 Engine death loses no request: the running and the parked requests go back to the front of the
 queue (in arrival order) and run again on the restarted engine; one that had tokens continues
@@ -28,8 +31,8 @@ log = logging.getLogger("strata.scheduler")
 
 class Scheduler:
     def __init__(self, metrics: Metrics, preempt: bool, max_wait_s: float, max_retries: int,
-                 eos_ids: frozenset[int]):
-        self.metrics, self.preempt_wanted, self.max_wait_s = metrics, preempt, max_wait_s
+                 eos_ids: frozenset[int], aged_s: float = 4.0):
+        self.metrics, self.preempt_wanted, self.max_wait_s, self.aged_s = metrics, preempt, max_wait_s, aged_s
         self.max_retries, self.eos_ids = max_retries, eos_ids
         self.engine: EngineClient | None = None
         self.waiting: deque[Request] = deque()
@@ -57,11 +60,22 @@ class Scheduler:
         self.offer_boundary()
 
     def offer_boundary(self) -> None:
-        """Someone waits while the owner reads its prompt: offer a park at its next boundary.
+        """The next waiter is worth a park of the owner's read: offer one at its next boundary.
         Repeated after every PP, since a declined offer is consumed."""
         owner = self.owner
-        if self.preempt and self.waiting and owner is not None and owner.reading and not owner.protected:
+        if not (self.preempt and self.waiting and owner is not None and owner.reading and not owner.protected):
+            return
+        nxt = self.next_waiting()
+        if nxt.priority > owner.priority:  # a lower class never preempts a higher one
+            return
+        left = len(owner.prompt) + len(owner.output) - owner.prompt_done  # what the reader has left to read
+        if len(nxt.prompt) < left or time.monotonic() - nxt.arrived >= self.aged_s:
             self.engine.send(m.Yield())
+
+    def next_waiting(self) -> Request:
+        """The waiter served next: the highest class (lowest priority), then the earliest arrival
+        (a request back from an engine death keeps its arrival, so it comes first in its class)."""
+        return min(self.waiting, key=lambda r: (r.priority, r.arrived))
 
     def abandon(self, req: Request) -> None:
         """The client has gone (or no longer wants tokens): free whatever the request holds."""
@@ -197,14 +211,16 @@ class Scheduler:
     def dispatch(self) -> None:
         if self.owner is not None or self.engine is None or not self.engine.ready or self.closed:
             return
-        if self.parked is not None and (not self.waiting or self._parked_too_long()):
+        ahead = self.parked is not None and any(w.priority <= self.parked.priority for w in self.waiting)
+        if self.parked is not None and (not ahead or self._parked_too_long()):
             req = self.parked
-            req.protected = bool(self.waiting)  # resumed ahead of the queue: read to the end unparked
+            req.protected = ahead  # resumed ahead of waiters of its class: read to the end unparked
             self._unpark(req)
             self._grant(req, m.Resume(req.id))
             self.metrics.resumes.inc()
         elif self.waiting:
-            req = self.waiting.popleft()
+            req = self.next_waiting()
+            self.waiting.remove(req)
             self._grant(req, req.gen())
 
     def _grant(self, req: Request, msg: m.Message) -> None:

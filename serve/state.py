@@ -18,7 +18,8 @@ class ServerState:
         self.fallback_ctx = settings.ctx or model_ctx  # until the engine's READY says
         self.metrics = Metrics()
         self.scheduler = Scheduler(self.metrics, settings.preempt.enabled, settings.preempt.max_wait_s,
-                                   settings.max_request_retries, frozenset({tokenizer.special.eos}))
+                                   settings.max_request_retries, frozenset({tokenizer.special.eos}),
+                                   settings.preempt.aged_s)
         self.engine = EngineClient(
             settings.engine_command(), settings.handshake_timeout_s, settings.max_restarts,
             on_message=self.scheduler.on_message, on_malformed=self.scheduler.on_malformed,

@@ -203,3 +203,36 @@ def test_an_engine_without_the_preempt_capability_is_served_fifo(server_factory)
     ra, a_done = a.get()
     assert a_done < b_done and metrics(server.url)["strata_prefill_preemptions_total"] == 0
     assert server.log().count("lacks the 'preempt' capability") == 1
+
+
+# ---------------------------------------------------------------- whom a park is worth it for
+
+def test_a_waiter_longer_than_what_the_reader_has_left_parks_nothing_until_it_has_aged(server_factory):
+    """B's own read (2,600) is longer than all of A's (2,560): parking A would not shorten anyone's
+    wait, so no offer is made, until B has waited --prefill-preempt-aged-s."""
+    server = preempt_server(server_factory, server_args=("--prefill-preempt-aged-s", "60"))
+    a = start_a(server)
+    b = complete_tokens(server.url, 2600, 2)
+    assert a.get().json()["timings"]["parks"] == 0 and b.json()["timings"]["parks"] == 0
+    assert metrics(server.url)["strata_prefill_preemptions_total"] == 0
+    aged = preempt_server(server_factory, server_args=("--prefill-preempt-aged-s", "0.3"))
+    a = start_a(aged)
+    b = complete_tokens(aged.url, 2600, 2)
+    assert a.get().json()["timings"]["parks"] == 1  # B went next once 0.3 s old,
+    assert b.json()["timings"]["queue_wait_ms"] < 1500  # not after A's whole 2 s read
+
+
+def test_a_lower_class_never_preempts_and_waiters_go_by_class(server_factory):
+    """priority (lower first, as vLLM's): B of class 1 waits for A of class 0 however short it is;
+    among waiters C (class 0) goes before B (class 1) though B came first."""
+    server = preempt_server(server_factory)
+    a = start_a(server)
+    b = Background(timed, complete_tokens, server.url, 20, 2, priority=1)
+    b.start()
+    wait_for(lambda: status(server)["queued"] == 1)
+    c = Background(timed, complete_tokens, server.url, 20, 2, priority=0)
+    c.start()
+    (rb, b_done), (rc, c_done) = b.get(), c.get()
+    assert rb.status_code == rc.status_code == 200 and c_done < b_done
+    assert a.get().json()["timings"]["parks"] == 1  # C (class 0, short) parked A; B never did
+    assert metrics(server.url)["strata_prefill_preemptions_total"] == 1
