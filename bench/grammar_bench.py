@@ -1,6 +1,6 @@
-"""What constrained decoding costs per token (engine/grammar.py): the llguidance mask of the next
-token, its expansion to a boolean over the vocabulary, and the masking of the logits, timed while
-a valid output of each grammar is fed token by token. Vocabularies: the default model's (49K) and
+"""What constrained decoding costs per token (engine/grammar.py Constraint.restrict): the llguidance
+mask of the next token and the masked copy of the logits, timed while a valid output of each
+grammar is fed token by token. Vocabularies: the default model's (49K) and
 Qwen2's (151K, llama.cpp's ggml-vocab-qwen2.gguf in tests/fixtures/vocab).
 
     .venv/bin/python bench/grammar_bench.py [--json OUT]
@@ -43,7 +43,7 @@ CASES = {  # grammar -> an output it accepts
 
 
 def measure(tokenizer, grammar: str, output: str, repeats: int) -> list[float]:
-    """Per-token ms of allowed() + masking the logits, over `repeats` passes of the output."""
+    """Per-token ms of Constraint.restrict (the mask and the masked logits), over `repeats` passes."""
     gt = GrammarTokenizer(tokenizer, tokenizer.vocab_size)
     ids = tokenizer.encode(output, add_bos=False)
     logits = np.random.default_rng(0).standard_normal(tokenizer.vocab_size).astype(np.float32)
@@ -52,10 +52,9 @@ def measure(tokenizer, grammar: str, output: str, repeats: int) -> list[float]:
         c = gt.constraint(grammar)
         for token in ids:
             t = time.perf_counter()
-            allowed = c.allowed()
-            np.where(allowed, logits, np.float32(-np.inf))
+            masked = c.restrict(logits)
             times.append((time.perf_counter() - t) * 1000)
-            assert allowed[token], (output, token)
+            assert np.isfinite(masked[token]), (output, token)
             c.accept(token)
     return times
 

@@ -56,18 +56,16 @@ class Sampler:
         logits are a decode graph's own buffer. The RNG stays on the host either way: one uniform
         per sampled token, fingerprinted with the parked state."""
         p = self.params
-        if self.constraint is not None:  # the grammar's mask: the pick runs on the host
-            logits = self.apply_penalties(xp.asnumpy(logits) if xp is not np else logits, np)
-            logits = np.where(self.constraint.allowed(), logits, np.float32(-np.inf)).astype(np.float32)
-            if p.temperature == 0:
-                return int(np.argmax(logits))
-            return pick(scale(logits, p), self.rng.random(), p)
-        if draws is not None:  # the penalties, the argmax or the draw: one graph replay
+        if draws is not None and self.constraint is None:  # the penalties, the argmax or the draw: one graph replay
             u = self.rng.random() if p.temperature > 0 else None
             return draws.draw(logits, u, p, self.penalty_counts() if self.penalized else None)
-        if p.temperature == 0 and xp is not np:  # one argmax: the copy and a host argmax cost less
-            logits, xp = xp.asnumpy(logits), np  # than a device reduction and its synchronization
+        # one argmax: the copy and a host argmax cost less than a device reduction and its
+        # synchronization; a grammar's mask is applied on the host
+        if xp is not np and (p.temperature == 0 or self.constraint is not None):
+            logits, xp = xp.asnumpy(logits), np
         logits = self.apply_penalties(logits, xp)
+        if self.constraint is not None:
+            logits = self.constraint.restrict(logits)
         if p.temperature == 0:
             return int(xp.argmax(logits))
         u = self.rng.random()  # exactly one uniform draw per sampled token: a restart can skip them
