@@ -56,10 +56,10 @@ def render(state, body: schema.ChatCompletionRequest, plan: ToolPlan) -> str:
     """The conversation rendered by the model's template (with the request's chat_template_kwargs
     and tools). A template with no tool format of its own gets the generic one: the tools in a
     system message, earlier calls and results as text."""
-    messages = conversation(body, plan.fmt is FORMATS["generic"])
+    generic = plan.fmt is FORMATS["generic"]
+    messages = conversation(body, generic)
     if not any(msg["content"].strip() or msg.get("tool_calls") for msg in messages):
         raise APIError(400, "every message is empty", param="messages")
-    generic = plan.fmt is FORMATS["generic"]
     if generic:
         described = GENERIC_INSTRUCTIONS + "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in plan.tools)
         if messages[0]["role"] == "system":
@@ -139,8 +139,10 @@ class ChatOutput:
 
     def feed(self, text: str, end: bool = False, stopped: bool = True) -> list[dict]:
         """Deltas (OpenAI stream delta dicts) for the next piece; end: the output's last piece."""
-        fields = self.reasoning.feed(text) + (self.reasoning.finish() if end else []) if self.reasoning else (
-            [(CONTENT, text)] if text else [])
+        if self.reasoning is not None:
+            fields = self.reasoning.feed(text) + (self.reasoning.finish() if end else [])
+        else:
+            fields = [(CONTENT, text)] if text else []
         deltas: list[dict] = []
         for field, part in fields:
             if field == REASONING:

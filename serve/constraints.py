@@ -9,7 +9,6 @@ import json
 
 import llguidance
 
-from engine.grammar import GrammarTokenizer
 from serve import openai_schema as schema
 from serve.chat import ToolPlan
 from serve.errors import APIError
@@ -41,10 +40,7 @@ def json_grammar(target: dict, param: str) -> str:
 
 
 def check(state, grammar: str, param: str) -> None:
-    tokenizer = getattr(state, "grammar_tokenizer", None)
-    if tokenizer is None:
-        tokenizer = state.grammar_tokenizer = GrammarTokenizer(state.tokenizer, state.tokenizer.vocab_size)
-    error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer.lltokenizer)
+    error = llguidance.LLMatcher.validate_grammar(grammar, state.grammar_tokenizer.lltokenizer)
     if error:
         raise APIError(400, f"{param}: the schema cannot be enforced: {error}", param=param)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from engine.grammar import GrammarTokenizer
 from serve.config import ServerSettings
 from serve.engine_client import EngineClient
 from serve.metrics import Metrics
@@ -14,6 +15,7 @@ class ServerState:
     def __init__(self, settings: ServerSettings, tokenizer, model_ctx: int):
         """model_ctx: the context the default engine uses for this model without --ctx."""
         self.settings, self.tokenizer = settings, tokenizer
+        self.grammar_tokenizer = GrammarTokenizer(tokenizer, tokenizer.vocab_size)  # built on first use
         self.started_at = int(time.time())
         self.fallback_ctx = settings.ctx or model_ctx  # until the engine's READY says
         self.metrics = Metrics()
