@@ -21,20 +21,39 @@ KEY_TILE = 2048  # keys per attention tile on the CPU: scores never exceed (kv_h
 
 @dataclass
 class Step:
-    """Where one forward's tokens sit: n tokens at positions start..start+n of one sequence. On the
-    GPU it also holds the device arrays the kernels read, so that a captured decode graph reads
-    each step's position from memory; max_keys bounds a decode kernel's grid (a graph's bucket)."""
+    """Where one forward's tokens sit: either n tokens of one sequence at positions start..start+n
+    (a prompt chunk, or a lone decode row), or a decode batch of n sequences with one token each,
+    row i at positions[i] in KV slot slots[i]. On the GPU it also holds the device arrays the
+    kernels read, so that a captured decode graph reads each step's positions from memory;
+    max_keys bounds a decode kernel's grid (a graph's bucket)."""
 
     n: int
     start: int
+    slots: tuple[int, ...] | None = None  # a decode batch: each row's slot
+    positions: tuple[int, ...] | None = None  # a decode batch: each row's position
     q_start: object = None  # (sequences + 1,) int32: each sequence's first query row
     pos0: object = None  # (sequences,) int32: each sequence's first position
-    kv_off: object = None  # (sequences,) int64: each sequence's offset into the KV cache
+    kv_off: object = None  # (sequences,) int64: each sequence's offset into the layer's KV rows
     max_keys: int | None = None
+
+    @property
+    def batch(self) -> bool:
+        return self.slots is not None
+
+    @property
+    def decode(self) -> bool:
+        """One token per sequence: the memory-bound path (matvecs, flash-decoding)."""
+        return self.batch or self.n == 1
 
     def set_position(self, pos: int) -> None:
         """A graph's step: the position its next replay reads."""
         self.pos0.set(np.array([pos], dtype=np.int32))
+
+    def set_rows(self, slots, positions, stride: int) -> None:
+        """A decode batch's step: row i's position and its slot's offset (slot * stride elements)."""
+        self.slots, self.positions = tuple(slots), tuple(positions)
+        self.pos0.set(np.asarray(positions, dtype=np.int32))
+        self.kv_off.set(np.asarray(slots, dtype=np.int64) * stride)
 
 
 class ArrayOps:
@@ -46,6 +65,14 @@ class ArrayOps:
 
     def step(self, n: int, start: int) -> Step:
         return Step(n, start)
+
+    def batch_step(self, slots: tuple[int, ...], positions: tuple[int, ...], stride: int) -> Step:
+        """A decode batch: row i is a sequence's next token at positions[i], in KV slot slots[i]
+        (slots are `stride` elements apart in a layer's rows)."""
+        return Step(len(slots), -1, tuple(slots), tuple(positions))
+
+    def begin(self, step: Step) -> None:
+        """A forward over `step` starts (the GPU picks its decode or prompt kernels by it)."""
 
     def embed(self, table, tokens):
         """table: (vocab, dim), tokens: (n,) -> the fp32 residual stream (n, dim)."""
@@ -83,22 +110,34 @@ class ArrayOps:
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):
         """qkv: (n, (heads + 2*kv_heads) * d); cos/sin tables: (positions, 1, d/2); k_cache/v_cache:
-        (kv_heads, ctx, d), rows start..start+n written (K rotated). norms: (q_weight, k_weight, eps)
+        (kv_heads, ctx, d), rows start..start+n written (K rotated); for a decode batch (slots,
+        kv_heads, ctx, d), row i written at its slot and position. norms: (q_weight, k_weight, eps)
         when each Q and K head is RMS-normalized first (Qwen3). Returns q rotated: (n, heads, d)."""
-        kv_heads, _, d = k_cache.shape
+        kv_heads, d = k_cache.shape[-3], k_cache.shape[-1]
         if norms is not None:
             qkv = self.head_rms_norm(qkv, *norms[:2], qkv.shape[1] // d - 2 * kv_heads, kv_heads, norms[2])
-        n, start = qkv.shape[0], step.start
-        cos, sin = cos_table[start : start + n], sin_table[start : start + n]
+        n = qkv.shape[0]
+        at = np.asarray(step.positions) if step.batch else np.arange(step.start, step.start + n)  # (n,)
+        cos, sin = cos_table[at], sin_table[at]  # (n, 1, d/2)
         heads = qkv.shape[1] // d - 2 * kv_heads
         qkv = qkv.reshape(n, heads + 2 * kv_heads, d)
-        k_cache[:, start : start + n] = self.rope(qkv[:, heads : heads + kv_heads], cos, sin).transpose(1, 0, 2)
-        v_cache[:, start : start + n] = qkv[:, heads + kv_heads :].transpose(1, 0, 2)
+        k_new, v_new = self.rope(qkv[:, heads : heads + kv_heads], cos, sin), qkv[:, heads + kv_heads :]
+        if step.batch:  # (n, kv_heads, d) rows into (slots, kv_heads, ctx, d) at (slot_i, :, pos_i)
+            k_cache[np.asarray(step.slots), :, at] = k_new
+            v_cache[np.asarray(step.slots), :, at] = v_new
+        else:
+            k_cache[:, step.start : step.start + n] = k_new.transpose(1, 0, 2)
+            v_cache[:, step.start : step.start + n] = v_new.transpose(1, 0, 2)
         return self.rope(qkv[:, :heads], cos, sin)
 
     def attention(self, q, k_cache, v_cache, step: Step):
         """q: (n, heads, d) at positions start..start+n; k_cache/v_cache: (kv_heads, ctx, d) with
-        rows 0..start+n filled. Causal, GQA, online softmax over key tiles. Returns (n, heads*d)."""
+        rows 0..start+n filled. Causal, GQA, online softmax over key tiles. Returns (n, heads*d).
+        A decode batch: each row against its own slot's rows 0..positions[i]."""
+        if step.batch:
+            return self.xp.concatenate([
+                self.attention(q[i : i + 1], k_cache[s], v_cache[s], Step(1, p))
+                for i, (s, p) in enumerate(zip(step.slots, step.positions))])
         xp, start = self.xp, step.start
         n, heads, d = q.shape
         kv_heads = k_cache.shape[0]
@@ -143,8 +182,8 @@ class ArrayOps:
         return gate / (1.0 + self.xp.exp(-gate)) * up
 
     def logits(self, h, head):
-        """h: (1, dim), head: (vocab, dim) -> (vocab,) float32."""
-        return self.matmul(h, head)[0]
+        """h: (n, dim), head: (vocab, dim) -> (n, vocab) float32."""
+        return self.matmul(h, head)
 
     def mixture(self, h, router, experts, k: int, normalize: bool):
         """A MoE feed-forward (engine/moe.py): h (n, dim), router (experts, dim) float32 -> (out (n, dim),
@@ -164,9 +203,16 @@ class HalfCupyOps(ArrayOps):
         from engine.kernels import GpuKernels
 
         self.kernels = GpuKernels(cp)
+        self.decoding = False
 
     def step(self, n: int, start: int) -> Step:
         return self.kernels.step(n, start)
+
+    def batch_step(self, slots: tuple[int, ...], positions: tuple[int, ...], stride: int) -> Step:
+        return self.kernels.batch_step(slots, positions, stride)
+
+    def begin(self, step: Step) -> None:
+        self.decoding = step.decode  # rows one token each: matvecs, flash-decoding, 8-bit rows
 
     def embed(self, table, tokens):
         if isinstance(table, QuantMatrix):
@@ -174,45 +220,58 @@ class HalfCupyOps(ArrayOps):
         return super().embed(table, tokens)
 
     def matmul(self, x, w):
-        """One row (a decode step) by the matvec kernel: memory-bound, and capturable in a graph.
-        A decode row comes as a Row8 (its producer also wrote it in 8 bits, for quantized weights)."""
+        """A decode step's rows by the matvec kernel (memory-bound, batch-invariant, capturable in a
+        graph); they come as a Row8 (its producer also wrote them in 8 bits, for quantized weights).
+        A prompt chunk by cuBLAS, a quantized weight expanded to fp16 in a scratch buffer first."""
         if isinstance(x, Row8):
-            return self.kernels.matvec(w, x.values[0], self.xp.float16, x.q8)[None]
-        if x.shape[0] == 1:
-            return self.kernels.matvec(w, x[0], self.xp.float16)[None]
+            return self.kernels.matvec(w, x.values, self.xp.float16, x.q8)
+        if self.decoding:
+            return self.kernels.matvec(w, x, self.xp.float16)
         if isinstance(w, QuantMatrix):
             w = self.kernels.expand(w)
         return x @ w.T
 
     def add_rms_norm(self, x, delta, weight, eps: float):
-        return self.kernels.add_rms_norm(x, delta, weight, eps, q8=x.shape[0] == 1)
+        return self.kernels.add_rms_norm(x, delta, weight, eps, q8=self.decoding)
 
     def rows(self, h):
         return h.values if isinstance(h, Row8) else h
-
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):
         return self.kernels.rope_store(qkv, cos_table, sin_table, k_cache, v_cache, step, norms)
 
     def attention(self, q, k_cache, v_cache, step: Step):
-        return self.kernels.attention(q, k_cache, v_cache, step, q8=q.shape[0] == 1)
+        return self.kernels.attention(q, k_cache, v_cache, step, q8=self.decoding)
 
     def silu_mul(self, gate_up):
-        return self.kernels.silu_mul(gate_up, q8=gate_up.shape[0] == 1)
+        return self.kernels.silu_mul(gate_up, q8=self.decoding)
 
     def mixture(self, h, router, experts, k: int, normalize: bool):
         """Routed on the device (no host round trip, so a decode step stays capturable): a decode
         row reads only its chosen experts' blocks; a prompt chunk's rows are grouped by expert
-        (engine/kernels/moe.cu)."""
+        (engine/kernels/moe.cu). A decode batch goes row by row through the one-row path, so that
+        each row is routed and reduced as it would be alone."""
         moe = self.kernels.moe
-        chosen, weights = moe.route(self.rows(h), router, k, normalize)
-        run = moe.decode if isinstance(h, Row8) else moe.prompt
-        return run(h, experts, chosen, weights), chosen, weights
+        if not isinstance(h, Row8):
+            chosen, weights = moe.route(h, router, k, normalize)
+            return moe.prompt(h, experts, chosen, weights), chosen, weights
+        outs, chosen, weights = [], [], []
+        units = h.q8.shape[0] // h.values.shape[0]
+        for i in range(h.values.shape[0]):
+            row = Row8(h.values[i : i + 1], h.q8[i * units : (i + 1) * units])
+            c, w = moe.route(row.values, router, k, normalize)
+            outs.append(moe.decode(row, experts, c, w))
+            chosen.append(c)
+            weights.append(w)
+        if len(outs) == 1:
+            return outs[0], chosen[0], weights[0]
+        xp = self.xp
+        return xp.concatenate(outs), xp.concatenate(chosen), xp.concatenate(weights)
 
     def logits(self, h, head):
         if isinstance(h, Row8):
-            return self.kernels.matvec(head, h.values[0], q8=h.q8)
-        return self.kernels.matvec(head, h[0])
+            return self.kernels.matvec(head, h.values, q8=h.q8)
+        return self.kernels.matvec(head, h)
 
 
 @dataclass(frozen=True)
@@ -234,17 +293,20 @@ class Backend:
             self.xp.cuda.Stream.null.synchronize()
 
     def copy_rows(self, dst, src, rows: int) -> None:
-        """dst[:, :, :rows] = src[:, :, :rows] for (a, b, rows_of_each, d) arrays (KV caches and
-        their snapshots). On the GPU one pitched copy: an elementwise copy of the strided view
-        ran at a few GB/s and made a park of a long read cost most of a second."""
+        """dst[:, :, :rows] = src[:, :, :rows] for (a, b, rows_of_each, d) arrays (a slot's KV rows
+        and their snapshots, either of which may be a host array). On the GPU one pitched copy: an
+        elementwise copy of the strided view ran at a few GB/s and made a park cost most of a second."""
         if self.xp is np:
             dst[:, :, :rows] = src[:, :, :rows]
             return
-        item = src.dtype.itemsize
-        self.xp.cuda.runtime.memcpy2DAsync(
-            dst.data.ptr, dst.shape[2] * dst.shape[3] * item, src.data.ptr, src.shape[2] * src.shape[3] * item,
-            rows * src.shape[3] * item, src.shape[0] * src.shape[1], self.xp.cuda.runtime.memcpyDeviceToDevice,
-            self.xp.cuda.get_current_stream().ptr)
+        rt, item = self.xp.cuda.runtime, src.dtype.itemsize
+        on_host = [isinstance(a, np.ndarray) for a in (src, dst)]
+        kind = {(False, False): rt.memcpyDeviceToDevice, (True, False): rt.memcpyHostToDevice,
+                (False, True): rt.memcpyDeviceToHost}[tuple(on_host)]
+        ptr = lambda a: a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr  # noqa: E731
+        rt.memcpy2DAsync(ptr(dst), dst.shape[2] * dst.shape[3] * item, ptr(src), src.shape[2] * src.shape[3] * item,
+                         rows * src.shape[3] * item, src.shape[0] * src.shape[1], kind,
+                         self.xp.cuda.get_current_stream().ptr)
 
     def free_bytes(self) -> int | None:
         """Device memory still free for the KV cache (None on the CPU: not managed here)."""

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from engine.prefill import ParkPolicy
 
 DEFAULT_CHUNK = 256
+DEFAULT_SLOTS = 4
+MAX_SLOTS = 64
 WEIGHT_FORMS = ("quantized", "fp16")
 
 
@@ -22,12 +24,15 @@ class EngineConfig:
     snapshot_budget_given: bool = False  # else the engine sizes it with the KV cache (engine/memory.py)
     cuda_graphs: bool = True  # GPU decode steps as graph replays (engine/decode_graph.py)
     weights: str = "quantized"  # GPU: quantized tensors stay in their blocks; "fp16" expands them at load
+    slots: int = DEFAULT_SLOTS  # requests in the engine at once, each with its own KV rows
 
     def __post_init__(self):
         if self.chunk < 1:
             raise ValueError("--chunk must be >= 1")
         if self.ctx is not None and self.ctx < 16:
             raise ValueError("--ctx must be >= 16")
+        if not 1 <= self.slots <= MAX_SLOTS:
+            raise ValueError(f"--slots must be between 1 and {MAX_SLOTS}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="?", help="a prompt to answer at the terminal (default: read stdin)")
     p.add_argument("--serve", action="store_true", help="speak the line protocol on stdin/stdout")
     p.add_argument("--model", help="GGUF file (default: $STRATA_MODEL, else SmolLM2-135M-Instruct)")
-    p.add_argument("--ctx", type=int, help="context length in tokens (default: on the CPU the model's, capped at "
-                                           "8192; on the GPU the largest that fits, capped at the model's)")
+    p.add_argument("--ctx", type=int, help="context length of each slot in tokens (default: on the CPU the model's, "
+                                           "capped at 8192; on the GPU the largest that fits, capped at the model's)")
+    add_slots_arg(p)
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prompt tokens per prefill chunk")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--no-cuda-graphs", action="store_true", help="GPU: decode with eager launches (debugging)")
@@ -50,20 +56,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_slots_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
+                   help="requests in the engine at once, each with its own KV rows; their decode steps run "
+                        f"as one batch (default {DEFAULT_SLOTS}; on the GPU fewer if memory allows fewer)")
+
+
 def add_preempt_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("prefill preemption")
     g.add_argument("--prefill-preempt", action=argparse.BooleanOptionalAction, default=True,
                    help="park a read at a chunk boundary on YIELD (default: on)")
     g.add_argument("--prefill-preempt-min-tokens", type=int, default=ParkPolicy.min_tokens)
     g.add_argument("--prefill-preempt-max", type=int, default=ParkPolicy.max_parks, help="parks per request")
+    g.add_argument("--prefill-preempt-max-parked", type=int, default=ParkPolicy.max_parked,
+                   help="parked reads at a time")
     g.add_argument("--prefill-preempt-snapshot-mib", type=int,
-                   help="one budget over all parked snapshots (default: 2048 on the CPU; on the GPU the KV "
-                        "cache's size, so that any read can park)")
+                   help="one budget over the parked reads' snapshots in host memory (default: 2048 on the "
+                        "CPU; on the GPU one slot's KV rows, so that any read can park)")
 
 
 def policy_from_args(a: argparse.Namespace) -> ParkPolicy:
     return ParkPolicy(enabled=a.prefill_preempt, min_tokens=a.prefill_preempt_min_tokens,
-                      max_parks=a.prefill_preempt_max,
+                      max_parks=a.prefill_preempt_max, max_parked=a.prefill_preempt_max_parked,
                       budget_bytes=ParkPolicy.budget_bytes if a.prefill_preempt_snapshot_mib is None
                       else a.prefill_preempt_snapshot_mib << 20)
 
@@ -71,7 +85,7 @@ def policy_from_args(a: argparse.Namespace) -> ParkPolicy:
 def config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(a.model, a.ctx, a.chunk, a.device, policy_from_args(a),
                         snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None,
-                        cuda_graphs=not a.no_cuda_graphs, weights=a.weights)
+                        cuda_graphs=not a.no_cuda_graphs, weights=a.weights, slots=a.slots)
 
 
 def main(argv: list[str] | None = None) -> int:

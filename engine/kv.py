@@ -1,4 +1,5 @@
-"""The KV cache of the one running sequence, and snapshots of its rows for parked reads."""
+"""The KV cache: one set of rows per slot (a request in the engine), and copies of a slot's rows
+for parked reads that had to give their slot up (spilled to host memory)."""
 from __future__ import annotations
 
 import hashlib
@@ -13,12 +14,22 @@ from engine.gguf_model import ModelConfig
 @dataclass
 class KVSnapshot:
     pos: int
-    k: object  # (layers, kv_heads, pos, head_dim), a private copy
+    k: object  # (layers, kv_heads, pos, head_dim), a private copy (host memory)
     v: object  # (layers, kv_heads, pos, head_dim)
 
     @property
     def nbytes(self) -> int:
         return int(self.k.nbytes + self.v.nbytes)
+
+
+@dataclass(frozen=True)
+class LayerRows:
+    """What the forward pass indexes by layer: k[i], v[i] are layer i's rows, (kv_heads, ctx, d)
+    for one slot, or (slots, kv_heads, ctx, d) across slots (a decode batch: each row of the batch
+    names its slot in the Step)."""
+
+    k: object
+    v: object
 
 
 def kv_row_bytes(cfg: ModelConfig, backend: Backend) -> int:
@@ -27,31 +38,53 @@ def kv_row_bytes(cfg: ModelConfig, backend: Backend) -> int:
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, ctx: int, backend: Backend):
-        shape = (cfg.n_layers, cfg.n_kv_heads, ctx, cfg.head_dim)
-        self.backend, self.ctx = backend, ctx
-        # (layers, kv_heads, ctx, head_dim): float32 on the CPU, float16 on the GPU
-        self.k = backend.xp.zeros(shape, dtype=backend.weight_dtype)
-        self.v = backend.xp.zeros(shape, dtype=backend.weight_dtype)
+    def __init__(self, cfg: ModelConfig, ctx: int, backend: Backend, slots: int = 1):
+        shape = (slots, cfg.n_layers, cfg.n_kv_heads, ctx, cfg.head_dim)
+        self.backend, self.ctx, self.slots = backend, ctx, slots
+        # (slots, layers, kv_heads, ctx, head_dim): float32 on the CPU, float16 on the GPU
+        self.keys = backend.xp.zeros(shape, dtype=backend.weight_dtype)
+        self.values = backend.xp.zeros(shape, dtype=backend.weight_dtype)
         self.row_bytes = kv_row_bytes(cfg, backend)
+
+    @property
+    def k(self):
+        """Slot 0's rows (layers, kv_heads, ctx, d): a one-slot cache indexed as the forward pass does."""
+        return self.keys[0]
+
+    @property
+    def v(self):
+        return self.values[0]
+
+    def slot(self, s: int) -> LayerRows:
+        return LayerRows(self.keys[s], self.values[s])
+
+    def across_slots(self) -> LayerRows:
+        """Layer i -> (slots, kv_heads, ctx, d): a decode batch reads and writes each row's own slot."""
+        return LayerRows(self.keys.swapaxes(0, 1), self.values.swapaxes(0, 1))
+
+    @property
+    def slot_stride(self) -> int:
+        """Elements from one slot's rows to the next's (a kernel's per-sequence offset unit)."""
+        return int(np.prod(self.keys.shape[1:]))
 
     def snapshot_nbytes(self, pos: int) -> int:
         return pos * self.row_bytes
 
-    def snapshot(self, pos: int) -> KVSnapshot:
-        layers, heads, _, d = self.k.shape
-        rows = lambda: self.backend.xp.empty((layers, heads, pos, d), self.k.dtype)  # noqa: E731
+    def snapshot(self, s: int, pos: int) -> KVSnapshot:
+        """Slot s's rows [0, pos) copied to host memory."""
+        layers, heads, _, d = self.keys.shape[1:]
+        rows = lambda: np.empty((layers, heads, pos, d), self.keys.dtype)  # noqa: E731
         snap = KVSnapshot(pos, rows(), rows())
-        self.backend.copy_rows(snap.k, self.k, pos)
-        self.backend.copy_rows(snap.v, self.v, pos)
+        self.backend.copy_rows(snap.k, self.keys[s], pos)
+        self.backend.copy_rows(snap.v, self.values[s], pos)
         return snap
 
-    def restore(self, snap: KVSnapshot) -> None:
-        self.backend.copy_rows(self.k, snap.k, snap.pos)
-        self.backend.copy_rows(self.v, snap.v, snap.pos)
+    def restore(self, s: int, snap: KVSnapshot) -> None:
+        self.backend.copy_rows(self.keys[s], snap.k, snap.pos)
+        self.backend.copy_rows(self.values[s], snap.v, snap.pos)
 
-    def digest(self, pos: int) -> bytes:
+    def digest(self, s: int, pos: int) -> bytes:
         h = hashlib.blake2b(digest_size=16)
-        for arr in (self.k, self.v):
+        for arr in (self.keys[s], self.values[s]):
             h.update(self.backend.to_host(arr[:, :, :pos]).tobytes())
         return h.digest()

@@ -1,9 +1,21 @@
-"""The engine's protocol loop: a stdin thread feeds an inbox; one sequence runs at a time.
+"""The engine's protocol loop: a stdin thread feeds an inbox; the requests in the engine's slots
+advance in rounds.
 
-Control lines (STOP, YIELD, CANCEL) are looked at between prompt chunks and between tokens.
+A round is one decode step for every decoding request together (one pass over the weights), then
+one prompt chunk of the first read in line, so that a long read never stops the others from
+decoding and a read's chunks stay at absolute boundaries. Control lines (GEN, STOP, YIELD, RESUME,
+CANCEL) are taken between rounds and after each chunk, before its PP.
+
+Parks stay in place: a parked read keeps its rows in its slot, at no cost. When a GEN or a RESUME
+finds no free slot, the read parked longest moves to host memory (its snapshot) and gives its slot
+up; its RESUME brings the rows back into a free slot. The park gates reserve room in the one
+snapshot budget for every parked read, so a move never exceeds it; if the copy itself fails, the
+read's rows are dropped and it reads again from its start when resumed (the same tokens: chunks
+are absolute).
 """
 from __future__ import annotations
 
+import itertools
 import queue
 import sys
 import threading
@@ -17,6 +29,7 @@ from protocol.codec import ProtocolError, decode, encode
 from engine.prefill import ParkPolicy
 from engine.sampler import Sampler, SamplingParams
 from engine.sequence import Sequence
+from engine.slots import SlotTable
 
 _SAMPLING_KEYS = {f.name for f in fields(SamplingParams)}
 _EOF = object()
@@ -37,20 +50,21 @@ class Writer:
             self.out.flush()
 
 
-class Parked:
-    def __init__(self, seq: Sequence, snapshot, nbytes: int):
-        self.seq, self.snapshot, self.nbytes = seq, snapshot, nbytes
-
-
 class EngineLoop:
     def __init__(self, runner, policy: ParkPolicy, write: Callable[[m.Message], None],
                  caps: tuple[str, ...] = ("stop",)):
         self.runner, self.policy, self.write = runner, policy, write
         self.caps = caps
         self.inbox: queue.Queue = queue.Queue()
-        self.parked: dict[int, Parked] = {}
-        self.yield_offered = False
-        self.quitting = False
+        self.slots = SlotTable(getattr(runner, "slots", 1), runner.chunk)
+        self.seqs: dict[int | None, Sequence] = {}  # every request in the engine, by id, in arrival order
+        self.line: list[Sequence] = []  # reads in order: the first one reads the next chunk
+        self.snapshots: dict[int, object] = {}  # spilled parked reads' rows (None: dropped, read again)
+        self.reserved: dict[int, int] = {}  # parked reads' snapshot sizes, held in the budget
+        self.park_ticks = itertools.count(1)
+        self.in_chunk: Sequence | None = None  # the read whose chunk has run and whose PP is not out yet
+        self.quitting = False  # QUIT: finish what runs, then exit
+        self.gone = False  # end of input: nobody listens any more
         self.logged: set[str] = set()
 
     def log_once(self, kind: str, text: str) -> None:
@@ -79,40 +93,82 @@ class EngineLoop:
         self.write(m.Info(self.runner.info()))
         self.write(m.Ready(self.runner.ctx, self.caps))
 
+    @property
+    def busy(self) -> bool:
+        """Some request reads or decodes (parked ones wait for a RESUME)."""
+        return any(not s.parked for s in self.seqs.values())
+
     def process(self) -> None:
-        """Handle the inbox until QUIT or end of input."""
-        while not self.quitting:
-            msg = self.inbox.get()
-            if msg is _EOF or isinstance(msg, m.Quit):
-                break
-            self.dispatch_idle(msg)
+        """Rounds until QUIT (once what runs has finished) or the end of input."""
+        while True:
+            self.take_lines(block=not self.busy and not self.quitting)
+            if self.gone or (self.quitting and not self.busy):
+                return
+            self.round()
 
-    # ------------------------------------------------------------ idle dispatch
+    def take_lines(self, block: bool) -> None:
+        """Handle the lines that arrived; with block, wait for one first (the engine is idle)."""
+        while not self.gone:
+            try:
+                msg = self.inbox.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if msg is _EOF:
+                self.gone = True
+            else:
+                self.control(msg)
 
-    def dispatch_idle(self, msg: m.Message) -> None:
+    # ------------------------------------------------------------ lines
+
+    def control(self, msg: m.Message) -> None:
         if isinstance(msg, m.Gen):
-            seq = self.start(msg)
-            if seq is not None:
-                self.run(seq)
+            self.admit(msg)
+        elif isinstance(msg, m.Quit):
+            self.quitting = True
+        elif isinstance(msg, m.Stop):
+            for seq in [s for s in self.seqs.values() if msg.id is None or s.id == msg.id]:
+                self.stop(seq)
+        elif isinstance(msg, m.Yield):
+            target = self.seqs.get(msg.id) if msg.id is not None else (self.line[0] if self.line else None)
+            if target is not None and target.reading and not target.parked:
+                target.yield_wanted = True  # honoured at its next chunk boundary; decode never parks
         elif isinstance(msg, m.Resume):
             self.resume(msg.id)
         elif isinstance(msg, m.Cancel):
-            self.cancel_parked(msg.id)
-        elif isinstance(msg, (m.Stop, m.Yield)):
-            pass  # nothing is running: a late STOP or a stale offer
+            seq = self.seqs.get(msg.id)
+            if seq is None or not seq.parked:
+                self.write(m.Err(f"no parked request with id {msg.id}", msg.id))
+            else:
+                self.finish(seq, "cancel")
         else:
             self.write(m.Err(f"unexpected {type(msg).__name__.upper()} line for an engine", msg.id))
 
-    def start(self, gen: m.Gen) -> Sequence | None:
+    def stop(self, seq: Sequence) -> None:
+        """STOP: the request ends with `cancel` (after the PP of a chunk that has just run)."""
+        if seq is self.in_chunk:
+            seq.finish = "cancel"
+        else:
+            self.finish(seq, "cancel")
+
+    def admit(self, gen: m.Gen) -> None:
         try:
-            return self.build_sequence(gen)
+            seq = self.build_sequence(gen)
         except ValueError as e:
             self.write(m.Err(str(e), gen.id))
-            return None
+            return
+        if not self.take_slot(seq, reuse=bool(gen.params.get("reuse", 1))):
+            self.write(m.Err(f"busy: all {len(self.slots)} slots are in use", gen.id))
+            return
+        self.seqs[seq.id] = seq
+        self.line.append(seq)
+        if len(self.slots) > 1:  # where it landed and what it reuses (an engine of one slot stays quiet)
+            self.write(m.Info({"slot": str(seq.slot), "cached": str(seq.cached)}, seq.id))
 
     def build_sequence(self, gen: m.Gen) -> Sequence:
-        if gen.id is not None and gen.id in self.parked:
-            raise ValueError(f"id {gen.id} is already parked")
+        if gen.id in self.seqs:
+            raise ValueError(f"id {gen.id} is already in the engine" if gen.id is not None else
+                             "busy: a request without an id is running")
         if len(gen.tokens) >= self.runner.ctx:
             raise ValueError(f"prompt of {len(gen.tokens)} tokens does not fit the context of {self.runner.ctx}")
         bad = [t for t in gen.tokens if t >= self.runner.vocab_size]
@@ -136,119 +192,132 @@ class EngineLoop:
             stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
             fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn)
 
-    # ------------------------------------------------------------ running
+    # ------------------------------------------------------------ rounds
 
-    def run(self, seq: Sequence) -> None:
-        while seq.reading:
-            started = time.perf_counter()
-            before = seq.pos
-            self.runner.read_prompt_chunk(seq)
-            ms = (time.perf_counter() - started) * 1000
-            seq.prompt_ms += ms
-            stop = self.poll_control(seq)  # lines that arrived during this chunk, before its PP
-            self.write(m.PP(seq.pos, seq.total, ms, (seq.pos - before) / max(ms, 1e-6) * 1000, seq.id))
-            if stop:
-                return self.finish(seq, "cancel")
-            if self.yield_offered and seq.reading and self.try_park(seq):
-                return
-        self.yield_offered = False  # decode never parks
-        self.decode(seq)
+    def round(self) -> None:
+        decoding = [s for s in self.seqs.values() if s.decoding]
+        if decoding:
+            self.decode_step(decoding)
+            self.take_lines(block=False)
+        if self.line:
+            self.read_chunk(self.line[0])
 
-    def decode(self, seq: Sequence) -> None:
-        started = time.perf_counter()
-        while seq.finish is None:
+    def decode_step(self, seqs: list[Sequence]) -> None:
+        """Each decoding request's next token from its logits, then one batched forward for those
+        that go on."""
+        going = []
+        now = time.perf_counter()
+        for seq in seqs:
+            if seq.decode_started is None:
+                seq.decode_started = now
             token = self.runner.sample(seq)
             seq.sampler.accept(token)
             seq.generated.append(token)
             self.write(m.T(token, seq.id))
             if token in seq.stop_ids:
-                seq.finish = "stop"
+                self.finish(seq, "stop")
             elif len(seq.generated) >= seq.max_new:
-                seq.finish = "length"
-            elif self.poll_control(seq):
-                seq.finish = "cancel"
+                self.finish(seq, "length")
             else:
-                self.runner.decode_one_token(seq)
-        seq.decode_ms = (time.perf_counter() - started) * 1000
-        self.finish(seq, seq.finish)
+                going.append(seq)
+        if going:
+            self.runner.decode_batch(going)
+
+    def read_chunk(self, seq: Sequence) -> None:
+        started = time.perf_counter()
+        before = seq.pos
+        self.in_chunk = seq
+        self.runner.read_prompt_chunk(seq)
+        ms = (time.perf_counter() - started) * 1000
+        seq.prompt_ms += ms
+        self.take_lines(block=False)  # lines that arrived during this chunk, before its PP
+        self.in_chunk = None
+        self.write(m.PP(seq.pos, seq.total, ms, (seq.pos - before) / max(ms, 1e-6) * 1000, seq.id))
+        if seq.finish is not None:  # a STOP came during the chunk
+            self.finish(seq, seq.finish)
+        elif not seq.reading:
+            self.line.remove(seq)
+            seq.yield_wanted = False  # decode never parks
+        elif seq.yield_wanted:
+            self.try_park(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish = reason
+        if seq.decode_started is not None:
+            seq.decode_ms = (time.perf_counter() - seq.decode_started) * 1000
         extra = {"parks": str(seq.parks), "park_ms": f"{seq.park_ms:.3f}"}
-        if seq.fingerprints:
+        if len(self.slots) > 1:
+            extra["cached"] = str(seq.cached)
+        if seq.fingerprints and seq.slot is not None:
             extra["fp"] = self.runner.fingerprint(seq)
         self.write(m.Done(len(seq.generated), seq.total, seq.prompt_ms, seq.decode_ms, reason, extra, seq.id))
+        self.seqs.pop(seq.id, None)
+        if seq in self.line:
+            self.line.remove(seq)
+        self.snapshots.pop(seq.id, None)
+        self.reserved.pop(seq.id, None)
+        self.slots.release(seq, keep=True)
 
-    def poll_control(self, seq: Sequence) -> bool:
-        """Handle control lines that arrived meanwhile; True if `seq` must stop."""
-        stop = False
-        while True:
-            try:
-                msg = self.inbox.get_nowait()
-            except queue.Empty:
-                return stop
-            stop = self.control(seq, msg) or stop
+    # ------------------------------------------------------------ park, move out, resume
 
-    def control(self, seq: Sequence, msg) -> bool:
-        if msg is _EOF:  # nobody is listening any more: stop now
-            self.quitting = True
-            return True
-        if isinstance(msg, m.Quit):  # finish what runs, then exit
-            self.quitting = True
-        elif isinstance(msg, m.Stop):
-            return msg.id is None or msg.id == seq.id
-        elif isinstance(msg, m.Yield):
-            self.yield_offered = seq.reading
-        elif isinstance(msg, m.Cancel):
-            self.cancel_parked(msg.id)
-        elif isinstance(msg, (m.Gen, m.Resume)):
-            self.write(m.Err(f"busy: request {seq.id} is running", msg.id))
-        return False
-
-    # ------------------------------------------------------------ park / resume
-
-    def try_park(self, seq: Sequence) -> bool:
-        self.yield_offered = False  # the park (or its refusal) consumes the offer
+    def try_park(self, seq: Sequence) -> None:
+        seq.yield_wanted = False  # the park (or its refusal) consumes the offer
         nbytes = self.runner.snapshot_nbytes(seq)
-        used = sum(p.nbytes for p in self.parked.values())
-        reason = self.policy.decline_reason(seq, nbytes, used, len(self.parked))
+        used = sum(self.reserved.values())
+        reason = self.policy.decline_reason(seq, nbytes, used, len(self.reserved))
         if reason == "budget":
             self.log_once("budget", f"park declined: a {nbytes >> 20} MiB snapshot would exceed the "
                                     f"{self.policy.budget_bytes >> 20} MiB budget ({used >> 20} MiB in use)")
-        if reason is None:
-            try:
-                snapshot = self.timed_copy(seq, self.runner.park)
-            except Exception as e:  # MemoryError, CuPy's OutOfMemoryError, ...: keep reading
-                self.log_once("snapshot_failed", f"snapshot copy failed ({type(e).__name__}: {e}); "
-                                                 "the read continues unparked")
-                reason = "snapshot_failed"
         if reason is not None:
             self.write(m.Decline(reason, seq.pos, seq.total, seq.id))
-            return False
+            return
+        self.runner.park(seq)
         seq.parks += 1
-        self.parked[seq.id] = Parked(seq, snapshot, nbytes)
+        seq.parked, seq.parked_seq = True, next(self.park_ticks)
+        self.reserved[seq.id] = nbytes
+        self.line.remove(seq)
         self.write_fingerprint(seq, "park")
         self.write(m.Suspended(seq.pos, seq.total, seq.id))
-        return True
+
+    def take_slot(self, seq: Sequence, reuse: bool) -> bool:
+        """A slot for `seq`: a free one, else the one of the read parked longest, moved out."""
+        if self.slots.place(seq, reuse):
+            return True
+        in_place = [s for s in self.seqs.values() if s.parked and s.slot is not None and s is not seq]
+        if not in_place:
+            return False
+        self.move_out(min(in_place, key=lambda s: s.parked_seq))
+        return self.slots.place(seq, reuse)
+
+    def move_out(self, seq: Sequence) -> None:
+        """A parked read's rows to host memory (within the budget its park reserved); its slot is free."""
+        try:
+            self.snapshots[seq.id] = self.timed_copy(seq, self.runner.spill)
+        except Exception as e:  # MemoryError, CuPy's OutOfMemoryError, ...: it will read again
+            self.log_once("snapshot_failed", f"moving a parked read out failed ({type(e).__name__}: {e}); "
+                                             "it will read its prompt again when resumed")
+            self.write(m.Decline("snapshot_failed", seq.pos, seq.total, seq.id))
+            self.snapshots[seq.id] = None
+        self.slots.release(seq, keep=False)
 
     def resume(self, ident: int) -> None:
-        parked = self.take_parked(ident)
-        if parked is None:
-            return
-        self.timed_copy(parked.seq, self.runner.restore, parked.snapshot)
-        self.yield_offered = False  # a fresh period waits for a fresh offer
-        self.write_fingerprint(parked.seq, "resume")
-        self.run(parked.seq)
-
-    def cancel_parked(self, ident: int) -> None:
-        parked = self.take_parked(ident)
-        if parked is not None:
-            self.finish(parked.seq, "cancel")
-
-    def take_parked(self, ident: int) -> Parked | None:
-        parked = self.parked.pop(ident, None)
-        if parked is None:
+        seq = self.seqs.get(ident)
+        if seq is None or not seq.parked:
             self.write(m.Err(f"no parked request with id {ident}", ident))
-        return parked
+            return
+        if seq.slot is None:  # moved out: back into a slot
+            if not self.take_slot(seq, reuse=False):
+                self.write(m.Err(f"busy: all {len(self.slots)} slots are in use", ident))
+                return
+            snap = self.snapshots.pop(seq.id)
+            if snap is None:
+                seq.pos = 0  # its rows were dropped: the read starts again (the same chunks)
+            else:
+                self.timed_copy(seq, self.runner.restore, snap)
+        seq.parked = False
+        self.reserved.pop(seq.id, None)
+        self.write_fingerprint(seq, "resume")
+        self.line.append(seq)
 
     def write_fingerprint(self, seq: Sequence, stage: str) -> None:
         if seq.fingerprints:

@@ -8,7 +8,7 @@ import numpy as np
 
 from engine.backend import Backend, Step
 from engine.gguf_model import ModelConfig, Weights
-from engine.kv import KVCache
+from engine.kv import KVCache, LayerRows
 from engine.prefill import chunk_end
 
 
@@ -20,16 +20,27 @@ class LlamaModel:
         self.cos_table = self.sin_table = None  # (positions, 1, half) on the device, grown on demand
         self.route_log: list | None = None  # (layer, experts (n, k), weights (n, k)) per MoE layer, when a list
 
-    def forward(self, tokens: np.ndarray, start: int, kv: KVCache, want_logits: bool, on_device: bool = False):
-        """tokens: (n,) at absolute positions [start, start+n). Writes their K/V rows.
-        Returns logits (vocab,) float32 of the last position on the host (or left on the device), or None."""
+    def forward(self, tokens: np.ndarray, start: int, kv: KVCache | LayerRows, want_logits: bool,
+                on_device: bool = False):
+        """tokens: (n,) at absolute positions [start, start+n) of one sequence, whose K/V rows `kv`
+        holds (a slot's, KVCache.slot). Writes their K/V rows. Returns logits (vocab,) float32 of
+        the last position on the host (or left on the device), or None."""
         logits = self.forward_on_device(tokens, self.ops.step(len(tokens), start), kv, want_logits)
         return logits if logits is None or on_device else self.backend.to_host(logits)
 
-    def forward_on_device(self, tokens, step: Step, kv: KVCache, want_logits: bool):
+    def forward_batch(self, tokens, slots, positions, kv: KVCache):
+        """A decode step of several sequences at once: tokens (n,), row i the next token of the
+        sequence in KV slot slots[i] at positions[i]. One pass over the weights for all of them,
+        attention over each one's own rows. Returns logits (n, vocab) float32 on the device."""
+        step = self.ops.batch_step(tuple(slots), tuple(positions), kv.slot_stride)
+        return self.forward_on_device(tokens, step, kv.across_slots(), True)
+
+    def forward_on_device(self, tokens, step: Step, kv: KVCache | LayerRows, want_logits: bool):
         """The forward pass proper; tokens may already be on the device and `step` may carry
-        device-side positions (a captured decode graph). Returns device logits (vocab,) or None."""
+        device-side positions (a captured decode graph). Returns device logits, (vocab,) for one
+        sequence, (n, vocab) for a decode batch, or None."""
         ops, eps = self.ops, self.cfg.norm_eps
+        ops.begin(step)
         x = ops.embed(self.w.tok_embd, tokens)  # (n, dim) fp32 residual stream
         cos, sin = self.rope_tables(step.start, step.n)
         delta = None  # the previous layer's feed-forward output, added at the next norm
@@ -48,8 +59,10 @@ class LlamaModel:
                 delta = ops.matmul(ops.silu_mul(ops.matmul(h, layer.w_gate_up)), layer.w_down)  # (n, dim)
         if not want_logits:
             return None
-        last = ops.add_rms_norm(x[-1:], delta[-1:], self.w.out_norm, eps)  # (1, dim)
-        return ops.logits(last, self.w.head)  # (vocab,) float32
+        rows = slice(None) if step.batch else slice(-1, None)  # every row of a batch, else the last position
+        last = ops.add_rms_norm(x[rows], delta[rows], self.w.out_norm, eps)  # (rows, dim)
+        logits = ops.logits(last, self.w.head)  # (rows, vocab) float32
+        return logits if step.batch else logits[0]
 
     def mixture(self, i: int, h, layer):
         """Layer i's routed experts (engine/moe.py); the routes are recorded when route_log is a list."""

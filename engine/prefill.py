@@ -17,7 +17,7 @@ class ParkPolicy:
     min_tokens: int = 256  # a read parks only once it has reached this position
     max_parks: int = 16  # parks per request
     budget_bytes: int = 2048 * 2**20  # one hard budget over all snapshots
-    max_parked: int = 1  # parked requests at a time
+    max_parked: int = 4  # parked reads at a time (in their slots or moved to host memory)
 
     def __post_init__(self):
         if self.min_tokens < 0 or self.max_parks < 0 or self.budget_bytes < 0 or self.max_parked < 0:

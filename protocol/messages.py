@@ -24,6 +24,7 @@ GEN_KEYS: dict[str, type] = {
     "drawn": int,  # tokens this request already generated before an engine restart (they end
     # the prompt): the continuation skips their random draws, so a seeded stream goes on unchanged
     "grammar": str,  # the output must match this grammar (llguidance's grammar text, escaped)
+    "reuse": int,  # 0 = read the whole prompt even if a slot kept its start (default 1: reuse it)
 }
 
 FINISH_REASONS = ("stop", "length", "cancel")

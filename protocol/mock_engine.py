@@ -1,9 +1,10 @@
 """A protocol-level mock engine: the real engine loop (engine/loop.py) over a fake model.
 
-Same lines as `strata --serve`, no weights: prompt chunks and tokens take configurable time,
-output is the prompt echoed back or a scripted token list, and faults can be injected.
+Same lines as `strata --serve`, no weights: prompt chunks and decode steps (of one request or a
+batch of them) take configurable time, output is the prompt echoed back or a scripted token list,
+and faults can be injected. With --slots N, N requests are in the engine at once, as in strata.
 
-    python -m protocol.mock_engine [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
+    python -m protocol.mock_engine [--slots 1] [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
         [--script 1,2,3] [--no-prefill-preempt] [--die-at-chunk K] [--die-at-gen K]
         [--die-after-tokens K] [--die-while-parked] [--poison-token T] [--faults-once PATH]
         [--malformed-at-chunk K] [--fail-snapshot] [--no-preempt-cap] [--start-delay S]
@@ -35,7 +36,7 @@ class FakeRunner:
 
     def __init__(self, a: argparse.Namespace, write_raw):
         self.a, self.write_raw = a, write_raw
-        self.ctx, self.chunk, self.vocab_size = a.ctx, a.chunk, a.vocab
+        self.ctx, self.chunk, self.vocab_size, self.slots = a.ctx, a.chunk, a.vocab, a.slots
         self.eos_ids = frozenset({a.eos})
         self.script = tuple(int(t) for t in a.script.split(",")) if a.script else None
         self.chunks_read = self.gens_started = self.tokens_written = 0
@@ -45,7 +46,7 @@ class FakeRunner:
 
     def info(self) -> dict[str, str]:
         return {"model": "mock", "ctx": str(self.ctx), "chunk": str(self.chunk), "device": "none",
-                "version": "mock"}
+                "slots": str(self.slots), "version": "mock"}
 
     def die(self, once: bool = True) -> None:
         """Exit like a crash. With --faults-once PATH, a one-shot fault fires in the first process
@@ -74,12 +75,15 @@ class FakeRunner:
         if not seq.reading:
             seq.logits = self.one_hot(self.scripted(seq, 0))
 
-    def decode_one_token(self, seq: Sequence) -> None:
-        self.tokens_written += 1  # the loop has just written one more T line
-        if self.tokens_written == self.a.die_after_tokens:
-            self.die()
+    def decode_batch(self, seqs: list[Sequence]) -> None:
+        """One step for the whole batch: it takes a token's time, whatever the batch size."""
+        for seq in seqs:
+            self.tokens_written += 1  # the loop has written one more T line for each
+            if self.tokens_written == self.a.die_after_tokens:
+                self.die()
         time.sleep(self.a.token_s)
-        seq.logits = self.one_hot(self.scripted(seq, len(seq.generated)))
+        for seq in seqs:
+            seq.logits = self.one_hot(self.scripted(seq, len(seq.generated)))
 
     def sample(self, seq: Sequence) -> int:
         return seq.sampler.sample(seq.logits)
@@ -97,15 +101,17 @@ class FakeRunner:
     def snapshot_nbytes(self, seq: Sequence) -> int:
         return seq.pos * self.a.bytes_per_token
 
-    def park(self, seq: Sequence):
+    def spill(self, seq: Sequence):
         if self.a.fail_snapshot:
             raise MemoryError("injected: snapshot allocation failed")
-        if self.a.die_while_parked:
-            threading.Timer(0.2, self.die).start()
         return seq.pos
 
     def restore(self, seq: Sequence, snapshot) -> None:
         assert snapshot == seq.pos
+
+    def park(self, seq: Sequence) -> None:
+        if self.a.die_while_parked:
+            threading.Timer(0.2, self.die).start()
 
     def fingerprint(self, seq: Sequence) -> str:
         state = (seq.prompt[: seq.pos], seq.pos, tuple(seq.generated), seq.sampler.state_digest())
@@ -124,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eos", type=int, default=2)
     p.add_argument("--script", help="comma-separated token ids to emit, cycled (default: echo the prompt)")
     p.add_argument("--bytes-per-token", type=int, default=1024, help="simulated snapshot size")
+    p.add_argument("--slots", type=int, default=1, help="requests in the engine at once (decoded as one batch)")
     f = p.add_argument_group("faults")
     f.add_argument("--die-at-chunk", type=int, default=0, help="exit during the K-th prompt chunk read")
     f.add_argument("--die-at-gen", type=int, default=0, help="exit on taking the K-th request, before any line")

@@ -28,7 +28,9 @@ def tokens_of(lines: list[m.Message], ident: int) -> list[int]:
 
 
 def gen(prompt, max_new: int, params: dict, ident: int) -> m.Gen:
-    return m.Gen(max_new, tuple(prompt), {**params, "fp": 1}, ident)
+    """Every scenario reads its prompt from position 0 (no reuse of a slot's kept conversation), so
+    that the parked and the uninterrupted reads run the same chunks."""
+    return m.Gen(max_new, tuple(prompt), {**params, "fp": 1, "reuse": 0}, ident)
 
 
 def finish_a(engine: EnginePipe, seen: list[m.Message], outcome: Outcome) -> Outcome:

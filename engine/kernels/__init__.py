@@ -27,6 +27,7 @@ HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
 WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_, embed_ and matvec_ kernels in quant.cu
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
+MAX_BATCH_ROWS = 8  # activation rows one matvec launch takes (matvec_<T>_n1 .. _n8); more go in several
 Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
 NULL = np.uint64(0)  # a null pointer argument
 
@@ -60,6 +61,12 @@ def decode_keys_per_block(keys: int) -> int:
     return max(64, (1 << max(0, keys - 1).bit_length()) // DECODE_MAX_SPLITS)
 
 
+def decode_splits(keys: int) -> int:
+    """Blocks per K/V head a flash-decoding grid needs so that any sequence of up to `keys` keys
+    finds all of its splits in it (64 keys a block up to 4,096 keys: the most splits any length uses)."""
+    return min(DECODE_MAX_SPLITS, math.ceil(keys / 64))
+
+
 def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
     return (max(1, math.ceil(n / per_block)),)
 
@@ -69,8 +76,9 @@ class GpuKernels:
         self.cp = cp
         names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "norm_rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
                  "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
-                                                for family, suffix in (("dequant", ""), ("embed", ""),
-                                                                       ("matvec", ""), ("matvec", "_f32")))),
+                                                for family, suffix in (("dequant", ""), ("embed", ""))),
+                              *(f"matvec_{kind}_n{nb}{suffix}" for kind in WEIGHT_KINDS
+                                for nb in range(1, MAX_BATCH_ROWS + 1) for suffix in ("", "_f32"))),
                  "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS),
                                   *(f"flash_decode_d{d}_g{g}" for d in HEAD_DIMS for g in range(1, MAX_GROUP + 1))),
                  "moe.cu": moe.KERNELS}
@@ -85,7 +93,7 @@ class GpuKernels:
         self.scratch = None  # fp16 values of the largest quantized matrix: a prompt chunk's GEMM operand
         self.moe = moe.MoeKernels(self)
 
-    # ------------------------------------------------------------ norm, RoPE, SwiGLU
+    # ------------------------------------------------------------ norm, RoPE, SwiGLU (a row at a time: batch-invariant)
 
     def add_rms_norm(self, x, delta, weight, eps: float, q8: bool = False):
         """x: (n, dim) fp32, updated in place by += delta (n, dim) fp16 if given; returns
@@ -104,13 +112,15 @@ class GpuKernels:
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):
         """qkv: (n, (heads + 2*kv_heads) * d) fp16; cos/sin tables: (positions, 1, d/2) fp32;
         k_cache/v_cache: (kv_heads, ctx, d) fp16, rows start..start+n written, start read from
-        the step's device copy. norms: (q_weight, k_weight, eps) to RMS-normalize each Q and K head
+        the step's device copy; for a decode batch (slots, kv_heads, ctx, d), row i at its own
+        position and slot. norms: (q_weight, k_weight, eps) to RMS-normalize each Q and K head
         first (Qwen3), in the same kernel. Returns q (n, heads, d)."""
-        kv_heads, ctx, d = k_cache.shape
+        kv_heads, ctx, d = k_cache.shape[-3:]
         n = qkv.shape[0]
         heads = qkv.shape[1] // d - 2 * kv_heads
         q = self.cp.empty((n, heads, d), dtype=self.cp.float16)
-        common = (qkv, q, k_cache, v_cache, cos_table, sin_table, step.pos0)
+        common = (qkv, q, k_cache, v_cache, cos_table, sin_table, step.pos0, step.kv_off,
+                  np.int32(n if step.batch else 1))
         if norms is None:
             total = n * (heads + 2 * kv_heads) * (d // 2)
             self.fn["rope_store"](blocks(total), (THREADS,), (*common, np.int32(n), np.int32(heads),
@@ -135,23 +145,26 @@ class GpuKernels:
         return Row8(out, units) if q8 else out
 
     def argmax(self, logits):
-        """logits: (n,) fp32 -> (1,) int64 on the device: the first index of the maximum (numpy.argmax)."""
-        out = self.cp.empty(1, dtype=self.cp.int64)
-        self.fn["argmax_first"]((1,), (1024,), (logits, out, np.int32(logits.shape[0])))
+        """logits: (rows, n) fp32 -> (rows,) int64 on the device: each row's first index of its
+        maximum (numpy.argmax)."""
+        logits = logits.reshape(-1, logits.shape[-1])
+        out = self.cp.empty(logits.shape[0], dtype=self.cp.int64)
+        self.fn["argmax_first"]((logits.shape[0],), (1024,), (logits, out, np.int32(logits.shape[1])))
         return out
 
     # ------------------------------------------------------------ attention
 
     def attention(self, q, k_cache, v_cache, step: Step, q8: bool = False):
         """q: (n, heads, d) fp16 at positions start..start+n; k_cache/v_cache: (kv_heads, ctx, d)
-        fp16 holding rows 0..start+n. Causal flash attention; returns (n, heads*d) fp16. One
-        token goes to flash-decoding (the keys split across blocks; a Row8 with q8)."""
+        fp16 holding rows 0..start+n. Causal flash attention; returns (n, heads*d) fp16. A decode
+        step (one token, or a batch of sequences with one token each in their own slots) goes to
+        flash-decoding (the keys split across blocks; a Row8 with q8)."""
         cp = self.cp
         n, heads, d = q.shape
-        kv_heads, ctx, _ = k_cache.shape
+        kv_heads, ctx, _ = k_cache.shape[-3:]
         if d not in HEAD_DIMS:
             raise ValueError(f"head width {d} is not supported on the GPU (supported: {HEAD_DIMS})")
-        if n == 1:
+        if step.decode:
             return self.decode_attention(q, k_cache, v_cache, step, q8)
         out = cp.empty((n, heads, d), dtype=cp.float16)
         rows = n * (heads // kv_heads)
@@ -163,43 +176,55 @@ class GpuKernels:
         return out.reshape(n, heads * d)
 
     def decode_attention(self, q, k_cache, v_cache, step: Step, q8: bool = False):
-        """One query token: blocks of decode_keys_per_block keys each, their partials merged by the
-        last block to finish. The grid covers step.max_keys (a graph's bucket) or the keys present;
-        the split depends only on that count rounded up to a power of two, so an eager step and a
-        captured one split (and round) alike. With q8, a Row8 (the output in 8 bits too)."""
+        """One query token per sequence (q: (sequences, heads, d)): blocks of keys, their partials
+        merged by the last block to finish. Each sequence splits its keys by its own length
+        (decode_keys_per_block, in the kernel), so its result does not depend on the batch beside it
+        or on the graph bucket; the grid covers the most splits any length up to step.max_keys (a
+        graph's bucket) or the longest sequence present can use. With q8, a Row8 (the output in 8
+        bits too)."""
         cp = self.cp
-        _, heads, d = q.shape
-        kv_heads, ctx, _ = k_cache.shape
+        seqs, heads, d = q.shape
+        kv_heads, ctx, _ = k_cache.shape[-3:]
         group = heads // kv_heads
         if group > MAX_GROUP:
             raise ValueError(f"{group} query heads per K/V head (at most {MAX_GROUP} supported)")
         kv_div = 2 if group > 4 and group % 2 == 0 else 1  # 8 heads a block spill registers: two blocks of 4
         group, blocks_y = group // kv_div, kv_heads * kv_div
-        keys = step.max_keys or step.start + 1
-        per_block = decode_keys_per_block(keys)
-        splits = math.ceil(keys / per_block)
-        part_o = cp.empty((heads, splits, d), dtype=cp.float32)
-        part_ml = cp.empty((heads, splits, 2), dtype=cp.float32)
-        out = cp.empty((1, heads, d), dtype=cp.float16)
-        units = cp.empty((heads * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
-        if self.counters is None or self.counters.size < blocks_y:  # zero; each launch leaves them zero
-            self.counters = cp.zeros(blocks_y, dtype=cp.int32)
+        keys = step.max_keys or (max(step.positions) + 1 if step.batch else step.start + 1)
+        splits = decode_splits(keys)
+        part_o = cp.empty((seqs, heads, splits, d), dtype=cp.float32)
+        part_ml = cp.empty((seqs, heads, splits, 2), dtype=cp.float32)
+        out = cp.empty((seqs, heads, d), dtype=cp.float16)
+        units = cp.empty((seqs * heads * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
+        if self.counters is None or self.counters.size < seqs * blocks_y:  # zero; each launch leaves them zero
+            self.counters = cp.zeros(seqs * blocks_y, dtype=cp.int32)
         self.fn[f"flash_decode_d{d}_g{group}"](
-            (splits, blocks_y, 1), (DECODE_THREADS,),
+            (splits, blocks_y, seqs), (DECODE_THREADS,),
             (q, k_cache, v_cache, part_o, part_ml, out, units if q8 else NULL, self.counters, step.pos0, step.kv_off,
-             np.int32(blocks_y), np.int32(kv_div), np.int32(ctx), np.int32(per_block),
-             np.float32(math.log2(math.e) / math.sqrt(d))))
-        return Row8(out.reshape(1, heads * d), units) if q8 else out.reshape(1, heads * d)
+             np.int32(blocks_y), np.int32(kv_div), np.int32(ctx), np.float32(math.log2(math.e) / math.sqrt(d))))
+        out = out.reshape(seqs, heads * d)
+        return Row8(out, units) if q8 else out
 
     def step(self, n: int, start: int) -> Step:
         """The kernels' description of one sequence's n tokens at `start`; every layer of a
         forward reuses it (one small copy to the device per forward)."""
-        if self._step is None or (self._step.n, self._step.start) != (n, start):
+        if self._step is None or self._step.batch or (self._step.n, self._step.start) != (n, start):
             self._step = self.device_step(n, start)
         return self._step
 
+    def batch_step(self, slots: tuple[int, ...], positions: tuple[int, ...], stride: int,
+                   max_keys: int | None = None) -> Step:
+        """A decode batch: row i is the next token of the sequence in KV slot slots[i] (slots are
+        `stride` elements apart in a layer's rows), at positions[i]. With max_keys, a graph's step
+        whose rows are set in place (Step.set_rows) before each replay."""
+        cp, n = self.cp, len(slots)
+        step = Step(n, -1, tuple(slots), tuple(positions), q_start=cp.arange(n + 1, dtype=cp.int32),
+                    pos0=cp.empty(n, dtype=cp.int32), kv_off=cp.empty(n, dtype=cp.int64), max_keys=max_keys)
+        step.set_rows(slots, positions, stride)
+        return step
+
     def static_step(self, n: int, max_keys: int) -> Step:
-        """A step whose position is set in place (Step.set_position) before each graph replay."""
+        """A one-sequence step whose position is set in place (Step.set_position) before each replay."""
         return self.device_step(n, 0, max_keys)
 
     def device_step(self, n: int, start: int, max_keys: int | None = None) -> Step:
@@ -211,22 +236,28 @@ class GpuKernels:
     # ------------------------------------------------------------ weights: rows, blocks
 
     def matvec(self, w, x, dtype=np.float32, q8=None):
-        """w: (m, k) fp16 or a QuantMatrix (its blocks read directly), x: (k,) fp16 -> (m,) in
-        dtype (float32 or float16), fp32 accumulation. Quantized parts take x in 8 bits per 32
-        values (q8: the Q8 units the producer of x wrote, else quantize_q8 runs once for all
-        parts) and integer dot products."""
-        x = self.cp.ascontiguousarray(x)
+        """w: (m, k) fp16 or a QuantMatrix (its blocks read directly), x: (n, k) fp16 rows (or one
+        row (k,)) -> (n, m) (or (m,)) in dtype (float32 or float16), fp32 accumulation; each row of
+        x reduced as it would be alone (batch-invariant). Quantized parts take x in 8 bits per 32
+        values (q8: the Q8 units the producer of x wrote, else quantize_q8 runs once for all parts)
+        and integer dot products."""
+        one = x.ndim == 1
+        x = self.cp.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+        n, (m, k) = x.shape[0], w.shape
         suffix = "_f32" if np.dtype(dtype) == np.float32 else ""
-        y = self.cp.empty(w.shape[0], dtype=dtype)
+        y = self.cp.empty((n, m), dtype=dtype)
         parts = self.parts(w)
-        xq = q8 if q8 is not None or all(kind == "F16" for kind, _, _ in parts) else self.quantize_q8(x)
-        row = 0
-        for kind, data, rows in parts:
-            self.fn[f"matvec_{kind}{suffix}"](blocks(rows, MATVEC_ROWS), (MATVEC_THREADS,),
-                                               (data, x if kind == "F16" else xq, y[row:], np.int32(rows),
-                                                np.int32(w.shape[1])))
-            row += rows
-        return y
+        xq = q8 if q8 is not None or all(kind == "F16" for kind, _, _ in parts) else self.quantize_q8(x.reshape(-1))
+        units = k // UNIT
+        for b0 in range(0, n, MAX_BATCH_ROWS):
+            nb, row = min(MAX_BATCH_ROWS, n - b0), 0
+            for kind, data, rows in parts:
+                src = x[b0:] if kind == "F16" else xq[b0 * units :]
+                self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(rows, MATVEC_ROWS), (MATVEC_THREADS,),
+                                                         (data, src, y[b0:, row:], np.int32(rows), np.int32(k),
+                                                          np.int32(m)))
+                row += rows
+        return y[0] if one else y
 
     def quantize_q8(self, x):
         """x: (k,) fp16 -> k / 32 units of 48 bytes (Q8 in quant.cu): 32 int8, the scale and the

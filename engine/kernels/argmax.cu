@@ -7,9 +7,11 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
     if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
 }
 
-// logits: (n,) fp32 -> *out the index of the first maximum.
+// logits: (rows, n) fp32 -> out (rows,): each row's index of its first maximum (a block a row).
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_first(const float* __restrict__ logits, long long* __restrict__ out, int n) {
+    logits += (size_t)blockIdx.x * n;
+    out += blockIdx.x;
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ int si[ARGMAX_THREADS / 32];
     float v = -__int_as_float(0x7f800000);  // -inf

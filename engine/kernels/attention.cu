@@ -263,7 +263,7 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
                                              float* __restrict__ part_ml, __half* __restrict__ out,
                                              Q8* __restrict__ q8, int* __restrict__ counters, const int* __restrict__ pos0,
                                              const long long* __restrict__ kv_off, int kv_heads, int kv_div, int ctx,
-                                             int per_block, float scale_log2) {
+                                             float scale_log2) {
     constexpr int DQ = D / 8;   // dims per lane while scoring (8 lanes a key)
     constexpr int DV = D / 32;  // dims per lane in P V
     constexpr int QS = DQ + 4;  // a lane's q slice in shared memory, padded: 8 slices on distinct banks
@@ -278,6 +278,9 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
     const int s = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane >> 3, chunk = lane & 7;
     const int heads = kv_heads * G, head0 = kvh * G, kv_len = pos0[s] + 1;
+    // keys a block reads, from this sequence's own length (decode_keys_per_block in kernels/__init__.py):
+    // a sequence splits alike whatever the batch beside it and whichever graph bucket runs it
+    const int per_block = max(64, (kv_len <= 1 ? 1 : 1 << (32 - __clz(kv_len - 1))) >> 6);
     const int first = split * per_block;
     if (first < kv_len) {
         for (int i = threadIdx.x; i < G * D; i += DEC_WARPS * 32)
@@ -436,10 +439,9 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
         flash_decode_d##D##_g##G(const __half* q, const __half* k, const __half* v, float* part_o,           \
                                  float* part_ml, __half* out, Q8* q8, int* counters, const int* pos0,         \
-                                 const long long* kv_off, int kv_heads, int kv_div, int ctx, int per_block,   \
-                                 float scale_log2) {                                                          \
+                                 const long long* kv_off, int kv_heads, int kv_div, int ctx, float scale_log2) { \
         flash_decode<D, G>(q, k, v, part_o, part_ml, out, q8, counters, pos0, kv_off, kv_heads, kv_div, ctx,     \
-                           per_block, scale_log2);                                                            \
+                           scale_log2);                                                                       \
     }
 #define FLASH_DECODE_GROUPS(D) \
     FLASH_DECODE(D, 1) FLASH_DECODE(D, 2) FLASH_DECODE(D, 3) FLASH_DECODE(D, 4) FLASH_DECODE(D, 5) \

@@ -88,3 +88,82 @@ __device__ __forceinline__ void rows_dot_f16(const __half* __restrict__ w, const
 #pragma unroll kMvUnroll
     for (int s = threadIdx.x & 31; s < k / 32; s += 32) unit_dot_f16(w, k, row0, m, s, x + s * 32, 1.f, acc);
 }
+
+// ---- a decode batch: NB activation rows against the same weight rows, the weights read once ----
+// Batch-invariant by construction: row b's dot product with weight row r is the very sum, in the
+// very order, whatever NB is (lane partials over units lane, lane + 32, ..., then the warp's xor
+// reduction), so a request's logits do not depend on what is decoded beside it. The rows of x
+// are `units` Q8 units (or k fp16 values) apart; y's rows are ldy apart (y holds NB rows of a wider
+// output when W is one part of a stacked matrix).
+template <int NB>
+using BatchAcc = float[NB][MV_ROWS];
+
+template <int NB, typename Out>
+__device__ __forceinline__ void reduce_store_batch(BatchAcc<NB>& acc, Out* y, int row0, int m, int ldy) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; ++r) {
+            float a = acc[b][r];
+            for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            if (lane == 0 && row0 + r < m) store(y + (size_t)b * ldy, row0 + r, a);
+        }
+}
+
+// Rows row0 .. row0 + MV_ROWS of W (blocks of type T) . x_b for NB rows x_b in 8 bits: each
+// weight unit is decoded once and serves every row of the batch.
+template <class T, int NB>
+__device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, const Q8* __restrict__ xq, int row0,
+                                                  int m, int k, BatchAcc<NB>& acc) {
+    const size_t rb = row_bytes<T>(k);
+    const int units = k / 32;
+#pragma unroll 1
+    for (int s = threadIdx.x & 31; s < units; s += 32) {
+        Raw u[MV_ROWS];
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; ++r)
+            if (row0 + r < m) T::decode(w + (row0 + r) * rb, s, u[r]);
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            const int4* xp = reinterpret_cast<const int4*>(xq + (size_t)b * units + s);
+            const int4 xa = xp[0], xb = xp[1];
+            const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, pad
+            const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+            for (int r = 0; r < MV_ROWS; ++r) {
+                if (row0 + r >= m) break;
+                int s0 = 0, s1 = 0;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) s0 = dp4a(u[r].w[i], xw[i], s0), s1 = dp4a(u[r].w[4 + i], xw[4 + i], s1);
+                acc[b][r] += ds.x * (u[r].d[0] * (float)s0 + u[r].d[1] * (float)s1) + u[r].m[0] * ds.y + u[r].m[1] * ds.z;
+            }
+        }
+    }
+}
+
+// The same for fp16 rows against NB fp16 rows of x (fp32 accumulation).
+template <int NB>
+__device__ __forceinline__ void rows_dot_f16_batch(const __half* __restrict__ w, const __half* __restrict__ x,
+                                                   int row0, int m, int k, BatchAcc<NB>& acc) {
+#pragma unroll 1
+    for (int s = threadIdx.x & 31; s < k / 32; s += 32) {
+        float wv[MV_ROWS][32];
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; ++r)
+            if (row0 + r < m) load_half32(w + (size_t)(row0 + r) * k + s * 32, wv[r]);
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            float xv[32];
+            load_half32(x + (size_t)b * k + s * 32, xv);
+#pragma unroll
+            for (int r = 0; r < MV_ROWS; ++r) {
+                if (row0 + r >= m) break;
+                float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+                for (int j = 0; j < 16; ++j) s0 = fmaf(wv[r][j], xv[j], s0), s1 = fmaf(wv[r][j + 16], xv[j + 16], s1);
+                acc[b][r] += s0 + s1;
+            }
+        }
+    }
+}

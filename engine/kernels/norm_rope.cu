@@ -68,26 +68,31 @@ extern "C" __global__ void add_residual(float* __restrict__ x, const __half* __r
     if (i < n) x[i] += __half2float(delta[i]);
 }
 
-// qkv: (n, heads + 2*kv_heads, d) fp16, the fused projection of n tokens at positions start..,
-// start read from device memory (*pos) so that a captured decode graph serves every position.
+// qkv: (n, heads + 2*kv_heads, d) fp16, the fused projection of n tokens: either one sequence's
+// tokens at positions pos0[0] + t (seqs == 1), or a decode batch of n sequences, token t at pos0[t]
+// in the KV rows kv_off[t] elements further (seqs == n); positions are read from device memory so
+// that a captured decode graph serves every position.
 // Each head is laid out [evens, odds] so RoPE rotates its two halves. One thread per
 // (token, head slot, pair j < d/2): q and k are rotated, q goes to q_out (n, heads, d), k and v
-// go straight into this layer's cache rows k_cache/v_cache: (kv_heads, ctx, d) at start + token.
+// go straight into this layer's cache rows k_cache/v_cache: (kv_heads, ctx, d) at the token's
+// position (plus its sequence's kv_off).
 // cos, sin: (positions, d/2) fp32 tables.
 extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __restrict__ q_out,
                                       __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                       const float* __restrict__ cos, const float* __restrict__ sin,
-                                      const int* __restrict__ pos, int n, int heads, int kv_heads, int d, int ctx) {
-    const int half_d = d / 2, slots = heads + 2 * kv_heads, start = *pos;
+                                      const int* __restrict__ pos0, const long long* __restrict__ kv_off, int seqs,
+                                      int n, int heads, int kv_heads, int d, int ctx) {
+    const int half_d = d / 2, slots = heads + 2 * kv_heads;
     const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (idx >= (size_t)n * slots * half_d) return;
     const int j = idx % half_d;
     const size_t r = idx / half_d;
-    const int slot = r % slots, t = r / slots;
+    const int slot = r % slots, t = r / slots, seq = seqs == 1 ? 0 : t, p = pos0[seq] + (seqs == 1 ? t : 0);
+    k_cache += kv_off[seq], v_cache += kv_off[seq];
     const __half* src = qkv + r * d;
     float a = __half2float(src[j]), b = __half2float(src[j + half_d]);
     if (slot < heads + kv_heads) {
-        const size_t at = (size_t)(start + t) * half_d + j;
+        const size_t at = (size_t)p * half_d + j;
         const float c = cos[at], s = sin[at];
         const float ra = a * c - b * s, rb = b * c + a * s;
         a = ra;
@@ -95,8 +100,8 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
     }
     __half* dst;
     if (slot < heads) dst = q_out + ((size_t)t * heads + slot) * d;
-    else if (slot < heads + kv_heads) dst = k_cache + ((size_t)(slot - heads) * ctx + start + t) * d;
-    else dst = v_cache + ((size_t)(slot - heads - kv_heads) * ctx + start + t) * d;
+    else if (slot < heads + kv_heads) dst = k_cache + ((size_t)(slot - heads) * ctx + p) * d;
+    else dst = v_cache + ((size_t)(slot - heads - kv_heads) * ctx + p) * d;
     dst[j] = __float2half(a);
     dst[j + half_d] = __float2half(b);
 }
@@ -109,13 +114,14 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
 extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __half* __restrict__ q_out,
                                            __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                            const float* __restrict__ cos, const float* __restrict__ sin,
-                                           const int* __restrict__ pos, const float* __restrict__ q_w,
-                                           const float* __restrict__ k_w, int n, int heads, int kv_heads, int d,
-                                           int ctx, float eps) {
-    const int half_d = d / 2, slots = heads + 2 * kv_heads, start = *pos, lane = threadIdx.x & 31;
+                                           const int* __restrict__ pos0, const long long* __restrict__ kv_off,
+                                           int seqs, const float* __restrict__ q_w, const float* __restrict__ k_w,
+                                           int n, int heads, int kv_heads, int d, int ctx, float eps) {
+    const int half_d = d / 2, slots = heads + 2 * kv_heads, lane = threadIdx.x & 31;
     const size_t r = blockIdx.x * (size_t)4 + (threadIdx.x >> 5);
     if (r >= (size_t)n * slots) return;
-    const int slot = r % slots, t = r / slots;
+    const int slot = r % slots, t = r / slots, seq = seqs == 1 ? 0 : t, p = pos0[seq] + (seqs == 1 ? t : 0);
+    k_cache += kv_off[seq], v_cache += kv_off[seq];
     const __half* src = qkv + r * d;
     const bool rotate = slot < heads + kv_heads;
     const float* w = slot < heads ? q_w : k_w;
@@ -131,14 +137,14 @@ extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __hal
     }
     __half* dst;
     if (slot < heads) dst = q_out + ((size_t)t * heads + slot) * d;
-    else if (slot < heads + kv_heads) dst = k_cache + ((size_t)(slot - heads) * ctx + start + t) * d;
-    else dst = v_cache + ((size_t)(slot - heads - kv_heads) * ctx + start + t) * d;
+    else if (slot < heads + kv_heads) dst = k_cache + ((size_t)(slot - heads) * ctx + p) * d;
+    else dst = v_cache + ((size_t)(slot - heads - kv_heads) * ctx + p) * d;
     for (int j = lane; j < half_d; j += 32) {
         float a = __half2float(src[j]), b = __half2float(src[j + half_d]);
         if (rotate) {
             a = __half2float(__float2half(a * inv * w[j]));
             b = __half2float(__float2half(b * inv * w[j + half_d]));
-            const size_t at = (size_t)(start + t) * half_d + j;
+            const size_t at = (size_t)p * half_d + j;
             const float c = cos[at], s = sin[at];
             const float ra = a * c - b * s, rb = b * c + a * s;
             a = ra;

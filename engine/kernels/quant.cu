@@ -1,12 +1,13 @@
 // Weights in their GGUF block layout (ggml-common.h, decoded by blocks.cuh), read on the GPU. The kernels:
-//   dequant_<T>(src, y, units, cols)         blocks -> fp16 (rows, cols): load time with
-//                                             --weights fp16, and a prompt chunk's GEMM scratch
-//   embed_<T>(src, ids, y, units, cols)      rows ids[r] -> fp32 (n, cols): the token embedding
-//   matvec_<T>[_f32](w, xq, y, m, k)         y (m,) = W (m, k) @ x (k,), the blocks read directly
-//                                             (decode steps and the head): integer dot products
-//                                             (dp4a) against x quantized to 8 bits per 32 values
-//                                             by quantize_q8, as llama.cpp's MMVQ does
-//   matvec_F16[_f32](w, x, y, m, k)          fp16 rows against fp16 x, fp32 accumulation
+//   dequant_<T>(src, y, units, cols)          blocks -> fp16 (rows, cols): load time with
+//                                              --weights fp16, and a prompt chunk's GEMM scratch
+//   embed_<T>(src, ids, y, units, cols)       rows ids[r] -> fp32 (n, cols): the token embedding
+//   matvec_<T>_n<NB>[_f32](w, xq, y, m, k, ldy)
+//                                             y (NB, m) = x (NB, k) @ W (m, k)^T, the blocks read
+//                                              directly (decode steps of NB sequences, the head):
+//                                              integer dot products (dp4a) against x quantized to 8
+//                                              bits per 32 values by quantize_q8, as llama.cpp's MMVQ
+//   matvec_F16_n<NB>[_f32](w, x, y, m, k, ldy) fp16 rows against fp16 x, fp32 accumulation
 // NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/gpu_kernels_check.py).
 #include "blocks.cuh"
 #include "matvec.cuh"
@@ -33,42 +34,60 @@ extern "C" __global__ void quantize_q8(const __half* __restrict__ x, Q8* __restr
     quantize_unit(v, out + u);
 }
 
-// y (m,) = W (m, k) @ x (k,): W in blocks against x in 8 bits (Q8 units).
-template <class T, typename Out>
+// y (NB, m; rows ldy apart) = x (NB, k) @ W (m, k)^T: W in blocks against the rows of x in 8 bits (Q8 units,
+// NB * k / 32 of them). A decode step of one sequence is NB = 1; a batch of up to MAX_NB rows is
+// one launch (more go in several), each row reduced as it would be alone (matvec.cuh).
+template <class T, int NB, typename Out>
 __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __restrict__ xq, Out* __restrict__ y,
-                                          int m, int k) {
+                                          int m, int k, int ldy) {
     const int row0 = warp_row0();
     if (row0 >= m) return;
-    float acc[MV_ROWS] = {};
-    rows_dot_q8<T>(w, xq, row0, m, k, acc);
-    reduce_store(acc, y, row0, m);
+    BatchAcc<NB> acc = {};
+    rows_dot_q8_batch<T, NB>(w, xq, row0, m, k, acc);
+    reduce_store_batch<NB>(acc, y, row0, m, ldy);
 }
 
-// fp16 rows against fp16 x.
-template <typename Out>
+// fp16 rows against NB fp16 rows of x.
+template <int NB, typename Out>
 __device__ __forceinline__ void matvec_f16(const __half* __restrict__ w, const __half* __restrict__ x,
-                                           Out* __restrict__ y, int m, int k) {
+                                           Out* __restrict__ y, int m, int k, int ldy) {
     const int row0 = warp_row0();
     if (row0 >= m) return;
-    float acc[MV_ROWS] = {};
-    rows_dot_f16(w, x, row0, m, k, acc);
-    reduce_store(acc, y, row0, m);
+    BatchAcc<NB> acc = {};
+    rows_dot_f16_batch<NB>(w, x, row0, m, k, acc);
+    reduce_store_batch<NB>(acc, y, row0, m, ldy);
 }
 
-#define WEIGHT_KERNELS(T)                                                                                       \
-    extern "C" __global__ void dequant_##T(const u8* src, __half* y, long long units, int cols) {              \
-        dequant_rows<T>(src, nullptr, y, units, cols);                                                          \
-    }                                                                                                           \
-    extern "C" __global__ void embed_##T(const u8* src, const long long* ids, float* y, long long units,       \
-                                         int cols) {                                                            \
-        dequant_rows<T>(src, ids, y, units, cols);                                                              \
+#define WEIGHT_KERNELS(T)                                                                                           \
+    extern "C" __global__ void dequant_##T(const u8* src, __half* y, long long units, int cols) {                   \
+        dequant_rows<T>(src, nullptr, y, units, cols);                                                              \
+    }                                                                                                               \
+    extern "C" __global__ void embed_##T(const u8* src, const long long* ids, float* y, long long units,            \
+                                         int cols) {                                                                \
+        dequant_rows<T>(src, ids, y, units, cols);                                                                  \
     }
-#define MATVEC_Q8(T)                                                                                            \
-    WEIGHT_KERNELS(T)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                 \
-        matvec_##T(const u8* w, const Q8* xq, __half* y, int m, int k) { matvec_q8<T>(w, xq, y, m, k); }        \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                 \
-        matvec_##T##_f32(const u8* w, const Q8* xq, float* y, int m, int k) { matvec_q8<T>(w, xq, y, m, k); }
+#define MATVEC_Q8_NB(T, NB)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                     \
+        matvec_##T##_n##NB(const u8* w, const Q8* xq, __half* y, int m, int k, int ldy) {                           \
+        matvec_q8<T, NB>(w, xq, y, m, k, ldy);                                                                      \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                     \
+        matvec_##T##_n##NB##_f32(const u8* w, const Q8* xq, float* y, int m, int k, int ldy) {                      \
+        matvec_q8<T, NB>(w, xq, y, m, k, ldy);                                                                      \
+    }
+#define MATVEC_F16_NB(NB)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                     \
+        matvec_F16_n##NB(const __half* w, const __half* x, __half* y, int m, int k, int ldy) {                      \
+        matvec_f16<NB>(w, x, y, m, k, ldy);                                                                         \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                     \
+        matvec_F16_n##NB##_f32(const __half* w, const __half* x, float* y, int m, int k, int ldy) {                 \
+        matvec_f16<NB>(w, x, y, m, k, ldy);                                                                         \
+    }
+#define MATVEC_Q8(T)                                                                                                \
+    WEIGHT_KERNELS(T)                                                                                               \
+    MATVEC_Q8_NB(T, 1) MATVEC_Q8_NB(T, 2) MATVEC_Q8_NB(T, 3) MATVEC_Q8_NB(T, 4) MATVEC_Q8_NB(T, 5)                  \
+    MATVEC_Q8_NB(T, 6) MATVEC_Q8_NB(T, 7) MATVEC_Q8_NB(T, 8)
 
 MATVEC_Q8(Q4_0)
 MATVEC_Q8(Q4_1)
@@ -79,10 +98,8 @@ MATVEC_Q8(Q4_K)
 MATVEC_Q8(Q5_K)
 MATVEC_Q8(Q6_K)
 WEIGHT_KERNELS(F16)
-extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)
-    matvec_F16(const __half* w, const __half* x, __half* y, int m, int k) { matvec_f16(w, x, y, m, k); }
-extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)
-    matvec_F16_f32(const __half* w, const __half* x, float* y, int m, int k) { matvec_f16(w, x, y, m, k); }
+MATVEC_F16_NB(1) MATVEC_F16_NB(2) MATVEC_F16_NB(3) MATVEC_F16_NB(4)
+MATVEC_F16_NB(5) MATVEC_F16_NB(6) MATVEC_F16_NB(7) MATVEC_F16_NB(8)
 
 // BF16 -> fp16 at load (a bf16 is the high half of an fp32). n = values.
 extern "C" __global__ void dequant_BF16(const unsigned short* __restrict__ src, __half* __restrict__ y, long long n) {

@@ -49,8 +49,8 @@ def test_snapshot_budget_is_checked_before_any_copy(engine_factory):
     assert any("exceed the 0 MiB budget" in line for line in e.stderr)
 
 
-def test_only_one_request_is_parked_at_a_time(engine_factory):
-    e = start(engine_factory)
+def test_the_max_parked_gate_counts_parked_reads(engine_factory):
+    e = start(engine_factory, "--prefill-preempt-max-parked", "1")
     e.send(gen(40, ident=1))
     assert isinstance(offer_and_read(e), m.Suspended)
     e.send(gen(40, ident=2))
@@ -78,11 +78,19 @@ def test_cancel_of_an_unknown_or_resumed_park_is_an_error(engine_factory):
     assert "no parked request" in e.read().message
 
 
-def test_a_failed_snapshot_copy_leaves_the_read_going(engine_factory):
+def test_a_failed_move_out_makes_the_parked_read_read_again(engine_factory):
+    """One slot: a parked read moves to host memory when a newcomer needs its slot; if that copy
+    fails, its rows are dropped (declined as snapshot_failed) and its RESUME reads the prompt again
+    from the start: the newcomer is not refused and the parked request loses nothing."""
     e = start(engine_factory, "--fail-snapshot")
     e.send(gen(40))
-    declined = offer_and_read(e)
-    assert (type(declined), declined.reason) == (m.Decline, "snapshot_failed")
-    done = e.read_until(m.Done, ident=1)[-1]
-    assert done.finish == "length" and done.generated == 2
-    assert any("snapshot copy failed" in line for line in e.stderr)
+    assert isinstance(offer_and_read(e), m.Suspended)
+    e.send(gen(8, ident=2))
+    declined = e.read_until(m.Decline, ident=1)[-1]
+    assert declined.reason == "snapshot_failed"
+    assert e.read_until(m.Done, ident=2)[-1].finish == "length"
+    e.send(m.Resume(1))
+    seen = e.read_until(m.Done, ident=1)
+    assert [x.done for x in seen if isinstance(x, m.PP)][0] == 4  # from the start again
+    assert seen[-1].finish == "length" and seen[-1].generated == 2
+    assert any("moving a parked read out failed" in line for line in e.stderr)

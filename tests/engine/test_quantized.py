@@ -92,24 +92,25 @@ def test_activations_in_8_bits_round_to_the_nearest_step_of_each_unit():
     assert np.allclose(np.round(q[1:] / step[1:]), q[1:] / step[1:], atol=1e-3)  # whole steps
 
 
-def test_decode_attention_splits_alike_in_a_captured_and_an_eager_step():
-    """The flash-decoding split (keys per block) must be the same for a graph's bucket and for the
-    eager step at any position it serves, or the two would round differently; and a grid never has
-    more blocks per KV head than the merge reads."""
+def test_decode_attention_splits_by_the_sequence_alone():
+    """A sequence's flash-decoding split (keys per block) depends on its own length only, so that a
+    captured step, an eager one and a batch beside longer sequences round alike; and every grid
+    (sized for a graph's bucket or the longest sequence in a batch) holds all of any shorter
+    sequence's splits, never more than the merge reads."""
     from hypothesis import given, strategies as st
 
     from engine.decode_graph import bucket
-    from engine.kernels import DECODE_MAX_SPLITS, decode_keys_per_block
+    from engine.kernels import DECODE_MAX_SPLITS, decode_keys_per_block, decode_splits
 
-    @given(st.integers(0, 200_000), st.integers(1, 262_144))
-    def check(pos, ctx):
-        if pos >= ctx:
+    @given(st.integers(0, 200_000), st.integers(0, 200_000), st.integers(1, 262_144))
+    def check(pos, other, ctx):
+        if max(pos, other) >= ctx:
             return
-        size = bucket(pos, ctx)
-        per_block = decode_keys_per_block(size)
-        assert per_block == decode_keys_per_block(pos + 1)
+        per_block = decode_keys_per_block(pos + 1)
         assert per_block % 64 == 0
-        assert -(-size // per_block) <= DECODE_MAX_SPLITS
+        used = -(-(pos + 1) // per_block)
+        for keys in (bucket(max(pos, other), ctx), max(pos, other) + 1):
+            assert used <= decode_splits(keys) <= DECODE_MAX_SPLITS
 
     check()
 
