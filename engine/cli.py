@@ -25,6 +25,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # GPU decode steps as graph replays (engine/decode_graph.py)
     weights: str = "quantized"  # GPU: quantized tensors stay in their blocks; "fp16" expands them at load
     slots: int = DEFAULT_SLOTS  # requests in the engine at once, each with its own KV rows
+    prompt_reuse: bool = True  # a free slot's kept conversation saves the next turn's reading
 
     def __post_init__(self):
         if self.chunk < 1:
@@ -60,6 +61,9 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
                    help="requests in the engine at once, each with its own KV rows; their decode steps run "
                         f"as one batch (default {DEFAULT_SLOTS}; on the GPU fewer if memory allows fewer)")
+    p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="a free slot keeps the conversation it read; a prompt that starts with it reads only "
+                        "the rest, from a chunk boundary (default: on)")
 
 
 def add_preempt_args(p: argparse.ArgumentParser) -> None:
@@ -85,7 +89,8 @@ def policy_from_args(a: argparse.Namespace) -> ParkPolicy:
 def config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(a.model, a.ctx, a.chunk, a.device, policy_from_args(a),
                         snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None,
-                        cuda_graphs=not a.no_cuda_graphs, weights=a.weights, slots=a.slots)
+                        cuda_graphs=not a.no_cuda_graphs, weights=a.weights, slots=a.slots,
+                        prompt_reuse=a.prompt_reuse)
 
 
 def main(argv: list[str] | None = None) -> int:

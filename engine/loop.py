@@ -52,9 +52,9 @@ class Writer:
 
 class EngineLoop:
     def __init__(self, runner, policy: ParkPolicy, write: Callable[[m.Message], None],
-                 caps: tuple[str, ...] = ("stop",)):
+                 caps: tuple[str, ...] = ("stop",), reuse: bool = True):
         self.runner, self.policy, self.write = runner, policy, write
-        self.caps = caps
+        self.caps, self.reuse = caps, reuse
         self.inbox: queue.Queue = queue.Queue()
         self.slots = SlotTable(getattr(runner, "slots", 1), runner.chunk)
         self.seqs: dict[int | None, Sequence] = {}  # every request in the engine, by id, in arrival order
@@ -157,7 +157,7 @@ class EngineLoop:
         except ValueError as e:
             self.write(m.Err(str(e), gen.id))
             return
-        if not self.take_slot(seq, reuse=bool(gen.params.get("reuse", 1))):
+        if not self.take_slot(seq, reuse=self.reuse and bool(gen.params.get("reuse", 1))):
             self.write(m.Err(f"busy: all {len(self.slots)} slots are in use", gen.id))
             return
         self.seqs[seq.id] = seq
@@ -336,5 +336,5 @@ def engine_caps(policy: ParkPolicy) -> tuple[str, ...]:
     return ("stop", "preempt") if policy.enabled else ("stop",)
 
 
-def run_loop(runner, policy: ParkPolicy) -> None:
-    EngineLoop(runner, policy, Writer(sys.stdout), engine_caps(policy)).serve(sys.stdin)
+def run_loop(runner, policy: ParkPolicy, reuse: bool = True) -> None:
+    EngineLoop(runner, policy, Writer(sys.stdout), engine_caps(policy), reuse).serve(sys.stdin)

@@ -4,7 +4,7 @@ Same lines as `strata --serve`, no weights: prompt chunks and decode steps (of o
 batch of them) take configurable time, output is the prompt echoed back or a scripted token list,
 and faults can be injected. With --slots N, N requests are in the engine at once, as in strata.
 
-    python -m protocol.mock_engine [--slots 1] [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
+    python -m protocol.mock_engine [--slots 1] [--no-prompt-reuse] [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
         [--script 1,2,3] [--no-prefill-preempt] [--die-at-chunk K] [--die-at-gen K]
         [--die-after-tokens K] [--die-while-parked] [--poison-token T] [--faults-once PATH]
         [--malformed-at-chunk K] [--fail-snapshot] [--no-preempt-cap] [--start-delay S]
@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from engine.cli import add_preempt_args, policy_from_args
+from engine.cli import add_preempt_args, add_slots_arg, policy_from_args
 from engine.loop import EngineLoop, Writer, engine_caps
 from engine.prefill import chunk_end
 from engine.sequence import Sequence
@@ -130,7 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eos", type=int, default=2)
     p.add_argument("--script", help="comma-separated token ids to emit, cycled (default: echo the prompt)")
     p.add_argument("--bytes-per-token", type=int, default=1024, help="simulated snapshot size")
-    p.add_argument("--slots", type=int, default=1, help="requests in the engine at once (decoded as one batch)")
     f = p.add_argument_group("faults")
     f.add_argument("--die-at-chunk", type=int, default=0, help="exit during the K-th prompt chunk read")
     f.add_argument("--die-at-gen", type=int, default=0, help="exit on taking the K-th request, before any line")
@@ -144,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--malformed-at-chunk", type=int, default=0, help="print a malformed line at chunk K")
     f.add_argument("--no-preempt-cap", action="store_true", help="omit `preempt` from READY")
     f.add_argument("--start-delay", type=float, default=0.0, help="seconds before INFO/READY")
+    add_slots_arg(p)
     add_preempt_args(p)
-    p.set_defaults(prefill_preempt_min_tokens=0)
+    p.set_defaults(prefill_preempt_min_tokens=0, slots=1)
     return p
 
 
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = policy_from_args(args)
     caps = ("stop",) if args.no_preempt_cap else engine_caps(policy)
     write = Writer(sys.stdout)
-    EngineLoop(FakeRunner(args, write.raw), policy, write, caps).serve(sys.stdin)
+    EngineLoop(FakeRunner(args, write.raw), policy, write, caps, args.prompt_reuse).serve(sys.stdin)
     return 0
 
 

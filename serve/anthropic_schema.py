@@ -87,11 +87,18 @@ class MessagesRequest(CountTokensRequest):
     stop_sequences: list[str] | None = Field(default=None, max_length=4)
 
 
-def message_body(mid: str, model: str, content: list[dict], stop_reason: str | None, input_tokens: int,
-                 output_tokens: int, stop_sequence: str | None = None) -> dict:
+def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict:
+    """Anthropic counts the prompt in parts: input_tokens read now, cache_read_input_tokens the start
+    a slot still held from an earlier turn (Strata writes no explicit cache entries)."""
+    return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": output_tokens,
+            "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
+
+
+def message_body(mid: str, model: str, content: list[dict], stop_reason: str | None, prompt_tokens: int,
+                 output_tokens: int, stop_sequence: str | None = None, cached_tokens: int = 0) -> dict:
     return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}
+            "usage": usage(prompt_tokens, output_tokens, cached_tokens)}
 
 
 def error_body(message: str, type_: str = "invalid_request_error") -> dict:

@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="deepseek",
                    help="a thinking model's <think>...</think> text (Qwen3, QwQ, DeepSeek-R1): deepseek = returned "
                         "as reasoning_content beside content (as llama.cpp's option of that name), none = left inline")
+    p.add_argument("--slots", type=int, help="requests in the engine at once, decoded as one batch (forwarded to "
+                                             "the default engine; default: the engine's, 4)")
+    p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="a slot keeps its last conversation so that the next turn reads only what is new "
+                        "(forwarded to the default engine; default: on)")
     g = p.add_argument_group("prefill preemption")
     g.add_argument("--prefill-preempt", action=argparse.BooleanOptionalAction, default=True,
                    help="park a long prompt read at a chunk boundary while a short request runs "
@@ -62,7 +67,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         ctx=a.ctx, chunk=a.chunk, device=a.device, weights=a.weights, preempt=preempt, keepalive_s=a.keepalive_s,
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts,
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
-        reasoning_format=a.reasoning_format)
+        reasoning_format=a.reasoning_format, slots=a.slots, prompt_reuse=a.prompt_reuse)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +111,7 @@ class AnsweringServer(uvicorn.Server):
         state = getattr(self.config.app.state, "strata", None)
         if state is not None and hasattr(state, "loop"):
             stopping = state.engine.stopping
-            state.loop.call_soon_threadsafe(state.scheduler.stop_owner if stopping else state.begin_shutdown)
+            state.loop.call_soon_threadsafe(state.scheduler.stop_running if stopping else state.begin_shutdown)
         super().handle_exit(sig, frame)
 
     @contextlib.contextmanager

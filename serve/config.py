@@ -46,6 +46,8 @@ class ServerSettings:
     shutdown_grace_s: float = 5.0  # on SIGINT/SIGTERM the running request may finish within this
     shutdown_timeout_s: float = 10.0  # then the engine gets this long to exit after QUIT
     reasoning_format: str = "deepseek"  # a thinking model's <think> text: reasoning_content, or "none": inline
+    slots: int | None = None  # forwarded to the default engine; None = the engine's default
+    prompt_reuse: bool = True  # forwarded to the default engine
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -58,6 +60,8 @@ class ServerSettings:
             raise ValueError("--shutdown-grace-s must be >= 0")
         if self.preempt.max_wait_s < 0 or self.preempt.aged_s < 0:
             raise ValueError("--prefill-preempt-max-wait-s and --prefill-preempt-aged-s must be >= 0")
+        if self.slots is not None and self.slots < 1:
+            raise ValueError(f"--slots must be >= 1, got {self.slots}")
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}")
 
@@ -72,6 +76,8 @@ class ServerSettings:
         cmd += ["--ctx", str(self.ctx)] if self.ctx else []
         cmd += ["--chunk", str(self.chunk)] if self.chunk else []
         cmd += ["--weights", self.weights] if self.weights else []
+        cmd += ["--slots", str(self.slots)] if self.slots else []
+        cmd += [] if self.prompt_reuse else ["--no-prompt-reuse"]
         return cmd + self.preempt.engine_args()
 
 

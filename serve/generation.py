@@ -38,6 +38,7 @@ class Finished:
     completion_tokens: int
     timings: dict
     stop_sequence: str | None = None  # the stop string that ended the output, if one did
+    cached_tokens: int = 0  # prompt tokens a kept conversation saved the engine from reading
 
 
 async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metrics,
@@ -87,7 +88,7 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
 def _finish(req: Request, reason: str, metrics: Metrics, done: m.Done | None = None,
             stop_sequence: str | None = None) -> Finished:
     metrics.requests.labels(reason).inc()
-    return Finished(reason, len(req.prompt), req.generated, timings(req, done), stop_sequence)
+    return Finished(reason, len(req.prompt), req.generated, timings(req, done), stop_sequence, req.cached)
 
 
 def timings(req: Request, done: m.Done | None) -> dict:

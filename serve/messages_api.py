@@ -99,7 +99,7 @@ async def respond(http: HTTPRequest, state, body: schema.MessagesRequest) -> Res
             message = output.message(out, fin.finish_reason)
             reason = stop_reason(output, fin)
             return JSONResponse(schema.message_body(mid, model, blocks_of(message), reason, fin.prompt_tokens,
-                                                    fin.completion_tokens, fin.stop_sequence))
+                                                    fin.completion_tokens, fin.stop_sequence, fin.cached_tokens))
 
         return await until_disconnect(http, work())
     return StreamingResponse(stream(state, req, ChatOutput(opened, plan), mid, model),
@@ -185,7 +185,8 @@ async def stream(state, req, output: ChatOutput, mid: str, model: str) -> AsyncI
                 yield event("message_delta", {"type": "message_delta",
                                               "delta": {"stop_reason": stop_reason(output, ev),
                                                         "stop_sequence": ev.stop_sequence},
-                                              "usage": {"output_tokens": ev.completion_tokens}})
+                                              "usage": schema.usage(ev.prompt_tokens, ev.completion_tokens,
+                                                                    ev.cached_tokens)})
                 yield event("message_stop", {"type": "message_stop"})
                 return
     except GenerationError as e:

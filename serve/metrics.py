@@ -23,6 +23,16 @@ class Metrics:
         self.declined = Counter("strata_prefill_park_declined", "Boundary offers the engine declined, by gate",
                                 ["reason"], registry=r)
         self.parked = Gauge("strata_parked_requests", "Requests parked in the engine", registry=r)
+        self.running = Gauge("strata_running_requests", "Requests in the engine's slots, reading or decoding",
+                             registry=r)
+        self.slots = Gauge("strata_slots", "The engine's slots by state: reading, decoding, parked (a parked "
+                           "read keeps its slot until a newcomer needs it) and free", ["state"], registry=r)
+        self.reuse_lookups = Counter("strata_prompt_reuse_lookups", "Requests that looked for a kept conversation "
+                                     "in the engine's slots", registry=r)
+        self.reuse_hits = Counter("strata_prompt_reuse_hits", "Requests that found their prompt's start kept",
+                                  registry=r)
+        self.reused_tokens = Counter("strata_prompt_reused_tokens", "Prompt tokens not read again thanks to a "
+                                     "kept conversation", registry=r)
         self.park_duration = Histogram("strata_park_duration_seconds", "Time from SUSPENDED to RESUME",
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.engine_restarts = Counter("strata_engine_restarts", "Engine processes restarted after dying", registry=r)
@@ -35,7 +45,21 @@ class Metrics:
     def watch_scheduler(self, scheduler) -> None:
         """The queue and park gauges are read from the scheduler's state at scrape time."""
         self.queued.set_function(lambda: len(scheduler.waiting))
-        self.parked.set_function(lambda: int(scheduler.parked is not None))
+        self.parked.set_function(lambda: len(scheduler.parked))
+        self.running.set_function(lambda: len(scheduler.running))
+        count = lambda reading: sum(r.reading == reading for r in scheduler.running)  # noqa: E731
+        self.slots.labels("reading").set_function(lambda: count(True))
+        self.slots.labels("decoding").set_function(lambda: count(False))
+        self.slots.labels("parked").set_function(lambda: min(len(scheduler.parked),
+                                                             scheduler.slots - len(scheduler.running)))
+        self.slots.labels("free").set_function(lambda: max(0, scheduler.slots - len(scheduler.running)
+                                                           - len(scheduler.parked)))
+
+    def observe_prompt_reuse(self, cached: int) -> None:
+        self.reuse_lookups.inc()
+        if cached:
+            self.reuse_hits.inc()
+            self.reused_tokens.inc(cached)
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)

@@ -139,17 +139,19 @@ class CompletionRequest(SamplingFields):
         return v
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """cached_tokens: the prompt's start a slot still held from an earlier turn (not read again)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def chat_body(rid: str, model: str, message: dict, finish: str, prompt_tokens: int, completion_tokens: int,
-              timings: dict) -> dict:
+              timings: dict, cached_tokens: int = 0) -> dict:
     """message: the assistant's fields: content, and reasoning_content for a thinking model."""
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant"} | message, "finish_reason": finish}],
-            "usage": usage(prompt_tokens, completion_tokens), "timings": timings}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens), "timings": timings}
 
 
 def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None) -> dict:
@@ -158,10 +160,10 @@ def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None) -> 
 
 
 def completion_body(rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int,
-                    timings: dict) -> dict:
+                    timings: dict, cached_tokens: int = 0) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
-            "usage": usage(prompt_tokens, completion_tokens), "timings": timings}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens), "timings": timings}
 
 
 def completion_chunk(rid: str, model: str, text: str, finish: str | None = None) -> dict:
@@ -169,9 +171,10 @@ def completion_chunk(rid: str, model: str, text: str, finish: str | None = None)
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
 
 
-def usage_chunk(rid: str, model: str, obj: str, prompt_tokens: int, completion_tokens: int) -> dict:
+def usage_chunk(rid: str, model: str, obj: str, prompt_tokens: int, completion_tokens: int,
+                cached_tokens: int = 0) -> dict:
     return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

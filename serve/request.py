@@ -14,7 +14,7 @@ _ids = itertools.count(1)
 
 class Phase(str, Enum):
     QUEUED = "queued"
-    RUNNING = "running"  # owns the engine: reading its prompt or decoding
+    RUNNING = "running"  # in an engine slot: reading its prompt or decoding
     PARKED = "parked"  # its read is suspended at a chunk boundary inside the engine
     DONE = "done"
 
@@ -46,6 +46,10 @@ class Request:
     output: list[int] = field(default_factory=list)  # every token the engine sent, across restarts
     parks: int = 0
     parked_at: float | None = None
+    first_parked_at: float | None = None  # its postponement is bounded from here (max_wait_s)
+    lined_at: float = 0.0  # when it last went into the engine (GEN or RESUME): its age behind the front read
+    slot: int | None = None  # the engine's slot holding it (INFO slot=N)
+    cached: int = 0  # prompt tokens a slot's kept conversation saved it from reading
     parked_s: float = 0.0
     protected: bool = False  # resumed by the max-wait rule: no more boundary offers
     abandoned: bool = False  # its client left (or a stop string matched); the engine may still hold it
@@ -65,11 +69,16 @@ class Request:
 
     def requeue(self) -> None:
         """Back to the queue after an engine death; what the client has received stays."""
-        self.phase, self.prompt_done, self.protected = Phase.QUEUED, 0, False
+        self.phase, self.prompt_done, self.protected, self.slot, self.cached = Phase.QUEUED, 0, False, None, 0
 
     @property
     def reading(self) -> bool:
         return self.phase is Phase.RUNNING and self.generated == 0
+
+    @property
+    def left_to_read(self) -> int:
+        """Prompt tokens its read still has ahead (all of them before it starts)."""
+        return len(self.prompt) + len(self.output) - self.prompt_done
 
     @property
     def queue_wait_s(self) -> float | None:

@@ -120,7 +120,7 @@ def chat_shape(opened: bool | None, plan) -> Shape:
         whole = ChatOutput(opened, plan)
         message = whole.message(text, f.finish_reason)
         return schema.chat_body(rid, model, message, whole.finish_reason(f.finish_reason), f.prompt_tokens,
-                                f.completion_tokens, f.timings)
+                                f.completion_tokens, f.timings, f.cached_tokens)
 
     return Shape("chatcmpl", "chat.completion.chunk", body=body, pieces=pieces, last=last,
                  first=lambda rid, model: [schema.chat_chunk(rid, model, {"role": "assistant", "content": ""})])
@@ -129,7 +129,7 @@ def chat_shape(opened: bool | None, plan) -> Shape:
 COMPLETION = Shape(
     "cmpl", "text_completion",
     body=lambda rid, model, text, f: schema.completion_body(rid, model, text, f.finish_reason, f.prompt_tokens,
-                                                            f.completion_tokens, f.timings),
+                                                            f.completion_tokens, f.timings, f.cached_tokens),
     pieces=lambda rid, model, text: [schema.completion_chunk(rid, model, text)],
     last=lambda rid, model, f: [schema.completion_chunk(rid, model, "", f.finish_reason)],
     first=lambda rid, model: [])
@@ -145,7 +145,8 @@ async def respond(http: HTTPRequest, state: ServerState, req: Request, body: sch
     def finish(f: Finished) -> list[dict]:
         last = shape.last(rid, model, f)
         last[-1] |= {"timings": f.timings}
-        return last + ([schema.usage_chunk(rid, model, shape.chunk_object, f.prompt_tokens, f.completion_tokens)]
+        return last + ([schema.usage_chunk(rid, model, shape.chunk_object, f.prompt_tokens, f.completion_tokens,
+                                           f.cached_tokens)]
                        if include_usage else [])
 
     return run_stream(state, req, lambda text: shape.pieces(rid, model, text), finish, shape.first(rid, model))

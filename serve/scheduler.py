@@ -1,22 +1,27 @@
-"""The FIFO and the engine's ownership periods.
+"""The queue and the engine's slots.
 
-Preemption off: one request owns the engine from GEN to DONE, strict FIFO.
-Preemption on: periods GEN -> SUSPENDED and RESUME -> SUSPENDED | DONE. While the owner reads its
-prompt, every PP is answered with a boundary offer (YIELD) when the next waiter is worth a park:
-of the same or a higher class (`priority`, lower first; a lower class never preempts a higher
-one), and either its own read is shorter than what the reader has left to read, or it has waited
-aged_s. Waiters are served by class, then arrival. A parked request resumes once no waiter of its
-class or above remains, or ahead of them once it has waited max_wait_s; then it reads to the end
-without further offers, so its postponement is bounded. Decode never parks.
+The engine takes up to `slots` requests at once (INFO slots=N; one for an engine without slots):
+their decode steps run as one batch, their prompt reads one chunk at a time in the order they went
+in (the read in front reads). Waiters are served by class (`priority`, lower first), then arrival.
+Preemption off: reads run in that order, strict FIFO.
+Preemption on: while the read in front goes on, every PP is answered with a boundary offer (YIELD
+id=N) when a later request is worth a park: a waiter in the queue or a read behind it in the
+engine, of the same or a higher class (a lower class never preempts a higher one), whose own read
+is shorter than what the front read has left, or which has waited aged_s. The parked read keeps its
+slot (the engine moves it to host memory only when a newcomer needs the slot). It resumes once no
+waiter of its class or above remains, or ahead of them once it has been postponed max_wait_s; then
+it reads to the end without further offers, so its postponement is bounded. Decode never parks.
 
 Engine death loses no request: the running and the parked requests go back to the front of the
 queue (in arrival order) and run again on the restarted engine; one that had tokens continues
-from its prompt plus those tokens. The request running at `max_retries` deaths is taken for their
-cause (a poison request) and fails; the others are not blamed.
+from its prompt plus those tokens. A request blamed for `max_retries` deaths is taken for their
+cause (a poison request) and fails: the read in front is blamed (its chunk was running), else the
+decoding requests.
 """
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import deque
 
@@ -36,8 +41,9 @@ class Scheduler:
         self.max_retries, self.eos_ids = max_retries, eos_ids
         self.engine: EngineClient | None = None
         self.waiting: deque[Request] = deque()
-        self.owner: Request | None = None
-        self.parked: Request | None = None
+        self.running: list[Request] = []  # in the engine, reading or decoding, in the order they went in
+        self.line: list[Request] = []  # the running that still read, in the engine's order: the first reads
+        self.parked: list[Request] = []  # parked reads, oldest park first
         self.requests: dict[int, Request] = {}  # every request the engine may still send lines for
         self.closed = False
         self._warned_no_cap = False
@@ -46,6 +52,14 @@ class Scheduler:
     @property
     def preempt(self) -> bool:
         return self.preempt_wanted and self.engine is not None and "preempt" in self.engine.info.caps
+
+    @property
+    def slots(self) -> int:
+        """Requests the engine takes at once: its INFO slots=N (an engine without slots takes one)."""
+        try:
+            return max(1, int(self.engine.info.fields.get("slots", 1))) if self.engine is not None else 1
+        except ValueError:
+            return 1
 
     # ------------------------------------------------------------ from the HTTP side
 
@@ -60,17 +74,25 @@ class Scheduler:
         self.offer_boundary()
 
     def offer_boundary(self) -> None:
-        """The next waiter is worth a park of the owner's read: offer one at its next boundary.
-        Repeated after every PP, since a declined offer is consumed."""
-        owner = self.owner
-        if not (self.preempt and self.waiting and owner is not None and owner.reading and not owner.protected):
+        """The read in front is worth parking for a later one: offer a park at its next boundary.
+        Repeated after every PP, since a declined offer is consumed. The later one is a waiter in
+        the queue or a read behind it in the engine, of the same or a higher class, whose own read
+        is shorter than what the front read has left, or which has waited aged_s (in the queue, or
+        in the engine's line since it went in)."""
+        if not (self.preempt and self.line):
             return
-        nxt = self.next_waiting()
-        if nxt.priority > owner.priority:  # a lower class never preempts a higher one
+        head = self.line[0]
+        if head.protected or not head.reading:
             return
-        left = len(owner.prompt) + len(owner.output) - owner.prompt_done  # what the reader has left to read
-        if len(nxt.prompt) < left or time.monotonic() - nxt.arrived >= self.aged_s:
-            self.engine.send(m.Yield())
+        now = time.monotonic()
+        candidates = [(r, now - r.arrived) for r in self.waiting] + [(r, now - r.lined_at) for r in self.line[1:]]
+        if not candidates:
+            return
+        nxt, waited = min(candidates, key=lambda c: (c[0].priority, c[0].arrived))
+        if nxt.priority > head.priority:  # a lower class never preempts a higher one
+            return
+        if nxt.left_to_read < head.left_to_read or waited >= self.aged_s:
+            self.engine.send(m.Yield(head.id))
 
     def next_waiting(self) -> Request:
         """The waiter served next: the highest class (lowest priority), then the earliest arrival
@@ -84,7 +106,7 @@ class Scheduler:
             self._drop_waiting(req)
             self._forget(req)
         elif req.phase is Phase.RUNNING:
-            self.engine.send(m.Stop(req.id))  # the period ends when DONE arrives
+            self.engine.send(m.Stop(req.id))  # it leaves its slot when DONE arrives
         elif req.phase is Phase.PARKED:
             self.engine.send(m.Cancel(req.id))
             self._unpark(req)
@@ -102,8 +124,18 @@ class Scheduler:
         handler = self._HANDLERS.get(type(msg))
         if handler:
             handler(self, req, msg)
-        if not req.abandoned:
+        if not req.abandoned and not isinstance(msg, m.Info):
             req.deliver(msg)
+
+    def _on_info(self, req: Request, msg: m.Info) -> None:
+        """Where the request landed in the engine, and the prompt tokens a kept conversation saved it."""
+        try:
+            req.slot, req.cached = int(msg.fields.get("slot", -1)), int(msg.fields.get("cached", 0))
+        except ValueError:
+            return
+        self.metrics.observe_prompt_reuse(req.cached)
+        if req.cached:
+            req.prompt_done = req.cached
 
     def _on_pp(self, req: Request, msg: m.PP) -> None:
         if req.first_chunk_at is None:  # the first chunk started msg.ms before this line
@@ -112,54 +144,67 @@ class Scheduler:
         req.prompt_done = min(msg.done, len(req.prompt))  # a continuation also re-reads its tokens
         self.metrics.prompt_tokens.inc(max(0, req.prompt_done - req.prompt_counted))
         req.prompt_counted = max(req.prompt_counted, req.prompt_done)
-        if req is self.owner and msg.done < msg.total:
+        if msg.done >= msg.total:
+            self._unline(req)
+        if self.line:
             self.offer_boundary()
 
     def _on_token(self, req: Request, msg: m.T) -> None:
         if req.first_token_at is None:
             req.first_token_at = time.monotonic()
             self.metrics.ttft.observe(req.ttft_s)
+        self._unline(req)
         req.output.append(msg.token)
         self.metrics.generated_tokens.inc()
 
     def _on_suspended(self, req: Request, msg: m.Suspended) -> None:
         req.phase, req.parks, req.parked_at = Phase.PARKED, req.parks + 1, time.monotonic()
-        self.owner, self.parked = None, req
+        if req.first_parked_at is None:
+            req.first_parked_at = req.parked_at
+        self._leave(req)
+        self.parked.append(req)
         self.metrics.preemptions.inc()
         self.dispatch()
+        self.offer_boundary()
 
     def _on_decline(self, req: Request, msg: m.Decline) -> None:
         self.metrics.declined.labels(msg.reason).inc()
 
     def _on_end(self, req: Request, msg: m.Done | m.Err) -> None:
-        if req is self.owner:
-            self.owner = None
+        self._leave(req)
+        self._unpark(req)
         if isinstance(msg, m.Done) and req.restarts:
             self.metrics.engine_death_requests.labels("recovered").inc()
         self._end(req)
         self.dispatch()
+        self.offer_boundary()
 
-    _HANDLERS = {m.PP: _on_pp, m.T: _on_token, m.Suspended: _on_suspended, m.Decline: _on_decline,
+    _HANDLERS = {m.Info: _on_info, m.PP: _on_pp, m.T: _on_token, m.Suspended: _on_suspended, m.Decline: _on_decline,
                  m.Done: _on_end, m.Err: _on_end}
 
     def on_malformed(self, line: str, error: str) -> None:
-        """A line that does not parse fails the owner; the engine is told to stop it."""
-        req = self.owner
-        if req is None:
+        """A line that does not parse fails the request it names (else the read in front, else the
+        first running one); the engine is told to stop it."""
+        named = re.search(r" id=([0-9]+)\s*$", line)
+        req = self.requests.get(int(named.group(1))) if named else None
+        req = req or (self.line[0] if self.line else self.running[0] if self.running else None)
+        if req is None or req.phase is not Phase.RUNNING:
             return
         req.deliver(EngineFailure(f"the engine sent a malformed line ({error})", status=502))
-        self.abandon(req)  # STOP it; the period ends at its DONE
+        self.abandon(req)  # STOP it; it leaves its slot at its DONE
 
     def on_engine_exit(self, reason: str) -> None:
         """What the engine held goes back to the front of the queue, to run on the restarted
-        engine (dispatched when it is ready); the request it was running is blamed once."""
+        engine (dispatched when it is ready). Blamed once: the read in front if there was one (the
+        engine was reading its chunk), else every decoding request (they were stepped together)."""
         self.metrics.engine_restarts.inc()
-        owner, parked = self.owner, self.parked
-        self.owner = None
-        self._unpark(parked)
-        if owner is not None:
-            owner.deaths_running += 1
-        held = sorted((r for r in (owner, parked) if r is not None), key=lambda r: r.arrived)
+        running, parked = list(self.running), list(self.parked)
+        for req in (self.line[:1] if self.line else running):
+            req.deaths_running += 1
+        self.running, self.line = [], []
+        for req in parked:
+            self._unpark(req)
+        held = sorted(running + parked, key=lambda r: r.arrived)
         self.waiting.extendleft(reversed([r for r in held if self._survives(r, reason)]))
 
     def _survives(self, req: Request, reason: str) -> bool:
@@ -198,6 +243,7 @@ class Scheduler:
             self._warned_no_cap = True
             log.warning("--prefill-preempt is on but the engine lacks the 'preempt' capability: serving FIFO")
         self.dispatch()
+        self.offer_boundary()
 
     def on_engine_failed(self) -> None:
         """Restarts are exhausted: nobody waiting can be served."""
@@ -206,37 +252,57 @@ class Scheduler:
             req.deliver(EngineFailure(f"the engine is unavailable: {self.engine.failure}"))
             self._forget(req)
 
-    # ------------------------------------------------------------ granting periods
+    # ------------------------------------------------------------ slots
 
     def dispatch(self) -> None:
-        if self.owner is not None or self.engine is None or not self.engine.ready or self.closed:
+        """Fill the engine's slots: a parked read resumes once no waiter of its class or above is
+        left (or, having been postponed max_wait_s, ahead of them, and then reads to the end
+        unparked); otherwise the next waiter goes in. A parked read keeps its slot in the engine
+        until a newcomer needs it (the engine then moves its rows to host memory)."""
+        if self.engine is None or not self.engine.ready or self.closed:
             return
-        ahead = self.parked is not None and any(w.priority <= self.parked.priority for w in self.waiting)
-        if self.parked is not None and (not ahead or self._parked_too_long()):
-            req = self.parked
-            req.protected = ahead  # resumed ahead of waiters of its class: read to the end unparked
-            self._unpark(req)
-            self._grant(req, m.Resume(req.id))
-            self.metrics.resumes.inc()
-        elif self.waiting:
-            req = self.next_waiting()
-            self.waiting.remove(req)
-            self._grant(req, req.gen())
+        while len(self.running) < self.slots:
+            parked = self.parked[0] if self.parked else None
+            ahead = parked is not None and any(w.priority <= parked.priority for w in self.waiting)
+            if parked is not None and (not ahead or self._postponed_too_long(parked)):
+                parked.protected = ahead or self._postponed_too_long(parked)
+                self._unpark(parked)
+                self._grant(parked, m.Resume(parked.id))
+                self.metrics.resumes.inc()
+            elif self.waiting:
+                req = self.next_waiting()
+                self.waiting.remove(req)
+                self._grant(req, req.gen())
+            else:
+                return
 
     def _grant(self, req: Request, msg: m.Message) -> None:
-        self.owner, req.phase = req, Phase.RUNNING
+        req.phase, req.lined_at = Phase.RUNNING, time.monotonic()
+        self.running.append(req)
+        if req.generated == 0:
+            self.line.append(req)
         self.engine.send(msg)
 
-    def _parked_too_long(self) -> bool:
-        return self.max_wait_s > 0 and time.monotonic() - self.parked.parked_at >= self.max_wait_s
+    def _postponed_too_long(self, req: Request) -> bool:
+        return self.max_wait_s > 0 and time.monotonic() - req.first_parked_at >= self.max_wait_s
+
+    def _unline(self, req: Request) -> None:
+        if req in self.line:
+            self.line.remove(req)
+
+    def _leave(self, req: Request) -> None:
+        """No longer running (parked or ended)."""
+        self._unline(req)
+        if req in self.running:
+            self.running.remove(req)
 
     def _unpark(self, req: Request | None) -> None:
-        if req is None or req is not self.parked:
+        if req is None or req not in self.parked:
             return
         waited = time.monotonic() - req.parked_at
         req.parked_s += waited
         self.metrics.park_duration.observe(waited)
-        self.parked = None
+        self.parked.remove(req)
 
     def _drop_waiting(self, req: Request) -> None:
         try:
@@ -252,36 +318,43 @@ class Scheduler:
         self._forget(req)
 
     def shutdown(self) -> None:
-        """No new work; the waiting and the parked are answered now, the running request may
-        finish (see stop_owner). Nothing is restarted from here on."""
+        """No new work; the waiting and the parked are answered now, the running requests may
+        finish (see stop_running). Nothing is restarted from here on."""
         if self.closed:
             return
         self.closed = True
-        for req in list(self.waiting) + [r for r in (self.parked,) if r is not None]:
+        for req in list(self.waiting) + list(self.parked):
             req.deliver(EngineFailure("the server is shutting down"))
             self._end(req)
         self.waiting.clear()
-        self._unpark(self.parked)
+        for req in list(self.parked):
+            self._unpark(req)
 
-    def stop_owner(self) -> None:
-        """The shutdown grace is over: the running request is stopped and answered."""
-        req, self.owner = self.owner, None
-        if req is not None:
+    def stop_running(self) -> None:
+        """The shutdown grace is over: the running requests are stopped and answered."""
+        running, self.running, self.line = list(self.running), [], []
+        for req in running:
             self.engine.send(m.Stop(req.id))
             req.deliver(EngineFailure("the server is shutting down"))
             self._end(req)
 
     def status(self) -> dict:
-        owner = self.owner
+        now = time.monotonic()
+        head = self.line[0] if self.line else (self.running[0] if self.running else None)
+        progress = lambda r: {"id": r.id, "done": r.prompt_done, "total": len(r.prompt),  # noqa: E731
+                              "generated": r.generated}
         return {
-            "busy": owner is not None,
+            "busy": bool(self.running),
             "queued": len(self.waiting),
-            "phase": "idle" if owner is None else ("reading" if owner.reading else "decoding"),
-            "prompt_progress": None if owner is None else
-            {"id": owner.id, "done": owner.prompt_done, "total": len(owner.prompt), "generated": owner.generated},
-            "parked_requests": int(self.parked is not None),
-            "parked": [] if self.parked is None else
-            [{"id": self.parked.id, "done": self.parked.prompt_done, "total": len(self.parked.prompt),
-              "parks": self.parked.parks, "parked_s": round(time.monotonic() - self.parked.parked_at, 3)}],
+            "phase": "idle" if head is None else ("reading" if head.reading else "decoding"),
+            "prompt_progress": None if head is None else progress(head),
+            "slots": self.slots,
+            "running": [progress(r) | {"state": "reading" if r.reading else "decoding", "slot": r.slot,
+                                       "cached": r.cached, "priority": r.priority} for r in self.running],
+            "parked_requests": len(self.parked),
+            "parked": [progress(r) | {"parks": r.parks, "parked_s": round(now - r.parked_at, 3), "slot": r.slot}
+                       for r in self.parked],
+            "waiting": [{"id": r.id, "prompt_tokens": len(r.prompt), "priority": r.priority,
+                         "waited_s": round(now - r.arrived, 3)} for r in self.waiting],
             "preempt": self.preempt,
         }

@@ -40,19 +40,19 @@ class ServerState:
         self._starter = asyncio.create_task(self.engine.start())
 
     def begin_shutdown(self) -> None:
-        """First signal: no restarts from now on, no new work, the running request may finish."""
+        """First signal: no restarts from now on, no new work, the running requests may finish."""
         if self.engine.stopping:
             return
         self.engine.stopping = True
         self.scheduler.shutdown()
-        self.loop.call_later(self.settings.shutdown_grace_s, self.scheduler.stop_owner)
+        self.loop.call_later(self.settings.shutdown_grace_s, self.scheduler.stop_running)
 
     async def stop(self) -> None:
         self.begin_shutdown()  # already begun if a signal stopped the server
         deadline = time.monotonic() + self.settings.shutdown_grace_s
-        while self.scheduler.owner is not None and time.monotonic() < deadline:
+        while self.scheduler.running and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        self.scheduler.stop_owner()
+        self.scheduler.stop_running()
         if self._starter:
             self._starter.cancel()
         await self.engine.stop(self.settings.shutdown_timeout_s)

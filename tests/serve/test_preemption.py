@@ -15,8 +15,9 @@ LONG = 2560  # prompt tokens of A: 40 chunks of 64 at 0.05 s = 2 s of reading
 
 
 def preempt_server(server_factory, *engine_args, server_args=()):
-    """Preemption is on by default, in the server and in the engine: no flag needed."""
-    cmd = mock_engine_cmd("--chunk", "64", "--chunk-s", "0.05", "--token-s", "0.01", *engine_args)
+    """Preemption is on by default, in the server and in the engine: no flag needed. These cases
+    send the same long prompt more than once and want each read cold: no prompt reuse."""
+    cmd = mock_engine_cmd("--chunk", "64", "--chunk-s", "0.05", "--token-s", "0.01", "--no-prompt-reuse", *engine_args)
     return server_factory(engine_cmd=cmd, extra=list(server_args))
 
 

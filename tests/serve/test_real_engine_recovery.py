@@ -16,7 +16,8 @@ SHORT = "Name three rivers of Europe."
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess(extra=["--device", "cpu", "--ctx", "4096", "--chunk", "256"]) as s:
+    # each case reads the same long prompt twice and kills the engine during the second read: no reuse
+    with ServerProcess(extra=["--device", "cpu", "--ctx", "4096", "--chunk", "256", "--no-prompt-reuse"]) as s:
         yield s
 
 
