@@ -61,12 +61,12 @@ def decode_tok_s(model: LlamaModel, kv: KVCache, context: int, steps: int, backe
     greedy = Sampler(SamplingParams(), ())
     model.forward(tokens[:context], 0, kv, want_logits=True)
     if graphs is not None:
-        graphs.decode(int(tokens[context]), context)  # the bucket's capture stays out of the timing
+        graphs.decode_one(int(tokens[context]), context)  # the bucket's capture stays out of the timing
     backend.synchronize()
     started = time.perf_counter()
     for i in range(steps):
         if graphs is not None:
-            logits = graphs.decode(int(tokens[context + i]), context + i)
+            logits = graphs.decode_one(int(tokens[context + i]), context + i)
         else:
             logits = model.forward(tokens[context + i:context + i + 1], context + i, kv, want_logits=True, on_device=True)
         if graphs is not None and graphs.owns(logits):  # the engine's pick (ModelRunner.sample)
@@ -128,12 +128,12 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
     cp = graphs.cp
     tokens = np.random.default_rng(2).integers(100, model.cfg.vocab_size - 100, context + steps + 1)
     model.forward(tokens[:context], 0, kv, want_logits=True)
-    graphs.decode(int(tokens[context]), context)  # captured before timing
-    entry = graphs.captured[graphs.bucket(context)]
+    graphs.decode_one(int(tokens[context]), context)  # captured before timing
+    entry = graphs.entry(1, context)
     greedy, sampled = Sampler(SamplingParams(), ()), Sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=1), ())
     draws = DrawGraphs(cp)
     graphed = Sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=1), ())
-    graphed.sample(entry.logits, cp, draws)  # captured before timing
+    graphed.sample(entry.logits[0], cp, draws)  # captured before timing
     times: dict[str, list[float]] = {"replay": [], "greedy_from_graph": [], "sample_greedy": [], "sample_top_p": [],
                                      "sample_top_p_graph": [],
                                      "whole_step": [],
@@ -142,19 +142,19 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
         a, b = cp.cuda.Event(), cp.cuda.Event()
         t0 = time.perf_counter()
         a.record(graphs.stream)
-        graphs.replay(entry, int(tokens[context + 1 + i]), context + 1 + i)
+        graphs.replay(entry, [int(tokens[context + 1 + i])], [0], [context + 1 + i])
         b.record(graphs.stream)
         b.synchronize()
         t1 = time.perf_counter()
         int(entry.argmax.get()[0])
         t_greedy = time.perf_counter()
-        greedy.sample(entry.logits, cp)
+        greedy.sample(entry.logits[0], cp)
         t2 = time.perf_counter()
-        sampled.sample(entry.logits, cp)
+        sampled.sample(entry.logits[0], cp)
         t3 = time.perf_counter()
-        graphed.sample(entry.logits, cp, draws)
+        graphed.sample(entry.logits[0], cp, draws)
         t_graph = time.perf_counter()
-        logits = cp.asnumpy(entry.logits)
+        logits = cp.asnumpy(entry.logits[0])
         t4 = time.perf_counter()
         sampled.sample(logits)
         t5 = time.perf_counter()

@@ -66,19 +66,30 @@ class GraphDecoder:
         entry = self.captured.get(key)
         if entry is None:
             return self.capture(key, tokens, slots, positions)
+        self.replay(entry, tokens, slots, positions)
+        self.stream.synchronize()  # the sampler reads the logits on the default stream
+        self.last, self.greedy = entry, None
+        return entry.logits
+
+    def decode_one(self, token: int, pos: int, slot: int = 0):
+        """One sequence's step: logits (vocab,) on the device (a row of the graph's buffer)."""
+        return self.decode([token], [slot], [pos])[0]
+
+    def entry(self, rows: int, pos: int) -> CapturedStep | None:
+        return self.captured.get((rows, self.bucket(pos)))
+
+    def replay(self, entry: CapturedStep, tokens, slots, positions) -> None:
+        """Set the step's tokens, positions and slots and launch its graph on the decoder's stream (no wait)."""
         with self.stream:
             entry.tokens.set(np.asarray(tokens, dtype=np.int64))
             entry.step.set_rows(slots, positions, self.kv.slot_stride)
             entry.graph.launch(self.stream)
-        self.stream.synchronize()  # the sampler reads the logits on the default stream
-        self.last, self.greedy = entry, None
-        return entry.logits
 
     def owns(self, logits) -> bool:
         """Whether `logits` are (a row of) the latest replay's output buffer."""
         return self.last is not None and logits is not None and logits.base is self.last.logits
 
-    def greedy_token(self, row: int) -> int:
+    def greedy_token(self, row: int = 0) -> int:
         """The argmax the latest replay computed for `row` (the whole batch's 8 bytes a row come
         back once; no reduction launched)."""
         if self.greedy is None:

@@ -182,7 +182,10 @@ class WeightLoader:
         if self.keep_blocks and any(r.tensor.tensor_type.name in BLOCKS for r in pieces):
             return stack_rows([r.host_rows() for r in pieces], self.xp.asarray)
         parts = [r.dense(self) for r in pieces]
-        return parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
+        whole = parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
+        if self.backend.name == "cpu":  # (out, in) kept column-major: x @ w.T is then a plain GEMM of two
+            whole = np.asfortranarray(whole)  # row-major operands, which OpenBLAS runs ~1.4x faster for
+        return whole  # a decode batch of a few rows (and as fast for one row or a prompt chunk)
 
     def vector(self, name: str):
         t = self.tensor(name)

@@ -162,8 +162,7 @@ class EngineLoop:
             return
         self.seqs[seq.id] = seq
         self.line.append(seq)
-        if len(self.slots) > 1:  # where it landed and what it reuses (an engine of one slot stays quiet)
-            self.write(m.Info({"slot": str(seq.slot), "cached": str(seq.cached)}, seq.id))
+        self.write(m.Info({"slot": str(seq.slot), "cached": str(seq.cached)}, seq.id))  # where it landed, what it reuses
 
     def build_sequence(self, gen: m.Gen) -> Sequence:
         if gen.id in self.seqs:
@@ -245,9 +244,7 @@ class EngineLoop:
         seq.finish = reason
         if seq.decode_started is not None:
             seq.decode_ms = (time.perf_counter() - seq.decode_started) * 1000
-        extra = {"parks": str(seq.parks), "park_ms": f"{seq.park_ms:.3f}"}
-        if len(self.slots) > 1:
-            extra["cached"] = str(seq.cached)
+        extra = {"parks": str(seq.parks), "park_ms": f"{seq.park_ms:.3f}", "cached": str(seq.cached)}
         if seq.fingerprints and seq.slot is not None:
             extra["fp"] = self.runner.fingerprint(seq)
         self.write(m.Done(len(seq.generated), seq.total, seq.prompt_ms, seq.decode_ms, reason, extra, seq.id))

@@ -22,6 +22,9 @@
 # bench8q  the Llama-3-8B and Qwen3-8B shapes in Q4_K_M side by side (bench/engine_bench.py: prompt
 #          reads at 4,096 and 16,384 tokens, decode at 512 and 16K context)
 # bencha3b the same on the Qwen3-30B-A3B shape in Q4_K_M
+# batch    bench/batch_decode_bench.py: aggregate decode at 1, 2, 4, 8, 16 requests in slots, and each
+#          request's tokens equal to its solo run's (batch invariance), on the 135M shape (Q4_1) and
+#          the Llama-3-8B shape in F16 and Q4_K_M -> $OUT/batch_decode_gpu.json
 # real     the real default model: tools/gpu_check.py and parity. The model (94 MiB) is larger than
 #          one call may carry (64 MiB): an earlier call on the same warm machine carries
 #          .device/part00 (`split -n 2 -d MODEL .device/part`) and runs `bash tools/device_gpu_run.sh
@@ -110,6 +113,16 @@ for step in "$@"; do
       python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
         --decode-steps 64 --decode-contexts 512,16384 --profile-depth 2048 --label qwen3-30b-a3b-shape-q4_k_m \
         --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
+    batch)
+      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 bench/batch_decode_bench.py --model $MS --device gpu --context 512 --steps 32 --repeats 3 \
+        --label smollm2-135m-shape-q4_1 --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet || echo "BATCH CHECK FAILED"
+      for m in "$MQ q4_k_m Q4_K_M" "$M8 f16 F16"; do
+        set -- $m
+        [ -f $1 ] || python3 tools/make_synthetic_gguf.py $1 --preset llama3-8b --type $3 --tokenizer .device/tok.gguf 2>&1 | tail -1
+        python3 bench/batch_decode_bench.py --model $1 --device gpu --context 512 --steps 32 --repeats 3 \
+          --label llama3-8b-shape-$2 --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet || echo "BATCH CHECK FAILED"
+      done ;;
     real)
       cat /tmp/sm/part00 .device/part01 > /tmp/sm/model.gguf
       python3 tools/gpu_check.py --model /tmp/sm/model.gguf --out "$OUT/gpu_check.json" 2>&1 | quiet

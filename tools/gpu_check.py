@@ -82,7 +82,7 @@ def graph_vs_eager(model_path: str, steps: int = 48) -> dict:
     worst, same_tokens, argmax_agrees = 0.0, True, True
     for i in range(steps):
         pos = len(prompt) + i
-        replayed = graphs.decode(token, pos)
+        replayed = graphs.decode_one(token, pos)
         captured = graphs.owns(replayed)  # False on a bucket's first step (its eager run is returned)
         g = backend.to_host(replayed)
         e = model.forward(np.asarray([token]), pos, kv_eager, want_logits=True)

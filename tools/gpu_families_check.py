@@ -41,7 +41,7 @@ def run(model, backend, ids: list[int], greedy: int, graphs: bool):
     for _ in range(greedy):
         out.append(int(np.argmax(cur)))
         pos = len(ids) + len(out) - 1
-        cur = (backend.to_host(decoder.decode(out[-1], pos)) if decoder else
+        cur = (backend.to_host(decoder.decode_one(out[-1], pos)) if decoder else
                model.forward(np.asarray(out[-1:]), pos, kv, want_logits=True))
     return logits, [e.tolist() for _, e, _ in routes], out
 

@@ -16,8 +16,10 @@ SHORT = "Name three rivers of Europe."
 
 @pytest.fixture(scope="module")
 def server():
-    # each case reads the same long prompt twice and kills the engine during the second read: no reuse
-    with ServerProcess(extra=["--device", "cpu", "--ctx", "4096", "--chunk", "256", "--no-prompt-reuse"]) as s:
+    # each case reads the same long prompt twice and kills the engine during the second read: no reuse;
+    # one slot, so that a parked read is moved out of the engine's only slot for the short request
+    with ServerProcess(extra=["--device", "cpu", "--ctx", "4096", "--chunk", "256", "--no-prompt-reuse",
+                              "--slots", "1"]) as s:
         yield s
 
 

@@ -1,0 +1,126 @@
+"""Aggregate decode throughput with several requests in the engine's slots, and the check that goes
+with it: each request's greedy tokens decoded in a batch equal its tokens decoded alone.
+
+    python bench/batch_decode_bench.py [--model PATH] [--device cpu|gpu] [--batches 1,2,4,8,16]
+        [--context 512] [--steps 64] [--repeats 3] [--weights quantized|fp16] [--label NAME --json FILE]
+
+Runs the engine's runner in process as the engine loop drives it (engine/loop.py): every sequence
+reads its own prompt into its own slot, then each step samples every sequence's token where its
+logits are and runs one batched forward for all of them (a CUDA graph replay per batch size on the
+GPU). Reports, per batch size, aggregate tok/s (tokens of all sequences per second, median of
+repeats) and whether every sequence's tokens equal its solo run's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.engine_bench import machine  # noqa: E402
+from engine.backend import select_backend  # noqa: E402
+from engine.gguf_model import load_model  # noqa: E402
+from engine.model_path import resolve_model_path  # noqa: E402
+from engine.runner import ModelRunner  # noqa: E402
+from engine.sampler import Sampler, SamplingParams  # noqa: E402
+from engine.sequence import Sequence  # noqa: E402
+
+
+def read_prompts(runner: ModelRunner, count: int, context: int, vocab: int) -> list[Sequence]:
+    """`count` sequences, each with its own random prompt read into its own slot."""
+    seqs = []
+    for i in range(count):
+        prompt = tuple(int(t) for t in np.random.default_rng(1000 + i).integers(100, vocab - 100, context))
+        seq = Sequence(id=i, prompt=prompt, max_new=1 << 30, sampler=Sampler(SamplingParams(), prompt),
+                       stop_ids=frozenset(), slot=i)
+        while seq.reading:
+            runner.read_prompt_chunk(seq)
+        seqs.append(seq)
+    return seqs
+
+
+def decode(runner: ModelRunner, seqs: list[Sequence], steps: int) -> tuple[float, list[list[int]]]:
+    """`steps` tokens for every sequence, all in one batch; (seconds, each one's tokens). The
+    sequences start again from the logits of their prompts (later KV rows are overwritten)."""
+    start_logits = [s.logits for s in seqs]
+    for seq in seqs:
+        seq.generated = []
+    runner.backend.synchronize()
+    began = time.perf_counter()
+    for _ in range(steps):
+        for seq in seqs:
+            seq.generated.append(runner.sample(seq))
+        runner.decode_batch(seqs)
+    runner.backend.synchronize()
+    seconds = time.perf_counter() - began
+    tokens = [list(s.generated) for s in seqs]
+    for seq, logits in zip(seqs, start_logits):
+        seq.logits, seq.graph_row = logits, None
+    return seconds, tokens
+
+
+def run(a: argparse.Namespace) -> dict:
+    backend = select_backend(a.device)
+    cfg, weights, _ = load_model(str(resolve_model_path(a.model)), backend, keep_blocks=a.weights == "quantized")
+    batches = sorted(int(b) for b in a.batches.split(","))
+    ctx = (a.context + a.steps + 1 + 255) // 256 * 256
+    runner = ModelRunner(cfg, weights, backend, ctx, a.chunk, frozenset(), slots=batches[-1])
+    runner.warm_up()
+    seqs = read_prompts(runner, batches[-1], a.context, cfg.vocab_size)
+    solo = [decode(runner, [seq], a.steps)[1][0] for seq in seqs]  # each alone (its graphs captured too)
+    rows = []
+    for n in batches:
+        group = seqs[:n]
+        decode(runner, group, 2)  # this batch size's graph is captured outside the timing
+        runs = [decode(runner, group, a.steps) for _ in range(a.repeats)]
+        same = all(tokens == solo[i] for _, out in runs for i, tokens in enumerate(out))
+        tok_s = [n * a.steps / seconds for seconds, _ in runs]
+        rows.append({"requests": n, "aggregate_tok_s": round(statistics.median(tok_s), 1),
+                     "per_request_tok_s": round(statistics.median(tok_s) / n, 1),
+                     "step_ms": round(statistics.median(seconds for seconds, _ in runs) / a.steps * 1000, 3),
+                     "runs_tok_s": [round(t, 1) for t in tok_s], "tokens_equal_solo": same})
+        print(f"{n:3d} requests: {rows[-1]['aggregate_tok_s']:9.1f} tok/s aggregate, "
+              f"step {rows[-1]['step_ms']:.2f} ms, tokens equal solo: {same}", flush=True)
+    return {"machine": machine(backend.device_name), "device": backend.name, "model": cfg.name, "arch": cfg.arch,
+            "weights": a.weights if backend.name == "gpu" else "float32", "context": a.context, "steps": a.steps,
+            "repeats": a.repeats, "rows": rows,
+            "speedup_vs_one": {str(r["requests"]): round(r["aggregate_tok_s"] / rows[0]["aggregate_tok_s"], 2)
+                               for r in rows}}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
+    p.add_argument("--batches", default="1,2,4,8,16")
+    p.add_argument("--context", type=int, default=512, help="prompt tokens of each request")
+    p.add_argument("--steps", type=int, default=64, help="tokens each request decodes per run")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--chunk", type=int, default=512)
+    p.add_argument("--weights", choices=("quantized", "fp16"), default="quantized")
+    p.add_argument("--label")
+    p.add_argument("--json")
+    a = p.parse_args()
+    result = run(a)
+    if a.json:
+        path = Path(a.json)
+        merged = json.loads(path.read_text()) if path.exists() else {}
+        merged[a.label or result["model"]] = result
+        path.write_text(json.dumps(merged, indent=1) + "\n")
+    print(json.dumps(result["speedup_vs_one"]))
+    return 0 if all(r["tokens_equal_solo"] for r in result["rows"]) or backend_is_cpu(result) else 1
+
+
+def backend_is_cpu(result: dict) -> bool:
+    """On the CPU NumPy's GEMM may round a batch differently from one row (reported, not failed)."""
+    return result["device"] == "cpu"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
