@@ -27,6 +27,7 @@ HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
 WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_, embed_ and matvec_ kernels in quant.cu
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
+COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_SLOTS in engine/cli.py)
 MAX_BATCH_ROWS = 8  # activation rows one matvec launch takes (matvec_<T>_n1 .. _n8); more go in several
 Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
 NULL = np.uint64(0)  # a null pointer argument
@@ -196,8 +197,11 @@ class GpuKernels:
         part_ml = cp.empty((seqs, heads, splits, 2), dtype=cp.float32)
         out = cp.empty((seqs, heads, d), dtype=cp.float16)
         units = cp.empty((seqs * heads * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
-        if self.counters is None or self.counters.size < seqs * blocks_y:  # zero; each launch leaves them zero
-            self.counters = cp.zeros(seqs * blocks_y, dtype=cp.int32)
+        if self.counters is None:  # zero; each launch leaves them zero. Allocated once, for the most
+            # sequences a batch may hold: captured graphs keep its address, so it must never move
+            self.counters = cp.zeros(COUNTER_SEQUENCES * blocks_y, dtype=cp.int32)
+        if self.counters.size < seqs * blocks_y:
+            raise ValueError(f"a decode batch of {seqs} sequences exceeds the {COUNTER_SEQUENCES} the kernels hold")
         self.fn[f"flash_decode_d{d}_g{group}"](
             (splits, blocks_y, seqs), (DECODE_THREADS,),
             (q, k_cache, v_cache, part_o, part_ml, out, units if q8 else NULL, self.counters, step.pos0, step.kv_off,

@@ -92,9 +92,11 @@ __device__ __forceinline__ void rows_dot_f16(const __half* __restrict__ w, const
 // ---- a decode batch: NB activation rows against the same weight rows, the weights read once ----
 // Batch-invariant by construction: row b's dot product with weight row r is the very sum, in the
 // very order, whatever NB is (lane partials over units lane, lane + 32, ..., then the warp's xor
-// reduction), so a request's logits do not depend on what is decoded beside it. The rows of x
-// are `units` Q8 units (or k fp16 values) apart; y's rows are ldy apart (y holds NB rows of a wider
-// output when W is one part of a stacked matrix).
+// reduction), and every operation of it is an explicitly rounded intrinsic (__fmaf_rn, __fadd_rn,
+// ...), which the compiler may neither fuse nor reorder, so no instantiation rounds differently: a
+// request's logits do not depend on what is decoded beside it. The rows of x are `units` Q8 units
+// (or k fp16 values) apart; y's rows are ldy apart (y holds NB rows of a wider output when W is one
+// part of a stacked matrix).
 template <int NB>
 using BatchAcc = float[NB][MV_ROWS];
 
@@ -106,13 +108,13 @@ __device__ __forceinline__ void reduce_store_batch(BatchAcc<NB>& acc, Out* y, in
 #pragma unroll
         for (int r = 0; r < MV_ROWS; ++r) {
             float a = acc[b][r];
-            for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
             if (lane == 0 && row0 + r < m) store(y + (size_t)b * ldy, row0 + r, a);
         }
 }
 
-// Rows row0 .. row0 + MV_ROWS of W (blocks of type T) . x_b for NB rows x_b in 8 bits: each
-// weight unit is decoded once and serves every row of the batch.
+// Rows row0 .. row0 + MV_ROWS of W (blocks of type T) . x_b for NB rows x_b in 8 bits: each weight
+// unit is decoded once and serves every row of the batch.
 template <class T, int NB>
 __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, const Q8* __restrict__ xq, int row0,
                                                   int m, int k, BatchAcc<NB>& acc) {
@@ -136,22 +138,28 @@ __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, cons
                 int s0 = 0, s1 = 0;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) s0 = dp4a(u[r].w[i], xw[i], s0), s1 = dp4a(u[r].w[4 + i], xw[4 + i], s1);
-                acc[b][r] += ds.x * (u[r].d[0] * (float)s0 + u[r].d[1] * (float)s1) + u[r].m[0] * ds.y + u[r].m[1] * ds.z;
+                // d * (d0 s0 + d1 s1) + m0 s_0 + m1 s_1, each step rounded as written
+                const float dot = __fmaf_rn(u[r].d[1], (float)s1, __fmul_rn(u[r].d[0], (float)s0));
+                const float off = __fmaf_rn(u[r].m[1], ds.z, __fmul_rn(u[r].m[0], ds.y));
+                acc[b][r] = __fadd_rn(acc[b][r], __fmaf_rn(ds.x, dot, off));
             }
         }
     }
 }
 
-// The same for fp16 rows against NB fp16 rows of x (fp32 accumulation).
+// The same for fp16 rows against NB fp16 rows of x (fp32 accumulation). The weights stay in halves
+// in registers (converted at use: exact, so the sums are those of fp32 copies).
 template <int NB>
 __device__ __forceinline__ void rows_dot_f16_batch(const __half* __restrict__ w, const __half* __restrict__ x,
                                                    int row0, int m, int k, BatchAcc<NB>& acc) {
 #pragma unroll 1
     for (int s = threadIdx.x & 31; s < k / 32; s += 32) {
-        float wv[MV_ROWS][32];
+        uint4 wr[MV_ROWS][4];
 #pragma unroll
         for (int r = 0; r < MV_ROWS; ++r)
-            if (row0 + r < m) load_half32(w + (size_t)(row0 + r) * k + s * 32, wv[r]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                wr[r][i] = row0 + r < m ? reinterpret_cast<const uint4*>(w + (size_t)(row0 + r) * k + s * 32)[i] : uint4{};
 #pragma unroll
         for (int b = 0; b < NB; ++b) {
             float xv[32];
@@ -159,10 +167,15 @@ __device__ __forceinline__ void rows_dot_f16_batch(const __half* __restrict__ w,
 #pragma unroll
             for (int r = 0; r < MV_ROWS; ++r) {
                 if (row0 + r >= m) break;
+                const __half2* wh = reinterpret_cast<const __half2*>(wr[r]);
                 float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-                for (int j = 0; j < 16; ++j) s0 = fmaf(wv[r][j], xv[j], s0), s1 = fmaf(wv[r][j + 16], xv[j + 16], s1);
-                acc[b][r] += s0 + s1;
+                for (int j = 0; j < 8; ++j) {
+                    const float2 lo = __half22float2(wh[j]), hi = __half22float2(wh[j + 8]);
+                    s0 = __fmaf_rn(lo.x, xv[2 * j], s0), s0 = __fmaf_rn(lo.y, xv[2 * j + 1], s0);
+                    s1 = __fmaf_rn(hi.x, xv[2 * j + 16], s1), s1 = __fmaf_rn(hi.y, xv[2 * j + 17], s1);
+                }
+                acc[b][r] = __fadd_rn(acc[b][r], __fadd_rn(s0, s1));
             }
         }
     }
