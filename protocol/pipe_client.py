@@ -32,8 +32,12 @@ class EnginePipe:
         return decode(line)
 
     def handshake(self) -> m.Ready:
+        """Read up to READY; the INFO fields are kept in self.info."""
+        self.info: dict[str, str] = {}
         while True:
             msg = self.read()
+            if isinstance(msg, m.Info):
+                self.info.update(msg.fields)
             if isinstance(msg, m.Ready):
                 return msg
 
