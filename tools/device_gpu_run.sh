@@ -27,6 +27,8 @@
 #          the Llama-3-8B shape in F16 and Q4_K_M -> $OUT/batch_decode_gpu.json
 # agent    bench/agent_reuse_bench.py on the 8B shape (Q4_K_M): a 10-turn conversation growing to 16K
 #          tokens, time to first token with prompt reuse and without -> $OUT/agent_reuse_gpu.json
+# mixed    bench/mixed_load_bench.py on the 8B shape (Q4_K_M): A reads 46,832 tokens while 4 clients
+#          decode, B (short) arrives 2 s in -> $OUT/mixed_load_gpu.json
 # real     the real default model: tools/gpu_check.py and parity. The model (94 MiB) is larger than
 #          one call may carry (64 MiB): an earlier call on the same warm machine carries
 #          .device/part00 (`split -n 2 -d MODEL .device/part`) and runs `bash tools/device_gpu_run.sh
@@ -129,6 +131,10 @@ for step in "$@"; do
       [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 bench/agent_reuse_bench.py --model $MQ --device gpu --turns 10 --final 16384 --chunk 2048 --answer 16 \
         --label llama3-8b-shape-q4_k_m --json "$OUT/agent_reuse_gpu.json" 2>&1 | quiet ;;
+    mixed)
+      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      STRATA_MODEL=$MQ python3 bench/mixed_load_bench.py --device gpu --a-tokens 46832 --decoders 4 --b-delay 2 \
+        --chunk 2048 --repeats 2 --json "$OUT/mixed_load_gpu.json" 2>&1 | quiet ;;
     real)
       cat /tmp/sm/part00 .device/part01 > /tmp/sm/model.gguf
       python3 tools/gpu_check.py --model /tmp/sm/model.gguf --out "$OUT/gpu_check.json" 2>&1 | quiet
