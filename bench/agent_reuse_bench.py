@@ -13,7 +13,6 @@ run per turn: a second reuse run of the same turn would find the turn itself kep
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.engine_bench import merge_result  # noqa: E402
 from protocol import messages as m  # noqa: E402
 from tests.harness import PY, EngineProcess  # noqa: E402
 
@@ -77,10 +77,7 @@ def main() -> int:
     a = p.parse_args()
     result = run(a)
     if a.json:
-        path = Path(a.json)
-        merged = json.loads(path.read_text()) if path.exists() else {}
-        merged[a.label or str(result["model"])] = result
-        path.write_text(json.dumps(merged, indent=1) + "\n")
+        merge_result(Path(a.json), a.label or str(result["model"]), result)
     return 0
 
 

@@ -44,6 +44,12 @@ def machine(device_name: str) -> str:
     return f"{cpu}, {os.cpu_count()} cores, numpy {np.__version__}, device {device_name}"
 
 
+def merge_result(path: Path, label: str, result: dict) -> None:
+    """Write `result` into the JSON file at `path` under `label`, keeping the other labels'."""
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps(merged | {label: result}, indent=1) + "\n")
+
+
 def prefill_tok_s(model: LlamaModel, kv: KVCache, n: int, chunk: int, backend: Backend) -> float:
     tokens = np.random.default_rng(n).integers(100, model.cfg.vocab_size - 100, n)
     backend.synchronize()
