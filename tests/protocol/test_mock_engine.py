@@ -68,7 +68,7 @@ def test_fault_die_at_chunk(engine_factory):
     e = engine_factory("--chunk", "4", "--die-at-chunk", "2", mock=True)
     e.handshake()
     e.send(gen(20, 2, 1))
-    e.read()
+    e.read_until(m.PP)
     try:
         e.read()
         raise AssertionError("the engine should have died")
@@ -81,6 +81,7 @@ def test_fault_malformed_line(engine_factory):
     e = engine_factory("--chunk", "4", "--malformed-at-chunk", "1", mock=True)
     e.handshake()
     e.send(gen(8, 1, 1))
+    assert isinstance(e.read(), m.Info)  # where the request landed
     try:
         e.read()
         raise AssertionError("expected a malformed line")
@@ -126,7 +127,8 @@ def test_fault_die_at_gen_answers_nothing(engine_factory):
     e.send(gen(5, 1, 1))
     e.read_until(m.Done)
     e.send(gen(5, 1, 2))
-    assert e.proc.wait(5) == 3 and e.proc.stdout.read() == ""
+    assert e.proc.wait(5) == 3
+    assert [line.split()[0] for line in e.proc.stdout.read().splitlines()] == ["INFO"]  # taken, no PP, T or DONE
 
 
 def test_fault_die_after_tokens(engine_factory):
