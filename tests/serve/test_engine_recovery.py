@@ -131,3 +131,19 @@ def test_max_request_retries_below_one_is_refused_at_start():
     done = subprocess.run([PY, "-m", "serve", "--max-request-retries", "0"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "--max-request-retries must be >= 1" in done.stderr
+
+
+def test_requests_decoding_together_in_slots_all_survive_a_death(server_factory, tmp_path):
+    """Three requests decode as one batch in three slots when the engine dies: all three go back to
+    the queue, continue on the restarted engine from the tokens they had, and answer in full."""
+    server = fault_server(server_factory, tmp_path, "--slots", "3", "--die-after-tokens", "20")
+    prompts = [list(range(1000 + 100 * i, 1000 + 100 * i + 70)) for i in range(3)]
+    clients = [Background(complete, server, 16, p) for p in prompts]
+    for c in clients:
+        c.start()
+    answers = [c.get() for c in clients]
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    assert metrics(server.url)["strata_engine_restarts_total"] == 1
+    assert sum(r.json()["timings"]["engine_restarts"] for r in answers) >= 2  # the batch was hit
+    solo = [complete(server, 16, p).json()["choices"][0]["text"] for p in prompts]  # the fault fired once
+    assert [r.json()["choices"][0]["text"] for r in answers] == solo
