@@ -61,7 +61,7 @@ def one_run(url: str, prompt: list[int], a: argparse.Namespace) -> dict:
     for t in decoders:
         t.join()
     read_from, read_to = a_out["sent"], a_out["sent"] + a_out["timings"]["prompt_ms"] / 1000
-    gaps = [b - a for s in stamps for a, b in zip(s, s[1:]) if read_from <= a and b <= read_to + 0.5]
+    gaps = [t1 - t0 for times in stamps for t0, t1 in zip(times, times[1:]) if read_from <= t0 and t1 <= read_to + 0.5]
     return {"a_wall_s": a_out["done"] - a_out["sent"], "b_ttft_s": b["first"] - b["sent"],
             "b_done_s": b["done"] - b["sent"], "gap_p50_ms": float(np.percentile(gaps, 50) * 1000),
             "gap_p99_ms": float(np.percentile(gaps, 99) * 1000), "gap_max_ms": float(max(gaps) * 1000),
