@@ -56,7 +56,7 @@ class EngineLoop:
         self.runner, self.policy, self.write = runner, policy, write
         self.caps, self.reuse = caps, reuse
         self.inbox: queue.Queue = queue.Queue()
-        self.slots = SlotTable(getattr(runner, "slots", 1), runner.chunk)
+        self.slots = SlotTable(runner.slots, runner.chunk)
         self.seqs: dict[int | None, Sequence] = {}  # every request in the engine, by id, in arrival order
         self.line: list[Sequence] = []  # reads in order: the first one reads the next chunk
         self.snapshots: dict[int, object] = {}  # spilled parked reads' rows (None: dropped, read again)
