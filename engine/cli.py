@@ -11,6 +11,7 @@ from engine.prefill import ParkPolicy
 DEFAULT_CHUNK = 256
 DEFAULT_SLOTS = 4
 MAX_SLOTS = 64
+DEFAULT_DECODE_INTERVAL_MS = 50.0
 WEIGHT_FORMS = ("quantized", "fp16")
 
 
@@ -26,12 +27,15 @@ class EngineConfig:
     weights: str = "quantized"  # GPU: quantized tensors stay in their blocks; "fp16" expands them at load
     slots: int = DEFAULT_SLOTS  # requests in the engine at once, each with its own KV rows
     prompt_reuse: bool = True  # a free slot's kept conversation saves the next turn's reading
+    decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
 
     def __post_init__(self):
         if self.chunk < 1:
             raise ValueError("--chunk must be >= 1")
         if self.ctx is not None and self.ctx < 16:
             raise ValueError("--ctx must be >= 16")
+        if self.decode_interval_ms < 0:
+            raise ValueError("--decode-interval-ms must be >= 0")
         if not 1 <= self.slots <= MAX_SLOTS:
             raise ValueError(f"--slots must be between 1 and {MAX_SLOTS}")
 
@@ -64,6 +68,10 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,
                    help="a free slot keeps the conversation it read; a prompt that starts with it reads only "
                         "the rest, from a chunk boundary (default: on)")
+    p.add_argument("--decode-interval-ms", type=float, default=DEFAULT_DECODE_INTERVAL_MS,
+                   help="while a long prompt is read, the decoding requests get a step about this often: a "
+                        "chunk that takes longer pauses between layers for them (default "
+                        f"{DEFAULT_DECODE_INTERVAL_MS:g}; 0: a step per chunk)")
 
 
 def add_preempt_args(p: argparse.ArgumentParser) -> None:
@@ -90,7 +98,7 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(a.model, a.ctx, a.chunk, a.device, policy_from_args(a),
                         snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None,
                         cuda_graphs=not a.no_cuda_graphs, weights=a.weights, slots=a.slots,
-                        prompt_reuse=a.prompt_reuse)
+                        prompt_reuse=a.prompt_reuse, decode_interval_ms=a.decode_interval_ms)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,10 @@ advance in rounds.
 
 A round is one decode step for every decoding request together (one pass over the weights), then
 one prompt chunk of the first read in line, so that a long read never stops the others from
-decoding and a read's chunks stay at absolute boundaries. Control lines (GEN, STOP, YIELD, RESUME,
+decoding and a read's chunks stay at absolute boundaries. A chunk deep in a long read takes longer
+than a decoding client should wait for its next token, so it pauses between layers for further
+decode steps, about every `interval_ms` (the layers per pause estimated from the read's last
+chunk); the pauses change neither the chunk's arithmetic nor its boundaries. Control lines (GEN, STOP, YIELD, RESUME,
 CANCEL) are taken between rounds and after each chunk, before its PP.
 
 Parks stay in place: a parked read keeps its rows in its slot, at no cost. When a GEN or a RESUME
@@ -52,9 +55,9 @@ class Writer:
 
 class EngineLoop:
     def __init__(self, runner, policy: ParkPolicy, write: Callable[[m.Message], None],
-                 caps: tuple[str, ...] = ("stop",), reuse: bool = True):
+                 caps: tuple[str, ...] = ("stop",), reuse: bool = True, interval_ms: float = 0.0):
         self.runner, self.policy, self.write = runner, policy, write
-        self.caps, self.reuse = caps, reuse
+        self.caps, self.reuse, self.interval_ms = caps, reuse, interval_ms
         self.inbox: queue.Queue = queue.Queue()
         self.slots = SlotTable(runner.slots, runner.chunk)
         self.seqs: dict[int | None, Sequence] = {}  # every request in the engine, by id, in arrival order
@@ -62,7 +65,9 @@ class EngineLoop:
         self.snapshots: dict[int, object] = {}  # spilled parked reads' rows (None: dropped, read again)
         self.reserved: dict[int, int] = {}  # parked reads' snapshot sizes, held in the budget
         self.park_ticks = itertools.count(1)
-        self.in_chunk: Sequence | None = None  # the read whose chunk has run and whose PP is not out yet
+        self.in_chunk: Sequence | None = None  # the read whose chunk runs or has run and whose PP is not out yet
+        self.chunk_ms: float | None = None  # the latest chunk's own time (any read), without its pauses
+        self.paused_ms = 0.0  # decode steps run in the pauses of the current chunk
         self.quitting = False  # QUIT: finish what runs, then exit
         self.gone = False  # end of input: nobody listens any more
         self.logged: set[str] = set()
@@ -225,10 +230,11 @@ class EngineLoop:
     def read_chunk(self, seq: Sequence) -> None:
         started = time.perf_counter()
         before = seq.pos
-        self.in_chunk = seq
-        self.runner.read_prompt_chunk(seq)
-        ms = (time.perf_counter() - started) * 1000
-        seq.prompt_ms += ms
+        self.in_chunk, self.paused_ms = seq, 0.0
+        self.runner.read_prompt_chunk(seq, self.pauses(seq))
+        ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
+        self.chunk_ms = seq.chunk_ms = ms - self.paused_ms
+        seq.prompt_ms += seq.chunk_ms
         self.take_lines(block=False)  # lines that arrived during this chunk, before its PP
         self.in_chunk = None
         self.write(m.PP(seq.pos, seq.total, ms, (seq.pos - before) / max(ms, 1e-6) * 1000, seq.id))
@@ -239,6 +245,30 @@ class EngineLoop:
             seq.yield_wanted = False  # decode never parks
         elif seq.yield_wanted:
             self.try_park(seq)
+
+    def pauses(self, seq: Sequence) -> Callable[[int], None] | None:
+        """The chunk's pauses between layers (None: it runs straight through): every `every` layers,
+        a decode step for the requests decoding then, so that each waits about interval_ms for its
+        next token. The chunk's time is estimated by the read's last chunk, else the latest chunk
+        of any read (a first chunk is the shallowest: its estimate errs long, pausing more)."""
+        estimate, layers = seq.chunk_ms or self.chunk_ms, self.runner.layers
+        if not (self.interval_ms and estimate and any(s.decoding for s in self.seqs.values())):
+            return None
+        every = max(1, int(layers * self.interval_ms / estimate))
+        if every >= layers:
+            return None
+
+        def pause(layer: int) -> None:
+            decoding = [s for s in self.seqs.values() if s.decoding]
+            if (layer + 1) % every or not decoding:
+                return
+            self.runner.synchronize()  # the layers so far are done: what follows is the step's own time
+            started = time.perf_counter()
+            self.decode_step(decoding)
+            self.runner.synchronize()
+            self.paused_ms += (time.perf_counter() - started) * 1000
+
+        return pause
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish = reason
@@ -333,5 +363,5 @@ def engine_caps(policy: ParkPolicy) -> tuple[str, ...]:
     return ("stop", "preempt") if policy.enabled else ("stop",)
 
 
-def run_loop(runner, policy: ParkPolicy, reuse: bool = True) -> None:
-    EngineLoop(runner, policy, Writer(sys.stdout), engine_caps(policy), reuse).serve(sys.stdin)
+def run_loop(runner, policy: ParkPolicy, reuse: bool = True, interval_ms: float = 0.0) -> None:
+    EngineLoop(runner, policy, Writer(sys.stdout), engine_caps(policy), reuse, interval_ms).serve(sys.stdin)

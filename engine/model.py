@@ -4,6 +4,8 @@ CPU, half precision kernels on a GPU). What differs between families is in Model
 layer's weights: Q/K/V biases, per-head Q/K norms, routed experts in place of the feed-forward."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from engine.backend import Backend, Step
@@ -21,11 +23,13 @@ class LlamaModel:
         self.route_log: list | None = None  # (layer, experts (n, k), weights (n, k)) per MoE layer, when a list
 
     def forward(self, tokens: np.ndarray, start: int, kv: KVCache | LayerRows, want_logits: bool,
-                on_device: bool = False):
+                on_device: bool = False, between: Callable[[int], None] | None = None):
         """tokens: (n,) at absolute positions [start, start+n) of one sequence, whose K/V rows `kv`
         holds (a slot's, KVCache.slot). Writes their K/V rows. Returns logits (vocab,) float32 of
-        the last position on the host (or left on the device), or None."""
-        logits = self.forward_on_device(tokens, self.ops.step(len(tokens), start), kv, want_logits)
+        the last position on the host (or left on the device), or None. `between(i)` is called after
+        each layer i but the last: the engine runs the other requests' decode steps there (they
+        touch neither this forward's activations nor its rows, so its result does not change)."""
+        logits = self.forward_on_device(tokens, self.ops.step(len(tokens), start), kv, want_logits, between)
         return logits if logits is None or on_device else self.backend.to_host(logits)
 
     def forward_batch(self, tokens, slots, positions, kv: KVCache):
@@ -35,7 +39,8 @@ class LlamaModel:
         step = self.ops.batch_step(tuple(slots), tuple(positions), kv.slot_stride)
         return self.forward_on_device(tokens, step, kv.across_slots(), True)
 
-    def forward_on_device(self, tokens, step: Step, kv: KVCache | LayerRows, want_logits: bool):
+    def forward_on_device(self, tokens, step: Step, kv: KVCache | LayerRows, want_logits: bool,
+                          between: Callable[[int], None] | None = None):
         """The forward pass proper; tokens may already be on the device and `step` may carry
         device-side positions (a captured decode graph). Returns device logits, (vocab,) for one
         sequence, (n, vocab) for a decode batch, or None."""
@@ -57,6 +62,9 @@ class LlamaModel:
                 delta = self.mixture(i, h, layer)  # (n, dim)
             else:
                 delta = ops.matmul(ops.silu_mul(ops.matmul(h, layer.w_gate_up)), layer.w_down)  # (n, dim)
+            if between is not None and i + 1 < len(self.w.layers):
+                between(i)
+                ops.begin(step)  # a decode step in between began its own
         if not want_logits:
             return None
         rows = slice(None) if step.batch else slice(-1, None)  # every row of a batch, else the last position

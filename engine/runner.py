@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from typing import Callable
 
 import numpy as np
 
@@ -44,14 +45,23 @@ class ModelRunner:
             self.decode_logits([0] * rows, list(range(rows)), [8] * rows)
         self.backend.synchronize()
 
-    def read_prompt_chunk(self, seq: Sequence) -> None:
+    @property
+    def layers(self) -> int:
+        return self.cfg.n_layers
+
+    def read_prompt_chunk(self, seq: Sequence, between: Callable[[int], None] | None = None) -> None:
+        """The sequence's next prompt chunk; `between(i)` after each layer i but the last (see
+        LlamaModel.forward)."""
         end = chunk_end(seq.pos, seq.total, self.chunk)
         tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)
         seq.logits = self.model.forward(tokens, seq.pos, self.kv.slot(seq.slot), want_logits=end == seq.total,
-                                        on_device=True)
+                                        on_device=True, between=between)
         seq.graph_row = None
         self.backend.synchronize()  # a chunk is done when its PP says so: GPU launches are asynchronous,
         seq.pos = end  # and a host running chunks ahead would make a park wait for all of them
+
+    def synchronize(self) -> None:
+        self.backend.synchronize()
 
     def constraint(self, grammar: str):
         """A request's grammar state (engine/grammar.py); ValueError if it does not compile."""

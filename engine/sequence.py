@@ -29,6 +29,7 @@ class Sequence:
     parks: int = 0
     park_ms: float = 0.0  # time spent copying snapshots out and back in
     prompt_ms: float = 0.0
+    chunk_ms: float | None = None  # its latest chunk's own time (the next one's pauses are planned by it)
     decode_ms: float = 0.0
     decode_started: float | None = None  # perf_counter at its first token
     finish: str | None = None

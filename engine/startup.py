@@ -62,7 +62,7 @@ def load_or_exit(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
 
 def serve(config: EngineConfig) -> int:
     runner, _, policy = load_or_exit(config)
-    run_loop(runner, policy, config.prompt_reuse)
+    run_loop(runner, policy, config.prompt_reuse, config.decode_interval_ms)
     return 0
 
 

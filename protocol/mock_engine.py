@@ -5,7 +5,7 @@ batch of them) take configurable time, output is the prompt echoed back or a scr
 and faults can be injected. With --slots N, N requests are in the engine at once, as in strata.
 
     python -m protocol.mock_engine [--slots 1] [--no-prompt-reuse] [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
-        [--script 1,2,3] [--no-prefill-preempt] [--die-at-chunk K] [--die-at-gen K]
+        [--layers 1] [--decode-interval-ms 50] [--script 1,2,3] [--no-prefill-preempt] [--die-at-chunk K] [--die-at-gen K]
         [--die-after-tokens K] [--die-while-parked] [--poison-token T] [--faults-once PATH]
         [--malformed-at-chunk K] [--fail-snapshot] [--no-preempt-cap] [--start-delay S]
 
@@ -36,7 +36,7 @@ class FakeRunner:
 
     def __init__(self, a: argparse.Namespace, write_raw):
         self.a, self.write_raw = a, write_raw
-        self.ctx, self.chunk, self.vocab_size, self.slots = a.ctx, a.chunk, a.vocab, a.slots
+        self.ctx, self.chunk, self.vocab_size, self.slots, self.layers = a.ctx, a.chunk, a.vocab, a.slots, a.layers
         self.eos_ids = frozenset({a.eos})
         self.script = tuple(int(t) for t in a.script.split(",")) if a.script else None
         self.chunks_read = self.gens_started = self.tokens_written = 0
@@ -58,14 +58,21 @@ class FakeRunner:
                 return
         os._exit(FAULT_EXIT_CODE)
 
-    def read_prompt_chunk(self, seq: Sequence) -> None:
+    def synchronize(self) -> None:
+        pass
+
+    def read_prompt_chunk(self, seq: Sequence, between=None) -> None:
+        """A chunk's time in `layers` equal parts, `between(i)` after each but the last."""
         if seq.pos == 0:
             self.gens_started += 1
             if self.gens_started == self.a.die_at_gen:  # the GEN is taken but never answered
                 self.die()
             if self.a.poison_token in seq.prompt:
                 self.die(once=False)
-        time.sleep(self.a.chunk_s)
+        for layer in range(self.layers):
+            time.sleep(self.a.chunk_s / self.layers)
+            if between is not None and layer + 1 < self.layers:
+                between(layer)
         self.chunks_read += 1
         if self.chunks_read == self.a.die_at_chunk:
             self.die()
@@ -125,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=8192)
     p.add_argument("--chunk", type=int, default=64, help="prompt tokens per chunk")
     p.add_argument("--chunk-s", type=float, default=0.01, help="seconds per prompt chunk")
+    p.add_argument("--layers", type=int, default=1,
+                   help="parts of a chunk, between which it may pause for decode steps (--decode-interval-ms)")
     p.add_argument("--token-s", type=float, default=0.005, help="seconds per generated token")
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--eos", type=int, default=2)
@@ -155,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     policy = policy_from_args(args)
     caps = ("stop",) if args.no_preempt_cap else engine_caps(policy)
     write = Writer(sys.stdout)
-    EngineLoop(FakeRunner(args, write.raw), policy, write, caps, args.prompt_reuse).serve(sys.stdin)
+    EngineLoop(FakeRunner(args, write.raw), policy, write, caps, args.prompt_reuse,
+               args.decode_interval_ms).serve(sys.stdin)
     return 0
 
 

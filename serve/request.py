@@ -52,6 +52,7 @@ class Request:
     cached: int = 0  # prompt tokens a slot's kept conversation saved it from reading
     parked_s: float = 0.0
     protected: bool = False  # resumed by the max-wait rule: no more boundary offers
+    yielded_to: set[int] = field(default_factory=set)  # while parked: the requests it made way for (ids)
     abandoned: bool = False  # its client left (or a stop string matched); the engine may still hold it
     restarts: int = 0  # engine restarts this request lived through
     deaths_running: int = 0  # engine deaths while it was the request being run (a poison count)
@@ -70,6 +71,7 @@ class Request:
     def requeue(self) -> None:
         """Back to the queue after an engine death; what the client has received stays."""
         self.phase, self.prompt_done, self.protected, self.slot, self.cached = Phase.QUEUED, 0, False, None, 0
+        self.yielded_to = set()
 
     @property
     def reading(self) -> bool:

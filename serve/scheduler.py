@@ -8,9 +8,11 @@ Preemption on: while the read in front goes on, every PP is answered with a boun
 id=N) when a later request is worth a park: a waiter in the queue or a read behind it in the
 engine, of the same or a higher class (a lower class never preempts a higher one), whose own read
 is shorter than what the front read has left, or which has waited aged_s. The parked read keeps its
-slot (the engine moves it to host memory only when a newcomer needs the slot). It resumes once no
-waiter of its class or above remains, or ahead of them once it has been postponed max_wait_s; then
-it reads to the end without further offers, so its postponement is bounded. Decode never parks.
+slot (the engine moves it to host memory only when a newcomer needs the slot). It resumes once the
+requests it made way for (the reads behind it when it parked, and every request that went in while
+it was parked) have finished and no waiter of its class or above remains, so the short request runs
+on a quiet engine; or, once it has been postponed max_wait_s, ahead of them all, and then it reads
+to the end without further offers, so its postponement is bounded. Decode never parks.
 
 Engine death loses no request: the running and the parked requests go back to the front of the
 queue (in arrival order) and run again on the restarted engine; one that had tokens continues
@@ -156,12 +158,15 @@ class Scheduler:
         self._unline(req)
         req.output.append(msg.token)
         self.metrics.generated_tokens.inc()
+        if self.parked:  # a parked read postponed max_wait_s by a long answer resumes without waiting for its end
+            self.dispatch()
 
     def _on_suspended(self, req: Request, msg: m.Suspended) -> None:
         req.phase, req.parks, req.parked_at = Phase.PARKED, req.parks + 1, time.monotonic()
         if req.first_parked_at is None:
             req.first_parked_at = req.parked_at
         self._leave(req)
+        req.yielded_to = {r.id for r in self.line}  # the reads behind it (waiters join as they go in)
         self.parked.append(req)
         self.metrics.preemptions.inc()
         self.dispatch()
@@ -255,17 +260,19 @@ class Scheduler:
     # ------------------------------------------------------------ slots
 
     def dispatch(self) -> None:
-        """Fill the engine's slots: a parked read resumes once no waiter of its class or above is
-        left (or, having been postponed max_wait_s, ahead of them, and then reads to the end
-        unparked); otherwise the next waiter goes in. A parked read keeps its slot in the engine
-        until a newcomer needs it (the engine then moves its rows to host memory)."""
+        """Fill the engine's slots: a parked read resumes once the requests it made way for have
+        finished and no waiter of its class or above is left (or, having been postponed
+        max_wait_s, ahead of them, and then reads to the end unparked); otherwise the next waiter
+        goes in. A parked read keeps its slot in the engine until a newcomer needs it (the engine
+        then moves its rows to host memory)."""
         if self.engine is None or not self.engine.ready or self.closed:
             return
         while len(self.running) < self.slots:
             parked = self.parked[0] if self.parked else None
-            ahead = parked is not None and any(w.priority <= parked.priority for w in self.waiting)
+            ahead = parked is not None and (any(w.priority <= parked.priority for w in self.waiting) or
+                                            any(r.id in parked.yielded_to for r in self.running))
             if parked is not None and (not ahead or self._postponed_too_long(parked)):
-                parked.protected = ahead or self._postponed_too_long(parked)
+                parked.protected = self._postponed_too_long(parked)
                 self._unpark(parked)
                 self._grant(parked, m.Resume(parked.id))
                 self.metrics.resumes.inc()
@@ -278,6 +285,9 @@ class Scheduler:
 
     def _grant(self, req: Request, msg: m.Message) -> None:
         req.phase, req.lined_at = Phase.RUNNING, time.monotonic()
+        for parked in self.parked:
+            if parked is not req:
+                parked.yielded_to.add(req.id)
         self.running.append(req)
         if req.generated == 0:
             self.line.append(req)

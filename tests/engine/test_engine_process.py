@@ -130,3 +130,33 @@ def test_a_reused_start_gives_the_tokens_and_state_of_a_cold_read(engine):
         runs[reuse] = (int(info.fields["cached"]), [x.token for x in got if isinstance(x, m.T)], got[-1].extra["fp"])
     assert runs[1][0] == 32 and runs[0][0] == 0  # FRANCE's 37 tokens hold two whole chunks of 16
     assert runs[1][1:] == runs[0][1:]
+
+
+def test_a_read_that_pauses_for_decode_steps_gives_the_tokens_and_state_of_a_straight_read(engine_factory):
+    """Real model, two slots: a read while another request decodes, pausing after every layer for
+    its decode steps (--decode-interval-ms tiny), ends with the same tokens and state fingerprint
+    as the same read alone; the decoder's tokens are its solo ones too."""
+    e = engine_factory("--device", "cpu", "--chunk", "16", "--ctx", "1024", "--slots", "2", "--no-prompt-reuse",
+                       "--decode-interval-ms", "0.001")
+    e.handshake()
+    long_prompt = FRANCE + tuple(CASES[1]["ids"]) + FRANCE
+    params = {"temperature": 0.0, "seed": 0, "fp": 1}
+
+    def run_alone(ident: int, tokens: tuple, n: int):
+        e.send(m.Gen(n, tokens, params, ident))
+        got = e.read_until(m.Done, ident=ident)
+        return [x.token for x in got if isinstance(x, m.T)], got[-1].extra["fp"]
+
+    alone = {"read": run_alone(1, long_prompt, 6), "decoder": run_alone(2, FRANCE, 60)}
+    e.send(m.Gen(60, FRANCE, params, 3))
+    seen = e.read_until(m.T, ident=3)
+    e.send(m.Gen(6, long_prompt, params, 4))
+    seen += e.read_until(m.Done, ident=4)
+    if not any(isinstance(x, m.Done) and x.id == 3 for x in seen):
+        seen += e.read_until(m.Done, ident=3)
+    gen, first_pp = (next(i for i, x in enumerate(seen) if isinstance(x, kind) and x.id == 4) for kind in (m.Info, m.PP))
+    assert sum(isinstance(x, m.T) and x.id == 3 for x in seen[gen:first_pp]) > 2  # its first chunk paused
+    together = {k: ([x.token for x in seen if isinstance(x, m.T) and x.id == i],
+                    next(x for x in seen if isinstance(x, m.Done) and x.id == i).extra["fp"])
+                for k, i in (("read", 4), ("decoder", 3))}
+    assert together == alone

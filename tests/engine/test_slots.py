@@ -123,3 +123,23 @@ def test_without_prompt_reuse_nothing_is_kept(engine_factory):
     e.read_until(m.Done, ident=1)
     e.send(gen(30, 2))
     assert e.read_until(m.Done, ident=2)[-1].extra["cached"] == "0"
+
+
+def test_a_long_chunk_pauses_between_layers_for_the_decoding_requests(engine_factory):
+    """A chunk of 0.32 s in 8 layers, decoding requests wanting a step every 50 ms: the chunk pauses
+    every layer (8 x 40 ms); a decoder gets several tokens between two of the read's PPs, not one.
+    With --decode-interval-ms 0, one token per chunk, as before."""
+    def tokens_between_reads(*args: str) -> list[int]:
+        e = start(engine_factory, "--slots", "2", "--chunk-s", "0.32", "--layers", "8", "--token-s", "0.005", *args)
+        e.send(gen(4, 1, max_new=200))
+        e.read_until(m.T, ident=1)
+        e.send(gen(16, 2, max_new=1, first=90))  # four chunks
+        seen = e.read_until(m.Done, ident=2)
+        e.send(m.Stop(1))
+        order = [(type(x).__name__, x.id) for x in seen if isinstance(x, (m.T, m.PP))]
+        reads = [i for i, (kind, ident) in enumerate(order) if kind == "PP" and ident == 2]
+        return [sum(1 for kind, ident in order[i + 1 : j] if (kind, ident) == ("T", 1)) for i, j in zip(reads, reads[1:])]
+
+    paused = tokens_between_reads("--decode-interval-ms", "50")
+    assert paused and all(n >= 5 for n in paused)  # the first chunk sets the estimate: the others pause
+    assert tokens_between_reads("--decode-interval-ms", "0") == [1, 1, 1]

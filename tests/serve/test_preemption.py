@@ -74,6 +74,24 @@ def test_status_shows_the_parked_request(server_factory):
     assert b.get().status_code == 200 and a.get().status_code == 200
 
 
+def test_the_parked_read_waits_until_the_request_it_made_way_for_is_done(server_factory):
+    """With slots to spare, the parked read does not resume beside B as soon as B has read: B
+    decodes on a quiet engine (its tokens do not wait for A's chunks), and A resumes at B's end."""
+    server = preempt_server(server_factory, "--slots", "3")
+    a = start_a(server)
+    b = Background(complete_tokens, server.url, 20, 60)  # 60 tokens at 0.01 s: 0.6 s of decoding
+    b.start()
+    wait_for(lambda: any(r["total"] == 20 for r in status(server)["running"]))
+    beside = []
+    while b.is_alive():
+        running = status(server)["running"]
+        if any(r["total"] == 20 for r in running):
+            beside.append(any(r["total"] == LONG for r in running))
+        time.sleep(0.02)
+    assert len(beside) > 5 and not any(beside)  # B was seen running, never with A
+    assert b.get().status_code == 200 and a.get().json()["timings"]["parks"] == 1
+
+
 def test_waiters_run_in_fifo_order_before_the_parked_read(server_factory):
     server = preempt_server(server_factory)
     a = Background(timed, complete_tokens, server.url, LONG, 3)
