@@ -201,7 +201,10 @@ class EngineLoop:
     def round(self) -> None:
         decoding = [s for s in self.seqs.values() if s.decoding]
         if decoding:
+            started = time.perf_counter()
             self.decode_step(decoding)
+            if self.line:  # the read in front waited for it
+                self.line[0].shared_ms += (time.perf_counter() - started) * 1000
             self.take_lines(block=False)
         if self.line:
             self.read_chunk(self.line[0])
@@ -235,6 +238,7 @@ class EngineLoop:
         ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
         self.chunk_ms = seq.chunk_ms = ms - self.paused_ms
         seq.prompt_ms += seq.chunk_ms
+        seq.shared_ms += self.paused_ms
         self.take_lines(block=False)  # lines that arrived during this chunk, before its PP
         self.in_chunk = None
         self.write(m.PP(seq.pos, seq.total, ms, (seq.pos - before) / max(ms, 1e-6) * 1000, seq.id))
@@ -274,7 +278,8 @@ class EngineLoop:
         seq.finish = reason
         if seq.decode_started is not None:
             seq.decode_ms = (time.perf_counter() - seq.decode_started) * 1000
-        extra = {"parks": str(seq.parks), "park_ms": f"{seq.park_ms:.3f}", "cached": str(seq.cached)}
+        extra = {"parks": str(seq.parks), "park_ms": f"{seq.park_ms:.3f}", "cached": str(seq.cached),
+                 "shared_ms": f"{seq.shared_ms:.3f}"}
         if seq.fingerprints and seq.slot is not None:
             extra["fp"] = self.runner.fingerprint(seq)
         self.write(m.Done(len(seq.generated), seq.total, seq.prompt_ms, seq.decode_ms, reason, extra, seq.id))

@@ -31,6 +31,7 @@ class Sequence:
     prompt_ms: float = 0.0
     chunk_ms: float | None = None  # its latest chunk's own time (the next one's pauses are planned by it)
     decode_ms: float = 0.0
+    shared_ms: float = 0.0  # the others' decode steps run while it was reading (between and inside its chunks)
     decode_started: float | None = None  # perf_counter at its first token
     finish: str | None = None
 

@@ -98,5 +98,6 @@ def timings(req: Request, done: m.Done | None) -> dict:
            "parked_ms": ms(req.parked_s), "engine_restarts": req.restarts}
     if done is not None:
         out |= {"prompt_ms": round(done.prompt_ms, 3), "decode_ms": round(done.decode_ms, 3),
-                "park_copy_ms": float(done.extra.get("park_ms", 0))}
+                "park_copy_ms": float(done.extra.get("park_ms", 0)),
+                "shared_ms": float(done.extra.get("shared_ms", 0))}  # others' decode steps during its read
     return out

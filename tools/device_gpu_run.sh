@@ -17,6 +17,7 @@
 # big      the Llama-3-70B shape in Q4_K_M (~45 GB, made in /tmp/m after the others are removed):
 #          load on one H200 and decode -> $OUT/engine_gpu.json
 # parity   tools/prefill_preempt_test.py --device gpu on the 8B shape
+# parityq  the same on the 8B shape in Q4_K_M (with the read beside three decoders, pausing per layer)
 # hol      tools/prefill_preempt_bench.py on the 8B shape, A = 46,832 tokens, B 2 s in
 # moe      a 4-layer qwen3moe of Qwen3-30B-A3B's layer shape (Q4_K_M): park/resume parity on the GPU
 # bench8q  the Llama-3-8B and Qwen3-8B shapes in Q4_K_M side by side (bench/engine_bench.py: prompt
@@ -96,6 +97,10 @@ for step in "$@"; do
     parity)
       python3 tools/prefill_preempt_test.py --model $M8 --device gpu --chunk 256 --prompt-tokens 3000 \
         --json "$OUT/preempt_parity_gpu_8b.json" 2>&1 | quiet ;;
+    parityq)
+      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 tools/prefill_preempt_test.py --model $MQ --device gpu --chunk 256 --prompt-tokens 3000 \
+        --json "$OUT/preempt_parity_gpu_8b_q4_k_m.json" 2>&1 | quiet ;;
     hol)
       STRATA_MODEL=$M8 python3 tools/prefill_preempt_bench.py --device gpu --chunk 2048 --a-tokens 46832 \
         --b-delay 2 --repeats 3 --out "$OUT" 2>&1 | quiet ;;

@@ -115,3 +115,34 @@ def yield_during_decode(engine: EnginePipe, prompt, max_new: int, params: dict) 
     engine.send(m.Yield())
     outcome = finish_a(engine, seen, Outcome([], ""))
     return outcome, [x for x in seen if isinstance(x, (m.Suspended, m.Decline))]
+
+
+def read_beside_decoders(engine: EnginePipe, prompt, max_new: int, params: dict, interim,
+                         decoders: int, decode_tokens: int) -> tuple[Outcome, dict[int, list[int]], int]:
+    """A reads while `decoders` requests decode in the other slots (the engine started with a small
+    --decode-interval-ms, so A's chunks pause between layers for their steps). Returns A's outcome,
+    the decoders' tokens (by id, from 10 up) and how many decoder tokens came inside A's first chunk."""
+    idents = [10 + i for i in range(decoders)]
+    seen: list[m.Message] = []
+    for i, ident in enumerate(idents):
+        engine.send(gen(interim, decode_tokens, {**params, "seed": 100 + i}, ident))
+    for ident in idents:
+        seen += engine.read_until(m.T, ident=ident)
+    engine.send(gen(prompt, max_new, params, A))
+    outcome = finish_a(engine, seen, Outcome([], ""))
+    for ident in idents:
+        if not any(isinstance(x, m.Done) and x.id == ident for x in seen):
+            seen += engine.read_until(m.Done, ident=ident)
+    start = next(i for i, x in enumerate(seen) if isinstance(x, m.Info) and x.id == A)
+    first_pp = next(i for i, x in enumerate(seen) if isinstance(x, m.PP) and x.id == A)
+    inside = sum(isinstance(x, m.T) and x.id in idents for x in seen[start:first_pp])
+    return outcome, {ident: tokens_of(seen, ident) for ident in idents}, inside
+
+
+def decoders_alone(engine: EnginePipe, params: dict, interim, decoders: int, decode_tokens: int) -> dict[int, list[int]]:
+    """The decoders of read_beside_decoders, each run alone."""
+    out = {}
+    for i in range(decoders):
+        engine.send(gen(interim, decode_tokens, {**params, "seed": 100 + i}, 10 + i))
+        out[10 + i] = tokens_of(engine.read_until(m.Done, ident=10 + i), 10 + i)
+    return out

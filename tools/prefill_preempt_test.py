@@ -1,6 +1,8 @@
 """Parity report for prefill preemption, for any model and device: drives `strata --serve
 --prefill-preempt` over its pipes and checks that parked-then-resumed requests produce the same
-tokens and the same state fingerprint as uninterrupted ones.
+tokens and the same state fingerprint as uninterrupted ones; and that a read whose chunks pause
+between layers for three decoding requests (--decode-interval-ms tiny) ends as the uninterrupted
+read, the decoders' tokens equal to their solo runs.
 
     python tools/prefill_preempt_test.py [--model PATH] [--device cpu|gpu] [--chunk 64] [--prompt-tokens 600]
 
@@ -49,7 +51,7 @@ def main() -> int:
     p.add_argument("--json", help="write the report here too")
     a = p.parse_args()
     cmd = [sys.executable, "-m", "engine", "--serve", "--device", a.device, "--chunk", str(a.chunk),
-           "--prefill-preempt", "--prefill-preempt-min-tokens", "0"] + (["--model", a.model] if a.model else [])
+           "--prefill-preempt", "--prefill-preempt-min-tokens", "0", "--slots", "4", "--decode-interval-ms", "0.01"] + (["--model", a.model] if a.model else [])
     engine = EnginePipe(cmd, cwd=ROOT)
     engine.handshake()
     long, interim = prompts(a.prompt_tokens)
@@ -67,6 +69,16 @@ def main() -> int:
             print(f"{name:7s} {label:28s} parked at {str(out.parks):14s} tokens {row['tokens_equal']!s:5s} "
                   f"fingerprint {row['fingerprint_equal']!s:5s} restore {row['restore_exact']!s:5s} {row['s']}s",
                   flush=True)
+    for name, params in SAMPLING.items():  # A reads while three requests decode beside it
+        ref = sc.uninterrupted(engine, long, a.max_new, params)
+        alone = sc.decoders_alone(engine, params, interim, 3, 64)
+        out, beside, inside = sc.read_beside_decoders(engine, long, a.max_new, params, interim, 3, 64)
+        row = {"sampling": name, "scenario": "read beside 3 decoders", "decoder_tokens_in_first_chunk": inside,
+               "tokens_equal": out.tokens == ref.tokens, "fingerprint_equal": out.done_fp == ref.done_fp,
+               "decoders_equal": beside == alone}
+        ok &= row["tokens_equal"] and row["fingerprint_equal"] and row["decoders_equal"] and inside > 1
+        report.append(row)
+        print(json.dumps(row), flush=True)
     done = sc.cancel_while_parked(engine, long, SAMPLING["greedy"], a.chunk)
     decode_out, park_lines = sc.yield_during_decode(engine, long, a.max_new, SAMPLING["greedy"])
     extra = {"cancel_while_parked": done.finish == "cancel", "decode_never_yields": not park_lines}

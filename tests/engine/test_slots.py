@@ -136,6 +136,7 @@ def test_a_long_chunk_pauses_between_layers_for_the_decoding_requests(engine_fac
         e.send(gen(16, 2, max_new=1, first=90))  # four chunks
         seen = e.read_until(m.Done, ident=2)
         e.send(m.Stop(1))
+        assert float(seen[-1].extra["shared_ms"]) > 0  # the read waited for the decoder's steps
         order = [(type(x).__name__, x.id) for x in seen if isinstance(x, (m.T, m.PP))]
         reads = [i for i, (kind, ident) in enumerate(order) if kind == "PP" and ident == 2]
         return [sum(1 for kind, ident in order[i + 1 : j] if (kind, ident) == ("T", 1)) for i, j in zip(reads, reads[1:])]
