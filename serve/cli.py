@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,
                    help="a slot keeps its last conversation so that the next turn reads only what is new "
                         "(forwarded to the default engine; default: on)")
+    p.add_argument("--decode-interval-ms", type=float,
+                   help="while a long prompt is read, decoding requests get a step about this often (forwarded to "
+                        "the default engine; default: the engine's, 50)")
     g = p.add_argument_group("prefill preemption")
     g.add_argument("--prefill-preempt", action=argparse.BooleanOptionalAction, default=True,
                    help="park a long prompt read at a chunk boundary while a short request runs "
@@ -67,7 +70,8 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         ctx=a.ctx, chunk=a.chunk, device=a.device, weights=a.weights, preempt=preempt, keepalive_s=a.keepalive_s,
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts,
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
-        reasoning_format=a.reasoning_format, slots=a.slots, prompt_reuse=a.prompt_reuse)
+        reasoning_format=a.reasoning_format, slots=a.slots, prompt_reuse=a.prompt_reuse,
+        decode_interval_ms=a.decode_interval_ms)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,7 @@ class ServerSettings:
     reasoning_format: str = "deepseek"  # a thinking model's <think> text: reasoning_content, or "none": inline
     slots: int | None = None  # forwarded to the default engine; None = the engine's default
     prompt_reuse: bool = True  # forwarded to the default engine
+    decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -62,6 +63,8 @@ class ServerSettings:
             raise ValueError("--prefill-preempt-max-wait-s and --prefill-preempt-aged-s must be >= 0")
         if self.slots is not None and self.slots < 1:
             raise ValueError(f"--slots must be >= 1, got {self.slots}")
+        if self.decode_interval_ms is not None and self.decode_interval_ms < 0:
+            raise ValueError(f"--decode-interval-ms must be >= 0, got {self.decode_interval_ms}")
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}")
 
@@ -78,6 +81,7 @@ class ServerSettings:
         cmd += ["--weights", self.weights] if self.weights else []
         cmd += ["--slots", str(self.slots)] if self.slots else []
         cmd += [] if self.prompt_reuse else ["--no-prompt-reuse"]
+        cmd += [] if self.decode_interval_ms is None else ["--decode-interval-ms", f"{self.decode_interval_ms:g}"]
         return cmd + self.preempt.engine_args()
 
 

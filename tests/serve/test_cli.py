@@ -23,3 +23,11 @@ def test_an_unknown_weights_form_is_refused(parser, capsys):
     with pytest.raises(SystemExit) as e:
         parser().parse_args(["--weights", "int3"])
     assert e.value.code == 2 and "invalid choice: 'int3'" in capsys.readouterr().err
+
+
+def test_decode_interval_is_forwarded_only_when_given_and_a_negative_one_refused():
+    assert "--decode-interval-ms" not in engine_args()
+    cmd = engine_args("--decode-interval-ms", "20")
+    assert engine_parser().parse_args(cmd[cmd.index("--serve"):]).decode_interval_ms == 20.0  # the engine takes it
+    with pytest.raises(ValueError, match="--decode-interval-ms must be >= 0"):
+        engine_args("--decode-interval-ms", "-1")
