@@ -331,6 +331,7 @@ class EngineLoop:
             self.write(m.Decline("snapshot_failed", seq.pos, seq.total, seq.id))
             self.snapshots[seq.id] = None
         self.slots.release(seq, keep=False)
+        self.write(m.Info({"slot": "-1"}, seq.id))  # in host memory now
 
     def resume(self, ident: int) -> None:
         seq = self.seqs.get(ident)
@@ -341,6 +342,7 @@ class EngineLoop:
             if not self.take_slot(seq, reuse=False):
                 self.write(m.Err(f"busy: all {len(self.slots)} slots are in use", ident))
                 return
+            self.write(m.Info({"slot": str(seq.slot)}, ident))
             snap = self.snapshots.pop(seq.id)
             if snap is None:
                 seq.pos = 0  # its rows were dropped: the read starts again (the same chunks)

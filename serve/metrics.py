@@ -50,10 +50,9 @@ class Metrics:
         count = lambda reading: sum(r.reading == reading for r in scheduler.running)  # noqa: E731
         self.slots.labels("reading").set_function(lambda: count(True))
         self.slots.labels("decoding").set_function(lambda: count(False))
-        self.slots.labels("parked").set_function(lambda: min(len(scheduler.parked),
-                                                             scheduler.slots - len(scheduler.running)))
-        self.slots.labels("free").set_function(lambda: max(0, scheduler.slots - len(scheduler.running)
-                                                           - len(scheduler.parked)))
+        in_slots = lambda: sum(r.slot is not None and r.slot >= 0 for r in scheduler.parked)  # noqa: E731
+        self.slots.labels("parked").set_function(in_slots)  # the others are in host memory (INFO slot=-1)
+        self.slots.labels("free").set_function(lambda: max(0, scheduler.slots - len(scheduler.running) - in_slots()))
 
     def observe_prompt_reuse(self, cached: int) -> None:
         self.reuse_lookups.inc()

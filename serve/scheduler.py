@@ -130,9 +130,13 @@ class Scheduler:
             req.deliver(msg)
 
     def _on_info(self, req: Request, msg: m.Info) -> None:
-        """Where the request landed in the engine, and the prompt tokens a kept conversation saved it."""
+        """Where the request is in the engine (slot -1: a parked read moved to host memory) and,
+        after its GEN, the prompt tokens a kept conversation saved it."""
         try:
-            req.slot, req.cached = int(msg.fields.get("slot", -1)), int(msg.fields.get("cached", 0))
+            req.slot = int(msg.fields.get("slot", -1))
+            if "cached" not in msg.fields:
+                return
+            req.cached = int(msg.fields["cached"])
         except ValueError:
             return
         self.metrics.observe_prompt_reuse(req.cached)
@@ -148,6 +152,8 @@ class Scheduler:
         req.prompt_counted = max(req.prompt_counted, req.prompt_done)
         if msg.done >= msg.total:
             self._unline(req)
+        if self.parked:  # one postponed max_wait_s resumes at the next line, not at the next token
+            self.dispatch()
         if self.line:
             self.offer_boundary()
 
@@ -158,7 +164,7 @@ class Scheduler:
         self._unline(req)
         req.output.append(msg.token)
         self.metrics.generated_tokens.inc()
-        if self.parked:  # a parked read postponed max_wait_s by a long answer resumes without waiting for its end
+        if self.parked:  # one postponed max_wait_s by a long answer resumes without waiting for its end
             self.dispatch()
 
     def _on_suspended(self, req: Request, msg: m.Suspended) -> None:

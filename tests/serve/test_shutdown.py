@@ -39,10 +39,18 @@ def test_a_signal_to_the_process_group_stops_the_server_cleanly(sig, running):
     assert "restarting" not in log and "exited unexpectedly" not in log and log.count("strata: loaded ") == 1
 
 
+def default_sigint() -> None:
+    """A shell without job control starts background commands with SIGINT ignored, and Python keeps
+    an inherited ignore (as a nohup'd program should): the child gets SIGINT's default back, as at
+    a terminal, so that the suite run in the background tests what a user's Ctrl+C does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_strata_at_a_terminal_stops_quietly_on_ctrl_c():
     proc = subprocess.Popen([PY, "-m", "engine", "--device", "cpu", "--max-tokens", "400",
                              "Write a long story about a lighthouse keeper."], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=default_sigint)
     os.set_blocking(proc.stdout.fileno(), False)
     deadline, seen = time.monotonic() + 60, b""
     while len(seen.split()) < 3 and time.monotonic() < deadline:  # the answer has begun

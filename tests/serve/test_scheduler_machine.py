@@ -1,0 +1,211 @@
+"""The scheduler as a state machine (hypothesis stateful): random arrivals (lengths, priorities,
+answer lengths), clients leaving (a STOP for a running request, a CANCEL for a parked one), time
+passing and engine deaths, against the real engine loop over the mock's fake model, in process
+and on a fake clock so that hundreds of steps take a second.
+
+Lines cross in both directions through the protocol codec; the engine runs one round per `step`.
+Invariants after every step: no request in two places, never more running than slots, the parked
+reads' reserved snapshot bytes within the budget, decode never parked; after each engine round, no
+parked read postponed past max-wait waits beside a free slot. At the end the machine drains: every request whose
+client stayed is answered exactly once, with the whole answer (the mock echoes its prompt), or
+fails as a poison request after max-retries deaths; nothing is left running, parked or waiting.
+"""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import serve.scheduler as scheduler_module
+from engine.loop import EngineLoop, engine_caps
+from engine.prefill import ParkPolicy
+from protocol import messages as m
+from protocol.codec import decode, encode
+from protocol.mock_engine import FakeRunner, build_parser
+from serve.engine_client import EngineInfo, EngineState
+from serve.metrics import Metrics
+from serve.request import EngineFailure, Phase, Request
+from serve.scheduler import Scheduler
+
+SLOTS, MAX_WAIT_S, MAX_RETRIES, BYTES_PER_TOKEN = 3, 5.0, 2, 1024
+POLICY = ParkPolicy(enabled=True, min_tokens=0, max_parks=3, budget_bytes=120 * BYTES_PER_TOKEN, max_parked=2)
+
+
+class Clock:
+    """Stands in for the time module in serve.scheduler: time passes only when a rule says so."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class InProcessEngine:
+    """What the scheduler sees of an engine (EngineClient's surface), over an EngineLoop run in
+    process: sent lines go to the loop's inbox, its lines are collected for the scheduler."""
+
+    def __init__(self):
+        self.state, self.failure, self.out = EngineState.READY, "", []
+        self.info = EngineInfo(ctx=8192, caps=engine_caps(POLICY), fields={"slots": str(SLOTS)})
+        args = build_parser().parse_args(["--slots", str(SLOTS), "--chunk", "16", "--chunk-s", "0", "--token-s", "0",
+                                          "--bytes-per-token", str(BYTES_PER_TOKEN)])
+        self.loop = EngineLoop(FakeRunner(args, lambda line: None), POLICY, self.out.append, self.info.caps)
+
+    @property
+    def ready(self) -> bool:
+        return self.state is EngineState.READY
+
+    def send(self, msg: m.Message) -> None:
+        self.loop.inbox.put(decode(encode(msg)))
+
+    def step(self) -> list[m.Message]:
+        """The lines sent so far are taken, then one round runs; what the engine wrote comes back."""
+        self.loop.take_lines(block=False)
+        if self.loop.busy:
+            self.loop.round()
+        out, self.out[:] = [decode(encode(x)) for x in self.out], []
+        return out
+
+    def step_and_deliver(self, scheduler: Scheduler) -> int:
+        """One step, its lines handed to the scheduler; how many there were."""
+        out = self.step()
+        for msg in out:
+            scheduler.on_message(msg)
+        return len(out)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize()
+    def start(self):
+        self.clock = Clock()
+        self.real_time, scheduler_module.time = scheduler_module.time, self.clock
+        self.scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
+                                   eos_ids=frozenset({2}), aged_s=1.0)
+        self.scheduler.engine = self.engine = InProcessEngine()
+        self.requests: list[Request] = []
+        self.left: set[int] = set()
+        self.deaths = 0
+
+    def teardown(self):
+        try:
+            if hasattr(self, "scheduler"):
+                self.check_answers()
+        finally:
+            if hasattr(self, "real_time"):
+                scheduler_module.time = self.real_time
+
+    # ------------------------------------------------------------ rules
+
+    @rule(n=st.integers(1, 90), priority=st.integers(0, 1), max_tokens=st.integers(1, 12))
+    def arrive(self, n, priority, max_tokens):
+        base = 1000 + 200 * len(self.requests)
+        req = Request(list(range(base, base + n)), max_tokens, {"temperature": 0.0}, priority=priority,
+                      arrived=self.clock.now)
+        self.requests.append(req)
+        self.scheduler.submit(req)
+
+    @rule(rounds=st.integers(1, 6))
+    def step(self, rounds):
+        for _ in range(rounds):
+            self.round()
+            self.no_read_postponed_too_long_beside_a_free_slot()
+            self.the_server_knows_which_parked_reads_hold_a_slot()
+
+    @rule(dt=st.floats(0.05, 3.0))
+    def time_passes(self, dt):
+        self.clock.now += dt
+
+    @precondition(lambda self: any(self.live()))
+    @rule(data=st.data())
+    def client_leaves(self, data):
+        req = data.draw(st.sampled_from(self.live()))
+        self.left.add(req.id)
+        self.scheduler.abandon(req)  # STOP when running, CANCEL when parked, dropped when waiting
+
+    @precondition(lambda self: self.deaths < 3)
+    @rule()
+    def engine_dies(self):
+        """The process is gone with what it held; the restarted one starts empty."""
+        self.deaths += 1
+        self.engine.state = EngineState.RESTARTING
+        self.scheduler.on_engine_exit("the engine exited (test)")
+        fresh = InProcessEngine()
+        self.engine.loop, self.engine.out = fresh.loop, fresh.out
+        self.engine.state = EngineState.READY
+        self.scheduler.on_engine_ready()
+
+    # ------------------------------------------------------------ invariants
+
+    @invariant()
+    def each_request_in_one_place(self):
+        s = self.scheduler
+        places = [r.id for r in list(s.waiting) + s.running + s.parked]
+        assert len(places) == len(set(places))
+        assert set(r.id for r in s.line) <= set(r.id for r in s.running)
+        assert all(r.phase is Phase.PARKED for r in s.parked) and all(r.phase is Phase.QUEUED for r in s.waiting)
+
+    @invariant()
+    def never_more_running_than_slots(self):
+        assert len(self.scheduler.running) <= SLOTS
+        assert sum(not s.parked for s in self.engine.loop.seqs.values()) <= SLOTS
+
+    @invariant()
+    def parked_bytes_within_the_budget_and_decode_never_parked(self):
+        loop = self.engine.loop
+        assert sum(loop.reserved.values()) <= POLICY.budget_bytes
+        assert len(loop.reserved) <= POLICY.max_parked
+        assert all(s.reading and not s.generated for s in loop.seqs.values() if s.parked)
+
+    def no_read_postponed_too_long_beside_a_free_slot(self):
+        """After the engine's lines of a round have been handled (the scheduler acts on lines, not
+        on a timer), a parked read postponed past max-wait does not wait beside a free slot."""
+        s = self.scheduler
+        if s.parked and len(s.running) < SLOTS and s.engine.ready:
+            assert not s._postponed_too_long(s.parked[0])
+
+    def the_server_knows_which_parked_reads_hold_a_slot(self):
+        """INFO slot=-1 / slot=S follow a parked read's moves to host memory and back (the slot
+        gauges count from them); checked when no line is in flight."""
+        if not self.engine.loop.inbox.empty():
+            return
+        engine_seqs = self.engine.loop.seqs
+        for req in self.scheduler.parked:
+            seq = engine_seqs.get(req.id)
+            if seq is not None and seq.parked:
+                assert (req.slot is not None and req.slot >= 0) == (seq.slot is not None), (req.slot, seq.slot)
+
+    # ------------------------------------------------------------ the end
+
+    def round(self):
+        self.engine.step_and_deliver(self.scheduler)
+
+    def live(self) -> list[Request]:
+        return [r for r in self.requests if r.id not in self.left and r.phase is not Phase.DONE]
+
+    def check_answers(self):
+        """Drain (time passing too), then every staying client's events: exactly one end."""
+        s, quiet = self.scheduler, 0
+        while (s.waiting or s.running or s.parked or self.engine.loop.busy) and quiet < 200:
+            quiet = 0 if self.engine.step_and_deliver(s) else quiet + 1  # 200 quiet rounds: 10 s past
+            self.clock.now += 0.05
+        assert not (s.waiting or s.running or s.parked), "the machine did not drain (a deadlock)"
+        assert not self.engine.loop.seqs or all(x.parked is False for x in self.engine.loop.seqs.values())
+        for req in self.requests:
+            events = []
+            while not req.events.empty():
+                events.append(req.events.get_nowait())
+            if req.id in self.left:
+                continue
+            ends = [e for e in events if isinstance(e, (m.Done, m.Err, EngineFailure))]
+            assert len(ends) == 1, (req.id, ends)
+            tokens = [e.token for e in events if isinstance(e, m.T)]
+            if isinstance(ends[0], EngineFailure):
+                assert req.deaths_running >= MAX_RETRIES, ends[0]  # a poison request, after its deaths
+            else:
+                assert isinstance(ends[0], m.Done) and ends[0].finish == "length", ends[0]
+                assert tokens == [req.prompt[i % len(req.prompt)] for i in range(req.max_tokens)]
+
+
+TestScheduler = SchedulerMachine.TestCase
+TestScheduler.settings = settings(max_examples=100, stateful_step_count=50, deadline=None,
+                                  suppress_health_check=list(HealthCheck))
