@@ -29,6 +29,7 @@ DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
 COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_SLOTS in engine/cli.py)
 MAX_BATCH_ROWS = 8  # activation rows one matvec launch takes (matvec_<T>_n1 .. _n8); more go in several
+MMV_THREADS, MMV_TILE, MMV_MAX_ROWS = 128, 16, 16  # mmv.cu: a block's threads and weight rows; x rows a launch takes
 Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
 NULL = np.uint64(0)  # a null pointer argument
 
@@ -82,6 +83,7 @@ class GpuKernels:
                                 for nb in range(1, MAX_BATCH_ROWS + 1) for suffix in ("", "_f32"))),
                  "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS),
                                   *(f"flash_decode_d{d}_g{g}" for d in HEAD_DIMS for g in range(1, MAX_GROUP + 1))),
+                 "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in (1, 2) for suffix in ("", "_f32")),
                  "moe.cu": moe.KERNELS}
         self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
         for source, kernels in names.items():
@@ -252,15 +254,21 @@ class GpuKernels:
         y = self.cp.empty((n, m), dtype=dtype)
         parts = self.parts(w)
         xq = q8 if q8 is not None or all(kind == "F16" for kind, _, _ in parts) else self.quantize_q8(x.reshape(-1))
-        units = k // UNIT
-        for b0 in range(0, n, MAX_BATCH_ROWS):
-            nb, row = min(MAX_BATCH_ROWS, n - b0), 0
-            for kind, data, rows in parts:
-                src = x[b0:] if kind == "F16" else xq[b0 * units :]
-                self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(rows, MATVEC_ROWS), (MATVEC_THREADS,),
-                                                         (data, src, y[b0:, row:], np.int32(rows), np.int32(k),
-                                                          np.int32(m)))
-                row += rows
+        units, row = k // UNIT, 0
+        for kind, data, rows in parts:
+            if kind == "F16":  # tensor cores (mmv.cu), up to 16 rows of x a launch
+                for b0 in range(0, n, MMV_MAX_ROWS):
+                    nb = min(MMV_MAX_ROWS, n - b0)
+                    self.fn[f"mmv_f16_t{1 if nb <= 8 else 2}{suffix}"](
+                        blocks(rows, MMV_TILE), (MMV_THREADS,),
+                        (data, x[b0:], y[b0:, row:], np.int32(rows), np.int32(k), np.int32(m), np.int32(nb)))
+            else:
+                for b0 in range(0, n, MAX_BATCH_ROWS):
+                    nb = min(MAX_BATCH_ROWS, n - b0)
+                    self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(rows, MATVEC_ROWS), (MATVEC_THREADS,),
+                                                             (data, xq[b0 * units :], y[b0:, row:], np.int32(rows),
+                                                              np.int32(k), np.int32(m)))
+            row += rows
         return y[0] if one else y
 
     def quantize_q8(self, x):

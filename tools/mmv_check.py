@@ -1,0 +1,84 @@
+"""The tensor-core fp16 matvec (engine/kernels/mmv.cu) on the GPU: against NumPy, batch invariance
+(each row of a batch of n equal, bit for bit, to the same row alone), and its time beside the
+CUDA-core batched matvec it replaces and cuBLAS, on the Llama-3-8B decode shapes.
+
+    python tools/mmv_check.py [--json FILE]
+
+Exit status 0 when every check passes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w_gate_up": (28672, 4096), "w_down": (4096, 14336),
+          "head": (128256, 4096), "smollm2 wqkv": (960, 576)}
+BATCHES = (1, 2, 3, 4, 5, 8, 9, 12, 16)
+
+
+def timed(cp, fn, repeats: int = 20) -> float:
+    """Median ms of fn() on the GPU (CUDA events), after a warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json")
+    a = p.parse_args()
+    import cupy as cp
+
+    from engine.kernels import MATVEC_ROWS, MATVEC_THREADS, GpuKernels, blocks
+
+    kernels = GpuKernels(cp)
+    rng = np.random.default_rng(0)
+    report, ok = [], True
+    for name, (m, k) in SHAPES.items():
+        w_host = (rng.standard_normal((m, k), dtype=np.float32) * 0.02).astype(np.float16)
+        x_host = rng.standard_normal((16, k), dtype=np.float32).astype(np.float16)
+        w, x = cp.asarray(w_host), cp.asarray(x_host)
+        ref = x_host.astype(np.float64) @ w_host.astype(np.float64).T  # (16, m)
+        alone = cp.stack([kernels.matvec(w, x[b : b + 1], np.float32)[0] for b in range(16)]).get()
+        for n in BATCHES:
+            got = kernels.matvec(w, x[:n], np.float32).get()  # (n, m)
+            err = float(np.max(np.abs(got - ref[:n])) / np.max(np.abs(ref[:n])))
+            same = bool(np.array_equal(got, alone[:n]))
+            half = kernels.matvec(w, x[:n], np.float16).get().astype(np.float32)
+            half_ok = bool(np.allclose(half, got, rtol=2e-3, atol=1e-3))
+            row = {"shape": name, "m": m, "k": k, "n": n, "max_rel_err": err, "batch_invariant": same,
+                   "fp16_out_ok": half_ok}
+            row["mmv_ms"] = timed(cp, lambda: kernels.matvec(w, x[:n], np.float16))
+            row["mmv_GBps"] = m * k * 2 / row["mmv_ms"] / 1e6
+            if n <= 8:
+                y = cp.empty((n, m), dtype=cp.float16)
+                old = kernels.fn[f"matvec_F16_n{n}"]
+                row["cuda_core_ms"] = timed(cp, lambda: old(blocks(m, MATVEC_ROWS), (MATVEC_THREADS,),
+                                                             (w, x[:n], y, np.int32(m), np.int32(k), np.int32(m))))
+            row["cublas_ms"] = timed(cp, lambda: x[:n] @ w.T)
+            ok &= err < 1e-3 and same and half_ok
+            report.append(row)
+            print(json.dumps({k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in row.items()}), flush=True)
+    print("ALL PASS" if ok else "FAILED")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": report, "ok": ok, "device": cp.cuda.runtime.getDeviceProperties(0)
+                                            ["name"].decode()}, indent=1) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
