@@ -23,18 +23,41 @@ SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w_gate_up": (28672, 4096), 
 BATCHES = (1, 2, 3, 4, 5, 8, 9, 12, 16)
 
 
-def timed(cp, fn, repeats: int = 20) -> float:
-    """Median ms of fn() on the GPU (CUDA events), after a warm-up."""
+def timed(cp, fn, repeats: int = 5, launches: int = 20) -> float:
+    """ms per fn() on the GPU: the median over repeats of `launches` back-to-back launches between
+    two CUDA events (launches queue faster than they run, so the host's launch cost is hidden, as
+    in a decode graph), after a warm-up."""
     fn()
     times = []
     for _ in range(repeats):
         start, end = cp.cuda.Event(), cp.cuda.Event()
         start.record()
-        fn()
+        for _ in range(launches):
+            fn()
         end.record()
         end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
+        times.append(cp.cuda.get_elapsed_time(start, end) / launches)
     return float(np.median(times))
+
+
+VARIANTS = ((4, 4), (4, 8), (8, 4), (8, 8), (16, 4))  # (MMV_WARPS, MMV_UNROLL) timed beside the built-in one
+
+
+def variant_times(cp, kernels, w, x, m: int, k: int) -> dict[str, float]:
+    """ms of mmv.cu compiled with other warps per block and chunks in flight, for 1, 8 and 16 rows."""
+    from engine.kernels import OPTIONS, kernel_source
+
+    out = {}
+    for warps, unroll in VARIANTS:
+        module = cp.RawModule(code=kernel_source("mmv.cu"), options=OPTIONS + (f"-DMMV_WARPS={warps}",
+                                                                               f"-DMMV_UNROLL={unroll}"))
+        for n in (1, 8, 16):
+            fn = module.get_function(f"mmv_f16_t{1 if n <= 8 else 2}")
+            y = cp.empty((n, m), dtype=cp.float16)
+            out[f"w{warps}u{unroll}n{n}"] = timed(cp, lambda: fn(((m + 15) // 16,), (32 * warps,),
+                                                                 (w, x, y, np.int32(m), np.int32(k), np.int32(m),
+                                                                  np.int32(n))))
+    return out
 
 
 def main() -> int:
@@ -48,12 +71,15 @@ def main() -> int:
     kernels = GpuKernels(cp)
     rng = np.random.default_rng(0)
     report, ok = [], True
+    variants = {}
     for name, (m, k) in SHAPES.items():
         w_host = (rng.standard_normal((m, k), dtype=np.float32) * 0.02).astype(np.float16)
         x_host = rng.standard_normal((16, k), dtype=np.float32).astype(np.float16)
         w, x = cp.asarray(w_host), cp.asarray(x_host)
         ref = x_host.astype(np.float64) @ w_host.astype(np.float64).T  # (16, m)
         alone = cp.stack([kernels.matvec(w, x[b : b + 1], np.float32)[0] for b in range(16)]).get()
+        variants[name] = variant_times(cp, kernels, w, x, m, k)
+        print(name, json.dumps({v: round(t, 4) for v, t in variants[name].items()}), flush=True)
         for n in BATCHES:
             got = kernels.matvec(w, x[:n], np.float32).get()  # (n, m)
             err = float(np.max(np.abs(got - ref[:n])) / np.max(np.abs(ref[:n])))
@@ -75,7 +101,7 @@ def main() -> int:
             print(json.dumps({k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in row.items()}), flush=True)
     print("ALL PASS" if ok else "FAILED")
     if a.json:
-        Path(a.json).write_text(json.dumps({"rows": report, "ok": ok, "device": cp.cuda.runtime.getDeviceProperties(0)
+        Path(a.json).write_text(json.dumps({"rows": report, "variants_ms": variants, "ok": ok, "device": cp.cuda.runtime.getDeviceProperties(0)
                                             ["name"].decode()}, indent=1) + "\n")
     return 0 if ok else 1
 

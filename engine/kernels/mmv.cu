@@ -20,9 +20,11 @@
 // NumPy reference: x @ W.T (tools/gpu_kernels_check.py).
 #include "mma.cuh"
 
+#ifndef MMV_WARPS
 #define MMV_WARPS 4  // MMV_THREADS / 32 in engine/kernels/__init__.py
+#endif
 #ifndef MMV_UNROLL
-#define MMV_UNROLL 4  // chunks a warp has in flight
+#define MMV_UNROLL 8  // chunks a warp has in flight (tools/mmv_check.py times the choices)
 #endif
 
 __device__ __forceinline__ void store_out(float* y, size_t i, float v) { y[i] = v; }
