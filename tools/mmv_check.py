@@ -1,6 +1,7 @@
 """The tensor-core fp16 matvec (engine/kernels/mmv.cu) on the GPU: against NumPy, batch invariance
-(each row of a batch of n equal, bit for bit, to the same row alone), and its time beside the
-CUDA-core batched matvec it replaces and cuBLAS, on the Llama-3-8B decode shapes.
+(each row of a batch of n equal, bit for bit, to the same row alone), and its time beside cuBLAS
+on the Llama-3-8B decode shapes, for several warps per block and chunks in flight. (The CUDA-core
+batched matvec it replaced is timed beside it in bench/results/mmv_check_h200.json, "cuda_core_ms".)
 
     python tools/mmv_check.py [--json FILE]
 
@@ -66,7 +67,7 @@ def main() -> int:
     a = p.parse_args()
     import cupy as cp
 
-    from engine.kernels import MATVEC_ROWS, MATVEC_THREADS, GpuKernels, blocks
+    from engine.kernels import GpuKernels
 
     kernels = GpuKernels(cp)
     rng = np.random.default_rng(0)
@@ -90,11 +91,6 @@ def main() -> int:
                    "fp16_out_ok": half_ok}
             row["mmv_ms"] = timed(cp, lambda: kernels.matvec(w, x[:n], np.float16))
             row["mmv_GBps"] = m * k * 2 / row["mmv_ms"] / 1e6
-            if n <= 8:
-                y = cp.empty((n, m), dtype=cp.float16)
-                old = kernels.fn[f"matvec_F16_n{n}"]
-                row["cuda_core_ms"] = timed(cp, lambda: old(blocks(m, MATVEC_ROWS), (MATVEC_THREADS,),
-                                                             (w, x[:n], y, np.int32(m), np.int32(k), np.int32(m))))
             row["cublas_ms"] = timed(cp, lambda: x[:n] @ w.T)
             ok &= err < 1e-3 and same and half_ok
             report.append(row)

@@ -24,11 +24,12 @@ DECODE_MAX_SPLITS = 64  # DEC_MAX_SPLITS in attention.cu
 MAX_GROUP = 8  # query heads per K/V head the decoding kernels are built for (one kernel each)
 HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
 
-WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_, embed_ and matvec_ kernels in quant.cu
+WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_ and embed_ kernels in quant.cu; the blocks matvec_ ones
+# too, and fp16 weights the tensor-core mmv_f16_ kernels of mmv.cu
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
 COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_SLOTS in engine/cli.py)
-MAX_BATCH_ROWS = 8  # activation rows one matvec launch takes (matvec_<T>_n1 .. _n8); more go in several
+MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
 MMV_THREADS, MMV_TILE, MMV_MAX_ROWS = 128, 16, 16  # mmv.cu: a block's threads and weight rows; x rows a launch takes
 Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
 NULL = np.uint64(0)  # a null pointer argument
@@ -79,7 +80,7 @@ class GpuKernels:
         names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "norm_rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
                  "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
                                                 for family, suffix in (("dequant", ""), ("embed", ""))),
-                              *(f"matvec_{kind}_n{nb}{suffix}" for kind in WEIGHT_KINDS
+                              *(f"matvec_{kind}_n{nb}{suffix}" for kind in BLOCKS
                                 for nb in range(1, MAX_BATCH_ROWS + 1) for suffix in ("", "_f32"))),
                  "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS),
                                   *(f"flash_decode_d{d}_g{g}" for d in HEAD_DIMS for g in range(1, MAX_GROUP + 1))),

@@ -146,37 +146,3 @@ __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, cons
         }
     }
 }
-
-// The same for fp16 rows against NB fp16 rows of x (fp32 accumulation). The weights stay in halves
-// in registers (converted at use: exact, so the sums are those of fp32 copies).
-template <int NB>
-__device__ __forceinline__ void rows_dot_f16_batch(const __half* __restrict__ w, const __half* __restrict__ x,
-                                                   int row0, int m, int k, BatchAcc<NB>& acc) {
-#pragma unroll 1
-    for (int s = threadIdx.x & 31; s < k / 32; s += 32) {
-        uint4 wr[MV_ROWS][4];
-#pragma unroll
-        for (int r = 0; r < MV_ROWS; ++r)
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                wr[r][i] = row0 + r < m ? reinterpret_cast<const uint4*>(w + (size_t)(row0 + r) * k + s * 32)[i] : uint4{};
-#pragma unroll
-        for (int b = 0; b < NB; ++b) {
-            float xv[32];
-            load_half32(x + (size_t)b * k + s * 32, xv);
-#pragma unroll
-            for (int r = 0; r < MV_ROWS; ++r) {
-                if (row0 + r >= m) break;
-                const __half2* wh = reinterpret_cast<const __half2*>(wr[r]);
-                float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const float2 lo = __half22float2(wh[j]), hi = __half22float2(wh[j + 8]);
-                    s0 = __fmaf_rn(lo.x, xv[2 * j], s0), s0 = __fmaf_rn(lo.y, xv[2 * j + 1], s0);
-                    s1 = __fmaf_rn(hi.x, xv[2 * j + 16], s1), s1 = __fmaf_rn(hi.y, xv[2 * j + 17], s1);
-                }
-                acc[b][r] = __fadd_rn(acc[b][r], __fadd_rn(s0, s1));
-            }
-        }
-    }
-}

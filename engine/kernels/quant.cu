@@ -7,7 +7,7 @@
 //                                              directly (decode steps of NB sequences, the head):
 //                                              integer dot products (dp4a) against x quantized to 8
 //                                              bits per 32 values by quantize_q8, as llama.cpp's MMVQ
-//   matvec_F16_n<NB>[_f32](w, x, y, m, k, ldy) fp16 rows against fp16 x, fp32 accumulation
+// (fp16 weights against a decode batch: mmv.cu, on the tensor cores)
 // NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/gpu_kernels_check.py).
 #include "blocks.cuh"
 #include "matvec.cuh"
@@ -47,17 +47,6 @@ __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __
     reduce_store_batch<NB>(acc, y, row0, m, ldy);
 }
 
-// fp16 rows against NB fp16 rows of x.
-template <int NB, typename Out>
-__device__ __forceinline__ void matvec_f16(const __half* __restrict__ w, const __half* __restrict__ x,
-                                           Out* __restrict__ y, int m, int k, int ldy) {
-    const int row0 = warp_row0();
-    if (row0 >= m) return;
-    BatchAcc<NB> acc = {};
-    rows_dot_f16_batch<NB>(w, x, row0, m, k, acc);
-    reduce_store_batch<NB>(acc, y, row0, m, ldy);
-}
-
 #define WEIGHT_KERNELS(T)                                                                                           \
     extern "C" __global__ void dequant_##T(const u8* src, __half* y, long long units, int cols) {                   \
         dequant_rows<T>(src, nullptr, y, units, cols);                                                              \
@@ -75,19 +64,12 @@ __device__ __forceinline__ void matvec_f16(const __half* __restrict__ w, const _
         matvec_##T##_n##NB##_f32(const u8* w, const Q8* xq, float* y, int m, int k, int ldy) {                      \
         matvec_q8<T, NB>(w, xq, y, m, k, ldy);                                                                      \
     }
-#define MATVEC_F16_NB(NB)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                     \
-        matvec_F16_n##NB(const __half* w, const __half* x, __half* y, int m, int k, int ldy) {                      \
-        matvec_f16<NB>(w, x, y, m, k, ldy);                                                                         \
-    }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                     \
-        matvec_F16_n##NB##_f32(const __half* w, const __half* x, float* y, int m, int k, int ldy) {                 \
-        matvec_f16<NB>(w, x, y, m, k, ldy);                                                                         \
-    }
 #define MATVEC_Q8(T)                                                                                                \
     WEIGHT_KERNELS(T)                                                                                               \
     MATVEC_Q8_NB(T, 1) MATVEC_Q8_NB(T, 2) MATVEC_Q8_NB(T, 3) MATVEC_Q8_NB(T, 4) MATVEC_Q8_NB(T, 5)                  \
-    MATVEC_Q8_NB(T, 6) MATVEC_Q8_NB(T, 7) MATVEC_Q8_NB(T, 8)
+    MATVEC_Q8_NB(T, 6) MATVEC_Q8_NB(T, 7) MATVEC_Q8_NB(T, 8) MATVEC_Q8_NB(T, 9) MATVEC_Q8_NB(T, 10)                 \
+    MATVEC_Q8_NB(T, 11) MATVEC_Q8_NB(T, 12) MATVEC_Q8_NB(T, 13) MATVEC_Q8_NB(T, 14) MATVEC_Q8_NB(T, 15)             \
+    MATVEC_Q8_NB(T, 16)
 
 MATVEC_Q8(Q4_0)
 MATVEC_Q8(Q4_1)
@@ -98,8 +80,6 @@ MATVEC_Q8(Q4_K)
 MATVEC_Q8(Q5_K)
 MATVEC_Q8(Q6_K)
 WEIGHT_KERNELS(F16)
-MATVEC_F16_NB(1) MATVEC_F16_NB(2) MATVEC_F16_NB(3) MATVEC_F16_NB(4)
-MATVEC_F16_NB(5) MATVEC_F16_NB(6) MATVEC_F16_NB(7) MATVEC_F16_NB(8)
 
 // BF16 -> fp16 at load (a bf16 is the high half of an fp32). n = values.
 extern "C" __global__ void dequant_BF16(const unsigned short* __restrict__ src, __half* __restrict__ y, long long n) {
