@@ -44,10 +44,10 @@ class InProcessEngine:
     """What the scheduler sees of an engine (EngineClient's surface), over an EngineLoop run in
     process: sent lines go to the loop's inbox, its lines are collected for the scheduler."""
 
-    def __init__(self):
+    def __init__(self, slots: int):
         self.state, self.failure, self.out = EngineState.READY, "", []
-        self.info = EngineInfo(ctx=8192, caps=engine_caps(POLICY), fields={"slots": str(SLOTS)})
-        args = build_parser().parse_args(["--slots", str(SLOTS), "--chunk", "16", "--chunk-s", "0", "--token-s", "0",
+        self.info = EngineInfo(ctx=8192, caps=engine_caps(POLICY), fields={"slots": str(slots)})
+        args = build_parser().parse_args(["--slots", str(slots), "--chunk", "16", "--chunk-s", "0", "--token-s", "0",
                                           "--bytes-per-token", str(BYTES_PER_TOKEN)])
         self.loop = EngineLoop(FakeRunner(args, lambda line: None), POLICY, self.out.append, self.info.caps)
 
@@ -75,13 +75,15 @@ class InProcessEngine:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    slots = SLOTS
+
     @initialize()
     def start(self):
         self.clock = Clock()
         self.real_time, scheduler_module.time = scheduler_module.time, self.clock
         self.scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
                                    eos_ids=frozenset({2}), aged_s=1.0)
-        self.scheduler.engine = self.engine = InProcessEngine()
+        self.scheduler.engine = self.engine = InProcessEngine(self.slots)
         self.requests: list[Request] = []
         self.left: set[int] = set()
         self.deaths = 0
@@ -129,7 +131,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.deaths += 1
         self.engine.state = EngineState.RESTARTING
         self.scheduler.on_engine_exit("the engine exited (test)")
-        fresh = InProcessEngine()
+        fresh = InProcessEngine(self.slots)
         self.engine.loop, self.engine.out = fresh.loop, fresh.out
         self.engine.state = EngineState.READY
         self.scheduler.on_engine_ready()
@@ -146,8 +148,8 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def never_more_running_than_slots(self):
-        assert len(self.scheduler.running) <= SLOTS
-        assert sum(not s.parked for s in self.engine.loop.seqs.values()) <= SLOTS
+        assert len(self.scheduler.running) <= self.slots
+        assert sum(not s.parked for s in self.engine.loop.seqs.values()) <= self.slots
 
     @invariant()
     def parked_bytes_within_the_budget_and_decode_never_parked(self):
@@ -160,7 +162,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """After the engine's lines of a round have been handled (the scheduler acts on lines, not
         on a timer), a parked read postponed past max-wait does not wait beside a free slot."""
         s = self.scheduler
-        if s.parked and len(s.running) < SLOTS and s.engine.ready:
+        if s.parked and len(s.running) < self.slots and s.engine.ready:
             assert not s._postponed_too_long(s.parked[0])
 
     def the_server_knows_which_parked_reads_hold_a_slot(self):
@@ -209,3 +211,24 @@ class SchedulerMachine(RuleBasedStateMachine):
 TestScheduler = SchedulerMachine.TestCase
 TestScheduler.settings = settings(max_examples=100, stateful_step_count=50, deadline=None,
                                   suppress_health_check=list(HealthCheck))
+
+
+def test_long_long_short_on_one_slot_drains():
+    """The case that deadlocked upstream: two long reads and a short request on one slot. A reads,
+    B waits, C (short) makes A park; waiters go in arrival order, so B takes the slot (A's rows move
+    to host memory) and parks in turn for C; then B and A finish: all answered, nothing left."""
+    machine = SchedulerMachine()
+    machine.slots = 1
+    machine.start()
+    try:
+        machine.arrive(n=90, priority=0, max_tokens=4)
+        machine.step(rounds=2)
+        machine.arrive(n=80, priority=0, max_tokens=4)
+        machine.arrive(n=3, priority=0, max_tokens=4)
+        moved_out = []
+        for _ in range(12):
+            machine.step(rounds=1)
+            moved_out += [r.id for r in machine.scheduler.parked if r.slot == -1]
+        assert moved_out  # a parked read went to host memory to free the one slot
+    finally:
+        machine.teardown()  # drains and checks every answer
