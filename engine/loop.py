@@ -6,8 +6,8 @@ one prompt chunk of the first read in line, so that a long read never stops the 
 decoding and a read's chunks stay at absolute boundaries. A chunk deep in a long read takes longer
 than a decoding client should wait for its next token, so it pauses between layers for further
 decode steps, about every `interval_ms` (the layers per pause estimated from the read's last
-chunk); the pauses change neither the chunk's arithmetic nor its boundaries. Control lines (GEN, STOP, YIELD, RESUME,
-CANCEL) are taken between rounds and after each chunk, before its PP.
+chunk); the pauses change neither the chunk's arithmetic nor its boundaries. Control lines (GEN,
+STOP, YIELD, RESUME, CANCEL) are taken between rounds and after each chunk, before its PP.
 
 Parks stay in place: a parked read keeps its rows in its slot, at no cost. When a GEN or a RESUME
 finds no free slot, the read parked longest moves to host memory (its snapshot) and gives its slot
