@@ -20,8 +20,9 @@ constexpr int kMvUnroll = MV_UNROLL;
 __device__ __forceinline__ void store(float* y, int i, float v) { y[i] = v; }
 __device__ __forceinline__ void store(__half* y, int i, float v) { y[i] = __float2half(v); }
 
-// The first row this warp owns.
-__device__ __forceinline__ int warp_row0() { return (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * MV_ROWS; }
+// The first row this warp owns (R rows a warp).
+template <int R = MV_ROWS>
+__device__ __forceinline__ int warp_row0() { return (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R; }
 
 template <typename Out>
 __device__ __forceinline__ void reduce_store(float (&acc)[MV_ROWS], Out* y, int row0, int m) {
@@ -96,35 +97,36 @@ __device__ __forceinline__ void rows_dot_f16(const __half* __restrict__ w, const
 // ...), which the compiler may neither fuse nor reorder, so no instantiation rounds differently: a
 // request's logits do not depend on what is decoded beside it. The rows of x are `units` Q8 units
 // (or k fp16 values) apart; y's rows are ldy apart (y holds NB rows of a wider output when W is one
-// part of a stacked matrix).
-template <int NB>
-using BatchAcc = float[NB][MV_ROWS];
+// part of a stacked matrix). A warp owns R weight rows (each x unit it loads serves R of them);
+// R changes which rows a warp reduces, never the order in which a row is reduced.
+template <int NB, int R>
+using BatchAcc = float[NB][R];
 
-template <int NB, typename Out>
-__device__ __forceinline__ void reduce_store_batch(BatchAcc<NB>& acc, Out* y, int row0, int m, int ldy) {
+template <int NB, int R, typename Out>
+__device__ __forceinline__ void reduce_store_batch(BatchAcc<NB, R>& acc, Out* y, int row0, int m, int ldy) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int b = 0; b < NB; ++b)
 #pragma unroll
-        for (int r = 0; r < MV_ROWS; ++r) {
+        for (int r = 0; r < R; ++r) {
             float a = acc[b][r];
             for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
             if (lane == 0 && row0 + r < m) store(y + (size_t)b * ldy, row0 + r, a);
         }
 }
 
-// Rows row0 .. row0 + MV_ROWS of W (blocks of type T) . x_b for NB rows x_b in 8 bits: each weight
+// Rows row0 .. row0 + R of W (blocks of type T) . x_b for NB rows x_b in 8 bits: each weight
 // unit is decoded once and serves every row of the batch.
-template <class T, int NB>
+template <class T, int NB, int R>
 __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, const Q8* __restrict__ xq, int row0,
-                                                  int m, int k, BatchAcc<NB>& acc) {
+                                                  int m, int k, BatchAcc<NB, R>& acc) {
     const size_t rb = row_bytes<T>(k);
     const int units = k / 32;
 #pragma unroll 1
     for (int s = threadIdx.x & 31; s < units; s += 32) {
-        Raw u[MV_ROWS];
+        Raw u[R];
 #pragma unroll
-        for (int r = 0; r < MV_ROWS; ++r)
+        for (int r = 0; r < R; ++r)
             if (row0 + r < m) T::decode(w + (row0 + r) * rb, s, u[r]);
 #pragma unroll
         for (int b = 0; b < NB; ++b) {
@@ -133,7 +135,7 @@ __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, cons
             const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, pad
             const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
-            for (int r = 0; r < MV_ROWS; ++r) {
+            for (int r = 0; r < R; ++r) {
                 if (row0 + r >= m) break;
                 int s0 = 0, s1 = 0;
 #pragma unroll

@@ -11,6 +11,12 @@
 // NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/gpu_kernels_check.py).
 #include "blocks.cuh"
 #include "matvec.cuh"
+#ifndef MV_WIDE_FROM
+#define MV_WIDE_FROM 8  // a launch of more rows of x than this ...
+#endif
+#ifndef MV_WIDE_ROWS
+#define MV_WIDE_ROWS 4  // ... gives each warp this many weight rows (MATVEC_WIDE in engine/kernels/__init__.py)
+#endif
 
 // One thread per unit: out row r = source row ids[r] (or r), values [32 s, 32 s + 32).
 template <class T, typename Out>
@@ -40,11 +46,12 @@ extern "C" __global__ void quantize_q8(const __half* __restrict__ x, Q8* __restr
 template <class T, int NB, typename Out>
 __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __restrict__ xq, Out* __restrict__ y,
                                           int m, int k, int ldy) {
-    const int row0 = warp_row0();
+    constexpr int R = NB > MV_WIDE_FROM ? MV_WIDE_ROWS : MV_ROWS;  // more rows of x: more weight rows a warp
+    const int row0 = warp_row0<R>();
     if (row0 >= m) return;
-    BatchAcc<NB> acc = {};
-    rows_dot_q8_batch<T, NB>(w, xq, row0, m, k, acc);
-    reduce_store_batch<NB>(acc, y, row0, m, ldy);
+    BatchAcc<NB, R> acc = {};
+    rows_dot_q8_batch<T, NB, R>(w, xq, row0, m, k, acc);
+    reduce_store_batch<NB, R>(acc, y, row0, m, ldy);
 }
 
 #define WEIGHT_KERNELS(T)                                                                                           \
