@@ -28,7 +28,7 @@ WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_ and embed_ kernels in quant
 # too, and fp16 weights the tensor-core mmv_f16_ kernels of mmv.cu
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
-MATVEC_WIDE_FROM, MATVEC_WIDE_ROWS = 8, 16  # a launch of more x rows than this: MV_WIDE_ROWS rows a warp
+MATVEC_WIDE_FROM, MATVEC_WIDE_ROWS = 8, 8  # a launch of more x rows than this: MV_WARPS x MV_WIDE_ROWS rows a block
 COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_SLOTS in engine/cli.py)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
 MMV_THREADS, MMV_TILE, MMV_MAX_ROWS = 128, 16, 16  # mmv.cu: a block's threads and weight rows; x rows a launch takes
