@@ -263,8 +263,10 @@ class EngineLoop:
             return None
 
         def pause(layer: int) -> None:
+            if (layer + 1) % every:
+                return
             decoding = [s for s in self.seqs.values() if s.decoding]
-            if (layer + 1) % every or not decoding:
+            if not decoding:
                 return
             self.runner.synchronize()  # the layers so far are done: what follows is the step's own time
             started = time.perf_counter()
