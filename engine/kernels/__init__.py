@@ -28,7 +28,6 @@ WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_ and embed_ kernels in quant
 # too, and fp16 weights the tensor-core mmv_f16_ kernels of mmv.cu
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
-MATVEC_WIDE_FROM, MATVEC_WIDE_ROWS = 8, 8  # a launch of more x rows than this: MV_WARPS x MV_WIDE_ROWS rows a block
 COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_SLOTS in engine/cli.py)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
 MMV_THREADS, MMV_TILE, MMV_MAX_ROWS = 128, 16, 16  # mmv.cu: a block's threads and weight rows; x rows a launch takes
@@ -267,8 +266,7 @@ class GpuKernels:
             else:
                 for b0 in range(0, n, MAX_BATCH_ROWS):
                     nb = min(MAX_BATCH_ROWS, n - b0)
-                    per_block = MATVEC_ROWS if nb <= MATVEC_WIDE_FROM else MATVEC_WIDE_ROWS
-                    self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(rows, per_block), (MATVEC_THREADS,),
+                    self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(rows, MATVEC_ROWS), (MATVEC_THREADS,),
                                                              (data, xq[b0 * units :], y[b0:, row:], np.int32(rows),
                                                               np.int32(k), np.int32(m)))
             row += rows

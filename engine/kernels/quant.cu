@@ -15,8 +15,8 @@
 #define MV_WIDE_FROM 8  // a launch of more rows of x than this ...
 #endif
 #ifndef MV_WIDE_ROWS
-#define MV_WIDE_ROWS 2  // ... gives each warp this many weight rows (MATVEC_WIDE_ROWS / 4 in engine/kernels/__init__.py):
-#endif                  // 4 and 8 were slower on the 8B shapes' big matrices (tools/matvec_wide_times.py)
+#define MV_WIDE_ROWS MV_ROWS  // ... gives each warp this many weight rows: a knob for tools/matvec_wide_times.py
+#endif                        // (4 and 8 were slower on the 8B shapes' big matrices); the launcher assumes MV_ROWS
 
 // One thread per unit: out row r = source row ids[r] (or r), values [32 s, 32 s + 32).
 template <class T, typename Out>
