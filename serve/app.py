@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from engine import __version__
 from serve.config import ServerSettings
 from serve.errors import install_error_handlers
+from serve.host_check import HostCheck, allowed_host_names
 from serve.routes import include_routes
 from serve.state import ServerState
 
@@ -24,5 +25,6 @@ def create_app(settings: ServerSettings, tokenizer, model_ctx: int) -> FastAPI:
 
     app = FastAPI(title="Strata", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(HostCheck, allowed=allowed_host_names(settings.host, settings.allowed_hosts))
     include_routes(app)
     return app

@@ -21,6 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="GGUF file (default: $STRATA_MODEL, else SmolLM2-135M-Instruct)")
     p.add_argument("--engine-cmd", help="the complete command of an engine speaking the protocol "
                                         "(default: strata --serve on --model)")
+    p.add_argument("--allowed-hosts", metavar="NAME[,NAME...]",
+                   help="Host names to answer besides loopback's (a reverse proxy's name); bound to a loopback "
+                        "address (the default) any other Host gets 403, against DNS rebinding; bound elsewhere "
+                        "the check applies only when this is given")
     p.add_argument("--api-key", help="require Authorization: Bearer <key> on /v1/*")
     p.add_argument("--ctx", type=int, help="context length (default: the model's, capped at 8192)")
     p.add_argument("--chunk", type=int, help="prompt tokens per prefill chunk (default engine only)")
@@ -71,7 +75,16 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts,
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
         reasoning_format=a.reasoning_format, slots=a.slots, prompt_reuse=a.prompt_reuse,
-        decode_interval_ms=a.decode_interval_ms)
+        decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts))
+
+
+def host_list(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise ValueError("--allowed-hosts is empty")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,7 @@ class ServerSettings:
     slots: int | None = None  # forwarded to the default engine; None = the engine's default
     prompt_reuse: bool = True  # forwarded to the default engine
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
+    allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
 
     def __post_init__(self):
         if not 0 < self.port < 65536:

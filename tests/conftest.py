@@ -1,7 +1,34 @@
 import pytest
 
 from engine.model_path import default_model_path
-from tests.harness import PY, EngineProcess, ServerProcess, mock_engine_cmd
+from tests.harness import PY, EngineProcess, ServerProcess, mark_test_run, mock_engine_cmd, sweep
+
+
+def pytest_configure(config):
+    mark_test_run()  # every process the suite starts inherits the run's id (see tests/harness.py)
+
+
+OUTLIVED: list[str] = []  # processes the session's finalizer had to end
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_outlives_the_run():
+    """Tests end what they start; this session finalizer ends whatever a crashed fixture left."""
+    yield
+    OUTLIVED.extend(sweep())
+
+
+@pytest.hookimpl(trylast=True)  # after the fixtures' teardown
+def pytest_sessionfinish(session, exitstatus):
+    """A run that passed but left processes behind fails, naming them (an interrupted run's
+    leftovers are only ended)."""
+    if OUTLIVED and exitstatus == pytest.ExitCode.OK:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            reporter.write("\n")
+        for line in [f"{len(OUTLIVED)} process(es) outlived their tests (ended by the session's sweep):", *OUTLIVED]:
+            reporter.write_line(line, red=True) if reporter else print(line)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,16 @@
-"""Process-level harness: the real strata-server, the real engine and the mock engine as subprocesses."""
+"""Process-level harness: the real strata-server, the real engine and the mock engine as subprocesses.
+
+Every process a test run starts carries STRATA_TEST_RUN=<the run's id> in its environment (set once
+in tests/conftest.py, inherited by servers' engines too), so that whatever a crashed or killed
+fixture left behind can be found and ended: `sweep()` at the session's end and at exit. A server
+is started in its own process group and asks the kernel for SIGTERM when the test process dies
+(PR_SET_PDEATHSIG), which covers a pytest killed outright.
+"""
 from __future__ import annotations
 
+import atexit
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -16,6 +26,63 @@ from protocol.pipe_client import EnginePipe
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+TEST_RUN_ENV = "STRATA_TEST_RUN"
+PR_SET_PDEATHSIG = 1
+
+
+def mark_test_run() -> str:
+    """Give this process (and so every process it starts) the run's id; returns it."""
+    return os.environ.setdefault(TEST_RUN_ENV, f"{os.getpid()}-{time.time_ns()}")
+
+
+def processes_of_this_run() -> list[int]:
+    """Live processes (other than this one) whose environment carries this run's id."""
+    run = os.environ.get(TEST_RUN_ENV)
+    if not run:
+        return []
+    needle = f"{TEST_RUN_ENV}={run}".encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if needle in environ and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def sweep(grace_s: float = 5.0) -> list[str]:
+    """End every process of this run still alive: SIGTERM, then SIGKILL after grace_s. Returns their
+    command lines (empty when the tests ended all they started, as they should)."""
+    pids = processes_of_this_run()
+    described = []
+    for pid in pids:
+        try:
+            described.append(f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if p in processes_of_this_run()]
+        time.sleep(0.1)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return described
+
+
+atexit.register(sweep, 2.0)
+
+
+def die_with_parent() -> None:
+    """preexec_fn: SIGTERM to the child when the process that started it dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -52,8 +119,9 @@ class ServerProcess:
         if self.api_key:
             cmd += ["--api-key", self.api_key]
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"strata-server-{self.port}.log"
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -84,17 +152,30 @@ class ServerProcess:
         return [int(p) for p in out.split()]
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGINT (the server then QUITs its engine); whatever is left of the server's group or its
+        engines 15 s later is killed. Safe to call twice."""
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        engines = self.engine_pids() if self.proc.poll() is None else []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the server's own group: it, and anything it left
+        self.proc.wait()
+        deadline = time.monotonic() + 10
+        for pid in engines:  # their own sessions; they end on QUIT or when their stdin closes
+            while (alive := pid in processes_of_this_run()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def __enter__(self):
-        return self.start()
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, *exc):
         self.stop()
@@ -105,3 +186,9 @@ class EngineProcess(EnginePipe):
 
     def __init__(self, cmd: list[str]):
         super().__init__(cmd, cwd=ROOT)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
