@@ -81,7 +81,7 @@ def test_fault_malformed_line(engine_factory):
     e = engine_factory("--chunk", "4", "--malformed-at-chunk", "1", mock=True)
     e.handshake()
     e.send(gen(8, 1, 1))
-    assert isinstance(e.read(), m.Info)  # where the request landed
+    assert [type(e.read()), type(e.read())] == [m.Info, m.Info]  # what the request holds, then the pool
     try:
         e.read()
         raise AssertionError("expected a malformed line")
