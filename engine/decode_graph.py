@@ -103,14 +103,14 @@ class GraphDecoder:
         rows, size = key
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
             step = kernels.batch_step(tables, positions, max_keys=size, block=self.kv.block_size)
-            rows = self.kv.rows(*tables)
+            kv_rows = self.kv.rows(*tables)
             buf = cp.asarray(np.asarray(tokens, dtype=np.int64))
-            logits = self.model.forward_on_device(buf, step, rows, True)
+            logits = self.model.forward_on_device(buf, step, kv_rows, True)
             kernels.argmax(logits)
             self.stream.synchronize()
             self.stream.begin_capture()
             try:
-                out = self.model.forward_on_device(buf, step, rows, True)
+                out = self.model.forward_on_device(buf, step, kv_rows, True)
                 argmax = kernels.argmax(out)
             finally:
                 graph = self.stream.end_capture()
