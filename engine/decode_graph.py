@@ -4,9 +4,11 @@ is captured once and replayed per token, so a step costs the GPU's time, not Pyt
 One graph per batch size and context bucket (1024, 2048, 4096, ... keys): the decoding attention's
 grid covers the bucket, its blocks past a sequence's keys return at once. Everything a graph reads
 or writes sits at a fixed address: the tokens, positions and block tables are device buffers set
-before each replay (each table padded to the bucket's blocks), the KV pool is the engine's, and the step's temporaries come from a memory
-pool of the graphs' own (filled by an eager run of the same step before capture, so that capture
-allocates nothing).
+before each replay (each table padded to the bucket's blocks), the KV pool is the engine's, and the
+step's temporaries come from a memory pool of the graphs' own (filled by an eager run of the same
+step before capture, so that capture allocates nothing). That pool's memory is shared by the
+graphs' temporaries, so whatever must outlive another graph's replay (a step's inputs, the eager
+run's logits) is allocated outside it.
 The model code does not know graphs exist.
 """
 from __future__ import annotations
@@ -101,10 +103,14 @@ class GraphDecoder:
         """Run this step eagerly (its result is returned, and it fills the pool), then capture it."""
         cp, kernels = self.cp, self.backend.kernels
         rows, size = key
+        # the step's inputs (tokens, positions, tables and their offsets) live outside the graphs'
+        # pool: a graph's temporaries go back to that pool after its capture and a later capture
+        # reuses them, so anything that must outlive a replay of another graph is allocated apart
+        step = kernels.batch_step(tables, positions, max_keys=size, block=self.kv.block_size)
+        buf = cp.asarray(np.asarray(tokens, dtype=np.int64))
+        kv_rows = self.kv.rows(*tables)
+        self.backend.synchronize()
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            step = kernels.batch_step(tables, positions, max_keys=size, block=self.kv.block_size)
-            kv_rows = self.kv.rows(*tables)
-            buf = cp.asarray(np.asarray(tokens, dtype=np.int64))
             logits = self.model.forward_on_device(buf, step, kv_rows, True)
             kernels.argmax(logits)
             self.stream.synchronize()
@@ -115,7 +121,8 @@ class GraphDecoder:
             finally:
                 graph = self.stream.end_capture()
         self.captured[key] = CapturedStep(graph, step, buf, out, argmax)
-        self.last = None  # the logits returned here are the eager run's
+        self.last = None  # the logits returned here are the eager run's, copied out of the graphs' pool
+        logits = logits.copy()
         print(f"strata: captured the decode step of {rows} sequence{'s' if rows > 1 else ''} for up to {size} "
               "positions", file=sys.stderr, flush=True)
         return logits

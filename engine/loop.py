@@ -300,6 +300,8 @@ class EngineLoop:
             self.runner.decode_batch(rows)
             for seq in rows:
                 seq.unstepped = False
+                if batch + self.runner.max_batch < len(going):  # the next batch's replay reuses the buffers
+                    self.runner.set_aside(seq)
 
     def read_chunk(self, seq: Sequence) -> None:
         started = time.perf_counter()
@@ -407,6 +409,7 @@ class EngineLoop:
         """Memory pressure: a running request's rows to host memory and its blocks to the pool; it
         comes back first, its rows copied back (bit-exact: nothing is recomputed)."""
         self.pause_snapshots[seq.id] = self.timed_copy(seq, self.runner.spill)
+        self.runner.set_aside(seq)  # logits not yet drawn from (a decoder paused between its steps)
         self.pool.release(seq.table)
         seq.paused = True
         self.paused.append(seq)

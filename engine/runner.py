@@ -113,6 +113,12 @@ class ModelRunner:
                 self.decoder = None
         return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv)
 
+    def set_aside(self, seq: Sequence) -> None:
+        """A request leaves the running set (paused for memory) with logits still to draw from: they
+        get a copy of their own, since a decode graph's output buffer is overwritten by the next replay."""
+        if seq.graph_row is not None and seq.logits is not None:
+            seq.logits, seq.graph_row = seq.logits.copy(), None
+
     def snapshot_nbytes(self, seq: Sequence) -> int:
         return self.kv.snapshot_nbytes(seq.pos)
 

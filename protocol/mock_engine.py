@@ -43,6 +43,7 @@ class FakeRunner:
         self.max_running, self.max_batch = a.max_running, 64
         block = a.kv_block or default_block(a.chunk)
         self.pool = BlockPool(-(-(a.kv_tokens or a.ctx * max(4, a.max_running)) // block), block)
+        self.ctx = min(self.ctx, self.pool.total * block)  # one request always fits the pool, as in strata
         self.eos_ids = frozenset({a.eos})
         self.script = tuple(int(t) for t in a.script.split(",")) if a.script else None
         self.chunks_read = self.gens_started = self.tokens_written = 0
@@ -124,6 +125,9 @@ class FakeRunner:
     def restore(self, seq: Sequence, snapshot) -> None:
         rows, blocks = snapshot
         assert rows == seq.kv_len and len(seq.table) >= blocks, (snapshot, seq.kv_len, seq.table)
+
+    def set_aside(self, seq: Sequence) -> None:
+        pass
 
     def park(self, seq: Sequence) -> None:
         if self.a.die_while_parked:

@@ -27,11 +27,15 @@ from protocol.pipe_client import EnginePipe  # noqa: E402
 
 
 def engine(a: argparse.Namespace, *extra: str) -> EnginePipe:
-    cmd = [sys.executable, "-m", "engine", "--serve", "--device", a.device, "--chunk", str(a.chunk),
-           "--prefill-preempt-min-tokens", "0", *extra] + (["--model", a.model] if a.model else [])
+    cmd = [*a.wrap.split(), sys.executable, "-m", "engine", "--serve", "--device", a.device, "--chunk", str(a.chunk),
+           "--prefill-preempt-min-tokens", "0", *extra, *a.engine_args.split()] + (["--model", a.model] if a.model else [])
     pipe = EnginePipe(cmd, cwd=ROOT)
+    STARTED.append(pipe)
     pipe.handshake()
     return pipe
+
+
+STARTED: list[EnginePipe] = []  # for the engines' own words when a check fails
 
 
 def prompt(seed: int, n: int, vocab: int, head: tuple[int, ...] = ()) -> tuple[int, ...]:
@@ -115,7 +119,7 @@ def check_reuse(a, report: list) -> None:
 
 def check_batch_and_pressure(a, report: list) -> None:
     solo = {}
-    e = engine(a)
+    e = engine(a, "--kv-tokens", "32768")  # room for everyone (and for a sanitizer's own memory)
     vocab = int(e.info["vocab"])
     gens = [m.Gen(a.max_new, prompt(100 + i, a.chunk // 2 + 37 * i, vocab), {"seed": 1}, 10 + i) for i in range(a.batch)]
     for g in gens:
@@ -126,7 +130,7 @@ def check_batch_and_pressure(a, report: list) -> None:
     e.close()
     # a pool of one request's worth: the others are deferred (the check sends them again once one has
     # ended), and those in flight pause each other when their answers grow
-    need = -(-(max(len(g.tokens) for g in gens) + a.max_new) // a.chunk) * a.chunk
+    need = -(-(max(len(g.tokens) for g in gens) + a.max_new) // a.chunk) * a.chunk  # one request's worth
     small = engine(a, "--kv-tokens", str(need), "--ctx", str(need), "--no-prompt-reuse")
     out, tokens, retry, deferred, paused = {}, {g.id: [] for g in gens}, [], 0, 0
     for g in gens:
@@ -147,9 +151,10 @@ def check_batch_and_pressure(a, report: list) -> None:
             for g in retry:
                 small.send(g)
             retry.clear()
+    equal = [g.id for g in gens if tokens[g.id] == solo[g.id]]
     report.append({"check": "a small pool defers and pauses, and every answer equals its solo run",
-                   "deferred": deferred, "paused": paused,
-                   "ok": deferred > 0 and all(tokens[g.id] == solo[g.id] for g in gens)})
+                   "deferred": deferred, "paused": paused, "answers_equal": len(equal), "answers": len(gens),
+                   "ok": deferred + paused > 0 and len(equal) == len(gens)})
     small.close()
 
 
@@ -160,13 +165,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--max-new", type=int, default=16)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--only", choices=("reuse", "pressure"), help="run one of the two groups of checks")
+    p.add_argument("--engine-args", default="", help="more engine flags (e.g. --no-cuda-graphs)")
+    p.add_argument("--wrap", default="", help="a command to run the engine under (e.g. compute-sanitizer)")
     p.add_argument("--json")
     a = p.parse_args(argv)
     report: list[dict] = []
-    check_reuse(a, report)
-    check_batch_and_pressure(a, report)
-    for row in report:
-        print(("ok   " if row["ok"] else "FAIL ") + json.dumps(row), flush=True)
+    checks = {"reuse": check_reuse, "pressure": check_batch_and_pressure}
+    for check in [checks[a.only]] if a.only else checks.values():
+        done = len(report)
+        try:
+            check(a, report)
+        except (EOFError, RuntimeError) as e:  # the engine died or refused: its own words, whole
+            said = [line for pipe in STARTED for line in pipe.stderr if line.startswith("strata:")]
+            report.append({"check": check.__name__, "ok": False, "error": str(e)[-6000:], "engine_said": said[-40:]})
+        for row in report[done:]:
+            print(("ok   " if row["ok"] else "FAIL ") + json.dumps(row), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
     return 0 if all(r["ok"] for r in report) else 1

@@ -28,7 +28,8 @@ WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_ and embed_ kernels in quant
 # too, and fp16 weights the tensor-core mmv_f16_ kernels of mmv.cu
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
-COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_SLOTS in engine/cli.py)
+COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_BATCH in engine/runner.py)
+MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
 MMV_THREADS, MMV_TILE, MMV_MAX_ROWS = 128, 16, 16  # mmv.cu: a block's threads and weight rows; x rows a launch takes
 Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
@@ -97,7 +98,9 @@ class GpuKernels:
             self.fn |= {name: module.get_function(name) for name in kernels}
         for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
             self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
-        self.counters = None  # flash-decoding's per-K/V-head block counters (int32, zero at rest)
+        # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
+        # with the default allocator, never in a graphs' pool: every captured graph keeps their address
+        self.counters = cp.zeros(COUNTER_SEQUENCES * MAX_COUNTER_HEADS, dtype=cp.int32)
         self.scratch = None  # fp16 values of the largest quantized matrix: a prompt chunk's GEMM operand
         self.moe = moe.MoeKernels(self)
 
@@ -206,9 +209,6 @@ class GpuKernels:
         part_ml = cp.empty((seqs, heads, splits, 2), dtype=cp.float32)
         out = cp.empty((seqs, heads, d), dtype=cp.float16)
         units = cp.empty((seqs * heads * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
-        if self.counters is None:  # zero; each launch leaves them zero. Allocated once, for the most
-            # sequences a batch may hold: captured graphs keep its address, so it must never move
-            self.counters = cp.zeros(COUNTER_SEQUENCES * blocks_y, dtype=cp.int32)
         if self.counters.size < seqs * blocks_y:
             raise ValueError(f"a decode batch of {seqs} sequences exceeds the {COUNTER_SEQUENCES} the kernels hold")
         self.fn[f"flash_decode_d{d}_g{group}"](

@@ -86,7 +86,7 @@ def test_a_failed_move_out_makes_the_parked_read_read_again(engine_factory):
     e = start(engine_factory, "--fail-snapshot", "--kv-tokens", "44")
     e.send(gen(40))
     assert isinstance(offer_and_read(e), m.Suspended)
-    e.send(gen(40, ident=2))
+    e.send(m.Gen(2, tuple(range(500, 540)), {}, 2))  # its own prompt: nothing shared with the parked read
     declined = e.read_until(m.Decline, ident=1)[-1]
     assert declined.reason == "snapshot_failed"
     assert e.read_until(m.Done, ident=2)[-1].finish == "length"
