@@ -211,18 +211,20 @@ class EngineLoop:
 
     def get_blocks(self, seq: Sequence, positions: int, pause_others: bool = True) -> bool:
         """Grow seq's table to cover `positions`: evicting cached blocks, then moving parked reads
-        out, then (pause_others) pausing the newest other requests holding blocks. False if that
-        does not free enough (seq's table unchanged)."""
+        out, then (pause_others) pausing the newest requests newer than seq that hold blocks. False
+        if that does not free enough (seq's table unchanged): seq is then the newest that needs
+        room, and the caller pauses it (or, for a GEN, defers it)."""
         while not self.pool.can_grow(seq.table, positions):
             parked = [s for s in self.seqs.values() if s.parked and s.table and s is not seq]
             if parked:
                 self.move_out(min(parked, key=lambda s: s.parked_seq))
                 continue
-            victims = [s for s in self.seqs.values() if s.table and not s.parked and s is not seq
-                       and s is not self.in_chunk] if pause_others else []
+            order = list(self.seqs.values())  # arrival order
+            newer = order[order.index(seq) + 1 :] if seq in order else []
+            victims = [s for s in newer if s.table and not s.parked and s is not self.in_chunk] if pause_others else []
             if not victims:
                 return False
-            self.pause(victims[-1])  # the newest: seqs keeps arrival order
+            self.pause(victims[-1])
         self.pool.grow(seq.table, positions)
         return True
 
@@ -265,8 +267,23 @@ class EngineLoop:
                 self.line[0].shared_ms += (time.perf_counter() - started) * 1000
             self.take_lines(block=False)
         reader = next((s for s in self.line if not s.paused), None)
-        if reader is not None and self.get_blocks(reader, chunk_end(reader.pos, reader.total, self.runner.chunk)):
+        if reader is None:
+            return
+        if self.get_blocks(reader, chunk_end(reader.pos, reader.total, self.runner.chunk)):
             self.read_chunk(reader)
+        elif any(s.table for s in self.seqs.values() if s is not reader) or self.paused:
+            self.pause(reader)  # the newest needing room gives its own up, so that older ones go on
+        else:  # alone and still short of room: the pool is smaller than one request (a bug, not a wait)
+            self.drop(reader, f"the KV pool ({self.pool.total} blocks of {self.pool.size}) cannot hold "
+                              f"this request's next chunk")
+
+    def drop(self, seq: Sequence, message: str) -> None:
+        """End a request with an ERR (nothing else can be done for it); its blocks go back."""
+        self.write(m.Err(message, seq.id))
+        self.seqs.pop(seq.id, None)
+        if seq in self.line:
+            self.line.remove(seq)
+        self.pool.release(seq.table)
 
     def decode_step(self, seqs: list[Sequence]) -> None:
         """Each decoding request's next token from its logits, then one batched forward for those
@@ -421,8 +438,8 @@ class EngineLoop:
     def bring_back(self) -> None:
         """Paused requests back into the pool, in the order they were paused, while blocks allow."""
         while self.paused:
-            seq = self.paused[0]
-            need = seq.kv_len + (0 if seq.reading else 1)
+            seq = self.paused[0]  # room for its rows and for what it does next (its next chunk, or a step)
+            need = chunk_end(seq.pos, seq.total, self.runner.chunk) if seq.reading else seq.kv_len + 1
             if self.pool.blocks_for(max(need, 1)) > self.pool.available:
                 return
             self.pool.grow(seq.table, need)

@@ -49,7 +49,7 @@ class ModelRunner:
         """One small forward before READY, so the first request does not pay first-call costs
         (page faults on the weights, BLAS/CuPy initialization, kernel compilation, the first
         decode graph's capture)."""
-        table = self.pool.allocate(1)
+        table = self.pool.allocate(self.pool.blocks_for(9))  # 8 prompt positions and a decode step's
         self.model.forward(np.zeros(8, dtype=np.int64), 0, self.kv.rows(table), want_logits=True)
         self.decode_logits([0], [table], [8])  # the one-row decode graph (other batch sizes: at first use)
         self.backend.synchronize()
