@@ -33,7 +33,7 @@ def ttft(engine: EngineProcess, ident: int, prompt: tuple[int, ...], answer: int
     seen = engine.read_until(m.T, ident=ident)
     first = time.perf_counter() - began
     seen += engine.read_until(m.Done, ident=ident)
-    cached = next(int(x.fields["cached"]) for x in seen if isinstance(x, m.Info))
+    cached = next(int(x.fields["cached"]) for x in seen if isinstance(x, m.Info) and "cached" in x.fields)
     return first, cached, tuple(x.token for x in seen if isinstance(x, m.T))
 
 

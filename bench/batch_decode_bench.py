@@ -1,11 +1,11 @@
-"""Aggregate decode throughput with several requests in the engine's slots, and the check that goes
+"""Aggregate decode throughput with several requests in the engine's KV pool, and the check that goes
 with it: each request's greedy tokens decoded in a batch equal its tokens decoded alone.
 
     python bench/batch_decode_bench.py [--model PATH] [--device cpu|gpu] [--batches 1,2,4,8,16]
         [--context 512] [--steps 64] [--repeats 3] [--weights quantized|fp16] [--label NAME --json FILE]
 
 Runs the engine's runner in process as the engine loop drives it (engine/loop.py): every sequence
-reads its own prompt into its own slot, then each step samples every sequence's token where its
+reads its own prompt into its own KV blocks, then each step samples every sequence's token where its
 logits are and runs one batched forward for all of them (a CUDA graph replay per batch size on the
 GPU). Reports, per batch size, aggregate tok/s (tokens of all sequences per second, median of
 repeats) and whether every sequence's tokens equal its solo run's.
@@ -33,12 +33,13 @@ from engine.sequence import Sequence  # noqa: E402
 
 
 def read_prompts(runner: ModelRunner, count: int, context: int, vocab: int) -> list[Sequence]:
-    """`count` sequences, each with its own random prompt read into its own slot."""
+    """`count` sequences, each with its own random prompt read into its own blocks (room for the
+    whole run allocated up front)."""
     seqs = []
     for i in range(count):
         prompt = tuple(int(t) for t in np.random.default_rng(1000 + i).integers(100, vocab - 100, context))
         seq = Sequence(id=i, prompt=prompt, max_new=1 << 30, sampler=Sampler(SamplingParams(), prompt),
-                       stop_ids=frozenset(), slot=i)
+                       stop_ids=frozenset(), table=runner.pool.allocate(runner.pool.blocks_for(runner.ctx)))
         while seq.reading:
             runner.read_prompt_chunk(seq)
         seqs.append(seq)
@@ -70,7 +71,8 @@ def run(a: argparse.Namespace) -> dict:
     cfg, weights, _ = load_model(str(resolve_model_path(a.model)), backend, keep_blocks=a.weights == "quantized")
     batches = sorted(int(b) for b in a.batches.split(","))
     ctx = (a.context + a.steps + 1 + 255) // 256 * 256
-    runner = ModelRunner(cfg, weights, backend, ctx, a.chunk, frozenset(), slots=batches[-1])
+    runner = ModelRunner(cfg, weights, backend, ctx, a.chunk, frozenset(), max_running=batches[-1],
+                         blocks=batches[-1] * -(-ctx // 64) + 1, block_size=64)
     runner.warm_up()
     seqs = read_prompts(runner, batches[-1], a.context, cfg.vocab_size)
     solo = [decode(runner, [seq], a.steps)[1][0] for seq in seqs]  # each alone (its graphs captured too)

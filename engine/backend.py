@@ -23,22 +23,24 @@ KEY_TILE = 2048  # keys per attention tile on the CPU: scores never exceed (kv_h
 class Step:
     """Where one forward's tokens sit: either n tokens of one sequence at positions start..start+n
     (a prompt chunk, or a lone decode row), or a decode batch of n sequences with one token each,
-    row i at positions[i] in KV slot slots[i]. On the GPU it also holds the device arrays the
-    kernels read, so that a captured decode graph reads each step's positions from memory;
-    max_keys bounds a decode kernel's grid (a graph's bucket)."""
+    row i at positions[i]. Each sequence's K/V rows are reached through its block table (engine/kv.py:
+    position p is row p % block_size of block table[p // block_size]). On the GPU it also holds the
+    device arrays the kernels read, so that a captured decode graph reads each step's positions and
+    tables from memory; max_keys bounds a decode kernel's grid (a graph's bucket)."""
 
     n: int
     start: int
-    slots: tuple[int, ...] | None = None  # a decode batch: each row's slot
+    tables: tuple[np.ndarray, ...] = ()  # each sequence's block table (host), in row order
     positions: tuple[int, ...] | None = None  # a decode batch: each row's position
     q_start: object = None  # (sequences + 1,) int32: each sequence's first query row
     pos0: object = None  # (sequences,) int32: each sequence's first position
-    kv_off: object = None  # (sequences,) int64: each sequence's offset into the layer's KV rows
+    table: object = None  # (sequences * table_width,) int32: the block tables, one after another
+    table_off: object = None  # (sequences,) int32: where each sequence's table starts in `table`
     max_keys: int | None = None
 
     @property
     def batch(self) -> bool:
-        return self.slots is not None
+        return self.positions is not None
 
     @property
     def decode(self) -> bool:
@@ -49,11 +51,22 @@ class Step:
         """A graph's step: the position its next replay reads."""
         self.pos0.set(np.array([pos], dtype=np.int32))
 
-    def set_rows(self, slots, positions, stride: int) -> None:
-        """A decode batch's step: row i's position and its slot's offset (slot * stride elements)."""
-        self.slots, self.positions = tuple(slots), tuple(positions)
+    def set_rows(self, tables, positions) -> None:
+        """A decode batch's step: row i's position and block table (each written into its fixed
+        stretch of the device table, table_off[i] onwards)."""
+        self.tables, self.positions = tuple(tables), tuple(positions)
         self.pos0.set(np.asarray(positions, dtype=np.int32))
-        self.kv_off.set(np.asarray(slots, dtype=np.int64) * stride)
+        self.table.set(pack_tables(self.tables, self.table.size // len(self.tables)))
+
+
+def pack_tables(tables, width: int) -> np.ndarray:
+    """Block tables one after another, each padded to `width` entries: (len(tables) * width,) int32."""
+    out = np.zeros((len(tables), width), dtype=np.int32)
+    for i, t in enumerate(tables):
+        if len(t) > width:
+            raise ValueError(f"a block table of {len(t)} blocks exceeds the step's {width}")
+        out[i, : len(t)] = t
+    return out.reshape(-1)
 
 
 class ArrayOps:
@@ -63,13 +76,13 @@ class ArrayOps:
         self.xp = xp
         self._bias: dict[int, object] = {}
 
-    def step(self, n: int, start: int) -> Step:
-        return Step(n, start)
+    def step(self, n: int, start: int, table=None) -> Step:
+        return Step(n, start, (table,))
 
-    def batch_step(self, slots: tuple[int, ...], positions: tuple[int, ...], stride: int) -> Step:
-        """A decode batch: row i is a sequence's next token at positions[i], in KV slot slots[i]
-        (slots are `stride` elements apart in a layer's rows)."""
-        return Step(len(slots), -1, tuple(slots), tuple(positions))
+    def batch_step(self, tables, positions: tuple[int, ...]) -> Step:
+        """A decode batch: row i is a sequence's next token at positions[i], its rows in the blocks
+        of tables[i]."""
+        return Step(len(tables), -1, tuple(tables), tuple(positions))
 
     def begin(self, step: Step) -> None:
         """A forward over `step` starts (the GPU picks its decode or prompt kernels by it)."""
@@ -110,10 +123,11 @@ class ArrayOps:
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):
         """qkv: (n, (heads + 2*kv_heads) * d); cos/sin tables: (positions, 1, d/2); k_cache/v_cache:
-        (kv_heads, ctx, d), rows start..start+n written (K rotated); for a decode batch (slots,
-        kv_heads, ctx, d), row i written at its slot and position. norms: (q_weight, k_weight, eps)
-        when each Q and K head is RMS-normalized first (Qwen3). Returns q rotated: (n, heads, d)."""
-        kv_heads, d = k_cache.shape[-3], k_cache.shape[-1]
+        a layer's pool (blocks, kv_heads, block_size, d): the rows of positions start..start+n of
+        the step's sequence written through its block table (K rotated); for a decode batch, row i
+        at positions[i] through tables[i]. norms: (q_weight, k_weight, eps) when each Q and K head
+        is RMS-normalized first (Qwen3). Returns q rotated: (n, heads, d)."""
+        kv_heads, size, d = k_cache.shape[-3:]
         if norms is not None:
             qkv = self.head_rms_norm(qkv, *norms[:2], qkv.shape[1] // d - 2 * kv_heads, kv_heads, norms[2])
         n = qkv.shape[0]
@@ -122,27 +136,34 @@ class ArrayOps:
         heads = qkv.shape[1] // d - 2 * kv_heads
         qkv = qkv.reshape(n, heads + 2 * kv_heads, d)
         k_new, v_new = self.rope(qkv[:, heads : heads + kv_heads], cos, sin), qkv[:, heads + kv_heads :]
-        if step.batch:  # (n, kv_heads, d) rows into (slots, kv_heads, ctx, d) at (slot_i, :, pos_i)
-            k_cache[np.asarray(step.slots), :, at] = k_new
-            v_cache[np.asarray(step.slots), :, at] = v_new
-        else:
-            k_cache[:, step.start : step.start + n] = k_new.transpose(1, 0, 2)
-            v_cache[:, step.start : step.start + n] = v_new.transpose(1, 0, 2)
+        tables = step.tables if step.batch else step.tables * n  # each row's table
+        block = np.asarray([t[p // size] for t, p in zip(tables, at)], dtype=np.int64)  # (n,)
+        k_cache[block, :, at % size] = k_new  # (n, kv_heads, d) rows at (block_i, :, offset_i)
+        v_cache[block, :, at % size] = v_new
         return self.rope(qkv[:, :heads], cos, sin)
 
+    @staticmethod
+    def sequence_rows(cache, table, end: int):
+        """One sequence's rows [0, end) of a layer's pool, in position order: (kv_heads, end, d)."""
+        nb = -(-end // cache.shape[2])
+        blocks = cache[np.asarray(table[:nb], dtype=np.int64)]  # (nb, kv_heads, B, d), a copy
+        return blocks.transpose(1, 0, 2, 3).reshape(cache.shape[1], -1, cache.shape[3])[:, :end]
+
     def attention(self, q, k_cache, v_cache, step: Step):
-        """q: (n, heads, d) at positions start..start+n; k_cache/v_cache: (kv_heads, ctx, d) with
-        rows 0..start+n filled. Causal, GQA, online softmax over key tiles. Returns (n, heads*d).
-        A decode batch: each row against its own slot's rows 0..positions[i]."""
+        """q: (n, heads, d) at positions start..start+n; k_cache/v_cache: a layer's pool, the
+        sequence's rows 0..start+n filled (through its block table). Causal, GQA, online softmax
+        over key tiles. Returns (n, heads*d). A decode batch: each row against its own rows
+        0..positions[i]."""
         if step.batch:
             return self.xp.concatenate([
-                self.attention(q[i : i + 1], k_cache[s], v_cache[s], Step(1, p))
-                for i, (s, p) in enumerate(zip(step.slots, step.positions))])
+                self.attention(q[i : i + 1], k_cache, v_cache, Step(1, p, (t,)))
+                for i, (t, p) in enumerate(zip(step.tables, step.positions))])
         xp, start = self.xp, step.start
         n, heads, d = q.shape
-        kv_heads = k_cache.shape[0]
+        kv_heads = k_cache.shape[1]
         group, end = heads // kv_heads, start + n
-        keys, values = k_cache[:, :end], v_cache[:, :end]
+        keys = self.sequence_rows(k_cache, step.tables[0], end)  # (kv_heads, end, d)
+        values = self.sequence_rows(v_cache, step.tables[0], end)
         bias = self.causal_bias(n)
         # heads h = kv*group + g share kv head `kv`: (kv_heads, group*n, d), rows ordered (g, i)
         qg = q.reshape(n, kv_heads, group, d).transpose(1, 2, 0, 3)
@@ -205,11 +226,11 @@ class HalfCupyOps(ArrayOps):
         self.kernels = GpuKernels(cp)
         self.decoding = False
 
-    def step(self, n: int, start: int) -> Step:
-        return self.kernels.step(n, start)
+    def step(self, n: int, start: int, table=None) -> Step:
+        return self.kernels.step(n, start, table)
 
-    def batch_step(self, slots: tuple[int, ...], positions: tuple[int, ...], stride: int) -> Step:
-        return self.kernels.batch_step(slots, positions, stride)
+    def batch_step(self, tables, positions: tuple[int, ...]) -> Step:
+        return self.kernels.batch_step(tables, positions)
 
     def begin(self, step: Step) -> None:
         self.decoding = step.decode  # rows one token each: matvecs, flash-decoding, 8-bit rows
@@ -291,22 +312,6 @@ class Backend:
     def synchronize(self) -> None:
         if self.xp is not np:
             self.xp.cuda.Stream.null.synchronize()
-
-    def copy_rows(self, dst, src, rows: int) -> None:
-        """dst[:, :, :rows] = src[:, :, :rows] for (a, b, rows_of_each, d) arrays (a slot's KV rows
-        and their snapshots, either of which may be a host array). On the GPU one pitched copy: an
-        elementwise copy of the strided view ran at a few GB/s and made a park cost most of a second."""
-        if self.xp is np:
-            dst[:, :, :rows] = src[:, :, :rows]
-            return
-        rt, item = self.xp.cuda.runtime, src.dtype.itemsize
-        on_host = [isinstance(a, np.ndarray) for a in (src, dst)]
-        kind = {(False, False): rt.memcpyDeviceToDevice, (True, False): rt.memcpyHostToDevice,
-                (False, True): rt.memcpyDeviceToHost}[tuple(on_host)]
-        ptr = lambda a: a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr  # noqa: E731
-        rt.memcpy2DAsync(ptr(dst), dst.shape[2] * dst.shape[3] * item, ptr(src), src.shape[2] * src.shape[3] * item,
-                         rows * src.shape[3] * item, src.shape[0] * src.shape[1], kind,
-                         self.xp.cuda.get_current_stream().ptr)
 
     def free_bytes(self) -> int | None:
         """Device memory still free for the KV cache (None on the CPU: not managed here)."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from engine.prefill import ParkPolicy
 
 DEFAULT_CHUNK = 256
-DEFAULT_SLOTS = 4
-MAX_SLOTS = 64
+DEFAULT_MAX_RUNNING = 256
+MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kv.py, bench/README.md)
 DEFAULT_DECODE_INTERVAL_MS = 50.0
 WEIGHT_FORMS = ("quantized", "fp16")
 
@@ -25,8 +25,10 @@ class EngineConfig:
     snapshot_budget_given: bool = False  # else the engine sizes it with the KV cache (engine/memory.py)
     cuda_graphs: bool = True  # GPU decode steps as graph replays (engine/decode_graph.py)
     weights: str = "quantized"  # GPU: quantized tensors stay in their blocks; "fp16" expands them at load
-    slots: int = DEFAULT_SLOTS  # requests in the engine at once, each with its own KV rows
-    prompt_reuse: bool = True  # a free slot's kept conversation saves the next turn's reading
+    max_running: int = DEFAULT_MAX_RUNNING  # requests in the engine at once (memory permitting)
+    kv_block: int | None = None  # positions per KV block (None: default_block(chunk))
+    kv_tokens: int | None = None  # the KV pool's size in positions (None: engine/memory.py sizes it)
+    prompt_reuse: bool = True  # the prefix cache: a prompt that starts as an earlier one reads only the rest
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
 
     def __post_init__(self):
@@ -36,8 +38,25 @@ class EngineConfig:
             raise ValueError("--ctx must be >= 16")
         if self.decode_interval_ms < 0:
             raise ValueError("--decode-interval-ms must be >= 0")
-        if not 1 <= self.slots <= MAX_SLOTS:
-            raise ValueError(f"--slots must be between 1 and {MAX_SLOTS}")
+        if self.max_running < 1:
+            raise ValueError("--max-running must be >= 1")
+        block = self.block
+        if block < 1 or block & (block - 1):
+            raise ValueError(f"--kv-block must be a power of two, got {block}")
+        if self.chunk % block:
+            raise ValueError(f"--chunk {self.chunk} must be a multiple of --kv-block {block} "
+                             "(parks and prefix reuse stay block-aligned)")
+        if self.kv_tokens is not None and self.kv_tokens < block:
+            raise ValueError(f"--kv-tokens must be at least one block ({block})")
+
+    @property
+    def block(self) -> int:
+        return self.kv_block if self.kv_block is not None else default_block(self.chunk)
+
+
+def default_block(chunk: int) -> int:
+    """The largest power of two up to MAX_BLOCK that divides the chunk."""
+    return min(MAX_BLOCK, chunk & -chunk)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,9 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="?", help="a prompt to answer at the terminal (default: read stdin)")
     p.add_argument("--serve", action="store_true", help="speak the line protocol on stdin/stdout")
     p.add_argument("--model", help="GGUF file (default: $STRATA_MODEL, else SmolLM2-135M-Instruct)")
-    p.add_argument("--ctx", type=int, help="context length of each slot in tokens (default: on the CPU the model's, "
-                                           "capped at 8192; on the GPU the largest that fits, capped at the model's)")
+    p.add_argument("--ctx", type=int, help="the most tokens one request may hold (default: on the CPU the model's, "
+                                           "capped at 8192; on the GPU the model's, or the pool if smaller)")
     add_slots_arg(p)
+    p.add_argument("--kv-tokens", type=int, help="the KV pool shared by all requests, in tokens (default: on the CPU "
+                                                 "4 x ctx; on the GPU what the weights leave of its memory)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prompt tokens per prefill chunk")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--no-cuda-graphs", action="store_true", help="GPU: decode with eager launches (debugging)")
@@ -62,12 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_slots_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
-                   help="requests in the engine at once, each with its own KV rows; their decode steps run "
-                        f"as one batch (default {DEFAULT_SLOTS}; on the GPU fewer if memory allows fewer)")
+    p.add_argument("--max-running", "--slots", dest="max_running", type=int, default=DEFAULT_MAX_RUNNING,
+                   help="requests in the engine at once, reading or decoding (their decode steps run as one "
+                        f"batch); memory is the real limit: requests hold KV blocks, not slots (default "
+                        f"{DEFAULT_MAX_RUNNING}; --slots is the old name)")
+    p.add_argument("--kv-block", type=int, help="positions per KV block: a power of two dividing --chunk "
+                                                f"(default: {MAX_BLOCK}, or the chunk's largest such divisor)")
     p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,
-                   help="a free slot keeps the conversation it read; a prompt that starts with it reads only "
-                        "the rest, from a chunk boundary (default: on)")
+                   help="the prefix cache: a prompt that starts with blocks another request read (finished, "
+                        "running or parked) reads only the rest, from a chunk boundary (default: on)")
     p.add_argument("--decode-interval-ms", type=float, default=DEFAULT_DECODE_INTERVAL_MS,
                    help="while a long prompt is read, the decoding requests get a step about this often: a "
                         "chunk that takes longer pauses between layers for them (default "
@@ -97,8 +121,9 @@ def policy_from_args(a: argparse.Namespace) -> ParkPolicy:
 def config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(a.model, a.ctx, a.chunk, a.device, policy_from_args(a),
                         snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None,
-                        cuda_graphs=not a.no_cuda_graphs, weights=a.weights, slots=a.slots,
-                        prompt_reuse=a.prompt_reuse, decode_interval_ms=a.decode_interval_ms)
+                        cuda_graphs=not a.no_cuda_graphs, weights=a.weights, max_running=a.max_running,
+                        kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
+                        decode_interval_ms=a.decode_interval_ms)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,10 +3,12 @@ is captured once and replayed per token, so a step costs the GPU's time, not Pyt
 
 One graph per batch size and context bucket (1024, 2048, 4096, ... keys): the decoding attention's
 grid covers the bucket, its blocks past a sequence's keys return at once. Everything a graph reads
-or writes sits at a fixed address: the tokens, positions and slot offsets are device buffers set
-before each replay, the KV cache is the engine's, and the step's temporaries come from a memory
-pool of the graphs' own (filled by an eager run of the same step before capture, so that capture
-allocates nothing).
+or writes sits at a fixed address: the tokens, positions and block tables are device buffers set
+before each replay (each table padded to the bucket's blocks), the KV pool is the engine's, and the
+step's temporaries come from a memory pool of the graphs' own (filled by an eager run of the same
+step before capture, so that capture allocates nothing). That pool's memory is shared by the
+graphs' temporaries, so whatever must outlive another graph's replay (a step's inputs, the eager
+run's logits) is allocated outside it.
 The model code does not know graphs exist.
 """
 from __future__ import annotations
@@ -34,15 +36,15 @@ def bucket(pos: int, ctx: int) -> int:
 @dataclass
 class CapturedStep:
     graph: object
-    step: Step  # its device positions and slot offsets, set before each replay
+    step: Step  # its device positions and block tables, set before each replay
     tokens: object  # (rows,) int64 on the device: each row's input token, set before each replay
     logits: object  # (rows, vocab) fp32 on the device, written by each replay
     argmax: object  # (rows,) int64 on the device: each row's first maximum (its greedy token)
 
 
 class GraphDecoder:
-    """Decode steps of one or several sequences (each in its KV slot) as graph replays: one graph
-    per (rows, bucket), rows the batch size and bucket the longest sequence's."""
+    """Decode steps of one or several sequences (each with its block table) as graph replays: one
+    graph per (rows, bucket), rows the batch size and bucket the longest sequence's."""
 
     def __init__(self, model, kv: KVCache, backend: Backend):
         cp = backend.xp
@@ -57,32 +59,33 @@ class GraphDecoder:
     def bucket(self, pos: int) -> int:
         return bucket(pos, self.kv.ctx)
 
-    def decode(self, tokens, slots, positions):
-        """Logits (rows, vocab) float32 on the device after each row's token at its position in
-        its slot (their K/V rows written); the graph's own output buffer, valid until the next
-        replay, or None when this step ran eagerly to be captured (its logits are returned)."""
+    def decode(self, tokens, tables, positions):
+        """Logits (rows, vocab) float32 on the device after each row's token at its position, its
+        rows through its block table (their K/V rows written); the graph's own output buffer, valid
+        until the next replay, or the eager run's logits when this step was just captured."""
         self.backend.synchronize()  # prompt work ran on the default stream
         key = (len(tokens), self.bucket(max(positions)))
         entry = self.captured.get(key)
         if entry is None:
-            return self.capture(key, tokens, slots, positions)
-        self.replay(entry, tokens, slots, positions)
+            return self.capture(key, tokens, tables, positions)
+        self.replay(entry, tokens, tables, positions)
         self.stream.synchronize()  # the sampler reads the logits on the default stream
         self.last, self.greedy = entry, None
         return entry.logits
 
-    def decode_one(self, token: int, pos: int, slot: int = 0):
-        """One sequence's step: logits (vocab,) on the device (a row of the graph's buffer)."""
-        return self.decode([token], [slot], [pos])[0]
+    def decode_one(self, token: int, pos: int, table=None):
+        """One sequence's step: logits (vocab,) on the device (a row of the graph's buffer); its
+        table defaults to the pool's lone sequence (KVCache(cfg, ctx, backend) in tools)."""
+        return self.decode([token], [self.kv.whole if table is None else table], [pos])[0]
 
     def entry(self, rows: int, pos: int) -> CapturedStep | None:
         return self.captured.get((rows, self.bucket(pos)))
 
-    def replay(self, entry: CapturedStep, tokens, slots, positions) -> None:
-        """Set the step's tokens, positions and slots and launch its graph on the decoder's stream (no wait)."""
+    def replay(self, entry: CapturedStep, tokens, tables, positions) -> None:
+        """Set the step's tokens, positions and tables and launch its graph on the decoder's stream (no wait)."""
         with self.stream:
             entry.tokens.set(np.asarray(tokens, dtype=np.int64))
-            entry.step.set_rows(slots, positions, self.kv.slot_stride)
+            entry.step.set_rows(tables, positions)
             entry.graph.launch(self.stream)
 
     def owns(self, logits) -> bool:
@@ -96,24 +99,30 @@ class GraphDecoder:
             self.greedy = self.last.argmax.get()
         return int(self.greedy[row])
 
-    def capture(self, key: tuple[int, int], tokens, slots, positions):
+    def capture(self, key: tuple[int, int], tokens, tables, positions):
         """Run this step eagerly (its result is returned, and it fills the pool), then capture it."""
         cp, kernels = self.cp, self.backend.kernels
         rows, size = key
+        # the step's inputs (tokens, positions, tables and their offsets) live outside the graphs'
+        # pool: a graph's temporaries go back to that pool after its capture and a later capture
+        # reuses them, so anything that must outlive a replay of another graph is allocated apart
+        step = kernels.batch_step(tables, positions, max_keys=size, block=self.kv.block_size)
+        buf = cp.asarray(np.asarray(tokens, dtype=np.int64))
+        kv_rows = self.kv.rows(*tables)
+        self.backend.synchronize()
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            step = kernels.batch_step(slots, positions, self.kv.slot_stride, max_keys=size)
-            buf = cp.asarray(np.asarray(tokens, dtype=np.int64))
-            logits = self.model.forward_on_device(buf, step, self.kv.across_slots(), True)
+            logits = self.model.forward_on_device(buf, step, kv_rows, True)
             kernels.argmax(logits)
             self.stream.synchronize()
             self.stream.begin_capture()
             try:
-                out = self.model.forward_on_device(buf, step, self.kv.across_slots(), True)
+                out = self.model.forward_on_device(buf, step, kv_rows, True)
                 argmax = kernels.argmax(out)
             finally:
                 graph = self.stream.end_capture()
         self.captured[key] = CapturedStep(graph, step, buf, out, argmax)
-        self.last = None  # the logits returned here are the eager run's
+        self.last = None  # the logits returned here are the eager run's, copied out of the graphs' pool
+        logits = logits.copy()
         print(f"strata: captured the decode step of {rows} sequence{'s' if rows > 1 else ''} for up to {size} "
               "positions", file=sys.stderr, flush=True)
         return logits

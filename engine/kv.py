@@ -1,5 +1,11 @@
-"""The KV cache: one set of rows per slot (a request in the engine), and copies of a slot's rows
-for parked reads that had to give their slot up (spilled to host memory)."""
+"""The KV cache: one pool of fixed-size blocks shared by every request (engine/blocks.py decides
+who holds which), and copies of a request's rows in host memory (a parked read or a paused
+decode moved out of the pool under memory pressure).
+
+Layout, per layer: (blocks, kv_heads, block_size, head_dim), so that a block holds a run of
+positions of each K/V head contiguously (a kernel's tile of keys is a few whole rows). A request's
+block table maps its position p to block table[p // block_size], row p % block_size.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -10,12 +16,14 @@ import numpy as np
 from engine.backend import Backend
 from engine.gguf_model import ModelConfig
 
+DEFAULT_BLOCK = 64  # positions per block (engine/cli.py --kv-block; bench/README.md says why)
+
 
 @dataclass
 class KVSnapshot:
     pos: int
-    k: object  # (layers, kv_heads, pos, head_dim), a private copy (host memory)
-    v: object  # (layers, kv_heads, pos, head_dim)
+    k: object  # (layers, blocks, kv_heads, block_size, head_dim), a private copy in host memory
+    v: object
 
     @property
     def nbytes(self) -> int:
@@ -23,13 +31,14 @@ class KVSnapshot:
 
 
 @dataclass(frozen=True)
-class LayerRows:
-    """What the forward pass indexes by layer: k[i], v[i] are layer i's rows, (kv_heads, ctx, d)
-    for one slot, or (slots, kv_heads, ctx, d) across slots (a decode batch: each row of the batch
-    names its slot in the Step)."""
+class SequenceRows:
+    """What the forward pass indexes by layer: k[i], v[i] are layer i's pool (blocks, kv_heads,
+    block_size, d); `tables` are the block tables of the sequences of the forward (one for a
+    prompt chunk, one per row for a decode batch)."""
 
-    k: object
+    k: object  # (layers, blocks, kv_heads, block_size, d)
     v: object
+    tables: tuple[np.ndarray, ...]  # each (blocks of that sequence,) int32
 
 
 def kv_row_bytes(cfg: ModelConfig, backend: Backend) -> int:
@@ -38,53 +47,56 @@ def kv_row_bytes(cfg: ModelConfig, backend: Backend) -> int:
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, ctx: int, backend: Backend, slots: int = 1):
-        shape = (slots, cfg.n_layers, cfg.n_kv_heads, ctx, cfg.head_dim)
-        self.backend, self.ctx, self.slots = backend, ctx, slots
-        # (slots, layers, kv_heads, ctx, head_dim): float32 on the CPU, float16 on the GPU
+    """The pool. KVCache(cfg, ctx, backend) alone makes a pool for one sequence of ctx positions
+    (tools and tests drive the model with one sequence: `kv` then stands for its rows)."""
+
+    def __init__(self, cfg: ModelConfig, ctx: int, backend: Backend, block_size: int = DEFAULT_BLOCK,
+                 blocks: int | None = None):
+        self.backend, self.block_size = backend, block_size
+        self.blocks = blocks if blocks is not None else -(-ctx // block_size)
+        self.ctx = ctx  # the most positions one sequence may hold
+        shape = (cfg.n_layers, self.blocks, cfg.n_kv_heads, block_size, cfg.head_dim)
+        # float32 on the CPU, float16 on the GPU; zeros: on the CPU pages are touched only when written
         self.keys = backend.xp.zeros(shape, dtype=backend.weight_dtype)
         self.values = backend.xp.zeros(shape, dtype=backend.weight_dtype)
         self.row_bytes = kv_row_bytes(cfg, backend)
+        self.block_bytes = self.row_bytes * block_size
+        self.whole = np.arange(min(self.blocks, -(-ctx // block_size)), dtype=np.int32)  # the lone sequence's table
 
-    @property
-    def k(self):
-        """Slot 0's rows (layers, kv_heads, ctx, d): a one-slot cache indexed as the forward pass does."""
-        return self.keys[0]
+    def rows(self, *tables) -> SequenceRows:
+        """The rows of the sequences with these block tables (lists or arrays of block indices)."""
+        return SequenceRows(self.keys, self.values, tuple(np.asarray(t, dtype=np.int32) for t in tables))
 
-    @property
-    def v(self):
-        return self.values[0]
-
-    def slot(self, s: int) -> LayerRows:
-        return LayerRows(self.keys[s], self.values[s])
-
-    def across_slots(self) -> LayerRows:
-        """Layer i -> (slots, kv_heads, ctx, d): a decode batch reads and writes each row's own slot."""
-        return LayerRows(self.keys.swapaxes(0, 1), self.values.swapaxes(0, 1))
-
-    @property
-    def slot_stride(self) -> int:
-        """Elements from one slot's rows to the next's (a kernel's per-sequence offset unit)."""
-        return int(np.prod(self.keys.shape[1:]))
+    def as_rows(self) -> SequenceRows:
+        return self.rows(self.whole)
 
     def snapshot_nbytes(self, pos: int) -> int:
-        return pos * self.row_bytes
+        return -(-pos // self.block_size) * self.block_bytes
 
-    def snapshot(self, s: int, pos: int) -> KVSnapshot:
-        """Slot s's rows [0, pos) copied to host memory."""
-        layers, heads, _, d = self.keys.shape[1:]
-        rows = lambda: np.empty((layers, heads, pos, d), self.keys.dtype)  # noqa: E731
-        snap = KVSnapshot(pos, rows(), rows())
-        self.backend.copy_rows(snap.k, self.keys[s], pos)
-        self.backend.copy_rows(snap.v, self.values[s], pos)
-        return snap
+    def snapshot(self, table, pos: int) -> KVSnapshot:
+        """The blocks holding rows [0, pos) of the sequence with this table, copied to host memory."""
+        held = np.asarray(table[: -(-pos // self.block_size)], dtype=np.int64)
+        return KVSnapshot(pos, self.backend.to_host(self.keys[:, held]), self.backend.to_host(self.values[:, held]))
 
-    def restore(self, s: int, snap: KVSnapshot) -> None:
-        self.backend.copy_rows(self.keys[s], snap.k, snap.pos)
-        self.backend.copy_rows(self.values[s], snap.v, snap.pos)
+    def restore(self, table, snap: KVSnapshot) -> None:
+        """A snapshot's rows into the (new) blocks of `table`, which covers at least snap.pos rows."""
+        held = self.backend.xp.asarray(np.asarray(table[: snap.k.shape[1]], dtype=np.int64))
+        self.keys[:, held] = self.backend.asarray(snap.k)
+        self.values[:, held] = self.backend.asarray(snap.v)
 
-    def digest(self, s: int, pos: int) -> bytes:
+    def gather(self, table, pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows [0, pos) of one sequence on the host: (layers, kv_heads, pos, d) each."""
+        held = np.asarray(table[: -(-pos // self.block_size)], dtype=np.int64)
+        out = []
+        for pool in (self.keys, self.values):
+            blocks = self.backend.to_host(pool[:, held])  # (layers, nb, kv_heads, B, d)
+            layers, nb, heads, size, d = blocks.shape
+            out.append(blocks.transpose(0, 2, 1, 3, 4).reshape(layers, heads, nb * size, d)[:, :, :pos])
+        return out[0], out[1]
+
+    def digest(self, table, pos: int) -> bytes:
+        """A hash of one sequence's rows [0, pos) in position order (not of where its blocks are)."""
         h = hashlib.blake2b(digest_size=16)
-        for arr in (self.keys[s], self.values[s]):
-            h.update(self.backend.to_host(arr[:, :, :pos]).tobytes())
+        for rows in self.gather(table, pos):
+            h.update(np.ascontiguousarray(rows).tobytes())
         return h.digest()

@@ -1,5 +1,5 @@
-"""The engine's protocol loop: a stdin thread feeds an inbox; the requests in the engine's slots
-advance in rounds.
+"""The engine's protocol loop: a stdin thread feeds an inbox; the requests in the engine advance
+in rounds.
 
 A round is one decode step for every decoding request together (one pass over the weights), then
 one prompt chunk of the first read in line, so that a long read never stops the others from
@@ -9,12 +9,19 @@ decode steps, about every `interval_ms` (the layers per pause estimated from the
 chunk); the pauses change neither the chunk's arithmetic nor its boundaries. Control lines (GEN,
 STOP, YIELD, RESUME, CANCEL) are taken between rounds and after each chunk, before its PP.
 
-Parks stay in place: a parked read keeps its rows in its slot, at no cost. When a GEN or a RESUME
-finds no free slot, the read parked longest moves to host memory (its snapshot) and gives its slot
-up; its RESUME brings the rows back into a free slot. The park gates reserve room in the one
-snapshot budget for every parked read, so a move never exceeds it; if the copy itself fails, the
-read's rows are dropped and it reads again from its start when resumed (the same tokens: chunks
-are absolute).
+Memory is one pool of KV blocks (engine/blocks.py). A GEN is taken when blocks for its first chunk
+can be had (after what the prefix cache gives it); otherwise it is answered DEFER memory and the
+server keeps it queued. Every chunk and decode step first gets the blocks it writes; when none are
+free, in this order: unreferenced cached blocks are evicted (the pool does it), parked reads move
+to host memory (oldest park first), then the newest other request holding blocks is paused into
+host memory, to be brought back first (before any new GEN is taken) and bit-exact: its rows are
+copied back, not recomputed. The oldest request can therefore always go on, and one request always
+fits (the context is at most the pool).
+
+Parks stay in place: a parked read keeps its blocks at no cost, and its whole chunks stay shareable.
+The park gates reserve room in the one snapshot budget for every parked read, so a move out never
+exceeds it; if the copy itself fails, the read's rows are dropped and it reads again from its
+start when resumed (the same tokens: chunks are absolute).
 """
 from __future__ import annotations
 
@@ -29,10 +36,9 @@ from typing import Callable, TextIO
 from protocol import messages as m
 from protocol.codec import ProtocolError, decode, encode
 
-from engine.prefill import ParkPolicy
+from engine.prefill import ParkPolicy, chunk_end
 from engine.sampler import Sampler, SamplingParams
 from engine.sequence import Sequence
-from engine.slots import SlotTable
 
 _SAMPLING_KEYS = {f.name for f in fields(SamplingParams)}
 _EOF = object()
@@ -59,10 +65,13 @@ class EngineLoop:
         self.runner, self.policy, self.write = runner, policy, write
         self.caps, self.reuse, self.interval_ms = caps, reuse, interval_ms
         self.inbox: queue.Queue = queue.Queue()
-        self.slots = SlotTable(runner.slots, runner.chunk)
+        self.pool = runner.pool  # engine/blocks.py BlockPool: every request's KV blocks
         self.seqs: dict[int | None, Sequence] = {}  # every request in the engine, by id, in arrival order
         self.line: list[Sequence] = []  # reads in order: the first one reads the next chunk
         self.snapshots: dict[int, object] = {}  # spilled parked reads' rows (None: dropped, read again)
+        self.paused: list[Sequence] = []  # moved to host memory under pressure, brought back first
+        self.pause_snapshots: dict[int, object] = {}
+        self.pauses_total = 0
         self.reserved: dict[int, int] = {}  # parked reads' snapshot sizes, held in the budget
         self.park_ticks = itertools.count(1)
         self.in_chunk: Sequence | None = None  # the read whose chunk runs or has run and whose PP is not out yet
@@ -162,12 +171,62 @@ class EngineLoop:
         except ValueError as e:
             self.write(m.Err(str(e), gen.id))
             return
-        if not self.take_slot(seq, reuse=self.reuse and bool(gen.params.get("reuse", 1))):
-            self.write(m.Err(f"busy: all {len(self.slots)} slots are in use", gen.id))
+        held = sum(1 for s in self.seqs.values() if not s.parked)
+        if held >= self.runner.max_running:
+            self.write(m.Defer("busy", gen.id))  # the server's cap is the engine's: it sent one too many
+            return
+        if self.paused or not self.place(seq, reuse=self.reuse and bool(gen.params.get("reuse", 1))):
+            self.write(m.Defer("memory", gen.id))  # the server keeps it queued and sends it again
             return
         self.seqs[seq.id] = seq
         self.line.append(seq)
-        self.write(m.Info({"slot": str(seq.slot), "cached": str(seq.cached)}, seq.id))  # where it landed, what it reuses
+        self.write(m.Info({"cached": str(seq.cached), "blocks": str(len(seq.table))}, seq.id))
+        self.report_pool()
+
+    def report_pool(self) -> None:
+        """The pool's state for the server's /status and /metrics (an INFO line without an id)."""
+        pool = self.pool
+        self.write(m.Info({"pool_used": str(pool.used), "pool_cached": str(len(pool.cached)),
+                           "pool_free": str(len(pool.free)), "pool_idle": str(len(pool.idle)), "pool_evictions": str(pool.evictions),
+                           "pool_paused": str(len(self.paused)), "pool_pauses": str(self.pauses_total)}))
+
+    def place(self, seq: Sequence, reuse: bool) -> bool:
+        """Blocks for `seq` up to the end of its first chunk: a cached prefix first (rounded down to
+        a chunk boundary, short of the prompt's last token), then new ones, moving parked reads out
+        if need be. False (nothing held) if they cannot be had."""
+        chunk, size = self.runner.chunk, self.pool.size
+        if reuse:
+            limit = (seq.total - 1) // chunk * chunk
+            found = self.pool.lookup(seq.prompt, limit)
+            use = len(found) * size // chunk * chunk
+            seq.table = found[: use // size]
+            self.pool.release(found[use // size :])
+            seq.pos = seq.cached = use
+            self.pool.reused_tokens += use
+        if self.get_blocks(seq, chunk_end(seq.pos, seq.total, chunk), pause_others=False):
+            return True
+        self.pool.release(seq.table)
+        seq.pos = seq.cached = 0
+        return False
+
+    def get_blocks(self, seq: Sequence, positions: int, pause_others: bool = True) -> bool:
+        """Grow seq's table to cover `positions`: evicting cached blocks, then moving parked reads
+        out, then (pause_others) pausing the newest requests newer than seq that hold blocks. False
+        if that does not free enough (seq's table unchanged): seq is then the newest that needs
+        room, and the caller pauses it (or, for a GEN, defers it)."""
+        while not self.pool.can_grow(seq.table, positions):
+            parked = [s for s in self.seqs.values() if s.parked and s.table and s is not seq]
+            if parked:
+                self.move_out(min(parked, key=lambda s: s.parked_seq))
+                continue
+            order = list(self.seqs.values())  # arrival order
+            newer = order[order.index(seq) + 1 :] if seq in order else []
+            victims = [s for s in newer if s.table and not s.parked and s is not self.in_chunk] if pause_others else []
+            if not victims:
+                return False
+            self.pause(victims[-1])
+        self.pool.grow(seq.table, positions)
+        return True
 
     def build_sequence(self, gen: m.Gen) -> Sequence:
         if gen.id in self.seqs:
@@ -199,6 +258,7 @@ class EngineLoop:
     # ------------------------------------------------------------ rounds
 
     def round(self) -> None:
+        self.bring_back()
         decoding = [s for s in self.seqs.values() if s.decoding]
         if decoding:
             started = time.perf_counter()
@@ -206,29 +266,59 @@ class EngineLoop:
             if self.line:  # the read in front waited for it
                 self.line[0].shared_ms += (time.perf_counter() - started) * 1000
             self.take_lines(block=False)
-        if self.line:
-            self.read_chunk(self.line[0])
+        reader = next((s for s in self.line if not s.paused), None)
+        if reader is None:
+            return
+        if self.get_blocks(reader, chunk_end(reader.pos, reader.total, self.runner.chunk)):
+            self.read_chunk(reader)
+        elif any(s.table for s in self.seqs.values() if s is not reader) or self.paused:
+            self.pause(reader)  # the newest needing room gives its own up, so that older ones go on
+        else:  # alone and still short of room: the pool is smaller than one request (a bug, not a wait)
+            self.drop(reader, f"the KV pool ({self.pool.total} blocks of {self.pool.size}) cannot hold "
+                              f"this request's next chunk")
+
+    def drop(self, seq: Sequence, message: str) -> None:
+        """End a request with an ERR (nothing else can be done for it); its blocks go back."""
+        self.write(m.Err(message, seq.id))
+        self.seqs.pop(seq.id, None)
+        if seq in self.line:
+            self.line.remove(seq)
+        self.pool.release(seq.table)
 
     def decode_step(self, seqs: list[Sequence]) -> None:
         """Each decoding request's next token from its logits, then one batched forward for those
-        that go on."""
+        that go on (each with a block for its new row; a request that cannot have one is paused)."""
         going = []
         now = time.perf_counter()
         for seq in seqs:
-            if seq.decode_started is None:
-                seq.decode_started = now
-            token = self.runner.sample(seq)
-            seq.sampler.accept(token)
-            seq.generated.append(token)
-            self.write(m.T(token, seq.id))
-            if token in seq.stop_ids:
-                self.finish(seq, "stop")
-            elif len(seq.generated) >= seq.max_new:
-                self.finish(seq, "length")
-            else:
-                going.append(seq)
-        if going:
-            self.runner.decode_batch(going)
+            if seq.paused:  # paused by an earlier row's need in this step
+                continue
+            if not seq.unstepped:  # (a request paused after its draw goes straight to its forward)
+                if seq.decode_started is None:
+                    seq.decode_started = now
+                token = self.runner.sample(seq)
+                seq.sampler.accept(token)
+                seq.generated.append(token)
+                self.write(m.T(token, seq.id))
+                if token in seq.stop_ids:
+                    self.finish(seq, "stop")
+                    continue
+                if len(seq.generated) >= seq.max_new:
+                    self.finish(seq, "length")
+                    continue
+                seq.unstepped = True
+            going.append(seq)
+        for seq in list(going):  # oldest first: a newer one gives its blocks up first
+            if not seq.paused and not self.get_blocks(seq, seq.kv_len + 1):
+                self.pause(seq)
+        going = [s for s in going if not s.paused]
+        for batch in range(0, len(going), self.runner.max_batch):
+            rows = going[batch : batch + self.runner.max_batch]
+            self.runner.decode_batch(rows)
+            for seq in rows:
+                seq.unstepped = False
+                if batch + self.runner.max_batch < len(going):  # the next batch's replay reuses the buffers
+                    self.runner.set_aside(seq)
 
     def read_chunk(self, seq: Sequence) -> None:
         started = time.perf_counter()
@@ -239,6 +329,8 @@ class EngineLoop:
         self.chunk_ms = seq.chunk_ms = ms - self.paused_ms
         seq.prompt_ms += seq.chunk_ms
         seq.shared_ms += self.paused_ms
+        chunk = self.runner.chunk
+        self.pool.register(seq.table, seq.prompt, seq.pos // chunk * chunk)  # its whole chunks, shareable now
         self.take_lines(block=False)  # lines that arrived during this chunk, before its PP
         self.in_chunk = None
         self.write(m.PP(seq.pos, seq.total, ms, (seq.pos - before) / max(ms, 1e-6) * 1000, seq.id))
@@ -282,15 +374,19 @@ class EngineLoop:
             seq.decode_ms = (time.perf_counter() - seq.decode_started) * 1000
         extra = {"parks": str(seq.parks), "park_ms": f"{seq.park_ms:.3f}", "cached": str(seq.cached),
                  "shared_ms": f"{seq.shared_ms:.3f}"}
-        if seq.fingerprints and seq.slot is not None:
+        if seq.fingerprints and (seq.table or not seq.kv_len):
             extra["fp"] = self.runner.fingerprint(seq)
         self.write(m.Done(len(seq.generated), seq.total, seq.prompt_ms, seq.decode_ms, reason, extra, seq.id))
         self.seqs.pop(seq.id, None)
         if seq in self.line:
             self.line.remove(seq)
         self.snapshots.pop(seq.id, None)
+        self.pause_snapshots.pop(seq.id, None)
+        if seq in self.paused:
+            self.paused.remove(seq)
         self.reserved.pop(seq.id, None)
-        self.slots.release(seq, keep=True)
+        self.pool.release(seq.table)
+        self.report_pool()
 
     # ------------------------------------------------------------ park, move out, resume
 
@@ -313,18 +409,9 @@ class EngineLoop:
         self.write_fingerprint(seq, "park")
         self.write(m.Suspended(seq.pos, seq.total, seq.id))
 
-    def take_slot(self, seq: Sequence, reuse: bool) -> bool:
-        """A slot for `seq`: a free one, else the one of the read parked longest, moved out."""
-        if self.slots.place(seq, reuse):
-            return True
-        in_place = [s for s in self.seqs.values() if s.parked and s.slot is not None and s is not seq]
-        if not in_place:
-            return False
-        self.move_out(min(in_place, key=lambda s: s.parked_seq))
-        return self.slots.place(seq, reuse)
-
     def move_out(self, seq: Sequence) -> None:
-        """A parked read's rows to host memory (within the budget its park reserved); its slot is free."""
+        """A parked read's rows to host memory (within the budget its park reserved); its blocks go
+        back to the pool (its whole chunks stay cached while nobody needs the room)."""
         try:
             self.snapshots[seq.id] = self.timed_copy(seq, self.runner.spill)
         except Exception as e:  # MemoryError, CuPy's OutOfMemoryError, ...: it will read again
@@ -332,24 +419,53 @@ class EngineLoop:
                                              "it will read its prompt again when resumed")
             self.write(m.Decline("snapshot_failed", seq.pos, seq.total, seq.id))
             self.snapshots[seq.id] = None
-        self.slots.release(seq, keep=False)
-        self.write(m.Info({"slot": "-1"}, seq.id))  # in host memory now
+        self.pool.release(seq.table)
+        self.write(m.Info({"host": "1"}, seq.id))  # in host memory now
+
+    def pause(self, seq: Sequence) -> None:
+        """Memory pressure: a running request's rows to host memory and its blocks to the pool; it
+        comes back first, its rows copied back (bit-exact: nothing is recomputed)."""
+        self.pause_snapshots[seq.id] = self.timed_copy(seq, self.runner.spill)
+        self.runner.set_aside(seq)  # logits not yet drawn from (a decoder paused between its steps)
+        self.pool.release(seq.table)
+        seq.paused = True
+        self.paused.append(seq)
+        self.pauses_total += 1
+        self.log_once("paused", "KV memory is full: pausing the newest request into host memory "
+                                "(it resumes first, unchanged)")
+        self.write(m.Info({"paused": "1"}, seq.id))
+
+    def bring_back(self) -> None:
+        """Paused requests back into the pool, in the order they were paused, while blocks allow."""
+        while self.paused:
+            seq = self.paused[0]  # room for its rows and for what it does next (its next chunk, or a step)
+            need = chunk_end(seq.pos, seq.total, self.runner.chunk) if seq.reading else seq.kv_len + 1
+            if self.pool.blocks_for(max(need, 1)) > self.pool.available:
+                return
+            self.pool.grow(seq.table, need)
+            self.timed_copy(seq, self.runner.restore, self.pause_snapshots.pop(seq.id))
+            seq.paused = False
+            self.paused.pop(0)
+            self.write(m.Info({"paused": "0"}, seq.id))
 
     def resume(self, ident: int) -> None:
         seq = self.seqs.get(ident)
         if seq is None or not seq.parked:
             self.write(m.Err(f"no parked request with id {ident}", ident))
             return
-        if seq.slot is None:  # moved out: back into a slot
-            if not self.take_slot(seq, reuse=False):
-                self.write(m.Err(f"busy: all {len(self.slots)} slots are in use", ident))
+        if seq.id in self.snapshots:  # moved out: back into blocks of the pool
+            snap = self.snapshots[seq.id]
+            rows = 0 if snap is None else seq.pos
+            if self.paused or not self.get_blocks(seq, max(rows, chunk_end(rows, seq.total, self.runner.chunk)),
+                                                  pause_others=False):
+                self.write(m.Defer("memory", ident))  # it stays parked; the server asks again later
                 return
-            self.write(m.Info({"slot": str(seq.slot)}, ident))
-            snap = self.snapshots.pop(seq.id)
+            del self.snapshots[seq.id]
             if snap is None:
                 seq.pos = 0  # its rows were dropped: the read starts again (the same chunks)
             else:
                 self.timed_copy(seq, self.runner.restore, snap)
+            self.write(m.Info({"host": "0"}, ident))
         seq.parked = False
         self.reserved.pop(seq.id, None)
         self.write_fingerprint(seq, "resume")

@@ -1,5 +1,6 @@
-"""How much context fits: on the GPU the slots' KV rows take what the weights and the prompt-chunk
-scratch leave of the device's memory; parked reads moved out of their slots go to host memory."""
+"""How much KV memory there is: on the GPU the pool of KV blocks takes what the weights and the
+prompt-chunk scratch leave of the device's memory; requests moved out of the pool (parked reads,
+paused requests) go to host memory."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ MiB = 2**20
 RESERVE_BYTES = 1024 * MiB  # cuBLAS workspace, kernels, allocator slack
 CTX_ALIGN = 256
 DEFAULT_SNAPSHOT_BYTES = 2048 * MiB  # on the CPU, or when the GPU plan is not asked to size it
-MIN_SLOT_CTX = 4096  # on the GPU, fewer slots rather than less context than this each
+CPU_POOL_CONTEXTS = 4  # on the CPU the pool holds this many full contexts by default (pages touched only when used)
 
 
 def scratch_bytes(cfg: ModelConfig, chunk: int) -> int:
@@ -25,12 +26,17 @@ def scratch_bytes(cfg: ModelConfig, chunk: int) -> int:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    ctx: int  # per slot
-    kv_bytes: int  # all slots
-    snapshot_bytes: int  # host memory for parked reads moved out of their slots
-    slots: int = 1
+    ctx: int  # the most positions one request may hold
+    blocks: int  # the pool's blocks
+    block: int  # positions per block
+    kv_bytes: int  # the whole pool
+    snapshot_bytes: int  # host memory for parked reads moved out of the pool
     weights_bytes: int | None = None
     free_bytes: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.blocks * self.block
 
     def info(self) -> dict[str, str]:
         out = {"kv_cache_mib": str(self.kv_bytes // MiB), "snapshot_budget_mib": str(self.snapshot_bytes // MiB)}
@@ -47,36 +53,42 @@ def host_memory_bytes() -> int:
 
 
 def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chunk: int,
-                 snapshot_bytes: int | None, slots: int = 1) -> MemoryPlan:
-    """The context of each slot and the park snapshots' budget (None: sized here). CPU: --ctx,
-    else the model's capped at ModelConfig.default_ctx; snapshots 2 GiB. GPU: the KV rows of all
-    slots take what the weights, the chunk scratch and a reserve leave: --ctx if it fits (else a
-    clear refusal with the numbers), else the largest that fits, capped at the model's trained
-    context; fewer slots than asked when each would get less than MIN_SLOT_CTX. Snapshots live in
-    host memory: by default one slot's rows (any read can park), at most half of the host's."""
+                 snapshot_bytes: int | None, block: int = 64, pool_tokens: int | None = None) -> MemoryPlan:
+    """The pool of KV blocks, the most one request may hold, and the park snapshots' budget (None:
+    sized here). CPU: --ctx, else the model's capped at ModelConfig.default_ctx; the pool
+    --kv-tokens, else CPU_POOL_CONTEXTS of those; snapshots 2 GiB. GPU: the pool takes what the
+    weights, the chunk scratch and a reserve leave (or --kv-tokens, if that fits: else a clear
+    refusal with the numbers); a request may hold the model's trained context, or the whole pool
+    if that is smaller (--ctx must fit the pool). Snapshots live in host memory: by default one
+    request's rows (any read can park), at most half of the host's."""
     row = kv_row_bytes(cfg, backend)
     free = backend.free_bytes()
     if free is None:
         ctx = requested or cfg.default_ctx
-        return MemoryPlan(ctx, slots * ctx * row,
-                          snapshot_bytes if snapshot_bytes is not None else DEFAULT_SNAPSHOT_BYTES, slots)
+        tokens = pool_tokens or CPU_POOL_CONTEXTS * ctx
+        if ctx > tokens:
+            raise ModelLoadError(f"--ctx {ctx} is larger than the KV pool (--kv-tokens {tokens})")
+        blocks = -(-tokens // block)
+        return MemoryPlan(ctx, blocks, block, blocks * block * row,
+                          snapshot_bytes if snapshot_bytes is not None else DEFAULT_SNAPSHOT_BYTES)
     weights = int(backend.xp.get_default_memory_pool().used_bytes())
     scratch = scratch_bytes(cfg, chunk)
     room = free - scratch - RESERVE_BYTES
-    rows_fit = max(0, room // row)  # positions over all slots
-    floor = min(cfg.context_length, requested or MIN_SLOT_CTX)
-    if slots > 1 and rows_fit // slots < floor:
-        slots = max(1, rows_fit // max(floor, 1))
-    fits = rows_fit // slots // CTX_ALIGN * CTX_ALIGN
-    if requested is not None and requested > fits:
-        raise ModelLoadError(
-            f"--ctx {requested} does not fit: {slots} slot(s) of it need {slots * requested * row / 2**30:.1f} GiB "
-            f"of KV rows, but with the weights loaded ({weights / 2**30:.1f} GiB) {free / 2**30:.1f} GiB are free, "
-            f"of which {scratch / 2**30:.1f} GiB go to prompt-chunk scratch and {RESERVE_BYTES / 2**30:.1f} GiB "
-            f"are kept in reserve; at most --ctx {fits} fits (or fewer --slots)")
-    ctx = requested or min(cfg.context_length, fits)
-    if ctx < 16:
+    fits = max(0, room // (row * block))  # blocks
+    if pool_tokens is not None:
+        if -(-pool_tokens // block) > fits:
+            raise ModelLoadError(
+                f"--kv-tokens {pool_tokens} does not fit: they need {pool_tokens * row / 2**30:.1f} GiB, but with the "
+                f"weights loaded ({weights / 2**30:.1f} GiB) {free / 2**30:.1f} GiB are free, of which "
+                f"{scratch / 2**30:.1f} GiB go to prompt-chunk scratch and {RESERVE_BYTES / 2**30:.1f} GiB are kept in "
+                f"reserve; at most --kv-tokens {fits * block} fits")
+        fits = -(-pool_tokens // block)
+    if fits * block < 16:
         raise ModelLoadError(f"no room for a KV cache: {free / 2**30:.1f} GiB free after loading the weights")
+    if requested is not None and requested > fits * block:
+        raise ModelLoadError(f"--ctx {requested} is larger than the KV pool that fits ({fits * block} tokens, "
+                             f"{fits * block * row / 2**30:.1f} GiB)")
+    ctx = requested or min(cfg.context_length, fits * block // CTX_ALIGN * CTX_ALIGN or fits * block)
     if snapshot_bytes is None:
         snapshot_bytes = min(ctx * row, host_memory_bytes() // 2)
-    return MemoryPlan(ctx, slots * ctx * row, snapshot_bytes, slots, weights, free)
+    return MemoryPlan(ctx, fits, block, fits * block * row, snapshot_bytes, weights, free)

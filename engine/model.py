@@ -10,7 +10,7 @@ import numpy as np
 
 from engine.backend import Backend, Step
 from engine.gguf_model import ModelConfig, Weights
-from engine.kv import KVCache, LayerRows
+from engine.kv import KVCache, SequenceRows
 from engine.prefill import chunk_end
 
 
@@ -22,24 +22,28 @@ class LlamaModel:
         self.cos_table = self.sin_table = None  # (positions, 1, half) on the device, grown on demand
         self.route_log: list | None = None  # (layer, experts (n, k), weights (n, k)) per MoE layer, when a list
 
-    def forward(self, tokens: np.ndarray, start: int, kv: KVCache | LayerRows, want_logits: bool,
+    def forward(self, tokens: np.ndarray, start: int, kv: KVCache | SequenceRows, want_logits: bool,
                 on_device: bool = False, between: Callable[[int], None] | None = None):
         """tokens: (n,) at absolute positions [start, start+n) of one sequence, whose K/V rows `kv`
-        holds (a slot's, KVCache.slot). Writes their K/V rows. Returns logits (vocab,) float32 of
+        holds (KVCache.rows(its block table); a KVCache alone: its one sequence). Writes their K/V
+        rows. Returns logits (vocab,) float32 of
         the last position on the host (or left on the device), or None. `between(i)` is called after
         each layer i but the last: the engine runs the other requests' decode steps there (they
         touch neither this forward's activations nor its rows, so its result does not change)."""
-        logits = self.forward_on_device(tokens, self.ops.step(len(tokens), start), kv, want_logits, between)
+        rows = kv.as_rows() if isinstance(kv, KVCache) else kv
+        step = self.ops.step(len(tokens), start, rows.tables[0])
+        logits = self.forward_on_device(tokens, step, rows, want_logits, between)
         return logits if logits is None or on_device else self.backend.to_host(logits)
 
-    def forward_batch(self, tokens, slots, positions, kv: KVCache):
+    def forward_batch(self, tokens, tables, positions, kv: KVCache):
         """A decode step of several sequences at once: tokens (n,), row i the next token of the
-        sequence in KV slot slots[i] at positions[i]. One pass over the weights for all of them,
-        attention over each one's own rows. Returns logits (n, vocab) float32 on the device."""
-        step = self.ops.batch_step(tuple(slots), tuple(positions), kv.slot_stride)
-        return self.forward_on_device(tokens, step, kv.across_slots(), True)
+        sequence whose block table is tables[i], at positions[i]. One pass over the weights for all
+        of them, attention over each one's own rows. Returns logits (n, vocab) float32 on the device."""
+        rows = kv.rows(*tables)
+        step = self.ops.batch_step(rows.tables, tuple(positions))
+        return self.forward_on_device(tokens, step, rows, True)
 
-    def forward_on_device(self, tokens, step: Step, kv: KVCache | LayerRows, want_logits: bool,
+    def forward_on_device(self, tokens, step: Step, kv: SequenceRows, want_logits: bool,
                           between: Callable[[int], None] | None = None):
         """The forward pass proper; tokens may already be on the device and `step` may carry
         device-side positions (a captured decode graph). Returns device logits, (vocab,) for one

@@ -12,20 +12,27 @@ from engine.backend import Backend
 from engine.decode_graph import GraphDecoder
 from engine.draw_graph import DrawGraphs
 from engine.gguf_model import ModelConfig, Weights
+from engine.blocks import BlockPool
 from engine.kv import KVCache, KVSnapshot
 from engine.model import LlamaModel
 from engine.prefill import chunk_end
 from engine.sequence import Sequence
 
 
+MAX_BATCH = 64  # rows of one decode forward (the flash-decoding counters hold 64 sequences); more go in several
+
+
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: Weights, backend: Backend, ctx: int, chunk: int,
                  eos_ids: frozenset[int], model_path: str = "", memory: dict[str, str] | None = None,
-                 cuda_graphs: bool = True, slots: int = 1):
-        self.cfg, self.backend, self.ctx, self.chunk, self.slots = cfg, backend, ctx, chunk, slots
+                 cuda_graphs: bool = True, max_running: int = 1, blocks: int | None = None,
+                 block_size: int = 64):
+        self.cfg, self.backend, self.ctx, self.chunk = cfg, backend, ctx, chunk
+        self.max_running, self.max_batch = max_running, MAX_BATCH
         self.memory = memory or {}
         self.model = LlamaModel(cfg, weights, backend)
-        self.kv = KVCache(cfg, ctx, backend, slots)
+        self.kv = KVCache(cfg, ctx, backend, block_size, blocks)
+        self.pool = BlockPool(self.kv.blocks, block_size)
         self.decoder = GraphDecoder(self.model, self.kv, backend) if cuda_graphs and backend.name == "gpu" else None
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
@@ -34,16 +41,19 @@ class ModelRunner:
     def info(self) -> dict[str, str]:
         return {"model": self.cfg.name, "path": self.model_path, "arch": self.cfg.arch,
                 "ctx": str(self.ctx), "chunk": str(self.chunk), "device": self.backend.device_name,
-                "vocab": str(self.vocab_size), "slots": str(self.slots), "version": __version__} | self.memory
+                "vocab": str(self.vocab_size), "max_running": str(self.max_running),
+                "kv_blocks": str(self.pool.total), "kv_block": str(self.pool.size),
+                "kv_block_bytes": str(self.kv.block_bytes), "version": __version__} | self.memory
 
     def warm_up(self) -> None:
         """One small forward before READY, so the first request does not pay first-call costs
         (page faults on the weights, BLAS/CuPy initialization, kernel compilation, the first
         decode graph's capture)."""
-        self.model.forward(np.zeros(8, dtype=np.int64), 0, self.kv.slot(0), want_logits=True)
-        for rows in range(1, self.slots + 1):  # a decode step of each batch size (a graph each on the GPU)
-            self.decode_logits([0] * rows, list(range(rows)), [8] * rows)
+        table = self.pool.allocate(self.pool.blocks_for(9))  # 8 prompt positions and a decode step's
+        self.model.forward(np.zeros(8, dtype=np.int64), 0, self.kv.rows(table), want_logits=True)
+        self.decode_logits([0], [table], [8])  # the one-row decode graph (other batch sizes: at first use)
         self.backend.synchronize()
+        self.pool.release(table)
 
     @property
     def layers(self) -> int:
@@ -54,7 +64,7 @@ class ModelRunner:
         LlamaModel.forward)."""
         end = chunk_end(seq.pos, seq.total, self.chunk)
         tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)
-        seq.logits = self.model.forward(tokens, seq.pos, self.kv.slot(seq.slot), want_logits=end == seq.total,
+        seq.logits = self.model.forward(tokens, seq.pos, self.kv.rows(seq.table), want_logits=end == seq.total,
                                         on_device=True, between=between)
         seq.graph_row = None
         self.backend.synchronize()  # a chunk is done when its PP says so: GPU launches are asynchronous,
@@ -73,9 +83,9 @@ class ModelRunner:
             raise ValueError(f"grammar: {e}") from None
 
     def decode_batch(self, seqs: list[Sequence]) -> None:
-        """One decode step for every sequence in `seqs` (each in its own slot): their newest tokens
-        go through the model together, one pass over the weights; each gets its logits."""
-        logits = self.decode_logits([s.generated[-1] for s in seqs], [s.slot for s in seqs],
+        """One decode step for every sequence in `seqs` (each with a block for its new row): their
+        newest tokens go through the model together, one pass over the weights; each gets its logits."""
+        logits = self.decode_logits([s.generated[-1] for s in seqs], [s.table for s in seqs],
                                     [s.kv_len for s in seqs])
         graph = self.decoder is not None and self.decoder.owns(logits[0])
         for i, seq in enumerate(seqs):
@@ -91,38 +101,45 @@ class ModelRunner:
             return seq.sampler.sample(seq.logits, self.backend.xp, self.draws)
         return seq.sampler.sample(seq.logits, self.backend.xp)
 
-    def decode_logits(self, tokens: list[int], slots: list[int], positions: list[int]):
-        """Logits (rows, vocab) after each row's token at its position in its slot, on the backend's
-        device: a graph replay on the GPU (valid until the next replay), else eager."""
+    def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int]):
+        """Logits (rows, vocab) after each row's token at its position, its rows in the blocks of its
+        table, on the backend's device: a graph replay on the GPU (valid until the next replay), else eager."""
         if self.decoder is not None:
             try:
-                return self.decoder.decode(tokens, slots, positions)
+                return self.decoder.decode(tokens, tables, positions)
             except Exception as e:  # a capture the driver refuses: decode eagerly from now on
                 print(f"strata: CUDA graph decode unavailable ({type(e).__name__}: {e}); decoding eagerly",
                       file=sys.stderr, flush=True)
                 self.decoder = None
-        return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), slots, positions, self.kv)
+        return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv)
+
+    def set_aside(self, seq: Sequence) -> None:
+        """A request leaves the running set (paused for memory) with logits still to draw from: they
+        get a copy of their own, since a decode graph's output buffer is overwritten by the next replay."""
+        if seq.graph_row is not None and seq.logits is not None:
+            seq.logits, seq.graph_row = seq.logits.copy(), None
 
     def snapshot_nbytes(self, seq: Sequence) -> int:
         return self.kv.snapshot_nbytes(seq.pos)
 
     def park(self, seq: Sequence) -> None:
-        """A read parks in place: its rows stay in its slot, nothing is copied."""
+        """A read parks in place: its rows stay in its blocks, nothing is copied."""
 
     def spill(self, seq: Sequence) -> KVSnapshot:
-        """A parked read's rows copied out of its slot into host memory (the slot is then free)."""
-        snap = self.kv.snapshot(seq.slot, seq.pos)
+        """A request's rows [0, kv_len) copied out of its blocks into host memory (the loop then
+        gives the blocks back)."""
+        snap = self.kv.snapshot(seq.table, seq.kv_len)
         self.backend.synchronize()
         return snap
 
     def restore(self, seq: Sequence, snap: KVSnapshot) -> None:
-        """Rows spilled by `spill` copied back into the sequence's (new) slot."""
-        self.kv.restore(seq.slot, snap)
+        """Rows spilled by `spill` copied back into the sequence's (new) blocks."""
+        self.kv.restore(seq.table, snap)
         self.backend.synchronize()  # so that the park's reported cost includes the copy back
 
     def fingerprint(self, seq: Sequence) -> str:
         h = hashlib.blake2b(digest_size=16)
-        h.update(self.kv.digest(seq.slot, seq.kv_len))
+        h.update(self.kv.digest(seq.table, seq.kv_len))
         h.update(seq.kv_len.to_bytes(8, "little"))
         h.update(seq.sampler.state_digest())
         return h.hexdigest()

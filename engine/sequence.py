@@ -18,13 +18,15 @@ class Sequence:
     fingerprints: bool = False
     drawn: int = 0  # tokens generated before an engine restart; the prompt ends with them
     pos: int = 0  # prompt tokens read so far (KV rows filled)
-    slot: int | None = None  # the KV slot holding its rows (None while spilled to host memory)
-    cached: int = 0  # prompt tokens whose rows a kept conversation already held (not read again)
+    table: list[int] = field(default_factory=list)  # its KV blocks in position order (empty while in host memory)
+    cached: int = 0  # prompt tokens whose rows the prefix cache already held (not read again)
     generated: list[int] = field(default_factory=list)
     logits: np.ndarray | None = None  # (vocab,) of the last position read, until sampled
     graph_row: int | None = None  # the logits are this row of the latest decode graph replay's
     yield_wanted: bool = False  # a boundary offer: park at the next chunk boundary if the gates pass
-    parked: bool = False  # parked at a chunk boundary: its rows stay in its slot until spilled
+    parked: bool = False  # parked at a chunk boundary: its rows stay in its blocks until moved out
+    paused: bool = False  # moved to host memory under memory pressure; brought back first
+    unstepped: bool = False  # its newest token is drawn but not yet through the model (logits are stale)
     parked_seq: int = 0  # when it parked (a counter): the longest parked spills first
     parks: int = 0
     park_ms: float = 0.0  # time spent copying snapshots out and back in
@@ -45,7 +47,7 @@ class Sequence:
 
     @property
     def decoding(self) -> bool:
-        return not self.reading and self.finish is None
+        return not self.reading and self.finish is None and not self.paused
 
     @property
     def kv_len(self) -> int:

@@ -9,7 +9,7 @@ from engine.backend import select_backend
 from engine.cli import EngineConfig
 from engine.gguf_model import ModelLoadError, load_model
 from engine.loop import run_loop
-from engine.memory import MIN_SLOT_CTX, plan_context
+from engine.memory import plan_context
 from engine.model_path import ModelNotFound, resolve_model_path
 from engine.prefill import ParkPolicy
 from engine.runner import ModelRunner
@@ -31,17 +31,16 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     cfg, weights, reader = load_model(str(path), backend, keep_blocks=config.weights == "quantized")
     tokenizer = GGUFTokenizer(reader)
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
-                        config.policy.budget_bytes if config.snapshot_budget_given else None, config.slots)
-    if plan.slots < config.slots:
-        log(f"{config.slots} slots do not fit with at least {MIN_SLOT_CTX} tokens each: using {plan.slots}")
+                        config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
+                        config.kv_tokens)
     runner = ModelRunner(cfg, weights, backend, plan.ctx, config.chunk,
                          tokenizer.end_ids, str(path), plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32"},
-                         config.cuda_graphs, plan.slots)
+                         config.cuda_graphs, config.max_running, plan.blocks, plan.block)
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     runner.warm_up()
-    log(f"loaded {cfg.name} ({cfg.n_layers} layers, {plan.slots} slots of ctx {plan.ctx}, KV cache "
-        f"{plan.kv_bytes / 2**30:.2f} GiB, "
+    log(f"loaded {cfg.name} ({cfg.n_layers} layers, KV pool of {plan.tokens} tokens in blocks of {plan.block} "
+        f"({plan.kv_bytes / 2**30:.2f} GiB), up to {plan.ctx} tokens a request, "
         f"park snapshots up to {plan.snapshot_bytes / 2**30:.2f} GiB) in {time.monotonic() - started:.1f}s")
     return runner, tokenizer, policy
 

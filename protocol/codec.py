@@ -3,7 +3,7 @@
 Grammar (one message per line, verb first, single spaces, optional trailing ` id=N`):
   GEN <max_new> [k=v ...] <tok,tok,...>     STOP   YIELD   RESUME   CANCEL   QUIT
   INFO [k=v ...]   READY <ctx> [cap ...]   PP <done> <total> <ms> <tok/s>   T <token>
-  SUSPENDED <done> <total>   DECLINE <reason> <done> <total>   FP <stage> <pos> <hex>
+  SUSPENDED <done> <total>   DECLINE <reason> <done> <total>   DEFER <reason>   FP <stage> <pos> <hex>
   DONE <generated> <prompt_tokens> <prompt_ms> <decode_ms> <finish> [k=v ...]   ERR <text>
 Free text is backslash-escaped so that it never holds a newline: INFO and DONE values also escape
 space and `=`; ERR text keeps them, except a text without an id that would read as an id suffix.
@@ -155,6 +155,7 @@ _ENCODERS = {
     m.T: lambda t: f"T {t.token}",
     m.Suspended: lambda s: f"SUSPENDED {s.done} {s.total}",
     m.Decline: lambda d: f"DECLINE {d.reason} {d.done} {d.total}",
+    m.Defer: lambda d: f"DEFER {d.reason}",
     m.FP: lambda f: f"FP {f.stage} {f.pos} {f.digest}",
     m.Done: lambda d: " ".join(
         ["DONE", str(d.generated), str(d.prompt_tokens), format_number(d.prompt_ms),
@@ -263,6 +264,8 @@ _DECODERS = {
                                           parse_int(p[1], "total"), i),
     "DECLINE": lambda p, i: m.Decline(parse_word(_fields(p, 3, "DECLINE")[0], "reason"),
                                       parse_int(p[1], "done"), parse_int(p[2], "total"), i),
+    "DEFER": lambda p, i: m.Defer(parse_word(_fields(p, 1, "DEFER")[0], "reason", m.DEFER_REASONS),
+                                  _needs_id("DEFER", i)),
     "FP": _fp,
     "DONE": _done,
 }

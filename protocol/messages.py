@@ -1,7 +1,7 @@
 """One frozen dataclass per line type of the engine protocol.
 
 Server -> engine: Gen, Stop, Yield, Resume, Cancel, Quit.
-Engine -> server: Info, Ready, PP, T, Suspended, Decline, FP, Done, Err.
+Engine -> server: Info, Ready, PP, T, Suspended, Decline, Defer, FP, Done, Err.
 `id` is None for a line without the ` id=N` suffix.
 """
 from __future__ import annotations
@@ -110,6 +110,18 @@ class Decline:
 
 
 @dataclass(frozen=True)
+class Defer:
+    """A GEN or RESUME the engine did not take now (`memory`: its blocks cannot be had yet; `busy`:
+    the engine's cap on running requests): the request stays queued (or parked), nothing is lost."""
+
+    reason: str
+    id: int | None = None
+
+
+DEFER_REASONS = ("memory", "busy")
+
+
+@dataclass(frozen=True)
 class FP:
     """State fingerprint: a hash of everything the rest of the request reads."""
 
@@ -136,4 +148,5 @@ class Err:
     id: int | None = None
 
 
-Message = Gen | Stop | Yield | Resume | Cancel | Quit | Info | Ready | PP | T | Suspended | Decline | FP | Done | Err
+Message = (Gen | Stop | Yield | Resume | Cancel | Quit | Info | Ready | PP | T | Suspended | Decline | Defer | FP | Done
+           | Err)

@@ -2,9 +2,11 @@
 
 Same lines as `strata --serve`, no weights: prompt chunks and decode steps (of one request or a
 batch of them) take configurable time, output is the prompt echoed back or a scripted token list,
-and faults can be injected. With --slots N, N requests are in the engine at once, as in strata.
+and faults can be injected. With --max-running N, up to N requests are in the engine at once, as in
+strata, over a pool of --kv-tokens in blocks of --kv-block (bookkeeping only: memory pressure,
+the prefix cache, DEFER and pauses behave as in strata).
 
-    python -m protocol.mock_engine [--slots 1] [--no-prompt-reuse] [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
+    python -m protocol.mock_engine [--max-running 1] [--kv-tokens T] [--kv-block B] [--no-prompt-reuse] [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
         [--layers 1] [--decode-interval-ms 50] [--script 1,2,3] [--no-prefill-preempt] [--die-at-chunk K] [--die-at-gen K]
         [--die-after-tokens K] [--die-while-parked] [--poison-token T] [--faults-once PATH]
         [--malformed-at-chunk K] [--fail-snapshot] [--no-preempt-cap] [--start-delay S]
@@ -23,7 +25,8 @@ import time
 
 import numpy as np
 
-from engine.cli import add_preempt_args, add_slots_arg, policy_from_args
+from engine.blocks import BlockPool
+from engine.cli import add_preempt_args, add_slots_arg, default_block, policy_from_args
 from engine.loop import EngineLoop, Writer, engine_caps
 from engine.prefill import chunk_end
 from engine.sequence import Sequence
@@ -36,7 +39,11 @@ class FakeRunner:
 
     def __init__(self, a: argparse.Namespace, write_raw):
         self.a, self.write_raw = a, write_raw
-        self.ctx, self.chunk, self.vocab_size, self.slots, self.layers = a.ctx, a.chunk, a.vocab, a.slots, a.layers
+        self.ctx, self.chunk, self.vocab_size, self.layers = a.ctx, a.chunk, a.vocab, a.layers
+        self.max_running, self.max_batch = a.max_running, 64
+        block = a.kv_block or default_block(a.chunk)
+        self.pool = BlockPool(-(-(a.kv_tokens or a.ctx * max(4, a.max_running)) // block), block)
+        self.ctx = min(self.ctx, self.pool.total * block)  # one request always fits the pool, as in strata
         self.eos_ids = frozenset({a.eos})
         self.script = tuple(int(t) for t in a.script.split(",")) if a.script else None
         self.chunks_read = self.gens_started = self.tokens_written = 0
@@ -46,7 +53,9 @@ class FakeRunner:
 
     def info(self) -> dict[str, str]:
         return {"model": "mock", "ctx": str(self.ctx), "chunk": str(self.chunk), "device": "none",
-                "slots": str(self.slots), "version": "mock"}
+                "max_running": str(self.max_running), "kv_blocks": str(self.pool.total),
+                "kv_block": str(self.pool.size), "kv_block_bytes": str(self.pool.size * self.a.bytes_per_token),
+                "version": "mock"}
 
     def die(self, once: bool = True) -> None:
         """Exit like a crash. With --faults-once PATH, a one-shot fault fires in the first process
@@ -109,12 +118,16 @@ class FakeRunner:
         return seq.pos * self.a.bytes_per_token
 
     def spill(self, seq: Sequence):
-        if self.a.fail_snapshot:
+        if self.a.fail_snapshot and seq.parked:
             raise MemoryError("injected: snapshot allocation failed")
-        return seq.pos
+        return seq.kv_len, len(seq.table)
 
     def restore(self, seq: Sequence, snapshot) -> None:
-        assert snapshot == seq.pos
+        rows, blocks = snapshot
+        assert rows == seq.kv_len and len(seq.table) >= blocks, (snapshot, seq.kv_len, seq.table)
+
+    def set_aside(self, seq: Sequence) -> None:
+        pass
 
     def park(self, seq: Sequence) -> None:
         if self.a.die_while_parked:
@@ -139,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eos", type=int, default=2)
     p.add_argument("--script", help="comma-separated token ids to emit, cycled (default: echo the prompt)")
     p.add_argument("--bytes-per-token", type=int, default=1024, help="simulated snapshot size")
+    p.add_argument("--kv-tokens", type=int, help="the simulated KV pool in tokens (default: ctx x max(4, max-running))")
     f = p.add_argument_group("faults")
     f.add_argument("--die-at-chunk", type=int, default=0, help="exit during the K-th prompt chunk read")
     f.add_argument("--die-at-gen", type=int, default=0, help="exit on taking the K-th request, before any line")
@@ -154,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--start-delay", type=float, default=0.0, help="seconds before INFO/READY")
     add_slots_arg(p)
     add_preempt_args(p)
-    p.set_defaults(prefill_preempt_min_tokens=0, slots=1)
+    p.set_defaults(prefill_preempt_min_tokens=0, max_running=1)
     return p
 
 

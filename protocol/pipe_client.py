@@ -27,7 +27,11 @@ class EnginePipe:
     def read(self) -> m.Message:
         line = self.proc.stdout.readline()
         if not line:
-            raise EOFError(f"engine closed stdout (exit {self.proc.poll()}):\n{''.join(self.stderr[-20:])}")
+            try:
+                self.proc.wait(10)  # its last words reach stderr before it is gone
+            except subprocess.TimeoutExpired:
+                pass
+            raise EOFError(f"engine closed stdout (exit {self.proc.poll()}):\n{''.join(self.stderr[-60:])}")
         self.lines.append(line.rstrip("\n"))
         return decode(line)
 

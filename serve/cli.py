@@ -42,11 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="deepseek",
                    help="a thinking model's <think>...</think> text (Qwen3, QwQ, DeepSeek-R1): deepseek = returned "
                         "as reasoning_content beside content (as llama.cpp's option of that name), none = left inline")
-    p.add_argument("--slots", type=int, help="requests in the engine at once, decoded as one batch (forwarded to "
-                                             "the default engine; default: the engine's, 4)")
+    p.add_argument("--max-running", "--slots", dest="max_running", type=int,
+                   help="requests in the engine at once, decoded as one batch; KV memory is the real limit "
+                        "(forwarded to the default engine; default: the engine's, 256; --slots is the old name)")
+    p.add_argument("--kv-tokens", type=int, help="the KV pool shared by all requests, in tokens (forwarded; default: "
+                                                 "on the GPU what the weights leave, on the CPU 4 contexts)")
+    p.add_argument("--kv-block", type=int, help="positions per KV block (forwarded; default 64)")
     p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,
-                   help="a slot keeps its last conversation so that the next turn reads only what is new "
-                        "(forwarded to the default engine; default: on)")
+                   help="the prefix cache: a prompt that starts as an earlier or running request's reads only "
+                        "the rest (forwarded to the default engine; default: on)")
     p.add_argument("--decode-interval-ms", type=float,
                    help="while a long prompt is read, decoding requests get a step about this often (forwarded to "
                         "the default engine; default: the engine's, 50)")
@@ -74,7 +78,8 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         ctx=a.ctx, chunk=a.chunk, device=a.device, weights=a.weights, preempt=preempt, keepalive_s=a.keepalive_s,
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts,
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
-        reasoning_format=a.reasoning_format, slots=a.slots, prompt_reuse=a.prompt_reuse,
+        reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
+        kv_block=a.kv_block, prompt_reuse=a.prompt_reuse,
         decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts))
 
 

@@ -46,7 +46,9 @@ class ServerSettings:
     shutdown_grace_s: float = 5.0  # on SIGINT/SIGTERM the running request may finish within this
     shutdown_timeout_s: float = 10.0  # then the engine gets this long to exit after QUIT
     reasoning_format: str = "deepseek"  # a thinking model's <think> text: reasoning_content, or "none": inline
-    slots: int | None = None  # forwarded to the default engine; None = the engine's default
+    max_running: int | None = None  # forwarded to the default engine; None = the engine's default
+    kv_tokens: int | None = None  # forwarded to the default engine: its KV pool in tokens
+    kv_block: int | None = None  # forwarded to the default engine: positions per KV block
     prompt_reuse: bool = True  # forwarded to the default engine
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
@@ -62,8 +64,8 @@ class ServerSettings:
             raise ValueError("--shutdown-grace-s must be >= 0")
         if self.preempt.max_wait_s < 0 or self.preempt.aged_s < 0:
             raise ValueError("--prefill-preempt-max-wait-s and --prefill-preempt-aged-s must be >= 0")
-        if self.slots is not None and self.slots < 1:
-            raise ValueError(f"--slots must be >= 1, got {self.slots}")
+        if self.max_running is not None and self.max_running < 1:
+            raise ValueError(f"--max-running must be >= 1, got {self.max_running}")
         if self.decode_interval_ms is not None and self.decode_interval_ms < 0:
             raise ValueError(f"--decode-interval-ms must be >= 0, got {self.decode_interval_ms}")
         if self.reasoning_format not in REASONING_FORMATS:
@@ -80,7 +82,9 @@ class ServerSettings:
         cmd += ["--ctx", str(self.ctx)] if self.ctx else []
         cmd += ["--chunk", str(self.chunk)] if self.chunk else []
         cmd += ["--weights", self.weights] if self.weights else []
-        cmd += ["--slots", str(self.slots)] if self.slots else []
+        cmd += ["--max-running", str(self.max_running)] if self.max_running else []
+        cmd += ["--kv-tokens", str(self.kv_tokens)] if self.kv_tokens else []
+        cmd += ["--kv-block", str(self.kv_block)] if self.kv_block else []
         cmd += [] if self.prompt_reuse else ["--no-prompt-reuse"]
         cmd += [] if self.decode_interval_ms is None else ["--decode-interval-ms", f"{self.decode_interval_ms:g}"]
         return cmd + self.preempt.engine_args()

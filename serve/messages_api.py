@@ -20,6 +20,18 @@ from serve.reasoning import CONTENT, REASONING
 from serve.running import build_request, collect, events, until_disconnect
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+# a line a well-known coding agent puts at the top of its system prompt, different in every request
+# (`x-anthropic-billing-header: cc_version=...; cch=...;`): left in, it would defeat the prefix cache
+VOLATILE_PREFIXES = ("x-anthropic-billing-header:",)
+
+
+def stable_system(text: str) -> str:
+    """The system prompt without the lines that change from request to request and mean nothing to
+    the model, so that an agent's requests share their long prefix in the engine's cache."""
+    if not text.lstrip().lower().startswith(VOLATILE_PREFIXES):
+        return text
+    lines = text.splitlines(keepends=True)
+    return "".join(line for line in lines if not line.lstrip().lower().startswith(VOLATILE_PREFIXES))
 
 
 def chat_request(body: schema.CountTokensRequest) -> oai.ChatCompletionRequest:
@@ -28,8 +40,10 @@ def chat_request(body: schema.CountTokensRequest) -> oai.ChatCompletionRequest:
     blocks of earlier turns are not replayed."""
     messages: list[dict] = []
     if body.system:
-        system = body.system if isinstance(body.system, str) else "".join(b.text for b in body.system)
-        messages.append({"role": "system", "content": system})
+        blocks = [body.system] if isinstance(body.system, str) else [b.text for b in body.system]
+        system = "".join(stable_system(text) for text in blocks)
+        if system:
+            messages.append({"role": "system", "content": system})
     for turn in body.messages:
         blocks = turn.blocks()
         text = "".join(b.text for b in blocks if isinstance(b, schema.TextBlock))

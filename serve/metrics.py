@@ -23,16 +23,23 @@ class Metrics:
         self.declined = Counter("strata_prefill_park_declined", "Boundary offers the engine declined, by gate",
                                 ["reason"], registry=r)
         self.parked = Gauge("strata_parked_requests", "Requests parked in the engine", registry=r)
-        self.running = Gauge("strata_running_requests", "Requests in the engine's slots, reading or decoding",
-                             registry=r)
-        self.slots = Gauge("strata_slots", "The engine's slots by state: reading, decoding, parked (a parked "
-                           "read keeps its slot until a newcomer needs it) and free", ["state"], registry=r)
-        self.reuse_lookups = Counter("strata_prompt_reuse_lookups", "Requests that looked for a kept conversation "
-                                     "in the engine's slots", registry=r)
-        self.reuse_hits = Counter("strata_prompt_reuse_hits", "Requests that found their prompt's start kept",
+        self.running = Gauge("strata_running_requests", "Requests in the engine by state: reading, decoding, "
+                             "paused (moved to host memory for memory)", ["state"], registry=r)
+        self.kv_blocks = Gauge("strata_kv_blocks", "The engine's KV pool in blocks: total, used (held by requests), "
+                               "cached (prefix cache, held or not), free (never cached or evicted)", ["state"],
+                               registry=r)
+        self.kv_bytes_per_token = Gauge("strata_kv_bytes_per_token", "KV bytes one token holds (all layers)",
+                                        registry=r)
+        self.waiting_for_memory = Gauge("strata_waiting_for_memory", "1 while the engine has deferred a request "
+                                        "for memory and none has ended since", registry=r)
+        self.deferred = Counter("strata_deferred", "GEN or RESUME lines the engine deferred, by reason", ["reason"],
+                                registry=r)
+        self.reuse_lookups = Counter("strata_prompt_reuse_lookups", "Requests that looked in the prefix cache",
+                                     registry=r)
+        self.reuse_hits = Counter("strata_prompt_reuse_hits", "Requests that found their prompt's start cached",
                                   registry=r)
-        self.reused_tokens = Counter("strata_prompt_reused_tokens", "Prompt tokens not read again thanks to a "
-                                     "kept conversation", registry=r)
+        self.reused_tokens = Counter("strata_prompt_reused_tokens", "Prompt tokens not read again thanks to the "
+                                     "prefix cache", registry=r)
         self.park_duration = Histogram("strata_park_duration_seconds", "Time from SUSPENDED to RESUME",
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.engine_restarts = Counter("strata_engine_restarts", "Engine processes restarted after dying", registry=r)
@@ -46,13 +53,16 @@ class Metrics:
         """The queue and park gauges are read from the scheduler's state at scrape time."""
         self.queued.set_function(lambda: len(scheduler.waiting))
         self.parked.set_function(lambda: len(scheduler.parked))
-        self.running.set_function(lambda: len(scheduler.running))
-        count = lambda reading: sum(r.reading == reading for r in scheduler.running)  # noqa: E731
-        self.slots.labels("reading").set_function(lambda: count(True))
-        self.slots.labels("decoding").set_function(lambda: count(False))
-        in_slots = lambda: sum(r.slot is not None and r.slot >= 0 for r in scheduler.parked)  # noqa: E731
-        self.slots.labels("parked").set_function(in_slots)  # the others are in host memory (INFO slot=-1)
-        self.slots.labels("free").set_function(lambda: max(0, scheduler.slots - len(scheduler.running) - in_slots()))
+        count = lambda state: sum((r.paused and state == "paused") or  # noqa: E731
+                                  (not r.paused and r.reading == (state == "reading") and state != "paused")
+                                  for r in scheduler.running)
+        for state in ("reading", "decoding", "paused"):
+            self.running.labels(state).set_function(lambda state=state: count(state))
+        kv = lambda key: scheduler.kv_status().get(key, 0)  # noqa: E731
+        for state, key in (("total", "kv_blocks"), ("used", "used"), ("cached", "cached"), ("free", "free")):
+            self.kv_blocks.labels(state).set_function(lambda key=key: kv(key))
+        self.kv_bytes_per_token.set_function(lambda: kv("bytes_per_token"))
+        self.waiting_for_memory.set_function(lambda: int(scheduler.memory_full))
 
     def observe_prompt_reuse(self, cached: int) -> None:
         self.reuse_lookups.inc()

@@ -14,7 +14,7 @@ _ids = itertools.count(1)
 
 class Phase(str, Enum):
     QUEUED = "queued"
-    RUNNING = "running"  # in an engine slot: reading its prompt or decoding
+    RUNNING = "running"  # in the engine: reading its prompt or decoding
     PARKED = "parked"  # its read is suspended at a chunk boundary inside the engine
     DONE = "done"
 
@@ -48,8 +48,10 @@ class Request:
     parked_at: float | None = None
     first_parked_at: float | None = None  # its postponement is bounded from here (max_wait_s)
     lined_at: float = 0.0  # when it last went into the engine (GEN or RESUME): its age behind the front read
-    slot: int | None = None  # the engine's slot holding it (INFO slot=N)
-    cached: int = 0  # prompt tokens a slot's kept conversation saved it from reading
+    in_host: bool = False  # the engine moved its rows to host memory (a parked read, or paused for memory)
+    paused: bool = False  # paused by the engine for memory (INFO paused=1): it comes back first
+    resuming: bool = False  # its latest grant was a RESUME (a DEFER puts it back among the parked)
+    cached: int = 0  # prompt tokens the prefix cache saved it from reading
     parked_s: float = 0.0
     protected: bool = False  # resumed by the max-wait rule: no more boundary offers
     yielded_to: set[int] = field(default_factory=set)  # while parked: the requests it made way for (ids)
@@ -70,7 +72,8 @@ class Request:
 
     def requeue(self) -> None:
         """Back to the queue after an engine death; what the client has received stays."""
-        self.phase, self.prompt_done, self.protected, self.slot, self.cached = Phase.QUEUED, 0, False, None, 0
+        self.phase, self.prompt_done, self.protected, self.cached = Phase.QUEUED, 0, False, 0
+        self.in_host = self.paused = self.resuming = False
         self.yielded_to = set()
 
     @property

@@ -1,14 +1,16 @@
-"""The queue and the engine's slots.
+"""The queue, and admission into the engine.
 
-The engine takes up to `slots` requests at once (INFO slots=N; one for an engine without slots):
-their decode steps run as one batch, their prompt reads one chunk at a time in the order they went
-in (the read in front reads). Waiters are served by class (`priority`, lower first), then arrival.
+The engine takes up to `max_running` requests at once (INFO max_running=N; one for an engine that
+does not say), as far as its pool of KV blocks allows: a GEN whose first chunk's blocks cannot be
+had is answered DEFER memory, and the request waits in the queue, its place kept, until a request
+ends and frees blocks (no GEN is sent meanwhile). Their decode steps run as one batch, their prompt
+reads one chunk at a time in the order they went in (the read in front reads). Waiters are served by class (`priority`, lower first), then arrival.
 Preemption off: reads run in that order, strict FIFO.
 Preemption on: while the read in front goes on, every PP is answered with a boundary offer (YIELD
 id=N) when a later request is worth a park: a waiter in the queue or a read behind it in the
 engine, of the same or a higher class (a lower class never preempts a higher one), whose own read
 is shorter than what the front read has left, or which has waited aged_s. The parked read keeps its
-slot (the engine moves it to host memory only when a newcomer needs the slot). It resumes once the
+blocks (the engine moves it to host memory only when memory runs short). It resumes once the
 requests it made way for (the reads behind it when it parked, and every request that went in while
 it was parked) have finished and no waiter of its class or above remains, so the short request runs
 on a quiet engine; or, once it has been postponed max_wait_s, ahead of them all, and then it reads
@@ -48,6 +50,9 @@ class Scheduler:
         self.parked: list[Request] = []  # parked reads, oldest park first
         self.requests: dict[int, Request] = {}  # every request the engine may still send lines for
         self.closed = False
+        self.memory_full = False  # the engine deferred a request for memory: nothing goes in until one ends
+        self.deferred = 0  # DEFER lines seen
+        self.pool: dict[str, int] = {}  # the engine's latest pool report (INFO without an id)
         self._warned_no_cap = False
         metrics.watch_scheduler(self)
 
@@ -56,10 +61,10 @@ class Scheduler:
         return self.preempt_wanted and self.engine is not None and "preempt" in self.engine.info.caps
 
     @property
-    def slots(self) -> int:
-        """Requests the engine takes at once: its INFO slots=N (an engine without slots takes one)."""
+    def max_running(self) -> int:
+        """Requests the engine takes at once: its INFO max_running=N (an engine that does not say takes one)."""
         try:
-            return max(1, int(self.engine.info.fields.get("slots", 1))) if self.engine is not None else 1
+            return max(1, int(self.engine.info.fields.get("max_running", 1))) if self.engine is not None else 1
         except ValueError:
             return 1
 
@@ -108,7 +113,7 @@ class Scheduler:
             self._drop_waiting(req)
             self._forget(req)
         elif req.phase is Phase.RUNNING:
-            self.engine.send(m.Stop(req.id))  # it leaves its slot when DONE arrives
+            self.engine.send(m.Stop(req.id))  # its blocks go when DONE arrives
         elif req.phase is Phase.PARKED:
             self.engine.send(m.Cancel(req.id))
             self._unpark(req)
@@ -122,26 +127,57 @@ class Scheduler:
         if req is None:
             if isinstance(msg, m.Err):
                 log.error("engine error: %s", msg.message)
+            elif isinstance(msg, m.Info) and msg.id is None:
+                self._on_pool(msg)
             return
         handler = self._HANDLERS.get(type(msg))
         if handler:
             handler(self, req, msg)
-        if not req.abandoned and not isinstance(msg, m.Info):
+        if not req.abandoned and not isinstance(msg, (m.Info, m.Defer)):
             req.deliver(msg)
 
+    def _on_pool(self, msg: m.Info) -> None:
+        """The engine's pool report: blocks used / cached / free, paused requests, ..."""
+        for key, value in msg.fields.items():
+            if key.startswith("pool_"):
+                try:
+                    self.pool[key[5:]] = int(value)
+                except ValueError:
+                    pass
+
     def _on_info(self, req: Request, msg: m.Info) -> None:
-        """Where the request is in the engine (slot -1: a parked read moved to host memory) and,
-        after its GEN, the prompt tokens a kept conversation saved it."""
+        """Where the request's rows are (host=1: a parked read moved to host memory; paused=1: moved
+        out for memory) and, after its GEN, the prompt tokens the prefix cache saved it."""
+        fields = msg.fields
+        if "host" in fields:
+            req.in_host = fields["host"] == "1"
+        if "paused" in fields:
+            req.paused = req.in_host = fields["paused"] == "1"
+        if "cached" not in fields:
+            return
         try:
-            req.slot = int(msg.fields.get("slot", -1))
-            if "cached" not in msg.fields:
-                return
-            req.cached = int(msg.fields["cached"])
+            req.cached = int(fields["cached"])
         except ValueError:
             return
         self.metrics.observe_prompt_reuse(req.cached)
         if req.cached:
             req.prompt_done = req.cached
+
+    def _on_defer(self, req: Request, msg: m.Defer) -> None:
+        """The engine did not take it now: back where it was (its place kept), and no GEN or RESUME
+        goes in until a request ends (for memory; for the engine's cap, until one ends too)."""
+        self.deferred += 1
+        self.metrics.deferred.labels(msg.reason).inc()
+        self._leave(req)
+        for other in self.parked:
+            other.yielded_to.discard(req.id)
+        if req.resuming:
+            req.phase = Phase.PARKED
+            self.parked.insert(0, req)
+        else:
+            req.phase = Phase.QUEUED
+            self.waiting.append(req)
+        self.memory_full = True
 
     def _on_pp(self, req: Request, msg: m.PP) -> None:
         if req.first_chunk_at is None:  # the first chunk started msg.ms before this line
@@ -182,6 +218,7 @@ class Scheduler:
         self.metrics.declined.labels(msg.reason).inc()
 
     def _on_end(self, req: Request, msg: m.Done | m.Err) -> None:
+        self.memory_full = False  # its blocks are free: deferred requests may go in
         self._leave(req)
         self._unpark(req)
         if isinstance(msg, m.Done) and req.restarts:
@@ -191,7 +228,7 @@ class Scheduler:
         self.offer_boundary()
 
     _HANDLERS = {m.Info: _on_info, m.PP: _on_pp, m.T: _on_token, m.Suspended: _on_suspended, m.Decline: _on_decline,
-                 m.Done: _on_end, m.Err: _on_end}
+                 m.Defer: _on_defer, m.Done: _on_end, m.Err: _on_end}
 
     def on_malformed(self, line: str, error: str) -> None:
         """A line that does not parse fails the request it names (else the read in front, else the
@@ -202,13 +239,14 @@ class Scheduler:
         if req is None or req.phase is not Phase.RUNNING:
             return
         req.deliver(EngineFailure(f"the engine sent a malformed line ({error})", status=502))
-        self.abandon(req)  # STOP it; it leaves its slot at its DONE
+        self.abandon(req)  # STOP it; its blocks go at its DONE
 
     def on_engine_exit(self, reason: str) -> None:
         """What the engine held goes back to the front of the queue, to run on the restarted
         engine (dispatched when it is ready). Blamed once: the read in front if there was one (the
         engine was reading its chunk), else every decoding request (they were stepped together)."""
         self.metrics.engine_restarts.inc()
+        self.memory_full, self.pool = False, {}
         running, parked = list(self.running), list(self.parked)
         for req in (self.line[:1] if self.line else running):
             req.deaths_running += 1
@@ -263,17 +301,17 @@ class Scheduler:
             req.deliver(EngineFailure(f"the engine is unavailable: {self.engine.failure}"))
             self._forget(req)
 
-    # ------------------------------------------------------------ slots
+    # ------------------------------------------------------------ admission
 
     def dispatch(self) -> None:
-        """Fill the engine's slots: a parked read resumes once the requests it made way for have
-        finished and no waiter of its class or above is left (or, having been postponed
-        max_wait_s, ahead of them, and then reads to the end unparked); otherwise the next waiter
-        goes in. A parked read keeps its slot in the engine until a newcomer needs it (the engine
-        then moves its rows to host memory)."""
-        if self.engine is None or not self.engine.ready or self.closed:
+        """Fill the engine up to its cap while its memory allows: a parked read resumes once the
+        requests it made way for have finished and no waiter of its class or above is left (or,
+        having been postponed max_wait_s, ahead of them, and then reads to the end unparked);
+        otherwise the next waiter goes in. A parked read keeps its blocks in the engine until
+        memory runs short (the engine then moves its rows to host memory)."""
+        if self.engine is None or not self.engine.ready or self.closed or self.memory_full:
             return
-        while len(self.running) < self.slots:
+        while len(self.running) < self.max_running:
             parked = self.parked[0] if self.parked else None
             ahead = parked is not None and (any(w.priority <= parked.priority for w in self.waiting) or
                                             any(r.id in parked.yielded_to for r in self.running))
@@ -290,7 +328,7 @@ class Scheduler:
                 return
 
     def _grant(self, req: Request, msg: m.Message) -> None:
-        req.phase, req.lined_at = Phase.RUNNING, time.monotonic()
+        req.phase, req.lined_at, req.resuming = Phase.RUNNING, time.monotonic(), isinstance(msg, m.Resume)
         for parked in self.parked:
             if parked is not req:
                 parked.yielded_to.add(req.id)
@@ -364,13 +402,23 @@ class Scheduler:
             "queued": len(self.waiting),
             "phase": "idle" if head is None else ("reading" if head.reading else "decoding"),
             "prompt_progress": None if head is None else progress(head),
-            "slots": self.slots,
-            "running": [progress(r) | {"state": "reading" if r.reading else "decoding", "slot": r.slot,
+            "max_running": self.max_running,
+            "kv": self.kv_status(),
+            "running": [progress(r) | {"state": "paused" if r.paused else "reading" if r.reading else "decoding",
                                        "cached": r.cached, "priority": r.priority} for r in self.running],
             "parked_requests": len(self.parked),
-            "parked": [progress(r) | {"parks": r.parks, "parked_s": round(now - r.parked_at, 3), "slot": r.slot}
-                       for r in self.parked],
+            "parked": [progress(r) | {"parks": r.parks, "parked_s": round(now - r.parked_at, 3),
+                                      "in_host_memory": r.in_host} for r in self.parked],
+            "waiting_for_memory": self.memory_full,
             "waiting": [{"id": r.id, "prompt_tokens": len(r.prompt), "priority": r.priority,
                          "waited_s": round(now - r.arrived, 3)} for r in self.waiting],
             "preempt": self.preempt,
         }
+
+    def kv_status(self) -> dict:
+        """The engine's pool as it last reported it, with what the server knows of its requests."""
+        fields = self.engine.info.fields if self.engine is not None else {}
+        out = {k: int(fields[k]) for k in ("kv_blocks", "kv_block", "kv_block_bytes") if fields.get(k, "").isdigit()}
+        if "kv_block" in out and "kv_block_bytes" in out:
+            out["bytes_per_token"] = out["kv_block_bytes"] // max(1, out["kv_block"])
+        return out | self.pool | {"paused": sum(r.paused for r in self.running), "deferred": self.deferred}

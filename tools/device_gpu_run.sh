@@ -16,6 +16,8 @@
 # benchq   bench/engine_bench.py on it, quantized weights and --weights fp16 -> $OUT/engine_gpu.json
 # big      the Llama-3-70B shape in Q4_K_M (~45 GB, made in /tmp/m after the others are removed):
 #          load on one H200 and decode -> $OUT/engine_gpu.json
+# paged    the KV pool on the GPU, 135M shape: park/resume parity (tools/prefill_preempt_test.py), a prefix
+#          reused from another request equal to a cold read, batches equal to solo runs
 # parity   tools/prefill_preempt_test.py --device gpu on the 8B shape
 # parityq  the same on the 8B shape in Q4_K_M (with the read beside three decoders, pausing per layer)
 # hol      tools/prefill_preempt_bench.py on the 8B shape, A = 46,832 tokens, B 2 s in
@@ -42,7 +44,9 @@
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  # the wheels for this interpreter (.whl/ may hold several Python versions' builds)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    --find-links .whl $(ls .whl | sed 's/-[0-9].*//' | sort -u)
   export PYTHONPATH=/tmp/site
 fi
 mkdir -p /tmp/m /tmp/sm
@@ -97,6 +101,13 @@ for step in "$@"; do
       [ -f $M70 ] || python3 tools/make_synthetic_gguf.py $M70 --preset llama3-70b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 bench/engine_bench.py --model $M70 --device gpu --chunk 2048 --sizes 4096 --repeats 2 \
         --decode-steps 32 --decode-contexts 512 --label llama3-70b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
+    paged)  # .device/tok.gguf may be a vocabulary without a chat template (tests/fixtures/vocab/): one is given
+      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf \
+        --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
+      python3 tools/prefill_preempt_test.py --model $MS --device gpu --chunk 256 --prompt-tokens 3000 \
+        --json "$OUT/preempt_parity_gpu_135m_paged.json" 2>&1 | quiet || echo "PAGED PARITY FAILED"
+      python3 tools/paged_check.py --model $MS --device gpu --json "$OUT/paged_check_gpu.json" 2>&1 | quiet \
+        || echo "PAGED CHECK FAILED" ;;
     parity)
       python3 tools/prefill_preempt_test.py --model $M8 --device gpu --chunk 256 --prompt-tokens 3000 \
         --json "$OUT/preempt_parity_gpu_8b.json" 2>&1 | quiet ;;

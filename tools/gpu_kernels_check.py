@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 
 from engine.backend import ArrayOps, Step  # noqa: E402
+from engine.kv import DEFAULT_BLOCK  # noqa: E402
 from engine.kernels import DEQUANT, GpuKernels  # noqa: E402
 from engine.quantized import QuantMatrix, QuantPart, quantize_q8  # noqa: E402
 from make_synthetic_gguf import random_blocks, random_half  # noqa: E402
@@ -59,29 +61,54 @@ def half_normal(*shape, scale=1.0) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(np.float16)
 
 
+def paged(block: int, *seqs: np.ndarray) -> tuple:
+    """Rows (kv_heads, ctx, d) of one sequence (its K, its V) -> pools (blocks, kv_heads, block, d)
+    holding them in the same shuffled blocks (plus spare ones, zero), and the sequence's block
+    table: what engine/kv.py keeps. Returns (*pools, table)."""
+    kv_heads, ctx, d = seqs[0].shape
+    nb = -(-ctx // block)
+    table = rng.permutation(nb + 3)[:nb].astype(np.int32)
+    pools = []
+    for rows in seqs:
+        padded = np.zeros((kv_heads, nb * block, d), rows.dtype)
+        padded[:, :ctx] = rows
+        pool = np.zeros((nb + 3, kv_heads, block, d), rows.dtype)
+        pool[table] = padded.reshape(kv_heads, nb, block, d).transpose(1, 0, 2, 3)
+        pools.append(pool)
+    return (*pools, table)
+
+
+def unpaged(pool, table, ctx: int) -> np.ndarray:
+    """The inverse: a sequence's rows (kv_heads, ctx, d) from a pool (host or device) and its table."""
+    blocks = np.asarray(cp.asnumpy(pool) if isinstance(pool, cp.ndarray) else pool)[table]
+    return blocks.transpose(1, 0, 2, 3).reshape(blocks.shape[1], -1, blocks.shape[3])[:, :ctx]
+
+
+BLOCKS_CYCLE = (16, 64, 128, 32)  # block sizes the checks go through, case by case
+KV_BLOCK = int(os.environ.get("STRATA_KV_BLOCK", DEFAULT_BLOCK))  # the block size the timings use
+
+
 # ---------------------------------------------------------------- correctness
 
 def check_attention(k: GpuKernels) -> None:
     """Prompt chunks (n > 1) and single tokens (flash-decoding), including a decode grid sized for
     more keys than present, as a captured graph's bucket is."""
-    for d, heads, kv_heads, n, start, bucket in [
+    for case, (d, heads, kv_heads, n, start, bucket) in enumerate([
             (64, 9, 3, 1, 0, None), (64, 9, 3, 100, 0, None), (64, 9, 3, 77, 130, None),
             (128, 32, 8, 1, 700, None), (128, 32, 8, 257, 0, None), (128, 32, 8, 64, 64, None),
             (128, 8, 8, 33, 1000, None), (128, 16, 2, 200, 50, None), (64, 4, 4, 129, 3, None),
             (128, 32, 4, 130, 4099, None), (128, 32, 8, 1, 255, None), (128, 32, 8, 1, 256, None),
             (128, 64, 8, 1, 4999, None), (64, 9, 3, 1, 63, None), (128, 32, 8, 1, 1500, 8192),
-            (64, 9, 3, 1, 10, 1024)]:
+            (64, 9, 3, 1, 10, 1024)]):
+        block = BLOCKS_CYCLE[case % len(BLOCKS_CYCLE)]
         ctx = start + n + 13
         q = half_normal(n, heads, d)
-        kc, vc = half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d)
-        ref = REF.attention(q.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), Step(n, start))
-        step = k.step(n, start)
-        if bucket:
-            step = k.static_step(n, bucket)
-            step.set_position(start)
+        kc, vc, table = paged(block, half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d))
+        ref = REF.attention(q.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), Step(n, start, (table,)))
+        step = k.batch_step([table], [start], max_keys=bucket, block=block) if bucket else k.step(n, start, table)
         out = k.attention(cp.asarray(q), cp.asarray(kc), cp.asarray(vc), step)
-        record("attention", f"d={d} gqa={heads // kv_heads} n={n} start={start}" + (f" grid for {bucket}" if bucket else ""),
-               rel_err(out, ref), 5e-3)
+        record("attention", f"d={d} gqa={heads // kv_heads} n={n} start={start} block={block}" +
+               (f" grid for {bucket}" if bucket else ""), rel_err(out, ref), 5e-3)
 
 
 def check_norm_rope_swiglu(k: GpuKernels) -> None:
@@ -95,22 +122,29 @@ def check_norm_rope_swiglu(k: GpuKernels) -> None:
         record("add_rms_norm", f"n={n} dim={dim}", max(rel_err(out, ref), rel_err(xg, x_ref)), 2e-3)
         out = k.add_rms_norm(cp.asarray(x), None, cp.asarray(w), 1e-5)
         record("add_rms_norm", f"n={n} dim={dim} no delta", rel_err(out, REF.add_rms_norm(x.copy(), None, w, 1e-5)), 2e-3)
-    for n, heads, kv_heads, d, start, normed in [(1, 9, 3, 64, 5, False), (70, 32, 8, 128, 100, False),
-                                                 (3, 4, 4, 64, 0, False), (1, 32, 4, 128, 700, True),
-                                                 (37, 32, 8, 128, 3, True), (5, 4, 2, 64, 0, True)]:
+    for case, (n, heads, kv_heads, d, start, normed) in enumerate([
+            (1, 9, 3, 64, 5, False), (70, 32, 8, 128, 100, False), (3, 4, 4, 64, 0, False),
+            (1, 32, 4, 128, 700, True), (37, 32, 8, 128, 3, True), (5, 4, 2, 64, 0, True)]):
+        block = BLOCKS_CYCLE[case % len(BLOCKS_CYCLE)]
         ctx = start + n + 7
         qkv = half_normal(n, (heads + 2 * kv_heads) * d, scale=3.0 if normed else 1.0)
         angles = np.outer(np.arange(start + n + 5), 1.0 / (10000 ** (np.arange(d // 2) * 2 / d)))
         cos, sin = np.cos(angles).astype(np.float32)[:, None, :], np.sin(angles).astype(np.float32)[:, None, :]
         norms = tuple((1 + 0.1 * rng.standard_normal(d)).astype(np.float32) for _ in range(2)) if normed else None
-        kc, vc = np.full((kv_heads, ctx, d), np.nan, np.float32), np.full((kv_heads, ctx, d), np.nan, np.float32)
-        q_ref = REF.rope_store(qkv.astype(np.float32), cos, sin, kc, vc, Step(n, start), norms and (*norms, 1e-6))
-        kg, vg = cp.full((kv_heads, ctx, d), np.nan, cp.float16), cp.full((kv_heads, ctx, d), np.nan, cp.float16)
-        q = k.rope_store(cp.asarray(qkv), cp.asarray(cos), cp.asarray(sin), kg, vg, k.step(n, start),
+        nan = np.full((kv_heads, ctx, d), np.nan, np.float32)
+        kc, vc, table = paged(block, nan, nan)
+        kc[:], vc[:] = np.nan, np.nan
+        q_ref = REF.rope_store(qkv.astype(np.float32), cos, sin, kc, vc, Step(n, start, (table,)),
+                               norms and (*norms, 1e-6))
+        kg, vg = cp.full(kc.shape, np.nan, cp.float16), cp.full(vc.shape, np.nan, cp.float16)
+        q = k.rope_store(cp.asarray(qkv), cp.asarray(cos), cp.asarray(sin), kg, vg, k.step(n, start, table),
                          norms and (*map(cp.asarray, norms), 1e-6))
         rows = slice(start, start + n)
-        err = max(rel_err(q, q_ref), rel_err(kg[:, rows], kc[:, rows]), rel_err(vg[:, rows], vc[:, rows]))
-        untouched = bool(cp.isnan(kg[:, :start]).all() and cp.isnan(kg[:, start + n:]).all())
+        k_rows, v_rows = unpaged(kg, table, ctx), unpaged(vg, table, ctx)
+        err = max(rel_err(q, q_ref), rel_err(k_rows[:, rows], unpaged(kc, table, ctx)[:, rows]),
+                  rel_err(v_rows[:, rows], unpaged(vc, table, ctx)[:, rows]))
+        written = int((~np.isnan(np.asarray(cp.asnumpy(kg), np.float32))).sum())
+        untouched = written == n * kv_heads * d  # nothing but the new rows' K was written
         record("norm_rope_store" if normed else "rope_store", f"n={n} heads={heads}/{kv_heads} d={d} start={start}",
                err if untouched else math.inf, 2e-3)
     for n, ffn in [(1, 1536), (33, 14336), (4, 96)]:
@@ -131,8 +165,9 @@ def check_fused_q8(k: GpuKernels) -> None:
     for ffn in (1536, 14336):
         record_same("silu_mul", f"n=1 ffn={ffn}", k.silu_mul(cp.asarray(half_normal(1, 2 * ffn, scale=2.0)), q8=True))
     for d, heads, kv_heads, start in [(128, 32, 8, 700), (64, 9, 3, 40), (128, 64, 8, 3000)]:
-        kc, vc = (cp.asarray(half_normal(kv_heads, start + 5, d)) for _ in range(2))
-        row = k.attention(cp.asarray(half_normal(1, heads, d)), kc, vc, k.step(1, start), q8=True)
+        kc, vc, table = paged(64, *(half_normal(kv_heads, start + 5, d) for _ in range(2)))
+        row = k.attention(cp.asarray(half_normal(1, heads, d)), cp.asarray(kc), cp.asarray(vc), k.step(1, start, table),
+                          q8=True)
         record_same("attention", f"d={d} gqa={heads // kv_heads} n=1 start={start}", row)
 
 
@@ -316,15 +351,16 @@ def speed(k: GpuKernels) -> dict:
     for depth in (0, 14336, 63488):
         ctx = depth + n
         q = cp.asarray(half_normal(n, heads, d))
-        kc, vc = cp.asarray(half_normal(kv_heads, ctx, d)), cp.asarray(half_normal(kv_heads, ctx, d))
-        step = k.step(n, depth)
+        kc, vc, table = paged(KV_BLOCK, half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d))
+        kc, vc, step = cp.asarray(kc), cp.asarray(vc), k.step(n, depth, table)
         ms = median_ms(lambda: k.attention(q, kc, vc, step))
         flops = 4 * n * heads * d * (depth + (n + 1) / 2)  # QK^T and PV over the visible keys
         out[f"attention_chunk{n}_depth{depth}_tflops"] = round(flops / ms / 1e9, 1)
         out[f"attention_chunk{n}_depth{depth}_ms"] = round(ms, 3)
     for depth in (1024, 46832, 131071):  # one decode token: bound by reading K and V once
-        kc, vc = cp.asarray(half_normal(kv_heads, depth + 1, d)), cp.asarray(half_normal(kv_heads, depth + 1, d))
-        q, step = cp.asarray(half_normal(1, heads, d)), k.step(1, depth)
+        kc, vc, table = paged(KV_BLOCK, half_normal(kv_heads, depth + 1, d), half_normal(kv_heads, depth + 1, d))
+        kc, vc = cp.asarray(kc), cp.asarray(vc)
+        q, step = cp.asarray(half_normal(1, heads, d)), k.step(1, depth, table)
         ms = median_ms(lambda: k.attention(q, kc, vc, step))
         out[f"decode_attention_depth{depth}_us"] = round(ms * 1000, 1)
         out[f"decode_attention_depth{depth}_tb_s"] = round(2 * kv_heads * (depth + 1) * d * 2 / ms / 1e9, 2)

@@ -28,7 +28,8 @@ WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_ and embed_ kernels in quant
 # too, and fp16 weights the tensor-core mmv_f16_ kernels of mmv.cu
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
-COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_SLOTS in engine/cli.py)
+COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_BATCH in engine/runner.py)
+MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
 MMV_THREADS, MMV_TILE, MMV_MAX_ROWS = 128, 16, 16  # mmv.cu: a block's threads and weight rows; x rows a launch takes
 Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
@@ -70,6 +71,11 @@ def decode_splits(keys: int) -> int:
     return min(DECODE_MAX_SPLITS, math.ceil(keys / 64))
 
 
+def log2(block: int) -> np.int32:
+    """A KV block size's exponent (block sizes are powers of two: engine/cli.py)."""
+    return np.int32(block.bit_length() - 1)
+
+
 def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
     return (max(1, math.ceil(n / per_block)),)
 
@@ -92,8 +98,9 @@ class GpuKernels:
             self.fn |= {name: module.get_function(name) for name in kernels}
         for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
             self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
-        self._step: Step | None = None
-        self.counters = None  # flash-decoding's per-K/V-head block counters (int32, zero at rest)
+        # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
+        # with the default allocator, never in a graphs' pool: every captured graph keeps their address
+        self.counters = cp.zeros(COUNTER_SEQUENCES * MAX_COUNTER_HEADS, dtype=cp.int32)
         self.scratch = None  # fp16 values of the largest quantized matrix: a prompt chunk's GEMM operand
         self.moe = moe.MoeKernels(self)
 
@@ -115,25 +122,26 @@ class GpuKernels:
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):
         """qkv: (n, (heads + 2*kv_heads) * d) fp16; cos/sin tables: (positions, 1, d/2) fp32;
-        k_cache/v_cache: (kv_heads, ctx, d) fp16, rows start..start+n written, start read from
-        the step's device copy; for a decode batch (slots, kv_heads, ctx, d), row i at its own
-        position and slot. norms: (q_weight, k_weight, eps) to RMS-normalize each Q and K head
-        first (Qwen3), in the same kernel. Returns q (n, heads, d)."""
-        kv_heads, ctx, d = k_cache.shape[-3:]
+        k_cache/v_cache: a layer's pool (blocks, kv_heads, block, d) fp16, the rows of positions
+        start..start+n written through the step's block table (start read from the step's device
+        copy); for a decode batch, row i at its own position through its own table. norms:
+        (q_weight, k_weight, eps) to RMS-normalize each Q and K head first (Qwen3), in the same
+        kernel. Returns q (n, heads, d)."""
+        _, kv_heads, block, d = k_cache.shape
         n = qkv.shape[0]
         heads = qkv.shape[1] // d - 2 * kv_heads
         q = self.cp.empty((n, heads, d), dtype=self.cp.float16)
-        common = (qkv, q, k_cache, v_cache, cos_table, sin_table, step.pos0, step.kv_off,
+        common = (qkv, q, k_cache, v_cache, cos_table, sin_table, step.pos0, step.table, step.table_off,
                   np.int32(n if step.batch else 1))
         if norms is None:
             total = n * (heads + 2 * kv_heads) * (d // 2)
             self.fn["rope_store"](blocks(total), (THREADS,), (*common, np.int32(n), np.int32(heads),
-                                                               np.int32(kv_heads), np.int32(d), np.int32(ctx)))
+                                                               np.int32(kv_heads), np.int32(d), log2(block)))
         else:
             q_weight, k_weight, eps = norms
             self.fn["norm_rope_store"](blocks(n * (heads + 2 * kv_heads), 4), (128,),
                                        (*common, q_weight, k_weight, np.int32(n), np.int32(heads), np.int32(kv_heads),
-                                        np.int32(d), np.int32(ctx), np.float32(eps)))
+                                        np.int32(d), log2(block), np.float32(eps)))
         return q
 
     def silu_mul(self, gate_up, q8: bool = False):
@@ -159,13 +167,14 @@ class GpuKernels:
     # ------------------------------------------------------------ attention
 
     def attention(self, q, k_cache, v_cache, step: Step, q8: bool = False):
-        """q: (n, heads, d) fp16 at positions start..start+n; k_cache/v_cache: (kv_heads, ctx, d)
-        fp16 holding rows 0..start+n. Causal flash attention; returns (n, heads*d) fp16. A decode
-        step (one token, or a batch of sequences with one token each in their own slots) goes to
-        flash-decoding (the keys split across blocks; a Row8 with q8)."""
+        """q: (n, heads, d) fp16 at positions start..start+n; k_cache/v_cache: a layer's pool
+        (blocks, kv_heads, block, d) fp16, the sequence's rows 0..start+n filled (through its block
+        table). Causal flash attention; returns (n, heads*d) fp16. A decode step (one token, or a
+        batch of sequences with one token each) goes to flash-decoding (the keys split across
+        blocks; a Row8 with q8)."""
         cp = self.cp
         n, heads, d = q.shape
-        kv_heads, ctx, _ = k_cache.shape[-3:]
+        _, kv_heads, block, _ = k_cache.shape
         if d not in HEAD_DIMS:
             raise ValueError(f"head width {d} is not supported on the GPU (supported: {HEAD_DIMS})")
         if step.decode:
@@ -174,8 +183,8 @@ class GpuKernels:
         rows = n * (heads // kv_heads)
         grid = (math.ceil(rows / ATTENTION_ROWS), kv_heads, 1)
         self.fn[f"flash_attention_d{d}"](
-            grid, (128,), (q, k_cache, v_cache, out, step.q_start, step.pos0, step.kv_off, np.int32(heads),
-                           np.int32(kv_heads), np.int32(ctx), np.float32(math.log2(math.e) / math.sqrt(d))),
+            grid, (128,), (q, k_cache, v_cache, out, step.q_start, step.pos0, step.table, step.table_off,
+                           np.int32(heads), np.int32(kv_heads), log2(block), np.float32(math.log2(math.e) / math.sqrt(d))),
             shared_mem=attention_smem_bytes(d))
         return out.reshape(n, heads * d)
 
@@ -188,7 +197,7 @@ class GpuKernels:
         bits too)."""
         cp = self.cp
         seqs, heads, d = q.shape
-        kv_heads, ctx, _ = k_cache.shape[-3:]
+        _, kv_heads, block, _ = k_cache.shape
         group = heads // kv_heads
         if group > MAX_GROUP:
             raise ValueError(f"{group} query heads per K/V head (at most {MAX_GROUP} supported)")
@@ -200,45 +209,41 @@ class GpuKernels:
         part_ml = cp.empty((seqs, heads, splits, 2), dtype=cp.float32)
         out = cp.empty((seqs, heads, d), dtype=cp.float16)
         units = cp.empty((seqs * heads * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
-        if self.counters is None:  # zero; each launch leaves them zero. Allocated once, for the most
-            # sequences a batch may hold: captured graphs keep its address, so it must never move
-            self.counters = cp.zeros(COUNTER_SEQUENCES * blocks_y, dtype=cp.int32)
         if self.counters.size < seqs * blocks_y:
             raise ValueError(f"a decode batch of {seqs} sequences exceeds the {COUNTER_SEQUENCES} the kernels hold")
         self.fn[f"flash_decode_d{d}_g{group}"](
             (splits, blocks_y, seqs), (DECODE_THREADS,),
-            (q, k_cache, v_cache, part_o, part_ml, out, units if q8 else NULL, self.counters, step.pos0, step.kv_off,
-             np.int32(blocks_y), np.int32(kv_div), np.int32(ctx), np.float32(math.log2(math.e) / math.sqrt(d))))
+            (q, k_cache, v_cache, part_o, part_ml, out, units if q8 else NULL, self.counters, step.pos0, step.table,
+             step.table_off, np.int32(blocks_y), np.int32(kv_div), log2(block),
+             np.float32(math.log2(math.e) / math.sqrt(d))))
         out = out.reshape(seqs, heads * d)
         return Row8(out, units) if q8 else out
 
-    def step(self, n: int, start: int) -> Step:
-        """The kernels' description of one sequence's n tokens at `start`; every layer of a
-        forward reuses it (one small copy to the device per forward)."""
-        if self._step is None or self._step.batch or (self._step.n, self._step.start) != (n, start):
-            self._step = self.device_step(n, start)
-        return self._step
+    def step(self, n: int, start: int, table=None) -> Step:
+        """The kernels' description of one sequence's n tokens at `start`, its rows through `table`
+        (its block table); every layer of a forward reuses it (one small copy to the device per
+        forward)."""
+        table = np.asarray(table if table is not None else [0], dtype=np.int32)
+        return self.device_step(n, start, table)
 
-    def batch_step(self, slots: tuple[int, ...], positions: tuple[int, ...], stride: int,
-                   max_keys: int | None = None) -> Step:
-        """A decode batch: row i is the next token of the sequence in KV slot slots[i] (slots are
-        `stride` elements apart in a layer's rows), at positions[i]. With max_keys, a graph's step
-        whose rows are set in place (Step.set_rows) before each replay."""
-        cp, n = self.cp, len(slots)
-        step = Step(n, -1, tuple(slots), tuple(positions), q_start=cp.arange(n + 1, dtype=cp.int32),
-                    pos0=cp.empty(n, dtype=cp.int32), kv_off=cp.empty(n, dtype=cp.int64), max_keys=max_keys)
-        step.set_rows(slots, positions, stride)
+    def batch_step(self, tables, positions: tuple[int, ...], max_keys: int | None = None,
+                   block: int | None = None) -> Step:
+        """A decode batch: row i is the next token of the sequence whose block table is tables[i],
+        at positions[i]. With max_keys (and the pool's block size), a graph's step whose rows are
+        set in place (Step.set_rows) before each replay: each table gets max_keys / block entries."""
+        cp, n = self.cp, len(tables)
+        width = -(-max_keys // block) if max_keys is not None else max(len(t) for t in tables)
+        step = Step(n, -1, tuple(tables), tuple(positions), q_start=cp.arange(n + 1, dtype=cp.int32),
+                    pos0=cp.empty(n, dtype=cp.int32), table=cp.empty(n * width, dtype=cp.int32),
+                    table_off=cp.arange(0, n * width, width, dtype=cp.int32), max_keys=max_keys)
+        step.set_rows(tables, positions)
         return step
 
-    def static_step(self, n: int, max_keys: int) -> Step:
-        """A one-sequence step whose position is set in place (Step.set_position) before each replay."""
-        return self.device_step(n, 0, max_keys)
-
-    def device_step(self, n: int, start: int, max_keys: int | None = None) -> Step:
+    def device_step(self, n: int, start: int, table: np.ndarray, max_keys: int | None = None) -> Step:
         cp = self.cp
-        return Step(n, start, q_start=cp.asarray(np.array([0, n], dtype=np.int32)),
-                    pos0=cp.asarray(np.array([start], dtype=np.int32)), kv_off=cp.zeros(1, dtype=cp.int64),
-                    max_keys=max_keys)
+        return Step(n, start, (table,), q_start=cp.asarray(np.array([0, n], dtype=np.int32)),
+                    pos0=cp.asarray(np.array([start], dtype=np.int32)), table=cp.asarray(table),
+                    table_off=cp.zeros(1, dtype=cp.int32), max_keys=max_keys)
 
     # ------------------------------------------------------------ weights: rows, blocks
 

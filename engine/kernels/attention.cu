@@ -17,6 +17,7 @@
 #include <cuda_fp16.h>
 
 #include "mma.cuh"
+#include "paged.cuh"
 #include "q8.cuh"
 
 constexpr int WARPS = 4;
@@ -33,27 +34,29 @@ struct Tiles {  // dynamic shared memory: two stages of (K tile, V tile), each B
     static constexpr int BYTES = 2 * 2 * TILE * 2;
 };
 
-// Keys/values k0..k0+BC-1 of one head into a stage, asynchronously; rows past key_end are zeros.
+// Keys/values k0..k0+BC-1 of K/V head kvh into a stage, asynchronously, each row through the
+// sequence's block table tbl (paged.cuh); rows past key_end are zeros.
 template <int D>
-__device__ __forceinline__ void load_kv_tile(__half* ks, __half* vs, const __half* kb, const __half* vb, int k0,
+__device__ __forceinline__ void load_kv_tile(__half* ks, __half* vs, const __half* k, const __half* v,
+                                             const int* tbl, int kvh, int kv_heads, int block_log2, int k0,
                                              int key_end) {
     for (int c = threadIdx.x; c < BC * D / 8; c += WARPS * 32) {
         const int r = c / (D / 8), col = (c % (D / 8)) * 8;
         const bool ok = k0 + r < key_end;
-        const size_t off = ok ? (size_t)(k0 + r) * D + col : 0;
-        cp_async16(ks + r * Tiles<D>::ROW + col, kb + off, ok);
-        cp_async16(vs + r * Tiles<D>::ROW + col, vb + off, ok);
+        const size_t off = ok ? kv_row(tbl, k0 + r, kvh, kv_heads, block_log2, D) + col : 0;
+        cp_async16(ks + r * Tiles<D>::ROW + col, k + off, ok);
+        cp_async16(vs + r * Tiles<D>::ROW + col, v + off, ok);
     }
 }
 
-// q, out: (tokens, heads, D) fp16; k, v: this layer's cache, sequence s at k + kv_off[s]:
-// (kv_heads, ctx, D) fp16. scale_log2 = log2(e) / sqrt(D). Dynamic shared memory: Tiles<D>::BYTES.
+// q, out: (tokens, heads, D) fp16; k, v: this layer's pool of KV blocks (paged.cuh), sequence s's
+// block table at table + table_off[s]. scale_log2 = log2(e) / sqrt(D). Dynamic shared memory: Tiles<D>::BYTES.
 template <int D>
 __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, const __half* __restrict__ k,
                                                 const __half* __restrict__ v, __half* __restrict__ out,
                                                 const int* __restrict__ q_start, const int* __restrict__ pos0,
-                                                const long long* __restrict__ kv_off, int heads, int kv_heads,
-                                                int ctx, float scale_log2) {
+                                                const int* __restrict__ table, const int* __restrict__ table_off,
+                                                int heads, int kv_heads, int block_log2, float scale_log2) {
     extern __shared__ __align__(16) __half smem[];
     constexpr int ROW = Tiles<D>::ROW, TILE = Tiles<D>::TILE;
 
@@ -62,8 +65,7 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
     const int row0 = (gridDim.x - 1 - blockIdx.x) * BR;  // heaviest (latest) tiles first
     if (row0 >= rows) return;
     const int p0 = pos0[s];
-    const __half* kb = k + kv_off[s] + (size_t)kvh * ctx * D;
-    const __half* vb = v + kv_off[s] + (size_t)kvh * ctx * D;
+    const int* tbl = table + table_off[s];
     const int key_end = p0 + min(n - 1, (row0 + BR - 1) / group) + 1;  // keys this block can see
     const int min_pos = p0 + row0 / group;  // keys up to here are visible to every row of the block
     const int tiles = (key_end + BC - 1) / BC;
@@ -71,7 +73,7 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
     // ---- tile 0 starts loading into stage 0 while the query rows are staged in stage 1
-    load_kv_tile<D>(smem, smem + TILE, kb, vb, 0, key_end);
+    load_kv_tile<D>(smem, smem + TILE, k, v, tbl, kvh, kv_heads, block_log2, 0, key_end);
     cp_async_commit();
     __half* qs = smem + 2 * TILE;
     for (int c = threadIdx.x; c < BR * D / 8; c += WARPS * 32) {
@@ -106,7 +108,7 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
         const int k0 = j * BC;
         if (j + 1 < tiles) {  // the next tile loads while this one is computed
             const int next = ((j + 1) & 1) * 2 * TILE;
-            load_kv_tile<D>(smem + next, smem + next + TILE, kb, vb, k0 + BC, key_end);
+            load_kv_tile<D>(smem + next, smem + next + TILE, k, v, tbl, kvh, kv_heads, block_log2, k0 + BC, key_end);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -213,9 +215,9 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
 #define FLASH_ATTENTION(D)                                                                                     \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                   \
         flash_attention_d##D(const __half* q, const __half* k, const __half* v, __half* out, const int* q_start, \
-                             const int* pos0, const long long* kv_off, int heads, int kv_heads, int ctx,       \
-                             float scale_log2) {                                                               \
-        flash_attention<D>(q, k, v, out, q_start, pos0, kv_off, heads, kv_heads, ctx, scale_log2);             \
+                             const int* pos0, const int* table, const int* table_off, int heads, int kv_heads, \
+                             int block_log2, float scale_log2) {                                               \
+        flash_attention<D>(q, k, v, out, q_start, pos0, table, table_off, heads, kv_heads, block_log2, scale_log2); \
     }
 FLASH_ATTENTION(64)
 FLASH_ATTENTION(128)
@@ -262,8 +264,8 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
                                              const __half* __restrict__ v, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, __half* __restrict__ out,
                                              Q8* __restrict__ q8, int* __restrict__ counters, const int* __restrict__ pos0,
-                                             const long long* __restrict__ kv_off, int kv_heads, int kv_div, int ctx,
-                                             float scale_log2) {
+                                             const int* __restrict__ table, const int* __restrict__ table_off,
+                                             int kv_heads, int kv_div, int block_log2, float scale_log2) {
     constexpr int DQ = D / 8;   // dims per lane while scoring (8 lanes a key)
     constexpr int DV = D / 32;  // dims per lane in P V
     constexpr int QS = DQ + 4;  // a lane's q slice in shared memory, padded: 8 slices on distinct banks
@@ -286,8 +288,8 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
         for (int i = threadIdx.x; i < G * D; i += DEC_WARPS * 32)
             qs[i / D][(i % D) / DQ][i % DQ] = __half2float(q[((size_t)s * heads + head0) * D + i]) * scale_log2;
         __syncthreads();
-        const __half* kb = k + kv_off[s] + (size_t)(kvh / kv_div) * ctx * D;
-        const __half* vb = v + kv_off[s] + (size_t)(kvh / kv_div) * ctx * D;
+        const int* tbl = table + table_off[s];  // this sequence's block table (paged.cuh)
+        const int hk = kvh / kv_div, model_kv_heads = kv_heads / kv_div;
         float m[G], l[G], o[G][DV];
 #pragma unroll
         for (int h = 0; h < G; ++h) {
@@ -304,13 +306,15 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {
                 const int key = base + 4 * qd + sub;
-                const KT* src = reinterpret_cast<const KT*>(kb + (size_t)key * D + chunk * DQ);
+                const KT* src = reinterpret_cast<const KT*>(
+                    k + kv_row(tbl, min(key, end - 1), hk, model_kv_heads, block_log2, D) + chunk * DQ);
 #pragma unroll
                 for (int c = 0; c < KN; ++c) kr[qd][c] = key < end ? src[c] : KT{};
             }
 #pragma unroll
             for (int j = 0; j < DEC_ROUND; ++j)
-                vr[j] = base + j < end ? reinterpret_cast<const VT*>(vb + (size_t)(base + j) * D)[lane] : VT{};
+                vr[j] = base + j < end ? reinterpret_cast<const VT*>(
+                    v + kv_row(tbl, base + j, hk, model_kv_heads, block_log2, D))[lane] : VT{};
             float sc[4][G];  // the score of key base + 4 qd + sub, head h
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {
@@ -439,8 +443,10 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
         flash_decode_d##D##_g##G(const __half* q, const __half* k, const __half* v, float* part_o,           \
                                  float* part_ml, __half* out, Q8* q8, int* counters, const int* pos0,         \
-                                 const long long* kv_off, int kv_heads, int kv_div, int ctx, float scale_log2) { \
-        flash_decode<D, G>(q, k, v, part_o, part_ml, out, q8, counters, pos0, kv_off, kv_heads, kv_div, ctx,     \
+                                 const int* table, const int* table_off, int kv_heads, int kv_div, int block_log2, \
+                                 float scale_log2) {                                                          \
+        flash_decode<D, G>(q, k, v, part_o, part_ml, out, q8, counters, pos0, table, table_off, kv_heads, kv_div, \
+                           block_log2,                                                                        \
                            scale_log2);                                                                       \
     }
 #define FLASH_DECODE_GROUPS(D) \

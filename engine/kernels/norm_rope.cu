@@ -5,6 +5,7 @@
 // NumPy references: engine/backend.py ArrayOps.
 #include <cuda_fp16.h>
 
+#include "paged.cuh"
 #include "q8.cuh"
 
 constexpr int NORM_THREADS = 256;  // one block per row; rows are 576..8192 wide
@@ -70,25 +71,26 @@ extern "C" __global__ void add_residual(float* __restrict__ x, const __half* __r
 
 // qkv: (n, heads + 2*kv_heads, d) fp16, the fused projection of n tokens: either one sequence's
 // tokens at positions pos0[0] + t (seqs == 1), or a decode batch of n sequences, token t at pos0[t]
-// in the KV rows kv_off[t] elements further (seqs == n); positions are read from device memory so
-// that a captured decode graph serves every position.
+// its rows through its own block table (seqs == n); positions and tables are read from device memory
+// so that a captured decode graph serves every position.
 // Each head is laid out [evens, odds] so RoPE rotates its two halves. One thread per
 // (token, head slot, pair j < d/2): q and k are rotated, q goes to q_out (n, heads, d), k and v
-// go straight into this layer's cache rows k_cache/v_cache: (kv_heads, ctx, d) at the token's
-// position (plus its sequence's kv_off).
+// go straight into this layer's pool k_cache/v_cache (paged.cuh) at the token's position, through its
+// sequence's block table (table + table_off[seq]).
 // cos, sin: (positions, d/2) fp32 tables.
 extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __restrict__ q_out,
                                       __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                       const float* __restrict__ cos, const float* __restrict__ sin,
-                                      const int* __restrict__ pos0, const long long* __restrict__ kv_off, int seqs,
-                                      int n, int heads, int kv_heads, int d, int ctx) {
+                                      const int* __restrict__ pos0, const int* __restrict__ table,
+                                      const int* __restrict__ table_off, int seqs, int n, int heads, int kv_heads,
+                                      int d, int block_log2) {
     const int half_d = d / 2, slots = heads + 2 * kv_heads;
     const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (idx >= (size_t)n * slots * half_d) return;
     const int j = idx % half_d;
     const size_t r = idx / half_d;
     const int slot = r % slots, t = r / slots, seq = seqs == 1 ? 0 : t, p = pos0[seq] + (seqs == 1 ? t : 0);
-    k_cache += kv_off[seq], v_cache += kv_off[seq];
+    const int* tbl = table + table_off[seq];
     const __half* src = qkv + r * d;
     float a = __half2float(src[j]), b = __half2float(src[j + half_d]);
     if (slot < heads + kv_heads) {
@@ -100,8 +102,8 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
     }
     __half* dst;
     if (slot < heads) dst = q_out + ((size_t)t * heads + slot) * d;
-    else if (slot < heads + kv_heads) dst = k_cache + ((size_t)(slot - heads) * ctx + p) * d;
-    else dst = v_cache + ((size_t)(slot - heads - kv_heads) * ctx + p) * d;
+    else if (slot < heads + kv_heads) dst = k_cache + kv_row(tbl, p, slot - heads, kv_heads, block_log2, d);
+    else dst = v_cache + kv_row(tbl, p, slot - heads - kv_heads, kv_heads, block_log2, d);
     dst[j] = __float2half(a);
     dst[j + half_d] = __float2half(b);
 }
@@ -114,14 +116,15 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
 extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __half* __restrict__ q_out,
                                            __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                            const float* __restrict__ cos, const float* __restrict__ sin,
-                                           const int* __restrict__ pos0, const long long* __restrict__ kv_off,
-                                           int seqs, const float* __restrict__ q_w, const float* __restrict__ k_w,
-                                           int n, int heads, int kv_heads, int d, int ctx, float eps) {
+                                           const int* __restrict__ pos0, const int* __restrict__ table,
+                                           const int* __restrict__ table_off, int seqs, const float* __restrict__ q_w,
+                                           const float* __restrict__ k_w, int n, int heads, int kv_heads, int d,
+                                           int block_log2, float eps) {
     const int half_d = d / 2, slots = heads + 2 * kv_heads, lane = threadIdx.x & 31;
     const size_t r = blockIdx.x * (size_t)4 + (threadIdx.x >> 5);
     if (r >= (size_t)n * slots) return;
     const int slot = r % slots, t = r / slots, seq = seqs == 1 ? 0 : t, p = pos0[seq] + (seqs == 1 ? t : 0);
-    k_cache += kv_off[seq], v_cache += kv_off[seq];
+    const int* tbl = table + table_off[seq];
     const __half* src = qkv + r * d;
     const bool rotate = slot < heads + kv_heads;
     const float* w = slot < heads ? q_w : k_w;
@@ -137,8 +140,8 @@ extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __hal
     }
     __half* dst;
     if (slot < heads) dst = q_out + ((size_t)t * heads + slot) * d;
-    else if (slot < heads + kv_heads) dst = k_cache + ((size_t)(slot - heads) * ctx + p) * d;
-    else dst = v_cache + ((size_t)(slot - heads - kv_heads) * ctx + p) * d;
+    else if (slot < heads + kv_heads) dst = k_cache + kv_row(tbl, p, slot - heads, kv_heads, block_log2, d);
+    else dst = v_cache + kv_row(tbl, p, slot - heads - kv_heads, kv_heads, block_log2, d);
     for (int j = lane; j < half_d; j += 32) {
         float a = __half2float(src[j]), b = __half2float(src[j + half_d]);
         if (rotate) {

@@ -69,7 +69,7 @@ def test_a_grammar_on_gen_constrains_the_tokens(engine, tokenizer):
 
 def test_bad_lines_get_err_naming_the_problem_and_serving_goes_on(engine, tokenizer):
     engine.send("GEN 5 warp=9 1,2,3 id=5")
-    err = engine.read()
+    err = engine.read_until(m.Err)[-1]  # past the pool report an earlier test left unread
     assert isinstance(err, m.Err) and err.id == 5 and "warp" in err.message
     engine.send(m.Gen(5, tuple(range(1, 1100)), {}, 6))
     err = engine.read()

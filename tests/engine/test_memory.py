@@ -1,6 +1,6 @@
-"""The context plan: on a GPU the slots' KV rows take what the weights leave, park snapshots go to
-host memory; a --ctx that does not fit is refused with the numbers. (A stand-in device reports its
-memory.)"""
+"""The memory plan: on a GPU the pool of KV blocks takes what the weights leave, park snapshots go
+to host memory; a --ctx or --kv-tokens that does not fit is refused with the numbers. (A stand-in
+device reports its memory.)"""
 from types import SimpleNamespace
 
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 
 from engine.gguf_model import ModelConfig, ModelLoadError
 from engine import memory
-from engine.memory import DEFAULT_SNAPSHOT_BYTES, MIN_SLOT_CTX, plan_context
+from engine.memory import CPU_POOL_CONTEXTS, DEFAULT_SNAPSHOT_BYTES, plan_context
 
 GiB = 2**30
 LLAMA3_8B = ModelConfig(arch="llama", name="8b", n_layers=32, dim=4096, ffn_dim=14336, n_heads=32, n_kv_heads=8,
@@ -26,35 +26,30 @@ def host_with_256_gib(monkeypatch):
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: 256 * GiB)
 
 
-def test_a_large_gpu_holds_the_full_trained_context_and_a_snapshot_of_all_of_it():
+def test_a_large_gpu_pools_what_the_weights_leave_and_a_request_may_hold_the_trained_context():
     plan = plan_context(LLAMA3_8B, device(120), None, 2048, None)
-    assert plan.ctx == 131072 and plan.kv_bytes == 131072 * 128 * 1024  # 128 KiB a position, fp16
-    assert plan.snapshot_bytes == plan.kv_bytes  # in host memory: any read can park
-    assert plan.info() == {"kv_cache_mib": "16384", "snapshot_budget_mib": "16384", "weights_mib": "15360"}
+    assert plan.ctx == 131072 and plan.block == 64
+    room = 120 * GiB - memory.scratch_bytes(LLAMA3_8B, 2048) - memory.RESERVE_BYTES
+    assert plan.kv_bytes == room // (128 * 1024 * 64) * 64 * 128 * 1024  # whole blocks of 128 KiB a position
+    assert plan.tokens > 6 * 131072  # many requests share it: nothing is reserved per request
+    assert plan.snapshot_bytes == 131072 * 128 * 1024  # in host memory: any read can park
+    assert plan.info()["weights_mib"] == "15360"
 
 
-def test_slots_each_get_the_full_context_when_it_fits():
-    plan = plan_context(LLAMA3_8B, device(120), None, 2048, None, slots=4)
-    assert (plan.slots, plan.ctx) == (4, 131072) and plan.kv_bytes == 4 * 16 * GiB
+def test_a_smaller_gpu_caps_a_request_at_the_pool():
+    plan = plan_context(LLAMA3_8B, device(10), None, 2048, None)
+    assert plan.ctx < 131072 and plan.ctx <= plan.tokens and plan.kv_bytes < 9 * GiB
 
 
-def test_a_smaller_gpu_gets_the_largest_context_that_fits_each_slot():
-    plan = plan_context(LLAMA3_8B, device(10), None, 2048, None, slots=4)
-    assert plan.slots == 4 and MIN_SLOT_CTX <= plan.ctx < 131072 and plan.ctx % 256 == 0
-    assert plan.kv_bytes < 9 * GiB
-
-
-def test_fewer_slots_rather_than_too_little_context_each():
-    plan = plan_context(LLAMA3_8B, device(3), None, 2048, None, slots=8)
-    assert 1 <= plan.slots < 8 and plan.ctx >= MIN_SLOT_CTX
-
-
-def test_a_ctx_that_does_not_fit_is_refused_with_the_numbers():
-    with pytest.raises(ModelLoadError) as e:
+def test_a_ctx_or_pool_that_does_not_fit_is_refused_with_the_numbers():
+    with pytest.raises(ModelLoadError, match="--ctx 131072 is larger than the KV pool that fits"):
         plan_context(LLAMA3_8B, device(10), 131072, 2048, None)
+    with pytest.raises(ModelLoadError) as e:
+        plan_context(LLAMA3_8B, device(10), None, 2048, None, pool_tokens=131072)
     message = str(e.value)
-    assert "--ctx 131072 does not fit" in message and "16.0 GiB" in message and "10.0 GiB are free" in message
-    assert "at most --ctx" in message
+    assert "--kv-tokens 131072 does not fit" in message and "16.0 GiB" in message and "10.0 GiB are free" in message
+    assert "at most --kv-tokens" in message
+    assert plan_context(LLAMA3_8B, device(40), None, 2048, None, pool_tokens=8192).tokens == 8192
 
 
 def test_an_explicit_snapshot_budget_is_kept_and_the_default_is_capped_by_host_memory(monkeypatch):
@@ -66,6 +61,9 @@ def test_an_explicit_snapshot_budget_is_kept_and_the_default_is_capped_by_host_m
 
 def test_on_the_cpu_the_context_is_the_models_capped_and_snapshots_get_two_gib():
     cpu = SimpleNamespace(weight_dtype=np.float32, free_bytes=lambda: None)
-    plan = plan_context(LLAMA3_8B, cpu, None, 256, None, slots=4)
-    assert plan.ctx == 8192 and plan.snapshot_bytes == DEFAULT_SNAPSHOT_BYTES and plan.slots == 4
+    plan = plan_context(LLAMA3_8B, cpu, None, 256, None)
+    assert plan.ctx == 8192 and plan.snapshot_bytes == DEFAULT_SNAPSHOT_BYTES
+    assert plan.tokens == CPU_POOL_CONTEXTS * 8192
     assert plan_context(LLAMA3_8B, cpu, 20000, 256, None).ctx == 20000
+    with pytest.raises(ModelLoadError, match="larger than the KV pool"):
+        plan_context(LLAMA3_8B, cpu, 20000, 256, None, pool_tokens=1024)

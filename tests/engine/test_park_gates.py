@@ -79,13 +79,14 @@ def test_cancel_of_an_unknown_or_resumed_park_is_an_error(engine_factory):
 
 
 def test_a_failed_move_out_makes_the_parked_read_read_again(engine_factory):
-    """One slot: a parked read moves to host memory when a newcomer needs its slot; if that copy
-    fails, its rows are dropped (declined as snapshot_failed) and its RESUME reads the prompt again
-    from the start: the newcomer is not refused and the parked request loses nothing."""
-    e = start(engine_factory, "--fail-snapshot")
+    """A pool of 11 blocks of 4: a parked read moves to host memory when a newcomer's read needs its
+    blocks; if that copy fails, its rows are dropped (declined as snapshot_failed) and its RESUME
+    reads the prompt again from the start: the newcomer is not refused and the parked request loses
+    nothing."""
+    e = start(engine_factory, "--fail-snapshot", "--kv-tokens", "44")
     e.send(gen(40))
     assert isinstance(offer_and_read(e), m.Suspended)
-    e.send(gen(8, ident=2))
+    e.send(m.Gen(2, tuple(range(500, 540)), {}, 2))  # its own prompt: nothing shared with the parked read
     declined = e.read_until(m.Decline, ident=1)[-1]
     assert declined.reason == "snapshot_failed"
     assert e.read_until(m.Done, ident=2)[-1].finish == "length"

@@ -28,6 +28,7 @@ messages = st.one_of(
     st.builds(m.T, counts, ids),
     st.builds(m.Suspended, counts, counts, ids),
     st.builds(m.Decline, words, counts, counts, ids),
+    st.builds(m.Defer, st.sampled_from(m.DEFER_REASONS), st.integers(0, 2**40)),
     st.builds(m.FP, st.sampled_from(m.FP_STAGES), counts, st.from_regex(r"[0-9a-f]{1,32}", fullmatch=True), ids),
     st.builds(m.Done, counts, counts, floats, floats, st.sampled_from(m.FINISH_REASONS),
               st.dictionaries(keys, text, max_size=4), ids),
@@ -90,3 +91,10 @@ def test_protocol_error_keeps_the_id_of_a_bad_line():
     with pytest.raises(ProtocolError) as err:
         decode("GEN 5 bogus=1 1,2 id=42")
     assert err.value.id == 42
+
+
+def test_defer_names_a_known_reason_and_an_id():
+    assert decode("DEFER memory id=4") == m.Defer("memory", 4)
+    for bad in ("DEFER memory", "DEFER later id=4", "DEFER id=4"):
+        with pytest.raises(ProtocolError):
+            decode(bad)

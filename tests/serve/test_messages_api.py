@@ -116,3 +116,19 @@ def test_errors_take_anthropic_shape_and_the_next_request_works(qwen3):
                              json={"model": "any", "messages": user})
         assert missing.status_code == 400 and missing.json()["error"]["message"].startswith("max_tokens")
         assert client.messages.create(model="any", max_tokens=10, messages=user).content[0].text == "fine"
+
+
+def test_a_per_request_billing_line_is_normalized_away_so_prefixes_stay_shared():
+    from serve.anthropic_schema import CountTokensRequest
+    from serve.messages_api import chat_request
+
+    def system_of(header: str) -> str:
+        body = CountTokensRequest(model="any", messages=[{"role": "user", "content": "Hi"}], system=[
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.0.1; cch={header};"},
+            {"type": "text", "text": "You are a coding agent.\nUse the tools."}])
+        return chat_request(body).messages[0].content
+
+    assert system_of("a1b2") == system_of("ffff") == "You are a coding agent.\nUse the tools."
+    body = CountTokensRequest(model="any", messages=[{"role": "user", "content": "Hi"}],
+                              system="Keep x-anthropic-billing-header: mentions that are not the first line.")
+    assert "billing" in chat_request(body).messages[0].content

@@ -4,7 +4,9 @@ passing and engine deaths, against the real engine loop over the mock's fake mod
 and on a fake clock so that hundreds of steps take a second.
 
 Lines cross in both directions through the protocol codec; the engine runs one round per `step`.
-Invariants after every step: no request in two places, never more running than slots, the parked
+Invariants after every step: no request in two places, never more running than the cap, the KV
+pool consistent (no block both free and referenced, reference counts equal the block tables that
+hold them, every cached block's key its tokens' chain), the parked
 reads' reserved snapshot bytes within the budget, decode never parked; after each engine round, no
 parked read postponed past max-wait waits beside a free slot. At the end the machine drains: every request whose
 client stayed is answered exactly once, with the whole answer (the mock echoes its prompt), or
@@ -44,11 +46,11 @@ class InProcessEngine:
     """What the scheduler sees of an engine (EngineClient's surface), over an EngineLoop run in
     process: sent lines go to the loop's inbox, its lines are collected for the scheduler."""
 
-    def __init__(self, slots: int):
+    def __init__(self, slots: int, kv_tokens: int):
         self.state, self.failure, self.out = EngineState.READY, "", []
-        self.info = EngineInfo(ctx=8192, caps=engine_caps(POLICY), fields={"slots": str(slots)})
-        args = build_parser().parse_args(["--slots", str(slots), "--chunk", "16", "--chunk-s", "0", "--token-s", "0",
-                                          "--bytes-per-token", str(BYTES_PER_TOKEN)])
+        self.info = EngineInfo(ctx=kv_tokens, caps=engine_caps(POLICY), fields={"max_running": str(slots)})
+        args = build_parser().parse_args(["--max-running", str(slots), "--kv-tokens", str(kv_tokens), "--chunk", "16",
+                                          "--chunk-s", "0", "--token-s", "0", "--bytes-per-token", str(BYTES_PER_TOKEN)])
         self.loop = EngineLoop(FakeRunner(args, lambda line: None), POLICY, self.out.append, self.info.caps)
 
     @property
@@ -76,6 +78,7 @@ class InProcessEngine:
 
 class SchedulerMachine(RuleBasedStateMachine):
     slots = SLOTS
+    kv_tokens = 256  # four requests of up to 90 + 12 tokens do not all fit: DEFER, moves out, pauses
 
     @initialize()
     def start(self):
@@ -83,7 +86,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.real_time, scheduler_module.time = scheduler_module.time, self.clock
         self.scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
                                    eos_ids=frozenset({2}), aged_s=1.0)
-        self.scheduler.engine = self.engine = InProcessEngine(self.slots)
+        self.scheduler.engine = self.engine = InProcessEngine(self.slots, self.kv_tokens)
         self.requests: list[Request] = []
         self.left: set[int] = set()
         self.deaths = 0
@@ -111,7 +114,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         for _ in range(rounds):
             self.round()
             self.no_read_postponed_too_long_beside_a_free_slot()
-            self.the_server_knows_which_parked_reads_hold_a_slot()
+            self.the_server_knows_which_parked_reads_hold_blocks()
 
     @rule(dt=st.floats(0.05, 3.0))
     def time_passes(self, dt):
@@ -131,7 +134,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.deaths += 1
         self.engine.state = EngineState.RESTARTING
         self.scheduler.on_engine_exit("the engine exited (test)")
-        fresh = InProcessEngine(self.slots)
+        fresh = InProcessEngine(self.slots, self.kv_tokens)
         self.engine.loop, self.engine.out = fresh.loop, fresh.out
         self.engine.state = EngineState.READY
         self.scheduler.on_engine_ready()
@@ -147,9 +150,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert all(r.phase is Phase.PARKED for r in s.parked) and all(r.phase is Phase.QUEUED for r in s.waiting)
 
     @invariant()
-    def never_more_running_than_slots(self):
+    def never_more_running_than_the_cap(self):
         assert len(self.scheduler.running) <= self.slots
         assert sum(not s.parked for s in self.engine.loop.seqs.values()) <= self.slots
+
+    @invariant()
+    def the_pool_is_consistent(self):
+        loop = self.engine.loop
+        loop.pool.check([seq.table for seq in loop.seqs.values()])
+        for seq in loop.seqs.values():  # a request's blocks cover what it has read (unless moved out)
+            assert seq.paused or seq.id in loop.snapshots or len(seq.table) * loop.pool.size >= seq.kv_len
 
     @invariant()
     def parked_bytes_within_the_budget_and_decode_never_parked(self):
@@ -162,19 +172,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         """After the engine's lines of a round have been handled (the scheduler acts on lines, not
         on a timer), a parked read postponed past max-wait does not wait beside a free slot."""
         s = self.scheduler
-        if s.parked and len(s.running) < self.slots and s.engine.ready:
+        if s.parked and len(s.running) < self.slots and s.engine.ready and not s.memory_full:
             assert not s._postponed_too_long(s.parked[0])
 
-    def the_server_knows_which_parked_reads_hold_a_slot(self):
-        """INFO slot=-1 / slot=S follow a parked read's moves to host memory and back (the slot
-        gauges count from them); checked when no line is in flight."""
+    def the_server_knows_which_parked_reads_hold_blocks(self):
+        """INFO host=1 / host=0 follow a parked read's moves to host memory and back; checked when no
+        line is in flight."""
         if not self.engine.loop.inbox.empty():
             return
         engine_seqs = self.engine.loop.seqs
         for req in self.scheduler.parked:
             seq = engine_seqs.get(req.id)
             if seq is not None and seq.parked:
-                assert (req.slot is not None and req.slot >= 0) == (seq.slot is not None), (req.slot, seq.slot)
+                assert req.in_host == (seq.id in self.engine.loop.snapshots), (req.in_host, seq.table)
 
     # ------------------------------------------------------------ the end
 
@@ -213,22 +223,25 @@ TestScheduler.settings = settings(max_examples=100, stateful_step_count=50, dead
                                   suppress_health_check=list(HealthCheck))
 
 
-def test_long_long_short_on_one_slot_drains():
-    """The case that deadlocked upstream: two long reads and a short request on one slot. A reads,
-    B waits, C (short) makes A park; waiters go in arrival order, so B takes the slot (A's rows move
-    to host memory) and parks in turn for C; then B and A finish: all answered, nothing left."""
+def test_long_long_short_in_a_small_pool_drains():
+    """The case that deadlocked upstream: two long reads and a short request, one running at a time,
+    over a pool of 96 tokens. A reads, B and C wait until B is old enough to make A park; waiters go
+    in arrival order, so B goes in and parks in turn for C; C finishes, A resumes and needs the room
+    B's parked read holds, so B's rows move to host memory; then A and B finish: all answered,
+    nothing left."""
     machine = SchedulerMachine()
-    machine.slots = 1
+    machine.slots, machine.kv_tokens = 1, 96
     machine.start()
     try:
         machine.arrive(n=90, priority=0, max_tokens=4)
         machine.step(rounds=2)
         machine.arrive(n=80, priority=0, max_tokens=4)
         machine.arrive(n=3, priority=0, max_tokens=4)
+        machine.time_passes(2.0)  # B has waited past aged_s: A is offered a park at its next boundary
         moved_out = []
-        for _ in range(12):
+        for _ in range(30):
             machine.step(rounds=1)
-            moved_out += [r.id for r in machine.scheduler.parked if r.slot == -1]
-        assert moved_out  # a parked read went to host memory to free the one slot
+            moved_out += [r.id for r in machine.scheduler.parked if r.in_host]
+        assert moved_out  # a parked read went to host memory to make room
     finally:
         machine.teardown()  # drains and checks every answer

@@ -1,6 +1,7 @@
-"""Several requests in the engine's slots, through the engine loop over its pipes (mock model, real
-loop): decode steps shared, reads one chunk at a time between them, parks that stay in place,
-moves to host memory when the slots run out, prompt reuse at chunk boundaries."""
+"""Several requests over one pool of KV blocks, through the engine loop over its pipes (mock model,
+real loop and real block pool): decode steps shared, reads one chunk at a time between them,
+admission by memory (DEFER, never an error), parks that keep their blocks, moves to host memory
+and pauses when memory runs short, the prefix cache across finished, running and parked requests."""
 import time
 
 from protocol import messages as m
@@ -29,15 +30,15 @@ def lines_until_done(e, idents: set[int]) -> list[m.Message]:
 
 
 def test_requests_decode_together_and_a_read_runs_between_their_steps(engine_factory):
-    e = start(engine_factory, "--slots", "3")
-    assert e.info["slots"] == "3"
+    e = start(engine_factory, "--max-running", "3")
+    assert e.info["max_running"] == "3" and e.info["kv_block"] == "4"
     e.send(gen(4, 1, max_new=30))
     e.send(gen(4, 2, max_new=30, first=50))
     seen = e.read_until(m.T, ident=2)
     e.send(gen(40, 3, max_new=2, first=90))  # a read of 10 chunks while 1 and 2 decode
     seen += lines_until_done(e, {1, 2, 3})
-    slots = [x.fields["slot"] for x in seen if isinstance(x, m.Info)]
-    assert sorted(slots) == ["0", "1", "2"]  # each in its own slot
+    held = {x.id: int(x.fields["blocks"]) for x in seen if isinstance(x, m.Info) and "blocks" in x.fields}
+    assert held == {1: 1, 2: 1, 3: 1}  # a request is given the blocks of its first chunk only
     order = [(type(x).__name__, x.id) for x in seen if isinstance(x, (m.T, m.PP))]
     reads = [i for i, (kind, ident) in enumerate(order) if kind == "PP" and ident == 3]
     between = [order[i + 1 : j] for i, j in zip(reads, reads[1:])]
@@ -49,7 +50,7 @@ def test_requests_decode_together_and_a_read_runs_between_their_steps(engine_fac
 def test_a_step_of_several_takes_one_steps_time(engine_factory):
     """The mock's decode step costs one token's time whatever the batch: four requests of 25 tokens
     together take about what one takes, not four times as long."""
-    e = start(engine_factory, "--slots", "4", "--token-s", "0.04")
+    e = start(engine_factory, "--max-running", "4", "--token-s", "0.04")
     began = time.monotonic()
     for i in range(1, 5):
         e.send(gen(4, i, max_new=25, first=10 * i))
@@ -57,27 +58,43 @@ def test_a_step_of_several_takes_one_steps_time(engine_factory):
     assert time.monotonic() - began < 25 * 0.04 * 2.5
 
 
-def test_more_requests_than_slots_get_busy_errors_not_lost_ones(engine_factory):
-    e = start(engine_factory, "--slots", "2")
+def test_past_the_cap_a_gen_is_deferred_not_lost(engine_factory):
+    e = start(engine_factory, "--max-running", "2")
     e.send(gen(4, 1, max_new=50))
     e.send(gen(4, 2, max_new=50))
     e.send(gen(4, 3))
-    err = e.read_until(m.Err, ident=3)[-1]
-    assert "busy: all 2 slots are in use" in err.message
+    assert e.read_until(m.Defer, ident=3)[-1].reason == "busy"
     e.send(m.Stop(1))
     e.read_until(m.Done, ident=1)
-    e.send(gen(4, 3))  # a slot is free again
+    e.send(gen(4, 3))  # room again
     assert e.read_until(m.Done, ident=3)[-1].finish == "length"
 
 
-def test_parks_stay_in_place_and_several_can_be_parked(engine_factory):
-    e = start(engine_factory, "--slots", "3")
+def test_a_gen_whose_blocks_cannot_be_had_is_deferred_then_taken(engine_factory):
+    """A pool of 8 blocks of 4: a request reading 24 tokens holds 6 and then 7 while it decodes; a
+    second one's first chunk would need one more than the pool has left, so it is deferred, and
+    taken once the first has ended."""
+    e = start(engine_factory, "--max-running", "4", "--kv-tokens", "32", "--no-prompt-reuse")
+    e.send(gen(24, 1, max_new=6))
+    e.read_until(m.T, ident=1)
+    e.send(gen(4, 2, first=500))
+    e.send(gen(12, 3, first=600))  # 3 blocks: only one is left
+    seen = e.read_until(m.Defer, ident=3)
+    assert seen[-1].reason == "memory"
+    assert not [x for x in seen if isinstance(x, m.Defer) and x.id == 2]  # one block was free for it
+    lines_until_done(e, {1, 2})
+    e.send(gen(12, 3, first=600))
+    assert e.read_until(m.Done, ident=3)[-1].finish == "length"
+
+
+def test_parks_keep_their_blocks_and_several_can_be_parked(engine_factory):
+    e = start(engine_factory, "--max-running", "3")
     for ident in (1, 2):
         e.send(gen(60, ident, first=10 * ident))
         e.read_until(m.PP, ident=ident)
         e.send(m.Yield(ident))
         e.read_until(m.Suspended, ident=ident)
-    e.send(gen(8, 3, first=500))  # the third slot is free: nothing moves
+    e.send(gen(8, 3, first=500))  # memory to spare: nothing moves
     assert e.read_until(m.Done, ident=3)[-1].finish == "length"
     for ident in (1, 2):
         e.send(m.Resume(ident))
@@ -86,14 +103,16 @@ def test_parks_stay_in_place_and_several_can_be_parked(engine_factory):
     assert all(d.extra["parks"] == "1" and float(d.extra["park_ms"]) == 0.0 for d in dones.values())  # no copy
 
 
-def test_a_newcomer_moves_the_longest_parked_read_to_host_memory(engine_factory):
-    e = start(engine_factory, "--slots", "1")
+def test_short_memory_moves_the_parked_read_to_host_memory_and_back_unchanged(engine_factory):
+    e = start(engine_factory, "--max-running", "2", "--kv-tokens", "64", "--no-prompt-reuse")
     e.send(gen(60, 1, fp=1))
+    e.read_until(m.PP, ident=1)
     e.read_until(m.PP, ident=1)
     e.send(m.Yield(1))
     park_fp = next(x for x in e.read_until(m.Suspended, ident=1) if isinstance(x, m.FP)).digest
-    e.send(gen(8, 2, first=500))  # no free slot: 1's rows move out, 2 takes the slot
-    assert e.read_until(m.Done, ident=2)[-1].finish == "length"
+    e.send(gen(56, 2, first=500))  # 14 blocks: the parked read's must go
+    seen = e.read_until(m.Done, ident=2)
+    assert any(isinstance(x, m.Info) and x.id == 1 and x.fields.get("host") == "1" for x in seen)
     e.send(m.Resume(1))
     resumed = e.read_until(m.FP, ident=1)[-1]
     assert resumed.digest == park_fp  # brought back exactly
@@ -101,24 +120,56 @@ def test_a_newcomer_moves_the_longest_parked_read_to_host_memory(engine_factory)
     assert done.finish == "length" and float(done.extra["park_ms"]) >= 0.0
 
 
-def test_a_kept_conversation_is_reused_from_a_chunk_boundary(engine_factory):
-    e = start(engine_factory, "--slots", "2")
+def test_short_memory_pauses_the_newest_decoder_and_brings_it_back_first(engine_factory):
+    """Two requests decode in a pool that cannot hold both answers: the newer one is paused into
+    host memory when the older needs a block, and comes back when the older ends; both answers are
+    whole and exactly what each gives alone (the mock's answer is its prompt, echoed)."""
+    e = start(engine_factory, "--max-running", "2", "--kv-tokens", "40", "--no-prompt-reuse")
+    e.send(gen(8, 1, max_new=24))
+    e.send(gen(8, 2, max_new=24, first=100))
+    seen = lines_until_done(e, {1, 2})
+    pauses = [x for x in seen if isinstance(x, m.Info) and "paused" in x.fields and x.id is not None]
+    assert [(x.id, x.fields["paused"]) for x in pauses][:2] == [(2, "1"), (2, "0")]
+    tokens = {i: [x.token for x in seen if isinstance(x, m.T) and x.id == i] for i in (1, 2)}
+    assert tokens[1] == [10 + i % 8 for i in range(24)] and tokens[2] == [100 + i % 8 for i in range(24)]
+
+
+def test_the_prefix_cache_serves_finished_running_and_parked_requests(engine_factory):
+    e = start(engine_factory, "--max-running", "4")
     first = gen(30, 1)
     e.send(first)
     assert e.read_until(m.Done, ident=1)[-1].extra["cached"] == "0"
     longer = m.Gen(4, first.tokens + (7, 7, 7, 7, 7), {}, 2)  # the next turn: the history, then more
     e.send(longer)
     seen = e.read_until(m.Done, ident=2)
-    info = next(x for x in seen if isinstance(x, m.Info))
-    assert info.fields["cached"] == "28"  # 30 kept, rounded down to the chunk of 4
+    info = next(x for x in seen if isinstance(x, m.Info) and x.id == 2)
+    assert info.fields["cached"] == "28"  # 30 cached, rounded down to the chunk of 4
     assert [x.done for x in seen if isinstance(x, m.PP)][0] == 32  # reading went on from 28
     assert seen[-1].extra["cached"] == "28"
     e.send(m.Gen(4, first.tokens, {"reuse": 0}, 3))  # reuse=0: read from the start
     assert e.read_until(m.Done, ident=3)[-1].extra["cached"] == "0"
+    # a request still decoding shares its prompt's whole chunks
+    e.send(gen(40, 4, max_new=200, first=300))
+    e.read_until(m.T, ident=4)
+    e.send(gen(44, 5, first=300))
+    assert next(x for x in e.read_until(m.Done, ident=5) if isinstance(x, m.Info) and x.id == 5).fields["cached"] == "40"
+    e.send(m.Stop(4))
+    e.read_until(m.Done, ident=4)
+    # and so does a parked read, for what it has read
+    e.send(gen(80, 6, first=1000))
+    e.read_until(m.PP, ident=6)
+    e.read_until(m.PP, ident=6)
+    e.send(m.Yield(6))
+    done = e.read_until(m.Suspended, ident=6)[-1].done
+    e.send(gen(90, 7, first=1000))
+    got = int(next(x for x in e.read_until(m.Done, ident=7) if isinstance(x, m.Info) and x.id == 7).fields["cached"])
+    assert got == done and got > 0
+    e.send(m.Resume(6))
+    assert e.read_until(m.Done, ident=6)[-1].finish == "length"
 
 
 def test_without_prompt_reuse_nothing_is_kept(engine_factory):
-    e = start(engine_factory, "--slots", "2", "--no-prompt-reuse")
+    e = start(engine_factory, "--max-running", "2", "--no-prompt-reuse")
     e.send(gen(30, 1))
     e.read_until(m.Done, ident=1)
     e.send(gen(30, 2))
@@ -130,7 +181,7 @@ def test_a_long_chunk_pauses_between_layers_for_the_decoding_requests(engine_fac
     every layer (8 x 40 ms); a decoder gets several tokens between two of the read's PPs, not one.
     With --decode-interval-ms 0, one token per chunk, as before."""
     def tokens_between_reads(*args: str) -> list[int]:
-        e = start(engine_factory, "--slots", "2", "--chunk-s", "0.32", "--layers", "8", "--token-s", "0.005", *args)
+        e = start(engine_factory, "--max-running", "2", "--chunk-s", "0.32", "--layers", "8", "--token-s", "0.005", *args)
         e.send(gen(4, 1, max_new=200))
         e.read_until(m.T, ident=1)
         e.send(gen(16, 2, max_new=1, first=90))  # four chunks

@@ -1,0 +1,192 @@
+"""One pool of fixed-size KV blocks for every request, and the prefix cache over it.
+
+A request holds a block table: block i of its table holds its positions [i*B, (i+1)*B). Blocks
+are handed out from the free list; a block whose rows a prompt-chunk read wrote in full can be
+registered in the prefix cache under a hash chain key (the parent block's key and its own tokens,
+the tokens kept to check collisions). A later request whose prompt starts with the same tokens
+takes those blocks into its own table (a reference each) instead of reading them again. When a
+block's last reference goes, a cached block waits in a least-recently-used queue (still found by
+its key) and is evicted only when a block is needed and the free list is empty; an uncached one
+goes back to the free list at once.
+
+Only rows written by prompt-chunk reads at absolute chunk boundaries are registered (a decode
+step's rows, or a last partial chunk's, come from other shapes), and reuse is rounded down to a
+chunk boundary, so that a reused start is bit-identical to a cold read of it.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+ROOT_KEY = b""  # the parent key of a prompt's first block
+
+
+def block_key(parent: bytes, tokens) -> bytes:
+    """The hash chain: a block's key names its tokens and every token before them."""
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    return h.digest()
+
+
+@dataclass
+class Block:
+    index: int
+    refs: int = 0  # the block tables holding it
+    key: bytes | None = None  # its prefix-cache key while registered
+    tokens: tuple[int, ...] = ()  # what the key names, checked on a hit (collisions)
+    parent: bytes = ROOT_KEY  # the key of the block before it in its chain
+
+
+class OutOfBlocks(Exception):
+    """No block is free or evictable: the caller relieves the pressure (parks, pauses) or waits."""
+
+
+class BlockPool:
+    def __init__(self, total: int, size: int):
+        if total < 1 or size < 1:
+            raise ValueError("a block pool needs at least one block of at least one position")
+        self.size, self.total = size, total
+        self.blocks = [Block(i) for i in range(total)]
+        self.free: deque[int] = deque(range(total))  # never-cached or evicted, unreferenced
+        self.cached: dict[bytes, int] = {}  # key -> block index
+        self.idle: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, least recent first
+        self.hits = self.lookups = self.reused_tokens = self.evictions = 0
+
+    # ------------------------------------------------------------ counts
+
+    def blocks_for(self, positions: int) -> int:
+        return -(-positions // self.size)
+
+    @property
+    def available(self) -> int:
+        """Blocks a request can have now: free ones and unreferenced cached ones (evicted on demand)."""
+        return len(self.free) + len(self.idle)
+
+    @property
+    def used(self) -> int:
+        """Blocks some table holds."""
+        return self.total - self.available
+
+    # ------------------------------------------------------------ tables
+
+    def allocate(self, n: int) -> list[int]:
+        """n blocks for one table (a reference each): free ones first, then the least recently used
+        unreferenced cached ones, evicted. OutOfBlocks (nothing taken) if there are not enough."""
+        if n > self.available:
+            raise OutOfBlocks(f"{n} blocks wanted, {self.available} available")
+        taken = []
+        for _ in range(n):
+            if self.free:
+                index = self.free.popleft()
+            else:
+                index, _ = self.idle.popitem(last=False)
+                self._unregister(self.blocks[index])
+                self.evictions += 1
+            self.blocks[index].refs = 1
+            taken.append(index)
+        return taken
+
+    def grow(self, table: list[int], positions: int) -> None:
+        """Extend `table` in place to cover `positions`; OutOfBlocks leaves it as it was."""
+        need = self.blocks_for(positions) - len(table)
+        if need > 0:
+            table.extend(self.allocate(need))
+
+    def can_grow(self, table: list[int], positions: int) -> bool:
+        return self.blocks_for(positions) - len(table) <= self.available
+
+    def release(self, table: list[int]) -> None:
+        """A table lets its blocks go (the table is emptied): cached ones wait in the LRU queue,
+        most recent last (a table's later blocks are evicted before its earlier ones: they are
+        worth less, since a hit needs the whole chain before them); others are free at once."""
+        for index in reversed(table):
+            block = self.blocks[index]
+            block.refs -= 1
+            if block.refs > 0:
+                continue
+            if block.key is not None:
+                self.idle[index] = None
+            else:
+                self.free.append(index)
+        table.clear()
+
+    def truncate(self, table: list[int], positions: int) -> None:
+        """Let the blocks past `positions` go (a read restarting from a chunk boundary)."""
+        keep = self.blocks_for(positions)
+        extra = table[keep:]
+        del table[keep:]
+        self.release(extra)
+
+    # ------------------------------------------------------------ prefix cache
+
+    def lookup(self, prompt, limit: int) -> list[int]:
+        """The cached chain of blocks that starts `prompt`, up to `limit` positions (whole blocks),
+        each taken with a reference; the caller rounds what it uses and releases the rest."""
+        self.lookups += 1
+        found, parent = [], ROOT_KEY
+        for start in range(0, limit - self.size + 1, self.size):
+            tokens = tuple(prompt[start : start + self.size])
+            key = block_key(parent, tokens)
+            index = self.cached.get(key)
+            if index is None or self.blocks[index].tokens != tokens:
+                break
+            found.append(index)
+            parent = key
+        for index in found:
+            self._ref(index)
+        if found:
+            self.hits += 1
+        return found
+
+    def register(self, table: list[int], prompt, upto: int) -> None:
+        """The table's blocks below `upto` (a multiple of the block size) hold rows a prompt-chunk
+        read wrote in full: make them findable. A block whose key another block already holds
+        stays unregistered (it is freed with its table)."""
+        parent = ROOT_KEY
+        for i in range(min(upto // self.size, len(table))):
+            block = self.blocks[table[i]]
+            tokens = tuple(prompt[i * self.size : (i + 1) * self.size])
+            if block.key is None:
+                key = block_key(parent, tokens)
+                if key not in self.cached:
+                    block.key, block.tokens, block.parent = key, tokens, parent
+                    self.cached[key] = block.index
+                parent = key
+            else:
+                parent = block.key
+
+    def _ref(self, index: int) -> None:
+        block = self.blocks[index]
+        if block.refs == 0:
+            self.idle.pop(index, None)
+        block.refs += 1
+
+    def _unregister(self, block: Block) -> None:
+        if block.key is not None and self.cached.get(block.key) == block.index:
+            del self.cached[block.key]
+        block.key, block.tokens, block.parent = None, (), ROOT_KEY
+
+    def status(self) -> dict[str, int]:
+        return {"total": self.total, "used": self.used, "cached": len(self.cached), "idle": len(self.idle),
+                "free": len(self.free), "block_size": self.size}
+
+    def check(self, tables: list[list[int]]) -> None:
+        """Invariants (tests): every block is exactly one of free / idle / referenced; reference
+        counts equal the tables holding them; a registered block's key is its tokens' chain."""
+        refs = [0] * self.total
+        for table in tables:
+            for index in table:
+                refs[index] += 1
+        for block in self.blocks:
+            assert block.refs == refs[block.index], (block, refs[block.index])
+            states = (block.index in self.free, block.index in self.idle, block.refs > 0)
+            assert sum(states) == 1, (block, states)
+            if block.index in self.idle:
+                assert block.key is not None
+            if block.key is not None:
+                assert self.cached.get(block.key) == block.index
+                assert len(block.tokens) == self.size and block.key == block_key(block.parent, block.tokens)
+        assert len(self.free) == len(set(self.free))
