@@ -187,8 +187,9 @@ class EngineLoop:
         """The pool's state for the server's /status and /metrics (an INFO line without an id)."""
         pool = self.pool
         self.write(m.Info({"pool_used": str(pool.used), "pool_cached": str(len(pool.cached)),
-                           "pool_free": str(len(pool.free)), "pool_idle": str(len(pool.idle)), "pool_evictions": str(pool.evictions),
-                           "pool_paused": str(len(self.paused)), "pool_pauses": str(self.pauses_total)}))
+                           "pool_free": str(len(pool.free)), "pool_idle": str(len(pool.idle)),
+                           "pool_evictions": str(pool.evictions), "pool_paused": str(len(self.paused)),
+                           "pool_pauses": str(self.pauses_total)}))
 
     def place(self, seq: Sequence, reuse: bool) -> bool:
         """Blocks for `seq` up to the end of its first chunk: a cached prefix first (rounded down to
