@@ -136,8 +136,10 @@ class ArrayOps:
         heads = qkv.shape[1] // d - 2 * kv_heads
         qkv = qkv.reshape(n, heads + 2 * kv_heads, d)
         k_new, v_new = self.rope(qkv[:, heads : heads + kv_heads], cos, sin), qkv[:, heads + kv_heads :]
-        tables = step.tables if step.batch else step.tables * n  # each row's table
-        block = np.asarray([t[p // size] for t, p in zip(tables, at)], dtype=np.int64)  # (n,)
+        if step.batch:  # each row's block through its own table
+            block = np.asarray([t[p // size] for t, p in zip(step.tables, at)], dtype=np.int64)  # (n,)
+        else:  # one table for the whole chunk: one vectorized lookup, not a Python loop per token
+            block = np.asarray(step.tables[0], dtype=np.int64)[at // size]  # (n,)
         k_cache[block, :, at % size] = k_new  # (n, kv_heads, d) rows at (block_i, :, offset_i)
         v_cache[block, :, at % size] = v_new
         return self.rope(qkv[:, :heads], cos, sin)
