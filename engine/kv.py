@@ -73,9 +73,13 @@ class KVCache:
     def snapshot_nbytes(self, pos: int) -> int:
         return -(-pos // self.block_size) * self.block_bytes
 
+    def held(self, table, pos: int) -> np.ndarray:
+        """The blocks of `table` that hold its rows [0, pos), as an index array."""
+        return np.asarray(table[: -(-pos // self.block_size)], dtype=np.int64)
+
     def snapshot(self, table, pos: int) -> KVSnapshot:
         """The blocks holding rows [0, pos) of the sequence with this table, copied to host memory."""
-        held = np.asarray(table[: -(-pos // self.block_size)], dtype=np.int64)
+        held = self.held(table, pos)
         return KVSnapshot(pos, self.backend.to_host(self.keys[:, held]), self.backend.to_host(self.values[:, held]))
 
     def restore(self, table, snap: KVSnapshot) -> None:
@@ -86,7 +90,7 @@ class KVCache:
 
     def gather(self, table, pos: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows [0, pos) of one sequence on the host: (layers, kv_heads, pos, d) each."""
-        held = np.asarray(table[: -(-pos // self.block_size)], dtype=np.int64)
+        held = self.held(table, pos)
         out = []
         for pool in (self.keys, self.values):
             blocks = self.backend.to_host(pool[:, held])  # (layers, nb, kv_heads, B, d)
