@@ -53,7 +53,7 @@ class BlockPool:
         self.free: deque[int] = deque(range(total))  # never-cached or evicted, unreferenced
         self.cached: dict[bytes, int] = {}  # key -> block index
         self.idle: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, least recent first
-        self.hits = self.lookups = self.reused_tokens = self.evictions = 0
+        self.hits = self.lookups = self.evictions = 0
 
     # ------------------------------------------------------------ counts
 

@@ -203,7 +203,6 @@ class EngineLoop:
             seq.table = found[: use // size]
             self.pool.release(found[use // size :])
             seq.pos = seq.cached = use
-            self.pool.reused_tokens += use
         if self.get_blocks(seq, chunk_end(seq.pos, seq.total, chunk), pause_others=False):
             return True
         self.pool.release(seq.table)
