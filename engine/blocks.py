@@ -7,7 +7,9 @@ the tokens kept to check collisions). A later request whose prompt starts with t
 takes those blocks into its own table (a reference each) instead of reading them again. When a
 block's last reference goes, a cached block waits in a least-recently-used queue (still found by
 its key) and is evicted only when a block is needed and the free list is empty; an uncached one
-goes back to the free list at once.
+goes back to the free list at once. With a host tier (engine/host_tier.py, `--cache-ram`), an
+evicted block's rows are copied to host memory first, and a chain that ends in the pool may go on
+there: those blocks are copied back into new pool blocks instead of read again.
 
 Only rows written by prompt-chunk reads at absolute chunk boundaries are registered (a decode
 step's rows, or a last partial chunk's, come from other shapes), and reuse is rounded down to a
@@ -45,7 +47,7 @@ class OutOfBlocks(Exception):
 
 
 class BlockPool:
-    def __init__(self, total: int, size: int):
+    def __init__(self, total: int, size: int, tier=None):
         if total < 1 or size < 1:
             raise ValueError("a block pool needs at least one block of at least one position")
         self.size, self.total = size, total
@@ -53,6 +55,7 @@ class BlockPool:
         self.free: deque[int] = deque(range(total))  # never-cached or evicted, unreferenced
         self.cached: dict[bytes, int] = {}  # key -> block index
         self.idle: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, least recent first
+        self.tier = tier  # engine/host_tier.py HostTier, or None: evicted blocks are gone
         self.hits = self.lookups = self.evictions = 0
 
     # ------------------------------------------------------------ counts
@@ -77,16 +80,20 @@ class BlockPool:
         unreferenced cached ones, evicted. OutOfBlocks (nothing taken) if there are not enough."""
         if n > self.available:
             raise OutOfBlocks(f"{n} blocks wanted, {self.available} available")
-        taken = []
+        taken, evicted = [], []
         for _ in range(n):
             if self.free:
                 index = self.free.popleft()
             else:
                 index, _ = self.idle.popitem(last=False)
-                self._unregister(self.blocks[index])
+                evicted.append(self.blocks[index])
                 self.evictions += 1
             self.blocks[index].refs = 1
             taken.append(index)
+        if evicted and self.tier is not None:
+            self.tier.store(evicted)  # their rows, before anyone writes over them
+        for block in evicted:
+            self._unregister(block)
         return taken
 
     def grow(self, table: list[int], positions: int) -> None:
@@ -122,21 +129,38 @@ class BlockPool:
 
     # ------------------------------------------------------------ prefix cache
 
-    def lookup(self, prompt, limit: int) -> list[int]:
-        """The cached chain of blocks that starts `prompt`, up to `limit` positions (whole blocks),
-        each taken with a reference; the caller rounds what it uses and releases the rest."""
+    def lookup(self, prompt, limit: int, align: int = 1) -> list[int]:
+        """The cached chain of blocks that starts `prompt`, up to `limit` positions, in whole runs
+        of `align` blocks, each taken with a reference: the pool's own blocks, then those the host
+        tier has (copied back into new blocks, as many as can be had)."""
         self.lookups += 1
-        found, parent = [], ROOT_KEY
+        found, parent, keys = [], ROOT_KEY, []  # keys: the chain's part in the host tier
         for start in range(0, limit - self.size + 1, self.size):
             tokens = tuple(prompt[start : start + self.size])
             key = block_key(parent, tokens)
             index = self.cached.get(key)
-            if index is None or self.blocks[index].tokens != tokens:
-                break
-            found.append(index)
+            if keys or index is None or self.blocks[index].tokens != tokens:
+                if self.tier is None or not self.tier.has(key, tokens):
+                    break
+                keys.append(key)
+            else:
+                found.append(index)
             parent = key
         for index in found:
             self._ref(index)
+        whole = (len(found) + min(len(keys), self.available)) // align * align
+        self.release(found[whole:])  # (release empties the list it is given)
+        found = found[:whole]
+        keys = keys[: whole - len(found)]
+        if keys:
+            entries = self.tier.take(keys)
+            indices = self.allocate(len(keys))
+            self.tier.load(indices, entries)
+            for index, key, entry in zip(indices, keys, entries):
+                block = self.blocks[index]
+                block.key, block.tokens, block.parent = key, entry.tokens, entry.parent
+                self.cached[key] = index
+            found += indices
         if found:
             self.hits += 1
         return found
@@ -154,6 +178,8 @@ class BlockPool:
                 if key not in self.cached:
                     block.key, block.tokens, block.parent = key, tokens, parent
                     self.cached[key] = block.index
+                    if self.tier is not None:
+                        self.tier.discard(key)
                 parent = key
             else:
                 parent = block.key
@@ -170,8 +196,9 @@ class BlockPool:
         block.key, block.tokens, block.parent = None, (), ROOT_KEY
 
     def status(self) -> dict[str, int]:
-        return {"total": self.total, "used": self.used, "cached": len(self.cached), "idle": len(self.idle),
-                "free": len(self.free), "block_size": self.size}
+        out = {"total": self.total, "used": self.used, "cached": len(self.cached), "idle": len(self.idle),
+               "free": len(self.free), "block_size": self.size}
+        return out | (self.tier.status() if self.tier is not None else {})
 
     def check(self, tables: list[list[int]]) -> None:
         """Invariants (tests): every block is exactly one of free / idle / referenced; reference
@@ -190,3 +217,8 @@ class BlockPool:
                 assert self.cached.get(block.key) == block.index
                 assert len(block.tokens) == self.size and block.key == block_key(block.parent, block.tokens)
         assert len(self.free) == len(set(self.free))
+        if self.tier is not None:  # a key lives in one tier; the host's within its budget, its chains named right
+            assert not set(self.tier.entries) & set(self.cached)
+            assert len(self.tier.entries) <= self.tier.capacity
+            for key, entry in self.tier.entries.items():
+                assert key == block_key(entry.parent, entry.tokens)

@@ -28,6 +28,7 @@ class EngineConfig:
     max_running: int = DEFAULT_MAX_RUNNING  # requests in the engine at once (memory permitting)
     kv_block: int | None = None  # positions per KV block (None: default_block(chunk))
     kv_tokens: int | None = None  # the KV pool's size in positions (None: engine/memory.py sizes it)
+    cache_ram_gib: float | None = None  # the host tier for evicted prefix blocks (None: engine/memory.py's default)
     prompt_reuse: bool = True  # the prefix cache: a prompt that starts as an earlier one reads only the rest
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
 
@@ -46,8 +47,14 @@ class EngineConfig:
         if self.chunk % block:
             raise ValueError(f"--chunk {self.chunk} must be a multiple of --kv-block {block} "
                              "(parks and prefix reuse stay block-aligned)")
+        if self.cache_ram_gib is not None and self.cache_ram_gib < 0:
+            raise ValueError(f"--cache-ram must be >= 0 GiB, got {self.cache_ram_gib:g}")
         if self.kv_tokens is not None and self.kv_tokens < block:
             raise ValueError(f"--kv-tokens must be at least one block ({block})")
+
+    @property
+    def cache_ram_bytes(self) -> int | None:
+        return None if self.cache_ram_gib is None else round(self.cache_ram_gib * 2**30)
 
     @property
     def block(self) -> int:
@@ -92,6 +99,10 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,
                    help="the prefix cache: a prompt that starts with blocks another request read (finished, "
                         "running or parked) reads only the rest, from a chunk boundary (default: on)")
+    p.add_argument("--cache-ram", dest="cache_ram_gib", type=float, metavar="GIB",
+                   help="host memory for prefix-cache blocks evicted from the KV pool, copied back when their "
+                        "prompt comes again instead of read again (default: on the GPU 8, at most a quarter of "
+                        "the host's memory; on the CPU 0, the pool being host memory already)")
     p.add_argument("--decode-interval-ms", type=float, default=DEFAULT_DECODE_INTERVAL_MS,
                    help="while a long prompt is read, the decoding requests get a step about this often: a "
                         "chunk that takes longer pauses between layers for them (default "
@@ -123,6 +134,7 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None,
                         cuda_graphs=not a.no_cuda_graphs, weights=a.weights, max_running=a.max_running,
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
+                        cache_ram_gib=a.cache_ram_gib,
                         decode_interval_ms=a.decode_interval_ms)
 
 

@@ -77,16 +77,24 @@ class KVCache:
         """The blocks of `table` that hold its rows [0, pos), as an index array."""
         return np.asarray(table[: -(-pos // self.block_size)], dtype=np.int64)
 
+    def read_blocks(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of these blocks' K and V: (layers, len(indices), kv_heads, block_size, d) each."""
+        held = np.asarray(indices, dtype=np.int64)
+        return self.backend.to_host(self.keys[:, held]), self.backend.to_host(self.values[:, held])
+
+    def write_blocks(self, indices, k: np.ndarray, v: np.ndarray) -> None:
+        """Host arrays shaped as read_blocks' into these blocks."""
+        held = self.backend.xp.asarray(np.asarray(indices, dtype=np.int64))
+        self.keys[:, held] = self.backend.asarray(k)
+        self.values[:, held] = self.backend.asarray(v)
+
     def snapshot(self, table, pos: int) -> KVSnapshot:
         """The blocks holding rows [0, pos) of the sequence with this table, copied to host memory."""
-        held = self.held(table, pos)
-        return KVSnapshot(pos, self.backend.to_host(self.keys[:, held]), self.backend.to_host(self.values[:, held]))
+        return KVSnapshot(pos, *self.read_blocks(self.held(table, pos)))
 
     def restore(self, table, snap: KVSnapshot) -> None:
         """A snapshot's rows into the (new) blocks of `table`, which covers at least snap.pos rows."""
-        held = self.backend.xp.asarray(np.asarray(table[: snap.k.shape[1]], dtype=np.int64))
-        self.keys[:, held] = self.backend.asarray(snap.k)
-        self.values[:, held] = self.backend.asarray(snap.v)
+        self.write_blocks(table[: snap.k.shape[1]], snap.k, snap.v)
 
     def gather(self, table, pos: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows [0, pos) of one sequence on the host: (layers, kv_heads, pos, d) each."""

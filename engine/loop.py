@@ -180,16 +180,18 @@ class EngineLoop:
             return
         self.seqs[seq.id] = seq
         self.line.append(seq)
-        self.write(m.Info({"cached": str(seq.cached), "blocks": str(len(seq.table))}, seq.id))
+        self.write(m.Info({"cached": str(seq.cached), "from_host": str(seq.from_host), "blocks": str(len(seq.table))},
+                          seq.id))
         self.report_pool()
 
     def report_pool(self) -> None:
         """The pool's state for the server's /status and /metrics (an INFO line without an id)."""
         pool = self.pool
-        self.write(m.Info({"pool_used": str(pool.used), "pool_cached": str(len(pool.cached)),
-                           "pool_free": str(len(pool.free)), "pool_idle": str(len(pool.idle)),
-                           "pool_evictions": str(pool.evictions), "pool_paused": str(len(self.paused)),
-                           "pool_pauses": str(self.pauses_total)}))
+        fields = {"used": pool.used, "cached": len(pool.cached), "free": len(pool.free), "idle": len(pool.idle),
+                  "evictions": pool.evictions, "paused": len(self.paused), "pauses": self.pauses_total}
+        if pool.tier is not None:
+            fields |= pool.tier.status()
+        self.write(m.Info({f"pool_{k}": str(v) for k, v in fields.items()}))
 
     def place(self, seq: Sequence, reuse: bool) -> bool:
         """Blocks for `seq` up to the end of its first chunk: a cached prefix first (rounded down to
@@ -198,15 +200,15 @@ class EngineLoop:
         chunk, size = self.runner.chunk, self.pool.size
         if reuse:
             limit = (seq.total - 1) // chunk * chunk
-            found = self.pool.lookup(seq.prompt, limit)
-            use = len(found) * size // chunk * chunk
-            seq.table = found[: use // size]
-            self.pool.release(found[use // size :])
-            seq.pos = seq.cached = use
+            loaded = self.pool.tier.loaded if self.pool.tier is not None else 0
+            seq.table = self.pool.lookup(seq.prompt, limit, align=chunk // size)
+            seq.pos = seq.cached = len(seq.table) * size
+            if self.pool.tier is not None:
+                seq.from_host = (self.pool.tier.loaded - loaded) * size
         if self.get_blocks(seq, chunk_end(seq.pos, seq.total, chunk), pause_others=False):
             return True
         self.pool.release(seq.table)
-        seq.pos = seq.cached = 0
+        seq.pos = seq.cached = seq.from_host = 0
         return False
 
     def get_blocks(self, seq: Sequence, positions: int, pause_others: bool = True) -> bool:

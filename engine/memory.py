@@ -15,6 +15,8 @@ RESERVE_BYTES = 1024 * MiB  # cuBLAS workspace, kernels, allocator slack
 CTX_ALIGN = 256
 DEFAULT_SNAPSHOT_BYTES = 2048 * MiB  # on the CPU, or when the GPU plan is not asked to size it
 CPU_POOL_CONTEXTS = 4  # on the CPU the pool holds this many full contexts by default (pages touched only when used)
+GPU_CACHE_RAM_BYTES = 8 << 30  # the host tier's default on the GPU (llama.cpp's --cache-ram default), at most
+HOST_SHARE_FOR_CACHE = 4  # ... a quarter of the host's memory
 
 
 def scratch_bytes(cfg: ModelConfig, chunk: int) -> int:
@@ -33,13 +35,15 @@ class MemoryPlan:
     snapshot_bytes: int  # host memory for parked reads moved out of the pool
     weights_bytes: int | None = None
     free_bytes: int | None = None
+    cache_ram_bytes: int = 0  # the host tier for evicted prefix blocks (engine/host_tier.py)
 
     @property
     def tokens(self) -> int:
         return self.blocks * self.block
 
     def info(self) -> dict[str, str]:
-        out = {"kv_cache_mib": str(self.kv_bytes // MiB), "snapshot_budget_mib": str(self.snapshot_bytes // MiB)}
+        out = {"kv_cache_mib": str(self.kv_bytes // MiB), "snapshot_budget_mib": str(self.snapshot_bytes // MiB),
+               "cache_ram_mib": str(self.cache_ram_bytes // MiB)}
         if self.weights_bytes is not None:
             out["weights_mib"] = str(self.weights_bytes // MiB)
         return out
@@ -52,15 +56,27 @@ def host_memory_bytes() -> int:
         return 16 << 30
 
 
+def cache_ram_default(backend: Backend) -> int:
+    """The host tier by default: on the GPU 8 GiB (a quarter of the host's memory if that is less);
+    on the CPU none, since the pool itself is host memory (a larger --kv-tokens does the same)."""
+    if backend.free_bytes() is None:
+        return 0
+    return min(GPU_CACHE_RAM_BYTES, host_memory_bytes() // HOST_SHARE_FOR_CACHE)
+
+
 def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chunk: int,
-                 snapshot_bytes: int | None, block: int = 64, pool_tokens: int | None = None) -> MemoryPlan:
+                 snapshot_bytes: int | None, block: int = 64, pool_tokens: int | None = None,
+                 cache_ram_bytes: int | None = None) -> MemoryPlan:
     """The pool of KV blocks, the most one request may hold, and the park snapshots' budget (None:
     sized here). CPU: --ctx, else the model's capped at ModelConfig.default_ctx; the pool
     --kv-tokens, else CPU_POOL_CONTEXTS of those; snapshots 2 GiB. GPU: the pool takes what the
     weights, the chunk scratch and a reserve leave (or --kv-tokens, if that fits: else a clear
     refusal with the numbers); a request may hold the model's trained context, or the whole pool
     if that is smaller (--ctx must fit the pool). Snapshots live in host memory: by default one
-    request's rows (any read can park), at most half of the host's."""
+    request's rows (any read can park), at most half of the host's. The host tier: `cache_ram_bytes`,
+    else cache_ram_default."""
+    if cache_ram_bytes is None:
+        cache_ram_bytes = cache_ram_default(backend)
     row = kv_row_bytes(cfg, backend)
     free = backend.free_bytes()
     if free is None:
@@ -70,7 +86,8 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chun
             raise ModelLoadError(f"--ctx {ctx} is larger than the KV pool (--kv-tokens {tokens})")
         blocks = -(-tokens // block)
         return MemoryPlan(ctx, blocks, block, blocks * block * row,
-                          snapshot_bytes if snapshot_bytes is not None else DEFAULT_SNAPSHOT_BYTES)
+                          snapshot_bytes if snapshot_bytes is not None else DEFAULT_SNAPSHOT_BYTES,
+                          cache_ram_bytes=cache_ram_bytes)
     weights = int(backend.xp.get_default_memory_pool().used_bytes())
     scratch = scratch_bytes(cfg, chunk)
     room = free - scratch - RESERVE_BYTES
@@ -91,4 +108,4 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chun
     ctx = requested or min(cfg.context_length, fits * block // CTX_ALIGN * CTX_ALIGN or fits * block)
     if snapshot_bytes is None:
         snapshot_bytes = min(ctx * row, host_memory_bytes() // 2)
-    return MemoryPlan(ctx, fits, block, fits * block * row, snapshot_bytes, weights, free)
+    return MemoryPlan(ctx, fits, block, fits * block * row, snapshot_bytes, weights, free, cache_ram_bytes)

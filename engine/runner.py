@@ -13,6 +13,7 @@ from engine.decode_graph import GraphDecoder
 from engine.draw_graph import DrawGraphs
 from engine.gguf_model import ModelConfig, Weights
 from engine.blocks import BlockPool
+from engine.host_tier import HostTier
 from engine.kv import KVCache, KVSnapshot
 from engine.model import LlamaModel
 from engine.prefill import chunk_end
@@ -26,13 +27,15 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: Weights, backend: Backend, ctx: int, chunk: int,
                  eos_ids: frozenset[int], model_path: str = "", memory: dict[str, str] | None = None,
                  cuda_graphs: bool = True, max_running: int = 1, blocks: int | None = None,
-                 block_size: int = 64):
+                 block_size: int = 64, cache_ram_bytes: int = 0):
         self.cfg, self.backend, self.ctx, self.chunk = cfg, backend, ctx, chunk
         self.max_running, self.max_batch = max_running, MAX_BATCH
         self.memory = memory or {}
         self.model = LlamaModel(cfg, weights, backend)
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks)
-        self.pool = BlockPool(self.kv.blocks, block_size)
+        tier = HostTier(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks) \
+            if cache_ram_bytes >= self.kv.block_bytes else None
+        self.pool = BlockPool(self.kv.blocks, block_size, tier)
         self.decoder = GraphDecoder(self.model, self.kv, backend) if cuda_graphs and backend.name == "gpu" else None
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
@@ -43,7 +46,9 @@ class ModelRunner:
                 "ctx": str(self.ctx), "chunk": str(self.chunk), "device": self.backend.device_name,
                 "vocab": str(self.vocab_size), "max_running": str(self.max_running),
                 "kv_blocks": str(self.pool.total), "kv_block": str(self.pool.size),
-                "kv_block_bytes": str(self.kv.block_bytes), "version": __version__} | self.memory
+                "kv_block_bytes": str(self.kv.block_bytes),
+                "cache_ram_blocks": str(self.pool.tier.capacity if self.pool.tier else 0),
+                "version": __version__} | self.memory
 
     def warm_up(self) -> None:
         """One small forward before READY, so the first request does not pay first-call costs

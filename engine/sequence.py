@@ -20,6 +20,7 @@ class Sequence:
     pos: int = 0  # prompt tokens read so far (KV rows filled)
     table: list[int] = field(default_factory=list)  # its KV blocks in position order (empty while in host memory)
     cached: int = 0  # prompt tokens whose rows the prefix cache already held (not read again)
+    from_host: int = 0  # of those, tokens whose rows came back from the host tier (--cache-ram)
     generated: list[int] = field(default_factory=list)
     logits: np.ndarray | None = None  # (vocab,) of the last position read, until sampled
     graph_row: int | None = None  # the logits are this row of the latest decode graph replay's

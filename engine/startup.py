@@ -32,16 +32,17 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     tokenizer = GGUFTokenizer(reader)
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
-                        config.kv_tokens)
+                        config.kv_tokens, config.cache_ram_bytes)
     runner = ModelRunner(cfg, weights, backend, plan.ctx, config.chunk,
                          tokenizer.end_ids, str(path), plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32"},
-                         config.cuda_graphs, config.max_running, plan.blocks, plan.block)
+                         config.cuda_graphs, config.max_running, plan.blocks, plan.block, plan.cache_ram_bytes)
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     runner.warm_up()
     log(f"loaded {cfg.name} ({cfg.n_layers} layers, KV pool of {plan.tokens} tokens in blocks of {plan.block} "
         f"({plan.kv_bytes / 2**30:.2f} GiB), up to {plan.ctx} tokens a request, "
-        f"park snapshots up to {plan.snapshot_bytes / 2**30:.2f} GiB) in {time.monotonic() - started:.1f}s")
+        f"park snapshots up to {plan.snapshot_bytes / 2**30:.2f} GiB, evicted prefix blocks up to "
+        f"{plan.cache_ram_bytes / 2**30:.2f} GiB in host memory) in {time.monotonic() - started:.1f}s")
     return runner, tokenizer, policy
 
 

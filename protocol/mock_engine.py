@@ -27,11 +27,17 @@ import numpy as np
 
 from engine.blocks import BlockPool
 from engine.cli import add_preempt_args, add_slots_arg, default_block, policy_from_args
+from engine.host_tier import HostTier
 from engine.loop import EngineLoop, Writer, engine_caps
 from engine.prefill import chunk_end
 from engine.sequence import Sequence
 
 FAULT_EXIT_CODE = 3
+
+
+def fake_rows(indices) -> tuple[np.ndarray, np.ndarray]:
+    """The mock has no KV rows: its host tier keeps empty stand-ins, (1, n, 1, 1, 1) each."""
+    return np.zeros((1, len(indices), 1, 1, 1), np.float32), np.zeros((1, len(indices), 1, 1, 1), np.float32)
 
 
 class FakeRunner:
@@ -42,7 +48,10 @@ class FakeRunner:
         self.ctx, self.chunk, self.vocab_size, self.layers = a.ctx, a.chunk, a.vocab, a.layers
         self.max_running, self.max_batch = a.max_running, 64
         block = a.kv_block or default_block(a.chunk)
-        self.pool = BlockPool(-(-(a.kv_tokens or a.ctx * max(4, a.max_running)) // block), block)
+        block_bytes = block * a.bytes_per_token
+        tier = HostTier(round(a.cache_ram_gib * 2**30), block_bytes, fake_rows, lambda *_: None) \
+            if a.cache_ram_gib and a.cache_ram_gib * 2**30 >= block_bytes else None  # rows of nothing
+        self.pool = BlockPool(-(-(a.kv_tokens or a.ctx * max(4, a.max_running)) // block), block, tier)
         self.ctx = min(self.ctx, self.pool.total * block)  # one request always fits the pool, as in strata
         self.eos_ids = frozenset({a.eos})
         self.script = tuple(int(t) for t in a.script.split(",")) if a.script else None
@@ -55,6 +64,7 @@ class FakeRunner:
         return {"model": "mock", "ctx": str(self.ctx), "chunk": str(self.chunk), "device": "none",
                 "max_running": str(self.max_running), "kv_blocks": str(self.pool.total),
                 "kv_block": str(self.pool.size), "kv_block_bytes": str(self.pool.size * self.a.bytes_per_token),
+                "cache_ram_blocks": str(self.pool.tier.capacity if self.pool.tier else 0),
                 "version": "mock"}
 
     def die(self, once: bool = True) -> None:

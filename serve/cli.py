@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,
                    help="the prefix cache: a prompt that starts as an earlier or running request's reads only "
                         "the rest (forwarded to the default engine; default: on)")
+    p.add_argument("--cache-ram", dest="cache_ram_gib", type=float, metavar="GIB",
+                   help="host memory for prefix-cache blocks evicted from the KV pool, copied back instead of read "
+                        "again (forwarded; default: on the GPU 8 GiB, on the CPU 0)")
     p.add_argument("--decode-interval-ms", type=float,
                    help="while a long prompt is read, decoding requests get a step about this often (forwarded to "
                         "the default engine; default: the engine's, 50)")
@@ -79,7 +82,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts,
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
-        kv_block=a.kv_block, prompt_reuse=a.prompt_reuse,
+        kv_block=a.kv_block, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
         decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts))
 
 

@@ -50,6 +50,7 @@ class ServerSettings:
     kv_tokens: int | None = None  # forwarded to the default engine: its KV pool in tokens
     kv_block: int | None = None  # forwarded to the default engine: positions per KV block
     prompt_reuse: bool = True  # forwarded to the default engine
+    cache_ram_gib: float | None = None  # forwarded to the default engine: its host tier (None: the engine's default)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
 
@@ -66,6 +67,8 @@ class ServerSettings:
             raise ValueError("--prefill-preempt-max-wait-s and --prefill-preempt-aged-s must be >= 0")
         if self.max_running is not None and self.max_running < 1:
             raise ValueError(f"--max-running must be >= 1, got {self.max_running}")
+        if self.cache_ram_gib is not None and self.cache_ram_gib < 0:
+            raise ValueError(f"--cache-ram must be >= 0 GiB, got {self.cache_ram_gib:g}")
         if self.decode_interval_ms is not None and self.decode_interval_ms < 0:
             raise ValueError(f"--decode-interval-ms must be >= 0, got {self.decode_interval_ms}")
         if self.reasoning_format not in REASONING_FORMATS:
@@ -86,6 +89,7 @@ class ServerSettings:
         cmd += ["--kv-tokens", str(self.kv_tokens)] if self.kv_tokens else []
         cmd += ["--kv-block", str(self.kv_block)] if self.kv_block else []
         cmd += [] if self.prompt_reuse else ["--no-prompt-reuse"]
+        cmd += [] if self.cache_ram_gib is None else ["--cache-ram", f"{self.cache_ram_gib:g}"]
         cmd += [] if self.decode_interval_ms is None else ["--decode-interval-ms", f"{self.decode_interval_ms:g}"]
         return cmd + self.preempt.engine_args()
 

@@ -38,7 +38,7 @@ class Finished:
     completion_tokens: int
     timings: dict
     stop_sequence: str | None = None  # the stop string that ended the output, if one did
-    cached_tokens: int = 0  # prompt tokens a kept conversation saved the engine from reading
+    cached_tokens: int = 0  # prompt tokens the prefix cache saved the engine from reading
 
 
 async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metrics,

@@ -40,6 +40,10 @@ class Metrics:
                                   registry=r)
         self.reused_tokens = Counter("strata_prompt_reused_tokens", "Prompt tokens not read again thanks to the "
                                      "prefix cache", registry=r)
+        self.host_reused_tokens = Counter("strata_prompt_reused_from_host_tokens", "Of those, tokens whose rows "
+                                          "were copied back from the host tier (--cache-ram)", registry=r)
+        self.host_blocks = Gauge("strata_kv_host_blocks", "The host tier of evicted prefix blocks (--cache-ram): "
+                                 "held, capacity", ["state"], registry=r)
         self.park_duration = Histogram("strata_park_duration_seconds", "Time from SUSPENDED to RESUME",
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.engine_restarts = Counter("strata_engine_restarts", "Engine processes restarted after dying", registry=r)
@@ -62,13 +66,16 @@ class Metrics:
         for state, key in (("total", "kv_blocks"), ("used", "used"), ("cached", "cached"), ("free", "free")):
             self.kv_blocks.labels(state).set_function(lambda key=key: kv(key))
         self.kv_bytes_per_token.set_function(lambda: kv("bytes_per_token"))
+        self.host_blocks.labels("held").set_function(lambda: kv("host_blocks"))
+        self.host_blocks.labels("capacity").set_function(lambda: kv("cache_ram_blocks"))
         self.waiting_for_memory.set_function(lambda: int(scheduler.memory_full))
 
-    def observe_prompt_reuse(self, cached: int) -> None:
+    def observe_prompt_reuse(self, cached: int, from_host: int = 0) -> None:
         self.reuse_lookups.inc()
         if cached:
             self.reuse_hits.inc()
             self.reused_tokens.inc(cached)
+            self.host_reused_tokens.inc(from_host)
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)

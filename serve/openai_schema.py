@@ -140,7 +140,7 @@ class CompletionRequest(SamplingFields):
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """cached_tokens: the prompt's start a slot still held from an earlier turn (not read again)."""
+    """cached_tokens: the prompt's start the prefix cache held (another request's blocks: not read again)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}

@@ -52,6 +52,7 @@ class Scheduler:
         self.closed = False
         self.memory_full = False  # the engine deferred a request for memory: nothing goes in until one ends
         self.deferred = 0  # DEFER lines seen
+        self.reuse = {"lookups": 0, "hits": 0, "tokens": 0, "from_host": 0}  # the prefix cache, as the GENs met it
         self.pool: dict[str, int] = {}  # the engine's latest pool report (INFO without an id)
         self._warned_no_cap = False
         metrics.watch_scheduler(self)
@@ -156,10 +157,14 @@ class Scheduler:
         if "cached" not in fields:
             return
         try:
-            req.cached = int(fields["cached"])
+            req.cached, from_host = int(fields["cached"]), int(fields.get("from_host", 0))
         except ValueError:
             return
-        self.metrics.observe_prompt_reuse(req.cached)
+        self.metrics.observe_prompt_reuse(req.cached, from_host)
+        self.reuse["lookups"] += 1
+        self.reuse["hits"] += bool(req.cached)
+        self.reuse["tokens"] += req.cached
+        self.reuse["from_host"] += from_host
         if req.cached:
             req.prompt_done = req.cached
 
@@ -418,7 +423,13 @@ class Scheduler:
     def kv_status(self) -> dict:
         """The engine's pool as it last reported it, with what the server knows of its requests."""
         fields = self.engine.info.fields if self.engine is not None else {}
-        out = {k: int(fields[k]) for k in ("kv_blocks", "kv_block", "kv_block_bytes") if fields.get(k, "").isdigit()}
+        out = {k: int(fields[k]) for k in ("kv_blocks", "kv_block", "kv_block_bytes", "cache_ram_blocks")
+               if fields.get(k, "").isdigit()}
         if "kv_block" in out and "kv_block_bytes" in out:
             out["bytes_per_token"] = out["kv_block_bytes"] // max(1, out["kv_block"])
-        return out | self.pool | {"paused": sum(r.paused for r in self.running), "deferred": self.deferred}
+        reuse = self.reuse
+        prefix = {"lookups": reuse["lookups"], "hits": reuse["hits"], "tokens_reused": reuse["tokens"],
+                  "tokens_from_host": reuse["from_host"],
+                  "hit_rate": round(reuse["hits"] / reuse["lookups"], 4) if reuse["lookups"] else None}
+        return out | self.pool | {"paused": sum(r.paused for r in self.running), "deferred": self.deferred,
+                                  "prefix_cache": prefix}

@@ -1,7 +1,8 @@
 """The KV pool's guarantees on a real engine, CPU or GPU, through its pipes:
 
-1. a prompt whose start another request read (finished, still decoding, parked) reuses those blocks
-   and gives the same greedy tokens and the same state fingerprint as a cold read of it;
+1. a prompt whose start another request read (finished, still decoding, parked, or evicted from the
+   pool and kept in the host tier, --cache-ram) reuses those blocks and gives the same greedy tokens
+   and the same state fingerprint as a cold read of it;
 2. requests decoding together (a batch as large as the running set) give their solo tokens;
 3. a pool too small for everyone at once (--kv-tokens) defers, moves out and pauses, and every
    request still gives its solo tokens.
@@ -114,6 +115,50 @@ def check_reuse(a, report: list) -> None:
     cold, cold_done, _ = answer(e, 6)
     report.append({"check": "reuse from a request still decoding", "cached": got["cached"],
                    "ok": tokens_e == cold and got[5].extra["fp"] == cold_done.extra["fp"] and got["cached"] == 2 * c})
+    # parked: F's long read parks at a chunk boundary past 2 chunks; G shares F's first two chunks
+    f_prompt = prompt(6, 12 * c + 3, vocab)
+    e.send(m.Gen(1, f_prompt, params, 7))
+    while not (isinstance(msg := e.read(), m.PP) and msg.id == 7 and msg.done >= 2 * c):
+        if isinstance(msg, m.Done) and msg.id == 7:
+            raise RuntimeError("F finished before its read could park")
+    e.send(m.Yield(7))
+    while not isinstance(msg := e.read(), (m.Suspended, m.Decline)) or msg.id != 7:
+        pass
+    if isinstance(msg, m.Decline):
+        raise RuntimeError(f"F's park was declined ({msg.reason})")
+    g_prompt = prompt(8, 2 * c + c // 2, vocab, f_prompt[: 2 * c])
+    e.send(m.Gen(a.max_new, g_prompt, params, 8))
+    warm, warm_done, info = answer(e, 8)
+    e.send(m.Gen(a.max_new, g_prompt, params | {"reuse": 0}, 9))
+    cold, cold_done, _ = answer(e, 9)
+    e.send(m.Cancel(7))
+    answer(e, 7)
+    report.append({"check": "reuse from a parked read", "cached": int(info.get("cached", 0)),
+                   "ok": warm == cold and warm_done.extra["fp"] == cold_done.extra["fp"] and int(info["cached"]) == 2 * c})
+    e.close()
+
+
+def check_host_tier(a, report: list) -> None:
+    """A pool of six chunks with a host tier: H's cached chunks are evicted by a request that needs
+    the whole pool, copied to host memory, and copied back when H's prompt comes again."""
+    c = a.chunk
+    e = engine(a, "--kv-tokens", str(6 * c), "--ctx", str(6 * c), "--kv-block", str(c), "--cache-ram", "0.25")
+    vocab, params = int(e.info["vocab"]), {"fp": 1, "seed": 7}
+    shared = prompt(11, 3 * c + c // 2, vocab)
+    e.send(m.Gen(a.max_new, shared, params, 1))
+    answer(e, 1)
+    filler = prompt(12, 6 * c - a.max_new - 1, vocab)  # every block of the pool: H's are evicted
+    e.send(m.Gen(a.max_new, filler, params | {"reuse": 0}, 2))
+    answer(e, 2)
+    again = prompt(13, 4 * c + 5, vocab, shared)
+    e.send(m.Gen(a.max_new, again, params, 3))
+    warm, warm_done, info = answer(e, 3)
+    e.send(m.Gen(a.max_new, again, params | {"reuse": 0}, 4))
+    cold, cold_done, _ = answer(e, 4)
+    report.append({"check": "reuse from the host tier after eviction", "cached": int(info.get("cached", 0)),
+                   "from_host": int(info.get("from_host", 0)),
+                   "ok": warm == cold and warm_done.extra["fp"] == cold_done.extra["fp"]
+                   and int(info.get("from_host", 0)) == int(info.get("cached", 0)) == 3 * c})
     e.close()
 
 
@@ -165,13 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--max-new", type=int, default=16)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--only", choices=("reuse", "pressure"), help="run one of the two groups of checks")
+    p.add_argument("--only", choices=("reuse", "host", "pressure"), help="run one group of checks")
     p.add_argument("--engine-args", default="", help="more engine flags (e.g. --no-cuda-graphs)")
     p.add_argument("--wrap", default="", help="a command to run the engine under (e.g. compute-sanitizer)")
     p.add_argument("--json")
     a = p.parse_args(argv)
     report: list[dict] = []
-    checks = {"reuse": check_reuse, "pressure": check_batch_and_pressure}
+    checks = {"reuse": check_reuse, "host": check_host_tier, "pressure": check_batch_and_pressure}
     for check in [checks[a.only]] if a.only else checks.values():
         done = len(report)
         try:

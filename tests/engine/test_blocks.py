@@ -1,13 +1,17 @@
 """The block pool and its prefix cache (engine/blocks.py): a hypothesis state machine of tables that
 take blocks, grow, register their whole chunks, look up shared prefixes and let go, with the pool's
 invariants checked after every step (no block both free and referenced, reference counts equal the
-tables holding them, a cached block's key is its tokens' chain)."""
+tables holding them, a cached block's key is its tokens' chain), over a host tier that keeps evicted
+blocks' rows and copies them back (a block's rows always equal the tokens its key names)."""
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import pytest
 
+import numpy as np
+
 from engine.blocks import BlockPool, OutOfBlocks, block_key
+from engine.host_tier import HostTier
 
 SIZE = 4
 PREFIXES = [tuple(range(100, 140)), tuple(range(200, 240))]  # two system prompts many requests share
@@ -19,24 +23,48 @@ def prompt_strategy():
     return st.tuples(head, tail).map(lambda ht: ht[0] + ht[1]).filter(lambda p: len(p) >= 1)
 
 
+class FakeRows:
+    """KV rows standing for the tokens they were written for: (1, blocks, 1, SIZE, 1)."""
+
+    def __init__(self, blocks: int):
+        self.rows = np.full((1, blocks, 1, SIZE, 1), -1, dtype=np.int64)
+
+    def read(self, indices):
+        return self.rows[:, list(indices)].copy(), self.rows[:, list(indices)].copy()
+
+    def write(self, indices, k, v):
+        assert (k == v).all()
+        self.rows[:, list(indices)] = k
+
+    def tokens(self, index: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in self.rows[0, index, 0, :, 0])
+
+
 class PoolMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.pool = BlockPool(24, SIZE)
+        self.kv = FakeRows(24)
+        self.pool = BlockPool(24, SIZE, HostTier(6 * 8, 8, self.kv.read, self.kv.write))  # 6 blocks of 8 bytes
         self.tables: dict[int, tuple[list[int], tuple[int, ...]]] = {}  # id -> (table, prompt)
         self.next_id = 0
 
-    @rule(prompt=prompt_strategy())
-    def admit(self, prompt):
+    @rule(prompt=prompt_strategy(), align=st.sampled_from([1, 2]))
+    def admit(self, prompt, align):
         limit = (len(prompt) - 1) // SIZE * SIZE
-        found = self.pool.lookup(prompt, limit)
+        found = self.pool.lookup(prompt, limit, align)
+        assert len(found) % align == 0
         for i, index in enumerate(found):  # a hit is the very tokens, at the very place in the chain
             assert self.pool.blocks[index].tokens == tuple(prompt[i * SIZE : (i + 1) * SIZE])
+            assert self.kv.tokens(index) == self.pool.blocks[index].tokens  # and its rows are theirs
+        reused = len(found)
         try:
             self.pool.grow(found, len(prompt))
         except OutOfBlocks:
             self.pool.release(found)
             return
+        for i, index in enumerate(found[reused:], start=reused):  # the read writes the rest's rows
+            part = prompt[i * SIZE : (i + 1) * SIZE]
+            self.kv.rows[0, index, 0, :, 0] = tuple(part) + (-1,) * (SIZE - len(part))
         self.tables[self.next_id] = (found, prompt)
         self.next_id += 1
 
@@ -70,6 +98,10 @@ class PoolMachine(RuleBasedStateMachine):
     def consistent(self):
         self.pool.check([t for t, _ in self.tables.values()])
         assert self.pool.used + self.pool.available == self.pool.total
+        for index in self.pool.cached.values():
+            assert self.kv.tokens(index) == self.pool.blocks[index].tokens
+        for entry in self.pool.tier.entries.values():  # a host copy holds its own tokens' rows
+            assert tuple(int(t) for t in entry.k[0, 0, :, 0]) == entry.tokens
 
 
 TestPoolMachine = PoolMachine.TestCase
@@ -122,3 +154,21 @@ def test_asking_more_than_the_pool_is_refused_whole():
     with pytest.raises(OutOfBlocks):
         pool.allocate(3)
     assert pool.available == 2
+
+
+def test_an_evicted_prefix_comes_back_from_the_host_tier_by_copy():
+    kv = FakeRows(3)
+    pool = BlockPool(3, SIZE, HostTier(4 * 8, 8, kv.read, kv.write))
+    prompt = tuple(range(12))
+    table = pool.allocate(3)
+    kv.rows[0, table, 0, :, 0] = np.asarray(prompt).reshape(3, SIZE)
+    pool.register(table, prompt, 12)
+    pool.release(table)
+    other = pool.allocate(3)  # all three evicted into the tier, their rows overwritten next
+    kv.rows[0, other, 0, :, 0] = 7
+    assert pool.tier.stored == 3 and not pool.cached
+    pool.release(other)
+    back = pool.lookup(prompt + (99,), 12, align=2)  # a chunk of two blocks: two come back, not three
+    assert len(back) == 2 and pool.tier.loaded == 2 and len(pool.tier.entries) == 1
+    assert [kv.tokens(i) for i in back] == [prompt[:4], prompt[4:8]]
+    pool.check([back])

@@ -67,3 +67,12 @@ def test_on_the_cpu_the_context_is_the_models_capped_and_snapshots_get_two_gib()
     assert plan_context(LLAMA3_8B, cpu, 20000, 256, None).ctx == 20000
     with pytest.raises(ModelLoadError, match="larger than the KV pool"):
         plan_context(LLAMA3_8B, cpu, 20000, 256, None, pool_tokens=1024)
+
+
+def test_the_host_tier_gets_eight_gib_beside_a_gpu_a_quarter_of_a_small_host_and_none_on_the_cpu(monkeypatch):
+    assert plan_context(LLAMA3_8B, device(40), None, 2048, None).cache_ram_bytes == 8 * GiB
+    assert plan_context(LLAMA3_8B, device(40), None, 2048, None, cache_ram_bytes=GiB).cache_ram_bytes == GiB
+    cpu = SimpleNamespace(weight_dtype=np.float32, free_bytes=lambda: None)
+    assert plan_context(LLAMA3_8B, cpu, None, 256, None).cache_ram_bytes == 0
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 16 * GiB)
+    assert plan_context(LLAMA3_8B, device(40), None, 2048, None).cache_ram_bytes == 4 * GiB

@@ -128,9 +128,10 @@ def test_the_next_turn_reuses_the_conversation_from_the_prefix_cache(server):
 
 @pytest.fixture(scope="module")
 def mock_server():
-    """Four running at most, over a pool of 384 tokens: two long prompts do not fit beside each other."""
+    """Four running at most, over a pool of 384 tokens: two long prompts do not fit beside each other;
+    a host tier of 64 blocks (16 tokens of 1 KiB each) keeps what the pool evicts."""
     cmd = mock_engine_cmd("--max-running", "4", "--kv-tokens", "384", "--chunk", "16", "--chunk-s", "0.01",
-                          "--token-s", "0.01")
+                          "--token-s", "0.01", "--cache-ram", str(64 * 16 * 1024 / 2**30))
     with ServerProcess(engine_cmd=cmd, extra=["--prefill-preempt-aged-s", "0.5"]).start() as s:
         yield s
 
@@ -198,3 +199,29 @@ def test_a_pool_too_small_for_everyone_defers_and_answers_all(mock_server):
     assert codes == [200] * 6
     kv = status(mock_server)["kv"]
     assert kv.get("pauses", 0) + kv.get("deferred", 0) > before
+
+
+def test_an_evicted_conversation_comes_back_from_the_host_tier(mock_server):
+    """A 200-token prompt, then one that needs the whole pool (its blocks are evicted into the host
+    tier), then the first again: its start is copied back, not read again, and /status and /metrics
+    say so."""
+    def complete(prompt):
+        r = httpx.post(f"{mock_server.url}/v1/completions", timeout=60, json={"prompt": prompt, "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]
+
+    first = list(range(20000, 20200))
+    complete(first)
+    before = status(mock_server)["kv"]
+    complete(list(range(30000, 30370)))  # 370 of the pool's 384 tokens
+    kv = status(mock_server)["kv"]
+    assert kv["host_stored"] > before.get("host_stored", 0) and kv["host_blocks"] > 0
+    m_before = metrics(mock_server.url)
+    usage = complete(first)
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 192  # twelve whole chunks of 16, short of the last token
+    after = status(mock_server)["kv"]
+    assert after["prefix_cache"]["tokens_from_host"] - before["prefix_cache"]["tokens_from_host"] == 192
+    assert after["host_loaded"] > before.get("host_loaded", 0) and after["cache_ram_blocks"] == 64
+    m_after = metrics(mock_server.url)
+    assert m_after["strata_prompt_reused_from_host_tokens_total"] > m_before["strata_prompt_reused_from_host_tokens_total"]
+    assert m_after["strata_kv_host_blocks{state=capacity}"] == 64
