@@ -23,6 +23,8 @@
 constexpr int WARPS = 4;
 constexpr int BR = 16 * WARPS;  // query rows per block (16 per warp: the mma's M)
 constexpr int BC = 64;          // keys per tile: S is 16 x 64 per warp = 32 fp32 registers a thread
+constexpr int BC_LOG2 = 6;
+static_assert(BC == 1 << BC_LOG2, "BC_LOG2");
 constexpr int PAD = 8;          // fp16 padding per shared row: rows land on distinct banks
 #define NEG_INF (-__int_as_float(0x7f800000))  // -inf (NVRTC has no <math.h> INFINITY)
 static_assert(BR == BC, "stage 1's K tile also stages the Q rows");
@@ -40,10 +42,14 @@ template <int D>
 __device__ __forceinline__ void load_kv_tile(__half* ks, __half* vs, const __half* k, const __half* v,
                                              const int* tbl, int kvh, int kv_heads, int block_log2, int k0,
                                              int key_end) {
+    // k0 is a multiple of BC: with blocks of BC keys or more the tile lies in one block, found once
+    const bool one_block = block_log2 >= BC_LOG2;
+    const size_t tile_row = one_block ? kv_row(tbl, k0, kvh, kv_heads, block_log2, D) : 0;
     for (int c = threadIdx.x; c < BC * D / 8; c += WARPS * 32) {
         const int r = c / (D / 8), col = (c % (D / 8)) * 8;
         const bool ok = k0 + r < key_end;
-        const size_t off = ok ? kv_row(tbl, k0 + r, kvh, kv_heads, block_log2, D) + col : 0;
+        const size_t row = one_block ? tile_row + (size_t)r * D : kv_row(tbl, k0 + r, kvh, kv_heads, block_log2, D);
+        const size_t off = ok ? row + col : 0;
         cp_async16(ks + r * Tiles<D>::ROW + col, k + off, ok);
         cp_async16(vs + r * Tiles<D>::ROW + col, v + off, ok);
     }
@@ -234,6 +240,8 @@ FLASH_ATTENTION(128)
 // loaded before any is used, so one memory round trip serves 16 keys.
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_ROUND = 16;  // keys a warp takes per round: 4 quads of 4 keys
+constexpr int DEC_ROUND_LOG2 = 4;
+static_assert(DEC_ROUND == 1 << DEC_ROUND_LOG2, "DEC_ROUND_LOG2");
 constexpr int DEC_MAX_SPLITS = 64;  // per_block is chosen so that no grid has more
 
 template <int BYTES> struct Bits;
@@ -299,22 +307,28 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
         }
         const int per_warp = per_block / DEC_WARPS, begin = first + warp * per_warp;
         const int end = min(begin + per_warp, kv_len);
+        // base is a multiple of DEC_ROUND (per_warp is): with blocks of DEC_ROUND keys or more a
+        // round's keys lie in one block, found once a round
+        const bool one_block = block_log2 >= DEC_ROUND_LOG2;
 #pragma unroll 1
         for (int base = begin; base < end; base += DEC_ROUND) {
+            const size_t round_row = one_block ? kv_row(tbl, base, hk, model_kv_heads, block_log2, D) : 0;
+            auto row = [&](int key) {
+                return one_block ? round_row + (size_t)(key - base) * D
+                                 : kv_row(tbl, key, hk, model_kv_heads, block_log2, D);
+            };
             KT kr[4][KN];
             VT vr[DEC_ROUND];
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {
                 const int key = base + 4 * qd + sub;
-                const KT* src = reinterpret_cast<const KT*>(
-                    k + kv_row(tbl, min(key, end - 1), hk, model_kv_heads, block_log2, D) + chunk * DQ);
+                const KT* src = reinterpret_cast<const KT*>(k + row(min(key, end - 1)) + chunk * DQ);
 #pragma unroll
                 for (int c = 0; c < KN; ++c) kr[qd][c] = key < end ? src[c] : KT{};
             }
 #pragma unroll
             for (int j = 0; j < DEC_ROUND; ++j)
-                vr[j] = base + j < end ? reinterpret_cast<const VT*>(
-                    v + kv_row(tbl, base + j, hk, model_kv_heads, block_log2, D))[lane] : VT{};
+                vr[j] = base + j < end ? reinterpret_cast<const VT*>(v + row(base + j))[lane] : VT{};
             float sc[4][G];  // the score of key base + 4 qd + sub, head h
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {
