@@ -1,5 +1,5 @@
 """The scheduler as a state machine (hypothesis stateful): random arrivals (lengths, priorities,
-answer lengths), clients leaving (a STOP for a running request, a CANCEL for a parked one), time
+answer lengths, some starting with one of two shared system prompts), clients leaving (a STOP for a running request, a CANCEL for a parked one), time
 passing and engine deaths, against the real engine loop over the mock's fake model, in process
 and on a fake clock so that hundreds of steps take a second.
 
@@ -29,6 +29,8 @@ from serve.request import EngineFailure, Phase, Request
 from serve.scheduler import Scheduler
 
 SLOTS, MAX_WAIT_S, MAX_RETRIES, BYTES_PER_TOKEN = 3, 5.0, 2, 1024
+HOST_BLOCKS = 6  # the host tier keeps six evicted blocks of 16 positions
+HEADS = {1: list(range(40000, 40064)), 2: list(range(45000, 45064))}  # two system prompts of four chunks
 POLICY = ParkPolicy(enabled=True, min_tokens=0, max_parks=3, budget_bytes=120 * BYTES_PER_TOKEN, max_parked=2)
 
 
@@ -50,7 +52,8 @@ class InProcessEngine:
         self.state, self.failure, self.out = EngineState.READY, "", []
         self.info = EngineInfo(ctx=kv_tokens, caps=engine_caps(POLICY), fields={"max_running": str(slots)})
         args = build_parser().parse_args(["--max-running", str(slots), "--kv-tokens", str(kv_tokens), "--chunk", "16",
-                                          "--chunk-s", "0", "--token-s", "0", "--bytes-per-token", str(BYTES_PER_TOKEN)])
+                                          "--chunk-s", "0", "--token-s", "0", "--bytes-per-token", str(BYTES_PER_TOKEN),
+                                          "--cache-ram", str(HOST_BLOCKS * 16 * BYTES_PER_TOKEN / 2**30)])
         self.loop = EngineLoop(FakeRunner(args, lambda line: None), POLICY, self.out.append, self.info.caps)
 
     @property
@@ -101,11 +104,12 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ rules
 
-    @rule(n=st.integers(1, 90), priority=st.integers(0, 1), max_tokens=st.integers(1, 12))
-    def arrive(self, n, priority, max_tokens):
+    @rule(n=st.integers(1, 90), priority=st.integers(0, 1), max_tokens=st.integers(1, 12),
+          head=st.sampled_from([0, 1, 1, 2, 2]), shared=st.integers(1, 64))
+    def arrive(self, n, priority, max_tokens, head=0, shared=0):
         base = 1000 + 200 * len(self.requests)
-        req = Request(list(range(base, base + n)), max_tokens, {"temperature": 0.0}, priority=priority,
-                      arrived=self.clock.now)
+        prompt = (HEADS[head][:shared] if head else []) + list(range(base, base + n))
+        req = Request(prompt, max_tokens, {"temperature": 0.0}, priority=priority, arrived=self.clock.now)
         self.requests.append(req)
         self.scheduler.submit(req)
 
