@@ -347,23 +347,7 @@ def speed(k: GpuKernels) -> dict:
         a, w = cp.asarray(half_normal(m_, k_)), cp.asarray(half_normal(n_, k_, scale=0.02))
         ms = median_ms(lambda: a @ w.T)
         out[f"gemm_{m_}x{n_}x{k_}_tflops"] = round(2 * m_ * n_ * k_ / ms / 1e9, 1)
-    heads, kv_heads, d, n = 32, 8, 128, 2048
-    for depth in (0, 14336, 63488):
-        ctx = depth + n
-        q = cp.asarray(half_normal(n, heads, d))
-        kc, vc, table = paged(KV_BLOCK, half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d))
-        kc, vc, step = cp.asarray(kc), cp.asarray(vc), k.step(n, depth, table)
-        ms = median_ms(lambda: k.attention(q, kc, vc, step))
-        flops = 4 * n * heads * d * (depth + (n + 1) / 2)  # QK^T and PV over the visible keys
-        out[f"attention_chunk{n}_depth{depth}_tflops"] = round(flops / ms / 1e9, 1)
-        out[f"attention_chunk{n}_depth{depth}_ms"] = round(ms, 3)
-    for depth in (1024, 46832, 131071):  # one decode token: bound by reading K and V once
-        kc, vc, table = paged(KV_BLOCK, half_normal(kv_heads, depth + 1, d), half_normal(kv_heads, depth + 1, d))
-        kc, vc = cp.asarray(kc), cp.asarray(vc)
-        q, step = cp.asarray(half_normal(1, heads, d)), k.step(1, depth, table)
-        ms = median_ms(lambda: k.attention(q, kc, vc, step))
-        out[f"decode_attention_depth{depth}_us"] = round(ms * 1000, 1)
-        out[f"decode_attention_depth{depth}_tb_s"] = round(2 * kv_heads * (depth + 1) * d * 2 / ms / 1e9, 2)
+    out |= attention_speed(k, KV_BLOCK)
     from engine.draw_graph import DrawGraphs
     from engine.sampler import Sampler, SamplingParams
 
@@ -386,6 +370,45 @@ def speed(k: GpuKernels) -> dict:
     out |= moe_speed(k)
     for key, value in out.items():
         print(f"{key:40s} {value}", flush=True)
+    return out
+
+
+def attention_speed(k: GpuKernels, block: int | None) -> dict:
+    """Prompt attention (a 2,048-token chunk at three depths) and decode attention (one token at
+    three depths), 32 query / 8 KV heads of 128, K/V in shuffled blocks of `block` positions
+    (None: one block holding the whole sequence, i.e. contiguous rows)."""
+    out, (heads, kv_heads, d, n) = {}, (32, 8, 128, 2048)
+
+    def pools(ctx: int):
+        size = block or 1 << (ctx - 1).bit_length()
+        kc, vc, table = paged(size, half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d))
+        return cp.asarray(kc), cp.asarray(vc), table
+
+    for depth in (0, 14336, 63488):
+        q = cp.asarray(half_normal(n, heads, d))
+        kc, vc, table = pools(depth + n)
+        step = k.step(n, depth, table)
+        ms = median_ms(lambda: k.attention(q, kc, vc, step))
+        flops = 4 * n * heads * d * (depth + (n + 1) / 2)  # QK^T and PV over the visible keys
+        out[f"attention_chunk{n}_depth{depth}_tflops"] = round(flops / ms / 1e9, 1)
+        out[f"attention_chunk{n}_depth{depth}_ms"] = round(ms, 3)
+    for depth in (1024, 46832, 131071):  # one decode token: bound by reading K and V once
+        kc, vc, table = pools(depth + 1)
+        q, step = cp.asarray(half_normal(1, heads, d)), k.step(1, depth, table)
+        ms = median_ms(lambda: k.attention(q, kc, vc, step), 50)
+        out[f"decode_attention_depth{depth}_us"] = round(ms * 1000, 1)
+        out[f"decode_attention_depth{depth}_tb_s"] = round(2 * kv_heads * (depth + 1) * d * 2 / ms / 1e9, 2)
+    return out
+
+
+def block_sweep(k: GpuKernels, sizes: list[int | None]) -> dict:
+    """attention_speed per block size, side by side in one run (None: contiguous)."""
+    out = {}
+    for size in sizes:
+        out[str(size or "contiguous")] = row = attention_speed(k, size)
+        print(f"block {size or 'contiguous':>10}: " + "  ".join(f"{key.replace('attention_', '')}={value}"
+                                                             for key, value in row.items() if not key.endswith("_ms")),
+              flush=True)
     return out
 
 
@@ -417,8 +440,16 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     p.add_argument("--no-speed", action="store_true")
+    p.add_argument("--block-sweep", help="only time attention with K/V in blocks of these sizes (comma-separated; "
+                                         "0: contiguous), side by side")
     a = p.parse_args()
     k = GpuKernels(cp)
+    if a.block_sweep:
+        sweep = block_sweep(k, [int(x) or None for x in a.block_sweep.split(",")])
+        if a.json:
+            Path(a.json).write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                                                "block_sweep": sweep}, indent=1) + "\n")
+        return 0
     check_attention(k)
     check_fused_q8(k)
     check_norm_rope_swiglu(k)
