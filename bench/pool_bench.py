@@ -23,8 +23,10 @@ Cases (each repeated --repeats times; medians are reported beside every run's fi
   (the agent), then --agents requests at once with the same system prompt and their own tails.
   TTFT p50 / max and usage.prompt_tokens_details.cached_tokens (llama.cpp: also timings.cache_n).
   A fresh system prompt each repeat, so the agent really is the first to read it.
-- kv (Strata only: GET /status's "kv"): the pool before, while --conversations requests of about
-  --conversation-tokens tokens each (80% prompt, 20% answer) run, and after they have finished.
+- kv (Strata only: GET /status's "kv", the engine's pool as it last reported it, at a GEN or a DONE):
+  before, the report with the most blocks in use while --conversations requests of about
+  --conversation-tokens tokens each (80% prompt, 20% answer) run, and after they have finished:
+  blocks still held by a request (used) and kept only as prefix cache (idle, evictable).
 
 Decoders and clients send `ignore_eos` (llama.cpp honours it; Strata ignores unknown fields, so on
 a random model a Strata stream can end early on an end token: completion tokens are counted from
@@ -146,7 +148,7 @@ def chat(url: str, messages: list[dict], max_tokens: int, temperature: float = 0
                         stamps.append(now)
                 out["usage"] = chunk.get("usage") or out["usage"]
                 out["timings"] = chunk.get("timings") or out["timings"]
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:  # transport, or a line that is not a chunk
         out["error"] = f"{type(e).__name__}: {e}"
     out["done"] = time.monotonic()
     return out
@@ -193,7 +195,8 @@ def medians(runs: list[dict]) -> dict:
     out = {}
     for k in keys:
         vals = [r[k] for r in runs if isinstance(r.get(k), (int, float))]
-        out[k] = round(statistics.median(vals), 3) if vals else None
+        m = statistics.median(vals) if vals else None
+        out[k] = None if m is None else int(m) if float(m).is_integer() else round(m, 3)
     return out
 
 
@@ -229,11 +232,13 @@ def hol_run(url: str, n: int, prompt: list[int], a: argparse.Namespace) -> dict:
     b = send_b(url, 16)
     reader.join(TIMEOUT_S)
     stop.set()
+    deadline = time.monotonic() + 60  # a decoder sees the stop at its next streamed line
     for t in decoders:
-        t.join(60)
+        t.join(max(0.0, deadline - time.monotonic()))
     b_first = b["first"] if b["first"] is not None else b["done"]
     a_from, a_to = a_out.get("sent", b["sent"]), a_out.get("done", b["done"])
     gaps = [t1 - t0 for s in stamps for t0, t1 in zip(s, s[1:]) if a_from <= t0 and t1 <= a_to]
+    gaps_ms = [g * 1000 for g in gaps]  # the decoders' time between streamed chunks while A was in the server
     timings = a_out.get("timings", {})
     return {"decoders": n, "decoders_ready": ready, "decoders_ready_s": round(ready_s, 3),
             "b_ttft_s": round(b_first - b["sent"], 3), "b_done_s": round(b["done"] - b["sent"], 3),
@@ -242,13 +247,14 @@ def hol_run(url: str, n: int, prompt: list[int], a: argparse.Namespace) -> dict:
             "a_prompt_ms": timings.get("prompt_ms"), "a_cache_n": timings.get("cache_n"),
             "decoders_streaming_during_b": sum(any(b["sent"] <= t <= b["done"] for t in s) for s in stamps),
             "decoder_restarts": sum(restarts), "decoder_chunks_during_a": len(gaps),
-            "decoder_gap_p50_ms": pct([g * 1000 for g in gaps], 50), "decoder_gap_p99_ms": pct([g * 1000 for g in gaps], 99),
-            "decoder_gap_max_ms": round(max(gaps) * 1000, 3) if gaps else None}
+            "decoder_gap_p50_ms": pct(gaps_ms, 50), "decoder_gap_p99_ms": pct(gaps_ms, 99),
+            "decoder_gap_max_ms": round(max(gaps_ms), 3) if gaps else None}
 
 
-def case_hol(url: str, a: argparse.Namespace, log) -> dict:
+def case_hol(url: str, a: argparse.Namespace, log, out: dict, save) -> dict:
+    """Fills `out` (already in the result) and saves after each decoder count: the longest case."""
     alone = [send_b(url, 16) for _ in range(3)]
-    out = {"a_tokens": a.a_tokens, "b_delay_s": a.b_delay, "decode_tokens": a.decode_tokens, "b_tokens": 16,
+    out |= {"a_tokens": a.a_tokens, "b_delay_s": a.b_delay, "decode_tokens": a.decode_tokens, "b_tokens": 16,
            "b_alone_ttft_s": round(statistics.median((b["first"] or b["done"]) - b["sent"] for b in alone), 3),
            "b_alone_done_s": round(statistics.median(b["done"] - b["sent"] for b in alone), 3), "by_decoders": {}}
     log(f"hol: B alone TTFT {out['b_alone_ttft_s']} s, done {out['b_alone_done_s']} s")
@@ -264,6 +270,7 @@ def case_hol(url: str, a: argparse.Namespace, log) -> dict:
         out["by_decoders"][str(n)] = {"median": medians(runs), "runs": runs}
         m = out["by_decoders"][str(n)]["median"]
         log(f"hol N={n}: B TTFT median {m['b_ttft_s']} s (A wall {m['a_wall_s']} s)")
+        save()
     return out
 
 
@@ -280,11 +287,12 @@ def clients_run(url: str, a: argparse.Namespace, rep: int) -> dict:
     wall = max(r["done"] for r in rs) - min(r["sent"] for r in rs)
     decode_window = max(r["last"] for r in ok) - min(r["first"] for r in ok) if ok else 0
     rates = [(completion_tokens(r) - 1) / (r["last"] - r["first"]) for r in ok if r["last"] > r["first"]]
+    decoded = sum(completion_tokens(r) - 1 for r in ok)  # the tokens after each one's first
     return {"clients": a.clients, "answered": len(ok), "errors": sorted({r["error"] for r in rs if r["error"]}),
-            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "ttft_max_s": round(max(ttft), 3) if ttft else None,
+            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "ttft_max_s": pct(ttft, 100),
             "completion_tokens": sum(tokens), "completion_tokens_min": min(tokens), "wall_s": round(wall, 3),
             "aggregate_tok_s": round(sum(tokens) / wall, 1),
-            "decode_tok_s": round(sum(completion_tokens(r) - 1 for r in ok) / decode_window, 1) if decode_window else None,
+            "decode_tok_s": round(decoded / decode_window, 1) if decode_window else None,
             "per_client_decode_tok_s_p50": pct(rates, 50),
             "prompt_tokens_p50": pct([(r["usage"] or {}).get("prompt_tokens", 0) for r in rs], 50)}
 
@@ -357,19 +365,19 @@ def case_kv(url: str, a: argparse.Namespace, tokenizer, facts: dict, log) -> dic
     prompts = [text_of_tokens(tokenizer, rng, a.conversation_tokens - answer) for _ in range(a.conversations)]
     before = strata_kv(url)
     during: list[dict] = []
-    stamps: list[list[float]] = [[] for _ in range(a.conversations)]
-
-    def watch():  # the pool once every conversation is decoding
-        while min(len(s) for s in stamps) < 2 and not done.is_set():
-            time.sleep(0.01)
-        if not done.is_set():
-            during.append(strata_kv(url))
-
     done = threading.Event()
+
+    def watch():  # the engine reports its pool at each GEN and DONE: the report that showed the most in use
+        while not done.is_set():
+            kv = strata_kv(url)
+            if not during or kv.get("used", 0) > during[0].get("used", 0):
+                during[:] = [kv]
+            time.sleep(0.05)
+
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     rs = at_once(a.conversations, lambda i: chat(url, [{"role": "user", "content": prompts[i]}], answer,
-                                                 temperature=0.7, seed=i, ignore_eos=True, stamps=stamps[i]))
+                                                 temperature=0.7, seed=i, ignore_eos=True))
     done.set()
     watcher.join(10)
     time.sleep(0.5)  # the engine's pool report follows its DONE line
@@ -378,11 +386,12 @@ def case_kv(url: str, a: argparse.Namespace, tokenizer, facts: dict, log) -> dic
     size = after.get("kv_block") or 1
     out = {"conversations": a.conversations, "tokens_each": tokens,
            "their_blocks": sum(-(-t // size) for t in tokens), "before": before | kv_bytes(before),
-           "during": (during[0] | kv_bytes(during[0])) if during else None, "after": after | kv_bytes(after),
+           "peak_during": (during[0] | kv_bytes(during[0])) if during else None, "after": after | kv_bytes(after),
            "held_after_bytes": (after.get("used", 0) - before.get("used", 0)) * after.get("kv_block_bytes", 0),
            "cached_after_bytes": (after.get("idle", 0) - before.get("idle", 0)) * after.get("kv_block_bytes", 0)}
-    log(f"kv: {a.conversations} conversations of {tokens} tokens; used blocks before/during/after "
-        f"{before.get('used')}/{(during[0] if during else {}).get('used')}/{after.get('used')} of {after.get('kv_blocks')} "
+    peak = (during[0] if during else {}).get("used")
+    log(f"kv: {a.conversations} conversations of {tokens} tokens; used blocks before/peak/after "
+        f"{before.get('used')}/{peak}/{after.get('used')} of {after.get('kv_blocks')} "
         f"({after.get('kv_block_bytes')} bytes each); idle cached {before.get('idle')} -> {after.get('idle')}")
     return out
 
@@ -410,6 +419,7 @@ def main() -> int:
     p.add_argument("--json")
     p.add_argument("--tokenizer", help="GGUF whose tokenizer sizes the prompts (default: $STRATA_MODEL or the default)")
     p.add_argument("--server-flags", default="", help="how the server was started (recorded)")
+    p.add_argument("--server-version", default="", help="where the server's build came from (recorded)")
     p.add_argument("--no-warm-up", action="store_true")
     p.add_argument("--a-tokens", type=int, default=46900)
     p.add_argument("--decoders", default="4,16,64")
@@ -445,7 +455,8 @@ def main() -> int:
     facts = server_facts(url)
     gpu = gpu_name()
     device = gpu or (facts.get("engine_info") or {}).get("device", "cpu")
-    result = {"label": a.label, "server": facts["kind"], "server_flags": a.server_flags, "url": url,
+    result = {"label": a.label, "server": facts["kind"], "server_flags": a.server_flags,
+              "server_version": a.server_version, "url": url,
               "machine": machine(device), "python": platform.python_version(), "repeats": a.repeats,
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "server_facts": facts, "cases": {}}
     log(f"{facts['kind']} at {url}; {result['machine']}")
@@ -461,7 +472,8 @@ def main() -> int:
     for case in order:
         t0 = time.monotonic()
         if case == "hol":
-            result["cases"]["hol"] = case_hol(url, a, log)
+            result["cases"]["hol"] = {}
+            case_hol(url, a, log, result["cases"]["hol"], save)
         elif case == "clients":
             result["cases"]["clients"] = case_clients(url, a, log)
         elif case == "subagents":

@@ -39,6 +39,21 @@
 #          one call may carry (64 MiB): an earlier call on the same warm machine carries
 #          .device/part00 (`split -n 2 -d MODEL .device/part`) and runs `bash tools/device_gpu_run.sh
 #          stash`; the call with `real` carries .device/part01.
+# peers_strata  issue 21's table through HTTP (bench/pool_bench.py: B beside A and 4/16/64 decoders, 64
+#          clients at once, 16 sub-agents sharing a 5.9K-token system prompt, KV held by finished
+#          conversations) against Strata started as a user starts it (`python3 -m serve --model FILE`) on
+#          the Llama-3-8B shape in Q4_K_M with the Llama-3.1 chat template -> $OUT/pool_strata.json
+# peers_build   llama.cpp's llama-server (CUDA, sm_90) built from .device/llama.tgz in /tmp/llama (about
+#          4 minutes on 16 cores; skipped when built; a build cut short by the call's end resumes)
+# peers_llama   the same client against `llama-server -m FILE -ngl 99 -fa on -np 66 -kvu -c 262144` (built
+#          first if need be) -> $OUT/pool_llama.json. 66 slots: 64 decoders + A + B each get a slot at
+#          once (fewer, and A and B wait for a decoder to finish: the slot count measured, not the
+#          server); one unified KV buffer (-kvu) shared by all slots, 256K positions (32 GiB), so any
+#          slot can hold A (46.9K) while 64 others decode: 66 separate slots of 50K would need 3.3M
+#          positions (412 GiB). Strata's pool takes what its weights leave of the GPU.
+#          Both steps stop their bench by 560 s into the call (partial JSON is kept); PEERS_CASES and
+#          PEERS_REPEATS override the cases (hol,clients,subagents,kv) and the repeats (3).
+#          .device/llama.tgz: the llama-cpp-python sdist's vendor/llama.cpp, packed as ../shared/PEERS.md says.
 #
 # Python packages the device image lacks travel as wheels in .whl/ (gguf, fastapi and their needs).
 set -euo pipefail
@@ -57,7 +72,51 @@ M70=/tmp/m/llama3-70b-q4_k_m.gguf
 MQ3=/tmp/m/qwen3-8b-q4_k_m.gguf
 MQA=/tmp/m/qwen3-30b-a3b-q4_k_m.gguf
 MQS=/tmp/m/qwen3moe-4layer-q4_k_m.gguf
+MQC=/tmp/m/llama3-8b-q4_k_m-chat.gguf  # the 8B shape in Q4_K_M with a chat template (servers render chats)
+LLAMA=/tmp/llama
 quiet() { grep --line-buffered -v "loading weights" || true; }
+
+# peers: one server on :8080 at a time, bench/pool_bench.py against it, then the server stopped
+healthy() { python3 -c "import httpx, sys; sys.exit(httpx.get('http://127.0.0.1:8080/health', timeout=2).status_code != 200)" 2>/dev/null; }
+serve_and_bench() {  # NAME JSON VERSION COMMAND...
+  local name=$1 json=$2 version=$3 waited=0 pid children
+  shift 3
+  "$@" > /tmp/peers_$name.log 2>&1 &
+  pid=$!
+  until healthy; do
+    if ! kill -0 $pid 2>/dev/null || [ $waited -ge 600 ]; then
+      echo "$name did not start"; tail -30 /tmp/peers_$name.log; kill -9 $pid 2>/dev/null || true; return 0
+    fi
+    sleep 1; waited=$((waited + 1))
+  done
+  echo "$name ready after ~${waited} s ($SECONDS s into the call): $*"
+  if [ $SECONDS -gt 500 ]; then
+    echo "no time left in this call for the bench"
+  else timeout -k 10 $((560 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label $name \
+    --server-flags "$*" --server-version "$version" --tokenizer $MQC --repeats ${PEERS_REPEATS:-3} --cases ${PEERS_CASES:-hol,clients,subagents,kv} \
+    --json "$OUT/$json" || echo "POOL BENCH ($name) FAILED OR CUT SHORT"
+  fi
+  children=$(pgrep -P $pid | tr '\n' ' ' || true)
+  kill -INT $pid 2>/dev/null || true
+  for _ in $(seq 30); do kill -0 $pid 2>/dev/null || break; sleep 1; done
+  kill -9 $pid $children 2>/dev/null || true
+  wait $pid 2>/dev/null || true
+  echo "--- $name server log, last lines"; tail -5 /tmp/peers_$name.log
+}
+build_llama() {
+  [ -x $LLAMA/build/bin/llama-server ] && return 0
+  [ -f $LLAMA/CMakeLists.txt ] || { mkdir -p $LLAMA && tar -xzf .device/llama.tgz -C $LLAMA; }
+  [ -f $LLAMA/build/build.ninja ] || cmake -S $LLAMA -B $LLAMA/build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
+    -DCMAKE_BUILD_TYPE=Release > /tmp/llama_cmake.log 2>&1 || { tail -20 /tmp/llama_cmake.log; return 0; }
+  [ $SECONDS -lt 540 ] || { echo "no time left in this call for the llama.cpp build"; return 0; }
+  timeout -k 10 $((580 - SECONDS)) cmake --build $LLAMA/build --target llama-server -j 16 > /tmp/llama_build.log 2>&1 \
+    || { echo "llama-server build failed or cut short (it resumes on the next call)"; tail -5 /tmp/llama_build.log; }
+}
+chat_model() {
+  [ -f $MQC ] || python3 tools/make_synthetic_gguf.py $MQC --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf \
+    --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
+}
 
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
@@ -168,6 +227,21 @@ for step in "$@"; do
       python3 tools/gpu_check.py --model /tmp/sm/model.gguf --out "$OUT/gpu_check.json" 2>&1 | quiet
       python3 tools/prefill_preempt_test.py --model /tmp/sm/model.gguf --device gpu --chunk 256 \
         --prompt-tokens 3000 --json "$OUT/preempt_parity_gpu.json" 2>&1 | quiet ;;
+    peers_strata)
+      chat_model
+      serve_and_bench strata pool_strata.json "strata $(python3 -c 'import engine; print(engine.__version__)' 2>/dev/null)" \
+        python3 -m serve --model $MQC ;;
+    peers_build)
+      build_llama
+      ls -la $LLAMA/build/bin/llama-server 2>/dev/null || true ;;
+    peers_llama)
+      build_llama
+      chat_model
+      if [ -x $LLAMA/build/bin/llama-server ]; then
+        serve_and_bench llama.cpp pool_llama.json "llama.cpp vendored in llama-cpp-python 0.3.36 (.device/llama.tgz)" \
+          $LLAMA/build/bin/llama-server -m $MQC -ngl 99 -fa on -np 66 -kvu \
+          -c 262144 --port 8080
+      fi ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
