@@ -148,7 +148,8 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
         a, b = cp.cuda.Event(), cp.cuda.Event()
         t0 = time.perf_counter()
         a.record(graphs.stream)
-        graphs.replay(entry, [int(tokens[context + 1 + i])], [0], [context + 1 + i])
+        pos = context + 1 + i
+        graphs.replay(entry, [int(tokens[pos])], [kv.whole[: -(-(pos + 1) // kv.block_size)]], [pos])
         b.record(graphs.stream)
         b.synchronize()
         t1 = time.perf_counter()

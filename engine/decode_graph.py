@@ -76,7 +76,9 @@ class GraphDecoder:
     def decode_one(self, token: int, pos: int, table=None):
         """One sequence's step: logits (vocab,) on the device (a row of the graph's buffer); its
         table defaults to the pool's lone sequence (KVCache(cfg, ctx, backend) in tools)."""
-        return self.decode([token], [self.kv.whole if table is None else table], [pos])[0]
+        if table is None:  # the blocks that hold its rows up to pos (a graph's tables are as wide as its bucket)
+            table = self.kv.whole[: -(-(pos + 1) // self.kv.block_size)]
+        return self.decode([token], [table], [pos])[0]
 
     def entry(self, rows: int, pos: int) -> CapturedStep | None:
         return self.captured.get((rows, self.bucket(pos)))
