@@ -268,16 +268,29 @@ class EngineLoop:
             if self.line:  # the read in front waited for it
                 self.line[0].shared_ms += (time.perf_counter() - started) * 1000
             self.take_lines(block=False)
+        started = time.perf_counter()
+        while self.read_next() and not self.gone:
+            if not any(s.decoding for s in self.seqs.values()):
+                break  # nobody waits for a step: the next round reads on (taking control lines first)
+            reader = next((s for s in self.line if not s.paused), None)
+            estimate = (reader.chunk_ms if reader is not None else None) or self.chunk_ms or 0.0
+            if (time.perf_counter() - started) * 1000 + estimate > self.interval_ms:
+                break  # the decoders have waited about interval_ms: their step comes first
+
+    def read_next(self) -> bool:
+        """One prompt chunk of the first read in line (its blocks had first); False if none was read."""
         reader = next((s for s in self.line if not s.paused), None)
         if reader is None:
-            return
+            return False
         if self.get_blocks(reader, chunk_end(reader.pos, reader.total, self.runner.chunk)):
             self.read_chunk(reader)
-        elif any(s.table for s in self.seqs.values() if s is not reader) or self.paused:
+            return True
+        if any(s.table for s in self.seqs.values() if s is not reader) or self.paused:
             self.pause(reader)  # the newest needing room gives its own up, so that older ones go on
         else:  # alone and still short of room: the pool is smaller than one request (a bug, not a wait)
             self.drop(reader, f"the KV pool ({self.pool.total} blocks of {self.pool.size}) cannot hold "
                               f"this request's next chunk")
+        return False
 
     def drop(self, seq: Sequence, message: str) -> None:
         """End a request with an ERR (nothing else can be done for it); its blocks go back."""
@@ -295,21 +308,10 @@ class EngineLoop:
         for seq in seqs:
             if seq.paused:  # paused by an earlier row's need in this step
                 continue
-            if not seq.unstepped:  # (a request paused after its draw goes straight to its forward)
-                if seq.decode_started is None:
-                    seq.decode_started = now
-                token = self.runner.sample(seq)
-                seq.sampler.accept(token)
-                seq.generated.append(token)
-                self.write(m.T(token, seq.id))
-                if token in seq.stop_ids:
-                    self.finish(seq, "stop")
-                    continue
-                if len(seq.generated) >= seq.max_new:
-                    self.finish(seq, "length")
-                    continue
-                seq.unstepped = True
-            going.append(seq)
+            # (a request whose token is drawn and not yet through the model, unstepped: its first, drawn
+            # right after its prompt, or one paused after its draw, goes straight to its forward)
+            if seq.unstepped or self.draw(seq, now):
+                going.append(seq)
         for seq in list(going):  # oldest first: a newer one gives its blocks up first
             if not seq.paused and not self.get_blocks(seq, seq.kv_len + 1):
                 self.pause(seq)
@@ -321,6 +323,23 @@ class EngineLoop:
                 seq.unstepped = False
                 if batch + self.runner.max_batch < len(going):  # the next batch's replay reuses the buffers
                     self.runner.set_aside(seq)
+
+    def draw(self, seq: Sequence, now: float) -> bool:
+        """The request's next token from its logits, written out; False if that ends it."""
+        if seq.decode_started is None:
+            seq.decode_started = now
+        token = self.runner.sample(seq)
+        seq.sampler.accept(token)
+        seq.generated.append(token)
+        self.write(m.T(token, seq.id))
+        if token in seq.stop_ids:
+            self.finish(seq, "stop")
+            return False
+        if len(seq.generated) >= seq.max_new:
+            self.finish(seq, "length")
+            return False
+        seq.unstepped = True
+        return True
 
     def read_chunk(self, seq: Sequence) -> None:
         started = time.perf_counter()
@@ -341,6 +360,7 @@ class EngineLoop:
         elif not seq.reading:
             self.line.remove(seq)
             seq.yield_wanted = False  # decode never parks
+            self.draw(seq, time.perf_counter())  # its first token now, not after the next decode step
         elif seq.yield_wanted:
             self.try_park(seq)
 

@@ -1,5 +1,5 @@
 """Several requests over one pool of KV blocks, through the engine loop over its pipes (mock model,
-real loop and real block pool): decode steps shared, reads one chunk at a time between them,
+real loop and real block pool): decode steps shared, reads between them for about the decode interval,
 admission by memory (DEFER, never an error), parks that keep their blocks, moves to host memory
 and pauses when memory runs short, the prefix cache across finished, running and parked requests."""
 import time
@@ -40,9 +40,12 @@ def test_requests_decode_together_and_a_read_runs_between_their_steps(engine_fac
     held = {x.id: int(x.fields["blocks"]) for x in seen if isinstance(x, m.Info) and "blocks" in x.fields}
     assert held == {1: 1, 2: 1, 3: 1}  # a request is given the blocks of its first chunk only
     order = [(type(x).__name__, x.id) for x in seen if isinstance(x, (m.T, m.PP))]
-    reads = [i for i, (kind, ident) in enumerate(order) if kind == "PP" and ident == 3]
-    between = [order[i + 1 : j] for i, j in zip(reads, reads[1:])]
-    assert all(("T", 1) in part and ("T", 2) in part for part in between[:5])  # decoding never waited
+    steps = [i for i, item in enumerate(order) if item == ("T", 1)]
+    reads_between = [order[i + 1 : j].count(("PP", 3)) for i, j in zip(steps, steps[1:])]
+    # a round reads while the decoders have waited less than --decode-interval-ms (50): chunks of 20 ms,
+    # so one or two between two steps, never three; and 2 steps beside 1 every time
+    assert max(reads_between) in (1, 2) and sum(reads_between) == 10, reads_between
+    assert all(order[i + 1 : j].count(("T", 2)) == 1 for i, j in zip(steps, steps[1:]))
     tokens = {i: [x.token for x in seen if isinstance(x, m.T) and x.id == i] for i in (1, 2)}
     assert tokens[1][:4] == [10, 11, 12, 13] and tokens[2][:4] == [50, 51, 52, 53]  # each its own answer
 
