@@ -18,6 +18,7 @@ from serve.constraints import grammar_for
 from serve.generation import Finished, GenerationError, KeepAlive, Piece
 from serve.reasoning import CONTENT, REASONING
 from serve.running import build_request, collect, events, until_disconnect
+from serve.sse import named_event as event
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 # a line a well-known coding agent puts at the top of its system prompt, different in every request
@@ -128,10 +129,6 @@ def stop_reason(output: ChatOutput, fin: Finished) -> str:
 
 def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse(schema.error_body(message, schema.error_type(status)), status_code=status)
-
-
-def event(name: str, data: dict) -> str:
-    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 class BlockStream:

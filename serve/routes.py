@@ -1,7 +1,6 @@
 """HTTP routes: OpenAI endpoints under /v1 (optional Bearer auth), health, status, metrics."""
 from __future__ import annotations
 
-import json
 import secrets
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
@@ -17,6 +16,7 @@ from serve.errors import APIError, server_error
 from serve.generation import Finished, GenerationError, KeepAlive, Piece
 from serve.request import Request
 from serve.running import build_request, collect, events, until_disconnect
+from serve.sse import data_event as sse
 from serve.state import ServerState
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -47,10 +47,6 @@ def completion_prompt(state: ServerState, body: schema.CompletionRequest) -> lis
         return list(body.prompt)
     text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
     return state.tokenizer.encode(text)
-
-
-def sse(data: dict | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 async def stream_events(state: ServerState, req: Request, on_piece: Callable[[str], list[dict]],
