@@ -2,8 +2,10 @@
 in rounds.
 
 A round is one decode step for every decoding request together (one pass over the weights), then
-one prompt chunk of the first read in line, so that a long read never stops the others from
-decoding and a read's chunks stay at absolute boundaries. A chunk deep in a long read takes longer
+prompt chunks of the reads in line (the first one's, then the next one's) while the decoders have
+waited less than `interval_ms` (at least one chunk), so that a long read never stops the others
+from decoding, reads get the time the interval allows, and a read's chunks stay at absolute
+boundaries. A request's first token is drawn right after its last chunk. A chunk deep in a long read takes longer
 than a decoding client should wait for its next token, so it pauses between layers for further
 decode steps, about every `interval_ms` (the layers per pause estimated from the read's last
 chunk); the pauses change neither the chunk's arithmetic nor its boundaries. Control lines (GEN,
