@@ -78,6 +78,16 @@ def run_all(e: EnginePipe, gens: list[m.Gen]) -> dict[int, tuple[list[int], m.Do
     return out
 
 
+def warm_and_cold(e: EnginePipe, a, prompt_tokens, params: dict, ident: int) -> tuple[bool, dict]:
+    """The prompt with the prefix cache (id ident), then read cold (ident + 1): whether their tokens
+    and state fingerprints are equal, and the warm one's INFO fields (cached, from_host)."""
+    e.send(m.Gen(a.max_new, prompt_tokens, params, ident))
+    warm, warm_done, info = answer(e, ident)
+    e.send(m.Gen(a.max_new, prompt_tokens, params | {"reuse": 0}, ident + 1))
+    cold, cold_done, _ = answer(e, ident + 1)
+    return warm == cold and warm_done.extra["fp"] == cold_done.extra["fp"], info
+
+
 def check_reuse(a, report: list) -> None:
     e = engine(a)
     vocab, c = int(e.info["vocab"]), a.chunk
@@ -86,13 +96,9 @@ def check_reuse(a, report: list) -> None:
     # finished: A reads the shared start, then B = shared + its own tail reuses 3 chunks
     e.send(m.Gen(a.max_new, shared + prompt(2, c // 3, vocab), params, 1))
     answer(e, 1)
-    b_prompt = prompt(3, 4 * c + 5, vocab, shared)
-    e.send(m.Gen(a.max_new, b_prompt, params, 2))
-    warm, warm_done, info = answer(e, 2)
-    e.send(m.Gen(a.max_new, b_prompt, params | {"reuse": 0}, 3))
-    cold, cold_done, _ = answer(e, 3)
+    same, info = warm_and_cold(e, a, prompt(3, 4 * c + 5, vocab, shared), params, 2)
     report.append({"check": "reuse from a finished request", "cached": int(info.get("cached", 0)),
-                   "ok": warm == cold and warm_done.extra["fp"] == cold_done.extra["fp"] and int(info["cached"]) == 3 * c})
+                   "ok": same and int(info["cached"]) == 3 * c})
     # running: D decodes a long answer while E shares its prompt's whole chunks. E reads beside D's
     # decode steps and takes one token, so that its fingerprint holds its prompt's rows only (decode
     # rows of a batch need not be bit-equal to a lone step's on the CPU: BLAS is not batch-invariant)
@@ -124,15 +130,11 @@ def check_reuse(a, report: list) -> None:
         pass
     if not isinstance(msg, m.Suspended):
         raise RuntimeError(f"F did not park: {msg}")
-    g_prompt = prompt(8, c + c // 2, vocab, f_prompt[:c])
-    e.send(m.Gen(a.max_new, g_prompt, params, 8))
-    warm, warm_done, info = answer(e, 8)
-    e.send(m.Gen(a.max_new, g_prompt, params | {"reuse": 0}, 9))
-    cold, cold_done, _ = answer(e, 9)
+    same, info = warm_and_cold(e, a, prompt(8, c + c // 2, vocab, f_prompt[:c]), params, 8)
     e.send(m.Cancel(7))
     answer(e, 7)
     report.append({"check": "reuse from a parked read", "cached": int(info.get("cached", 0)),
-                   "ok": warm == cold and warm_done.extra["fp"] == cold_done.extra["fp"] and int(info["cached"]) == c})
+                   "ok": same and int(info["cached"]) == c})
     e.close()
 
 
@@ -148,15 +150,10 @@ def check_host_tier(a, report: list) -> None:
     filler = prompt(12, 6 * c - a.max_new - 1, vocab)  # every block of the pool: H's are evicted
     e.send(m.Gen(a.max_new, filler, params | {"reuse": 0}, 2))
     answer(e, 2)
-    again = prompt(13, 4 * c + 5, vocab, shared)
-    e.send(m.Gen(a.max_new, again, params, 3))
-    warm, warm_done, info = answer(e, 3)
-    e.send(m.Gen(a.max_new, again, params | {"reuse": 0}, 4))
-    cold, cold_done, _ = answer(e, 4)
+    same, info = warm_and_cold(e, a, prompt(13, 4 * c + 5, vocab, shared), params, 3)
     report.append({"check": "reuse from the host tier after eviction", "cached": int(info.get("cached", 0)),
                    "from_host": int(info.get("from_host", 0)),
-                   "ok": warm == cold and warm_done.extra["fp"] == cold_done.extra["fp"]
-                   and int(info.get("from_host", 0)) == int(info.get("cached", 0)) == 3 * c})
+                   "ok": same and int(info.get("from_host", 0)) == int(info.get("cached", 0)) == 3 * c})
     e.close()
 
 
