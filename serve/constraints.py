@@ -19,7 +19,7 @@ JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: a small model can
 def grammar_for(state, plan: ToolPlan, body: schema.ChatCompletionRequest) -> str | None:
     """llguidance grammar text, or None when the output is free."""
     if plan.forced:
-        grammar, param = tool_grammar(plan), "tools"
+        grammar, param = tool_grammar(plan, state.tokenizer), "tools"
     else:
         fmt = body.response_format
         if fmt is None or fmt.type == "text":
@@ -45,7 +45,7 @@ def check(state, grammar: str, param: str) -> None:
         raise APIError(400, f"{param}: the schema cannot be enforced: {error}", param=param)
 
 
-def tool_grammar(plan: ToolPlan) -> str:
+def tool_grammar(plan: ToolPlan, tokenizer) -> str:
     """One call (or, with parallel_tool_calls, one or more) of the allowed functions, written as the
     model's format writes calls: arguments that match each function's parameters schema."""
     functions = [t["function"] for t in plan.tools if plan.choice in ("required", t["function"]["name"])]
@@ -59,17 +59,26 @@ def tool_grammar(plan: ToolPlan) -> str:
     if name == "llama3":
         return json_grammar({"anyOf": [call_schema(f, "parameters") for f in functions]}, "tools")
     repeat = "+" if plan.parallel else ""
+    open_, close = marker("<tool_call>", tokenizer), marker("</tool_call>", tokenizer)
     if name == "hermes":
         body = json.dumps({"anyOf": schemas} | {"x-guidance": JSON_OPTIONS})
         return llguidance.LLMatcher.grammar_from_lark(
-            f'start: call{repeat}\ncall: "<tool_call>\\n" body "\\n</tool_call>\\n"\nbody: %json {body}\n')
+            f'start: call{repeat}\ncall: {open_} "\\n" body "\\n" {close} "\\n"\nbody: %json {body}\n')
     names = " | ".join(json.dumps(f["name"]) for f in functions)  # qwen3-coder's XML form
     return llguidance.LLMatcher.grammar_from_lark(
         f'start: call{repeat}\n'
-        'call: "<tool_call>\\n<function=" NAME ">\\n" param* "</function>\\n</tool_call>\\n"\n'
+        f'call: {open_} "\\n<function=" NAME ">\\n" param* "</function>\\n" {close} "\\n"\n'
         f'NAME: {names}\n'
         'param: "<parameter=" PNAME ">\\n" VALUE "</parameter>\\n"\n'
         'PNAME: /[A-Za-z0-9_.-]+/\nVALUE: /[^<]*/\n')
+
+
+def marker(text: str, tokenizer) -> str:
+    """A Lark literal for a call format's marker. Where the vocabulary has an added token spelled so
+    (Qwen's <tool_call>), llguidance reads that token as a special one, not as its text, and the
+    literal alone would let the mask offer the token and then refuse it: the token is allowed too."""
+    token = tokenizer.added_token_id(text)
+    return json.dumps(text) if token is None else f"({json.dumps(text)} | <[{token}]>)"
 
 
 def call_schema(function: dict, arguments_key: str) -> dict:

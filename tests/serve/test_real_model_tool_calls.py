@@ -1,0 +1,60 @@
+"""Forced tool calls on a real trained model with a real vocabulary: Qwen2.5-Coder-0.5B-Instruct
+(Q4_K_M, `make fixture` fetches and checks it) on the CPU, through the openai client. Its template
+writes calls as Hermes <tool_call> tags, and its vocabulary has <tool_call> and </tool_call> as
+added tokens: the grammar must take the token the model writes, not only the text (before, the
+mask offered the token and the grammar refused it, ending the answer empty)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import jsonschema
+import openai
+import pytest
+
+from tests.harness import ROOT, ServerProcess
+
+sys.path.insert(0, str(ROOT / "tools"))
+from fetch_fixture import fixture_path  # noqa: E402
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "The local time in a city",
+                                           "parameters": WEATHER}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    model = fixture_path()
+    assert model.is_file(), f"{model} is missing: `make fixture` fetches it (`make test` does so first)"
+    with ServerProcess(extra=["--model", str(model), "--device", "cpu"]).start(timeout_s=300) as s:
+        yield openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_required_gives_a_call_whose_arguments_fit_the_schema(qwen):
+    r = qwen.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS, tool_choice="required",
+                                     parallel_tool_calls=False, max_tokens=40, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, choice
+    call = choice.message.tool_calls[0].function
+    assert call.name in ("get_weather", "get_time")
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+
+
+def test_a_named_function_streamed_gives_that_call(qwen):
+    stream = qwen.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS, max_tokens=40, temperature=0,
+                                          tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                          parallel_tool_calls=False, stream=True)
+    calls, finish = {}, None
+    for chunk in stream:
+        delta = chunk.choices[0].delta if chunk.choices else None
+        for part in (delta.tool_calls or []) if delta else []:
+            entry = calls.setdefault(part.index, {"name": "", "arguments": ""})
+            entry["name"] += part.function.name or ""
+            entry["arguments"] += part.function.arguments or ""
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert finish == "tool_calls" and [c["name"] for c in calls.values()] == ["get_time"], (finish, calls)
+    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER)
