@@ -11,8 +11,14 @@ from the chat template (as llama.cpp's and vLLM's parsers are), and parsed back 
 
 A call is reported once it is whole: the stream holds back the text of a call (and anything that
 may still become the opening of one) until it closes, so a client never sees a half-written call;
-a call cut off by max_tokens is dropped and the turn ends with finish_reason "length". Text that
-looks like a call but does not parse is returned as content, unchanged.
+a call cut off by max_tokens is dropped (the whole calls before it are kept) and the turn ends with
+finish_reason "length". Text that looks like a call but does not parse is returned as content,
+unchanged.
+
+Small models often skip their format's markers: offered tools, they answer with the bare call,
+`{"name": ..., "arguments": {...}}` (or a list of them, or the same in a ```json fence) as the
+whole answer. Such an answer is taken as calls when every object names an offered tool and its
+arguments fit that tool's parameters schema (jsonschema); otherwise it is content, as before.
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ import json
 import re
 import secrets
 from dataclasses import dataclass
+
+import jsonschema
 
 from serve.reasoning import partial_tag
 
@@ -164,24 +172,26 @@ class ToolCallStream:
     def __init__(self, fmt: ToolFormat, tools: list[dict] | None = None):
         self.fmt = fmt
         self.strings = string_params(tools or [])
+        self.schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"}
+                        for t in tools or [] if "function" in t}
         self.gap = ""  # whitespace before the call being read: dropped if it parses
         self.held = ""
-        self.state = "start" if not fmt.delimited else "text"  # start: undecided whole-answer format
+        # start: the answer may be a whole-answer call (the format's own, or a bare one): undecided
+        self.state = "start" if not fmt.delimited or self.schemas else "text"
         self.cut = False
         self.called = False
 
     def feed(self, piece: str) -> list[tuple[str, object]]:
         self.held += piece
         out: list[tuple[str, object]] = []
+        if self.state == "start":
+            stripped = self.held.lstrip()
+            if not stripped or may_be_bare_call(stripped):
+                return out  # possibly a call: it is decided at the end
+            self.state = "text"
         if not self.fmt.delimited:
-            if self.state == "start":
-                stripped = self.held.lstrip()
-                if not stripped or stripped.startswith("{"):
-                    return out  # possibly a call: it is decided at the end
-                self.state = "text"
-            if self.state == "text":
-                out.append(("content", self.held))
-                self.held = ""
+            out.append(("content", self.held))
+            self.held = ""
             return out
         while True:
             if self.state == "text":
@@ -211,15 +221,52 @@ class ToolCallStream:
         if self.state == "call":  # cut off inside a call: dropped, never half-reported
             self.cut = True
             return []
-        if not self.fmt.delimited and self.state == "start":
-            calls = self.fmt.parse(held, self.strings) if stopped else None
+        if self.state == "start":
+            calls = None
+            if stopped:
+                calls = (None if self.fmt.delimited else self.fmt.parse(held, self.strings)) or self.bare_calls(held)
             if calls:
+                self.called = True
                 return [("call", c) for c in calls]
             response = Generic.response(held) if isinstance(self.fmt, Generic) and stopped else None
             return [("content", response if response is not None else held)] if held else []
         if not held or (self.called and not held.strip()):
             return []
         return [("content", held)]
+
+
+    def bare_calls(self, text: str) -> list[ToolCall] | None:
+        """A whole answer that is a bare call (or a list of them), fenced or not: the calls, if each
+        names an offered tool with arguments that fit its schema; else None."""
+        body = text.strip()
+        fenced = FENCE.fullmatch(body)
+        try:
+            obj = json.loads(fenced.group(1) if fenced else body)
+        except ValueError:
+            return None
+        calls = []
+        for item in obj if isinstance(obj, list) else [obj]:
+            if not isinstance(item, dict) or item.get("name") not in self.schemas:
+                return None
+            args = item.get("arguments", item.get("parameters", {}))
+            args = json_object(args) if isinstance(args, str) else args
+            if not isinstance(args, dict):
+                return None
+            try:
+                jsonschema.validate(args, self.schemas[item["name"]])
+            except (jsonschema.ValidationError, jsonschema.SchemaError):
+                return None
+            calls.append(new_call(item["name"], args))
+        return calls or None
+
+
+FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?```", re.S)
+
+
+def may_be_bare_call(text: str) -> bool:
+    """Whether an answer that starts so may still be a bare call: a JSON object or list, or a fence
+    that is (or may become) ```json or a bare ``` followed by a new line."""
+    return text[0] in "{[" or "```json".startswith(text[:7]) or text.startswith("```\n")
 
 
 def string_params(tools: list[dict]) -> dict[str, set[str]]:

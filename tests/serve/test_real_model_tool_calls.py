@@ -1,4 +1,4 @@
-"""Forced tool calls on a real trained model with a real vocabulary: Qwen2.5-Coder-0.5B-Instruct
+"""Tool calls on a real trained model with a real vocabulary: Qwen2.5-Coder-0.5B-Instruct
 (Q4_K_M, `make fixture` fetches and checks it) on the CPU, through the openai client. Its template
 writes calls as Hermes <tool_call> tags, and its vocabulary has <tool_call> and </tool_call> as
 added tokens: the grammar must take the token the model writes, not only the text (before, the
@@ -58,3 +58,15 @@ def test_a_named_function_streamed_gives_that_call(qwen):
             finish = chunk.choices[0].finish_reason
     assert finish == "tool_calls" and [c["name"] for c in calls.values()] == ["get_time"], (finish, calls)
     jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER)
+
+
+def test_auto_takes_the_bare_call_the_small_model_writes(qwen):
+    """Offered tools, this model answers with the call as bare JSON, without its <tool_call> tags:
+    it names an offered tool with fitting arguments, so it is a call, not content."""
+    r = qwen.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=40,
+                                     temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
+    assert not choice.message.content
+    call = choice.message.tool_calls[0].function
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}

@@ -88,7 +88,31 @@ def test_a_call_cut_off_is_dropped_never_half_reported():
 CASES = [(fmt, text, stopped) for fmt, (text, _, _) in OUTPUTS.items() for stopped in (True, False)] + [
     ("hermes", "no calls at all, just <b>text</b>  \n", True), ("hermes", "<tool_call>{\"name\": \"x\"", False),
     ("hermes", "a <tool_call>{bad}</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call> z", True),
-    ("generic", '  {"response": "fine"}', True), ("llama3", "Not JSON at all.", True)]
+    ("generic", '  {"response": "fine"}', True), ("llama3", "Not JSON at all.", True),
+    ("hermes", '{"name": "get_weather", "arguments": {"city": "Paris"}}', True),
+    ("hermes", '```json\n[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]\n```', True),
+    ("hermes", '{"name": "get_weather", "arguments": {"city": 3}}', True), ("hermes", "```python\nprint(1)\n```", True)]
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3-coder", "generic"])
+def test_a_bare_call_naming_an_offered_tool_with_fitting_arguments_is_a_call(fmt):
+    """Small models skip their format's markers; the bare call (or list, or ```json fence) is taken
+    when every object names an offered tool and its arguments fit the tool's schema."""
+    tools = [WEATHER, TIME]
+    for text in ('{"name": "get_weather", "arguments": {"city": "Paris"}}',
+                 '  ```json\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}\n```\n'):
+        content, calls, cut = parse_all(FORMATS[fmt], text, True, tools)
+        assert (content, meaning(calls), cut) == ("", [("get_weather", {"city": "Paris"})], False), text
+    content, calls, _ = parse_all(FORMATS[fmt], '[{"name": "get_time", "arguments": {}}, {"name": "get_weather", '
+                                              '"parameters": {"city": "Oslo", "days": 2}}]', True, tools)
+    assert meaning(calls) == [("get_time", {}), ("get_weather", {"city": "Oslo", "days": 2})] and content == ""
+    for text in ('{"name": "get_weather", "arguments": {"days": 2}}',  # misses the required city
+                 '{"name": "get_weather", "arguments": {"city": 3}}',  # the wrong type
+                 '{"name": "send_mail", "arguments": {}}',  # not an offered tool
+                 '{"name": "get_weather", "arguments": {"city": "Paris"}} and more words'):
+        assert parse_all(FORMATS[fmt], text, True, tools)[:2] == (text, []), text
+    text = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    assert parse_all(FORMATS[fmt], text, False, tools)[:2] == (text, [])  # cut off by max_tokens: not a call
 
 
 @given(st.sampled_from(CASES), st.lists(st.floats(0, 1), max_size=12))
