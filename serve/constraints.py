@@ -81,7 +81,30 @@ def marker(text: str, tokenizer) -> str:
     return json.dumps(text) if token is None else f"({json.dumps(text)} | <[{token}]>)"
 
 
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+VALUES = ("const", "enum", "default", "examples")  # data, not schemas
+
+
+def closed(schema_):
+    """A copy of a JSON schema in which every object that lists its properties and says nothing of
+    additionalProperties allows no others (llama.cpp's rule, common/json-schema.cpp): a forced call's
+    arguments take the declared keys only, so a small model cannot wander into keys like "type"."""
+    if isinstance(schema_, list):
+        return [closed(s) for s in schema_]
+    if not isinstance(schema_, dict):
+        return schema_
+    out = {}
+    for key, value in schema_.items():
+        if key in SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: closed(s) for name, s in value.items()}
+        else:
+            out[key] = value if key in VALUES else closed(value)
+    if isinstance(schema_.get("properties"), dict):
+        out.setdefault("additionalProperties", False)
+    return out
+
+
 def call_schema(function: dict, arguments_key: str) -> dict:
-    parameters = function.get("parameters") or {"type": "object"}
+    parameters = closed(function.get("parameters") or {"type": "object"})
     return {"type": "object", "properties": {"name": {"const": function["name"]}, arguments_key: parameters},
             "required": ["name", arguments_key], "additionalProperties": False}
