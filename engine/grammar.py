@@ -55,6 +55,14 @@ class Constraint:
         return np.where(allowed, logits.astype(np.float32, copy=False), np.float32(-np.inf))
 
     def accept(self, token: int) -> None:
-        """The token picked (always one restrict() let through, or an end-of-turn token)."""
+        """The token picked (always one restrict() let through, or an end-of-turn token). A token the
+        grammar then refuses (the mask and the grammar disagreeing: a bug, never the model's fault)
+        is a GrammarError: the request ends with an error its client sees, not with a silent stop."""
         if not self.matcher.is_stopped():
-            self.matcher.consume_token(token)
+            if not self.matcher.consume_token(token) or self.matcher.is_error():
+                raise GrammarError(f"token {token} was allowed by the mask but refused by the grammar: "
+                                   f"{self.matcher.get_error()}")
+
+
+class GrammarError(ValueError):
+    """The grammar's state broke on a token its own mask allowed."""

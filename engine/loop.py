@@ -38,6 +38,7 @@ from typing import Callable, TextIO
 from protocol import messages as m
 from protocol.codec import ProtocolError, decode, encode
 
+from engine.grammar import GrammarError
 from engine.prefill import ParkPolicy, chunk_end
 from engine.sampler import Sampler, SamplingParams
 from engine.sequence import Sequence
@@ -331,7 +332,11 @@ class EngineLoop:
         if seq.decode_started is None:
             seq.decode_started = now
         token = self.runner.sample(seq)
-        seq.sampler.accept(token)
+        try:
+            seq.sampler.accept(token)
+        except GrammarError as e:
+            self.drop(seq, f"constrained decoding failed: {e}")
+            return False
         seq.generated.append(token)
         self.write(m.T(token, seq.id))
         if token in seq.stop_ids:
