@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keepalive-s", type=float, default=5.0, help="SSE comment interval while a stream waits")
     p.add_argument("--handshake-timeout-s", type=float, default=300.0, help="engine start-up limit")
     p.add_argument("--max-restarts", type=int, default=3, help="engine start attempts after a failure")
+    p.add_argument("--max-queue", type=int, default=1024,
+                   help="requests waiting for the engine beyond which a new one is refused at once: 429 with "
+                        "Retry-After (OpenAI paths), 529 overloaded_error (Anthropic's); 0: no limit")
     p.add_argument("--max-request-retries", type=int, default=2,
                    help="a request running at this many engine deaths is taken for their cause and fails")
     p.add_argument("--shutdown-grace-s", type=float, default=5.0,
@@ -79,7 +82,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         model_path=resolve_model_path(a.model), host=a.host, port=a.port,
         engine_cmd=split_command(a.engine_cmd) if a.engine_cmd is not None else (), api_key=a.api_key,
         ctx=a.ctx, chunk=a.chunk, device=a.device, weights=a.weights, preempt=preempt, keepalive_s=a.keepalive_s,
-        handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts,
+        handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts, max_queue=a.max_queue,
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
         kv_block=a.kv_block, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,

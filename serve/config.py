@@ -42,6 +42,7 @@ class ServerSettings:
     keepalive_s: float = 5.0
     handshake_timeout_s: float = 300.0
     max_restarts: int = 3
+    max_queue: int = 1024  # requests waiting for the engine beyond which new ones are refused (429 / 529); 0: no limit
     max_request_retries: int = 2  # a request running at this many engine deaths fails
     shutdown_grace_s: float = 5.0  # on SIGINT/SIGTERM the running request may finish within this
     shutdown_timeout_s: float = 10.0  # then the engine gets this long to exit after QUIT
@@ -59,6 +60,8 @@ class ServerSettings:
             raise ValueError(f"--port must be 1..65535, got {self.port}")
         if self.keepalive_s <= 0 or self.handshake_timeout_s <= 0:
             raise ValueError("--keepalive-s and --handshake-timeout-s must be > 0")
+        if self.max_queue < 0:
+            raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
         if self.max_request_retries < 1:
             raise ValueError(f"--max-request-retries must be >= 1, got {self.max_request_retries}")
         if self.shutdown_grace_s < 0:

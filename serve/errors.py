@@ -32,6 +32,22 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
+class QueueFull(APIError):
+    """--max-queue requests already wait: refused at once rather than left to hang. OpenAI's clients
+    get 429 with Retry-After; Anthropic's 529 overloaded_error, which its clients retry."""
+
+    RETRY_AFTER_S = 1
+
+    def __init__(self, waiting: int):
+        super().__init__(429, f"the server is overloaded: {waiting} requests are already waiting (--max-queue); "
+                              "try again shortly", "rate_limit_error", code="rate_limit_exceeded")
+
+    def response(self, path: str = "") -> JSONResponse:
+        if path.startswith(ANTHROPIC_PATHS):
+            return JSONResponse(anthropic_schema.error_body(self.message, "overloaded_error"), status_code=529)
+        return JSONResponse(self.body(), status_code=429, headers={"Retry-After": str(self.RETRY_AFTER_S)})
+
+
 def server_error(status: int, message: str) -> APIError:
     return APIError(status, message, "server_error" if status >= 500 else "invalid_request_error")
 

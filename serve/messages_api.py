@@ -179,6 +179,7 @@ async def stream(state, req, output: ChatOutput, mid: str, model: str) -> AsyncI
     blocks = BlockStream()
     yield event("message_start", {"type": "message_start", "message": schema.message_body(
         mid, model, [], None, len(req.prompt), 0)})
+    yield event("ping", {"type": "ping"})  # at once, as Anthropic's API does; then every keepalive while it waits
     try:
         async for ev in events(state, req):
             if isinstance(ev, KeepAlive):

@@ -9,7 +9,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response
 
 from serve import openai_schema as schema
-from serve.errors import APIError
+from serve.errors import APIError, QueueFull
 from serve.generation import Finished, GenerationError, Piece, generate
 from serve.request import Request
 from serve.state import ServerState
@@ -19,11 +19,15 @@ def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[
                   max_tokens: int | None, grammar: str | None = None) -> Request:
     """grammar: what the output must match (serve/constraints.py), carried to the engine on GEN."""
     ctx = state.ctx
+    waiting = len(state.scheduler.waiting)
+    if state.settings.max_queue and waiting >= state.settings.max_queue:
+        raise QueueFull(waiting)
     if not prompt:
         raise APIError(400, "the prompt is empty", param="prompt")
     if len(prompt) >= ctx:
-        raise APIError(400, f"the prompt has {len(prompt)} tokens; the context holds {ctx} "
-                            f"(prompt and completion together)", param="messages", code="context_length_exceeded")
+        # the words Anthropic's API uses, which agents (Claude Code) read to compact their context
+        raise APIError(400, f"prompt is too long: {len(prompt)} tokens > {ctx - 1} maximum (the context holds "
+                            f"{ctx}, prompt and completion together)", param="messages", code="context_length_exceeded")
     room = ctx - len(prompt)
     if max_tokens is not None and max_tokens <= 0:
         raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")

@@ -1,4 +1,6 @@
 """Bad input gets a 4xx in OpenAI's error shape, nothing crashes, and the next request works."""
+import re
+
 import httpx
 import openai
 import pytest
@@ -56,6 +58,7 @@ def test_prompt_longer_than_the_context_is_refused(server_factory):
     server = server_factory(engine_cmd=mock_engine_cmd("--ctx", "64"))
     r = chat(server.url, "word " * 100)
     assert_openai_error(r, 400, "the context holds 64")
+    assert re.match(r"prompt is too long: \d+ tokens > 63 maximum", r.json()["error"]["message"])
     assert r.json()["error"]["code"] == "context_length_exceeded"
     assert chat(server.url, "hi", max_tokens=2).status_code == 200
 
@@ -71,3 +74,33 @@ def test_api_key_is_required_on_v1_when_set(server_factory):
     assert right.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
                                          max_tokens=2).choices[0].message.content is not None
     assert httpx.get(server.url + "/health").status_code == 200  # ops endpoints stay open
+
+
+def test_a_full_queue_refuses_at_once_429_for_openai_and_529_for_anthropic(server_factory):
+    """--max-queue 1 over an engine that runs one request at a time: one runs, one waits, the next
+    is refused at once (with Retry-After; Anthropic's overloaded_error, which its clients retry),
+    and once the queue drains a request is served again."""
+    import threading
+
+    from tests.serve.test_scheduling import status, wait_for
+
+    server = server_factory(engine_cmd=mock_engine_cmd("--max-running", "1", "--chunk-s", "0.5"),
+                            extra=["--max-queue", "1"])
+    answers = []
+    first = threading.Thread(target=lambda: answers.append(chat(server.url, "one", max_tokens=2).status_code))
+    first.start()
+    wait_for(lambda: len(status(server)["running"]) == 1)
+    second = threading.Thread(target=lambda: answers.append(chat(server.url, "two", max_tokens=2).status_code))
+    second.start()
+    wait_for(lambda: status(server)["queued"] == 1)
+    r = chat(server.url, "three", max_tokens=2)
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    err = r.json()["error"]
+    assert (err["type"], err["code"]) == ("rate_limit_error", "rate_limit_exceeded") and "overloaded" in err["message"]
+    r = httpx.post(server.url + "/v1/messages", json={"model": "any", "max_tokens": 2,
+                                                       "messages": [{"role": "user", "content": "three"}]})
+    assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error"
+    first.join(60)
+    second.join(60)
+    assert answers == [200, 200]
+    assert chat(server.url, "four", max_tokens=2).status_code == 200

@@ -94,6 +94,16 @@ def test_text_answers_stop_reasons_and_beta_query(qwen3):
         raw = httpx.post(s.url + "/v1/messages?beta=true", json={"model": "any", "max_tokens": 50, "messages": [
             {"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "system": [{"type": "text", "text": "Be kind."}]})
         assert raw.status_code == 200 and raw.json()["content"][0]["text"] == "Just words, no tools."
+        # Claude Code's contract: its headers taken, message_start's usage counts the prompt (cache fields
+        # present), a ping at once after it
+        headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "interleaved-thinking-2025-05-14"}
+        with httpx.stream("POST", s.url + "/v1/messages", headers=headers, json={
+                "model": "any", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}) as r:
+            events = [json.loads(line[len("data: "):]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert [e["type"] for e in events[:2]] == ["message_start", "ping"]
+        usage = events[0]["message"]["usage"]
+        assert usage["input_tokens"] > 0 and usage["cache_read_input_tokens"] == 0
+        assert usage["cache_creation_input_tokens"] == 0 and events[-1]["type"] == "message_stop"
 
 
 def test_errors_take_anthropic_shape_and_the_next_request_works(qwen3):
@@ -106,6 +116,8 @@ def test_errors_take_anthropic_shape_and_the_next_request_works(qwen3):
         with pytest.raises(anthropic.BadRequestError, match="exceeds the context") as e:
             client.messages.create(model="any", max_tokens=9000, messages=user)  # the mock holds 8192
         assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
+        with pytest.raises(anthropic.BadRequestError, match=r"prompt is too long: \d+ tokens > 8191 maximum"):
+            client.messages.create(model="any", max_tokens=10, messages=[{"role": "user", "content": "word " * 9000}])
         with pytest.raises(anthropic.BadRequestError, match="not among the tools"):
             client.messages.create(model="any", max_tokens=10, messages=user, tools=[WEATHER],
                                    tool_choice={"type": "tool", "name": "nope"})
