@@ -8,7 +8,7 @@ from typing import AsyncIterator, Callable
 from fastapi import APIRouter, Depends, FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from serve import anthropic_schema, messages_api
+from serve import anthropic_schema, messages_api, responses_api, responses_schema
 from serve import openai_schema as schema
 from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
 from serve.constraints import grammar_for
@@ -170,6 +170,13 @@ async def completions(body: schema.CompletionRequest, http: HTTPRequest):
 async def anthropic_messages(body: anthropic_schema.MessagesRequest, http: HTTPRequest):
     """Anthropic's Messages API (`?beta=true`, as Claude Code sends it, is accepted and ignored)."""
     return await messages_api.respond(http, state_of(http), body)
+
+
+@v1.post("/responses")
+async def responses(body: responses_schema.ResponsesRequest, http: HTTPRequest):
+    """OpenAI's Responses API (Codex CLI's), over the chat machinery (serve/responses_api.py)."""
+    state = state_of(http)
+    return await responses_api.respond(http, state, state.responses, body)
 
 
 @v1.post("/messages/count_tokens")

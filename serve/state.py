@@ -8,6 +8,7 @@ from engine.grammar import GrammarTokenizer
 from serve.config import ServerSettings
 from serve.engine_client import EngineClient
 from serve.metrics import Metrics
+from serve.response_store import ResponseStore
 from serve.scheduler import Scheduler
 
 
@@ -19,6 +20,7 @@ class ServerState:
         self.started_at = int(time.time())
         self.fallback_ctx = settings.ctx or model_ctx  # until the engine's READY says
         self.metrics = Metrics()
+        self.responses = ResponseStore()  # stored Responses API turns, for previous_response_id
         self.scheduler = Scheduler(self.metrics, settings.preempt.enabled, settings.preempt.max_wait_s,
                                    settings.max_request_retries, frozenset({tokenizer.special.eos}),
                                    settings.preempt.aged_s)

@@ -1,0 +1,289 @@
+"""OpenAI's Responses API (`POST /v1/responses`, streamed and not) over the chat machinery: the
+request's instructions, input items and tools become a chat request (serve/chat.py renders it
+through the model's template, tool calls are parsed in its format), and the answer comes back as
+output items: reasoning, a message with output_text, function_call items.
+
+Conversations: `store: false` clients (Codex CLI) send the whole transcript each turn, with their
+earlier `function_call` items and the `function_call_output` items answering them; otherwise a
+response is kept in memory (the last STORE_SIZE of them) and `previous_response_id` continues it.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from typing import AsyncIterator
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from serve import openai_schema as oai
+from serve import responses_schema as schema
+from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
+from serve.constraints import grammar_for
+from serve.errors import APIError, server_error
+from serve.generation import Finished, GenerationError, KeepAlive, Piece
+from serve.reasoning import CONTENT, REASONING
+from serve.running import build_request, collect, events, until_disconnect
+from serve.response_store import ResponseStore
+from serve.sse import named_event
+
+def text_of(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def input_messages(body: schema.ResponsesRequest) -> list[dict]:
+    """The request's input items as chat messages: messages by role, consecutive function_call items
+    as one assistant turn's tool_calls, function_call_output items as tool messages; reasoning items
+    of earlier turns are not replayed."""
+    if isinstance(body.input, str):
+        return [{"role": "user", "content": body.input}]
+    messages: list[dict] = []
+    for i, item in enumerate(body.input):
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise APIError(400, f"input[{i}]: a message's role must be user, assistant, system or developer",
+                               param="input")
+            messages.append({"role": role, "content": text_of(item.get("content"))})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id") or item.get("id"), "type": "function",
+                    "function": {"name": item.get("name", ""), "arguments": item.get("arguments") or "{}"}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                             "content": output if isinstance(output, str) else text_of(output)})
+        elif kind == "reasoning":
+            continue
+        else:
+            raise APIError(400, f"input[{i}]: items of type {kind!r} are not supported", param="input")
+    return messages
+
+
+def chat_tools(tools: list[dict] | None) -> list[dict] | None:
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise APIError(400, f"tools[{i}]: tools of type {tool.get('type')!r} are not supported (function tools are)",
+                           param="tools")
+        out.append({"type": "function", "function": {"name": tool.get("name", ""), "description": tool.get("description"),
+                                                     "parameters": tool.get("parameters")}})
+    return out
+
+
+def chat_tool_choice(choice):
+    if choice is None or isinstance(choice, str):
+        return choice
+    if choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name", "")}}
+    raise APIError(400, f"tool_choice of type {choice.get('type')!r} is not supported", param="tool_choice")
+
+
+def chat_request(body: schema.ResponsesRequest, history: list[dict]) -> oai.ChatCompletionRequest:
+    messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + history
+    messages += input_messages(body)
+    fields: dict = {"messages": messages, "max_tokens": body.max_output_tokens, "temperature": body.temperature,
+                    "top_p": body.top_p, "stream": body.stream, "parallel_tool_calls": body.parallel_tool_calls,
+                    "priority": body.priority}
+    tools = chat_tools(body.tools)
+    if tools:
+        fields["tools"] = tools
+    if body.tool_choice is not None:
+        fields["tool_choice"] = chat_tool_choice(body.tool_choice)
+    fmt = (body.text or {}).get("format")
+    if fmt and fmt.get("type") in ("json_object", "json_schema"):
+        fields["response_format"] = {"type": fmt["type"]} | (
+            {"json_schema": {"name": fmt.get("name", "response"), "schema": fmt.get("schema"), "strict": fmt.get("strict")}}
+            if fmt["type"] == "json_schema" else {})
+    try:
+        return oai.ChatCompletionRequest.model_validate(fields)
+    except ValueError as e:
+        raise APIError(400, f"the request cannot be served: {e}") from None
+
+
+def output_items(message: dict, ids: "ItemIds") -> list[dict]:
+    """A whole answer's chat message fields as Responses output items."""
+    out = []
+    if message.get(REASONING):
+        out.append(schema.reasoning_item(ids.new("rs"), message[REASONING]))
+    if message.get(CONTENT):
+        out.append(schema.message_item(ids.new("msg"), message[CONTENT]))
+    for call in message.get("tool_calls") or []:
+        out.append(schema.function_call_item(ids.new("fc"), call["id"], call["function"]["name"],
+                                             call["function"]["arguments"]))
+    return out
+
+
+class ItemIds:
+    def __init__(self, rid: str):
+        self.base, self.count = rid.removeprefix("resp_"), 0
+
+    def new(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}_{self.base}{self.count:04d}"
+
+
+def status_of(output: ChatOutput, fin: Finished) -> tuple[str, str | None]:
+    reason = output.finish_reason(fin.finish_reason)
+    return ("incomplete", "max_output_tokens") if reason == "length" else ("completed", None)
+
+
+def conversation(chat: oai.ChatCompletionRequest, message: dict) -> list[dict]:
+    """What a later previous_response_id continues: this turn's messages and its answer."""
+    answer = {"role": "assistant", "content": message.get(CONTENT) or ""}
+    if message.get("tool_calls"):
+        answer["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in message["tool_calls"]]
+    return [m.model_dump(exclude_none=True) for m in chat.messages if m.role != "system"] + [answer]
+
+
+async def respond(http: HTTPRequest, state, store: ResponseStore, body: schema.ResponsesRequest) -> Response:
+    history = store.get(body.previous_response_id) if body.previous_response_id else []
+    chat = chat_request(body, history)
+    plan = tool_plan(state, chat)
+    text = render(state, chat, plan)
+    req = build_request(state, chat, state.tokenizer.encode(text), body.max_output_tokens, grammar_for(state, plan, chat))
+    rid, model = f"resp_{secrets.token_hex(12)}", body.model or state.settings.model_name
+    opened = reasoning_opened(state, text)
+    if not body.stream:
+        async def work():
+            try:
+                out, fin = await collect(state, req)
+            except GenerationError as e:
+                return server_error(e.status, str(e)).response()
+            output = ChatOutput(opened, plan)
+            message = output.message(out, fin.finish_reason)
+            status, incomplete = status_of(output, fin)
+            if body.store:
+                store.put(rid, conversation(chat, message))
+            return JSONResponse(schema.response_object(
+                rid, model, body, output_items(message, ItemIds(rid)), status,
+                schema.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens), incomplete))
+
+        return await until_disconnect(http, work())
+    return StreamingResponse(stream(state, store, req, body, chat, ChatOutput(opened, plan), rid, model),
+                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+class ItemStream:
+    """Chat deltas -> Responses stream events: an output item opens when a delta of another kind
+    arrives (reasoning, text, or a function call) and is done before the next one opens."""
+
+    def __init__(self, rid: str):
+        self.ids, self.items, self.open_item, self.seq = ItemIds(rid), [], None, 0
+        self.text = ""
+
+    def event(self, kind: str, data: dict) -> str:
+        self.seq += 1
+        return named_event(kind, {"type": kind, "sequence_number": self.seq} | data)
+
+    def feed(self, delta: dict) -> list[str]:
+        out = []
+        if delta.get(REASONING):
+            out += self.start("reasoning")
+            out.append(self.event("response.reasoning_text.delta", self.where() | {"delta": delta[REASONING]}))
+            self.text += delta[REASONING]
+        if delta.get(CONTENT):
+            out += self.start("message")
+            out.append(self.event("response.output_text.delta", self.where() | {"delta": delta[CONTENT]}))
+            self.text += delta[CONTENT]
+        for call in delta.get("tool_calls") or []:
+            if "id" in call:
+                out += self.start("function_call", call)
+            if call["function"].get("arguments"):
+                out.append(self.event("response.function_call_arguments.delta",
+                                      {"item_id": self.open_item["id"], "output_index": len(self.items),
+                                       "delta": call["function"]["arguments"]}))
+                self.text += call["function"]["arguments"]
+        return out
+
+    def where(self) -> dict:
+        return {"item_id": self.open_item["id"], "output_index": len(self.items), "content_index": 0}
+
+    def start(self, kind: str, call: dict | None = None) -> list[str]:
+        if self.open_item is not None and self.open_item["type"] == kind and call is None:
+            return []
+        out = self.done()
+        if kind == "reasoning":
+            self.open_item = {"type": "reasoning", "id": self.ids.new("rs"), "summary": [], "content": []}
+        elif kind == "message":
+            self.open_item = schema.message_item(self.ids.new("msg"), "", status="in_progress")
+        else:
+            self.open_item = schema.function_call_item(self.ids.new("fc"), call["id"], call["function"]["name"], "",
+                                                       status="in_progress")
+        out.append(self.event("response.output_item.added", {"output_index": len(self.items), "item": self.open_item}))
+        if kind == "message":
+            out.append(self.event("response.content_part.added", self.where() | {"part": schema.output_text("")}))
+        return out
+
+    def done(self) -> list[str]:
+        item, self.open_item = self.open_item, None
+        if item is None:
+            return []
+        at, text, self.text = {"item_id": item["id"], "output_index": len(self.items)}, self.text, ""
+        out = []
+        if item["type"] == "message":
+            item = schema.message_item(item["id"], text)
+            out.append(self.event("response.output_text.done", at | {"content_index": 0, "text": text}))
+            out.append(self.event("response.content_part.done", at | {"content_index": 0, "part": item["content"][0]}))
+        elif item["type"] == "reasoning":
+            item = schema.reasoning_item(item["id"], text)
+            out.append(self.event("response.reasoning_text.done", at | {"content_index": 0, "text": text}))
+        else:
+            item = item | {"arguments": text, "status": "completed"}
+            out.append(self.event("response.function_call_arguments.done", at | {"arguments": text}))
+        self.items.append(item)
+        return out + [self.event("response.output_item.done", {"output_index": len(self.items) - 1, "item": item})]
+
+
+async def stream(state, store: ResponseStore, req, body: schema.ResponsesRequest, chat, output: ChatOutput,
+                 rid: str, model: str) -> AsyncIterator[str]:
+    items, created = ItemStream(rid), int(time.time())
+    start = schema.response_object(rid, model, body, [], "in_progress", created=created)
+    yield items.event("response.created", {"response": start})
+    yield items.event("response.in_progress", {"response": start})
+    pieces: list[str] = []
+    try:
+        async for ev in events(state, req):
+            if isinstance(ev, KeepAlive):
+                yield ": keep-alive\n\n"
+            elif isinstance(ev, Piece):
+                pieces.append(ev.text)
+                for delta in output.feed(ev.text):
+                    for line in items.feed(delta):
+                        yield line
+            elif isinstance(ev, Finished):
+                for delta in output.feed("", end=True, stopped=ev.finish_reason == "stop"):
+                    for line in items.feed(delta):
+                        yield line
+                for line in items.done():
+                    yield line
+                status, incomplete = status_of(output, ev)
+                if body.store:
+                    store.put(rid, conversation(chat, whole_message(items.items)))
+                final = schema.response_object(rid, model, body, items.items, status,
+                                               schema.usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens),
+                                               incomplete, created)
+                kind = "response.completed" if status == "completed" else "response.incomplete"
+                yield items.event(kind, {"response": final})
+                return
+    except GenerationError as e:
+        yield items.event("error", {"code": "server_error", "message": str(e), "param": None})
+
+
+def whole_message(items: list[dict]) -> dict:
+    """The chat message fields of a streamed answer's output items (for the store)."""
+    text = "".join(part["text"] for item in items if item["type"] == "message" for part in item["content"])
+    calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+             for item in items if item["type"] == "function_call"]
+    return {CONTENT: text} | ({"tool_calls": calls} if calls else {})
