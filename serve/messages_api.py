@@ -15,9 +15,9 @@ from serve import anthropic_schema as schema
 from serve import openai_schema as oai
 from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
 from serve.constraints import grammar_for
-from serve.generation import Finished, GenerationError, KeepAlive, Piece
+from serve.generation import Finished, GenerationError, KeepAlive
 from serve.reasoning import CONTENT, REASONING
-from serve.running import build_request, collect, events, until_disconnect
+from serve.running import build_request, collect, deltas, until_disconnect
 from serve.sse import named_event as event
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -181,17 +181,13 @@ async def stream(state, req, output: ChatOutput, mid: str, model: str) -> AsyncI
         mid, model, [], None, len(req.prompt), 0)})
     yield event("ping", {"type": "ping"})  # at once, as Anthropic's API does; then every keepalive while it waits
     try:
-        async for ev in events(state, req):
+        async for ev in deltas(state, req, output):
             if isinstance(ev, KeepAlive):
                 yield event("ping", {"type": "ping"})
-            elif isinstance(ev, Piece):
-                for delta in output.feed(ev.text):
-                    for line in blocks.feed(delta):
-                        yield line
+            elif isinstance(ev, dict):
+                for line in blocks.feed(ev):
+                    yield line
             elif isinstance(ev, Finished):
-                for delta in output.feed("", end=True, stopped=ev.finish_reason == "stop"):
-                    for line in blocks.feed(delta):
-                        yield line
                 for line in blocks.close():
                     yield line
                 yield event("message_delta", {"type": "message_delta",

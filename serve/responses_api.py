@@ -21,9 +21,9 @@ from serve import responses_schema as schema
 from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
 from serve.constraints import grammar_for
 from serve.errors import APIError, server_error
-from serve.generation import Finished, GenerationError, KeepAlive, Piece
+from serve.generation import Finished, GenerationError, KeepAlive
 from serve.reasoning import CONTENT, REASONING
-from serve.running import build_request, collect, events, until_disconnect
+from serve.running import build_request, collect, deltas, until_disconnect
 from serve.response_store import ResponseStore
 from serve.sse import named_event
 
@@ -252,20 +252,14 @@ async def stream(state, store: ResponseStore, req, body: schema.ResponsesRequest
     start = schema.response_object(rid, model, body, [], "in_progress", created=created)
     yield items.event("response.created", {"response": start})
     yield items.event("response.in_progress", {"response": start})
-    pieces: list[str] = []
     try:
-        async for ev in events(state, req):
+        async for ev in deltas(state, req, output):
             if isinstance(ev, KeepAlive):
                 yield ": keep-alive\n\n"
-            elif isinstance(ev, Piece):
-                pieces.append(ev.text)
-                for delta in output.feed(ev.text):
-                    for line in items.feed(delta):
-                        yield line
+            elif isinstance(ev, dict):
+                for line in items.feed(ev):
+                    yield line
             elif isinstance(ev, Finished):
-                for delta in output.feed("", end=True, stopped=ev.finish_reason == "stop"):
-                    for line in items.feed(delta):
-                        yield line
                 for line in items.done():
                     yield line
                 status, incomplete = status_of(output, ev)

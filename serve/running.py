@@ -46,6 +46,23 @@ def events(state: ServerState, req: Request):
     return generate(req, state.scheduler, state.tokenizer, state.metrics, state.settings.keepalive_s)
 
 
+async def deltas(state: ServerState, req: Request, output):
+    """A streamed answer as its consumer sees it: keep-alives while it waits, the chat deltas of each
+    piece (output: serve/chat.py ChatOutput, which splits reasoning and tool calls off), and at the
+    end the last deltas, then the Finished."""
+    async for event in events(state, req):
+        if isinstance(event, Piece):
+            for delta in output.feed(event.text):
+                yield delta
+        elif isinstance(event, Finished):
+            for delta in output.feed("", end=True, stopped=event.finish_reason == "stop"):
+                yield delta
+            yield event
+            return
+        else:
+            yield event
+
+
 async def collect(state: ServerState, req: Request) -> tuple[str, Finished]:
     parts: list[str] = []
     async for event in events(state, req):
