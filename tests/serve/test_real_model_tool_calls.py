@@ -1,4 +1,5 @@
-"""Tool calls on a real trained model with a real vocabulary: Qwen2.5-Coder-0.5B-Instruct
+"""Tool calls and JSON on a real trained model with a real vocabulary (chat completions, Anthropic
+messages and the Responses API): Qwen2.5-Coder-0.5B-Instruct
 (Q4_K_M, `make fixture` fetches and checks it) on the CPU, through the openai client. Its template
 writes calls as Hermes <tool_call> tags, and its vocabulary has <tool_call> and </tool_call> as
 added tokens: the grammar must take the token the model writes, not only the text (before, the
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
+import anthropic
 import jsonschema
 import openai
 import pytest
@@ -26,11 +28,16 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def qwen():
+def qwen_server():
     model = fixture_path()
     assert model.is_file(), f"{model} is missing: `make fixture` fetches it (`make test` does so first)"
     with ServerProcess(extra=["--model", str(model), "--device", "cpu"]).start(timeout_s=300) as s:
-        yield openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        yield s
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_server):
+    return openai.OpenAI(base_url=qwen_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def test_required_gives_a_call_whose_arguments_fit_the_schema(qwen):
@@ -70,3 +77,31 @@ def test_auto_takes_the_bare_call_the_small_model_writes(qwen):
     assert not choice.message.content
     call = choice.message.tool_calls[0].function
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+
+
+def test_anthropic_any_gives_a_tool_use_whose_input_fits(qwen_server):
+    client = anthropic.Anthropic(base_url=qwen_server.url, api_key="unused", max_retries=0, timeout=300)
+    r = client.messages.create(model="qwen", max_tokens=40, messages=ASK,
+                               tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                               tools=[{"name": t["function"]["name"], "description": t["function"]["description"],
+                                       "input_schema": WEATHER} for t in TOOLS])
+    uses = [b for b in r.content if b.type == "tool_use"]
+    assert r.stop_reason == "tool_use" and uses, r
+    jsonschema.validate(uses[0].input, WEATHER)
+
+
+def test_the_responses_api_gives_a_function_call_item(qwen):
+    r = qwen.responses.create(model="qwen", input="What is the weather in Paris?", max_output_tokens=40, temperature=0,
+                              tools=[{"type": "function"} | t["function"] for t in TOOLS])
+    calls = [item for item in r.output if item.type == "function_call"]
+    assert r.status == "completed" and calls, r.output
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
+
+
+def test_a_json_schema_answer_validates(qwen):
+    schema_ = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+               "required": ["city", "country"]}
+    r = qwen.chat.completions.create(model="qwen", max_tokens=40, temperature=0, messages=[
+        {"role": "user", "content": "Name a city in France, as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema_}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema_)
