@@ -5,6 +5,7 @@ text comes back as Anthropic content blocks (thinking, text, tool_use), whole or
 message / content-block events with input_json_delta for the calls' input."""
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import AsyncIterator
 
@@ -87,11 +88,17 @@ def count_tokens(state, body: schema.CountTokensRequest) -> dict:
     return {"input_tokens": len(state.tokenizer.encode(text))}
 
 
+def signature(thinking: str) -> str:
+    """A thinking block's signature: clients (Claude Code) keep it and send the block back with it. Here
+    it names the text (a hash); earlier thinking is not replayed to the model either way."""
+    return "strata-" + hashlib.blake2b(thinking.encode(), digest_size=16).hexdigest()
+
+
 def blocks_of(message: dict) -> list[dict]:
     """A chat message's fields as Anthropic content blocks."""
     out = []
     if message.get(REASONING):
-        out.append({"type": "thinking", "thinking": message[REASONING], "signature": ""})
+        out.append({"type": "thinking", "thinking": message[REASONING], "signature": signature(message[REASONING])})
     if message.get(CONTENT):
         out.append({"type": "text", "text": message[CONTENT]})
     for call in message.get("tool_calls") or []:
@@ -137,12 +144,14 @@ class BlockStream:
 
     def __init__(self):
         self.index, self.kind = -1, None
+        self.thinking = ""  # the open thinking block's text, for its signature
 
     def feed(self, delta: dict) -> list[str]:
         out = []
         if REASONING in delta:
             out += self.open("thinking", {"type": "thinking", "thinking": ""})
             out.append(self.delta({"type": "thinking_delta", "thinking": delta[REASONING]}))
+            self.thinking += delta[REASONING]
         if delta.get(CONTENT):
             out += self.open("text", {"type": "text", "text": ""})
             out.append(self.delta({"type": "text_delta", "text": delta[CONTENT]}))
@@ -167,7 +176,8 @@ class BlockStream:
             return []
         out = []
         if self.kind == "thinking":  # the SDK expects a signature before a thinking block ends
-            out.append(self.delta({"type": "signature_delta", "signature": ""}))
+            out.append(self.delta({"type": "signature_delta", "signature": signature(self.thinking)}))
+            self.thinking = ""
         self.kind = None
         return out + [event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 

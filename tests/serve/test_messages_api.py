@@ -56,6 +56,9 @@ def test_tool_use_whole_and_streamed_and_a_two_round_loop(qwen3):
             events = list(stream)
             final = stream.get_final_message()
         assert [b.type for b in final.content] == kinds and final.stop_reason == "tool_use"
+        # a signature on every thinking block, whole and streamed (the same text, the same signature);
+        # the loop below sends the blocks back with it
+        assert thinking.signature and final.content[0].signature == thinking.signature
         assert final.content[2].input == {"city": "Paris"} and final.content[1].text == "Checking."
         assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in events)
 
@@ -66,7 +69,7 @@ def test_tool_use_whole_and_streamed_and_a_two_round_loop(qwen3):
             again = client.messages.create(messages=messages, **args)
             prompt = lambda u: u.input_tokens + u.cache_read_input_tokens  # noqa: E731
             assert prompt(again.usage) > prompt(whole.usage)
-            assert again.usage.cache_read_input_tokens > 0  # the history's start was still in a slot
+            assert again.usage.cache_read_input_tokens > 0  # the history's start was still in the prefix cache
             whole, call = again, again.content[-1]
             assert call.type == "tool_use"
         count = client.messages.count_tokens(model="any", messages=messages, tools=[WEATHER], system="You are terse.")
