@@ -6,12 +6,15 @@ defers and pauses, and every answer is still its solo answer."""
 import json
 import sys
 
+import pytest
+
 from tests.harness import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
 import paged_check  # noqa: E402
 
 
+@pytest.mark.timeout(900)  # three engines and ~20 requests on a shared 2-core machine: minutes
 def test_the_pool_keeps_every_answer_exact_on_the_real_engine(tmp_path):
     out = tmp_path / "report.json"
     code = paged_check.main(["--device", "cpu", "--chunk", "32", "--max-new", "16", "--batch", "6",
