@@ -50,7 +50,7 @@ class Scheduler:
         self.parked: list[Request] = []  # parked reads, oldest park first
         self.requests: dict[int, Request] = {}  # every request the engine may still send lines for
         self.closed = False
-        self.memory_full = False  # the engine deferred a request for memory: nothing goes in until one ends
+        self.memory_full = False  # the engine deferred a request for memory: nothing goes in until one ends or parks
         self.deferred = 0  # DEFER lines seen
         self.reuse = {"lookups": 0, "hits": 0, "tokens": 0, "from_host": 0}  # the prefix cache, as the GENs met it
         self.pool: dict[str, int] = {}  # the engine's latest pool report (INFO without an id)
@@ -170,7 +170,7 @@ class Scheduler:
 
     def _on_defer(self, req: Request, msg: m.Defer) -> None:
         """The engine did not take it now: back where it was (its place kept), and no GEN or RESUME
-        goes in until a request ends (for memory; for the engine's cap, until one ends too)."""
+        goes in until a request ends or parks (for memory; for the engine's cap, until one ends too)."""
         self.deferred += 1
         self.metrics.deferred.labels(msg.reason).inc()
         self._leave(req)
@@ -209,6 +209,9 @@ class Scheduler:
             self.dispatch()
 
     def _on_suspended(self, req: Request, msg: m.Suspended) -> None:
+        # a parked read's blocks can be moved out on demand: a request deferred for memory may fit now
+        # (and if nothing else runs, no DONE would ever come to let it in)
+        self.memory_full = False
         req.phase, req.parks, req.parked_at = Phase.PARKED, req.parks + 1, time.monotonic()
         if req.first_parked_at is None:
             req.first_parked_at = req.parked_at
