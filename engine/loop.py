@@ -465,13 +465,14 @@ class EngineLoop:
         self.write(m.Info({"paused": "1"}, seq.id))
 
     def bring_back(self) -> None:
-        """Paused requests back into the pool, in the order they were paused, while blocks allow."""
+        """Paused requests back into the pool, in the order they were paused, while blocks allow
+        (parked reads move out for them: otherwise a paused request waiting behind a parked read
+        would wait for a RESUME the server cannot send while the engine defers everything)."""
         while self.paused:
             seq = self.paused[0]  # room for its rows and for what it does next (its next chunk, or a step)
             need = chunk_end(seq.pos, seq.total, self.runner.chunk) if seq.reading else seq.kv_len + 1
-            if self.pool.blocks_for(max(need, 1)) > self.pool.available:
+            if not self.get_blocks(seq, max(need, 1), pause_others=False):
                 return
-            self.pool.grow(seq.table, need)
             self.timed_copy(seq, self.runner.restore, self.pause_snapshots.pop(seq.id))
             seq.paused = False
             self.paused.pop(0)

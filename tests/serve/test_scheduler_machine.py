@@ -249,3 +249,71 @@ def test_long_long_short_in_a_small_pool_drains():
         assert moved_out  # a parked read went to host memory to make room
     finally:
         machine.teardown()  # drains and checks every answer
+
+
+class RecordingEngine:
+    """An engine the test speaks for: what the scheduler sends is recorded."""
+
+    def __init__(self):
+        self.state, self.failure, self.sent = EngineState.READY, "", []
+        self.info = EngineInfo(ctx=4096, caps=("stop", "preempt"), fields={"max_running": "4"})
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def send(self, msg: m.Message) -> None:
+        self.sent.append(msg)
+
+
+def test_a_request_deferred_for_memory_goes_in_when_the_read_holding_it_parks():
+    """A deadlock seen under memory pressure: B's GEN is deferred while A's read holds the pool, the
+    scheduler offers A a park for B, A parks, and nothing else runs. A parked read's blocks can be
+    moved out, so the park must let B in: waiting for a DONE would wait forever."""
+    clock = Clock()
+    real_time, scheduler_module.time = scheduler_module.time, clock
+    try:
+        scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
+                              eos_ids=frozenset({2}), aged_s=1.0)
+        scheduler.engine = engine = RecordingEngine()
+        a = Request(list(range(1000, 1900)), 4, {"temperature": 0.0}, arrived=clock.now)
+        scheduler.submit(a)
+        scheduler.on_message(m.PP(256, 900, 10.0, 25600.0, a.id))
+        b = Request(list(range(3000, 3100)), 4, {"temperature": 0.0}, arrived=clock.now)
+        scheduler.submit(b)
+        assert [x.id for x in engine.sent if isinstance(x, m.Gen)] == [a.id, b.id]
+        scheduler.on_message(m.Defer("memory", b.id))
+        assert scheduler.memory_full and b in scheduler.waiting
+        clock.now += 2.0  # B is old enough for A to make way
+        scheduler.on_message(m.PP(512, 900, 10.0, 25600.0, a.id))
+        assert any(isinstance(x, m.Yield) and x.id == a.id for x in engine.sent)
+        scheduler.on_message(m.Suspended(512, 900, a.id))
+        assert isinstance(engine.sent[-1], m.Gen) and engine.sent[-1].id == b.id, engine.sent
+        assert not scheduler.memory_full and b in scheduler.running
+    finally:
+        scheduler_module.time = real_time
+
+
+def test_a_paused_request_comes_back_by_moving_a_parked_read_out():
+    """The engine half of that deadlock: X is paused into host memory, then P's read parks holding
+    the blocks X needs to come back. New GENs are deferred while X is paused and the server will
+    not RESUME P, so X must come back by moving P's rows out (as a chunk or a GEN would), not wait."""
+    engine = InProcessEngine(slots=4, kv_tokens=96)  # six blocks of 16
+    loop = engine.loop
+    engine.send(m.Gen(8, tuple(range(1000, 1090)), {"temperature": 0.0}, 1))  # P: 90 tokens
+    engine.send(m.Gen(8, tuple(range(2000, 2040)), {"temperature": 0.0}, 2))  # X: 40 tokens
+    loop.take_lines(block=False)
+    p, x = loop.seqs[1], loop.seqs[2]
+    for _ in range(3):
+        loop.read_next()  # P reads three chunks
+    loop.try_park(p)
+    for _ in range(3):
+        loop.read_next()  # X reads its prompt and draws its first token
+    loop.pause(x)
+    loop.resume(p.id)
+    loop.read_next()  # P's fourth chunk
+    loop.try_park(p)  # P holds four blocks of six; X needs three to come back
+    assert p.parked and len(p.table) == 4 and x.paused and loop.pool.available < 3
+    loop.round()
+    assert not x.paused and p.id in loop.snapshots and not p.table  # P's rows went to host memory
+    loop.pool.check([s.table for s in loop.seqs.values()])
