@@ -470,7 +470,7 @@ class EngineLoop:
         would wait for a RESUME the server cannot send while the engine defers everything)."""
         while self.paused:
             seq = self.paused[0]  # room for its rows and for what it does next (its next chunk, or a step)
-            need = chunk_end(seq.pos, seq.total, self.runner.chunk) if seq.reading else seq.kv_len + 1
+            need = chunk_end(seq.pos, seq.total, self.runner.chunk) if seq.reading else seq.rows + 1
             if not self.get_blocks(seq, max(need, 1), pause_others=False):
                 return
             self.timed_copy(seq, self.runner.restore, self.pause_snapshots.pop(seq.id))

@@ -131,9 +131,9 @@ class ModelRunner:
         """A read parks in place: its rows stay in its blocks, nothing is copied."""
 
     def spill(self, seq: Sequence) -> KVSnapshot:
-        """A request's rows [0, kv_len) copied out of its blocks into host memory (the loop then
+        """A request's rows [0, rows) copied out of its blocks into host memory (the loop then
         gives the blocks back)."""
-        snap = self.kv.snapshot(seq.table, seq.kv_len)
+        snap = self.kv.snapshot(seq.table, seq.rows)
         self.backend.synchronize()
         return snap
 

@@ -52,5 +52,12 @@ class Sequence:
 
     @property
     def kv_len(self) -> int:
-        """Positions whose K/V rows are in the cache (the prompt plus all but the newest token)."""
+        """The newest token's position: the prompt plus all generated tokens but the newest (the rows
+        a decode step attends to before writing the newest token's)."""
         return self.pos + max(0, len(self.generated) - 1)
+
+    @property
+    def rows(self) -> int:
+        """K/V rows written now: kv_len, and the newest token's too once it has been through the model
+        (between two decode steps; not while it is drawn and waiting for its forward, unstepped)."""
+        return self.kv_len + (1 if self.generated and not self.unstepped else 0)

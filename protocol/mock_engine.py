@@ -130,11 +130,11 @@ class FakeRunner:
     def spill(self, seq: Sequence):
         if self.a.fail_snapshot and seq.parked:
             raise MemoryError("injected: snapshot allocation failed")
-        return seq.kv_len, len(seq.table)
+        return seq.rows, self.pool.blocks_for(seq.rows)  # what a real snapshot holds: its rows' blocks
 
     def restore(self, seq: Sequence, snapshot) -> None:
         rows, blocks = snapshot
-        assert rows == seq.kv_len and len(seq.table) >= blocks, (snapshot, seq.kv_len, seq.table)
+        assert rows == seq.rows and len(seq.table) >= blocks, (snapshot, seq.rows, seq.table)
 
     def set_aside(self, seq: Sequence) -> None:
         pass
