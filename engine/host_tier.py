@@ -32,15 +32,16 @@ WriteBlocks = Callable[[Sequence[int], np.ndarray, np.ndarray], None]
 
 
 class HostTier:
+    @classmethod
+    def sized(cls, budget_bytes: int, block_bytes: int, read: ReadBlocks, write: WriteBlocks) -> "HostTier | None":
+        """A tier of `budget_bytes`, or None when that does not hold one block (no tier)."""
+        return cls(budget_bytes, block_bytes, read, write) if block_bytes and budget_bytes >= block_bytes else None
+
     def __init__(self, budget_bytes: int, block_bytes: int, read: ReadBlocks, write: WriteBlocks):
         self.capacity = budget_bytes // block_bytes if block_bytes else 0  # blocks it may hold
         self.block_bytes, self.read, self.write = block_bytes, read, write
         self.entries: OrderedDict[bytes, HostBlock] = OrderedDict()  # least recently stored first
         self.stored = self.loaded = self.dropped = 0  # blocks: copied out, copied back, let go for room
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.entries) * self.block_bytes
 
     def store(self, blocks) -> None:
         """Evicted pool blocks (engine/blocks.py Block: index, key, tokens, parent still set) copied
@@ -79,4 +80,4 @@ class HostTier:
 
     def status(self) -> dict[str, int]:
         return {"host_blocks": len(self.entries), "host_capacity": self.capacity, "host_loaded": self.loaded,
-                "host_stored": self.stored}
+                "host_stored": self.stored, "host_dropped": self.dropped}

@@ -271,20 +271,20 @@ class EngineLoop:
             if self.line:  # the read in front waited for it
                 self.line[0].shared_ms += (time.perf_counter() - started) * 1000
             self.take_lines(block=False)
-        started = time.perf_counter()
-        while self.read_next() and not self.gone:
-            if not any(s.decoding for s in self.seqs.values()):
+        started, reader = time.perf_counter(), self.next_reader()
+        while reader is not None and self.read_next(reader) and not self.gone:
+            reader = self.next_reader()
+            if reader is None or not any(s.decoding for s in self.seqs.values()):
                 break  # nobody waits for a step: the next round reads on (taking control lines first)
-            reader = next((s for s in self.line if not s.paused), None)
-            estimate = (reader.chunk_ms if reader is not None else None) or self.chunk_ms or 0.0
-            if (time.perf_counter() - started) * 1000 + estimate > self.interval_ms:
+            if (time.perf_counter() - started) * 1000 + (reader.chunk_ms or self.chunk_ms or 0.0) > self.interval_ms:
                 break  # the decoders have waited about interval_ms: their step comes first
 
-    def read_next(self) -> bool:
-        """One prompt chunk of the first read in line (its blocks had first); False if none was read."""
-        reader = next((s for s in self.line if not s.paused), None)
-        if reader is None:
-            return False
+    def next_reader(self) -> Sequence | None:
+        """The first read in line that is not paused: it reads the next chunk."""
+        return next((s for s in self.line if not s.paused), None)
+
+    def read_next(self, reader: Sequence) -> bool:
+        """One prompt chunk of `reader` (its blocks had first); False if it could not be read."""
         if self.get_blocks(reader, chunk_end(reader.pos, reader.total, self.runner.chunk)):
             self.read_chunk(reader)
             return True

@@ -56,14 +56,6 @@ def host_memory_bytes() -> int:
         return 16 << 30
 
 
-def cache_ram_default(backend: Backend) -> int:
-    """The host tier by default: on the GPU 8 GiB (a quarter of the host's memory if that is less);
-    on the CPU none, since the pool itself is host memory (a larger --kv-tokens does the same)."""
-    if backend.free_bytes() is None:
-        return 0
-    return min(GPU_CACHE_RAM_BYTES, host_memory_bytes() // HOST_SHARE_FOR_CACHE)
-
-
 def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chunk: int,
                  snapshot_bytes: int | None, block: int = 64, pool_tokens: int | None = None,
                  cache_ram_bytes: int | None = None) -> MemoryPlan:
@@ -73,12 +65,14 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chun
     weights, the chunk scratch and a reserve leave (or --kv-tokens, if that fits: else a clear
     refusal with the numbers); a request may hold the model's trained context, or the whole pool
     if that is smaller (--ctx must fit the pool). Snapshots live in host memory: by default one
-    request's rows (any read can park), at most half of the host's. The host tier: `cache_ram_bytes`,
-    else cache_ram_default."""
-    if cache_ram_bytes is None:
-        cache_ram_bytes = cache_ram_default(backend)
+    request's rows (any read can park), at most half of the host's. The host tier for evicted
+    prefix blocks: `cache_ram_bytes`, else beside a GPU 8 GiB (a quarter of the host's memory if
+    that is less) and on the CPU none, the pool itself being host memory (a larger --kv-tokens does
+    the same)."""
     row = kv_row_bytes(cfg, backend)
     free = backend.free_bytes()
+    if cache_ram_bytes is None:
+        cache_ram_bytes = 0 if free is None else min(GPU_CACHE_RAM_BYTES, host_memory_bytes() // HOST_SHARE_FOR_CACHE)
     if free is None:
         ctx = requested or cfg.default_ctx
         tokens = pool_tokens or CPU_POOL_CONTEXTS * ctx

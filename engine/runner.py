@@ -33,8 +33,7 @@ class ModelRunner:
         self.memory = memory or {}
         self.model = LlamaModel(cfg, weights, backend)
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks)
-        tier = HostTier(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks) \
-            if cache_ram_bytes >= self.kv.block_bytes else None
+        tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
         self.pool = BlockPool(self.kv.blocks, block_size, tier)
         self.decoder = GraphDecoder(self.model, self.kv, backend) if cuda_graphs and backend.name == "gpu" else None
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None

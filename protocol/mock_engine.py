@@ -49,8 +49,7 @@ class FakeRunner:
         self.max_running, self.max_batch = a.max_running, 64
         block = a.kv_block or default_block(a.chunk)
         block_bytes = block * a.bytes_per_token
-        tier = HostTier(round(a.cache_ram_gib * 2**30), block_bytes, fake_rows, lambda *_: None) \
-            if a.cache_ram_gib and a.cache_ram_gib * 2**30 >= block_bytes else None  # rows of nothing
+        tier = HostTier.sized(round((a.cache_ram_gib or 0) * 2**30), block_bytes, fake_rows, lambda *_: None)
         self.pool = BlockPool(-(-(a.kv_tokens or a.ctx * max(4, a.max_running)) // block), block, tier)
         self.ctx = min(self.ctx, self.pool.total * block)  # one request always fits the pool, as in strata
         self.eos_ids = frozenset({a.eos})

@@ -305,13 +305,13 @@ def test_a_paused_request_comes_back_by_moving_a_parked_read_out():
     loop.take_lines(block=False)
     p, x = loop.seqs[1], loop.seqs[2]
     for _ in range(3):
-        loop.read_next()  # P reads three chunks
+        loop.read_next(loop.next_reader())  # P reads three chunks
     loop.try_park(p)
     for _ in range(3):
-        loop.read_next()  # X reads its prompt and draws its first token
+        loop.read_next(loop.next_reader())  # X reads its prompt and draws its first token
     loop.pause(x)
     loop.resume(p.id)
-    loop.read_next()  # P's fourth chunk
+    loop.read_next(loop.next_reader())  # P's fourth chunk
     loop.try_park(p)  # P holds four blocks of six; X needs three to come back
     assert p.parked and len(p.table) == 4 and x.paused and loop.pool.available < 3
     loop.round()
