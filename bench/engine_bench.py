@@ -149,7 +149,7 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
         t0 = time.perf_counter()
         a.record(graphs.stream)
         pos = context + 1 + i
-        graphs.replay(entry, [int(tokens[pos])], [kv.whole[: -(-(pos + 1) // kv.block_size)]], [pos])
+        graphs.replay(entry, [int(tokens[pos])], [kv.lone_table(pos + 1)], [pos])
         b.record(graphs.stream)
         b.synchronize()
         t1 = time.perf_counter()

@@ -75,9 +75,9 @@ class GraphDecoder:
 
     def decode_one(self, token: int, pos: int, table=None):
         """One sequence's step: logits (vocab,) on the device (a row of the graph's buffer); its
-        table defaults to the pool's lone sequence (KVCache(cfg, ctx, backend) in tools)."""
-        if table is None:  # the blocks that hold its rows up to pos (a graph's tables are as wide as its bucket)
-            table = self.kv.whole[: -(-(pos + 1) // self.kv.block_size)]
+        table defaults to the pool's lone sequence (KVCache(cfg, ctx, backend) in tools), as wide as
+        its rows (a graph's tables hold its bucket's blocks, not the context's)."""
+        table = self.kv.lone_table(pos + 1) if table is None else table
         return self.decode([token], [table], [pos])[0]
 
     def entry(self, rows: int, pos: int) -> CapturedStep | None:

@@ -61,7 +61,7 @@ class KVCache:
         self.values = backend.xp.zeros(shape, dtype=backend.weight_dtype)
         self.row_bytes = kv_row_bytes(cfg, backend)
         self.block_bytes = self.row_bytes * block_size
-        self.whole = np.arange(min(self.blocks, -(-ctx // block_size)), dtype=np.int32)  # the lone sequence's table
+        self.whole = np.arange(min(self.blocks, self.blocks_for(ctx)), dtype=np.int32)  # the lone sequence's table
 
     def rows(self, *tables) -> SequenceRows:
         """The rows of the sequences with these block tables (lists or arrays of block indices)."""
@@ -70,12 +70,20 @@ class KVCache:
     def as_rows(self) -> SequenceRows:
         return self.rows(self.whole)
 
+    def blocks_for(self, positions: int) -> int:
+        """Blocks that hold positions [0, positions)."""
+        return -(-positions // self.block_size)
+
+    def lone_table(self, positions: int) -> np.ndarray:
+        """The lone sequence's table (tools' one-sequence pools) for its rows [0, positions)."""
+        return self.whole[: self.blocks_for(positions)]
+
     def snapshot_nbytes(self, pos: int) -> int:
-        return -(-pos // self.block_size) * self.block_bytes
+        return self.blocks_for(pos) * self.block_bytes
 
     def held(self, table, pos: int) -> np.ndarray:
         """The blocks of `table` that hold its rows [0, pos), as an index array."""
-        return np.asarray(table[: -(-pos // self.block_size)], dtype=np.int64)
+        return np.asarray(table[: self.blocks_for(pos)], dtype=np.int64)
 
     def read_blocks(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """Host copies of these blocks' K and V: (layers, len(indices), kv_heads, block_size, d) each."""
