@@ -67,12 +67,18 @@ class Hermes(ToolFormat):
     name = "hermes"
 
     def parse(self, body: str, strings=None) -> list[ToolCall] | None:
-        obj = json_object(body)
-        if obj is None or not isinstance(obj.get("name"), str):
-            return None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        args = json_object(args) if isinstance(args, str) else args
-        return [new_call(obj["name"], args)] if isinstance(args, dict) else None
+        call = named_call(json_object(body))
+        return [new_call(*call)] if call else None
+
+
+def named_call(obj) -> tuple[str, dict] | None:
+    """{"name": ..., "arguments": {...}} (or "parameters", or the arguments as JSON text) -> (name,
+    arguments); None if the object is not such a call."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    args = json_object(args) if isinstance(args, str) else args
+    return (obj["name"], args) if isinstance(args, dict) else None
 
 
 class Qwen3Coder(ToolFormat):
@@ -246,17 +252,14 @@ class ToolCallStream:
             return None
         calls = []
         for item in obj if isinstance(obj, list) else [obj]:
-            if not isinstance(item, dict) or item.get("name") not in self.schemas:
-                return None
-            args = item.get("arguments", item.get("parameters", {}))
-            args = json_object(args) if isinstance(args, str) else args
-            if not isinstance(args, dict):
+            call = named_call(item)
+            if call is None or call[0] not in self.schemas:
                 return None
             try:
-                jsonschema.validate(args, self.schemas[item["name"]])
+                jsonschema.validate(call[1], self.schemas[call[0]])
             except (jsonschema.ValidationError, jsonschema.SchemaError):
                 return None
-            calls.append(new_call(item["name"], args))
+            calls.append(new_call(*call))
         return calls or None
 
 
