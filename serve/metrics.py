@@ -52,6 +52,7 @@ class Metrics:
             "(answered in full after a restart) or failed (taken for the cause of repeated deaths)",
             ["outcome"], registry=r)
         self._max_wait = 0.0
+        self.reuse = {"lookups": 0, "hits": 0, "tokens_reused": 0, "tokens_from_host": 0}  # as the counters count
 
     def watch_scheduler(self, scheduler) -> None:
         """The queue and park gauges are read from the scheduler's state at scrape time."""
@@ -71,11 +72,21 @@ class Metrics:
         self.waiting_for_memory.set_function(lambda: int(scheduler.memory_full))
 
     def observe_prompt_reuse(self, cached: int, from_host: int = 0) -> None:
+        """One request's prefix-cache lookup (its INFO after GEN): the counters, and the same figures
+        for /status (prefix_cache)."""
         self.reuse_lookups.inc()
+        self.reuse["lookups"] += 1
         if cached:
             self.reuse_hits.inc()
             self.reused_tokens.inc(cached)
             self.host_reused_tokens.inc(from_host)
+            self.reuse["hits"] += 1
+            self.reuse["tokens_reused"] += cached
+            self.reuse["tokens_from_host"] += from_host
+
+    def prefix_cache(self) -> dict:
+        lookups = self.reuse["lookups"]
+        return self.reuse | {"hit_rate": round(self.reuse["hits"] / lookups, 4) if lookups else None}
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)

@@ -52,7 +52,6 @@ class Scheduler:
         self.closed = False
         self.memory_full = False  # the engine deferred a request for memory: nothing goes in until one ends or parks
         self.deferred = 0  # DEFER lines seen
-        self.reuse = {"lookups": 0, "hits": 0, "tokens": 0, "from_host": 0}  # the prefix cache, as the GENs met it
         self.pool: dict[str, int] = {}  # the engine's latest pool report (INFO without an id)
         self._warned_no_cap = False
         metrics.watch_scheduler(self)
@@ -161,10 +160,6 @@ class Scheduler:
         except ValueError:
             return
         self.metrics.observe_prompt_reuse(req.cached, from_host)
-        self.reuse["lookups"] += 1
-        self.reuse["hits"] += bool(req.cached)
-        self.reuse["tokens"] += req.cached
-        self.reuse["from_host"] += from_host
         if req.cached:
             req.prompt_done = req.cached
 
@@ -430,9 +425,5 @@ class Scheduler:
                if fields.get(k, "").isdigit()}
         if "kv_block" in out and "kv_block_bytes" in out:
             out["bytes_per_token"] = out["kv_block_bytes"] // max(1, out["kv_block"])
-        reuse = self.reuse
-        prefix = {"lookups": reuse["lookups"], "hits": reuse["hits"], "tokens_reused": reuse["tokens"],
-                  "tokens_from_host": reuse["from_host"],
-                  "hit_rate": round(reuse["hits"] / reuse["lookups"], 4) if reuse["lookups"] else None}
         return out | self.pool | {"paused": sum(r.paused for r in self.running), "deferred": self.deferred,
-                                  "prefix_cache": prefix}
+                                  "prefix_cache": self.metrics.prefix_cache()}
