@@ -139,11 +139,13 @@ def status_of(output: ChatOutput, fin: Finished) -> tuple[str, str | None]:
     return ("incomplete", "max_output_tokens") if reason == "length" else ("completed", None)
 
 
-def conversation(chat: oai.ChatCompletionRequest, message: dict) -> list[dict]:
-    """What a later previous_response_id continues: this turn's messages and its answer."""
-    answer = {"role": "assistant", "content": message.get(CONTENT) or ""}
-    if message.get("tool_calls"):
-        answer["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in message["tool_calls"]]
+def conversation(chat: oai.ChatCompletionRequest, items: list[dict]) -> list[dict]:
+    """What a later previous_response_id continues: this turn's messages (instructions are not
+    carried over) and its answer, from its output items."""
+    text = "".join(part["text"] for item in items if item["type"] == "message" for part in item["content"])
+    calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+             for item in items if item["type"] == "function_call"]
+    answer = {"role": "assistant", "content": text} | ({"tool_calls": calls} if calls else {})
     return [m.model_dump(exclude_none=True) for m in chat.messages if m.role != "system"] + [answer]
 
 
@@ -164,10 +166,11 @@ async def respond(http: HTTPRequest, state, store: ResponseStore, body: schema.R
             output = ChatOutput(opened, plan)
             message = output.message(out, fin.finish_reason)
             status, incomplete = status_of(output, fin)
+            items = output_items(message, ItemIds(rid))
             if body.store:
-                store.put(rid, conversation(chat, message))
+                store.put(rid, conversation(chat, items))
             return JSONResponse(schema.response_object(
-                rid, model, body, output_items(message, ItemIds(rid)), status,
+                rid, model, body, items, status,
                 schema.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens), incomplete))
 
         return await until_disconnect(http, work())
@@ -264,7 +267,7 @@ async def stream(state, store: ResponseStore, req, body: schema.ResponsesRequest
                     yield line
                 status, incomplete = status_of(output, ev)
                 if body.store:
-                    store.put(rid, conversation(chat, whole_message(items.items)))
+                    store.put(rid, conversation(chat, items.items))
                 final = schema.response_object(rid, model, body, items.items, status,
                                                schema.usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens),
                                                incomplete, created)
@@ -273,11 +276,3 @@ async def stream(state, store: ResponseStore, req, body: schema.ResponsesRequest
                 return
     except GenerationError as e:
         yield items.event("error", {"code": "server_error", "message": str(e), "param": None})
-
-
-def whole_message(items: list[dict]) -> dict:
-    """The chat message fields of a streamed answer's output items (for the store)."""
-    text = "".join(part["text"] for item in items if item["type"] == "message" for part in item["content"])
-    calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
-             for item in items if item["type"] == "function_call"]
-    return {CONTENT: text} | ({"tool_calls": calls} if calls else {})
