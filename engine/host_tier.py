@@ -48,12 +48,10 @@ class HostTier:
         out before their rows are reused; the oldest entries make room."""
         if not self.capacity or not blocks:
             return
-        blocks = list(blocks)[-self.capacity :]
-        k, v = self.read([b.index for b in blocks])  # one copy for them all
-        for i, block in enumerate(blocks):
+        for block in list(blocks)[-self.capacity :]:
+            k, v = self.read([block.index])  # one copy a block: an entry owns exactly its own rows
             self.entries.pop(block.key, None)
-            # copies, so that one entry does not keep the whole batch's arrays alive
-            self.entries[block.key] = HostBlock(block.tokens, block.parent, k[:, i].copy(), v[:, i].copy())
+            self.entries[block.key] = HostBlock(block.tokens, block.parent, k[:, 0], v[:, 0])
             self.stored += 1
         while len(self.entries) > self.capacity:
             self.entries.popitem(last=False)
