@@ -5,7 +5,7 @@ of a thinking model (serve/reasoning.py) and tool calls in the family's format (
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from serve import openai_schema as schema
 from serve.errors import APIError
@@ -27,6 +27,9 @@ class ToolPlan:
     tools: list[dict]
     choice: str | None = None  # "auto", "required", or a function's name
     parallel: bool = True
+    # function name -> the parameters schema its calls are held to while the model writes, under every
+    # tool_choice (a Responses custom tool's grammar: serve/response_tools.py); others only when forced
+    enforced: dict[str, dict] = field(default_factory=dict)
 
     @property
     def forced(self) -> bool:

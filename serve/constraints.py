@@ -18,7 +18,7 @@ JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: a small model can
 
 def grammar_for(state, plan: ToolPlan, body: schema.ChatCompletionRequest) -> str | None:
     """llguidance grammar text, or None when the output is free."""
-    if plan.forced:
+    if plan.forced or (plan.enforced and plan.fmt is not None):
         grammar, param = tool_grammar(plan, state.tokenizer), "tools"
     else:
         fmt = body.response_format
@@ -46,31 +46,50 @@ def check(state, grammar: str, param: str) -> None:
 
 
 def tool_grammar(plan: ToolPlan, tokenizer) -> str:
-    """One call (or, with parallel_tool_calls, one or more) of the allowed functions, written as the
-    model's format writes calls: arguments that match each function's parameters schema."""
-    functions = [t["function"] for t in plan.tools if plan.choice in ("required", t["function"]["name"])]
-    schemas = [call_schema(f, "arguments") for f in functions]
+    """Calls written as the model's format writes them, with arguments that match each function's
+    parameters schema. Forced (tool_choice "required" or a function's name): one call of the allowed
+    functions (or, with parallel_tool_calls, one or more) and nothing else. Under "auto" (a plan with
+    enforced functions): free text, and wherever the model opens a call, a call that matches."""
+    forced = plan.forced
+    functions = [t["function"] for t in plan.tools if not forced or plan.choice in ("required", t["function"]["name"])]
+    schemas = [call_schema(f, "arguments", plan.enforced) for f in functions]
     name = plan.fmt.name
-    if name == "generic":
-        items = {"anyOf": schemas}
-        calls = {"type": "array", "items": items, "minItems": 1} | ({} if plan.parallel else {"maxItems": 1})
-        return json_grammar({"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"],
-                             "additionalProperties": False}, "tools")
-    if name == "llama3":
-        return json_grammar({"anyOf": [call_schema(f, "parameters") for f in functions]}, "tools")
-    repeat = "+" if plan.parallel else ""
+    if name in ("generic", "llama3"):  # the call is the whole answer, a JSON object
+        if name == "generic":
+            calls = {"type": "array", "items": {"anyOf": schemas}, "minItems": 1} | ({} if plan.parallel else {"maxItems": 1})
+            answer = {"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"],
+                      "additionalProperties": False}
+            if not forced:
+                answer = {"anyOf": [answer, {"type": "object", "properties": {"response": {"type": "string"}},
+                                             "required": ["response"], "additionalProperties": False}]}
+        else:
+            answer = {"anyOf": [call_schema(f, "parameters", plan.enforced) for f in functions]}
+        if forced:
+            return json_grammar(answer, "tools")
+        return lark(f"start: FREE | answer\nFREE: /([^{{](.|\\n)*)?/\nanswer: %json {json.dumps(answer | {'x-guidance': JSON_OPTIONS})}\n")
     open_, close = marker("<tool_call>", tokenizer), marker("</tool_call>", tokenizer)
     if name == "hermes":
-        body = json.dumps({"anyOf": schemas} | {"x-guidance": JSON_OPTIONS})
-        return llguidance.LLMatcher.grammar_from_lark(
-            f'start: call{repeat}\ncall: {open_} "\\n" body "\\n" {close} "\\n"\nbody: %json {body}\n')
-    names = " | ".join(json.dumps(f["name"]) for f in functions)  # qwen3-coder's XML form
-    return llguidance.LLMatcher.grammar_from_lark(
-        f'start: call{repeat}\n'
-        f'call: {open_} "\\n<function=" NAME ">\\n" param* "</function>\\n" {close} "\\n"\n'
-        f'NAME: {names}\n'
-        'param: "<parameter=" PNAME ">\\n" VALUE "</parameter>\\n"\n'
-        'PNAME: /[A-Za-z0-9_.-]+/\nVALUE: /[^<]*/\n')
+        inner = '"\\n" body "\\n"'
+        rules = "body: %json " + json.dumps({"anyOf": schemas} | {"x-guidance": JSON_OPTIONS})
+    else:  # qwen3-coder's XML form
+        inner = '"\\n<function=" NAME ">\\n" param* "</function>\\n"'
+        rules = (f'NAME: {" | ".join(json.dumps(f["name"]) for f in functions)}\n'
+                 'param: "<parameter=" PNAME ">\\n" VALUE "</parameter>\\n"\n'
+                 'PNAME: /[A-Za-z0-9_.-]+/\nVALUE: /[^<]*/')
+    if forced:  # calls apart by a new line, none after the last (as the templates write them): a line
+        # forced after every call reads to a small model as the start of another, and it repeats its call
+        more = ' ("\\n" call)*' if plan.parallel else ""
+        return lark(f'start: call{more}\ncall: {open_} {inner} {close}\n{rules}\n')
+    # free text up to the marker: a lazy rule ends at the marker's text; the added token (a special
+    # token, which free text never contains) ends TEXT by itself
+    token = tokenizer.added_token_id("<tool_call>")
+    head = "text_head" + (f" | TEXT <[{token}]>" if token is not None else "")
+    return lark(f'start: call{"*" if plan.parallel else "?"} TEXT\ncall: head {inner} {close}\n'
+                f'head: {head}\ntext_head[lazy]: TEXT "<tool_call>"\nTEXT: /(.|\\n)*/\n{rules}\n')
+
+
+def lark(text: str) -> str:
+    return llguidance.LLMatcher.grammar_from_lark(text)
 
 
 def marker(text: str, tokenizer) -> str:
@@ -104,7 +123,8 @@ def closed(schema_):
     return out
 
 
-def call_schema(function: dict, arguments_key: str) -> dict:
-    parameters = closed(function.get("parameters") or {"type": "object"})
+def call_schema(function: dict, arguments_key: str, enforced: dict[str, dict]) -> dict:
+    """enforced: the parameters schemas that override a function's own (serve/chat.py ToolPlan)."""
+    parameters = closed(enforced.get(function["name"]) or function.get("parameters") or {"type": "object"})
     return {"type": "object", "properties": {"name": {"const": function["name"]}, arguments_key: parameters},
             "required": ["name", arguments_key], "additionalProperties": False}

@@ -9,8 +9,10 @@ response is kept in memory (the last STORE_SIZE of them) and `previous_response_
 """
 from __future__ import annotations
 
+import json
 import secrets
 import time
+from dataclasses import replace
 from typing import AsyncIterator
 
 from fastapi import Request as HTTPRequest
@@ -25,6 +27,7 @@ from serve.generation import Finished, GenerationError, KeepAlive
 from serve.reasoning import CONTENT, REASONING
 from serve.running import build_request, collect, deltas, until_disconnect
 from serve.response_store import ResponseStore
+from serve.response_tools import ToolMap, build as build_tools, custom_text, flat_name
 from serve.sse import named_event
 
 def text_of(content) -> str:
@@ -36,9 +39,9 @@ def text_of(content) -> str:
 
 
 def input_messages(body: schema.ResponsesRequest) -> list[dict]:
-    """The request's input items as chat messages: messages by role, consecutive function_call items
-    as one assistant turn's tool_calls, function_call_output items as tool messages; reasoning items
-    of earlier turns are not replayed."""
+    """The request's input items as chat messages: messages by role, consecutive calls (function_call
+    and custom_tool_call items) as one assistant turn's tool_calls, their outputs as tool messages;
+    reasoning items of earlier turns are not replayed."""
     if isinstance(body.input, str):
         return [{"role": "user", "content": body.input}]
     messages: list[dict] = []
@@ -50,15 +53,13 @@ def input_messages(body: schema.ResponsesRequest) -> list[dict]:
                 raise APIError(400, f"input[{i}]: a message's role must be user, assistant, system or developer",
                                param="input")
             messages.append({"role": role, "content": text_of(item.get("content"))})
-        elif kind == "function_call":
-            call = {"id": item.get("call_id") or item.get("id"), "type": "function",
-                    "function": {"name": item.get("name", ""), "arguments": item.get("arguments") or "{}"}}
+        elif kind in ("function_call", "custom_tool_call"):
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)
-            else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
+            if last is None or last["role"] != "assistant" or "tool_calls" not in last:
+                last = {"role": "assistant", "content": "", "tool_calls": []}
+                messages.append(last)
+            last["tool_calls"].append(chat_call(item))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                              "content": output if isinstance(output, str) else text_of(output)})
@@ -69,36 +70,33 @@ def input_messages(body: schema.ResponsesRequest) -> list[dict]:
     return messages
 
 
-def chat_tools(tools: list[dict] | None) -> list[dict] | None:
-    if not tools:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            raise APIError(400, f"tools[{i}]: tools of type {tool.get('type')!r} are not supported (function tools are)",
-                           param="tools")
-        out.append({"type": "function", "function": {"name": tool.get("name", ""), "description": tool.get("description"),
-                                                     "parameters": tool.get("parameters")}})
-    return out
+def chat_call(item: dict) -> dict:
+    """A function_call or custom_tool_call item as a chat tool call (a custom tool's input as the
+    {"input": ...} arguments of its chat function)."""
+    if item.get("type") == "custom_tool_call":
+        arguments = json.dumps({"input": item.get("input") or ""}, ensure_ascii=False)
+    else:
+        arguments = item.get("arguments") or "{}"
+    return {"id": item.get("call_id") or item.get("id"), "type": "function",
+            "function": {"name": flat_name(item.get("name", ""), item.get("namespace")), "arguments": arguments}}
 
 
 def chat_tool_choice(choice):
     if choice is None or isinstance(choice, str):
         return choice
-    if choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name", "")}}
+    if choice.get("type") in ("function", "custom"):
+        return {"type": "function", "function": {"name": flat_name(choice.get("name", ""), choice.get("namespace"))}}
     raise APIError(400, f"tool_choice of type {choice.get('type')!r} is not supported", param="tool_choice")
 
 
-def chat_request(body: schema.ResponsesRequest, history: list[dict]) -> oai.ChatCompletionRequest:
+def chat_request(body: schema.ResponsesRequest, history: list[dict], tools: ToolMap) -> oai.ChatCompletionRequest:
     messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + history
     messages += input_messages(body)
     fields: dict = {"messages": messages, "max_tokens": body.max_output_tokens, "temperature": body.temperature,
                     "top_p": body.top_p, "stream": body.stream, "parallel_tool_calls": body.parallel_tool_calls,
                     "priority": body.priority}
-    tools = chat_tools(body.tools)
-    if tools:
-        fields["tools"] = tools
+    if tools.functions:
+        fields["tools"] = tools.functions
     if body.tool_choice is not None:
         fields["tool_choice"] = chat_tool_choice(body.tool_choice)
     fmt = (body.text or {}).get("format")
@@ -112,7 +110,7 @@ def chat_request(body: schema.ResponsesRequest, history: list[dict]) -> oai.Chat
         raise APIError(400, f"the request cannot be served: {e}") from None
 
 
-def output_items(message: dict, ids: "ItemIds") -> list[dict]:
+def output_items(message: dict, ids: "ItemIds", tools: ToolMap) -> list[dict]:
     """A whole answer's chat message fields as Responses output items."""
     out = []
     if message.get(REASONING):
@@ -120,8 +118,8 @@ def output_items(message: dict, ids: "ItemIds") -> list[dict]:
     if message.get(CONTENT):
         out.append(schema.message_item(ids.new("msg"), message[CONTENT]))
     for call in message.get("tool_calls") or []:
-        out.append(schema.function_call_item(ids.new("fc"), call["id"], call["function"]["name"],
-                                             call["function"]["arguments"]))
+        out.append(schema.call_item(ids.new("fc"), tools.item(call["id"], call["function"]["name"],
+                                                              call["function"]["arguments"])))
     return out
 
 
@@ -143,16 +141,16 @@ def conversation(chat: oai.ChatCompletionRequest, items: list[dict]) -> list[dic
     """What a later previous_response_id continues: this turn's messages (instructions are not
     carried over) and its answer, from its output items."""
     text = "".join(part["text"] for item in items if item["type"] == "message" for part in item["content"])
-    calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
-             for item in items if item["type"] == "function_call"]
+    calls = [chat_call(item) for item in items if item["type"] in ("function_call", "custom_tool_call")]
     answer = {"role": "assistant", "content": text} | ({"tool_calls": calls} if calls else {})
     return [m.model_dump(exclude_none=True) for m in chat.messages if m.role != "system"] + [answer]
 
 
 async def respond(http: HTTPRequest, state, store: ResponseStore, body: schema.ResponsesRequest) -> Response:
     history = store.get(body.previous_response_id) if body.previous_response_id else []
-    chat = chat_request(body, history)
-    plan = tool_plan(state, chat)
+    tools = build_tools(body.tools)
+    chat = chat_request(body, history, tools)
+    plan = replace(tool_plan(state, chat), enforced=tools.enforced)
     text = render(state, chat, plan)
     req = build_request(state, chat, state.tokenizer.encode(text), body.max_output_tokens, grammar_for(state, plan, chat))
     rid, model = f"resp_{secrets.token_hex(12)}", body.model or state.settings.model_name
@@ -166,7 +164,7 @@ async def respond(http: HTTPRequest, state, store: ResponseStore, body: schema.R
             output = ChatOutput(opened, plan)
             message = output.message(out, fin.finish_reason)
             status, incomplete = status_of(output, fin)
-            items = output_items(message, ItemIds(rid))
+            items = output_items(message, ItemIds(rid), tools)
             if body.store:
                 store.put(rid, conversation(chat, items))
             return JSONResponse(schema.response_object(
@@ -174,7 +172,7 @@ async def respond(http: HTTPRequest, state, store: ResponseStore, body: schema.R
                 schema.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens), incomplete))
 
         return await until_disconnect(http, work())
-    return StreamingResponse(stream(state, store, req, body, chat, ChatOutput(opened, plan), rid, model),
+    return StreamingResponse(stream(state, store, req, body, chat, ChatOutput(opened, plan), ItemStream(rid, tools), model),
                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
@@ -182,9 +180,9 @@ class ItemStream:
     """Chat deltas -> Responses stream events: an output item opens when a delta of another kind
     arrives (reasoning, text, or a function call) and is done before the next one opens."""
 
-    def __init__(self, rid: str):
+    def __init__(self, rid: str, tools: ToolMap):
         self.ids, self.items, self.open_item, self.seq = ItemIds(rid), [], None, 0
-        self.text = ""
+        self.rid, self.tools, self.text = rid, tools, ""
 
     def event(self, kind: str, data: dict) -> str:
         self.seq += 1
@@ -202,12 +200,15 @@ class ItemStream:
             self.text += delta[CONTENT]
         for call in delta.get("tool_calls") or []:
             if "id" in call:
-                out += self.start("function_call", call)
-            if call["function"].get("arguments"):
-                out.append(self.event("response.function_call_arguments.delta",
-                                      {"item_id": self.open_item["id"], "output_index": len(self.items),
-                                       "delta": call["function"]["arguments"]}))
-                self.text += call["function"]["arguments"]
+                out += self.start("call", call)
+            arguments = call["function"].get("arguments")
+            if arguments:  # a whole call's arguments (calls are reported once they are whole)
+                at = {"item_id": self.open_item["id"], "output_index": len(self.items)}
+                if self.open_item["type"] == "custom_tool_call":
+                    out.append(self.event("response.custom_tool_call_input.delta", at | {"delta": custom_text(arguments)}))
+                else:
+                    out.append(self.event("response.function_call_arguments.delta", at | {"delta": arguments}))
+                self.text += arguments
         return out
 
     def where(self) -> dict:
@@ -222,8 +223,8 @@ class ItemStream:
         elif kind == "message":
             self.open_item = schema.message_item(self.ids.new("msg"), "", status="in_progress")
         else:
-            self.open_item = schema.function_call_item(self.ids.new("fc"), call["id"], call["function"]["name"], "",
-                                                       status="in_progress")
+            self.open_item = schema.call_item(self.ids.new("fc"), self.tools.item(call["id"], call["function"]["name"], ""),
+                                              status="in_progress")
         out.append(self.event("response.output_item.added", {"output_index": len(self.items), "item": self.open_item}))
         if kind == "message":
             out.append(self.event("response.content_part.added", self.where() | {"part": schema.output_text("")}))
@@ -242,6 +243,9 @@ class ItemStream:
         elif item["type"] == "reasoning":
             item = schema.reasoning_item(item["id"], text)
             out.append(self.event("response.reasoning_text.done", at | {"content_index": 0, "text": text}))
+        elif item["type"] == "custom_tool_call":
+            item = item | {"input": custom_text(text), "status": "completed"}
+            out.append(self.event("response.custom_tool_call_input.done", at | {"input": item["input"]}))
         else:
             item = item | {"arguments": text, "status": "completed"}
             out.append(self.event("response.function_call_arguments.done", at | {"arguments": text}))
@@ -250,8 +254,8 @@ class ItemStream:
 
 
 async def stream(state, store: ResponseStore, req, body: schema.ResponsesRequest, chat, output: ChatOutput,
-                 rid: str, model: str) -> AsyncIterator[str]:
-    items, created = ItemStream(rid), int(time.time())
+                 items: ItemStream, model: str) -> AsyncIterator[str]:
+    rid, created = items.rid, int(time.time())
     start = schema.response_object(rid, model, body, [], "in_progress", created=created)
     yield items.event("response.created", {"response": start})
     yield items.event("response.in_progress", {"response": start})

@@ -46,9 +46,9 @@ def reasoning_item(item_id: str, text: str) -> dict:
             "content": [{"type": "reasoning_text", "text": text}]}
 
 
-def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
-            "status": status}
+def call_item(item_id: str, call: dict, status: str = "completed") -> dict:
+    """call: a function_call or custom_tool_call item's fields (serve/response_tools.py ToolMap.item)."""
+    return {"id": item_id} | call | {"status": status}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

@@ -105,3 +105,21 @@ def test_a_json_schema_answer_validates(qwen):
         {"role": "user", "content": "Name a city in France, as JSON."}],
         response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema_}})
     jsonschema.validate(json.loads(r.choices[0].message.content), schema_)
+
+
+def test_codex_apply_patch_and_a_namespaced_tool(qwen):
+    """Codex's own tools on the real model: its apply_patch custom tool (a Lark grammar) gives a
+    custom_tool_call whose input is a patch the grammar accepts, as llguidance's Lark parser reads
+    it; an MCP tool in a namespace comes back under its own name and namespace."""
+    from tests.serve.test_codex_tools import DOCS, PATCH_GRAMMAR
+    from tests.serve.test_lark_regex import APPLY_PATCH, parses
+    ask = "In calc.py the function add returns a - b. Fix it so that it returns a + b."
+    r = qwen.responses.create(model="qwen", input=ask, instructions="You are a coding agent.", store=False,
+                              tools=[DOCS, PATCH_GRAMMAR], tool_choice={"type": "custom", "name": "apply_patch"},
+                              max_output_tokens=120, temperature=0)
+    assert r.status == "completed" and [item.type for item in r.output] == ["custom_tool_call"], r.output
+    assert r.output[0].name == "apply_patch" and parses(APPLY_PATCH, r.output[0].input), r.output[0].input
+    r = qwen.responses.create(model="qwen", input="Search the docs for 'rope scaling'.", store=False, tools=[DOCS],
+                              tool_choice="required", max_output_tokens=60, temperature=0)
+    assert [(item.type, item.name, item.namespace) for item in r.output] == [("function_call", "search", "docs")]
+    assert json.loads(r.output[0].arguments)["query"]
