@@ -81,9 +81,9 @@ class CountTokensRequest(BaseModel):
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
     stream: bool = False
-    temperature: float = Field(default=1.0, ge=0, le=1)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0)
+    temperature: float | None = Field(default=None, ge=0, le=1)  # None: the server's defaults
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
     stop_sequences: list[str] | None = Field(default=None, max_length=4)
 
 

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import signal
 import sys
+from dataclasses import replace
 
 import uvicorn
 
@@ -45,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="deepseek",
                    help="a thinking model's <think>...</think> text (Qwen3, QwQ, DeepSeek-R1): deepseek = returned "
                         "as reasoning_content beside content (as llama.cpp's option of that name), none = left inline")
+    for flag, kind, what in (("--temp", float, "temperature"), ("--top-k", int, "top_k"), ("--top-p", float, "top_p"),
+                             ("--min-p", float, "min_p")):
+        p.add_argument(flag, type=kind, dest=f"default_{what}",
+                       help=f"the {what} of a request that gives none (default: the model's, from its GGUF, else "
+                            "llama.cpp's: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05)")
     p.add_argument("--max-running", "--slots", dest="max_running", type=int,
                    help="requests in the engine at once, decoded as one batch; KV memory is the real limit "
                         "(forwarded to the default engine; default: the engine's, 256; --slots is the old name)")
@@ -116,10 +122,13 @@ def run(argv: list[str] | None) -> int:
     from engine.gguf_model import ModelLoadError
     from engine.tokenizer import load_tokenizer_and_ctx
     from serve.app import create_app
+    from serve.sampling_defaults import sampling_defaults
 
     try:
         tokenizer, model_ctx = load_tokenizer_and_ctx(str(settings.model_path))
-    except ModelLoadError as e:
+        settings = replace(settings, sampling=sampling_defaults(settings.model_path, {
+            k: getattr(args, f"default_{k}") for k in ("temperature", "top_k", "top_p", "min_p")}))
+    except (ModelLoadError, ValueError) as e:
         print(f"strata-server: {e}", file=sys.stderr)
         return 2
     app = create_app(settings, tokenizer, model_ctx)

@@ -6,6 +6,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serve.sampling_defaults import LLAMA_CPP
+
 
 @dataclass(frozen=True)
 class PreemptSettings:
@@ -54,6 +56,8 @@ class ServerSettings:
     cache_ram_gib: float | None = None  # forwarded to the default engine: its host tier (None: the engine's default)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
+    # what a request samples with when it leaves a field out (serve/sampling_defaults.py fills it at start)
+    sampling: dict = field(default_factory=lambda: dict(LLAMA_CPP))
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -74,6 +78,11 @@ class ServerSettings:
             raise ValueError(f"--cache-ram must be >= 0 GiB, got {self.cache_ram_gib:g}")
         if self.decode_interval_ms is not None and self.decode_interval_ms < 0:
             raise ValueError(f"--decode-interval-ms must be >= 0, got {self.decode_interval_ms}")
+        bad = [f"{k} {v}" for k, v in self.sampling.items() if v < 0 or (k in ("top_p", "min_p") and v > 1)
+               or (k == "top_p" and v == 0)]
+        if bad:
+            raise ValueError(f"sampling defaults out of range: {', '.join(bad)} (temperature and top_k >= 0, "
+                             "top_p in (0, 1], min_p in [0, 1])")
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}")
 

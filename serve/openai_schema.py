@@ -79,10 +79,11 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
     max_tokens: int | None = Field(default=None, description="tokens to generate at most")
-    temperature: float = Field(default=1.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0)
-    min_p: float = Field(default=0.0, ge=0, le=1)
+    # left out (None): the server's defaults, serve/sampling_defaults.py
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
@@ -107,10 +108,11 @@ class SamplingFields(BaseModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def gen_params(self) -> dict:
+        """The sampling fields the request gives (the server's defaults fill the others)."""
         params = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                  "repeat_penalty": self.repeat_penalty}
-        return params | ({"seed": self.seed} if self.seed is not None else {})
+                  "repeat_penalty": self.repeat_penalty, "seed": self.seed}
+        return {k: v for k, v in params.items() if v is not None}
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -21,8 +21,8 @@ class ResponsesRequest(BaseModel):
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)  # None: the server's defaults
+    top_p: float | None = Field(default=None, gt=0, le=1)
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None

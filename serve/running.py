@@ -35,7 +35,7 @@ def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[
         raise APIError(400, f"max_tokens {max_tokens} exceeds the context of {ctx} tokens", param="max_tokens")
     if any(t < 0 or t >= state.tokenizer.vocab_size for t in prompt):
         raise APIError(400, "prompt token ids must be within the vocabulary", param="prompt")
-    sampling = body.gen_params() | ({"grammar": grammar} if grammar else {})
+    sampling = state.settings.sampling | body.gen_params() | ({"grammar": grammar} if grammar else {})
     if sampling["temperature"] > 0:  # seeded here, so that a restarted engine continues the same stream
         sampling.setdefault("seed", secrets.randbits(63))
     return Request(prompt=prompt, max_tokens=min(max_tokens or room, room), sampling=sampling,

@@ -201,9 +201,9 @@ class ToolCallStream:
             return out
         while True:
             if self.state == "text":
-                at = self.held.find(CALL_OPEN)
+                at, kind = self.opening()
                 if at < 0:  # trailing whitespace waits too: before a call it is dropped
-                    ready = self.held[: len(self.held) - partial_tag(self.held, CALL_OPEN)].rstrip()
+                    ready = self.held[: len(self.held) - self.partial_opening()].rstrip()
                     if ready:
                         out.append(("content", ready))
                     self.held = self.held[len(ready):]
@@ -211,15 +211,32 @@ class ToolCallStream:
                 before = self.held[:at].rstrip()
                 if before:
                     out.append(("content", before))
-                self.gap, self.held, self.state = self.held[len(before):at], self.held[at:], "call"
-            end = self.held.find(CALL_CLOSE)
-            if end < 0:
-                return out
-            whole = self.held[: end + len(CALL_CLOSE)]
-            calls = self.fmt.parse(whole[len(CALL_OPEN): end], self.strings)
+                self.gap, self.held, self.state = self.held[len(before):at], self.held[at:], kind
+            if self.state == "fence":  # a fenced block after text: a bare call, or text as it was
+                end = self.held.find(FENCE_MARK, len(FENCE_MARK))
+                if end < 0:
+                    return out
+                whole = self.held[: end + len(FENCE_MARK)]
+                calls = self.bare_calls(whole)
+            else:
+                end = self.held.find(CALL_CLOSE)
+                if end < 0:
+                    return out
+                whole = self.held[: end + len(CALL_CLOSE)]
+                calls = self.fmt.parse(whole[len(CALL_OPEN): end], self.strings)
             out.extend([("call", c) for c in calls] if calls else [("content", self.gap + whole)])
             self.called = self.called or bool(calls)
-            self.held, self.state = self.held[end + len(CALL_CLOSE):], "text"
+            self.held, self.state = self.held[len(whole):], "text"
+
+    def opening(self) -> tuple[int, str]:
+        """Where the next call may open in the held text, and how: the format's marker ("call") or,
+        when tools were offered, a ``` fence that may hold a bare call ("fence"); -1 if nowhere."""
+        found = [(at, kind) for at, kind in ((self.held.find(CALL_OPEN), "call"),
+                                             (self.held.find(FENCE_MARK) if self.schemas else -1, "fence")) if at >= 0]
+        return min(found) if found else (-1, "")
+
+    def partial_opening(self) -> int:
+        return max(partial_tag(self.held, CALL_OPEN), partial_tag(self.held, FENCE_MARK) if self.schemas else 0)
 
     def finish(self, stopped: bool) -> list[tuple[str, object]]:
         """The output's end; stopped: it ended by itself (not cut off by max_tokens)."""
@@ -228,42 +245,105 @@ class ToolCallStream:
             self.cut = True
             return []
         if self.state == "start":
-            calls = None
             if stopped:
                 calls = (None if self.fmt.delimited else self.fmt.parse(held, self.strings)) or self.bare_calls(held)
+            else:  # cut off: the calls whole before the cut (the whole answer may be one that closed)
+                whole = None if self.fmt.delimited else self.fmt.parse(held, self.strings)
+                calls = whole or self.calls_before_cut(held)
+                if not whole and (calls is not None or self.opens_call(held)):
+                    self.cut = True  # the call being written is dropped
             if calls:
                 self.called = True
                 return [("call", c) for c in calls]
+            if self.cut:
+                return []
             response = Generic.response(held) if isinstance(self.fmt, Generic) and stopped else None
             return [("content", response if response is not None else held)] if held else []
+        if self.state == "fence":  # a fence never closed: text, as the model wrote it
+            held = self.gap + held
+        partial = partial_tag(held, CALL_OPEN) if not stopped and self.fmt.delimited else 0
+        if partial:  # a call's opening cut off inside its marker is not text (nor the blank before it)
+            held = held[:-partial].rstrip()
         if not held or (self.called and not held.strip()):
             return []
         return [("content", held)]
 
+    def opens_call(self, text: str) -> bool:
+        """Whether a whole-answer format's answer, cut off, was (or was starting to be) a call: it
+        starts {"tool_calls": [ (generic) or {"name" (Llama 3), or with a part of that."""
+        opener = {"generic": '{"tool_calls":[', "llama3": '{"name"'}.get(self.fmt.name)
+        squeezed = re.sub(r"\s+", "", text)
+        return bool(opener and squeezed) and (opener.startswith(squeezed) or squeezed.startswith(opener))
+
+    def calls_before_cut(self, text: str) -> list[ToolCall] | None:
+        """An answer cut off inside a list of calls (the generic format's {"tool_calls": [..., or a bare
+        list, fenced or not): the calls whole before the cut (bare ones must name an offered tool with
+        arguments that fit); None if the answer is not such a list."""
+        body = FENCE_OPEN.sub("", text.strip(), count=1)
+        opened = GENERIC_LIST.match(body) if isinstance(self.fmt, Generic) else None
+        at = opened.end() if opened else (1 if body.startswith("[") and self.schemas else None)
+        if at is None:
+            return None
+        calls, decoder = [], json.JSONDecoder()
+        while True:
+            at = len(body) - len(body[at:].lstrip(" \t\n\r,"))
+            try:
+                obj, at = decoder.raw_decode(body, at)
+            except ValueError:  # the cut, or the list's end
+                return calls
+            call = named_call(obj)
+            if call is None or (not opened and not self.fits(*call)):
+                return None
+            calls.append(new_call(*call))
+
 
     def bare_calls(self, text: str) -> list[ToolCall] | None:
-        """A whole answer that is a bare call (or a list of them), fenced or not: the calls, if each
-        names an offered tool with arguments that fit its schema; else None."""
+        """A whole answer that is a bare call (or a list of them, or several one after another), fenced
+        or not: the calls, if each names an offered tool with arguments that fit its schema; else None."""
         body = text.strip()
         fenced = FENCE.fullmatch(body)
-        try:
-            obj = json.loads(fenced.group(1) if fenced else body)
-        except ValueError:
+        items = json_values((fenced.group(1) if fenced else body).strip())
+        if items is None:
             return None
+        if len(items) == 1 and isinstance(items[0], list):
+            items = items[0]
         calls = []
-        for item in obj if isinstance(obj, list) else [obj]:
+        for item in items:
             call = named_call(item)
-            if call is None or call[0] not in self.schemas:
-                return None
-            try:
-                jsonschema.validate(call[1], self.schemas[call[0]])
-            except (jsonschema.ValidationError, jsonschema.SchemaError):
+            if call is None or not self.fits(*call):
                 return None
             calls.append(new_call(*call))
         return calls or None
 
+    def fits(self, name: str, arguments: dict) -> bool:
+        """Whether a bare call names an offered tool and its arguments fit that tool's schema."""
+        if name not in self.schemas:
+            return False
+        try:
+            jsonschema.validate(arguments, self.schemas[name])
+        except (jsonschema.ValidationError, jsonschema.SchemaError):
+            return False
+        return True
+
+
+def json_values(text: str) -> list | None:
+    """Text that is JSON values one after another (apart by blanks or commas, as small models write
+    several calls): the values; None if anything else is in it."""
+    values, at, decoder = [], 0, json.JSONDecoder()
+    while at < len(text):
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except ValueError:
+            return None
+        values.append(value)
+        at = len(text) - len(text[at:].lstrip(" \t\r\n,"))
+    return values or None
+
 
 FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?```", re.S)
+FENCE_MARK = "```"
+FENCE_OPEN = re.compile(r"```(?:json)?[ \t]*\n")
+GENERIC_LIST = re.compile(r'\{\s*"tool_calls"\s*:\s*\[')
 
 
 def may_be_bare_call(text: str) -> bool:

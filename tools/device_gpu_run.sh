@@ -7,6 +7,7 @@
 # kernels  tools/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention speed
 # times    tools/decode_kernel_times.py: each decode kernel's GPU time per launch
 # grammar  tools/gpu_grammar_check.py: constrained decoding (regex, JSON schema) on the GPU
+# grammarcost bench/grammar_bench.py --gpu: the mask per token with the logits on the GPU (copied to the host)
 # moetimes tools/moe_decode_times.py: each kernel of a Qwen3-30B-A3B decode step, GPU time per launch
 # families tools/gpu_families_check.py: qwen2, qwen3, qwen3moe on the GPU against the reference fixture
 # synth    synthetic GGUFs in /tmp/m: the Llama-3-8B shape (F16) and the SmolLM2-135M shape (Q4_1)
@@ -131,6 +132,9 @@ for step in "$@"; do
       [ -f /tmp/m/small-q8.gguf ] || python3 tools/make_synthetic_gguf.py /tmp/m/small-q8.gguf --preset smollm2-135m \
         --type Q8_0 --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 tools/gpu_grammar_check.py --model /tmp/m/small-q8.gguf --json "$OUT/gpu_grammar.json" 2>&1 | quiet ;;
+    grammarcost)  # the grammar mask per token with the logits on the GPU (Qwen2 vocabulary; issue 22)
+      python3 -c "import llguidance; print(\"llguidance\", llguidance.__version__)"
+      python3 bench/grammar_bench.py --gpu --json "$OUT/grammar_gpu_h200.json" || echo "GRAMMAR BENCH FAILED" ;;
     moetimes)
       python3 tools/moe_decode_times.py --json "$OUT/moe_decode_times.json" ;;
     families)

@@ -82,7 +82,14 @@ def test_a_call_cut_off_is_dropped_never_half_reported():
     content, calls, cut = parse_all(FORMATS["hermes"], 'Sure.\n<tool_call>\n{"name": "get_weather", "argu', False)
     assert (content, calls, cut) == ("Sure.", [], True)
     content, calls, cut = parse_all(FORMATS["llama3"], '{"name": "get_weather", "parameters": {"ci', False)
-    assert calls == [] and not cut  # an unfinished JSON answer is text (it never parsed as a call)
+    assert (content, calls, cut) == ("", [], True)  # Llama 3's call is the whole answer: this one was cut
+    assert parse_all(FORMATS["llama3"], '{"answer": 4', False)[:3] == ('{"answer": 4', [], False)  # JSON, no call
+    content, calls, cut = parse_all(FORMATS["generic"], '{"tool_calls": [{"name": "get_time", "arguments": {}}, '
+                                                        '{"name": "get_weather", "arguments": {"ci', False)
+    assert (content, meaning(calls), cut) == ("", [("get_time", {})], True)  # the whole call before the cut is kept
+    content, calls, cut = parse_all(FORMATS["generic"], '{"tool_calls": [{"name": "get_time", "arguments": {}}]', False)
+    assert (content, meaning(calls), cut) == ("", [("get_time", {})], True)  # cut before its last brace
+    assert parse_all(FORMATS["hermes"], "Sure.\n<tool_", False)[:3] == ("Sure.", [], False)
 
 
 CASES = [(fmt, text, stopped) for fmt, (text, _, _) in OUTPUTS.items() for stopped in (True, False)] + [
@@ -91,7 +98,9 @@ CASES = [(fmt, text, stopped) for fmt, (text, _, _) in OUTPUTS.items() for stopp
     ("generic", '  {"response": "fine"}', True), ("llama3", "Not JSON at all.", True),
     ("hermes", '{"name": "get_weather", "arguments": {"city": "Paris"}}', True),
     ("hermes", '```json\n[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]\n```', True),
-    ("hermes", '{"name": "get_weather", "arguments": {"city": 3}}', True), ("hermes", "```python\nprint(1)\n```", True)]
+    ("hermes", '{"name": "get_weather", "arguments": {"city": 3}}', True), ("hermes", "```python\nprint(1)\n```", True),
+    ("hermes", 'I will look.\n```json\n{"name": "get_time", "arguments": {}}\n```\nDone.', True),
+    ("qwen3-coder", "Code:\n```python\nprint(1)\n```\nand ``` unclosed", True)]
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "qwen3-coder", "generic"])
@@ -106,6 +115,9 @@ def test_a_bare_call_naming_an_offered_tool_with_fitting_arguments_is_a_call(fmt
     content, calls, _ = parse_all(FORMATS[fmt], '[{"name": "get_time", "arguments": {}}, {"name": "get_weather", '
                                               '"parameters": {"city": "Oslo", "days": 2}}]', True, tools)
     assert meaning(calls) == [("get_time", {}), ("get_weather", {"city": "Oslo", "days": 2})] and content == ""
+    several = '```json\n{"name": "get_time", "arguments": {}}\n\n{"name": "get_weather", "arguments": {"city": "Rome"}},\n```'
+    content, calls, _ = parse_all(FORMATS[fmt], several, True, tools)  # one after another, as small models write
+    assert meaning(calls) == [("get_time", {}), ("get_weather", {"city": "Rome"})] and content == ""
     for text in ('{"name": "get_weather", "arguments": {"days": 2}}',  # misses the required city
                  '{"name": "get_weather", "arguments": {"city": 3}}',  # the wrong type
                  '{"name": "send_mail", "arguments": {}}',  # not an offered tool
@@ -113,6 +125,12 @@ def test_a_bare_call_naming_an_offered_tool_with_fitting_arguments_is_a_call(fmt
         assert parse_all(FORMATS[fmt], text, True, tools)[:2] == (text, []), text
     text = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     assert parse_all(FORMATS[fmt], text, False, tools)[:2] == (text, [])  # cut off by max_tokens: not a call
+    if fmt != "generic":  # calls after text, in a fence (the generic format's answer is JSON from its start)
+        text = 'Let me check.\n```json\n{"name": "get_time", "arguments": {}}\n```'
+        content, calls, _ = parse_all(FORMATS[fmt], text, True, tools)
+        assert (content, meaning(calls)) == ("Let me check.", [("get_time", {})])
+        code = "Run this:\n```python\nprint(1)\n```\nThen tell me."
+        assert parse_all(FORMATS[fmt], code, True, tools)[:2] == (code, [])
 
 
 @given(st.sampled_from(CASES), st.lists(st.floats(0, 1), max_size=12))
@@ -129,6 +147,66 @@ def test_any_cut_into_pieces_parses_alike(case, fractions):
     calls += [v for k, v in events if k == "call"]
     whole_content, whole_calls, whole_cut = parse_all(FORMATS[fmt], text, stopped, [WEATHER, TIME])
     assert (content, meaning(calls), stream.cut) == (whole_content, meaning(whole_calls), whole_cut)
+
+
+def write_calls(fmt: str, calls: list[tuple[str, dict]], lead: str) -> tuple[str, list[tuple[int, int]]]:
+    """A model's answer making these calls in a format, and the span of each call's text in it (past
+    its opening marker, to its end): a cut inside a span cuts that call."""
+    if fmt == "generic":
+        parts = [json.dumps({"name": n, "arguments": a}) for n, a in calls]
+        text, spans = '{"tool_calls": [', []
+        for i, part in enumerate(parts):
+            text += (", " if i else "") + part
+            spans.append((1, len(text)))  # the answer is the list: a cut anywhere in it is in a call
+        return text + "]}", spans
+    if fmt == "llama3":
+        text = json.dumps({"name": calls[0][0], "parameters": calls[0][1]})
+        return text, [(1, len(text))]
+    text, spans = lead, []
+    for name, args in calls:
+        if fmt == "hermes":
+            body = "\n" + json.dumps({"name": name, "arguments": args}) + "\n"
+        else:
+            body = f"\n<function={name}>\n" + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in args.items())
+            body += "</function>\n"
+        text += ("\n" if text else "") + "<tool_call>"
+        start = len(text)
+        text += body + "</tool_call>"
+        spans.append((start, len(text)))
+    return text, spans
+
+
+CALL = st.one_of(st.builds(lambda city, days: ("get_weather", {"city": city} | ({"days": days} if days else {})),
+                           st.sampled_from(["Paris", "Oslo", "San José", "a<b"]), st.integers(0, 9)),
+                 st.just(("get_time", {})))
+
+
+@given(st.sampled_from(sorted(OUTPUTS)), st.lists(CALL, min_size=1, max_size=4), st.sampled_from(["", "Let me see."]),
+       st.floats(0, 1), st.lists(st.floats(0, 1), max_size=6))
+def test_a_cut_anywhere_keeps_the_whole_calls_before_it_and_drops_the_rest(fmt, calls, lead, where, pieces):
+    """max_tokens may end an answer at any character: the calls whole before the cut come back (in
+    every format, streamed in any pieces), the one being written never does, nor any part of it as
+    text, and the answer says it was cut when a call was."""
+    if fmt == "llama3":
+        calls, lead = calls[:1], ""
+    if fmt == "qwen3-coder" or "<" in json.dumps(calls):  # the XML form's values are bare text: no '<' in them
+        calls = [(n, {k: v for k, v in a.items() if "<" not in str(v)}) for n, a in calls]
+    text, spans = write_calls(fmt, calls, lead)
+    cut_at = int(where * len(text))
+    cut = text[:cut_at]
+    bounds = sorted({0, cut_at, *(int(f * cut_at) for f in pieces)})
+    stream, content, got = ToolCallStream(FORMATS[fmt], [WEATHER, TIME]), "", []
+    for a, b in zip(bounds, bounds[1:]):
+        for kind, value in stream.feed(cut[a:b]) + ([] if b < cut_at else stream.finish(stopped=False)):
+            content, got = (content + value, got) if kind == "content" else (content, got + [value])
+    if cut_at == 0:
+        stream.finish(stopped=False)
+    whole = [call for call, (_, end) in zip(calls, spans) if end <= cut_at]
+    assert meaning(got) == [(n, json.loads(json.dumps(a))) for n, a in whole]
+    assert lead.startswith(content.strip()), content  # text of a call never leaks out as content
+    inside = any(start <= cut_at < end for start, end in spans) or (
+        fmt in ("generic", "llama3") and 0 < cut_at < len(text) and not whole)
+    assert stream.cut == inside, (cut, stream.cut)
 
 
 # ---------------------------------------------------------------- through the server
