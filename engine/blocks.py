@@ -7,9 +7,12 @@ the tokens kept to check collisions). A later request whose prompt starts with t
 takes those blocks into its own table (a reference each) instead of reading them again. When a
 block's last reference goes, a cached block waits in a least-recently-used queue (still found by
 its key) and is evicted only when a block is needed and the free list is empty; an uncached one
-goes back to the free list at once. With a host tier (engine/host_tier.py, `--cache-ram`), an
-evicted block's rows are copied to host memory first, and a chain that ends in the pool may go on
-there: those blocks are copied back into new pool blocks instead of read again.
+goes back to the free list at once. Blocks let go by a request that named its client's session
+(a prompt_cache_key, or an agent's session header) wait in a second queue, evicted only once the
+first is empty: an agent's prefix outlives a burst of one-off requests. With a host tier
+(engine/host_tier.py, `--cache-ram`), an evicted block's rows are copied to host memory first, and
+a chain that ends in the pool may go on there: those blocks are copied back into new pool blocks
+instead of read again.
 
 Only rows written by prompt-chunk reads at absolute chunk boundaries are registered (a decode
 step's rows, or a last partial chunk's, come from other shapes), and reuse is rounded down to a
@@ -55,6 +58,7 @@ class BlockPool:
         self.free: deque[int] = deque(range(total))  # never-cached or evicted, unreferenced
         self.cached: dict[bytes, int] = {}  # key -> block index
         self.idle: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, least recent first
+        self.kept: OrderedDict[int, None] = OrderedDict()  # the same, let go by a session: evicted after idle's
         self.tier = tier  # engine/host_tier.py HostTier, or None: evicted blocks are gone
         self.hits = self.lookups = self.evictions = 0
 
@@ -66,7 +70,7 @@ class BlockPool:
     @property
     def available(self) -> int:
         """Blocks a request can have now: free ones and unreferenced cached ones (evicted on demand)."""
-        return len(self.free) + len(self.idle)
+        return len(self.free) + len(self.idle) + len(self.kept)
 
     @property
     def used(self) -> int:
@@ -85,7 +89,7 @@ class BlockPool:
             if self.free:
                 index = self.free.popleft()
             else:
-                index, _ = self.idle.popitem(last=False)
+                index, _ = (self.idle or self.kept).popitem(last=False)
                 evicted.append(self.blocks[index])
                 self.evictions += 1
             self.blocks[index].refs = 1
@@ -105,17 +109,19 @@ class BlockPool:
     def can_grow(self, table: list[int], positions: int) -> bool:
         return self.blocks_for(positions) - len(table) <= self.available
 
-    def release(self, table: list[int]) -> None:
-        """A table lets its blocks go (the table is emptied): cached ones wait in the LRU queue,
-        most recent last (a table's later blocks are evicted before its earlier ones: they are
-        worth less, since a hit needs the whole chain before them); others are free at once."""
+    def release(self, table: list[int], kept: bool = False) -> None:
+        """A table lets its blocks go (the table is emptied): cached ones wait in the LRU queue (kept:
+        a session's, the second queue), most recent last (a table's later blocks are evicted before
+        its earlier ones: they are worth less, since a hit needs the whole chain before them);
+        others are free at once."""
+        idle = self.kept if kept else self.idle
         for index in reversed(table):
             block = self.blocks[index]
             block.refs -= 1
             if block.refs > 0:
                 continue
             if block.key is not None:
-                self.idle[index] = None
+                idle[index] = None
             else:
                 self.free.append(index)
         table.clear()
@@ -188,6 +194,7 @@ class BlockPool:
         block = self.blocks[index]
         if block.refs == 0:
             self.idle.pop(index, None)
+            self.kept.pop(index, None)
         block.refs += 1
 
     def _unregister(self, block: Block) -> None:
@@ -197,11 +204,11 @@ class BlockPool:
 
     def status(self) -> dict[str, int]:
         out = {"total": self.total, "used": self.used, "cached": len(self.cached), "idle": len(self.idle),
-               "free": len(self.free), "block_size": self.size}
+               "kept": len(self.kept), "free": len(self.free), "block_size": self.size}
         return out | (self.tier.status() if self.tier is not None else {})
 
     def check(self, tables: list[list[int]]) -> None:
-        """Invariants (tests): every block is exactly one of free / idle / referenced; reference
+        """Invariants (tests): every block is exactly one of free / idle / kept / referenced; reference
         counts equal the tables holding them; a registered block's key is its tokens' chain."""
         refs = [0] * self.total
         for table in tables:
@@ -209,9 +216,9 @@ class BlockPool:
                 refs[index] += 1
         for block in self.blocks:
             assert block.refs == refs[block.index], (block, refs[block.index])
-            states = (block.index in self.free, block.index in self.idle, block.refs > 0)
+            states = (block.index in self.free, block.index in self.idle, block.index in self.kept, block.refs > 0)
             assert sum(states) == 1, (block, states)
-            if block.index in self.idle:
+            if block.index in self.idle or block.index in self.kept:
                 assert block.key is not None
             if block.key is not None:
                 assert self.cached.get(block.key) == block.index

@@ -191,6 +191,7 @@ class EngineLoop:
         """The pool's state for the server's /status and /metrics (an INFO line without an id)."""
         pool = self.pool
         fields = {"used": pool.used, "cached": len(pool.cached), "free": len(pool.free), "idle": len(pool.idle),
+                  "kept": len(pool.kept),
                   "evictions": pool.evictions, "paused": len(self.paused), "pauses": self.pauses_total}
         if pool.tier is not None:
             fields |= pool.tier.status()
@@ -210,7 +211,7 @@ class EngineLoop:
                 seq.from_host = (self.pool.tier.loaded - loaded) * size
         if self.get_blocks(seq, chunk_end(seq.pos, seq.total, chunk), pause_others=False):
             return True
-        self.pool.release(seq.table)
+        self.pool.release(seq.table, kept=seq.session is not None)
         seq.pos = seq.cached = seq.from_host = 0
         return False
 
@@ -258,7 +259,7 @@ class EngineLoop:
             id=gen.id, prompt=gen.tokens, max_new=min(gen.max_new, self.runner.ctx - len(gen.tokens)),
             sampler=Sampler(sampling, gen.tokens, drawn, constraint),
             stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
-            fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn)
+            fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, session=gen.params.get("session"))
 
     # ------------------------------------------------------------ rounds
 
@@ -301,7 +302,7 @@ class EngineLoop:
         self.seqs.pop(seq.id, None)
         if seq in self.line:
             self.line.remove(seq)
-        self.pool.release(seq.table)
+        self.pool.release(seq.table, kept=seq.session is not None)
 
     def decode_step(self, seqs: list[Sequence]) -> None:
         """Each decoding request's next token from its logits, then one batched forward for those
@@ -414,7 +415,7 @@ class EngineLoop:
         if seq in self.paused:
             self.paused.remove(seq)
         self.reserved.pop(seq.id, None)
-        self.pool.release(seq.table)
+        self.pool.release(seq.table, kept=seq.session is not None)
         self.report_pool()
 
     # ------------------------------------------------------------ park, move out, resume
@@ -448,7 +449,7 @@ class EngineLoop:
                                              "it will read its prompt again when resumed")
             self.write(m.Decline("snapshot_failed", seq.pos, seq.total, seq.id))
             self.snapshots[seq.id] = None
-        self.pool.release(seq.table)
+        self.pool.release(seq.table, kept=seq.session is not None)
         self.write(m.Info({"host": "1"}, seq.id))  # in host memory now
 
     def pause(self, seq: Sequence) -> None:
@@ -456,7 +457,7 @@ class EngineLoop:
         comes back first, its rows copied back (bit-exact: nothing is recomputed)."""
         self.pause_snapshots[seq.id] = self.timed_copy(seq, self.runner.spill)
         self.runner.set_aside(seq)  # logits not yet drawn from (a decoder paused between its steps)
-        self.pool.release(seq.table)
+        self.pool.release(seq.table, kept=seq.session is not None)
         seq.paused = True
         self.paused.append(seq)
         self.pauses_total += 1

@@ -17,6 +17,7 @@ class Sequence:
     stop_ids: frozenset[int]
     fingerprints: bool = False
     drawn: int = 0  # tokens generated before an engine restart; the prompt ends with them
+    session: str | None = None  # its client's session (GEN session=): its cached blocks are evicted last
     pos: int = 0  # prompt tokens read so far (KV rows filled)
     table: list[int] = field(default_factory=list)  # its KV blocks in position order (empty while in host memory)
     cached: int = 0  # prompt tokens whose rows the prefix cache already held (not read again)

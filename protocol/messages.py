@@ -25,6 +25,7 @@ GEN_KEYS: dict[str, type] = {
     # the prompt): the continuation skips their random draws, so a seeded stream goes on unchanged
     "grammar": str,  # the output must match this grammar (llguidance's grammar text, escaped)
     "reuse": int,  # 0 = read the whole prompt even if a slot kept its start (default 1: reuse it)
+    "session": str,  # the client's session (a prompt_cache_key): its cached prefix outlives one-off requests'
 }
 
 FINISH_REASONS = ("stop", "length", "cancel")

@@ -80,6 +80,7 @@ class CountTokensRequest(BaseModel):
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
+    metadata: dict | None = None  # user_id: the client's session (Claude Code names its session there)
     stream: bool = False
     temperature: float | None = Field(default=None, ge=0, le=1)  # None: the server's defaults
     top_p: float | None = Field(default=None, gt=0, le=1)

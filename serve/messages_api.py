@@ -18,7 +18,7 @@ from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
 from serve.constraints import grammar_for
 from serve.generation import Finished, GenerationError, KeepAlive
 from serve.reasoning import CONTENT, REASONING
-from serve.running import build_request, collect, deltas, until_disconnect
+from serve.running import build_request, collect, deltas, session_of, until_disconnect
 from serve.sse import named_event as event
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -109,7 +109,9 @@ def blocks_of(message: dict) -> list[dict]:
 
 async def respond(http: HTTPRequest, state, body: schema.MessagesRequest) -> Response:
     chat, plan, text = prepared(state, body)
-    req = build_request(state, chat, state.tokenizer.encode(text), body.max_tokens, grammar_for(state, plan, chat))
+    user = (body.metadata or {}).get("user_id")
+    req = build_request(state, chat, state.tokenizer.encode(text), body.max_tokens, grammar_for(state, plan, chat),
+                        session_of(http, user if isinstance(user, str) else None))
     opened, mid, model = reasoning_opened(state, text), f"msg_{req.id:024d}", body.model or state.settings.model_name
     if not body.stream:
         async def work():

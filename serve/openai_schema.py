@@ -92,6 +92,8 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1, description="only one choice is supported")
+    prompt_cache_key: str | None = Field(default=None, description="the client's session: its cached prompt prefix "
+                                                                    "outlives one-off requests' (as OpenAI's routing key)")
     priority: int = Field(default=0, ge=-2**31, lt=2**31,
                           description="lower runs first (as vLLM's); a lower class never preempts a higher one")
 

@@ -25,7 +25,7 @@ from serve.constraints import grammar_for
 from serve.errors import APIError, server_error
 from serve.generation import Finished, GenerationError, KeepAlive
 from serve.reasoning import CONTENT, REASONING
-from serve.running import build_request, collect, deltas, until_disconnect
+from serve.running import build_request, collect, deltas, session_of, until_disconnect
 from serve.response_store import ResponseStore
 from serve.response_tools import ToolMap, build as build_tools, custom_text, flat_name
 from serve.sse import named_event
@@ -152,7 +152,8 @@ async def respond(http: HTTPRequest, state, store: ResponseStore, body: schema.R
     chat = chat_request(body, history, tools)
     plan = replace(tool_plan(state, chat), enforced=tools.enforced)
     text = render(state, chat, plan)
-    req = build_request(state, chat, state.tokenizer.encode(text), body.max_output_tokens, grammar_for(state, plan, chat))
+    req = build_request(state, chat, state.tokenizer.encode(text), body.max_output_tokens, grammar_for(state, plan, chat),
+                        session_of(http, body.prompt_cache_key))
     rid, model = f"resp_{secrets.token_hex(12)}", body.model or state.settings.model_name
     opened = reasoning_opened(state, text)
     if not body.stream:

@@ -29,6 +29,7 @@ class ResponsesRequest(BaseModel):
     text: dict | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
     reasoning: dict | None = None
     metadata: dict | None = None
+    prompt_cache_key: str | None = None  # the client's session (Codex: its conversation): serve/running.py session_of
     priority: int = 0
 
 

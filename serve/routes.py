@@ -15,7 +15,7 @@ from serve.constraints import grammar_for
 from serve.errors import APIError, server_error
 from serve.generation import Finished, GenerationError, KeepAlive, Piece
 from serve.request import Request
-from serve.running import build_request, collect, events, until_disconnect
+from serve.running import build_request, collect, events, session_of, until_disconnect
 from serve.sse import data_event as sse
 from serve.state import ServerState
 
@@ -155,14 +155,15 @@ async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest
     text = render(state, body, plan)
     grammar = grammar_for(state, plan, body)
     req = build_request(state, body, state.tokenizer.encode(text), body.max_completion_tokens or body.max_tokens,
-                        grammar)
+                        grammar, session_of(http, body.prompt_cache_key))
     return await respond(http, state, req, body, chat_shape(reasoning_opened(state, text), plan))
 
 
 @v1.post("/completions")
 async def completions(body: schema.CompletionRequest, http: HTTPRequest):
     state = state_of(http)
-    req = build_request(state, body, completion_prompt(state, body), body.max_tokens)
+    req = build_request(state, body, completion_prompt(state, body), body.max_tokens,
+                        session=session_of(http, body.prompt_cache_key))
     return await respond(http, state, req, body, COMPLETION)
 
 

@@ -3,6 +3,7 @@ cancelling it when the client leaves."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 
 from fastapi import Request as HTTPRequest
@@ -15,9 +16,20 @@ from serve.request import Request
 from serve.state import ServerState
 
 
+SESSION_HEADERS = ("session_id", "x-session-id", "conversation_id", "x-claude-code-session-id")
+
+
+def session_of(http: HTTPRequest, key: str | None) -> str | None:
+    """The client's session, if it names one: the body's key (OpenAI's prompt_cache_key, Anthropic's
+    metadata.user_id), else a session header (Codex sends session_id), as a short digest for GEN."""
+    key = key or next((http.headers[h] for h in SESSION_HEADERS if http.headers.get(h)), None)
+    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest() if key else None
+
+
 def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[int],
-                  max_tokens: int | None, grammar: str | None = None) -> Request:
-    """grammar: what the output must match (serve/constraints.py), carried to the engine on GEN."""
+                  max_tokens: int | None, grammar: str | None = None, session: str | None = None) -> Request:
+    """grammar: what the output must match (serve/constraints.py), carried to the engine on GEN;
+    session: the client's (session_of), whose cached prefix the engine evicts last."""
     ctx = state.ctx
     waiting = len(state.scheduler.waiting)
     if state.settings.max_queue and waiting >= state.settings.max_queue:
@@ -35,7 +47,8 @@ def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[
         raise APIError(400, f"max_tokens {max_tokens} exceeds the context of {ctx} tokens", param="max_tokens")
     if any(t < 0 or t >= state.tokenizer.vocab_size for t in prompt):
         raise APIError(400, "prompt token ids must be within the vocabulary", param="prompt")
-    sampling = state.settings.sampling | body.gen_params() | ({"grammar": grammar} if grammar else {})
+    sampling = state.settings.sampling | body.gen_params() | ({"grammar": grammar} if grammar else {}) | (
+        {"session": session} if session else {})
     if sampling["temperature"] > 0:  # seeded here, so that a restarted engine continues the same stream
         sampling.setdefault("seed", secrets.randbits(63))
     return Request(prompt=prompt, max_tokens=min(max_tokens or room, room), sampling=sampling,

@@ -136,6 +136,24 @@ class Generic(ToolFormat):
         obj = json_object(body)
         return obj["response"] if obj is not None and isinstance(obj.get("response"), str) else None
 
+    @staticmethod
+    def partial_response(body: str) -> str | None:
+        """The text so far of a {"response": "... answer cut off by max_tokens (a half-written escape
+        dropped); None if the answer is not one."""
+        opened = RESPONSE_OPEN.match(body)
+        if opened is None:
+            return None
+        rest = body[opened.end():]
+        for trim in range(min(len(rest), 6) + 1):  # an escape is at most 6 characters (\uXXXX)
+            try:
+                return json.loads('"' + rest[: len(rest) - trim] + '"')
+            except ValueError:
+                continue
+        return None
+
+
+RESPONSE_OPEN = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+
 
 FORMATS = {f.name: f for f in (Hermes(), Qwen3Coder(), Llama3(), Generic())}
 
@@ -257,7 +275,9 @@ class ToolCallStream:
                 return [("call", c) for c in calls]
             if self.cut:
                 return []
-            response = Generic.response(held) if isinstance(self.fmt, Generic) and stopped else None
+            response = None
+            if isinstance(self.fmt, Generic):
+                response = Generic.response(held) if stopped else Generic.partial_response(held)
             return [("content", response if response is not None else held)] if held else []
         if self.state == "fence":  # a fence never closed: text, as the model wrote it
             held = self.gap + held

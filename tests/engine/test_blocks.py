@@ -87,11 +87,11 @@ class PoolMachine(RuleBasedStateMachine):
             assert table == before  # a refusal takes nothing
 
     @precondition(lambda self: self.tables)
-    @rule(data=st.data())
-    def release(self, data):
+    @rule(data=st.data(), kept=st.booleans())
+    def release(self, data, kept):
         ident = data.draw(st.sampled_from(sorted(self.tables)))
         table, _ = self.tables.pop(ident)
-        self.pool.release(table)
+        self.pool.release(table, kept=kept)  # kept: a session's blocks
         assert table == []
 
     @invariant()
@@ -134,6 +134,22 @@ def test_the_later_blocks_of_a_chain_are_evicted_first():
     pool.release(table)
     pool.allocate(2)  # two evictions: the chain's tail goes, its head stays findable
     assert pool.lookup(prompt, 12) == [first]
+
+
+def test_a_session_s_prefix_outlives_one_off_requests():
+    """Blocks let go by a request that named its session are evicted only after every one-off
+    request's, whatever their age."""
+    pool = BlockPool(4, SIZE)
+    agent, other = tuple(range(8)), tuple(range(50, 58))
+    table = pool.allocate(2)
+    pool.register(table, agent, 8)
+    pool.release(table, kept=True)  # the agent's turn ends first: its blocks are the oldest
+    table = pool.allocate(2)
+    pool.register(table, other, 8)
+    pool.release(table)
+    assert pool.status()["kept"] == 2 and pool.status()["idle"] == 2
+    pool.release(pool.allocate(2))  # a burst needs two blocks: the one-off request's go
+    assert len(pool.lookup(agent, 8)) == 2 and pool.lookup(other, 8) == []
 
 
 def test_a_collision_is_not_a_hit():

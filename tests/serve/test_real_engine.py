@@ -1,4 +1,5 @@
 """The whole product as a user meets it: strata-server over the real engine and the default model."""
+import httpx
 import openai
 import pytest
 
@@ -8,9 +9,14 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def client():
-    with ServerProcess(extra=["--device", "cpu", "--ctx", "2048"]) as server:
-        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+def server():
+    with ServerProcess(extra=["--device", "cpu", "--ctx", "2048"]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def test_the_capital_of_france_is_paris(client):
@@ -30,3 +36,24 @@ def test_stream_equals_non_stream_on_the_real_model(client):
 def test_same_seed_same_text(client):
     args = dict(model="smollm2", prompt="Once upon a time", temperature=1.0, seed=3, max_tokens=16)
     assert client.completions.create(**args).choices[0].text == client.completions.create(**args).choices[0].text
+
+
+def test_a_named_session_s_prefix_waits_apart_from_one_off_requests(server, client):
+    """A request naming its session (prompt_cache_key; Codex's session_id header alike) leaves its
+    cached prefix in the pool's second queue, evicted only after one-off requests' blocks."""
+    def pool() -> tuple[int, int]:
+        kv = httpx.get(server.url + "/status").json()["kv"]
+        return kv.get("kept", 0), kv.get("idle", 0)  # (reported from the first request on)
+
+    kept, idle = pool()
+    agent = [{"role": "system", "content": "You are a coding agent. " * 120}, {"role": "user", "content": "hi"}]
+    client.chat.completions.create(model="smollm2", messages=agent, max_tokens=2, temperature=0,
+                                   extra_body={"prompt_cache_key": "agent-1"})
+    assert pool()[0] > kept and pool()[1] == idle
+    kept = pool()[0]
+    other = [{"role": "user", "content": "Summarize the history of Rome. " * 90}]
+    client.chat.completions.create(model="smollm2", messages=other, max_tokens=2, temperature=0)
+    assert pool()[0] == kept and pool()[1] > idle
+    again = client.chat.completions.create(model="smollm2", messages=agent, max_tokens=2, temperature=0,
+                                           extra_headers={"session_id": "codex-session"})
+    assert again.usage.prompt_tokens_details.cached_tokens > 0

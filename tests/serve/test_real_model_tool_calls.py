@@ -123,3 +123,35 @@ def test_codex_apply_patch_and_a_namespaced_tool(qwen):
                               tool_choice="required", max_output_tokens=60, temperature=0)
     assert [(item.type, item.name, item.namespace) for item in r.output] == [("function_call", "search", "docs")]
     assert json.loads(r.output[0].arguments)["query"]
+
+
+def test_a_two_round_tool_loop_streamed_and_over_responses(qwen):
+    """The whole loop on the real model: a streamed auto call, the tool's result sent back, and an
+    answer in words; then the same through /v1/responses with a function_call_output item."""
+    stream = qwen.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS, max_tokens=40, temperature=0,
+                                          stream=True)
+    calls, finish = {}, None
+    for chunk in stream:
+        for part in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            entry = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+            entry["id"] += part.id or ""
+            entry["name"] += part.function.name or ""
+            entry["arguments"] += part.function.arguments or ""
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert finish == "tool_calls" and calls[0]["name"] == "get_weather", (finish, calls)
+    call = calls[0]
+    messages = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]},
+        {"role": "tool", "tool_call_id": call["id"], "content": '{"sky": "sunny", "celsius": 21}'}]
+    answer = qwen.chat.completions.create(model="qwen", messages=messages, tools=TOOLS, max_tokens=60, temperature=0)
+    assert answer.choices[0].finish_reason == "stop" and answer.choices[0].message.content.strip(), answer
+    assert not answer.choices[0].message.tool_calls
+    tools = [{"type": "function"} | t["function"] for t in TOOLS]
+    first = qwen.responses.create(model="qwen", input="What is the weather in Paris?", tools=tools, store=False,
+                                  max_output_tokens=40, temperature=0)
+    item = next(i for i in first.output if i.type == "function_call")
+    second = qwen.responses.create(model="qwen", tools=tools, store=False, max_output_tokens=60, temperature=0, input=[
+        {"role": "user", "content": "What is the weather in Paris?"}, item.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": item.call_id, "output": '{"sky": "sunny", "celsius": 21}'}])
+    assert second.status == "completed" and second.output_text.strip(), second.output

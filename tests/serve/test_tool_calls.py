@@ -90,6 +90,10 @@ def test_a_call_cut_off_is_dropped_never_half_reported():
     content, calls, cut = parse_all(FORMATS["generic"], '{"tool_calls": [{"name": "get_time", "arguments": {}}]', False)
     assert (content, meaning(calls), cut) == ("", [("get_time", {})], True)  # cut before its last brace
     assert parse_all(FORMATS["hermes"], "Sure.\n<tool_", False)[:3] == ("Sure.", [], False)
+    for cut, words in (('{"response": "It is sunny in Par', "It is sunny in Par"), ('{"response": "It is \\"sun', 'It is "sun'),
+                       ('{"response": "It is sunny."', "It is sunny."), ('{"response": "It is \\u00e9t', "It is \u00e9t"),
+                       ('{"response": "It is \\u00', "It is ")):  # the generic answer in words, cut: its words so far
+        assert parse_all(FORMATS["generic"], cut, False)[:3] == (words, [], False), cut
 
 
 CASES = [(fmt, text, stopped) for fmt, (text, _, _) in OUTPUTS.items() for stopped in (True, False)] + [
