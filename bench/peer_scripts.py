@@ -1,7 +1,8 @@
 """llama.cpp's own server test scripts (scripts/server-test-function-call.py, -parallel-tc.py and
 -structured.py from its source tree) against a running server, Strata's or llama-server's, on the
 same model: each script with a time limit, its per-case PASS / FAIL lines counted (a script cut by
-the limit still reports the cases it finished). Writes a JSON summary.
+the limit still reports the cases it finished). Writes a JSON summary, and each script's output
+(the model's text and calls, case by case) beside it in OUT.logs/.
 
     python bench/peer_scripts.py --scripts DIR --port 8811 --label strata --out bench/results/peer_scripts_strata.json
 
@@ -24,7 +25,9 @@ MARK = re.compile(r"(✔ PASS|✘ FAIL)\s*(.*)")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def run(script: Path, port: int, limit_s: float) -> dict:
+def run(script: Path, port: int, limit_s: float, log: Path) -> dict:
+    """One script against the server; its whole output (what the model wrote, call by call) goes to
+    `log`, so that each failure can be traced to the model's text."""
     start = time.monotonic()
     try:
         done = subprocess.run([sys.executable, str(script), "--port", str(port)], capture_output=True, text=True,
@@ -32,7 +35,9 @@ def run(script: Path, port: int, limit_s: float) -> dict:
         out, finished = done.stdout, True
     except subprocess.TimeoutExpired as e:
         out, finished = (e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout) or "", False
-    lines = [MARK.search(ANSI.sub("", line)) for line in out.splitlines()]
+    out = ANSI.sub("", out)
+    log.write_text(out)
+    lines = [MARK.search(line) for line in out.splitlines()]
     results = [(m.group(1).endswith("PASS"), m.group(2).strip()) for m in lines if m]
     return {"script": script.name, "passed": sum(ok for ok, _ in results), "finished_cases": len(results),
             "completed": finished, "seconds": round(time.monotonic() - start, 1),
@@ -49,8 +54,10 @@ def main() -> int:
     a = p.parse_args()
     summary = {"server": a.label, "machine": f"{platform.node()} ({platform.processor() or platform.machine()}, "
                                              f"{__import__('os').cpu_count()} cores)", "runs": []}
+    logs = a.out.with_suffix(".logs")
+    logs.mkdir(exist_ok=True)
     for name in SCRIPTS:
-        result = run(a.scripts / name, a.port, a.limit_s)
+        result = run(a.scripts / name, a.port, a.limit_s, logs / name.replace(".py", ".txt"))
         print(json.dumps(result), flush=True)
         summary["runs"].append(result)
         a.out.write_text(json.dumps(summary, indent=1))

@@ -44,6 +44,9 @@
 #          clients at once, 16 sub-agents sharing a 5.9K-token system prompt, KV held by finished
 #          conversations) against Strata started as a user starts it (`python3 -m serve --model FILE`) on
 #          the Llama-3-8B shape in Q4_K_M with the Llama-3.1 chat template -> $OUT/pool_strata.json
+# qpart    one part of the Qwen2.5-Coder-0.5B fixture per call (.device/q/partNN from `split -b 50M -d -a 2`),
+#          gathered in /tmp/q on the warm machine; qpeers_strata, qpeers_llama: llama.cpp's server test scripts
+#          (bench/peer_scripts.py) against Strata and llama-server on it -> $OUT/peer_scripts_*_h200.json (issue 22)
 # peers_build   llama.cpp's llama-server (CUDA, sm_90) built from .device/llama.tgz in /tmp/llama (about
 #          4 minutes on 16 cores; skipped when built; a build cut short by the call's end resumes)
 # peers_llama   the same client against `llama-server -m FILE -ngl 99 -fa on -np 66 -kvu -c 262144` (built
@@ -64,6 +67,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     --find-links .whl $(ls .whl | sed 's/-[0-9].*//' | sort -u)
   export PYTHONPATH=/tmp/site
+elif [ -d /tmp/site ]; then  # installed by an earlier call on this warm machine
+  export PYTHONPATH=/tmp/site
 fi
 mkdir -p /tmp/m /tmp/sm
 M8=/tmp/m/llama3-8b-f16.gguf
@@ -75,6 +80,7 @@ MQA=/tmp/m/qwen3-30b-a3b-q4_k_m.gguf
 MQS=/tmp/m/qwen3moe-4layer-q4_k_m.gguf
 MQC=/tmp/m/llama3-8b-q4_k_m-chat.gguf  # the 8B shape in Q4_K_M with a chat template (servers render chats)
 LLAMA=/tmp/llama
+MQW=/tmp/q/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf  # the real-model fixture (issue 22), carried in parts
 quiet() { grep --line-buffered -v "loading weights" || true; }
 
 # peers: one server on :8080 at a time, bench/pool_bench.py against it, then the server stopped
@@ -103,6 +109,31 @@ serve_and_bench() {  # NAME JSON VERSION COMMAND...
   kill -9 $pid $children 2>/dev/null || true
   wait $pid 2>/dev/null || true
   echo "--- $name server log, last lines"; tail -5 /tmp/peers_$name.log
+}
+qwen_fixture() {  # the fixture from the parts earlier calls left in /tmp/q, its SHA-256 checked
+  [ -f $MQW ] || cat /tmp/q/part?? > $MQW
+  echo "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32  $MQW" | sha256sum -c - \
+    || { rm -f $MQW; ls -la /tmp/q; return 1; }
+}
+serve_and_scripts() {  # NAME JSON COMMAND...: llama.cpp's URL test scripts against a server (bench/peer_scripts.py)
+  local name=$1 json=$2 waited=0 pid children
+  shift 2
+  "$@" > /tmp/scripts_$name.log 2>&1 &
+  pid=$!
+  until healthy; do
+    if ! kill -0 $pid 2>/dev/null || [ $waited -ge 300 ]; then
+      echo "$name did not start"; tail -30 /tmp/scripts_$name.log; kill -9 $pid 2>/dev/null || true; return 0
+    fi
+    sleep 1; waited=$((waited + 1))
+  done
+  echo "$name ready after ~${waited} s ($SECONDS s into the call): $*"
+  timeout -k 10 $((570 - SECONDS)) python3 bench/peer_scripts.py --scripts $LLAMA/scripts --port 8080 --label "$name: $*" \
+    --limit-s ${SCRIPT_LIMIT_S:-170} --out "$OUT/$json" || echo "PEER SCRIPTS ($name) CUT SHORT"
+  children=$(pgrep -P $pid | tr '\n' ' ' || true)
+  kill -INT $pid 2>/dev/null || true
+  for _ in $(seq 20); do kill -0 $pid 2>/dev/null || break; sleep 1; done
+  kill -9 $pid $children 2>/dev/null || true
+  wait $pid 2>/dev/null || true
 }
 build_llama() {
   [ -x $LLAMA/build/bin/llama-server ] && return 0
@@ -235,6 +266,14 @@ for step in "$@"; do
       chat_model
       serve_and_bench strata pool_strata.json "strata $(python3 -c 'import engine; print(engine.__version__)' 2>/dev/null)" \
         python3 -m serve --model $MQC ;;
+    qpart)  # parts of the Qwen2.5 fixture (469 MiB; a call carries 64 MiB): .device/q/partNN, kept in /tmp/q
+      mkdir -p /tmp/q && cp .device/q/part* /tmp/q/ && ls /tmp/q | tr '\n' ' ' && du -sh /tmp/q ;;
+    qpeers_strata)  # llama.cpp's three server test scripts against Strata on the fixture, as a user starts it
+      qwen_fixture && serve_and_scripts strata peer_scripts_strata_h200.json python3 -m serve --model $MQW ;;
+    qpeers_llama)  # the same against llama-server on the same file (built first if need be)
+      build_llama
+      qwen_fixture && [ -x $LLAMA/build/bin/llama-server ] && serve_and_scripts llama.cpp peer_scripts_llama_h200.json \
+        $LLAMA/build/bin/llama-server -m $MQW -ngl 99 --jinja --port 8080 ;;
     peers_build)
       build_llama
       ls -la $LLAMA/build/bin/llama-server 2>/dev/null || true ;;
