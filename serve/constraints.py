@@ -64,6 +64,9 @@ def tool_grammar(plan: ToolPlan, tokenizer) -> str:
                                              "required": ["response"], "additionalProperties": False}]}
         else:
             answer = {"anyOf": [call_schema(f, "parameters", plan.enforced) for f in functions]}
+            tag = tokenizer.added_token_id("<|python_tag|>")
+            if forced and tag is not None:  # Llama 3.1 may open its call with this special token
+                return lark(f"start: <[{tag}]>? answer\nanswer: %json {json.dumps(answer | {'x-guidance': JSON_OPTIONS})}\n")
         if forced:
             return json_grammar(answer, "tools")
         return lark(f"start: FREE | answer\nFREE: /([^{{](.|\\n)*)?/\nanswer: %json {json.dumps(answer | {'x-guidance': JSON_OPTIONS})}\n")
