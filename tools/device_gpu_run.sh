@@ -85,30 +85,39 @@ quiet() { grep --line-buffered -v "loading weights" || true; }
 
 # peers: one server on :8080 at a time, bench/pool_bench.py against it, then the server stopped
 healthy() { python3 -c "import httpx, sys; sys.exit(httpx.get('http://127.0.0.1:8080/health', timeout=2).status_code != 200)" 2>/dev/null; }
-serve_and_bench() {  # NAME JSON VERSION COMMAND...
-  local name=$1 json=$2 version=$3 waited=0 pid children
-  shift 3
-  "$@" > /tmp/peers_$name.log 2>&1 &
-  pid=$!
+start_server() {  # NAME COMMAND...: the server in the background, SERVER_PID set once /health answers (else 1)
+  local name=$1 waited=0
+  shift
+  "$@" > /tmp/server_$name.log 2>&1 &
+  SERVER_PID=$!
   until healthy; do
-    if ! kill -0 $pid 2>/dev/null || [ $waited -ge 600 ]; then
-      echo "$name did not start"; tail -30 /tmp/peers_$name.log; kill -9 $pid 2>/dev/null || true; return 0
+    if ! kill -0 $SERVER_PID 2>/dev/null || [ $waited -ge 600 ]; then
+      echo "$name did not start"; tail -30 /tmp/server_$name.log; kill -9 $SERVER_PID 2>/dev/null || true; return 1
     fi
     sleep 1; waited=$((waited + 1))
   done
   echo "$name ready after ~${waited} s ($SECONDS s into the call): $*"
+}
+stop_server() {  # NAME: SIGINT, then SIGKILL to the server and its children after 30 s
+  local children
+  children=$(pgrep -P $SERVER_PID | tr '\n' ' ' || true)
+  kill -INT $SERVER_PID 2>/dev/null || true
+  for _ in $(seq 30); do kill -0 $SERVER_PID 2>/dev/null || break; sleep 1; done
+  kill -9 $SERVER_PID $children 2>/dev/null || true
+  wait $SERVER_PID 2>/dev/null || true
+  echo "--- $1 server log, last lines"; tail -5 /tmp/server_$1.log
+}
+serve_and_bench() {  # NAME JSON VERSION COMMAND...
+  local name=$1 json=$2 version=$3
+  shift 3
+  start_server $name "$@" || return 0
   if [ $SECONDS -gt 500 ]; then
     echo "no time left in this call for the bench"
   else timeout -k 10 $((560 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label $name \
     --server-flags "$*" --server-version "$version" --tokenizer $MQC --repeats ${PEERS_REPEATS:-3} --cases ${PEERS_CASES:-hol,clients,subagents,kv} \
     --json "$OUT/$json" || echo "POOL BENCH ($name) FAILED OR CUT SHORT"
   fi
-  children=$(pgrep -P $pid | tr '\n' ' ' || true)
-  kill -INT $pid 2>/dev/null || true
-  for _ in $(seq 30); do kill -0 $pid 2>/dev/null || break; sleep 1; done
-  kill -9 $pid $children 2>/dev/null || true
-  wait $pid 2>/dev/null || true
-  echo "--- $name server log, last lines"; tail -5 /tmp/peers_$name.log
+  stop_server $name
 }
 qwen_fixture() {  # the fixture from the parts earlier calls left in /tmp/q, its SHA-256 checked
   [ -f $MQW ] || cat /tmp/q/part?? > $MQW
@@ -116,24 +125,12 @@ qwen_fixture() {  # the fixture from the parts earlier calls left in /tmp/q, its
     || { rm -f $MQW; ls -la /tmp/q; return 1; }
 }
 serve_and_scripts() {  # NAME JSON COMMAND...: llama.cpp's URL test scripts against a server (bench/peer_scripts.py)
-  local name=$1 json=$2 waited=0 pid children
+  local name=$1 json=$2
   shift 2
-  "$@" > /tmp/scripts_$name.log 2>&1 &
-  pid=$!
-  until healthy; do
-    if ! kill -0 $pid 2>/dev/null || [ $waited -ge 300 ]; then
-      echo "$name did not start"; tail -30 /tmp/scripts_$name.log; kill -9 $pid 2>/dev/null || true; return 0
-    fi
-    sleep 1; waited=$((waited + 1))
-  done
-  echo "$name ready after ~${waited} s ($SECONDS s into the call): $*"
+  start_server $name "$@" || return 0
   timeout -k 10 $((570 - SECONDS)) python3 bench/peer_scripts.py --scripts $LLAMA/scripts --port 8080 --label "$name: $*" \
     --limit-s ${SCRIPT_LIMIT_S:-170} --out "$OUT/$json" || echo "PEER SCRIPTS ($name) CUT SHORT"
-  children=$(pgrep -P $pid | tr '\n' ' ' || true)
-  kill -INT $pid 2>/dev/null || true
-  for _ in $(seq 20); do kill -0 $pid 2>/dev/null || break; sleep 1; done
-  kill -9 $pid $children 2>/dev/null || true
-  wait $pid 2>/dev/null || true
+  stop_server $name
 }
 build_llama() {
   [ -x $LLAMA/build/bin/llama-server ] && return 0
