@@ -10,6 +10,7 @@ crate: the same as Python's for what Lark grammars use).
 """
 from __future__ import annotations
 
+import functools
 import re
 
 from lark import Token, Tree
@@ -22,9 +23,11 @@ class NotRegular(ValueError):
     """The grammar recurses or skips text (%ignore): it does not fit in one regex."""
 
 
+@functools.lru_cache(maxsize=64)
 def lark_to_regex(grammar: str, start: str = "start") -> str:
     """The whole-input regex (anchored) of a Lark grammar; ValueError if the text is not a grammar,
-    NotRegular if it is one that no regex describes."""
+    NotRegular if it is one that no regex describes. Cached: Codex sends the same apply_patch
+    grammar with every turn."""
     builder = GrammarBuilder()
     try:
         builder.load_grammar(grammar, "<tool grammar>")
