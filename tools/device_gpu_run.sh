@@ -30,7 +30,9 @@
 #          request's tokens equal to its solo run's (batch invariance), on the 135M shape (Q4_1) and
 #          the Llama-3-8B shape in F16 and Q4_K_M -> $OUT/batch_decode_gpu.json
 # mmv      tools/mmv_check.py: the tensor-core fp16 matvec against NumPy, batch invariance, its time
-# batchf16 the batch step on the 8B F16 shape only (batchq: on the Q4_K_M one)
+# mmq      tools/mmq_check.py: the int8 tensor-core quantized matvec against NumPy, batch invariance, its
+#          time beside the dp4a matvec at 1-64 rows, the tile knobs
+# batchf16 the batch step on the 8B F16 shape only (batchq: on the Q4_K_M one); BATCHES=1,4,16,64 sets the sizes
 # wide     tools/matvec_wide_times.py: quantized launches of 16 rows with 2, 4, 8 weight rows a warp
 # agent    bench/agent_reuse_bench.py on the 8B shape (Q4_K_M): a 10-turn conversation growing to 16K
 #          tokens, time to first token with prompt reuse and without -> $OUT/agent_reuse_gpu.json
@@ -239,11 +241,14 @@ for step in "$@"; do
       done ;;
     mmv)
       python3 tools/mmv_check.py --json "$OUT/mmv_check.json" || echo "MMV CHECK FAILED" ;;
+    mmq)
+      python3 tools/mmq_check.py --json "$OUT/mmq_check.json" || echo "MMQ CHECK FAILED" ;;
     batchf16|batchq)
       if [ $step = batchf16 ]; then set -- $M8 F16 f16; else set -- $MQ Q4_K_M q4_k_m; fi
       [ -f $1 ] || python3 tools/make_synthetic_gguf.py $1 --preset llama3-8b --type $2 --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 bench/batch_decode_bench.py --model $1 --device gpu --context 512 --steps 32 --repeats 3 \
-        --label llama3-8b-shape-$3 --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet || echo "BATCH CHECK FAILED" ;;
+        --batches ${BATCHES:-1,2,4,8,16} --label llama3-8b-shape-$3 --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet \
+        || echo "BATCH CHECK FAILED" ;;
     wide)
       python3 tools/matvec_wide_times.py --json "$OUT/matvec_wide.json" || echo "WIDE CHECK FAILED" ;;
     agent)

@@ -170,8 +170,8 @@ def make_tensor(pool: RandomPool, role: str, shape, file_type: str) -> tuple[np.
 
 
 def copy_tokenizer(w: GGUFWriter, src: GGUFReader, vocab: int | None, template: str | None = None) -> int:
-    """The default model's tokenizer and template (or `template`); `vocab` pads the token list with
-    unused tokens."""
+    """The default model's tokenizer and template (or `template`, or none where the source has none);
+    `vocab` pads the token list with unused tokens."""
     f = lambda k: src.fields[k].contents()  # noqa: E731
     tokens, types = list(f("tokenizer.ggml.tokens")), list(f("tokenizer.ggml.token_type"))
     if vocab is not None and vocab > len(tokens):
@@ -185,7 +185,10 @@ def copy_tokenizer(w: GGUFWriter, src: GGUFReader, vocab: int | None, template: 
     for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
         if f"tokenizer.ggml.{key}" in src.fields:
             w.add_uint32(f"tokenizer.ggml.{key}", int(f(f"tokenizer.ggml.{key}")))
-    w.add_chat_template(template if template is not None else f("tokenizer.chat_template"))
+    if template is None and "tokenizer.chat_template" in src.fields:
+        template = f("tokenizer.chat_template")
+    if template is not None:  # a bare vocabulary (tests/fixtures/vocab/) has none: the server then says so on /chat
+        w.add_chat_template(template)
     return len(tokens)
 
 

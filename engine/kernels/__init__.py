@@ -31,7 +31,11 @@ MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROW
 COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_BATCH in engine/runner.py)
 MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
-MMV_THREADS, MMV_TILE, MMV_MAX_ROWS = 128, 16, 16  # mmv.cu: a block's threads and weight rows; x rows a launch takes
+MMV_THREADS = 128  # mmv.cu: a block's threads
+MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_t<NT>, up to 64 rows a launch) ->
+# weight rows a block takes (16 mmv_tiles<NT>() in mmv.cu)
+MMQ_THREADS = 128  # mmq.cu (tools/mmq_check.py): MMQ_PHASES warps a block
+MMQ_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # its n-tiles of 8 rows of x -> weight rows a block takes (16 MT)
 Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
 NULL = np.uint64(0)  # a null pointer argument
 
@@ -76,6 +80,11 @@ def log2(block: int) -> np.int32:
     return np.int32(block.bit_length() - 1)
 
 
+def tiles(rows: int, choices=MMV_TILE_ROWS) -> int:
+    """The fewest n-tiles of 8 that hold `rows` rows of x."""
+    return next(t for t in choices if 8 * t >= rows)
+
+
 def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
     return (max(1, math.ceil(n / per_block)),)
 
@@ -90,7 +99,7 @@ class GpuKernels:
                                 for nb in range(1, MAX_BATCH_ROWS + 1) for suffix in ("", "_f32"))),
                  "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS),
                                   *(f"flash_decode_d{d}_g{g}" for d in HEAD_DIMS for g in range(1, MAX_GROUP + 1))),
-                 "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in (1, 2) for suffix in ("", "_f32")),
+                 "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in MMV_TILE_ROWS for suffix in ("", "_f32")),
                  "moe.cu": moe.KERNELS}
         self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
         for source, kernels in names.items():
@@ -262,11 +271,12 @@ class GpuKernels:
         xq = q8 if q8 is not None or all(kind == "F16" for kind, _, _ in parts) else self.quantize_q8(x.reshape(-1))
         units, row = k // UNIT, 0
         for kind, data, rows in parts:
-            if kind == "F16":  # tensor cores (mmv.cu), up to 16 rows of x a launch
-                for b0 in range(0, n, MMV_MAX_ROWS):
-                    nb = min(MMV_MAX_ROWS, n - b0)
-                    self.fn[f"mmv_f16_t{1 if nb <= 8 else 2}{suffix}"](
-                        blocks(rows, MMV_TILE), (MMV_THREADS,),
+            if kind == "F16":  # tensor cores (mmv.cu), up to 64 rows of x a launch
+                for b0 in range(0, n, 8 * max(MMV_TILE_ROWS)):
+                    nb = min(8 * max(MMV_TILE_ROWS), n - b0)
+                    nt = tiles(nb)
+                    self.fn[f"mmv_f16_t{nt}{suffix}"](
+                        blocks(rows, MMV_TILE_ROWS[nt]), (MMV_THREADS,),
                         (data, x[b0:], y[b0:, row:], np.int32(rows), np.int32(k), np.int32(m), np.int32(nb)))
             else:
                 for b0 in range(0, n, MAX_BATCH_ROWS):

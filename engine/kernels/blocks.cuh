@@ -16,6 +16,13 @@ struct Raw {
     float d[2], m[2];  // value j = d[j / 16] * byte j + m[j / 16]
 };
 
+// What one lane of a tensor-core tile takes of a unit (mmq.cu): words c and 4 + c of Raw::w
+// (values 4c..4c+3 of each half) and the unit's affine pairs. Each type's pair() reads only those.
+struct Pair {
+    unsigned lo, hi;
+    float d[2], m[2];
+};
+
 __device__ __forceinline__ float f16_at(const u8* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
 
 // Bits 0..3 of b (< 16) moved to bit 4 of bytes 0..3: the fifth bits of four Q5 values.
@@ -50,7 +57,8 @@ __device__ __forceinline__ void load_a16(const u8* p, unsigned (&w)[WORDS]) {
     }
 }
 
-__device__ __forceinline__ void same_scale(Raw& u, float d, float m) { u.d[0] = u.d[1] = d, u.m[0] = u.m[1] = m; }
+template <class U>
+__device__ __forceinline__ void same_scale(U& u, float d, float m) { u.d[0] = u.d[1] = d, u.m[0] = u.m[1] = m; }
 
 // The 32-value formats: {d, [m], [qh[4]], qs[16]}. Q4_0: d * (q - 8); Q4_1: d * q + m; Q5_0 (the
 // fifth bit of value j is bit j of qh): d * (q - 16); Q5_1: d * q + m. Low nibbles are values
@@ -78,6 +86,22 @@ struct Q32 {
         const float d = f16_at(p);
         same_scale(u, d, HAS_MIN ? f16_at(p + 2) : -(FIFTH_BIT ? 16.f : 8.f) * d);
     }
+    // Words c and 4 + c of decode's u.w (values 4c..4c+3 of each half): both from qs word c.
+    __device__ static void pair(const u8* row, int s, int c, Pair& u) {
+        const u8* p = row + s * BYTES;
+        unsigned qh[1] = {0u}, qs[1];
+        if (BYTES % 4 == 0) {
+            if (FIFTH_BIT) load_a4(p + QH, qh);
+            load_a4(p + QS + 4 * c, qs);
+        } else {
+            if (FIFTH_BIT) load_a2(p + QH, qh);
+            load_a2(p + QS + 4 * c, qs);
+        }
+        u.lo = (qs[0] & 0x0F0F0F0Fu) | fifth_bits((qh[0] >> (4 * c)) & 0xFu);
+        u.hi = ((qs[0] >> 4) & 0x0F0F0F0Fu) | fifth_bits((qh[0] >> (16 + 4 * c)) & 0xFu);
+        const float d = f16_at(p);
+        same_scale(u, d, HAS_MIN ? f16_at(p + 2) : -(FIFTH_BIT ? 16.f : 8.f) * d);
+    }
 };
 using Q4_0 = Q32<18, false, false>;
 using Q4_1 = Q32<20, true, false>;
@@ -92,6 +116,15 @@ struct Q8_0 {
         load_a2(p + 2, u.w);
 #pragma unroll
         for (int i = 0; i < 8; ++i) u.w[i] ^= 0x80808080u;
+        const float d = f16_at(p);
+        same_scale(u, d, -128.f * d);
+    }
+    __device__ static void pair(const u8* row, int s, int c, Pair& u) {
+        const u8* p = row + s * BYTES;
+        unsigned lo[1], hi[1];
+        load_a2(p + 2 + 4 * c, lo);
+        load_a2(p + 18 + 4 * c, hi);
+        u.lo = lo[0] ^ 0x80808080u, u.hi = hi[0] ^ 0x80808080u;
         const float d = f16_at(p);
         same_scale(u, d, -128.f * d);
     }
@@ -133,6 +166,19 @@ struct K4 {
         scale_min_k4(sb, head.y, head.z, head.w, &sc, &mn);
         same_scale(u, dm.x * sc, -dm.y * mn);
     }
+    __device__ static void pair(const u8* row, int s, int c, Pair& u) {
+        const int sb = s & 7, shift = (sb & 1) * 4;
+        const u8* p = row + (s >> 3) * BYTES;
+        const unsigned* qs = reinterpret_cast<const unsigned*>(p + (FIFTH_BIT ? 48 : 16) + 32 * (sb >> 1));
+        const unsigned* qh = reinterpret_cast<const unsigned*>(p + 16);
+        u.lo = (qs[c] >> shift) & 0x0F0F0F0Fu, u.hi = (qs[4 + c] >> shift) & 0x0F0F0F0Fu;
+        if (FIFTH_BIT) u.lo |= ((qh[c] >> sb) & 0x01010101u) << 4, u.hi |= ((qh[4 + c] >> sb) & 0x01010101u) << 4;
+        const uint4 head = *reinterpret_cast<const uint4*>(p);
+        const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&head.x));
+        float sc, mn;
+        scale_min_k4(sb, head.y, head.z, head.w, &sc, &mn);
+        same_scale(u, dm.x * sc, -dm.y * mn);
+    }
 };
 using Q4_K = K4<144, false>;
 using Q5_K = K4<176, true>;
@@ -151,6 +197,22 @@ struct Q6_K {
         const int lo_shift = (k >> 1) * 4, hi_shift = 2 * k;
 #pragma unroll
         for (int i = 0; i < 8; ++i) u.w[i] = ((ql[i] >> lo_shift) & 0x0F0F0F0Fu) | (((qh[i] >> hi_shift) & 0x03030303u) << 4);
+        const signed char* scales = reinterpret_cast<const signed char*>(p + 192 + 8 * h + 2 * k);
+        const float d = f16_at(p + 208);
+        u.d[0] = d * scales[0], u.d[1] = d * scales[1];
+        u.m[0] = -32.f * u.d[0], u.m[1] = -32.f * u.d[1];
+    }
+    __device__ static void pair(const u8* row, int s, int c, Pair& u) {
+        const int sb = s & 7, h = sb >> 2, k = sb & 3;
+        const u8* p = row + (s >> 3) * BYTES;
+        unsigned ql[2], qh[2], w[1];
+        load_a2(p + 64 * h + 32 * (k & 1) + 4 * c, w), ql[0] = w[0];
+        load_a2(p + 64 * h + 32 * (k & 1) + 16 + 4 * c, w), ql[1] = w[0];
+        load_a2(p + 128 + 32 * h + 4 * c, w), qh[0] = w[0];
+        load_a2(p + 128 + 32 * h + 16 + 4 * c, w), qh[1] = w[0];
+        const int lo_shift = (k >> 1) * 4, hi_shift = 2 * k;
+        u.lo = ((ql[0] >> lo_shift) & 0x0F0F0F0Fu) | (((qh[0] >> hi_shift) & 0x03030303u) << 4);
+        u.hi = ((ql[1] >> lo_shift) & 0x0F0F0F0Fu) | (((qh[1] >> hi_shift) & 0x03030303u) << 4);
         const signed char* scales = reinterpret_cast<const signed char*>(p + 192 + 8 * h + 2 * k);
         const float d = f16_at(p + 208);
         u.d[0] = d * scales[0], u.d[1] = d * scales[1];
