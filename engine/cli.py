@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass
 
 from engine.prefill import ParkPolicy
+from engine.rope import KINDS as ROPE_KINDS
+from engine.rope import RopeOverride
 
 DEFAULT_CHUNK = 256
 DEFAULT_MAX_RUNNING = 256
@@ -31,6 +33,7 @@ class EngineConfig:
     cache_ram_gib: float | None = None  # the host tier for evicted prefix blocks (None: engine/memory.py's default)
     prompt_reuse: bool = True  # the prefix cache: a prompt that starts as an earlier one reads only the rest
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
+    rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/rope.py)
 
     def __post_init__(self):
         if self.chunk < 1:
@@ -86,7 +89,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="terminal mode: 0 = greedy")
     p.add_argument("--seed", type=int, help="terminal mode: sampling seed")
     add_preempt_args(p)
+    add_rope_args(p)
     return p
+
+
+def add_rope_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("rope scaling (default: the model file's)")
+    g.add_argument("--rope-scaling", choices=ROPE_KINDS, help="none, linear (position interpolation) or yarn")
+    g.add_argument("--rope-scale", type=float, metavar="N", help="the context's scaling factor: the rotation "
+                                                                 "frequencies are divided by N")
+    g.add_argument("--rope-freq-base", type=float, metavar="N", help="RoPE's base frequency")
+    g.add_argument("--yarn-orig-ctx", type=int, metavar="N", help="YaRN: the context the model was trained at")
+
+
+def rope_from_args(a: argparse.Namespace) -> RopeOverride:
+    return RopeOverride(a.rope_scaling, a.rope_scale, a.rope_freq_base, a.yarn_orig_ctx)
 
 
 def add_slots_arg(p: argparse.ArgumentParser) -> None:
@@ -135,7 +152,7 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         cuda_graphs=not a.no_cuda_graphs, weights=a.weights, max_running=a.max_running,
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
                         cache_ram_gib=a.cache_ram_gib,
-                        decode_interval_ms=a.decode_interval_ms)
+                        decode_interval_ms=a.decode_interval_ms, rope=rope_from_args(a))
 
 
 def main(argv: list[str] | None = None) -> int:

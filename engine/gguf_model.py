@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from gguf import GGUFReader, GGMLQuantizationType
@@ -13,6 +13,8 @@ from engine.backend import Backend
 from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
 from engine.moe import Experts, ExpertStack
 from engine.quantized import BLOCKS, HostRows, QuantMatrix, stack_rows
+from engine.rope import RopeOverride, RopeScaling
+from engine.rope import from_gguf as rope_from_gguf
 
 # What differs between the supported families, as the forward pass reads it from ModelConfig:
 #   llama     Q/K rows stored with RoPE pairs adjacent (llama.cpp's "normal" RoPE), reordered at load
@@ -47,6 +49,7 @@ class ModelConfig:
     n_experts_used: int = 0  # experts each token is routed to
     expert_ffn_dim: int = 0
     expert_weights_norm: bool = False  # the chosen experts' weights rescaled to sum to 1
+    rope: RopeScaling = RopeScaling()  # long-context scaling of the rotation (engine/rope.py)
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHITECTURES:
@@ -58,8 +61,16 @@ class ModelConfig:
             raise ModelLoadError(f"{self.n_experts_used} experts used of {self.n_experts}")
 
     @property
+    def max_context(self) -> int:
+        """The context the model serves: its trained one, or what linear / YaRN scaling stretches
+        the original to (Qwen2.5's files say 32,768 and scale it 4x)."""
+        if self.rope.kind != "none" and self.rope.scale > 1:
+            return max(self.context_length, int(self.rope.original_ctx * self.rope.scale))
+        return self.context_length
+
+    @property
     def default_ctx(self) -> int:
-        return min(self.context_length, MAX_DEFAULT_CTX)
+        return min(self.max_context, MAX_DEFAULT_CTX)
 
     @property
     def q_dim(self) -> int:
@@ -113,17 +124,24 @@ def read_config(reader: GGUFReader) -> ModelConfig:
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     head_dim = int(g("attention.key_length", g("rope.dimension_count", dim // n_heads)))
     moe = arch == "qwen3moe"
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    context = int(g("context_length"))
+    try:
+        rope = rope_from_gguf(g, None if freqs is None else np.asarray(freqs.data, dtype=np.float32).reshape(-1), context)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
     return ModelConfig(
         arch=arch, name=str(field_value(reader, "general.name", "unnamed")),
         n_layers=int(g("block_count")), dim=dim, ffn_dim=int(g("feed_forward_length", 0)),
         n_heads=n_heads, n_kv_heads=int(g("attention.head_count_kv", n_heads)),
         head_dim=head_dim, vocab_size=int(g("vocab_size", vocab)),
-        context_length=int(g("context_length")), rope_base=float(g("rope.freq_base", 10000.0)),
+        context_length=context, rope_base=float(g("rope.freq_base", 10000.0)),
         norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
         qkv_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "qwen3moe"), rope_pairs_adjacent=arch == "llama",
         n_experts=int(g("expert_count", 0)) if moe else 0, n_experts_used=int(g("expert_used_count", 0)) if moe else 0,
         expert_ffn_dim=int(g("expert_feed_forward_length", 0)) if moe else 0,
         expert_weights_norm=bool(g("expert_weights_norm", True)) if moe else False,
+        rope=rope,
     )
 
 
@@ -293,8 +311,12 @@ class TensorRows:
         return self.reorder(w)
 
 
-def load_model(path: str, backend: Backend, keep_blocks: bool = True) -> tuple[ModelConfig, Weights, GGUFReader]:
-    """keep_blocks: on the GPU, quantized weights stay in their GGUF blocks (else fp16)."""
+def load_model(path: str, backend: Backend, keep_blocks: bool = True,
+               rope: RopeOverride = RopeOverride()) -> tuple[ModelConfig, Weights, GGUFReader]:
+    """keep_blocks: on the GPU, quantized weights stay in their GGUF blocks (else fp16). rope: the
+    command line's rope scaling over the file's."""
     reader = GGUFReader(path, "r")
     cfg = read_config(reader)
+    scaling, base = rope.apply(cfg.rope, cfg.rope_base)
+    cfg = replace(cfg, rope=scaling, rope_base=base)
     return cfg, WeightLoader(reader, cfg, backend, keep_blocks).load(), reader

@@ -99,7 +99,7 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chun
     if requested is not None and requested > fits * block:
         raise ModelLoadError(f"--ctx {requested} is larger than the KV pool that fits ({fits * block} tokens, "
                              f"{fits * block * row / 2**30:.1f} GiB)")
-    ctx = requested or min(cfg.context_length, fits * block // CTX_ALIGN * CTX_ALIGN or fits * block)
+    ctx = requested or min(cfg.max_context, fits * block // CTX_ALIGN * CTX_ALIGN or fits * block)
     if snapshot_bytes is None:
         snapshot_bytes = min(ctx * row, host_memory_bytes() // 2)
     return MemoryPlan(ctx, fits, block, fits * block * row, snapshot_bytes, weights, free, cache_ram_bytes)

@@ -12,13 +12,13 @@ from engine.backend import Backend, Step
 from engine.gguf_model import ModelConfig, Weights
 from engine.kv import KVCache, SequenceRows
 from engine.prefill import chunk_end
+from engine.rope import frequencies
 
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: Weights, backend: Backend):
         self.cfg, self.w, self.backend, self.ops = cfg, weights, backend, backend.ops
-        half = cfg.head_dim // 2
-        self.inv_freq = 1.0 / (cfg.rope_base ** (np.arange(half, dtype=np.float64) * 2 / cfg.head_dim))
+        self.inv_freq, self.rope_mscale = frequencies(cfg.head_dim, cfg.rope_base, cfg.rope)  # (half,), magnitude
         self.cos_table = self.sin_table = None  # (positions, 1, half) on the device, grown on demand
         self.route_log: list | None = None  # (layer, experts (n, k), weights (n, k)) per MoE layer, when a list
 
@@ -97,10 +97,12 @@ class LlamaModel:
     def rope_tables(self, start: int, n: int):
         """cos, sin: (positions, 1, half) float32 tables covering [0, start+n), computed once (not
         per token: that was host trigonometry and, on a GPU, two copies a step); rope_store reads
-        the rows of its positions."""
+        the rows of its positions. Rope scaling is in them (engine/rope.py): the frequencies, and
+        YaRN's magnitude on both."""
         if self.cos_table is None or start + n > len(self.cos_table):
-            size = max(start + n, min(self.cfg.context_length, 1 << 17))
+            size = max(start + n, min(self.cfg.max_context, 1 << 17))
             angles = np.outer(np.arange(size, dtype=np.float64), self.inv_freq)  # (size, half)
-            self.cos_table = self.backend.xp.asarray(np.cos(angles).astype(np.float32))[:, None, :]
-            self.sin_table = self.backend.xp.asarray(np.sin(angles).astype(np.float32))[:, None, :]
+            scale = self.rope_mscale
+            self.cos_table = self.backend.xp.asarray((np.cos(angles) * scale).astype(np.float32))[:, None, :]
+            self.sin_table = self.backend.xp.asarray((np.sin(angles) * scale).astype(np.float32))[:, None, :]
         return self.cos_table, self.sin_table

@@ -28,7 +28,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     backend = select_backend(config.device)
     log(f"loading {path} on {backend.device_name}")
     started = time.monotonic()
-    cfg, weights, reader = load_model(str(path), backend, keep_blocks=config.weights == "quantized")
+    cfg, weights, reader = load_model(str(path), backend, keep_blocks=config.weights == "quantized", rope=config.rope)
     tokenizer = GGUFTokenizer(reader)
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
@@ -39,6 +39,8 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     runner.warm_up()
+    if cfg.rope.active:
+        log(f"rope scaling: {cfg.rope.describe()} (base {cfg.rope_base:g}; the model serves up to {cfg.max_context} tokens)")
     log(f"loaded {cfg.name} ({cfg.n_layers} layers, KV pool of {plan.tokens} tokens in blocks of {plan.block} "
         f"({plan.kv_bytes / 2**30:.2f} GiB), up to {plan.ctx} tokens a request, "
         f"park snapshots up to {plan.snapshot_bytes / 2**30:.2f} GiB, evicted prefix blocks up to "

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import uvicorn
 
-from engine.cli import WEIGHT_FORMS
+from engine.cli import WEIGHT_FORMS, add_rope_args, rope_from_args
 from engine.model_path import ModelNotFound, resolve_model_path
 from serve.config import REASONING_FORMATS, PreemptSettings, ServerSettings, split_command
 
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefill-preempt-min-tokens", type=int, help="forwarded to the default engine")
     g.add_argument("--prefill-preempt-max", type=int, help="forwarded to the default engine")
     g.add_argument("--prefill-preempt-snapshot-mib", type=int, help="forwarded to the default engine")
+    add_rope_args(p)  # forwarded to the default engine
     return p
 
 
@@ -92,7 +93,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
         kv_block=a.kv_block, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
-        decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts))
+        decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts), rope=rope_from_args(a))
 
 
 def host_list(text: str | None) -> tuple[str, ...] | None:

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.rope import RopeOverride
 from serve.sampling_defaults import LLAMA_CPP
 
 
@@ -56,6 +57,7 @@ class ServerSettings:
     cache_ram_gib: float | None = None  # forwarded to the default engine: its host tier (None: the engine's default)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
+    rope: RopeOverride = RopeOverride()  # forwarded to the default engine: rope scaling over the file's
     # what a request samples with when it leaves a field out (serve/sampling_defaults.py fills it at start)
     sampling: dict = field(default_factory=lambda: dict(LLAMA_CPP))
 
@@ -103,7 +105,7 @@ class ServerSettings:
         cmd += [] if self.prompt_reuse else ["--no-prompt-reuse"]
         cmd += [] if self.cache_ram_gib is None else ["--cache-ram", f"{self.cache_ram_gib:g}"]
         cmd += [] if self.decode_interval_ms is None else ["--decode-interval-ms", f"{self.decode_interval_ms:g}"]
-        return cmd + self.preempt.engine_args()
+        return cmd + self.preempt.engine_args() + self.rope.engine_args()
 
 
 def split_command(text: str) -> tuple[str, ...]:

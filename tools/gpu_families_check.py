@@ -1,5 +1,6 @@
 """The model families beside llama on the GPU (CuPy, half precision) against the transformers
-reference of tests/fixtures/arch_golden.json: the tiny GGUFs are made again (same bytes as the
+reference of tests/fixtures/arch_golden.json, and rope scaling (Llama 3.1's factors, YaRN) against
+that of tests/fixtures/rope_golden.json, at positions past the original context: the tiny GGUFs are made again (same bytes as the
 fixture's), read on the GPU with eager forwards and with the decode graphs, and compared: top ids,
 logits (fp16 tolerance), greedy continuations, MoE routes. The qwen3moe model is also made in Q8_0
 (its experts then stay in blocks on the GPU) and compared with the NumPy engine on that file.
@@ -28,6 +29,7 @@ from engine.kv import KVCache  # noqa: E402
 from engine.model import LlamaModel  # noqa: E402
 
 FIXTURE = json.loads((ROOT / "tests/fixtures/arch_golden.json").read_text())["models"]
+ROPE = json.loads((ROOT / "tests/fixtures/rope_golden.json").read_text())["models"]
 
 
 def run(model, backend, ids: list[int], greedy: int, graphs: bool):
@@ -87,6 +89,7 @@ def main() -> int:
     result = {}
     families = [(family, spec, []) for family, spec in FIXTURE.items()]
     families.append(("qwen3moe Q8_0 (vs NumPy)", FIXTURE["qwen3moe"], ["--type", "Q8_0"]))  # experts in blocks
+    families += [(f"rope-{name}", spec, []) for name, spec in ROPE.items()]
     with tempfile.TemporaryDirectory() as folder:
         for family, spec, extra in families:
             path = Path(folder) / f"{family.split()[0]}{len(extra)}.gguf"

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFWriter, RopeScalingType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.model_path import default_model_path  # noqa: E402
@@ -211,10 +211,16 @@ def write_model(a) -> None:
         w.add_expert_used_count(a.experts_used)
         w.add_expert_feed_forward_length(a.expert_ffn)
     w.add_rope_freq_base(a.rope_base)
+    if a.yarn:  # FACTOR,ORIGINAL_CTX: the keys convert_hf_to_gguf writes for a YaRN rope_scaling
+        factor, original = a.yarn.split(",")
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(factor))
+        w.add_rope_scaling_orig_ctx_len(int(original))
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(a.vocab)
     pool = RandomPool(np.random.default_rng(a.seed))
     plan = tensor_plan(a)
+    extra = {"rope_freqs.weight": llama3_rope_factors(a)} if a.llama3_rope else {}
     for name, role, shape in plan:  # tensor infos first, then each tensor's data made and written in turn
         qtype = planned_type(role, shape, a.type)
         nbytes = planned_nbytes(qtype, shape)
@@ -223,6 +229,8 @@ def write_model(a) -> None:
         else:  # block types (and BF16) are described by their byte shape
             rows = int(np.prod(shape[:-1]))
             w.add_tensor_info(name, (*shape[:-1], nbytes // rows), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+    for name, values in extra.items():
+        w.add_tensor_info(name, values.shape, values.dtype, values.nbytes)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -234,7 +242,22 @@ def write_model(a) -> None:
         if i % 50 == 0 or i == len(plan) - 1:
             print(f"{i + 1}/{len(plan)} tensors, {total / 2**30:.2f} GiB, {time.monotonic() - started:.1f}s",
                   file=sys.stderr, flush=True)
+    for values in extra.values():
+        w.write_tensor_data(values)
     w.close()
+
+
+def llama3_rope_factors(a) -> np.ndarray:
+    """rope_freqs.weight as convert_hf_to_gguf makes it from a `llama3` rope_scaling (FACTOR,LOW,HIGH,
+    ORIGINAL_CTX): per frequency, 1 above the high-frequency wavelength, FACTOR beyond the
+    low-frequency one, and a smooth blend between. (head_dim / 2,) float32."""
+    factor, low, high, original = (float(v) for v in a.llama3_rope.split(","))
+    freqs = 1.0 / a.rope_base ** (np.arange(0, a.head_dim, 2, dtype=np.float64) / a.head_dim)
+    wavelen = 2 * np.pi / freqs
+    smooth = (original / wavelen - low) / (high - low)
+    factors = np.where(wavelen < original / high, 1.0,
+                       np.where(wavelen > original / low, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+    return factors.astype(np.float32)
 
 
 def planned_type(role: str, shape, file_type: str) -> Q:
@@ -262,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "expert-ffn"):
         p.add_argument(f"--{flag}", type=int)
     p.add_argument("--rope-base", type=float)
+    p.add_argument("--llama3-rope", metavar="FACTOR,LOW,HIGH,ORIGINAL_CTX",
+                   help="Llama 3.1's rope scaling, written as its converter does: a rope_freqs.weight tensor")
+    p.add_argument("--yarn", metavar="FACTOR,ORIGINAL_CTX", help="YaRN rope scaling keys (rope.scaling.*)")
     p.add_argument("--tied", action="store_true", help="no output.weight: the head is the embedding")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", help="GGUF to take the tokenizer and chat template from (default: the default model)")
