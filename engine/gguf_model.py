@@ -1,4 +1,4 @@
-"""GGUF -> validated ModelConfig and dequantized weights (memory-mapped read via the gguf package)."""
+"""GGUF -> validated ModelConfig and dequantized weights (the file memory-mapped: engine/gguf_file.py)."""
 from __future__ import annotations
 
 import sys
@@ -6,10 +6,11 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
-from gguf import GGUFReader, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.backend import Backend
+from engine.gguf_file import GGUFFile
 from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
 from engine.moe import Experts, ExpertStack
 from engine.quantized import BLOCKS, HostRows, QuantMatrix, stack_rows
@@ -109,12 +110,12 @@ class Weights:
     head: object  # (vocab, dim); tok_embd itself when tied
 
 
-def field_value(reader: GGUFReader, key: str, default=None):
+def field_value(reader: GGUFFile, key: str, default=None):
     f = reader.fields.get(key)
     return default if f is None else f.contents()
 
 
-def read_config(reader: GGUFReader) -> ModelConfig:
+def read_config(reader: GGUFFile) -> ModelConfig:
     arch = field_value(reader, "general.architecture", "?")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -161,7 +162,7 @@ class WeightLoader:
 
     REPORT_EVERY_S = 2.0
 
-    def __init__(self, reader: GGUFReader, cfg: ModelConfig, backend: Backend, keep_blocks: bool = True):
+    def __init__(self, reader: GGUFFile, cfg: ModelConfig, backend: Backend, keep_blocks: bool = True):
         self.tensors = {t.name: t for t in reader.tensors}
         self.cfg, self.backend, self.xp = cfg, backend, backend.xp
         self.keep_blocks = keep_blocks and backend.name == "gpu"
@@ -312,10 +313,10 @@ class TensorRows:
 
 
 def load_model(path: str, backend: Backend, keep_blocks: bool = True,
-               rope: RopeOverride = RopeOverride()) -> tuple[ModelConfig, Weights, GGUFReader]:
+               rope: RopeOverride = RopeOverride()) -> tuple[ModelConfig, Weights, GGUFFile]:
     """keep_blocks: on the GPU, quantized weights stay in their GGUF blocks (else fp16). rope: the
     command line's rope scaling over the file's."""
-    reader = GGUFReader(path, "r")
+    reader = GGUFFile(path, "r")
     cfg = read_config(reader)
     scaling, base = rope.apply(cfg.rope, cfg.rope_base)
     cfg = replace(cfg, rope=scaling, rope_base=base)

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from engine.backend import select_backend
 from engine.cli import EngineConfig
+from engine.gguf_file import GGUFFormatError
 from engine.gguf_model import ModelLoadError, load_model
 from engine.loop import run_loop
 from engine.memory import plan_context
@@ -51,7 +52,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
 def load_or_exit(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, ParkPolicy]:
     try:
         return build_runner(config)
-    except (ModelLoadError, ModelNotFound, RuntimeError) as e:
+    except (ModelLoadError, ModelNotFound, GGUFFormatError, RuntimeError) as e:
         log(f"error: {e}")
     except MemoryError:
         log("error: out of memory while loading the model (try a smaller model or --ctx)")

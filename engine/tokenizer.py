@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from gguf import GGUFReader
+from engine.gguf_file import GGUFFile
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from engine.gguf_model import ModelLoadError, field_value, read_config
@@ -58,7 +58,7 @@ class SpecialTokens:
 
 
 class GGUFTokenizer:
-    def __init__(self, reader: GGUFReader):
+    def __init__(self, reader: GGUFFile):
         model = field_value(reader, "tokenizer.ggml.model", "?")
         pre = field_value(reader, "tokenizer.ggml.pre", "gpt2")
         if model != "gpt2" or pre not in PRE_TOKENIZERS:
@@ -170,10 +170,10 @@ CHATML_FALLBACK = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['co
 
 
 def load_tokenizer(path: str) -> GGUFTokenizer:
-    return GGUFTokenizer(GGUFReader(path, "r"))
+    return GGUFTokenizer(GGUFFile(path, "r"))
 
 
 def load_tokenizer_and_ctx(path: str) -> tuple[GGUFTokenizer, int]:
     """The tokenizer and the context the engine uses by default, from one read of the file."""
-    reader = GGUFReader(path, "r")
+    reader = GGUFFile(path, "r")
     return GGUFTokenizer(reader), read_config(reader).default_ctx

@@ -9,19 +9,19 @@ scripts, many agents) gets what those servers would give it.
 """
 from __future__ import annotations
 
-from gguf import GGUFReader
+from engine.gguf_file import GGUFFile
 
 LLAMA_CPP = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 GGUF_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_k": "top_k",
              "general.sampling.top_p": "top_p", "general.sampling.min_p": "min_p"}
 
 
-def model_defaults(reader: GGUFReader) -> dict[str, float]:
+def model_defaults(reader: GGUFFile) -> dict[str, float]:
     out = {}
     for key, name in GGUF_KEYS.items():
         field = reader.fields.get(key)
-        if field is not None and field.data:
-            value = field.parts[field.data[0]][0]
+        if field is not None:
+            value = field.contents()
             out[name] = int(value) if name == "top_k" else float(value)
     return out
 
@@ -29,4 +29,4 @@ def model_defaults(reader: GGUFReader) -> dict[str, float]:
 def sampling_defaults(model_path, flags: dict[str, float | None]) -> dict[str, float]:
     """flags: the server's --temp / --top-k / --top-p / --min-p (None: not given)."""
     given = {k: v for k, v in flags.items() if v is not None}
-    return LLAMA_CPP | model_defaults(GGUFReader(str(model_path), "r")) | given
+    return LLAMA_CPP | model_defaults(GGUFFile(str(model_path), "r")) | given

@@ -9,7 +9,9 @@
 # grammar  tools/gpu_grammar_check.py: constrained decoding (regex, JSON schema) on the GPU
 # grammarcost bench/grammar_bench.py --gpu: the mask per token with the logits on the GPU (copied to the host)
 # moetimes tools/moe_decode_times.py: each kernel of a Qwen3-30B-A3B decode step, GPU time per launch
-# families tools/gpu_families_check.py: qwen2, qwen3, qwen3moe on the GPU against the reference fixture
+# families tools/gpu_families_check.py: qwen2, qwen3, qwen3moe and rope scaling on the GPU against the
+#          reference fixtures; needs .device/smol_tok.gguf, the default model's tokenizer alone (1.7 MB:
+#          tools/make_synthetic_gguf.py OUT --vocab-only), for the fixtures' synthetic files to come out the same
 # synth    synthetic GGUFs in /tmp/m: the Llama-3-8B shape (F16) and the SmolLM2-135M shape (Q4_1)
 # small    bench/engine_bench.py on the 135M shape -> $OUT/engine_gpu.json (load, prefill, decode, profile)
 # bench    the same on the 8B F16 shape
@@ -167,8 +169,8 @@ for step in "$@"; do
       python3 bench/grammar_bench.py --gpu --json "$OUT/grammar_gpu_h200.json" || echo "GRAMMAR BENCH FAILED" ;;
     moetimes)
       python3 tools/moe_decode_times.py --json "$OUT/moe_decode_times.json" ;;
-    families)
-      python3 tools/gpu_families_check.py --tokenizer .device/tok.gguf --json "$OUT/gpu_families.json" 2>&1 | quiet ;;
+    families)  # the default model's vocabulary alone (.device/smol_tok.gguf), so that the fixtures' files come out the same
+      python3 tools/gpu_families_check.py --tokenizer .device/smol_tok.gguf --json "$OUT/gpu_families.json" 2>&1 | quiet ;;
     synth)
       [ -f $M8 ] || python3 tools/make_synthetic_gguf.py $M8 --preset llama3-8b --type F16 --tokenizer .device/tok.gguf 2>&1 | tail -2
       [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1 ;;

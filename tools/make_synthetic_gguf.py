@@ -292,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", help="GGUF to take the tokenizer and chat template from (default: the default model)")
     p.add_argument("--chat-template", help="a Jinja file to use as the chat template instead")
+    p.add_argument("--vocab-only", action="store_true",
+                   help="write the tokenizer alone (no tensors): a small stand-in for --tokenizer on a machine "
+                        "without the default model, from which the same synthetic files come out")
     return p
 
 
@@ -316,7 +319,18 @@ def resolve_shape(a: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    a = resolve_shape(build_parser().parse_args(argv))
+    a = build_parser().parse_args(argv)
+    if a.vocab_only:
+        w = GGUFWriter(a.out, "llama")
+        copy_tokenizer(w, GGUFReader(a.tokenizer or str(default_model_path())), None,
+                       Path(a.chat_template).read_text() if a.chat_template else None)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        w.close()
+        print(f"wrote {a.out} (the tokenizer alone)", file=sys.stderr)
+        return 0
+    a = resolve_shape(a)
     write_model(a)
     print(f"wrote {a.out} ({Path(a.out).stat().st_size / 2**30:.2f} GiB)", file=sys.stderr)
     return 0
