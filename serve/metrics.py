@@ -51,6 +51,12 @@ class Metrics:
             "strata_engine_death_requests", "Requests the engine held when it died, by outcome: recovered "
             "(answered in full after a restart) or failed (taken for the cause of repeated deaths)",
             ["outcome"], registry=r)
+        # vLLM's names for the same figures, as inference gateways scrape them (serve/gateway_api.py)
+        self.vllm_waiting = Gauge("vllm:num_requests_waiting", "Requests waiting: queued, parked or paused",
+                                  registry=r)
+        self.vllm_running = Gauge("vllm:num_requests_running", "Requests in the running batch", registry=r)
+        self.vllm_kv_usage = Gauge("vllm:kv_cache_usage_perc", "Fraction of the KV pool held by requests (0-1)",
+                                   registry=r)
         self._max_wait = 0.0
         self.reuse = {"lookups": 0, "hits": 0, "tokens_reused": 0, "tokens_from_host": 0}  # as the counters count
 
@@ -70,6 +76,10 @@ class Metrics:
         self.host_blocks.labels("held").set_function(lambda: kv("host_blocks"))
         self.host_blocks.labels("capacity").set_function(lambda: kv("cache_ram_blocks"))
         self.waiting_for_memory.set_function(lambda: int(scheduler.memory_full))
+        self.vllm_waiting.set_function(lambda: len(scheduler.waiting) + len(scheduler.parked)
+                                       + sum(r.paused for r in scheduler.running))
+        self.vllm_running.set_function(lambda: sum(not r.paused for r in scheduler.running))
+        self.vllm_kv_usage.set_function(lambda: kv("used") / kv("kv_blocks") if kv("kv_blocks") else 0.0)
 
     def observe_prompt_reuse(self, cached: int, from_host: int = 0) -> None:
         """One request's prefix-cache lookup (its INFO after GEN): the counters, and the same figures

@@ -211,5 +211,8 @@ async def metrics(http: HTTPRequest):
 
 
 def include_routes(app: FastAPI) -> None:
+    from serve.gateway_api import gateway  # it reads this module's helpers
+
     app.include_router(v1)
     app.include_router(ops)
+    app.include_router(gateway)

@@ -1,0 +1,80 @@
+"""What routers and inference gateways read of this server, in the names they read it by.
+
+The Shepherd Model Gateway (`smg`, SGLang's router) registers a worker by probing GET /v1/models,
+/version, /server_info and /model_info (or their get_ forms), and its load monitor polls
+GET /v1/loads?include=... every few seconds for SGLang's load report: one entry per data-parallel
+rank (here the one engine) with its running and waiting requests and KV tokens used of the total;
+cache-aware routing and overload protection read those. /metrics adds vLLM's gauge names beside
+the strata_ ones (serve/metrics.py), which Kubernetes' Gateway API Inference Extension and llm-d
+scrape. A parked read counts as waiting: it holds no place in the running batch.
+"""
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends, Request as HTTPRequest
+
+from engine import __version__
+from serve.routes import check_api_key, state_of
+
+gateway = APIRouter()
+
+
+def loads(state) -> dict:
+    """SGLang's load report (GET /v1/loads) from the scheduler's state."""
+    scheduler = state.scheduler
+    kv = scheduler.kv_status()
+    block = kv.get("kv_block", 0)
+    total = kv.get("kv_blocks", 0) * block
+    used = kv.get("used", 0) * block
+    running = sum(not r.paused for r in scheduler.running)
+    waiting = len(scheduler.waiting) + len(scheduler.parked) + sum(r.paused for r in scheduler.running)
+    hit_rate = scheduler.metrics.prefix_cache()["hit_rate"]
+    rank = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
+            "num_used_tokens": used, "max_total_num_tokens": total,
+            "token_usage": round(used / total, 4) if total else 0.0,
+            "cache_hit_rate": hit_rate or 0.0, "max_running_requests": scheduler.max_running,
+            "utilization": round(running / scheduler.max_running, 4)}
+    return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": __version__,
+            "dp_rank_count": 1, "loads": [rank],
+            "aggregate": {k: rank[k] for k in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens",
+                                               "max_total_num_tokens", "token_usage")}}
+
+
+def model_info(state) -> dict:
+    settings = state.settings
+    return {"model_path": str(settings.model_path), "tokenizer_path": str(settings.model_path),
+            "served_model_name": settings.model_name, "is_generation": True, "context_length": state.ctx,
+            "weight_version": "default"}
+
+
+def server_info(state) -> dict:
+    settings, scheduler = state.settings, state.scheduler
+    return model_info(state) | {
+        "version": __version__, "host": settings.host, "port": settings.port, "dp_size": 1, "tp_size": 1,
+        "max_running_requests": scheduler.max_running, "max_total_num_tokens": loads(state)["aggregate"]
+        ["max_total_num_tokens"], "prefill_preempt": scheduler.preempt, "engine": state.engine.state.value}
+
+
+@gateway.get("/version")
+async def version():
+    return {"version": __version__}
+
+
+@gateway.get("/server_info")
+@gateway.get("/get_server_info")
+async def get_server_info(http: HTTPRequest):
+    return server_info(state_of(http))
+
+
+@gateway.get("/model_info")
+@gateway.get("/get_model_info")
+async def get_model_info(http: HTTPRequest):
+    return model_info(state_of(http))
+
+
+@gateway.get("/v1/loads", dependencies=[Depends(check_api_key)])
+@gateway.get("/loads", dependencies=[Depends(check_api_key)])
+async def get_loads(http: HTTPRequest):
+    """`include` (core, queues, memory, ...) is accepted; the core fields answer every part asked."""
+    return loads(state_of(http))
