@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, type=kind, dest=f"default_{what}",
                        help=f"the {what} of a request that gives none (default: the model's, from its GGUF, else "
                             "llama.cpp's: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05)")
+    p.add_argument("--engines", type=int, default=None,
+                   help="engine processes behind the one queue, each with its own KV pool; a request goes to "
+                        "the engine whose prefix cache holds most of its prompt, else the least loaded (default 1; "
+                        "on a machine without GPUs, N NumPy engines)")
+    p.add_argument("--gpus", metavar="ID[,ID...]", help="one engine per GPU (CUDA_VISIBLE_DEVICES of each): "
+                                                         "--gpus 0,1 runs two")
     p.add_argument("--max-running", "--slots", dest="max_running", type=int,
                    help="requests in the engine at once, decoded as one batch; KV memory is the real limit "
                         "(forwarded to the default engine; default: the engine's, 256; --slots is the old name)")
@@ -93,7 +99,15 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
         kv_block=a.kv_block, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
-        decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts), rope=rope_from_args(a))
+        decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts), rope=rope_from_args(a),
+        **engines_from_args(a))
+
+
+def engines_from_args(a: argparse.Namespace) -> dict:
+    gpus = None if a.gpus is None else tuple(g.strip() for g in a.gpus.split(",") if g.strip())
+    if gpus is not None and not gpus:
+        raise ValueError("--gpus is empty")
+    return {"engines": a.engines if a.engines is not None else len(gpus) if gpus else 1, "gpus": gpus}
 
 
 def host_list(text: str | None) -> tuple[str, ...] | None:

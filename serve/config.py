@@ -58,6 +58,8 @@ class ServerSettings:
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
     rope: RopeOverride = RopeOverride()  # forwarded to the default engine: rope scaling over the file's
+    engines: int = 1  # engine processes behind the one queue (serve/engine_router.py)
+    gpus: tuple[str, ...] | None = None  # one engine per GPU: CUDA_VISIBLE_DEVICES of each
     # what a request samples with when it leaves a field out (serve/sampling_defaults.py fills it at start)
     sampling: dict = field(default_factory=lambda: dict(LLAMA_CPP))
 
@@ -85,12 +87,20 @@ class ServerSettings:
         if bad:
             raise ValueError(f"sampling defaults out of range: {', '.join(bad)} (temperature and top_k >= 0, "
                              "top_p in (0, 1], min_p in [0, 1])")
+        if self.engines < 1:
+            raise ValueError(f"--engines must be >= 1, got {self.engines}")
+        if self.gpus is not None and len(self.gpus) != self.engines:
+            raise ValueError(f"--gpus names {len(self.gpus)} GPUs for {self.engines} engines (one engine per GPU)")
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}")
 
     @property
     def model_name(self) -> str:
         return self.model_path.stem
+
+    def engine_env(self, i: int) -> dict[str, str] | None:
+        """What engine i's process gets beside the server's environment: its GPU with --gpus."""
+        return None if self.gpus is None else {"CUDA_VISIBLE_DEVICES": self.gpus[i]}
 
     def engine_command(self) -> list[str]:
         if self.engine_cmd:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
@@ -39,8 +40,11 @@ class EngineClient:
 
     def __init__(self, cmd: list[str], handshake_timeout_s: float, max_restarts: int,
                  on_message: Callable[[m.Message], None], on_malformed: Callable[[str, str], None],
-                 on_exit: Callable[[str], None], on_ready: Callable[[], None], on_failed: Callable[[], None]):
+                 on_exit: Callable[[str], None], on_ready: Callable[[], None], on_failed: Callable[[], None],
+                 env: dict[str, str] | None = None):
+        """env: variables set for the engine beside the server's own (CUDA_VISIBLE_DEVICES)."""
         self.cmd, self.handshake_timeout_s, self.max_restarts = cmd, handshake_timeout_s, max_restarts
+        self.env = env
         self.on_message, self.on_malformed, self.on_exit = on_message, on_malformed, on_exit
         self.on_ready, self.on_failed = on_ready, on_failed
         self.state = EngineState.STARTING
@@ -78,12 +82,12 @@ class EngineClient:
         self.on_failed()
 
     async def _spawn_and_handshake(self) -> None:
-        log.info("starting engine: %s", " ".join(self.cmd))
+        log.info("starting engine: %s%s", "".join(f"{k}={v} " for k, v in (self.env or {}).items()), " ".join(self.cmd))
         # its own session: a Ctrl+C or a signal to the server's process group is the server's to
         # handle; the engine ends when the server says QUIT (or closes its stdin)
         self.proc = await asyncio.create_subprocess_exec(
             *self.cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=LINE_LIMIT,
-            start_new_session=True)
+            start_new_session=True, env=None if self.env is None else os.environ | self.env)
         try:
             self.info = await asyncio.wait_for(self._handshake(self.proc), self.handshake_timeout_s)
         except asyncio.TimeoutError:

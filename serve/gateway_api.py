@@ -3,7 +3,7 @@
 The Shepherd Model Gateway (`smg`, SGLang's router) registers a worker by probing GET /v1/models,
 /version, /server_info and /model_info (or their get_ forms), and its load monitor polls
 GET /v1/loads?include=... every few seconds for SGLang's load report: one entry per data-parallel
-rank (here the one engine) with its running and waiting requests and KV tokens used of the total;
+rank (here each engine of --engines) with its running and waiting requests and KV tokens used of the total;
 cache-aware routing and overload protection read those. /metrics adds vLLM's gauge names beside
 the strata_ ones (serve/metrics.py), which Kubernetes' Gateway API Inference Extension and llm-d
 scrape. A parked read counts as waiting: it holds no place in the running batch.
@@ -20,25 +20,32 @@ from serve.routes import check_api_key, state_of
 gateway = APIRouter()
 
 
-def loads(state) -> dict:
-    """SGLang's load report (GET /v1/loads) from the scheduler's state."""
-    scheduler = state.scheduler
+def rank_load(rank: int, scheduler, hit_rate: float | None) -> dict:
+    """One engine's entry of the load report."""
     kv = scheduler.kv_status()
     block = kv.get("kv_block", 0)
     total = kv.get("kv_blocks", 0) * block
     used = kv.get("used", 0) * block
     running = sum(not r.paused for r in scheduler.running)
     waiting = len(scheduler.waiting) + len(scheduler.parked) + sum(r.paused for r in scheduler.running)
-    hit_rate = scheduler.metrics.prefix_cache()["hit_rate"]
-    rank = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
+    return {"dp_rank": rank, "num_running_reqs": running, "num_waiting_reqs": waiting,
             "num_used_tokens": used, "max_total_num_tokens": total,
             "token_usage": round(used / total, 4) if total else 0.0,
             "cache_hit_rate": hit_rate or 0.0, "max_running_requests": scheduler.max_running,
             "utilization": round(running / scheduler.max_running, 4)}
+
+
+def loads(state) -> dict:
+    """SGLang's load report (GET /v1/loads): one entry per engine (its data-parallel rank)."""
+    hit_rate = state.metrics.prefix_cache()["hit_rate"]
+    ranks = [rank_load(i, s, hit_rate) for i, s in enumerate(state.scheduler.schedulers)]
+    used, total = sum(r["num_used_tokens"] for r in ranks), sum(r["max_total_num_tokens"] for r in ranks)
     return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": __version__,
-            "dp_rank_count": 1, "loads": [rank],
-            "aggregate": {k: rank[k] for k in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens",
-                                               "max_total_num_tokens", "token_usage")}}
+            "dp_rank_count": len(ranks), "loads": ranks,
+            "aggregate": {"num_running_reqs": sum(r["num_running_reqs"] for r in ranks),
+                          "num_waiting_reqs": sum(r["num_waiting_reqs"] for r in ranks),
+                          "num_used_tokens": used, "max_total_num_tokens": total,
+                          "token_usage": round(used / total, 4) if total else 0.0}}
 
 
 def model_info(state) -> dict:
@@ -51,7 +58,7 @@ def model_info(state) -> dict:
 def server_info(state) -> dict:
     settings, scheduler = state.settings, state.scheduler
     return model_info(state) | {
-        "version": __version__, "host": settings.host, "port": settings.port, "dp_size": 1, "tp_size": 1,
+        "version": __version__, "host": settings.host, "port": settings.port, "dp_size": settings.engines, "tp_size": 1,
         "max_running_requests": scheduler.max_running, "max_total_num_tokens": loads(state)["aggregate"]
         ["max_total_num_tokens"], "prefill_preempt": scheduler.preempt, "engine": state.engine.state.value}
 

@@ -6,6 +6,20 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
+def reuse_summary(counts: dict) -> dict:
+    """Prefix-cache counts (lookups, hits, tokens_reused, tokens_from_host) with their hit rate."""
+    lookups = counts["lookups"]
+    return counts | {"hit_rate": round(counts["hits"] / lookups, 4) if lookups else None}
+
+
+def count_reuse(counts: dict, cached: int, from_host: int) -> None:
+    counts["lookups"] += 1
+    if cached:
+        counts["hits"] += 1
+        counts["tokens_reused"] += cached
+        counts["tokens_from_host"] += from_host
+
+
 class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry()
@@ -85,18 +99,14 @@ class Metrics:
         """One request's prefix-cache lookup (its INFO after GEN): the counters, and the same figures
         for /status (prefix_cache)."""
         self.reuse_lookups.inc()
-        self.reuse["lookups"] += 1
         if cached:
             self.reuse_hits.inc()
             self.reused_tokens.inc(cached)
             self.host_reused_tokens.inc(from_host)
-            self.reuse["hits"] += 1
-            self.reuse["tokens_reused"] += cached
-            self.reuse["tokens_from_host"] += from_host
+        count_reuse(self.reuse, cached, from_host)
 
     def prefix_cache(self) -> dict:
-        lookups = self.reuse["lookups"]
-        return self.reuse | {"hit_rate": round(self.reuse["hits"] / lookups, 4) if lookups else None}
+        return reuse_summary(self.reuse)
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)

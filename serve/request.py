@@ -58,6 +58,7 @@ class Request:
     abandoned: bool = False  # its client left (or a stop string matched); the engine may still hold it
     restarts: int = 0  # engine restarts this request lived through
     deaths_running: int = 0  # engine deaths while it was the request being run (a poison count)
+    engine: int = 0  # which engine runs it (serve/engine_router.py)
 
     @property
     def generated(self) -> int:

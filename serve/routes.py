@@ -194,9 +194,8 @@ async def models(http: HTTPRequest):
 
 @ops.get("/health")
 async def health(http: HTTPRequest):
-    engine = state_of(http).engine
-    body = {"status": "ok" if engine.ready else engine.state.value}
-    return JSONResponse(body, status_code=200 if engine.ready else 503)
+    state = state_of(http)
+    return JSONResponse({"status": state.health}, status_code=200 if state.ready else 503)
 
 
 @ops.get("/status")

@@ -32,7 +32,7 @@ from collections import deque
 from protocol import messages as m
 
 from serve.engine_client import EngineClient, EngineState
-from serve.metrics import Metrics
+from serve.metrics import Metrics, count_reuse, reuse_summary
 from serve.request import EngineFailure, Phase, Request
 
 log = logging.getLogger("strata.scheduler")
@@ -53,12 +53,25 @@ class Scheduler:
         self.memory_full = False  # the engine deferred a request for memory: nothing goes in until one ends or parks
         self.deferred = 0  # DEFER lines seen
         self.pool: dict[str, int] = {}  # the engine's latest pool report (INFO without an id)
+        self.reuse = {"lookups": 0, "hits": 0, "tokens_reused": 0, "tokens_from_host": 0}  # this engine's
         self._warned_no_cap = False
         metrics.watch_scheduler(self)
 
     @property
     def preempt(self) -> bool:
         return self.preempt_wanted and self.engine is not None and "preempt" in self.engine.info.caps
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and self.engine.ready and not self.closed
+
+    @property
+    def failed(self) -> bool:
+        return self.engine is not None and self.engine.state is EngineState.FAILED
+
+    @property
+    def free_blocks(self) -> int:
+        return self.pool.get("free", 0)
 
     @property
     def max_running(self) -> int:
@@ -160,6 +173,7 @@ class Scheduler:
         except ValueError:
             return
         self.metrics.observe_prompt_reuse(req.cached, from_host)
+        count_reuse(self.reuse, req.cached, from_host)
         if req.cached:
             req.prompt_done = req.cached
 
@@ -426,4 +440,4 @@ class Scheduler:
         if "kv_block" in out and "kv_block_bytes" in out:
             out["bytes_per_token"] = out["kv_block_bytes"] // max(1, out["kv_block"])
         return out | self.pool | {"paused": sum(r.paused for r in self.running), "deferred": self.deferred,
-                                  "prefix_cache": self.metrics.prefix_cache()}
+                                  "prefix_cache": reuse_summary(self.reuse)}

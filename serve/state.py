@@ -6,7 +6,8 @@ import time
 
 from engine.grammar import GrammarTokenizer
 from serve.config import ServerSettings
-from serve.engine_client import EngineClient
+from serve.engine_client import EngineClient, EngineState
+from serve.engine_router import EngineRouter
 from serve.metrics import Metrics
 from serve.response_store import ResponseStore
 from serve.scheduler import Scheduler
@@ -21,31 +22,53 @@ class ServerState:
         self.fallback_ctx = settings.ctx or model_ctx  # until the engine's READY says
         self.metrics = Metrics()
         self.responses = ResponseStore()  # stored Responses API turns, for previous_response_id
-        self.scheduler = Scheduler(self.metrics, settings.preempt.enabled, settings.preempt.max_wait_s,
-                                   settings.max_request_retries, frozenset({tokenizer.special.eos}),
-                                   settings.preempt.aged_s)
-        self.engine = EngineClient(
-            settings.engine_command(), settings.handshake_timeout_s, settings.max_restarts,
-            on_message=self.scheduler.on_message, on_malformed=self.scheduler.on_malformed,
-            on_exit=self.scheduler.on_engine_exit, on_ready=self.scheduler.on_engine_ready,
-            on_failed=self.scheduler.on_engine_failed)
-        self.scheduler.engine = self.engine
-        self._starter: asyncio.Task | None = None
+        schedulers = [Scheduler(self.metrics, settings.preempt.enabled, settings.preempt.max_wait_s,
+                                settings.max_request_retries, frozenset({tokenizer.special.eos}),
+                                settings.preempt.aged_s) for _ in range(settings.engines)]
+        self.scheduler = EngineRouter(schedulers)  # the HTTP side's one queue (one scheduler per engine)
+        self.metrics.watch_scheduler(self.scheduler)
+        self.engines = []
+        for i, scheduler in enumerate(schedulers):
+            scheduler.engine = EngineClient(
+                settings.engine_command(), settings.handshake_timeout_s, settings.max_restarts,
+                on_message=scheduler.on_message, on_malformed=scheduler.on_malformed,
+                on_exit=lambda reason, i=i: self.scheduler.on_engine_exit(i, reason),
+                on_ready=scheduler.on_engine_ready, on_failed=lambda i=i: self.scheduler.on_engine_failed(i),
+                env=settings.engine_env(i))
+            self.engines.append(scheduler.engine)
+        self.engine = self.engines[0]  # the first engine: the context, the model's info
+        self._starters: list[asyncio.Task] = []
 
     @property
     def ctx(self) -> int:
         return self.engine.info.ctx or self.fallback_ctx
 
+    @property
+    def ready(self) -> bool:
+        """Serving: every engine has started and at least one is ready now (one restarting
+        leaves the others serving)."""
+        return (all(e.state is not EngineState.STARTING for e in self.engines)
+                and any(e.ready for e in self.engines))
+
+    @property
+    def health(self) -> str:
+        return "ok" if self.ready else next((e.state.value for e in self.engines if not e.ready), "starting")
+
     def start(self) -> None:
-        """The engine starts in the background: /health answers 503 until it is ready."""
+        """The engines start in the background: /health answers 503 until they are ready."""
         self.loop = asyncio.get_running_loop()
-        self._starter = asyncio.create_task(self.engine.start())
+        self._starters = [asyncio.create_task(e.start()) for e in self.engines]
+
+    @property
+    def stopping(self) -> bool:
+        return self.engine.stopping
 
     def begin_shutdown(self) -> None:
         """First signal: no restarts from now on, no new work, the running requests may finish."""
         if self.engine.stopping:
             return
-        self.engine.stopping = True
+        for engine in self.engines:
+            engine.stopping = True
         self.scheduler.shutdown()
         self.loop.call_later(self.settings.shutdown_grace_s, self.scheduler.stop_running)
 
@@ -55,6 +78,6 @@ class ServerState:
         while self.scheduler.running and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         self.scheduler.stop_running()
-        if self._starter:
-            self._starter.cancel()
-        await self.engine.stop(self.settings.shutdown_timeout_s)
+        for starter in self._starters:
+            starter.cancel()
+        await asyncio.gather(*(e.stop(self.settings.shutdown_timeout_s) for e in self.engines))
