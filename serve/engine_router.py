@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
+import numpy as np
+
 from serve.request import Request
 from serve.scheduler import Scheduler
 
@@ -24,30 +26,36 @@ PREFIX_ENTRIES = 1 << 17  # blocks remembered per engine (least recently used fi
 BALANCE_SLACK = 2  # prefix affinity holds while its engine's load <= 2 x the least load + this
 
 
+def block_chain(prompt: list[int], block: int = PREFIX_BLOCK) -> list[bytes]:
+    """The prompt's whole blocks as chained hashes: hash i names blocks 0..i together."""
+    data = np.asarray(prompt, dtype=np.int32).tobytes()
+    step, h, out = 4 * block, b"", []
+    for start in range(0, len(data) - step + 1, step):
+        h = hashlib.blake2b(data[start:start + step], key=h, digest_size=16).digest()
+        out.append(h)
+    return out
+
+
 class PrefixRecord:
-    """The blocks of prompts sent to one engine: chained hashes of whole blocks, most recent last."""
+    """The blocks of prompts sent to one engine, by their chained hashes, most recent last."""
 
     def __init__(self, block: int = PREFIX_BLOCK, capacity: int = PREFIX_ENTRIES):
         self.block, self.capacity = block, capacity
         self.blocks: OrderedDict[bytes, None] = OrderedDict()
 
-    def _chain(self, prompt: list[int]):
-        h = b""
-        for start in range(0, len(prompt) - self.block + 1, self.block):
-            h = hashlib.blake2b(h + repr(prompt[start:start + self.block]).encode(), digest_size=12).digest()
-            yield h
-
-    def matched(self, prompt: list[int]) -> int:
-        """Leading whole blocks of `prompt` this engine was sent before."""
+    def matched(self, chain: list[bytes] | list[int]) -> int:
+        """Leading whole blocks this engine was sent before (a block_chain, or a prompt)."""
+        chain = chain if chain and isinstance(chain[0], bytes) else block_chain(chain, self.block)
         n = 0
-        for h in self._chain(prompt):
+        for h in chain:
             if h not in self.blocks:
                 break
             n += 1
         return n
 
-    def add(self, prompt: list[int]) -> None:
-        for h in self._chain(prompt):
+    def add(self, chain: list[bytes] | list[int]) -> None:
+        chain = chain if chain and isinstance(chain[0], bytes) else block_chain(chain, self.block)
+        for h in chain:
             self.blocks[h] = None
             self.blocks.move_to_end(h)
         while len(self.blocks) > self.capacity:
@@ -75,12 +83,13 @@ class EngineRouter:
         alive = [i for i, s in enumerate(self.schedulers) if not s.failed]
         return [i for i in alive if self.schedulers[i].ready] or alive
 
-    def choose(self, prompt: list[int]) -> int:
+    def choose(self, chain: list[bytes]) -> int:
+        """The engine for a prompt with this block_chain."""
         usable = self._usable()
         if not usable:
             return 0  # every engine failed: its scheduler answers the request so
         least = min(self.load(self.schedulers[i]) for i in usable)
-        matched = {i: self.records[i].matched(prompt) for i in usable}
+        matched = {i: self.records[i].matched(chain) for i in usable}
         best = max(matched.values())
         if best > 0:
             near = [i for i in usable if matched[i] == best
@@ -92,9 +101,10 @@ class EngineRouter:
         return min(usable, key=lambda i: (self.load(self.schedulers[i]), -self.schedulers[i].free_blocks, i))
 
     def submit(self, req: Request) -> None:
-        i = self.choose(req.prompt)
+        chain = block_chain(req.prompt)
+        i = self.choose(chain)
         req.engine = i
-        self.records[i].add(req.prompt)
+        self.records[i].add(chain)
         self.schedulers[i].submit(req)
 
     def abandon(self, req: Request) -> None:
