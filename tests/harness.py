@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import hashlib
 import os
 import signal
 import socket
@@ -89,6 +90,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def remake_fixture_models(folder: Path, fixture: dict, tool: str) -> dict[str, Path]:
+    """The tiny GGUFs a transformers fixture was computed on, made again in `folder` with the
+    fixture's arguments; each must be the very same bytes (else the fixture is stale: remake it
+    with `tool`). Returns name -> path."""
+    paths = {}
+    for name, spec in fixture.items():
+        path = folder / f"{name}.gguf"
+        subprocess.run([PY, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), *spec["args"]], check=True,
+                       capture_output=True)
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == spec["sha256"], (
+            f"{name}: the synthetic GGUF differs from the fixture's; remake it ({tool})")
+        paths[name] = path
+    return paths
 
 
 def mock_engine_cmd(*args: str) -> str:

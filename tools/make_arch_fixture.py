@@ -123,19 +123,21 @@ def routes(router_logits, config) -> list[dict]:
     return out
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def fixture_main(doc: str, models: dict[str, list[str]], make_reference) -> int:
+    """A fixture tool's two steps: `make FOLDER` (the GGUFs, this project's environment) and
+    `reference FOLDER` (the fixture, in the environment with transformers)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=["make", "reference"])
     p.add_argument("folder", type=Path)
     a = p.parse_args()
     a.folder.mkdir(parents=True, exist_ok=True)
     if a.step == "make":
-        for family, args in MODELS.items():
-            print(make(a.folder, family, args))
+        for name, args in models.items():
+            print(make(a.folder, name, args))
     else:
-        reference(a.folder)
+        make_reference(a.folder)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fixture_main(__doc__, MODELS, reference))

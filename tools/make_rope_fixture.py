@@ -15,7 +15,6 @@ separate environment, as tools/make_arch_fixture.py says:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-from make_arch_fixture import GREEDY, PROBES, TOP, make, sha256  # noqa: E402
+from make_arch_fixture import GREEDY, PROBES, TOP, fixture_main, sha256  # noqa: E402
 
 FIXTURE = ROOT / "tests/fixtures/rope_golden.json"
 ORIGINAL = 64  # the original context of every model here: the prompts run to 3x past it
@@ -90,19 +89,5 @@ def load_reference(path: Path, reader, scaling: dict, positions: int):
         str(path.parent), gguf_file=path.name, config=config, torch_dtype=torch.float32).eval()
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["make", "reference"])
-    p.add_argument("folder", type=Path)
-    a = p.parse_args()
-    a.folder.mkdir(parents=True, exist_ok=True)
-    if a.step == "make":
-        for name, (args, _, _) in MODELS.items():
-            print(make(a.folder, name, args))
-    else:
-        reference(a.folder)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fixture_main(__doc__, {name: args for name, (args, _, _) in MODELS.items()}, reference))

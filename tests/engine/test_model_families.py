@@ -4,7 +4,6 @@ float32 on the same tiny GGUFs (tests/fixtures/arch_golden.json, made by tools/m
 The GGUFs are made again here with the fixture's arguments, and must be the very same bytes."""
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from engine.backend import cpu_backend
 from engine.gguf_model import load_model
 from engine.kv import KVCache
 from engine.model import LlamaModel
-from tests.harness import PY, ROOT, EngineProcess
+from tests.harness import PY, ROOT, EngineProcess, remake_fixture_models
 
 FIXTURE = json.loads((ROOT / "tests/fixtures/arch_golden.json").read_text())["models"]
 LOGIT_TOL = 1e-4  # float32 both sides: the differences measured are ~4e-7 (logits ~0.7)
@@ -25,15 +24,7 @@ LOGIT_TOL = 1e-4  # float32 both sides: the differences measured are ~4e-7 (logi
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    folder, paths = tmp_path_factory.mktemp("families"), {}
-    for family, spec in FIXTURE.items():
-        path = folder / f"{family}.gguf"
-        subprocess.run([sys.executable, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), *spec["args"]],
-                       check=True, capture_output=True)
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == spec["sha256"], (
-            f"{family}: the synthetic GGUF differs from the fixture's; remake it (tools/make_arch_fixture.py)")
-        paths[family] = path
-    return paths
+    return remake_fixture_models(tmp_path_factory.mktemp("families"), FIXTURE, "tools/make_arch_fixture.py")
 
 
 def run(path: Path, ids: list[int], greedy: int, chunk: int = 512):

@@ -6,7 +6,6 @@ the scaling the same prompts come out far from the reference (the check can fail
 command line's overrides reach the tables."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import subprocess
@@ -24,7 +23,7 @@ from engine.kv import KVCache
 from engine.model import LlamaModel
 from engine.rope import RopeOverride, RopeScaling, frequencies, yarn_range
 from serve.config import ServerSettings
-from tests.harness import ROOT
+from tests.harness import ROOT, remake_fixture_models
 
 FIXTURE = json.loads((ROOT / "tests/fixtures/rope_golden.json").read_text())["models"]
 LOGIT_TOL = 2e-4  # float32 both sides; the angles are float64 here and float32 in transformers
@@ -32,15 +31,7 @@ LOGIT_TOL = 2e-4  # float32 both sides; the angles are float64 here and float32 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    folder, paths = tmp_path_factory.mktemp("rope"), {}
-    for name, spec in FIXTURE.items():
-        path = folder / f"{name}.gguf"
-        subprocess.run([sys.executable, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), *spec["args"]],
-                       check=True, capture_output=True)
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == spec["sha256"], (
-            f"{name}: the synthetic GGUF differs from the fixture's; remake it (tools/make_rope_fixture.py)")
-        paths[name] = path
-    return paths
+    return remake_fixture_models(tmp_path_factory.mktemp("rope"), FIXTURE, "tools/make_rope_fixture.py")
 
 
 def run(path: Path, ids: list[int], greedy: int, rope: RopeScaling | None = None):
