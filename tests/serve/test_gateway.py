@@ -131,7 +131,8 @@ def test_the_load_report_matches_status_while_a_request_runs():
             "POST", f"{server.url}/v1/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "count"}], "max_tokens": 300,
                   "stream": True}) as stream:
-        first_token(stream.iter_lines())  # decoding now
+        lines = stream.iter_lines()  # kept while the request runs: a dropped one closes the stream
+        first_token(lines)  # decoding now
         while True:  # the engine's pool reports come as it steps: a report between the calls is read again
             before = client.get(f"{server.url}/status").json()
             loads = client.get(f"{server.url}/v1/loads", params={"include": "core"}).json()
