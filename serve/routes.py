@@ -201,7 +201,8 @@ async def health(http: HTTPRequest):
 @ops.get("/status")
 async def status(http: HTTPRequest):
     state = state_of(http)
-    return state.scheduler.status() | {"engine": state.engine.state.value, "engine_info": state.engine.info.fields}
+    return state.scheduler.status() | {"engine": state.engine.state.value, "engine_info": state.engine.info.fields,
+                                       "event_streams": state.event_streams}
 
 
 @ops.get("/metrics")
@@ -210,8 +211,10 @@ async def metrics(http: HTTPRequest):
 
 
 def include_routes(app: FastAPI) -> None:
-    from serve.gateway_api import gateway  # it reads this module's helpers
+    from serve.events_api import events  # they read this module's helpers
+    from serve.gateway_api import gateway
 
     app.include_router(v1)
     app.include_router(ops)
     app.include_router(gateway)
+    app.include_router(events)

@@ -22,6 +22,7 @@ class ServerState:
         self.fallback_ctx = settings.ctx or model_ctx  # until the engine's READY says
         self.metrics = Metrics()
         self.responses = ResponseStore()  # stored Responses API turns, for previous_response_id
+        self.event_streams = 0  # clients of /v1/events now (serve/events_api.py)
         schedulers = [Scheduler(self.metrics, settings.preempt.enabled, settings.preempt.max_wait_s,
                                 settings.max_request_retries, frozenset({tokenizer.special.eos}),
                                 settings.preempt.aged_s) for _ in range(settings.engines)]
