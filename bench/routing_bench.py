@@ -34,7 +34,6 @@ class Engine:
     def __init__(self):
         self.waiting, self.running, self.parked = deque(), [], []
         self.ready, self.failed, self.free_blocks = True, False, 1000
-        self.metrics = None
 
 
 def trace(agents: int, turns: int, subagents: int, system: int, user: int, answer: int, seed: int) -> list[list[int]]:

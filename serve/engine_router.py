@@ -18,6 +18,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from serve.metrics import REUSE_KEYS, reuse_summary
 from serve.request import Request
 from serve.scheduler import Scheduler
 
@@ -69,7 +70,6 @@ class EngineRouter:
     def __init__(self, schedulers: list[Scheduler]):
         self.schedulers = schedulers
         self.records = [PrefixRecord() for _ in schedulers]
-        self.metrics = schedulers[0].metrics
         self.routed = {"prefix": 0, "load": 0}  # how requests were placed (status)
 
     # ------------------------------------------------------------ placing requests
@@ -173,7 +173,8 @@ class EngineRouter:
             for key, value in part.items():
                 if isinstance(value, int) and key not in ("kv_block", "kv_block_bytes", "bytes_per_token"):
                     out[key] = out.get(key, 0) + value
-        return out | {"prefix_cache": self.metrics.prefix_cache()}
+        reuse = {key: sum(s.reuse[key] for s in self.schedulers) for key in REUSE_KEYS}
+        return out | {"prefix_cache": reuse_summary(reuse)}
 
     def status(self) -> dict:
         """The first engine's status shape over all engines (lists joined, counts summed), and each

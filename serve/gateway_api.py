@@ -15,30 +15,29 @@ import time
 from fastapi import APIRouter, Depends, Request as HTTPRequest
 
 from engine import __version__
+from serve.metrics import load_counts, reuse_summary
 from serve.routes import check_api_key, state_of
 
 gateway = APIRouter()
 
 
-def rank_load(rank: int, scheduler, hit_rate: float | None) -> dict:
+def rank_load(rank: int, scheduler) -> dict:
     """One engine's entry of the load report."""
     kv = scheduler.kv_status()
     block = kv.get("kv_block", 0)
     total = kv.get("kv_blocks", 0) * block
     used = kv.get("used", 0) * block
-    running = sum(not r.paused for r in scheduler.running)
-    waiting = len(scheduler.waiting) + len(scheduler.parked) + sum(r.paused for r in scheduler.running)
+    running, waiting = load_counts(scheduler)
     return {"dp_rank": rank, "num_running_reqs": running, "num_waiting_reqs": waiting,
             "num_used_tokens": used, "max_total_num_tokens": total,
             "token_usage": round(used / total, 4) if total else 0.0,
-            "cache_hit_rate": hit_rate or 0.0, "max_running_requests": scheduler.max_running,
-            "utilization": round(running / scheduler.max_running, 4)}
+            "cache_hit_rate": reuse_summary(scheduler.reuse)["hit_rate"] or 0.0,
+            "max_running_requests": scheduler.max_running, "utilization": round(running / scheduler.max_running, 4)}
 
 
 def loads(state) -> dict:
     """SGLang's load report (GET /v1/loads): one entry per engine (its data-parallel rank)."""
-    hit_rate = state.metrics.prefix_cache()["hit_rate"]
-    ranks = [rank_load(i, s, hit_rate) for i, s in enumerate(state.scheduler.schedulers)]
+    ranks = [rank_load(i, s) for i, s in enumerate(state.scheduler.schedulers)]
     used, total = sum(r["num_used_tokens"] for r in ranks), sum(r["max_total_num_tokens"] for r in ranks)
     return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": __version__,
             "dp_rank_count": len(ranks), "loads": ranks,

@@ -6,18 +6,20 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
+REUSE_KEYS = ("lookups", "hits", "tokens_reused", "tokens_from_host")  # an engine's prefix-cache counts
+
+
 def reuse_summary(counts: dict) -> dict:
-    """Prefix-cache counts (lookups, hits, tokens_reused, tokens_from_host) with their hit rate."""
+    """Prefix-cache counts (REUSE_KEYS) with their hit rate, as /status shows them."""
     lookups = counts["lookups"]
     return counts | {"hit_rate": round(counts["hits"] / lookups, 4) if lookups else None}
 
 
-def count_reuse(counts: dict, cached: int, from_host: int) -> None:
-    counts["lookups"] += 1
-    if cached:
-        counts["hits"] += 1
-        counts["tokens_reused"] += cached
-        counts["tokens_from_host"] += from_host
+def load_counts(scheduler) -> tuple[int, int]:
+    """(running, waiting) in the words routers and gateways use: a request paused for memory or a
+    parked read waits, like a queued one."""
+    paused = sum(r.paused for r in scheduler.running)
+    return len(scheduler.running) - paused, len(scheduler.waiting) + len(scheduler.parked) + paused
 
 
 class Metrics:
@@ -72,7 +74,6 @@ class Metrics:
         self.vllm_kv_usage = Gauge("vllm:kv_cache_usage_perc", "Fraction of the KV pool held by requests (0-1)",
                                    registry=r)
         self._max_wait = 0.0
-        self.reuse = {"lookups": 0, "hits": 0, "tokens_reused": 0, "tokens_from_host": 0}  # as the counters count
 
     def watch_scheduler(self, scheduler) -> None:
         """The queue and park gauges are read from the scheduler's state at scrape time."""
@@ -90,23 +91,18 @@ class Metrics:
         self.host_blocks.labels("held").set_function(lambda: kv("host_blocks"))
         self.host_blocks.labels("capacity").set_function(lambda: kv("cache_ram_blocks"))
         self.waiting_for_memory.set_function(lambda: int(scheduler.memory_full))
-        self.vllm_waiting.set_function(lambda: len(scheduler.waiting) + len(scheduler.parked)
-                                       + sum(r.paused for r in scheduler.running))
-        self.vllm_running.set_function(lambda: sum(not r.paused for r in scheduler.running))
+        self.vllm_running.set_function(lambda: load_counts(scheduler)[0])
+        self.vllm_waiting.set_function(lambda: load_counts(scheduler)[1])
         self.vllm_kv_usage.set_function(lambda: kv("used") / kv("kv_blocks") if kv("kv_blocks") else 0.0)
 
     def observe_prompt_reuse(self, cached: int, from_host: int = 0) -> None:
-        """One request's prefix-cache lookup (its INFO after GEN): the counters, and the same figures
-        for /status (prefix_cache)."""
+        """One request's prefix-cache lookup (its INFO after GEN); /status's prefix_cache counts the
+        same per engine (Scheduler.reuse)."""
         self.reuse_lookups.inc()
         if cached:
             self.reuse_hits.inc()
             self.reused_tokens.inc(cached)
             self.host_reused_tokens.inc(from_host)
-        count_reuse(self.reuse, cached, from_host)
-
-    def prefix_cache(self) -> dict:
-        return reuse_summary(self.reuse)
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)

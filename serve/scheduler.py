@@ -32,7 +32,7 @@ from collections import deque
 from protocol import messages as m
 
 from serve.engine_client import EngineClient, EngineState
-from serve.metrics import Metrics, count_reuse, reuse_summary
+from serve.metrics import REUSE_KEYS, Metrics, reuse_summary
 from serve.request import EngineFailure, Phase, Request
 
 log = logging.getLogger("strata.scheduler")
@@ -53,7 +53,7 @@ class Scheduler:
         self.memory_full = False  # the engine deferred a request for memory: nothing goes in until one ends or parks
         self.deferred = 0  # DEFER lines seen
         self.pool: dict[str, int] = {}  # the engine's latest pool report (INFO without an id)
-        self.reuse = {"lookups": 0, "hits": 0, "tokens_reused": 0, "tokens_from_host": 0}  # this engine's
+        self.reuse = dict.fromkeys(REUSE_KEYS, 0)  # this engine's prefix-cache lookups (/status)
         self._warned_no_cap = False
         metrics.watch_scheduler(self)
 
@@ -173,7 +173,11 @@ class Scheduler:
         except ValueError:
             return
         self.metrics.observe_prompt_reuse(req.cached, from_host)
-        count_reuse(self.reuse, req.cached, from_host)
+        self.reuse["lookups"] += 1
+        if req.cached:
+            self.reuse["hits"] += 1
+            self.reuse["tokens_reused"] += req.cached
+            self.reuse["tokens_from_host"] += from_host
         if req.cached:
             req.prompt_done = req.cached
 

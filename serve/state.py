@@ -60,10 +60,6 @@ class ServerState:
         self.loop = asyncio.get_running_loop()
         self._starters = [asyncio.create_task(e.start()) for e in self.engines]
 
-    @property
-    def stopping(self) -> bool:
-        return self.engine.stopping
-
     def begin_shutdown(self) -> None:
         """First signal: no restarts from now on, no new work, the running requests may finish."""
         if self.engine.stopping:
