@@ -56,8 +56,7 @@ def trace(agents: int, turns: int, subagents: int, system: int, user: int, answe
 
 def run(prompts: list[list[int]], engines: int, policy: str, hold: int, cache_tokens: int) -> dict:
     scheds = [Engine() for _ in range(engines)]
-    router = EngineRouter.__new__(EngineRouter)  # the real router over stand-in schedulers
-    router.schedulers, router.records, router.routed = scheds, [PrefixRecord() for _ in scheds], {"prefix": 0, "load": 0}
+    router = EngineRouter(scheds)  # the real router over stand-in schedulers
     seen = [PrefixRecord(capacity=cache_tokens // PREFIX_BLOCK) for _ in scheds]  # each engine's cache (LRU)
     rng, held, costs, hit_blocks, total_blocks = random.Random(1), deque(), [], 0, 0
     for n, prompt in enumerate(prompts):
@@ -69,9 +68,10 @@ def run(prompts: list[list[int]], engines: int, policy: str, hold: int, cache_to
         else:
             i = n % engines if policy == "round_robin" else rng.randrange(engines)
         costs.append(time.perf_counter() - started)
-        hit_blocks += seen[i].matched(prompt)
-        total_blocks += len(prompt) // PREFIX_BLOCK
-        seen[i].add(prompt)
+        chain = block_chain(prompt)
+        hit_blocks += seen[i].matched(chain)
+        total_blocks += len(chain)
+        seen[i].add(chain)
         scheds[i].running.append(n)
         held.append(i)
         if len(held) > hold:  # the oldest request ends

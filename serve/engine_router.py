@@ -40,13 +40,12 @@ def block_chain(prompt: list[int], block: int = PREFIX_BLOCK) -> list[bytes]:
 class PrefixRecord:
     """The blocks of prompts sent to one engine, by their chained hashes, most recent last."""
 
-    def __init__(self, block: int = PREFIX_BLOCK, capacity: int = PREFIX_ENTRIES):
-        self.block, self.capacity = block, capacity
+    def __init__(self, capacity: int = PREFIX_ENTRIES):
+        self.capacity = capacity
         self.blocks: OrderedDict[bytes, None] = OrderedDict()
 
-    def matched(self, chain: list[bytes] | list[int]) -> int:
-        """Leading whole blocks this engine was sent before (a block_chain, or a prompt)."""
-        chain = chain if chain and isinstance(chain[0], bytes) else block_chain(chain, self.block)
+    def matched(self, chain: list[bytes]) -> int:
+        """Leading whole blocks of a prompt (its block_chain) this engine was sent before."""
         n = 0
         for h in chain:
             if h not in self.blocks:
@@ -54,8 +53,7 @@ class PrefixRecord:
             n += 1
         return n
 
-    def add(self, chain: list[bytes] | list[int]) -> None:
-        chain = chain if chain and isinstance(chain[0], bytes) else block_chain(chain, self.block)
+    def add(self, chain: list[bytes]) -> None:
         for h in chain:
             self.blocks[h] = None
             self.blocks.move_to_end(h)
@@ -102,7 +100,9 @@ class EngineRouter:
 
     def submit(self, req: Request) -> None:
         chain = block_chain(req.prompt)
-        i = self.choose(chain)
+        self._place(req, self.choose(chain), chain)
+
+    def _place(self, req: Request, i: int, chain: list[bytes]) -> None:
         req.engine = i
         self.records[i].add(chain)
         self.schedulers[i].submit(req)
@@ -129,15 +129,8 @@ class EngineRouter:
         if not targets:
             return
         for req in sorted(source.waiting, key=lambda r: r.arrived):
-            j = min(targets, key=lambda j: (self.load(self.schedulers[j]), j))
-            source.waiting.remove(req)
-            source.requests.pop(req.id, None)
-            req.engine = j
-            self.records[j].add(req.prompt)
-            self.schedulers[j].requests[req.id] = req
-            self.schedulers[j].waiting.append(req)
-        for j in targets:
-            self.schedulers[j].dispatch()
+            source.hand_over(req)
+            self._place(req, min(targets, key=lambda j: (self.load(self.schedulers[j]), j)), block_chain(req.prompt))
 
     # ------------------------------------------------------------ what the HTTP side reads
 

@@ -93,6 +93,11 @@ class Scheduler:
         self.dispatch()
         self.offer_boundary()
 
+    def hand_over(self, req: Request) -> None:
+        """A waiter leaves this queue for another engine's (serve/engine_router.py)."""
+        self._drop_waiting(req)
+        self._forget(req)
+
     def offer_boundary(self) -> None:
         """The read in front is worth parking for a later one: offer a park at its next boundary.
         Repeated after every PP, since a declined offer is consumed. The later one is a waiter in

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from serve.engine_router import PrefixRecord
+from serve.engine_router import PrefixRecord, block_chain
 from tests.harness import ServerProcess, mock_engine_cmd
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -35,13 +35,14 @@ def lookups(url: str) -> list[int]:
 
 
 def test_the_prefix_record_matches_whole_leading_blocks():
-    record = PrefixRecord(block=4, capacity=3)
-    record.add(list(range(10)))  # blocks [0..3], [4..7]; the tail of 2 is not a block
-    assert record.matched(list(range(12))) == 2
-    assert record.matched([0, 1, 2, 3, 9, 9, 9, 9]) == 1  # chained: a later block counts only after its prefix
-    assert record.matched([9, 1, 2, 3]) == 0
-    record.add([50, 51, 52, 53, 60, 61, 62, 63])  # capacity 3: the oldest block goes
-    assert record.matched(list(range(8))) == 0 and record.matched([50, 51, 52, 53]) == 1
+    chain = lambda tokens: block_chain(tokens, block=4)  # noqa: E731
+    record = PrefixRecord(capacity=3)
+    record.add(chain(list(range(10))))  # blocks [0..3], [4..7]; the tail of 2 is not a block
+    assert record.matched(chain(list(range(12)))) == 2
+    assert record.matched(chain([0, 1, 2, 3, 9, 9, 9, 9])) == 1  # chained: a later block counts only after its prefix
+    assert record.matched(chain([9, 1, 2, 3])) == 0
+    record.add(chain([50, 51, 52, 53, 60, 61, 62, 63]))  # capacity 3: the oldest block goes
+    assert record.matched(chain(list(range(8)))) == 0 and record.matched(chain([50, 51, 52, 53])) == 1
 
 
 def test_two_numpy_engines_answer_as_one_and_keep_an_agents_turns_together():
