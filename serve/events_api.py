@@ -31,6 +31,7 @@ events = APIRouter()
 
 TOTALS = {"prompt_tokens": "strata_prompt_tokens_total", "generated_tokens": "strata_generated_tokens_total",
           "parks": "strata_prefill_preemptions_total", "resumes": "strata_prefill_resumes_total"}
+FINISH_REASONS = ("stop", "length", "cancelled", "error")  # strata_requests_total's labels
 
 
 def request_rows(scheduler, index: int, now: float) -> list[dict]:
@@ -44,24 +45,24 @@ def request_rows(scheduler, index: int, now: float) -> list[dict]:
 
 
 def totals(state) -> dict:
+    """The running totals, read from the metrics' counters (one sample each, not a whole scrape)."""
     registry = state.metrics.registry
     out = {key: int(registry.get_sample_value(name) or 0) for key, name in TOTALS.items()}
-    out["requests"] = int(sum(s.value for metric in registry.collect() if metric.name == "strata_requests"
-                              for s in metric.samples if s.name == "strata_requests_total"))
+    out["requests"] = int(sum(registry.get_sample_value("strata_requests_total", {"finish_reason": reason}) or 0
+                              for reason in FINISH_REASONS))
     return out
 
 
-def snapshot(state, previous: dict | None) -> dict:
-    """The message; previous: the last one sent on this stream (for the rates)."""
-    now = time.monotonic()
+def snapshot(state, now: float, count: dict, previous: tuple[float, dict] | None) -> dict:
+    """The message at monotonic time `now` with these totals; previous: (time, totals) of the last
+    message sent on this stream (for the rates)."""
     router = state.scheduler
-    count = totals(state)
     rates = {"prompt_tok_s": 0.0, "generated_tok_s": 0.0}
     if previous is not None:
-        dt = max(1e-3, now - previous["_at"])
-        rates = {rate: round((count[key] - previous["totals"][key]) / dt, 1)
+        dt = max(1e-3, now - previous[0])
+        rates = {rate: round((count[key] - previous[1][key]) / dt, 1)
                  for rate, key in (("prompt_tok_s", "prompt_tokens"), ("generated_tok_s", "generated_tokens"))}
-    return {"t": round(time.time() - state.started_at, 3), "_at": now,
+    return {"t": round(time.time() - state.started_at, 3),
             "engines": [{"index": i, "state": s.engine.state.value if s.engine else None, "queued": len(s.waiting),
                          "running": len(s.running), "parked": len(s.parked)} for i, s in enumerate(router.schedulers)],
             "requests": [row for i, s in enumerate(router.schedulers) for row in request_rows(s, i, now)],
@@ -79,9 +80,9 @@ async def state_events(http: HTTPRequest, hz: float = 4.0):
         previous = None
         try:
             while True:
-                previous = snapshot(state, previous)
-                message = {k: v for k, v in previous.items() if not k.startswith("_")}
-                yield f"event: state\ndata: {json.dumps(message)}\n\n"
+                now, count = time.monotonic(), totals(state)
+                yield f"event: state\ndata: {json.dumps(snapshot(state, now, count, previous))}\n\n"
+                previous = now, count
                 await asyncio.sleep(1 / hz)
         finally:  # the client left (the response is cancelled) or the server stops
             state.event_streams -= 1

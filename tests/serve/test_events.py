@@ -43,7 +43,7 @@ def test_schema_rate_and_a_parked_read_while_a_short_request_runs():
         time.sleep(0.3)
         long = pool.submit(chat, "read " * 3000, 4)  # ~47 chunks of 64: about 2.4 s of reading
         time.sleep(0.6)
-        short = chat("a short question", 4)
+        short = chat("a short question", 40)  # ~0.4 s of decoding: longer than two messages apart
         assert short["timings"]["queue_wait_ms"] < 1000
         assert long.result()["timings"]["parks"] >= 1
         seen = watched.result()
