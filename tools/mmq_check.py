@@ -32,6 +32,7 @@ SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w_gate_up": (28672, 4096), 
 ODD = [(37, 512), (131, 768), (5, 14336), (300, 4096), (17, 96)]
 ROWS = (1, 2, 3, 8, 9, 17, 33, 64, 70)
 TIMED_ROWS = (1, 4, 16, 64)
+MMQ_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # mmq.cu's n-tiles of 8 rows of x -> weight rows a block (16 MT)
 KNOBS = (("MMQ_PHASES=8 MMQ_WIDE_MT=1", 8, 1), ("MMQ_WIDE_MT=1", 4, 1))
 
 
@@ -39,7 +40,7 @@ class Mmq:
     """mmq.cu compiled with the given defines, launched as the engine launches its matvecs."""
 
     def __init__(self, cp, phases: int = 4, wide_mt: int | None = None):
-        from engine.kernels import MMQ_TILE_ROWS, OPTIONS, kernel_source
+        from engine.kernels import OPTIONS, kernel_source
 
         defines = (f"-DMMQ_PHASES={phases}",) + ((f"-DMMQ_WIDE_MT={wide_mt}",) if wide_mt else ())
         self.cp, self.phases = cp, phases

@@ -34,8 +34,6 @@ MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec
 MMV_THREADS = 128  # mmv.cu: a block's threads
 MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_t<NT>, up to 64 rows a launch) ->
 # weight rows a block takes (16 mmv_tiles<NT>() in mmv.cu)
-MMQ_THREADS = 128  # mmq.cu (tools/mmq_check.py): MMQ_PHASES warps a block
-MMQ_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # its n-tiles of 8 rows of x -> weight rows a block takes (16 MT)
 Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
 NULL = np.uint64(0)  # a null pointer argument
 
