@@ -81,7 +81,8 @@ def test_the_parked_read_waits_until_the_request_it_made_way_for_is_done(server_
     a = start_a(server)
     b = Background(complete_tokens, server.url, 20, 60)  # 60 tokens at 0.01 s: 0.6 s of decoding
     b.start()
-    wait_for(lambda: any(r["total"] == 20 for r in status(server)["running"]))
+    # B goes in at once (a slot is free) and A parks at its next chunk boundary: watch from then on
+    wait_for(lambda: status(server)["parked"] != [])
     beside = []
     while b.is_alive():
         running = status(server)["running"]
