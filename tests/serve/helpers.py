@@ -2,10 +2,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from engine.tokenizer import load_tokenizer
+from tests.harness import ROOT, mock_engine_cmd
 
 
 def chat(url: str, content: str = "Hello", **body) -> httpx.Response:
@@ -64,3 +70,21 @@ class Background(threading.Thread):
         self.join(timeout)
         assert not self.is_alive(), "background request did not finish"
         return self.result
+
+
+def make_thinking_model(folder: Path) -> Path:
+    """A tiny model file whose chat template is Qwen3's, a thinking model's (the server reads its
+    tokenizer and template; a mock engine answers)."""
+    path = folder / "qwen3-tiny.gguf"
+    subprocess.run([sys.executable, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), "--arch", "qwen3",
+                    "--layers", "1", "--dim", "64", "--ffn", "64", "--heads", "1", "--kv-heads", "1", "--ctx", "512",
+                    "--type", "F32", "--chat-template", str(ROOT / "tests/fixtures/templates/Qwen-Qwen3-0.6B.jinja")],
+                   check=True, capture_output=True)
+    return path
+
+
+def scripted_engine_cmd(model: Path, output: str, *args: str) -> str:
+    """The mock engine answering every request with `output` (in the model's tokens), then EOS."""
+    tok = load_tokenizer(str(model))
+    script = ",".join(map(str, tok.encode(output, add_bos=False) + [tok.special.eos]))
+    return mock_engine_cmd("--script", script, "--eos", str(tok.special.eos), *args)

@@ -3,17 +3,15 @@ output into stream pieces gives the same reasoning and answer; through the serve
 beside content, streamed and not, or inline under --reasoning-format none."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import openai
 import pytest
 from hypothesis import given, strategies as st
 
-from engine.tokenizer import load_tokenizer
 from serve.reasoning import CONTENT, REASONING, ReasoningSplitter, prompt_opens_thinking, split_all
-from tests.harness import ROOT, ServerProcess, mock_engine_cmd
+from tests.harness import ServerProcess
+from tests.serve.helpers import make_thinking_model, scripted_engine_cmd
 
 OUTPUT = "<think>\nThe user greets me; answer briefly.\n</think>\n\nHello there!"
 
@@ -53,21 +51,11 @@ def test_a_prompt_that_opens_the_thought_is_recognized():
 
 @pytest.fixture(scope="module")
 def thinking_model(tmp_path_factory) -> Path:
-    """A tiny model file whose chat template is Qwen3's (the server reads its tokenizer and template;
-    the mock engine answers)."""
-    path = tmp_path_factory.mktemp("thinking") / "qwen3-tiny.gguf"
-    subprocess.run([sys.executable, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), "--arch", "qwen3",
-                    "--layers", "1", "--dim", "64", "--ffn", "64", "--heads", "1", "--kv-heads", "1", "--ctx", "512",
-                    "--type", "F32", "--chat-template", str(ROOT / "tests/fixtures/templates/Qwen-Qwen3-0.6B.jinja")],
-                   check=True, capture_output=True)
-    return path
+    return make_thinking_model(tmp_path_factory.mktemp("thinking"))
 
 
 def server(model: Path, *extra: str) -> ServerProcess:
-    tok = load_tokenizer(str(model))
-    script = ",".join(map(str, tok.encode(OUTPUT, add_bos=False) + [tok.special.eos]))
-    return ServerProcess(engine_cmd=mock_engine_cmd("--script", script, "--eos", str(tok.special.eos)),
-                         extra=["--model", str(model), *extra])
+    return ServerProcess(engine_cmd=scripted_engine_cmd(model, OUTPUT), extra=["--model", str(model), *extra])
 
 
 def test_the_server_returns_reasoning_content_beside_content(thinking_model):
