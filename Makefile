@@ -34,11 +34,13 @@ test: $(STAMP) fixture browser
 fixture: $(STAMP)
 	$(PY) tools/fetch_fixture.py
 
-# Chromium and its driver for the web page's browser tests (tests/serve/test_page.py): Debian's packages
+# the browsers of the web page's tests (tests/serve/test_page.py), from Debian's packages: Chromium
+# with its driver, and Firefox ESR (driven over WebDriver BiDi, which it speaks itself)
 browser:
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v firefox-esr >/dev/null || { \
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium chromium-driver; }
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		$$sudo apt-get install -y -qq chromium chromium-driver firefox-esr; }
 
 # the README's picture of the page, taken by its browser test (a long read parked beside a chat answer)
 screenshot: $(STAMP) browser

@@ -1,8 +1,9 @@
-"""The web page at / (serve/page.py, serve/static/) in a real browser, Debian's Chromium, against the
+"""The web page at / (serve/page.py, serve/static/) in real browsers, Debian's Chromium and Firefox, against the
 real server over the mock engine: it loads with no console errors, an answer streams in, stop
 cancels the request on the server, regenerate and the stored conversation, reasoning folded, the
 live view shows a long read parked while the page's own short question runs (its screenshot is the
-README's), an API key asked for and sent, a phone-width window and the keyboard."""
+README's), an API key asked for and sent, a phone-width window and the keyboard; in Firefox, the chat, the live
+view and a phone's width."""
 from __future__ import annotations
 
 import os
@@ -17,17 +18,17 @@ from selenium.webdriver.common.keys import Keys
 
 from tests.harness import ServerProcess, mock_engine_cmd
 from tests.serve.browser import chromium, console_errors, wait_until
+from tests.serve.firefox import Firefox
 from tests.serve.helpers import make_thinking_model, metrics, scripted_engine_cmd
 
 SLOW = ("--chunk-s", "0.05", "--token-s", "0.03")  # 64-token chunks at 20/s, tokens at 33/s: visible in flight
 
-ANSWERS = "return [...document.querySelectorAll('#messages .msg.assistant')].map(m => " \
-          "({content: m.querySelector('.content').textContent, finish: m.dataset.finish, " \
-          "stats: m.querySelector('.stats').textContent}))"
+ANSWERS_JS = ("[...document.querySelectorAll('#messages .msg.assistant')].map(m => ({content: "
+              "m.querySelector('.content').textContent, finish: m.dataset.finish, stats: m.querySelector('.stats').textContent}))")
 
 
 def answers(driver) -> list[dict]:
-    return driver.execute_script(ANSWERS)
+    return driver.execute_script("return " + ANSWERS_JS)
 
 
 def open_page(driver, server: ServerProcess) -> None:
@@ -198,3 +199,33 @@ def test_a_phone_width_window_and_the_keyboard_alone():
         driver.find_element(By.ID, "tab-chat").click()  # and by touch
         assert chat.is_displayed() and not live.is_displayed()
         assert console_errors(driver) == []
+
+
+def test_in_firefox_the_chat_streams_and_the_live_view_shows_the_parked_read():
+    with ServerProcess(engine_cmd=mock_engine_cmd(*SLOW)) as server, Firefox() as firefox:
+        firefox.get(server.url + "/")
+        wait_until(lambda: firefox.run("document.getElementById('link').textContent") == "live", what="the stream")
+        assert firefox.run("document.activeElement.id") == "prompt"
+        firefox.type("Hello from Firefox", "ENTER")
+        lengths = set()
+        wait_until(lambda: lengths.add(len((firefox.run(ANSWERS_JS) or [{}])[0].get("content", ""))) or
+                   firefox.run(ANSWERS_JS)[0]["finish"] == "stop", what="the answer's end")
+        assert len(lengths - {0}) >= 3 and "20 tokens" in firefox.run(ANSWERS_JS)[0]["stats"]
+
+        long = threading.Thread(target=httpx.post, args=(f"{server.url}/v1/chat/completions",), kwargs=dict(
+            timeout=60, json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "read " * 3000}]}))
+        long.start()
+        wait_until(lambda: firefox.run("!!document.querySelector('#request-rows tr[data-state=reading]')"),
+                   what="the long read in the table")
+        firefox.type("A short question", "ENTER")
+        both = "['parked', 'decoding'].every(s => document.querySelector(`#request-rows tr[data-state=${s}]`))"
+        wait_until(lambda: firefox.run(both), what="a parked read beside the decoding question")
+        long.join()
+        wait_until(lambda: firefox.run("document.getElementById('stat-parks').textContent") == "1 / 1",
+                   what="the totals")
+        assert firefox.run("document.querySelectorAll('#timeline path.mark').length") >= 2  # a park and a resume
+
+        firefox.viewport(390, 844)  # a phone's width: one view at a time, nothing wider than the screen
+        assert firefox.run("document.documentElement.scrollWidth <= window.innerWidth")
+        assert firefox.run("getComputedStyle(document.getElementById('live')).display") == "none"
+        assert firefox.console_errors() == []
