@@ -85,6 +85,8 @@ export class LiveView {
     this.multiEngine = msg.engines.length > 1;
     this.drawStats(msg);
     this.drawPool(msg.kv);
+    document.getElementById("memory-wait").hidden =
+      !(msg.waiting_for_memory || msg.requests.some((r) => r.state === "paused"));
     this.drawRows(msg.requests);
     this.drawTimeline();
   }

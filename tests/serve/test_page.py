@@ -76,6 +76,12 @@ def test_chat_streams_stops_regenerates_and_keeps_the_conversation():
         wait_until(lambda: len(answers(driver)) == 1 and answers(driver)[0]["finish"] == "stop",
                    what="the regenerated answer")
         assert answers(driver)[0]["content"] == first["content"]  # the mock answers alike: replaced, not added
+        driver.execute_cdp_cmd("Browser.grantPermissions", {"origin": server.url, "permissions": [
+            "clipboardReadWrite", "clipboardSanitizedWrite"]})
+        copy = driver.find_element(By.CSS_SELECTOR, "#messages .msg.assistant button.copy")
+        copy.click()
+        wait_until(lambda: copy.text == "Copied", what="the copy")
+        assert driver.execute_script("return await navigator.clipboard.readText()") == first["content"]
 
         # a long system prompt: the echo runs for seconds, and shows that the setting was sent
         set_field(driver, "system", "Count with me: " + " ".join(["one two three four five"] * 40))
@@ -124,6 +130,33 @@ def test_the_live_view_shows_a_long_read_parked_while_the_pages_question_runs(tm
         assert answers(driver)[0]["finish"] == "stop"
         for state in ("reading", "parked", "decoding"):
             assert driver.find_elements(By.CSS_SELECTOR, f"#timeline rect.span.{state}")
+        assert console_errors(driver) == []
+
+
+def test_the_live_view_shows_a_request_waiting_for_memory():
+    """A pool of 384 tokens: a 300-token request decoding holds most of it, and a second one (another
+    prompt) pauses for its blocks until the first is done."""
+    engine = mock_engine_cmd("--chunk", "16", "--chunk-s", "0.02", "--token-s", "0.03", "--max-running", "2",
+                             "--kv-tokens", "384")
+    with ServerProcess(engine_cmd=engine) as server, chromium() as driver:
+        open_page(driver, server)
+        badge = driver.find_element(By.ID, "memory-wait")
+        assert not badge.is_displayed()
+
+        def read(first: int, max_tokens: int):
+            return threading.Thread(target=httpx.post, args=(f"{server.url}/v1/completions",), kwargs=dict(
+                timeout=60, json={"model": "m", "max_tokens": max_tokens, "prompt": list(range(first, first + 300))}))
+
+        a, b = read(100, 60), read(1000, 2)  # A: 1.8 s of decoding
+        a.start()
+        wait_until(lambda: driver.find_elements(By.CSS_SELECTOR, "#request-rows tr[data-state=decoding]"), what="A")
+        b.start()
+        wait_until(badge.is_displayed, what="the memory badge")
+        assert driver.find_elements(By.CSS_SELECTOR, "#request-rows tr[data-state=paused]")
+        assert driver.find_elements(By.CSS_SELECTOR, "#timeline rect.span.paused")
+        a.join()
+        b.join()
+        wait_until(lambda: not badge.is_displayed(), what="the badge gone")
         assert console_errors(driver) == []
 
 
