@@ -13,6 +13,7 @@ from types import ModuleType
 
 import numpy as np
 
+from engine.kv_types import widened
 from engine.moe import route, run_experts
 from engine.quantized import QuantMatrix, Row8
 
@@ -148,7 +149,7 @@ class ArrayOps:
     def sequence_rows(cache, table, end: int):
         """One sequence's rows [0, end) of a layer's pool, in position order: (kv_heads, end, d)."""
         nb = -(-end // cache.shape[2])
-        blocks = cache[np.asarray(table[:nb], dtype=np.int64)]  # (nb, kv_heads, B, d), a copy
+        blocks = widened(cache[np.asarray(table[:nb], dtype=np.int64)])  # (nb, kv_heads, B, d), a copy
         return blocks.transpose(1, 0, 2, 3).reshape(cache.shape[1], -1, cache.shape[3])[:, :end]
 
     def attention(self, q, k_cache, v_cache, step: Step):

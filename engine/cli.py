@@ -6,6 +6,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
+from engine.kv_types import KV_TYPES
 from engine.prefill import ParkPolicy
 from engine.rope import KINDS as ROPE_KINDS
 from engine.rope import RopeOverride
@@ -34,6 +35,7 @@ class EngineConfig:
     prompt_reuse: bool = True  # the prefix cache: a prompt that starts as an earlier one reads only the rest
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
     rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/rope.py)
+    kv_type: str = "auto"  # the cache's element type (engine/kv_types.py)
 
     def __post_init__(self):
         if self.chunk < 1:
@@ -111,6 +113,9 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
                    help="requests in the engine at once, reading or decoding (their decode steps run as one "
                         f"batch); memory is the real limit: requests hold KV blocks, not slots (default "
                         f"{DEFAULT_MAX_RUNNING}; --slots is the old name)")
+    p.add_argument("--kv-type", choices=KV_TYPES, default="auto",
+                   help="the KV cache's element type: auto (float32 on the CPU, float16 on the GPU), f32, f16, or "
+                        "q8_0 (8-bit with a float16 scale per 32 values: 0.27x float32's memory; the CPU only so far)")
     p.add_argument("--kv-block", type=int, help="positions per KV block: a power of two dividing --chunk "
                                                 f"(default: {MAX_BLOCK}, or the chunk's largest such divisor)")
     p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,
@@ -152,7 +157,7 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         cuda_graphs=not a.no_cuda_graphs, weights=a.weights, max_running=a.max_running,
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
                         cache_ram_gib=a.cache_ram_gib,
-                        decode_interval_ms=a.decode_interval_ms, rope=rope_from_args(a))
+                        decode_interval_ms=a.decode_interval_ms, rope=rope_from_args(a), kv_type=a.kv_type)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from engine.kv_types import stack
+
 
 @dataclass
 class HostBlock:
@@ -69,7 +71,7 @@ class HostTier:
         """Taken entries' rows into these pool blocks (one copy)."""
         if not indices:
             return
-        self.write(indices, np.stack([e.k for e in entries], axis=1), np.stack([e.v for e in entries], axis=1))
+        self.write(indices, stack([e.k for e in entries], axis=1), stack([e.v for e in entries], axis=1))
         self.loaded += len(indices)
 
     def discard(self, key: bytes) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from engine.backend import Backend
 from engine.gguf_model import ModelConfig
+from engine.kv_types import Q8Array, kv_dtype, value_bytes, widened
 
 DEFAULT_BLOCK = 64  # positions per block (engine/cli.py --kv-block; bench/README.md says why)
 
@@ -22,7 +23,7 @@ DEFAULT_BLOCK = 64  # positions per block (engine/cli.py --kv-block; bench/READM
 @dataclass
 class KVSnapshot:
     pos: int
-    k: object  # (layers, blocks, kv_heads, block_size, head_dim), a private copy in host memory
+    k: object  # (layers, blocks, kv_heads, block_size, head_dim), a private copy in host memory (a Q8Array for q8_0)
     v: object
 
     @property
@@ -41,9 +42,9 @@ class SequenceRows:
     tables: tuple[np.ndarray, ...]  # each (blocks of that sequence,) int32
 
 
-def kv_row_bytes(cfg: ModelConfig, backend: Backend) -> int:
+def kv_row_bytes(cfg: ModelConfig, backend: Backend, kv_type: str = "auto") -> int:
     """Bytes of K and V for one position over all layers."""
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * np.dtype(backend.weight_dtype).itemsize
+    return round(2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * value_bytes(kv_dtype(kv_type, backend.weight_dtype)))
 
 
 class KVCache:
@@ -51,15 +52,19 @@ class KVCache:
     (tools and tests drive the model with one sequence: `kv` then stands for its rows)."""
 
     def __init__(self, cfg: ModelConfig, ctx: int, backend: Backend, block_size: int = DEFAULT_BLOCK,
-                 blocks: int | None = None):
-        self.backend, self.block_size = backend, block_size
+                 blocks: int | None = None, kv_type: str = "auto"):
+        self.backend, self.block_size, self.kv_type = backend, block_size, kv_type
         self.blocks = blocks if blocks is not None else -(-ctx // block_size)
         self.ctx = ctx  # the most positions one sequence may hold
         shape = (cfg.n_layers, self.blocks, cfg.n_kv_heads, block_size, cfg.head_dim)
-        # float32 on the CPU, float16 on the GPU; zeros: on the CPU pages are touched only when written
-        self.keys = backend.xp.zeros(shape, dtype=backend.weight_dtype)
-        self.values = backend.xp.zeros(shape, dtype=backend.weight_dtype)
-        self.row_bytes = kv_row_bytes(cfg, backend)
+        # engine/kv_types.py; zeros: on the CPU pages are touched only when written
+        dtype = kv_dtype(kv_type, backend.weight_dtype)
+        if dtype == "q8_0":
+            self.keys, self.values = Q8Array.zeros(shape, backend.xp), Q8Array.zeros(shape, backend.xp)
+        else:
+            self.keys = backend.xp.zeros(shape, dtype=dtype)
+            self.values = backend.xp.zeros(shape, dtype=dtype)
+        self.row_bytes = kv_row_bytes(cfg, backend, kv_type)
         self.block_bytes = self.row_bytes * block_size
         self.whole = np.arange(min(self.blocks, self.blocks_for(ctx)), dtype=np.int32)  # the lone sequence's table
 
@@ -86,15 +91,22 @@ class KVCache:
         return np.asarray(table[: self.blocks_for(pos)], dtype=np.int64)
 
     def read_blocks(self, indices) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of these blocks' K and V: (layers, len(indices), kv_heads, block_size, d) each."""
+        """Host copies of these blocks' K and V: (layers, len(indices), kv_heads, block_size, d) each,
+        in the pool's own type (a Q8Array's parts for q8_0)."""
         held = np.asarray(indices, dtype=np.int64)
-        return self.backend.to_host(self.keys[:, held]), self.backend.to_host(self.values[:, held])
+        return self._host(self.keys[:, held]), self._host(self.values[:, held])
 
     def write_blocks(self, indices, k: np.ndarray, v: np.ndarray) -> None:
         """Host arrays shaped as read_blocks' into these blocks."""
         held = self.backend.xp.asarray(np.asarray(indices, dtype=np.int64))
-        self.keys[:, held] = self.backend.asarray(k)
-        self.values[:, held] = self.backend.asarray(v)
+        self.keys[:, held] = self._device(k)
+        self.values[:, held] = self._device(v)
+
+    def _host(self, rows):
+        return rows.map(self.backend.to_host) if isinstance(rows, Q8Array) else self.backend.to_host(rows)
+
+    def _device(self, rows):
+        return rows.map(self.backend.asarray) if isinstance(rows, Q8Array) else self.backend.asarray(rows)
 
     def snapshot(self, table, pos: int) -> KVSnapshot:
         """The blocks holding rows [0, pos) of the sequence with this table, copied to host memory."""
@@ -105,11 +117,11 @@ class KVCache:
         self.write_blocks(table[: snap.k.shape[1]], snap.k, snap.v)
 
     def gather(self, table, pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows [0, pos) of one sequence on the host: (layers, kv_heads, pos, d) each."""
+        """Rows [0, pos) of one sequence on the host, as floats: (layers, kv_heads, pos, d) each."""
         held = self.held(table, pos)
         out = []
         for pool in (self.keys, self.values):
-            blocks = self.backend.to_host(pool[:, held])  # (layers, nb, kv_heads, B, d)
+            blocks = widened(self._host(pool[:, held]))  # (layers, nb, kv_heads, B, d)
             layers, nb, heads, size, d = blocks.shape
             out.append(blocks.transpose(0, 2, 1, 3, 4).reshape(layers, heads, nb * size, d)[:, :, :pos])
         return out[0], out[1]

@@ -58,7 +58,7 @@ def host_memory_bytes() -> int:
 
 def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chunk: int,
                  snapshot_bytes: int | None, block: int = 64, pool_tokens: int | None = None,
-                 cache_ram_bytes: int | None = None) -> MemoryPlan:
+                 cache_ram_bytes: int | None = None, kv_type: str = "auto") -> MemoryPlan:
     """The pool of KV blocks, the most one request may hold, and the park snapshots' budget (None:
     sized here). CPU: --ctx, else the model's capped at ModelConfig.default_ctx; the pool
     --kv-tokens, else CPU_POOL_CONTEXTS of those; snapshots 2 GiB. GPU: the pool takes what the
@@ -69,7 +69,7 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chun
     prefix blocks: `cache_ram_bytes`, else beside a GPU 8 GiB (a quarter of the host's memory if
     that is less) and on the CPU none, the pool itself being host memory (a larger --kv-tokens does
     the same)."""
-    row = kv_row_bytes(cfg, backend)
+    row = kv_row_bytes(cfg, backend, kv_type)
     free = backend.free_bytes()
     if cache_ram_bytes is None:
         cache_ram_bytes = 0 if free is None else min(GPU_CACHE_RAM_BYTES, host_memory_bytes() // HOST_SHARE_FOR_CACHE)

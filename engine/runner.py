@@ -27,12 +27,12 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: Weights, backend: Backend, ctx: int, chunk: int,
                  eos_ids: frozenset[int], model_path: str = "", memory: dict[str, str] | None = None,
                  cuda_graphs: bool = True, max_running: int = 1, blocks: int | None = None,
-                 block_size: int = 64, cache_ram_bytes: int = 0):
+                 block_size: int = 64, cache_ram_bytes: int = 0, kv_type: str = "auto"):
         self.cfg, self.backend, self.ctx, self.chunk = cfg, backend, ctx, chunk
         self.max_running, self.max_batch = max_running, MAX_BATCH
         self.memory = memory or {}
         self.model = LlamaModel(cfg, weights, backend)
-        self.kv = KVCache(cfg, ctx, backend, block_size, blocks)
+        self.kv = KVCache(cfg, ctx, backend, block_size, blocks, kv_type)
         tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
         self.pool = BlockPool(self.kv.blocks, block_size, tier)
         self.decoder = GraphDecoder(self.model, self.kv, backend) if cuda_graphs and backend.name == "gpu" else None
@@ -45,9 +45,15 @@ class ModelRunner:
                 "ctx": str(self.ctx), "chunk": str(self.chunk), "device": self.backend.device_name,
                 "vocab": str(self.vocab_size), "max_running": str(self.max_running),
                 "kv_blocks": str(self.pool.total), "kv_block": str(self.pool.size),
-                "kv_block_bytes": str(self.kv.block_bytes),
+                "kv_block_bytes": str(self.kv.block_bytes), "kv_type": self.kv_type_name,
                 "cache_ram_blocks": str(self.pool.tier.capacity if self.pool.tier else 0),
                 "version": __version__} | self.memory
+
+    @property
+    def kv_type_name(self) -> str:
+        """The cache's element type as stored: f32, f16 or q8_0."""
+        keys = self.kv.keys
+        return "q8_0" if self.kv.kv_type == "q8_0" else {2: "f16", 4: "f32"}[keys.dtype.itemsize]
 
     def warm_up(self) -> None:
         """One small forward before READY, so the first request does not pay first-call costs

@@ -15,6 +15,7 @@ from engine.model_path import ModelNotFound, resolve_model_path
 from engine.prefill import ParkPolicy
 from engine.runner import ModelRunner
 from engine.grammar import GrammarTokenizer
+from engine.kv_types import check_kv_type
 from engine.tokenizer import GGUFTokenizer
 
 
@@ -30,19 +31,21 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     log(f"loading {path} on {backend.device_name}")
     started = time.monotonic()
     cfg, weights, reader = load_model(str(path), backend, keep_blocks=config.weights == "quantized", rope=config.rope)
+    check_kv_type(config.kv_type, backend.name, cfg.head_dim)
     tokenizer = GGUFTokenizer(reader)
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
-                        config.kv_tokens, config.cache_ram_bytes)
+                        config.kv_tokens, config.cache_ram_bytes, config.kv_type)
     runner = ModelRunner(cfg, weights, backend, plan.ctx, config.chunk,
                          tokenizer.end_ids, str(path), plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32"},
-                         config.cuda_graphs, config.max_running, plan.blocks, plan.block, plan.cache_ram_bytes)
+                         config.cuda_graphs, config.max_running, plan.blocks, plan.block, plan.cache_ram_bytes,
+                         config.kv_type)
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     runner.warm_up()
     if cfg.rope.active:
         log(f"rope scaling: {cfg.rope.describe()} (base {cfg.rope_base:g}; the model serves up to {cfg.max_context} tokens)")
-    log(f"loaded {cfg.name} ({cfg.n_layers} layers, KV pool of {plan.tokens} tokens in blocks of {plan.block} "
+    log(f"loaded {cfg.name} ({cfg.n_layers} layers, {runner.kv_type_name} KV pool of {plan.tokens} tokens in blocks of {plan.block} "
         f"({plan.kv_bytes / 2**30:.2f} GiB), up to {plan.ctx} tokens a request, "
         f"park snapshots up to {plan.snapshot_bytes / 2**30:.2f} GiB, evicted prefix blocks up to "
         f"{plan.cache_ram_bytes / 2**30:.2f} GiB in host memory) in {time.monotonic() - started:.1f}s")
@@ -52,7 +55,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
 def load_or_exit(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, ParkPolicy]:
     try:
         return build_runner(config)
-    except (ModelLoadError, ModelNotFound, GGUFFormatError, RuntimeError) as e:
+    except (ModelLoadError, ModelNotFound, GGUFFormatError, RuntimeError, ValueError) as e:
         log(f"error: {e}")
     except MemoryError:
         log("error: out of memory while loading the model (try a smaller model or --ctx)")

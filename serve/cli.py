@@ -11,6 +11,7 @@ from dataclasses import replace
 import uvicorn
 
 from engine.cli import WEIGHT_FORMS, add_rope_args, rope_from_args
+from engine.kv_types import KV_TYPES
 from engine.model_path import ModelNotFound, resolve_model_path
 from serve.config import REASONING_FORMATS, PreemptSettings, ServerSettings, split_command
 
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-tokens", type=int, help="the KV pool shared by all requests, in tokens (forwarded; default: "
                                                  "on the GPU what the weights leave, on the CPU 4 contexts)")
     p.add_argument("--kv-block", type=int, help="positions per KV block (forwarded; default 64)")
+    p.add_argument("--kv-type", choices=KV_TYPES, help="the KV cache's element type (forwarded; default auto: float32 on "
+                                                       "the CPU, float16 on the GPU; q8_0: 8-bit, the CPU only so far)")
     p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,
                    help="the prefix cache: a prompt that starts as an earlier or running request's reads only "
                         "the rest (forwarded to the default engine; default: on)")
@@ -101,7 +104,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts, max_queue=a.max_queue,
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
-        kv_block=a.kv_block, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
+        kv_block=a.kv_block, kv_type=a.kv_type, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
         decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts),
         cors_origins=origin_list(a.cors_origin), rope=rope_from_args(a),
         **engines_from_args(a))

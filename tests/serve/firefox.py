@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 
 import websocket
@@ -48,7 +49,8 @@ class Firefox:
                 break
             seen.append(line)
             found = re.search(r"WebDriver BiDi listening on (ws://\S+)", line)
-            if found:
+            if found:  # from here on its output is read and dropped, so that a full pipe never blocks it
+                threading.Thread(target=self.proc.stdout.read, daemon=True).start()
                 return found.group(1)
         raise RuntimeError("Firefox did not start its WebDriver BiDi server:\n" + "".join(seen))
 

@@ -57,3 +57,14 @@ def test_a_named_session_s_prefix_waits_apart_from_one_off_requests(server, clie
     again = client.chat.completions.create(model="smollm2", messages=agent, max_tokens=2, temperature=0,
                                            extra_headers={"session_id": "codex-session"})
     assert again.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_an_8_bit_cache_through_the_server():
+    """--kv-type q8_0 forwarded to the engine: a quarter of the float32 cache's bytes, the same answer."""
+    with ServerProcess(extra=["--device", "cpu", "--ctx", "2048", "--kv-type", "q8_0"]) as s:
+        info = httpx.get(s.url + "/status").json()["engine_info"]
+        assert info["kv_type"] == "q8_0"
+        assert int(info["kv_block_bytes"]) == 64 * 2 * 30 * 3 * 64 * 34 // 32  # block x K,V x layers x heads x d
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        r = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0, max_tokens=20)
+        assert r.choices[0].message.content == "The capital of France is Paris."
