@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.kv_types import KV_TYPES
 from engine.prefill import ParkPolicy
 from engine.rope import KINDS as ROPE_KINDS
 from engine.rope import RopeOverride
 
-DEFAULT_CHUNK = 256
+# prompt tokens per chunk when --chunk is not given, by device: a chunk is also how long a newcomer
+# may wait behind a read that parks for it (bench/README.md, "The default chunk")
+DEFAULT_CHUNK = {"cpu": 256, "gpu": 2048}
 DEFAULT_MAX_RUNNING = 256
 MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kv.py, bench/README.md)
 DEFAULT_DECODE_INTERVAL_MS = 50.0
@@ -22,7 +24,7 @@ WEIGHT_FORMS = ("quantized", "fp16")
 class EngineConfig:
     model: str | None
     ctx: int | None
-    chunk: int
+    chunk: int | None  # None: DEFAULT_CHUNK of the device, set by for_device() once the backend is chosen
     device: str
     policy: ParkPolicy
     snapshot_budget_given: bool = False  # else the engine sizes it with the KV cache (engine/memory.py)
@@ -38,7 +40,7 @@ class EngineConfig:
     kv_type: str = "auto"  # the cache's element type (engine/kv_types.py)
 
     def __post_init__(self):
-        if self.chunk < 1:
+        if self.chunk is not None and self.chunk < 1:
             raise ValueError("--chunk must be >= 1")
         if self.ctx is not None and self.ctx < 16:
             raise ValueError("--ctx must be >= 16")
@@ -46,6 +48,8 @@ class EngineConfig:
             raise ValueError("--decode-interval-ms must be >= 0")
         if self.max_running < 1:
             raise ValueError("--max-running must be >= 1")
+        if self.chunk is None:  # checked again once the device's default is set
+            return
         block = self.block
         if block < 1 or block & (block - 1):
             raise ValueError(f"--kv-block must be a power of two, got {block}")
@@ -56,6 +60,10 @@ class EngineConfig:
             raise ValueError(f"--cache-ram must be >= 0 GiB, got {self.cache_ram_gib:g}")
         if self.kv_tokens is not None and self.kv_tokens < block:
             raise ValueError(f"--kv-tokens must be at least one block ({block})")
+
+    def for_device(self, backend_name: str) -> "EngineConfig":
+        """This config with the device's default chunk where --chunk was not given."""
+        return self if self.chunk is not None else replace(self, chunk=DEFAULT_CHUNK[backend_name])
 
     @property
     def cache_ram_bytes(self) -> int | None:
@@ -81,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_slots_arg(p)
     p.add_argument("--kv-tokens", type=int, help="the KV pool shared by all requests, in tokens (default: on the CPU "
                                                  "4 x ctx; on the GPU what the weights leave of its memory)")
-    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prompt tokens per prefill chunk")
+    p.add_argument("--chunk", type=int, help=f"prompt tokens per prefill chunk (default: {DEFAULT_CHUNK['cpu']} on the "
+                                              f"CPU, {DEFAULT_CHUNK['gpu']} on the GPU)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--no-cuda-graphs", action="store_true", help="GPU: decode with eager launches (debugging)")
     p.add_argument("--weights", choices=WEIGHT_FORMS, default="quantized",

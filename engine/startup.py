@@ -28,6 +28,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     """The runner, its tokenizer, and the park policy with its snapshot budget sized to the device."""
     path = resolve_model_path(config.model)
     backend = select_backend(config.device)
+    config = config.for_device(backend.name)
     log(f"loading {path} on {backend.device_name}")
     started = time.monotonic()
     cfg, weights, reader = load_model(str(path), backend, keep_blocks=config.weights == "quantized", rope=config.rope)
