@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.engine_bench import machine  # noqa: E402
 from engine.backend import select_backend  # noqa: E402
 from engine.gguf_model import load_model  # noqa: E402
 from engine.kv import KVCache  # noqa: E402
@@ -69,7 +68,7 @@ def run(model_path: str, lengths: list[int], steps: int) -> dict:
     tokenizer = GGUFTokenizer(reader)
     text = (ROOT / "README.md").read_text()
     ids = tokenizer.encode(text)
-    out = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, NumPy on the CPU",
+    out = {"machine": machine(backend.device_name),
            "model": Path(model_path).name, "steps": steps, "cases": []}
     for length in lengths:
         prompt = (ids * (length // len(ids) + 1))[:length]

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shlex
 import shutil
@@ -46,6 +45,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.engine_bench import machine as engine_machine  # noqa: E402
+
 T0 = time.monotonic()
 TIMEOUT_S = 900
 
@@ -60,20 +63,15 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------- machine, model, server
 
-def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        names = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    gpu = None
+def machine() -> str:
+    """The machine's CPU and GPU, as bench/engine_bench.py names them."""
+    gpu = "none"
     try:
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0] or None
+                             capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0] or gpu
     except (OSError, subprocess.SubprocessError, IndexError):
         pass
-    return {"cpu": f"{cpu}, {os.cpu_count()} cores", "gpu": gpu, "python": platform.python_version()}
+    return engine_machine(gpu)
 
 
 def synthesize(a: argparse.Namespace) -> None:
