@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from engine_bench import machine, merge_result  # noqa: E402
 from mixed_load_bench import decode_stream  # noqa: E402
 from prefill_preempt_bench import long_prompt, send_a, send_b  # noqa: E402
+from sse_client import StreamRefused, stream_chunks  # noqa: E402
 
 CASES = ("hol", "clients", "subagents", "kv")
 # bench/subagent_bench.py's words: that module imports openai, which the device image lacks
@@ -132,22 +133,18 @@ def chat(url: str, messages: list[dict], max_tokens: int, temperature: float = 0
     out = {"sent": time.monotonic(), "first": None, "last": None, "done": None, "usage": None, "timings": None,
            "error": None, "chunks": 0}
     try:
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT_S) as r:
-            if r.status_code != 200:
-                out["error"] = f"HTTP {r.status_code}: {r.read()[:300]!r}"
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                delta = chunk["choices"][0].get("delta", {}) if chunk.get("choices") else {}
-                if delta.get("content") or delta.get("reasoning_content"):
-                    now = time.monotonic()
-                    out["first"] = out["first"] or now
-                    out["last"], out["chunks"] = now, out["chunks"] + 1
-                    if stamps is not None:
-                        stamps.append(now)
-                out["usage"] = chunk.get("usage") or out["usage"]
-                out["timings"] = chunk.get("timings") or out["timings"]
+        for chunk in stream_chunks(url, "/v1/chat/completions", body, TIMEOUT_S):
+            delta = chunk["choices"][0].get("delta", {}) if chunk.get("choices") else {}
+            if delta.get("content") or delta.get("reasoning_content"):
+                now = time.monotonic()
+                out["first"] = out["first"] or now
+                out["last"], out["chunks"] = now, out["chunks"] + 1
+                if stamps is not None:
+                    stamps.append(now)
+            out["usage"] = chunk.get("usage") or out["usage"]
+            out["timings"] = chunk.get("timings") or out["timings"]
+    except StreamRefused as e:
+        out["error"] = str(e)
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:  # transport, or a line that is not a chunk
         out["error"] = f"{type(e).__name__}: {e}"
     out["done"] = time.monotonic()

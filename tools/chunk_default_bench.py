@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import machine as engine_machine  # noqa: E402
+from bench.sse_client import StreamRefused, stream_chunks  # noqa: E402
 
 T0 = time.monotonic()
 TIMEOUT_S = 900
@@ -173,17 +174,13 @@ def short(url: str, prompt: list[int], max_tokens: int) -> dict:
     out = {"sent": time.monotonic(), "first": None, "timings": {}, "error": None}
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT_S) as r:
-            if r.status_code != 200:
-                out["error"] = f"HTTP {r.status_code}: {r.read()[:300]!r}"
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                choices = chunk.get("choices") or []
-                if out["first"] is None and choices and choices[0].get("text"):
-                    out["first"] = time.monotonic()
-                out["timings"] = chunk.get("timings") or out["timings"]
+        for chunk in stream_chunks(url, "/v1/completions", body, TIMEOUT_S):
+            choices = chunk.get("choices") or []
+            if out["first"] is None and choices and choices[0].get("text"):
+                out["first"] = time.monotonic()
+            out["timings"] = chunk.get("timings") or out["timings"]
+    except StreamRefused as e:
+        out["error"] = str(e)
     except (httpx.HTTPError, ValueError) as e:
         out["error"] = f"{type(e).__name__}: {e}"
     out["done"] = time.monotonic()

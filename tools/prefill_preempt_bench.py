@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine_bench import machine  # noqa: E402
+from sse_client import stream_chunks  # noqa: E402
 from tests.harness import ServerProcess  # noqa: E402
 
 B_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -58,14 +59,10 @@ def send_a(url: str, prompt: list[int], max_tokens: int, out: dict) -> None:
 def send_b(url: str, max_tokens: int) -> dict:
     out = {"sent": time.monotonic(), "first": None, "timings": {}}
     body = {"messages": B_MESSAGES, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if out["first"] is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                out["first"] = time.monotonic()
-            out["timings"] = chunk.get("timings", out["timings"])
+    for chunk in stream_chunks(url, "/v1/chat/completions", body, 600):
+        if out["first"] is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            out["first"] = time.monotonic()
+        out["timings"] = chunk.get("timings", out["timings"])
     out["done"] = time.monotonic()
     return out
 
