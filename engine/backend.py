@@ -38,6 +38,7 @@ class Step:
     table: object = None  # (sequences * table_width,) int32: the block tables, one after another
     table_off: object = None  # (sequences,) int32: where each sequence's table starts in `table`
     max_keys: int | None = None
+    held: tuple | None = None  # a prompt step over a q8_0 pool: its widened blocks' tables (GpuKernels.widened_tables)
 
     @property
     def batch(self) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.backend import Backend
 from engine.gguf_model import ModelConfig
-from engine.kv_types import Q8Array, kv_dtype, value_bytes, widened
+from engine.kv_types import Q8Array, resolve
 
 DEFAULT_BLOCK = 64  # positions per block (engine/cli.py --kv-block; bench/README.md says why)
 
@@ -44,7 +44,7 @@ class SequenceRows:
 
 def kv_row_bytes(cfg: ModelConfig, backend: Backend, kv_type: str = "auto") -> int:
     """Bytes of K and V for one position over all layers."""
-    return round(2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * value_bytes(kv_dtype(kv_type, backend.weight_dtype)))
+    return round(2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * resolve(kv_type, backend.weight_dtype).value_bytes)
 
 
 class KVCache:
@@ -53,17 +53,13 @@ class KVCache:
 
     def __init__(self, cfg: ModelConfig, ctx: int, backend: Backend, block_size: int = DEFAULT_BLOCK,
                  blocks: int | None = None, kv_type: str = "auto"):
-        self.backend, self.block_size, self.kv_type = backend, block_size, kv_type
+        self.backend, self.block_size = backend, block_size
+        self.type = resolve(kv_type, backend.weight_dtype)  # engine/kv_types.py
         self.blocks = blocks if blocks is not None else -(-ctx // block_size)
         self.ctx = ctx  # the most positions one sequence may hold
         shape = (cfg.n_layers, self.blocks, cfg.n_kv_heads, block_size, cfg.head_dim)
-        # engine/kv_types.py; zeros: on the CPU pages are touched only when written
-        dtype = kv_dtype(kv_type, backend.weight_dtype)
-        if dtype == "q8_0":
-            self.keys, self.values = Q8Array.zeros(shape, backend.xp), Q8Array.zeros(shape, backend.xp)
-        else:
-            self.keys = backend.xp.zeros(shape, dtype=dtype)
-            self.values = backend.xp.zeros(shape, dtype=dtype)
+        # zeros: on the CPU pages are touched only when written
+        self.keys, self.values = self.type.zeros(shape, backend.xp), self.type.zeros(shape, backend.xp)
         self.row_bytes = kv_row_bytes(cfg, backend, kv_type)
         self.block_bytes = self.row_bytes * block_size
         self.whole = np.arange(min(self.blocks, self.blocks_for(ctx)), dtype=np.int32)  # the lone sequence's table
@@ -116,19 +112,19 @@ class KVCache:
         """A snapshot's rows into the (new) blocks of `table`, which covers at least snap.pos rows."""
         self.write_blocks(table[: snap.k.shape[1]], snap.k, snap.v)
 
-    def gather(self, table, pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows [0, pos) of one sequence on the host, as floats: (layers, kv_heads, pos, d) each."""
-        held = self.held(table, pos)
-        out = []
-        for pool in (self.keys, self.values):
-            blocks = widened(self._host(pool[:, held]))  # (layers, nb, kv_heads, B, d)
-            layers, nb, heads, size, d = blocks.shape
-            out.append(blocks.transpose(0, 2, 1, 3, 4).reshape(layers, heads, nb * size, d)[:, :, :pos])
-        return out[0], out[1]
-
     def digest(self, table, pos: int) -> bytes:
-        """A hash of one sequence's rows [0, pos) in position order (not of where its blocks are)."""
+        """A hash of one sequence's rows [0, pos) as stored (a q8_0 pool's bytes and scales), in
+        position order (not of where its blocks are). Copied to the host a layer at a time, so a
+        long request's fingerprint needs one layer's rows of host memory, not the whole cache's."""
         h = hashlib.blake2b(digest_size=16)
-        for rows in self.gather(table, pos):
-            h.update(np.ascontiguousarray(rows).tobytes())
+        held = self.held(table, pos)
+        if not len(held):
+            return h.digest()
+        last = pos - (len(held) - 1) * self.block_size  # rows of the last block that are the sequence's
+        for layer in range(self.keys.shape[0]):
+            for pool in (self.keys, self.values):
+                blocks = self._host(pool[layer, held])  # (blocks, kv_heads, block_size, d)
+                for part in (blocks.q, blocks.scale) if isinstance(blocks, Q8Array) else (blocks,):
+                    h.update(np.ascontiguousarray(part[:-1]).tobytes())
+                    h.update(np.ascontiguousarray(part[-1, :, :last]).tobytes())
         return h.digest()

@@ -4,8 +4,10 @@
   f32    float32 (the CPU only: the GPU's kernels read float16)
   f16    float16 (2 bytes a value; on the CPU, rows are widened to float32 where attention reads them)
   q8_0   llama.cpp's 8-bit blocks: each run of 32 values of a row is 32 int8 and one float16 scale
-         (34 bytes per 32 values, 0.53x float16's size); quantized as rows are written, widened to
-         float32 where attention reads them. The CPU engine only, so far.
+         (34 bytes per 32 values, 0.53x float16's size); quantized as rows are written. The CPU widens
+         rows to float32 where attention reads them; on the GPU the decode kernel reads the 8-bit rows
+         themselves and a prompt chunk's attention reads its sequence's rows widened to float16
+         (engine/kernels/attention.cu).
 
 A q8_0 pool is a Q8Array: the int8 values and the scales side by side, indexed and assigned as one
 array over the leading axes (the last axis, a head's values, is never indexed). Copies (snapshots,
@@ -100,24 +102,37 @@ def stack(parts: list, axis: int):
     return np.stack(parts, axis)
 
 
-def kv_dtype(kv_type: str, backend_dtype) -> object:
-    """The numpy dtype of a float pool, or "q8_0"."""
-    if kv_type == "q8_0":
-        return "q8_0"
-    return {"auto": backend_dtype, "f32": np.float32, "f16": np.float16}[kv_type]
+@dataclass(frozen=True)
+class KVType:
+    """One element type of the pool: its name as INFO reports it, the bytes a value takes, and the
+    float pool's dtype (None: q8_0's Q8Array)."""
+
+    name: str
+    value_bytes: float
+    dtype: object | None
+
+    def zeros(self, shape: tuple[int, ...], xp=np):
+        return Q8Array.zeros(shape, xp) if self.dtype is None else xp.zeros(shape, dtype=self.dtype)
 
 
-def value_bytes(dtype) -> float:
-    """Bytes one cached value takes."""
-    return (Q8_GROUP + 2) / Q8_GROUP if dtype == "q8_0" else np.dtype(dtype).itemsize
+TYPES = {"f32": KVType("f32", 4, np.float32), "f16": KVType("f16", 2, np.float16),
+         "q8_0": KVType("q8_0", (Q8_GROUP + 2) / Q8_GROUP, None)}
+
+
+def resolve(kv_type: str, backend_dtype) -> KVType:
+    """--kv-type's value as the pool's type: auto is the backend's own float type."""
+    if kv_type == "auto":
+        return next(t for t in TYPES.values() if t.dtype == np.dtype(backend_dtype))
+    return TYPES[kv_type]
 
 
 def check_kv_type(kv_type: str, backend_name: str, head_dim: int) -> None:
-    """A clear refusal of a type the backend or the model cannot hold."""
+    """A clear refusal of a type the backend or the model cannot hold (also for an EngineConfig
+    made in code, which argparse's choices never saw)."""
     if kv_type not in KV_TYPES:
         raise ValueError(f"--kv-type {kv_type!r}: choose one of {', '.join(KV_TYPES)}")
-    if backend_name == "gpu" and kv_type in ("f32", "q8_0"):
-        raise ValueError(f"--kv-type {kv_type} is not available on the GPU yet (its attention kernels read a "
-                         "float16 cache): use --kv-type f16 (the GPU's default), or --device cpu")
+    if backend_name == "gpu" and kv_type == "f32":
+        raise ValueError("--kv-type f32 is not available on the GPU (its attention kernels read float16 or q8_0): "
+                         "use --kv-type f16 (the GPU's default) or q8_0, or --device cpu")
     if kv_type == "q8_0" and head_dim % Q8_GROUP:
         raise ValueError(f"--kv-type q8_0 needs a head size that is a multiple of {Q8_GROUP}; this model's is {head_dim}")

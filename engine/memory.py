@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from engine.backend import Backend
 from engine.gguf_model import ModelConfig, ModelLoadError
 from engine.kv import kv_row_bytes
+from engine.kv_types import resolve
 
 MiB = 2**20
 RESERVE_BYTES = 1024 * MiB  # cuBLAS workspace, kernels, allocator slack
@@ -86,6 +87,13 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chun
     scratch = scratch_bytes(cfg, chunk)
     room = free - scratch - RESERVE_BYTES
     fits = max(0, room // (row * block))  # blocks
+    if resolve(kv_type, backend.weight_dtype).dtype is None:
+        # q8_0: a prompt chunk's attention reads one layer's K and V of its sequence widened to fp16
+        # (engine/kernels GpuKernels.widen_q8_0), up to the longest context a request may reach
+        longest = min(requested or cfg.max_context, fits * block)
+        scratch += longest * 2 * cfg.n_kv_heads * cfg.head_dim * 2
+        room = free - scratch - RESERVE_BYTES
+        fits = max(0, room // (row * block))
     if pool_tokens is not None:
         if -(-pool_tokens // block) > fits:
             raise ModelLoadError(

@@ -45,15 +45,9 @@ class ModelRunner:
                 "ctx": str(self.ctx), "chunk": str(self.chunk), "device": self.backend.device_name,
                 "vocab": str(self.vocab_size), "max_running": str(self.max_running),
                 "kv_blocks": str(self.pool.total), "kv_block": str(self.pool.size),
-                "kv_block_bytes": str(self.kv.block_bytes), "kv_type": self.kv_type_name,
+                "kv_block_bytes": str(self.kv.block_bytes), "kv_type": self.kv.type.name,
                 "cache_ram_blocks": str(self.pool.tier.capacity if self.pool.tier else 0),
                 "version": __version__} | self.memory
-
-    @property
-    def kv_type_name(self) -> str:
-        """The cache's element type as stored: f32, f16 or q8_0."""
-        keys = self.kv.keys
-        return "q8_0" if self.kv.kv_type == "q8_0" else {2: "f16", 4: "f32"}[keys.dtype.itemsize]
 
     def warm_up(self) -> None:
         """One small forward before READY, so the first request does not pay first-call costs

@@ -32,8 +32,10 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     log(f"loading {path} on {backend.device_name}")
     started = time.monotonic()
     cfg, weights, reader = load_model(str(path), backend, keep_blocks=config.weights == "quantized", rope=config.rope)
+    stages = {"weights": time.monotonic() - started}  # seconds each start-up stage took, logged below
     check_kv_type(config.kv_type, backend.name, cfg.head_dim)
     tokenizer = GGUFTokenizer(reader)
+    stages["tokenizer"] = time.monotonic() - started - sum(stages.values())
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type)
@@ -43,13 +45,16 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
                          config.kv_type)
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
+    stages["pool"] = time.monotonic() - started - sum(stages.values())
     runner.warm_up()
+    stages["warm-up"] = time.monotonic() - started - sum(stages.values())
     if cfg.rope.active:
         log(f"rope scaling: {cfg.rope.describe()} (base {cfg.rope_base:g}; the model serves up to {cfg.max_context} tokens)")
-    log(f"loaded {cfg.name} ({cfg.n_layers} layers, {runner.kv_type_name} KV pool of {plan.tokens} tokens in blocks of {plan.block} "
+    log(f"loaded {cfg.name} ({cfg.n_layers} layers, {runner.kv.type.name} KV pool of {plan.tokens} tokens in blocks of {plan.block} "
         f"({plan.kv_bytes / 2**30:.2f} GiB), up to {plan.ctx} tokens a request, "
         f"park snapshots up to {plan.snapshot_bytes / 2**30:.2f} GiB, evicted prefix blocks up to "
-        f"{plan.cache_ram_bytes / 2**30:.2f} GiB in host memory) in {time.monotonic() - started:.1f}s")
+        f"{plan.cache_ram_bytes / 2**30:.2f} GiB in host memory) in {time.monotonic() - started:.1f}s ("
+        + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in stages.items()) + ")")
     return runner, tokenizer, policy
 
 

@@ -116,7 +116,7 @@ class Server:
             if time.monotonic() - started > self.start_limit_s:
                 self.stop()
                 raise RuntimeError(f"server not healthy after {self.start_limit_s:.0f} s; log:\n{self.tail()}")
-            time.sleep(0.5)
+            time.sleep(0.1)
         self.start_s = time.monotonic() - started
         return self
 

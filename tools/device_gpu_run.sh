@@ -20,7 +20,12 @@
 # big      the Llama-3-70B shape in Q4_K_M (~45 GB, made in /tmp/m after the others are removed):
 #          load on one H200 and decode -> $OUT/engine_gpu.json
 # paged    the KV pool on the GPU, 135M shape: park/resume parity (tools/prefill_preempt_test.py), a prefix
-#          reused from another request equal to a cold read, batches equal to solo runs
+#          reused from another request equal to a cold read, batches equal to solo runs; KV_TYPE=q8_0 runs
+#          them on the 8-bit cache (results named _q8_0)
+# long     tools/long_context_run.py on the 8B shape in Q4_K_M with --kv-type q8_0: the 1M-token plan, a
+#          262,144-token request read, parked half-way and resumed (parity), decode at that depth
+# chunkbench tools/chunk_default_bench.py on the 8B shape in Q4_K_M: the server as a user starts it per
+#          --chunk (256..4096), a 97K-token request's time, a newcomer's wait behind a 32K read, start-up
 # parity   tools/prefill_preempt_test.py --device gpu on the 8B shape
 # parityq  the same on the 8B shape in Q4_K_M (with the read beside three decoders, pausing per layer)
 # hol      tools/prefill_preempt_bench.py on the 8B shape, A = 46,832 tokens, B 2 s in
@@ -199,10 +204,20 @@ for step in "$@"; do
     paged)  # .device/tok.gguf may be a vocabulary without a chat template (tests/fixtures/vocab/): one is given
       [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf \
         --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
+      kv=${KV_TYPE:-auto}; tag=${KV_TYPE:+_$KV_TYPE}
       python3 tools/prefill_preempt_test.py --model $MS --device gpu --chunk 256 --prompt-tokens 3000 \
-        --json "$OUT/preempt_parity_gpu_135m_paged.json" 2>&1 | quiet || echo "PAGED PARITY FAILED"
-      python3 tools/paged_check.py --model $MS --device gpu --json "$OUT/paged_check_gpu.json" 2>&1 | quiet \
-        || echo "PAGED CHECK FAILED" ;;
+        --engine-args "--kv-type $kv" --json "$OUT/preempt_parity_gpu_135m_paged$tag.json" 2>&1 | quiet || echo "PAGED PARITY FAILED"
+      python3 tools/paged_check.py --model $MS --device gpu --engine-args "--kv-type $kv" \
+        --json "$OUT/paged_check_gpu$tag.json" 2>&1 | quiet || echo "PAGED CHECK FAILED" ;;
+    long)
+      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 tools/long_context_run.py --model $MQ --kv-type q8_0 --ctx 1048576 --prompt-tokens 262144 --chunk 2048 \
+        --json "$OUT/long_context_q8_0_h200.json" 2>&1 | quiet || echo "LONG CONTEXT RUN FAILED" ;;
+    chunkbench)
+      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 tools/chunk_default_bench.py --model $MQ --deadline-s $((540 - SECONDS)) --chunks ${CHUNKS:-256,512,1024,2048,4096} \
+        --json "$OUT/chunk_default_h200.json" 2>&1 | quiet || echo "CHUNK BENCH FAILED OR CUT SHORT"
+      grep -h "strata: loaded" /tmp/chunk_bench_server_*.log || true ;;
     parity)
       python3 tools/prefill_preempt_test.py --model $M8 --device gpu --chunk 256 --prompt-tokens 3000 \
         --json "$OUT/preempt_parity_gpu_8b.json" 2>&1 | quiet ;;

@@ -35,6 +35,7 @@ from gguf.quants import dequantize  # noqa: E402
 from engine.backend import ArrayOps, Step  # noqa: E402
 from engine.kv import DEFAULT_BLOCK  # noqa: E402
 from engine.kernels import DEQUANT, GpuKernels  # noqa: E402
+from engine.kv_types import Q8Array, dequantize_q8_0, quantize_q8_0  # noqa: E402
 from engine.quantized import QuantMatrix, QuantPart, quantize_q8  # noqa: E402
 from make_synthetic_gguf import random_blocks, random_half  # noqa: E402
 
@@ -64,12 +65,14 @@ def half_normal(*shape, scale=1.0) -> np.ndarray:
 def paged(block: int, *seqs: np.ndarray) -> tuple:
     """Rows (kv_heads, ctx, d) of one sequence (its K, its V) -> pools (blocks, kv_heads, block, d)
     holding them in the same shuffled blocks (plus spare ones, zero), and the sequence's block
-    table: what engine/kv.py keeps. Returns (*pools, table)."""
-    kv_heads, ctx, d = seqs[0].shape
+    table: what engine/kv.py keeps. Returns (*pools, table). (A q8_0 pool's scales (kv_heads, ctx,
+    d / 32) go in as rows of their own width.)"""
+    kv_heads, ctx, _ = seqs[0].shape
     nb = -(-ctx // block)
     table = rng.permutation(nb + 3)[:nb].astype(np.int32)
     pools = []
     for rows in seqs:
+        d = rows.shape[-1]
         padded = np.zeros((kv_heads, nb * block, d), rows.dtype)
         padded[:, :ctx] = rows
         pool = np.zeros((nb + 3, kv_heads, block, d), rows.dtype)
@@ -79,7 +82,9 @@ def paged(block: int, *seqs: np.ndarray) -> tuple:
 
 
 def unpaged(pool, table, ctx: int) -> np.ndarray:
-    """The inverse: a sequence's rows (kv_heads, ctx, d) from a pool (host or device) and its table."""
+    """The inverse: a sequence's rows (kv_heads, ctx, d) from a pool (host or device; a Q8Array
+    widened to float32) and its table."""
+    pool = pool.dequantize() if isinstance(pool, Q8Array) else pool
     blocks = np.asarray(cp.asnumpy(pool) if isinstance(pool, cp.ndarray) else pool)[table]
     return blocks.transpose(1, 0, 2, 3).reshape(blocks.shape[1], -1, blocks.shape[3])[:, :ctx]
 
@@ -111,6 +116,16 @@ def check_attention(k: GpuKernels) -> None:
                (f" grid for {bucket}" if bucket else ""), rel_err(out, ref), 5e-3)
 
 
+def rope_inputs(n: int, heads: int, kv_heads: int, d: int, start: int, normed: bool) -> tuple:
+    """A fused QKV projection of n tokens (fp16), the cos/sin tables (positions, 1, d/2) and, for
+    Qwen3's per-head norms, the Q and K norm weights (else None)."""
+    qkv = half_normal(n, (heads + 2 * kv_heads) * d, scale=3.0 if normed else 1.0)
+    angles = np.outer(np.arange(start + n + 5), 1.0 / (10000 ** (np.arange(d // 2) * 2 / d)))
+    cos, sin = np.cos(angles).astype(np.float32)[:, None, :], np.sin(angles).astype(np.float32)[:, None, :]
+    norms = tuple((1 + 0.1 * rng.standard_normal(d)).astype(np.float32) for _ in range(2)) if normed else None
+    return qkv, cos, sin, norms
+
+
 def check_norm_rope_swiglu(k: GpuKernels) -> None:
     for n, dim in [(1, 576), (37, 4096), (5, 160)]:
         x = rng.standard_normal((n, dim)).astype(np.float32)
@@ -126,11 +141,7 @@ def check_norm_rope_swiglu(k: GpuKernels) -> None:
             (1, 9, 3, 64, 5, False), (70, 32, 8, 128, 100, False), (3, 4, 4, 64, 0, False),
             (1, 32, 4, 128, 700, True), (37, 32, 8, 128, 3, True), (5, 4, 2, 64, 0, True)]):
         block = BLOCKS_CYCLE[case % len(BLOCKS_CYCLE)]
-        ctx = start + n + 7
-        qkv = half_normal(n, (heads + 2 * kv_heads) * d, scale=3.0 if normed else 1.0)
-        angles = np.outer(np.arange(start + n + 5), 1.0 / (10000 ** (np.arange(d // 2) * 2 / d)))
-        cos, sin = np.cos(angles).astype(np.float32)[:, None, :], np.sin(angles).astype(np.float32)[:, None, :]
-        norms = tuple((1 + 0.1 * rng.standard_normal(d)).astype(np.float32) for _ in range(2)) if normed else None
+        ctx, (qkv, cos, sin, norms) = start + n + 7, rope_inputs(n, heads, kv_heads, d, start, normed)
         nan = np.full((kv_heads, ctx, d), np.nan, np.float32)
         kc, vc, table = paged(block, nan, nan)
         kc[:], vc[:] = np.nan, np.nan
@@ -169,6 +180,58 @@ def check_fused_q8(k: GpuKernels) -> None:
         row = k.attention(cp.asarray(half_normal(1, heads, d)), cp.asarray(kc), cp.asarray(vc), k.step(1, start, table),
                           q8=True)
         record_same("attention", f"d={d} gqa={heads // kv_heads} n=1 start={start}", row)
+
+
+def check_q8_cache(k: GpuKernels) -> None:
+    """The q8_0 pool (engine/kv_types.py) on the GPU: RoPE + KV write quantizing as it stores (its
+    bytes against quantize_q8_0 of the reference rows: equal but where float rounding lands a value
+    on the other side of a rounding edge), flash-decoding reading the 8-bit rows and a prompt chunk's
+    attention over them widened (both against NumPy's attention over the widened rows), and the
+    widening itself (bit for bit)."""
+    for case, (n, heads, kv_heads, d, start, normed) in enumerate([
+            (1, 32, 8, 128, 700, False), (70, 9, 3, 64, 100, False), (37, 32, 8, 128, 3, True), (1, 4, 2, 64, 0, True)]):
+        block = BLOCKS_CYCLE[case % len(BLOCKS_CYCLE)]
+        ctx, (qkv, cos, sin, norms) = start + n + 7, rope_inputs(n, heads, kv_heads, d, start, normed)
+        nan = np.full((kv_heads, ctx, d), np.nan, np.float32)
+        kc, vc, table = paged(block, nan, nan)
+        q_ref = REF.rope_store(qkv.astype(np.float32), cos, sin, kc, vc, Step(n, start, (table,)),
+                               norms and (*norms, 1e-6))
+        kg, vg = (Q8Array.zeros(kc.shape, cp) for _ in range(2))
+        q = k.rope_store(cp.asarray(qkv), cp.asarray(cos), cp.asarray(sin), kg, vg, k.step(n, start, table),
+                         norms and (*map(cp.asarray, norms), 1e-6))
+        rows, err, moved = slice(start, start + n), rel_err(q, q_ref), 0.0
+        for pool, ref_pool in ((kg, kc), (vg, vc)):
+            ref_rows = unpaged(ref_pool, table, ctx)[:, rows]
+            err = max(err, rel_err(unpaged(pool, table, ctx)[:, rows], ref_rows))
+            want, _ = quantize_q8_0(ref_rows)
+            got = unpaged(pool.q, table, ctx)[:, rows]
+            moved = max(moved, float((got != want).mean()) if np.abs(got.astype(int) - want).max() <= 1 else 1.0)
+        case_name = f"n={n} heads={heads}/{kv_heads} d={d} start={start}"
+        record("rope_store q8", case_name + (" normed" if normed else ""), err, 1e-2)
+        # normed: the kernel rounds the normalized head to fp16 before rotating (as a separate norm
+        # would store it), the reference does not, so more values sit across an edge
+        record("rope_store q8", case_name + " bytes off by one", moved, 0.1 if normed else 1e-2)
+    for case, (d, heads, kv_heads, n, start, bucket) in enumerate([
+            (128, 32, 8, 1, 700, None), (64, 9, 3, 1, 63, None), (128, 64, 8, 1, 4999, None),
+            (128, 32, 8, 1, 1500, 8192), (64, 9, 3, 77, 130, None), (128, 32, 8, 257, 0, None),
+            (128, 32, 4, 130, 4099, None)]):
+        block = BLOCKS_CYCLE[case % len(BLOCKS_CYCLE)]
+        ctx = start + n + 13
+        q = half_normal(n, heads, d)
+        (kq, ks), (vq, vs) = (quantize_q8_0(rng.standard_normal((kv_heads, ctx, d)).astype(np.float32)) for _ in range(2))
+        kqp, ksp, vqp, vsp, table = paged(block, kq, ks, vq, vs)
+        ref = REF.attention(q.astype(np.float32), dequantize_q8_0(kqp, ksp), dequantize_q8_0(vqp, vsp),
+                            Step(n, start, (table,)))
+        step = k.batch_step([table], [start], max_keys=bucket, block=block) if bucket else k.step(n, start, table)
+        kg, vg = Q8Array(cp.asarray(kqp), cp.asarray(ksp)), Q8Array(cp.asarray(vqp), cp.asarray(vsp))
+        out = k.attention(cp.asarray(q), kg, vg, step)
+        record("attention q8", f"d={d} gqa={heads // kv_heads} n={n} start={start} block={block}" +
+               (f" grid for {bucket}" if bucket else ""), rel_err(out, ref), 5e-3)
+        if n > 1:
+            held = cp.asarray(table[: -(-(start + n) // block)])
+            wide = k.widen_q8_0(kg, held).get()
+            want = dequantize_q8_0(kqp, ksp)[cp.asnumpy(held)].astype(np.float16)
+            record("widen_q8_0", f"d={d} blocks={held.size} block={block}", float((wide != want).mean()), 0.0)
 
 
 def weight_rows(kind: str, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -348,6 +411,7 @@ def speed(k: GpuKernels) -> dict:
         ms = median_ms(lambda: a @ w.T)
         out[f"gemm_{m_}x{n_}x{k_}_tflops"] = round(2 * m_ * n_ * k_ / ms / 1e9, 1)
     out |= attention_speed(k, KV_BLOCK)
+    out |= attention_speed(k, KV_BLOCK, q8=True)
     from engine.draw_graph import DrawGraphs
     from engine.sampler import Sampler, SamplingParams
 
@@ -373,16 +437,22 @@ def speed(k: GpuKernels) -> dict:
     return out
 
 
-def attention_speed(k: GpuKernels, block: int | None) -> dict:
+def attention_speed(k: GpuKernels, block: int | None, q8: bool = False) -> dict:
     """Prompt attention (a 2,048-token chunk at three depths) and decode attention (one token at
     three depths), 32 query / 8 KV heads of 128, K/V in shuffled blocks of `block` positions
-    (None: one block holding the whole sequence, i.e. contiguous rows)."""
+    (None: one block holding the whole sequence, i.e. contiguous rows); with q8, a q8_0 pool (keys
+    suffixed _q8; a chunk's time includes widening its rows, decode's bandwidth counts 8-bit bytes)."""
     out, (heads, kv_heads, d, n) = {}, (32, 8, 128, 2048)
+    suffix, value_bytes = ("_q8", 34 / 32) if q8 else ("", 2)
 
     def pools(ctx: int):
         size = block or 1 << (ctx - 1).bit_length()
-        kc, vc, table = paged(size, half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d))
-        return cp.asarray(kc), cp.asarray(vc), table
+        if not q8:
+            kc, vc, table = paged(size, half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d))
+            return cp.asarray(kc), cp.asarray(vc), table
+        (kq, ks), (vq, vs) = (quantize_q8_0(half_normal(kv_heads, ctx, d)) for _ in range(2))
+        kq, ks, vq, vs, table = paged(size, kq, ks, vq, vs)
+        return Q8Array(cp.asarray(kq), cp.asarray(ks)), Q8Array(cp.asarray(vq), cp.asarray(vs)), table
 
     for depth in (0, 14336, 63488):
         q = cp.asarray(half_normal(n, heads, d))
@@ -390,14 +460,14 @@ def attention_speed(k: GpuKernels, block: int | None) -> dict:
         step = k.step(n, depth, table)
         ms = median_ms(lambda: k.attention(q, kc, vc, step))
         flops = 4 * n * heads * d * (depth + (n + 1) / 2)  # QK^T and PV over the visible keys
-        out[f"attention_chunk{n}_depth{depth}_tflops"] = round(flops / ms / 1e9, 1)
-        out[f"attention_chunk{n}_depth{depth}_ms"] = round(ms, 3)
+        out[f"attention_chunk{n}_depth{depth}{suffix}_tflops"] = round(flops / ms / 1e9, 1)
+        out[f"attention_chunk{n}_depth{depth}{suffix}_ms"] = round(ms, 3)
     for depth in (1024, 46832, 131071):  # one decode token: bound by reading K and V once
         kc, vc, table = pools(depth + 1)
         q, step = cp.asarray(half_normal(1, heads, d)), k.step(1, depth, table)
         ms = median_ms(lambda: k.attention(q, kc, vc, step), 50)
-        out[f"decode_attention_depth{depth}_us"] = round(ms * 1000, 1)
-        out[f"decode_attention_depth{depth}_tb_s"] = round(2 * kv_heads * (depth + 1) * d * 2 / ms / 1e9, 2)
+        out[f"decode_attention_depth{depth}{suffix}_us"] = round(ms * 1000, 1)
+        out[f"decode_attention_depth{depth}{suffix}_tb_s"] = round(2 * kv_heads * (depth + 1) * d * value_bytes / ms / 1e9, 2)
     return out
 
 
@@ -453,6 +523,7 @@ def main() -> int:
     check_attention(k)
     check_fused_q8(k)
     check_norm_rope_swiglu(k)
+    check_q8_cache(k)
     check_weights(k)
     check_moe(k)
     check_argmax(k)

@@ -21,6 +21,7 @@ class Outcome:
     park_fps: list[str] = field(default_factory=list)
     resume_fps: list[str] = field(default_factory=list)
     finish: str = ""
+    done: m.Done | None = None  # the DONE line (its prompt_ms and decode_ms)
 
 
 def tokens_of(lines: list[m.Message], ident: int) -> list[int]:
@@ -36,7 +37,7 @@ def gen(prompt, max_new: int, params: dict, ident: int) -> m.Gen:
 def finish_a(engine: EnginePipe, seen: list[m.Message], outcome: Outcome) -> Outcome:
     seen += engine.read_until(m.Done, ident=A)
     outcome.tokens = tokens_of(seen, A)
-    outcome.done_fp, outcome.finish = seen[-1].extra["fp"], seen[-1].finish
+    outcome.done_fp, outcome.finish, outcome.done = seen[-1].extra["fp"], seen[-1].finish, seen[-1]
     return outcome
 
 

@@ -5,6 +5,7 @@ between layers for three decoding requests (--decode-interval-ms tiny) ends as t
 read, the decoders' tokens equal to their solo runs.
 
     python tools/prefill_preempt_test.py [--model PATH] [--device cpu|gpu] [--chunk 64] [--prompt-tokens 600]
+        [--engine-args "--kv-type q8_0"]
 
 Exit status 0 when every scenario matches, 1 otherwise.
 """
@@ -48,10 +49,11 @@ def main() -> int:
     p.add_argument("--chunk", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=600)
     p.add_argument("--max-new", type=int, default=24)
+    p.add_argument("--engine-args", default="", help="more engine flags (e.g. --kv-type q8_0)")
     p.add_argument("--json", help="write the report here too")
     a = p.parse_args()
     cmd = [sys.executable, "-m", "engine", "--serve", "--device", a.device, "--chunk", str(a.chunk),
-           "--prefill-preempt", "--prefill-preempt-min-tokens", "0", "--slots", "4", "--decode-interval-ms", "0.01"] + (["--model", a.model] if a.model else [])
+           "--prefill-preempt", "--prefill-preempt-min-tokens", "0", "--slots", "4", "--decode-interval-ms", "0.01", *a.engine_args.split()] + (["--model", a.model] if a.model else [])
     engine = EnginePipe(cmd, cwd=ROOT)
     engine.handshake()
     long, interim = prompts(a.prompt_tokens)

@@ -13,6 +13,7 @@ import numpy as np
 
 from engine.backend import Step
 from engine.kernels import moe
+from engine.kv_types import Q8Array
 from engine.quantized import BLOCKS, UNIT, QuantMatrix, Row8
 
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -83,6 +84,13 @@ def tiles(rows: int, choices=MMV_TILE_ROWS) -> int:
     return next(t for t in choices if 8 * t >= rows)
 
 
+def pool_args(k_cache, v_cache) -> tuple:
+    """A layer's K and V pools as the kernels take them: the values, then the q8_0 scales (null for fp16)."""
+    if isinstance(k_cache, Q8Array):
+        return k_cache.q, v_cache.q, k_cache.scale, v_cache.scale
+    return k_cache, v_cache, NULL, NULL
+
+
 def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
     return (max(1, math.ceil(n / per_block)),)
 
@@ -95,8 +103,9 @@ class GpuKernels:
                                                 for family, suffix in (("dequant", ""), ("embed", ""))),
                               *(f"matvec_{kind}_n{nb}{suffix}" for kind in BLOCKS
                                 for nb in range(1, MAX_BATCH_ROWS + 1) for suffix in ("", "_f32"))),
-                 "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS),
-                                  *(f"flash_decode_d{d}_g{g}" for d in HEAD_DIMS for g in range(1, MAX_GROUP + 1))),
+                 "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS), "widen_q8_0_blocks",
+                                  *(f"flash_decode{kind}_d{d}_g{g}" for kind in ("", "_q8") for d in HEAD_DIMS
+                                    for g in range(1, MAX_GROUP + 1))),
                  "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in MMV_TILE_ROWS for suffix in ("", "_f32")),
                  "moe.cu": moe.KERNELS}
         self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
@@ -129,16 +138,17 @@ class GpuKernels:
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):
         """qkv: (n, (heads + 2*kv_heads) * d) fp16; cos/sin tables: (positions, 1, d/2) fp32;
-        k_cache/v_cache: a layer's pool (blocks, kv_heads, block, d) fp16, the rows of positions
-        start..start+n written through the step's block table (start read from the step's device
-        copy); for a decode batch, row i at its own position through its own table. norms:
+        k_cache/v_cache: a layer's pool (blocks, kv_heads, block, d), fp16 or a Q8Array (q8_0, quantized
+        as written), the rows of positions start..start+n written through the step's block table
+        (start read from the step's device copy); for a decode batch, row i at its own position
+        through its own table. norms:
         (q_weight, k_weight, eps) to RMS-normalize each Q and K head first (Qwen3), in the same
         kernel. Returns q (n, heads, d)."""
         _, kv_heads, block, d = k_cache.shape
         n = qkv.shape[0]
         heads = qkv.shape[1] // d - 2 * kv_heads
         q = self.cp.empty((n, heads, d), dtype=self.cp.float16)
-        common = (qkv, q, k_cache, v_cache, cos_table, sin_table, step.pos0, step.table, step.table_off,
+        common = (qkv, q, *pool_args(k_cache, v_cache), cos_table, sin_table, step.pos0, step.table, step.table_off,
                   np.int32(n if step.batch else 1))
         if norms is None:
             total = n * (heads + 2 * kv_heads) * (d // 2)
@@ -175,10 +185,11 @@ class GpuKernels:
 
     def attention(self, q, k_cache, v_cache, step: Step, q8: bool = False):
         """q: (n, heads, d) fp16 at positions start..start+n; k_cache/v_cache: a layer's pool
-        (blocks, kv_heads, block, d) fp16, the sequence's rows 0..start+n filled (through its block
-        table). Causal flash attention; returns (n, heads*d) fp16. A decode step (one token, or a
-        batch of sequences with one token each) goes to flash-decoding (the keys split across
-        blocks; a Row8 with q8)."""
+        (blocks, kv_heads, block, d), fp16 or a Q8Array, the sequence's rows 0..start+n filled
+        (through its block table). Causal flash attention; returns (n, heads*d) fp16. A decode step
+        (one token, or a batch of sequences with one token each) goes to flash-decoding (the keys
+        split across blocks; a Row8 with q8), which reads a q8_0 pool as it is; a prompt chunk's
+        kernel reads its sequence's q8_0 rows widened to fp16 (widen_q8_0)."""
         cp = self.cp
         n, heads, d = q.shape
         _, kv_heads, block, _ = k_cache.shape
@@ -186,14 +197,38 @@ class GpuKernels:
             raise ValueError(f"head width {d} is not supported on the GPU (supported: {HEAD_DIMS})")
         if step.decode:
             return self.decode_attention(q, k_cache, v_cache, step, q8)
+        table, table_off = step.table, step.table_off
+        if isinstance(k_cache, Q8Array):
+            held, table, table_off = self.widened_tables(step, block)
+            k_cache, v_cache = self.widen_q8_0(k_cache, held), self.widen_q8_0(v_cache, held)
         out = cp.empty((n, heads, d), dtype=cp.float16)
         rows = n * (heads // kv_heads)
         grid = (math.ceil(rows / ATTENTION_ROWS), kv_heads, 1)
         self.fn[f"flash_attention_d{d}"](
-            grid, (128,), (q, k_cache, v_cache, out, step.q_start, step.pos0, step.table, step.table_off,
+            grid, (128,), (q, k_cache, v_cache, out, step.q_start, step.pos0, table, table_off,
                            np.int32(heads), np.int32(kv_heads), log2(block), np.float32(math.log2(math.e) / math.sqrt(d))),
             shared_mem=attention_smem_bytes(d))
         return out.reshape(n, heads * d)
+
+    def widened_tables(self, step: Step, block: int) -> tuple:
+        """A prompt step over a q8_0 pool: the blocks that hold its sequence's keys (rows
+        0..start+n), and the table and offset the kernel reads them by once widened (the identity),
+        on the device; made once per forward (every layer's chunk reads the same blocks)."""
+        if step.held is None:
+            cp = self.cp
+            held = cp.asarray(step.tables[0][: -(-(step.start + step.n) // block)].astype(np.int32))
+            step.held = (held, cp.arange(held.size, dtype=cp.int32), cp.zeros(1, dtype=cp.int32))
+        return step.held
+
+    def widen_q8_0(self, pool: Q8Array, held):
+        """A layer's q8_0 pool -> its blocks `held` (count,) in fp16: (count, kv_heads, block, d), in
+        that order (NumPy reference: Q8Array.dequantize of pool[held])."""
+        _, kv_heads, block, d = pool.shape
+        out = self.cp.empty((held.size, kv_heads, block, d), dtype=self.cp.float16)
+        octets = out.size // 8
+        self.fn["widen_q8_0_blocks"](blocks(octets), (THREADS,), (pool.q, pool.scale, out, held, np.int64(octets),
+                                                                  np.int64(kv_heads * block * d)))
+        return out
 
     def decode_attention(self, q, k_cache, v_cache, step: Step, q8: bool = False):
         """One query token per sequence (q: (sequences, heads, d)): blocks of keys, their partials
@@ -218,9 +253,10 @@ class GpuKernels:
         units = cp.empty((seqs * heads * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
         if self.counters.size < seqs * blocks_y:
             raise ValueError(f"a decode batch of {seqs} sequences exceeds the {COUNTER_SEQUENCES} the kernels hold")
-        self.fn[f"flash_decode_d{d}_g{group}"](
+        kind = "_q8" if isinstance(k_cache, Q8Array) else ""
+        self.fn[f"flash_decode{kind}_d{d}_g{group}"](
             (splits, blocks_y, seqs), (DECODE_THREADS,),
-            (q, k_cache, v_cache, part_o, part_ml, out, units if q8 else NULL, self.counters, step.pos0, step.table,
+            (q, *pool_args(k_cache, v_cache), part_o, part_ml, out, units if q8 else NULL, self.counters, step.pos0, step.table,
              step.table_off, np.int32(blocks_y), np.int32(kv_div), log2(block),
              np.float32(math.log2(math.e) / math.sqrt(d))))
         out = out.reshape(seqs, heads * d)

@@ -245,6 +245,7 @@ static_assert(DEC_ROUND == 1 << DEC_ROUND_LOG2, "DEC_ROUND_LOG2");
 constexpr int DEC_MAX_SPLITS = 64;  // per_block is chosen so that no grid has more
 
 template <int BYTES> struct Bits;
+template <> struct Bits<2> { using T = unsigned short; };
 template <> struct Bits<4> { using T = unsigned; };
 template <> struct Bits<8> { using T = uint2; };
 template <> struct Bits<16> { using T = uint4; };
@@ -259,17 +260,55 @@ __device__ __forceinline__ void halves_to_float(const void* p, float* f) {
     }
 }
 
+// N consecutive values of a cached row as one lane loads them (paged.cuh): fp16 (2N bytes, in loads
+// of up to 16 bytes), or q8_0 (N int8 and the scale of their group; N divides 32). load() issues the
+// loads, widen() turns what came into floats, so a round's loads are all in flight before any is used.
+template <int N, bool Q8_0> struct KVSlice;
+template <int N> struct KVSlice<N, false> {
+    using T = typename Bits<(2 * N >= 16 ? 16 : 2 * N)>::T;
+    static constexpr int W = 2 * N / sizeof(T);
+    T w[W];
+    __device__ __forceinline__ void load(const void* pool, const __half*, size_t at) {
+        const T* src = reinterpret_cast<const T*>(static_cast<const __half*>(pool) + at);
+#pragma unroll
+        for (int c = 0; c < W; ++c) w[c] = src[c];
+    }
+    __device__ __forceinline__ void clear() {
+#pragma unroll
+        for (int c = 0; c < W; ++c) w[c] = T{};
+    }
+    __device__ __forceinline__ void widen(float* f) const { halves_to_float<N>(w, f); }
+};
+template <int N> struct KVSlice<N, true> {
+    using T = typename Bits<N>::T;
+    T w;
+    __half scale;
+    __device__ __forceinline__ void load(const void* pool, const __half* scales, size_t at) {
+        w = *reinterpret_cast<const T*>(static_cast<const signed char*>(pool) + at);
+        scale = scales[at / 32];
+    }
+    __device__ __forceinline__ void clear() { w = T{}, scale = __float2half(0.f); }
+    __device__ __forceinline__ void widen(float* f) const {
+        const signed char* c = reinterpret_cast<const signed char*>(&w);
+        const float s = __half2float(scale);
+#pragma unroll
+        for (int i = 0; i < N; ++i) f[i] = (float)c[i] * s;
+    }
+};
+
 // q: (sequences, heads, D) fp16, one token each at position pos0[s]: keys 0..pos0[s] are visible.
 // part_o: (sequences, heads, splits, D) fp32 unnormalized; part_ml: (sequences, heads, splits, 2)
-// the max (log2 domain) and sum; out: (sequences, heads, D) fp16 and, unless null, its Q8 units
+// the max (log2 domain) and sum; k, v: the layer's pool, fp16 or its q8_0 values and
+// k_scales/v_scales (paged.cuh) with Q8_0; out: (sequences, heads, D) fp16 and, unless null, its Q8 units
 // q8 (sequences, heads * D / 32); counters: (sequences, kv_heads)
 // int, zero between launches. heads = kv_heads * G. The grid's kv heads may be a K/V head's query
 // heads in kv_div groups of G (kv_heads of the grid = the model's x kv_div): group kvh reads K/V head
 // kvh / kv_div. Eight query heads a block spill registers; two blocks of four do not, and double
 // the blocks of a short context (the K/V rows are read twice, the second time mostly from L2).
-template <int D, int G>
-__device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const __half* __restrict__ k,
-                                             const __half* __restrict__ v, float* __restrict__ part_o,
+template <int D, int G, bool Q8_0>
+__device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const void* __restrict__ k,
+                                             const void* __restrict__ v, const __half* __restrict__ k_scales,
+                                             const __half* __restrict__ v_scales, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, __half* __restrict__ out,
                                              Q8* __restrict__ q8, int* __restrict__ counters, const int* __restrict__ pos0,
                                              const int* __restrict__ table, const int* __restrict__ table_off,
@@ -277,9 +316,6 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
     constexpr int DQ = D / 8;   // dims per lane while scoring (8 lanes a key)
     constexpr int DV = D / 32;  // dims per lane in P V
     constexpr int QS = DQ + 4;  // a lane's q slice in shared memory, padded: 8 slices on distinct banks
-    using KT = typename Bits<2 * DQ >= 16 ? 16 : 2 * DQ>::T;
-    constexpr int KN = 2 * DQ / sizeof(KT);  // loads per key slice
-    using VT = typename Bits<2 * DV>::T;
     __shared__ __align__(16) float qs[G][8][QS];
     __shared__ float wm[DEC_WARPS][G], wl[DEC_WARPS][G];
     __shared__ float wo[DEC_WARPS][G][D];
@@ -317,23 +353,24 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
                 return one_block ? round_row + (size_t)(key - base) * D
                                  : kv_row(tbl, key, hk, model_kv_heads, block_log2, D);
             };
-            KT kr[4][KN];
-            VT vr[DEC_ROUND];
+            KVSlice<DQ, Q8_0> kr[4];
+            KVSlice<DV, Q8_0> vr[DEC_ROUND];
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {
                 const int key = base + 4 * qd + sub;
-                const KT* src = reinterpret_cast<const KT*>(k + row(min(key, end - 1)) + chunk * DQ);
-#pragma unroll
-                for (int c = 0; c < KN; ++c) kr[qd][c] = key < end ? src[c] : KT{};
+                kr[qd].load(k, k_scales, row(min(key, end - 1)) + chunk * DQ);  // unconditional: all in flight
+                if (key >= end) kr[qd].clear();
             }
 #pragma unroll
-            for (int j = 0; j < DEC_ROUND; ++j)
-                vr[j] = base + j < end ? reinterpret_cast<const VT*>(v + row(base + j))[lane] : VT{};
+            for (int j = 0; j < DEC_ROUND; ++j) {
+                if (base + j < end) vr[j].load(v, v_scales, row(base + j) + lane * DV);
+                else vr[j].clear();
+            }
             float sc[4][G];  // the score of key base + 4 qd + sub, head h
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {
                 float kf[DQ];
-                halves_to_float<DQ>(kr[qd], kf);
+                kr[qd].widen(kf);
 #pragma unroll
                 for (int h = 0; h < G; ++h) {
                     float acc = 0.f;
@@ -368,7 +405,7 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
 #pragma unroll
             for (int j = 0; j < DEC_ROUND; ++j) {  // key base + j: p from lane 8 (j % 4), round slot j / 4
                 float vf[DV];
-                halves_to_float<DV>(&vr[j], vf);
+                vr[j].widen(vf);
 #pragma unroll
                 for (int h = 0; h < G; ++h) {
                     const float pj = __shfl_sync(0xffffffffu, sc[j / 4][h], 8 * (j % 4));
@@ -453,18 +490,43 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
     }
 }
 
-#define FLASH_DECODE(D, G)                                                                                    \
+// flash_decode_d<D>_g<G> reads an fp16 pool (k_scales, v_scales null), flash_decode_q8_d<D>_g<G> a q8_0 one
+#define FLASH_DECODE_KIND(NAME, D, G, Q8_0)                                                                     \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
-        flash_decode_d##D##_g##G(const __half* q, const __half* k, const __half* v, float* part_o,           \
-                                 float* part_ml, __half* out, Q8* q8, int* counters, const int* pos0,         \
-                                 const int* table, const int* table_off, int kv_heads, int kv_div, int block_log2, \
-                                 float scale_log2) {                                                          \
-        flash_decode<D, G>(q, k, v, part_o, part_ml, out, q8, counters, pos0, table, table_off, kv_heads, kv_div, \
-                           block_log2,                                                                        \
-                           scale_log2);                                                                       \
+        NAME(const __half* q, const void* k, const void* v, const __half* k_scales, const __half* v_scales,   \
+             float* part_o, float* part_ml, __half* out, Q8* q8, int* counters, const int* pos0, const int* table, \
+             const int* table_off, int kv_heads, int kv_div, int block_log2, float scale_log2) {             \
+        flash_decode<D, G, Q8_0>(q, k, v, k_scales, v_scales, part_o, part_ml, out, q8, counters, pos0, table,  \
+                               table_off, kv_heads, kv_div, block_log2, scale_log2);                         \
     }
+#define FLASH_DECODE(D, G)                                          \
+    FLASH_DECODE_KIND(flash_decode_d##D##_g##G, D, G, false)        \
+    FLASH_DECODE_KIND(flash_decode_q8_d##D##_g##G, D, G, true)
 #define FLASH_DECODE_GROUPS(D) \
     FLASH_DECODE(D, 1) FLASH_DECODE(D, 2) FLASH_DECODE(D, 3) FLASH_DECODE(D, 4) FLASH_DECODE(D, 5) \
     FLASH_DECODE(D, 6) FLASH_DECODE(D, 7) FLASH_DECODE(D, 8)
 FLASH_DECODE_GROUPS(64)
 FLASH_DECODE_GROUPS(128)
+
+// ---------------------------------------------------------------- a q8_0 pool's rows widened for a prompt chunk
+// The prompt kernel reads fp16 tiles by cp.async; with a q8_0 pool a chunk's attention first widens
+// the blocks its sequence holds into a scratch pool in table order (out block i = pool block
+// blocks[i]), which the kernel then reads through the identity table. Reading 8-bit rows and writing
+// fp16 ones costs a few percent of the chunk's attention at any depth (both grow with the keys; the
+// attention also with the chunk). q: the pool's int8 values, scales its fp16 scales (paged.cuh);
+// block_values = kv_heads * block * D. Eight values a thread.
+extern "C" __global__ void widen_q8_0_blocks(const signed char* __restrict__ q, const __half* __restrict__ scales,
+                                             __half* __restrict__ out, const int* __restrict__ blocks,
+                                             long long octets, long long block_values) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= octets) return;
+    const long long e = 8 * i, b = e / block_values, within = e % block_values;
+    const size_t at = (size_t)blocks[b] * block_values + within;
+    const uint2 raw = *reinterpret_cast<const uint2*>(q + at);
+    const float s = __half2float(scales[at / 32]);
+    const signed char* c = reinterpret_cast<const signed char*>(&raw);
+    __half2 h[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) h[j] = __floats2half2_rn((float)c[2 * j] * s, (float)c[2 * j + 1] * s);
+    *reinterpret_cast<uint4*>(out + e) = *reinterpret_cast<const uint4*>(h);
+}

@@ -76,10 +76,12 @@ extern "C" __global__ void add_residual(float* __restrict__ x, const __half* __r
 // Each head is laid out [evens, odds] so RoPE rotates its two halves. One thread per
 // (token, head slot, pair j < d/2): q and k are rotated, q goes to q_out (n, heads, d), k and v
 // go straight into this layer's pool k_cache/v_cache (paged.cuh) at the token's position, through its
-// sequence's block table (table + table_off[seq]).
+// sequence's block table (table + table_off[seq]): fp16, or q8_0 with k_scales/v_scales (a warp holds
+// one 32-value group of a row's first half and one of its second: store_q8_0).
 // cos, sin: (positions, d/2) fp32 tables.
 extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __restrict__ q_out,
-                                      __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                                      void* __restrict__ k_cache, void* __restrict__ v_cache,
+                                      __half* __restrict__ k_scales, __half* __restrict__ v_scales,
                                       const float* __restrict__ cos, const float* __restrict__ sin,
                                       const int* __restrict__ pos0, const int* __restrict__ table,
                                       const int* __restrict__ table_off, int seqs, int n, int heads, int kv_heads,
@@ -100,12 +102,16 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
         a = ra;
         b = rb;
     }
-    __half* dst;
-    if (slot < heads) dst = q_out + ((size_t)t * heads + slot) * d;
-    else if (slot < heads + kv_heads) dst = k_cache + kv_row(tbl, p, slot - heads, kv_heads, block_log2, d);
-    else dst = v_cache + kv_row(tbl, p, slot - heads - kv_heads, kv_heads, block_log2, d);
-    dst[j] = __float2half(a);
-    dst[j + half_d] = __float2half(b);
+    if (slot < heads) {
+        __half* dst = q_out + ((size_t)t * heads + slot) * d;
+        dst[j] = __float2half(a);
+        dst[j + half_d] = __float2half(b);
+        return;
+    }
+    const bool is_k = slot < heads + kv_heads;  // a warp's lanes share one slot (half_d is 32 or 64)
+    const size_t row = kv_row(tbl, p, slot - heads - (is_k ? 0 : kv_heads), kv_heads, block_log2, d);
+    store_kv(is_k ? k_cache : v_cache, is_k ? k_scales : v_scales, row + j, a);
+    store_kv(is_k ? k_cache : v_cache, is_k ? k_scales : v_scales, row + j + half_d, b);
 }
 
 // rope_store for Qwen3, whose Q and K heads are RMS-normalized first: each Q head and K head x
@@ -114,7 +120,8 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
 // does; V heads are stored as they are. One warp a (token, head slot): grid ceil(n * slots / 4),
 // 128 threads.
 extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __half* __restrict__ q_out,
-                                           __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                                           void* __restrict__ k_cache, void* __restrict__ v_cache,
+                                           __half* __restrict__ k_scales, __half* __restrict__ v_scales,
                                            const float* __restrict__ cos, const float* __restrict__ sin,
                                            const int* __restrict__ pos0, const int* __restrict__ table,
                                            const int* __restrict__ table_off, int seqs, const float* __restrict__ q_w,
@@ -138,11 +145,10 @@ extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __hal
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         inv = rsqrtf(ss / d + eps);
     }
-    __half* dst;
-    if (slot < heads) dst = q_out + ((size_t)t * heads + slot) * d;
-    else if (slot < heads + kv_heads) dst = k_cache + kv_row(tbl, p, slot - heads, kv_heads, block_log2, d);
-    else dst = v_cache + kv_row(tbl, p, slot - heads - kv_heads, kv_heads, block_log2, d);
-    for (int j = lane; j < half_d; j += 32) {
+    const bool is_k = slot < heads + kv_heads;
+    __half* q_dst = slot < heads ? q_out + ((size_t)t * heads + slot) * d : nullptr;
+    const size_t row = slot < heads ? 0 : kv_row(tbl, p, slot - heads - (is_k ? 0 : kv_heads), kv_heads, block_log2, d);
+    for (int j = lane; j < half_d; j += 32) {  // every lane goes round alike (half_d is 32 or 64)
         float a = __half2float(src[j]), b = __half2float(src[j + half_d]);
         if (rotate) {
             a = __half2float(__float2half(a * inv * w[j]));
@@ -153,8 +159,13 @@ extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __hal
             a = ra;
             b = rb;
         }
-        dst[j] = __float2half(a);
-        dst[j + half_d] = __float2half(b);
+        if (slot < heads) {
+            q_dst[j] = __float2half(a);
+            q_dst[j + half_d] = __float2half(b);
+        } else {
+            store_kv(is_k ? k_cache : v_cache, is_k ? k_scales : v_scales, row + j, a);
+            store_kv(is_k ? k_cache : v_cache, is_k ? k_scales : v_scales, row + j + half_d, b);
+        }
     }
 }
 

@@ -87,11 +87,14 @@ def test_attention_over_a_q8_pool_equals_attention_over_its_rows_widened(n, star
 
 def test_types_the_backend_cannot_hold_are_refused_clearly():
     with pytest.raises(ValueError, match="not available on the GPU"):
-        check_kv_type("q8_0", "gpu", 128)
+        check_kv_type("f32", "gpu", 128)
+    with pytest.raises(ValueError, match="choose one of"):
+        check_kv_type("q4_0", "cpu", 128)
     with pytest.raises(ValueError, match="multiple of 32"):
         check_kv_type("q8_0", "cpu", 80)
     check_kv_type("q8_0", "cpu", 64)
     check_kv_type("f16", "gpu", 128)
+    check_kv_type("q8_0", "gpu", 128)
 
 
 # ---------------------------------------------------------------- the real engine with each type

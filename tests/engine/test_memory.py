@@ -76,3 +76,21 @@ def test_the_host_tier_gets_eight_gib_beside_a_gpu_a_quarter_of_a_small_host_and
     assert plan_context(LLAMA3_8B, cpu, None, 256, None).cache_ram_bytes == 0
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: 16 * GiB)
     assert plan_context(LLAMA3_8B, device(40), None, 2048, None).cache_ram_bytes == 4 * GiB
+
+
+def test_an_8_bit_cache_on_an_h200_plans_a_million_token_request():
+    """The issue's plan: the 8B shape's weights (4.6 GiB in Q4_K_M) on an H200 (about 134 GiB free
+    after them), --kv-type q8_0 and --ctx 1048576. The pool takes 68 KiB a position (0.53x fp16's
+    128 KiB) and beside it the fp16 rows a prompt chunk's attention reads widened: one layer's K and
+    V of the longest request (4 GiB at 1M)."""
+    h200 = device(134.5, weights_gib=4.6)
+    plan = plan_context(LLAMA3_8B, h200, 1 << 20, 2048, None, kv_type="q8_0")
+    assert plan.ctx == 1 << 20 and plan.tokens >= 1 << 20
+    assert plan.kv_bytes // plan.tokens == 32 * 2 * 8 * 128 * 34 // 32  # 69,632 bytes a position
+    widened = (1 << 20) * 2 * 8 * 128 * 2
+    room = int(134.5 * GiB) - memory.scratch_bytes(LLAMA3_8B, 2048) - widened - memory.RESERVE_BYTES
+    assert plan.tokens == room // (69632 * 64) * 64
+    smaller = device(90, weights_gib=4.6)  # where 1M positions of fp16 (128 GiB) cannot fit, q8_0's 68 GiB do
+    assert plan_context(LLAMA3_8B, smaller, 1 << 20, 2048, None, kv_type="q8_0").ctx == 1 << 20
+    with pytest.raises(ModelLoadError, match="larger than the KV pool that fits"):
+        plan_context(LLAMA3_8B, smaller, 1 << 20, 2048, None, kv_type="f16")
