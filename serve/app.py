@@ -15,10 +15,11 @@ from serve.routes import include_routes
 from serve.state import ServerState
 
 
-def create_app(settings: ServerSettings, tokenizer, model_ctx: int) -> FastAPI:
+def create_app(settings: ServerSettings, tokenizer, model_ctx: int, launched: list | None = None) -> FastAPI:
+    """launched: engines already started for this app (serve/engine_launch.py), adopted at its start."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state = app.state.strata = ServerState(settings, tokenizer, model_ctx)
+        state = app.state.strata = ServerState(settings, tokenizer, model_ctx, launched)
         state.start()
         try:
             yield

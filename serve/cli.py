@@ -152,6 +152,17 @@ def run(argv: list[str] | None) -> int:
     except (ValueError, ModelNotFound) as e:
         print(f"strata-server: {e}", file=sys.stderr)
         return 2
+    from serve.engine_launch import abandon, launch
+
+    # the engines load their model while this process imports the app and reads the tokenizer
+    launched = [launch(settings.engine_command(), settings.engine_env(i)) for i in range(settings.engines)]
+    try:
+        return serve_app(args, settings, launched)
+    finally:
+        abandon(launched)  # those still running once the server is done (its shutdown has QUIT the adopted)
+
+
+def serve_app(args: argparse.Namespace, settings: ServerSettings, launched: list) -> int:
     from engine.gguf_model import ModelLoadError
     from engine.tokenizer import load_tokenizer_and_ctx
     from serve.app import create_app
@@ -164,7 +175,7 @@ def run(argv: list[str] | None) -> int:
     except (ModelLoadError, ValueError) as e:
         print(f"strata-server: {e}", file=sys.stderr)
         return 2
-    app = create_app(settings, tokenizer, model_ctx)
+    app = create_app(settings, tokenizer, model_ctx, launched)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level,
                             timeout_graceful_shutdown=settings.shutdown_grace_s + 3)
     AnsweringServer(config).run()

@@ -4,12 +4,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
 from protocol import messages as m
 from protocol.codec import ProtocolError, decode, encode
+from serve.engine_launch import AdoptedProcess, abandon
 
 log = logging.getLogger("strata.engine")
 LINE_LIMIT = 1 << 20
@@ -41,15 +43,17 @@ class EngineClient:
     def __init__(self, cmd: list[str], handshake_timeout_s: float, max_restarts: int,
                  on_message: Callable[[m.Message], None], on_malformed: Callable[[str, str], None],
                  on_exit: Callable[[str], None], on_ready: Callable[[], None], on_failed: Callable[[], None],
-                 env: dict[str, str] | None = None):
-        """env: variables set for the engine beside the server's own (CUDA_VISIBLE_DEVICES)."""
+                 env: dict[str, str] | None = None, launched: subprocess.Popen | None = None):
+        """env: variables set for the engine beside the server's own (CUDA_VISIBLE_DEVICES).
+        launched: the engine already started with this cmd and env (serve/engine_launch.py), taken
+        for the first start instead of a new process."""
         self.cmd, self.handshake_timeout_s, self.max_restarts = cmd, handshake_timeout_s, max_restarts
-        self.env = env
+        self.env, self.launched = env, launched
         self.on_message, self.on_malformed, self.on_exit = on_message, on_malformed, on_exit
         self.on_ready, self.on_failed = on_ready, on_failed
         self.state = EngineState.STARTING
         self.info = EngineInfo()
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | AdoptedProcess | None = None
         self.restarts = 0
         self.failure = ""
         self._reader: asyncio.Task | None = None
@@ -83,11 +87,15 @@ class EngineClient:
 
     async def _spawn_and_handshake(self) -> None:
         log.info("starting engine: %s%s", "".join(f"{k}={v} " for k, v in (self.env or {}).items()), " ".join(self.cmd))
-        # its own session: a Ctrl+C or a signal to the server's process group is the server's to
-        # handle; the engine ends when the server says QUIT (or closes its stdin)
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=LINE_LIMIT,
-            start_new_session=True, env=None if self.env is None else os.environ | self.env)
+        if self.launched is not None:  # started before the server's own start-up: adopted once
+            launched, self.launched = self.launched, None
+            self.proc = await AdoptedProcess.adopt(launched, LINE_LIMIT)
+        else:
+            # its own session: a Ctrl+C or a signal to the server's process group is the server's to
+            # handle; the engine ends when the server says QUIT (or closes its stdin)
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=LINE_LIMIT,
+                start_new_session=True, env=None if self.env is None else os.environ | self.env)
         try:
             self.info = await asyncio.wait_for(self._handshake(self.proc), self.handshake_timeout_s)
         except asyncio.TimeoutError:
@@ -138,6 +146,9 @@ class EngineClient:
     async def stop(self, timeout_s: float) -> None:
         self.stopping = True
         self.state = EngineState.STOPPED
+        if self.launched is not None:  # stopped before its first start
+            abandon([self.launched])
+            self.launched = None
         if self.proc is None or self.proc.returncode is not None:
             return
         self.send(m.Quit())

@@ -14,8 +14,9 @@ from serve.scheduler import Scheduler
 
 
 class ServerState:
-    def __init__(self, settings: ServerSettings, tokenizer, model_ctx: int):
-        """model_ctx: the context the default engine uses for this model without --ctx."""
+    def __init__(self, settings: ServerSettings, tokenizer, model_ctx: int, launched: list | None = None):
+        """model_ctx: the context the default engine uses for this model without --ctx. launched:
+        the engines already started (serve/engine_launch.py), one per engine, or None."""
         self.settings, self.tokenizer = settings, tokenizer
         self.grammar_tokenizer = GrammarTokenizer(tokenizer, tokenizer.vocab_size)  # built on first use
         self.started_at = int(time.time())
@@ -35,7 +36,7 @@ class ServerState:
                 on_message=scheduler.on_message, on_malformed=scheduler.on_malformed,
                 on_exit=lambda reason, i=i: self.scheduler.on_engine_exit(i, reason),
                 on_ready=scheduler.on_engine_ready, on_failed=lambda i=i: self.scheduler.on_engine_failed(i),
-                env=settings.engine_env(i))
+                env=settings.engine_env(i), launched=launched[i] if launched else None)
             self.engines.append(scheduler.engine)
         self.engine = self.engines[0]  # the first engine: the context, the model's info
         self._starters: list[asyncio.Task] = []

@@ -24,6 +24,8 @@
 #          them on the 8-bit cache (results named _q8_0)
 # long     tools/long_context_run.py on the 8B shape in Q4_K_M with --kv-type q8_0: the 1M-token plan, a
 #          262,144-token request read, parked half-way and resumed (parity), decode at that depth
+# depth    decode at a 131,072-token context beside 512, f16 and q8_0 caches (tools/long_context_run.py --no-park)
+# startup  tools/startup_time.py: the server as a user starts it on the 8B shape in Q4_K_M, to /health 200, 3 times
 # chunkbench tools/chunk_default_bench.py on the 8B shape in Q4_K_M: the server as a user starts it per
 #          --chunk (256..4096), a 97K-token request's time, a newcomer's wait behind a 32K read, start-up
 # parity   tools/prefill_preempt_test.py --device gpu on the 8B shape
@@ -213,6 +215,15 @@ for step in "$@"; do
       [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 tools/long_context_run.py --model $MQ --kv-type q8_0 --ctx 1048576 --prompt-tokens 262144 --chunk 2048 \
         --json "$OUT/long_context_q8_0_h200.json" 2>&1 | quiet || echo "LONG CONTEXT RUN FAILED" ;;
+    depth)
+      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      for kv in f16 q8_0; do
+        python3 tools/long_context_run.py --model $MQ --kv-type $kv --ctx 133120 --prompt-tokens 131072 --chunk 2048 \
+          --max-new 64 --no-park --json "$OUT/decode_depth_${kv}_h200.json" 2>&1 | quiet || echo "DEPTH RUN FAILED"
+      done ;;
+    startup)
+      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 tools/startup_time.py --model $MQ --repeats 3 --json "$OUT/startup_h200.json" ;;
     chunkbench)
       [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 tools/chunk_default_bench.py --model $MQ --deadline-s $((540 - SECONDS)) --chunks ${CHUNKS:-256,512,1024,2048,4096} \

@@ -5,7 +5,9 @@ then resumed: its tokens and its state fingerprint (the cache's rows as stored, 
 equal the uninterrupted run's. Decode speed at that depth beside a 512-token request's.
 
     python tools/long_context_run.py --model FILE [--device gpu] [--kv-type q8_0] [--ctx 1048576]
-        [--prompt-tokens 262144] [--chunk 2048] [--max-new 16] [--json OUT]
+        [--prompt-tokens 262144] [--chunk 2048] [--max-new 16] [--no-park] [--json OUT]
+
+--no-park: only the plan, the uninterrupted read and decode at its depth (speeds by cache type).
 
 The prompt is random token ids (a synthetic model's output is as checkable as a trained one's for
 parity; no tokenizer is needed). Exit status 0 when the parked run equals the uninterrupted one.
@@ -49,6 +51,7 @@ def main() -> int:
     p.add_argument("--max-new", type=int, default=16)
     p.add_argument("--vocab-low", type=int, default=1000, help="prompt ids are drawn from [low, high)")
     p.add_argument("--vocab-high", type=int, default=100000)
+    p.add_argument("--no-park", action="store_true", help="skip the parked run")
     p.add_argument("--json")
     a = p.parse_args()
     started = time.perf_counter()
@@ -72,6 +75,8 @@ def main() -> int:
         ref = sc.uninterrupted(engine, prompt, a.max_new, GREEDY)
         report["uninterrupted"] = rates(ref)
         print("uninterrupted:", report["uninterrupted"], flush=True)
+        if a.no_park:
+            return 0
         boundary = a.prompt_tokens // a.chunk // 2
         out = sc.parked(engine, prompt, a.max_new, GREEDY, a.chunk, [boundary], short[:64], 8)
         report["parked"] = rates(out) | {

@@ -262,7 +262,9 @@ __device__ __forceinline__ void halves_to_float(const void* p, float* f) {
 
 // N consecutive values of a cached row as one lane loads them (paged.cuh): fp16 (2N bytes, in loads
 // of up to 16 bytes), or q8_0 (N int8 and the scale of their group; N divides 32). load() issues the
-// loads, widen() turns what came into floats, so a round's loads are all in flight before any is used.
+// loads; widen() turns what came into floats and scale() is what they are to be multiplied by (1 for
+// fp16; a q8_0 slice's scale, which the kernel applies once per key and lane rather than per value),
+// so a round's loads are all in flight before any is used.
 template <int N, bool Q8_0> struct KVSlice;
 template <int N> struct KVSlice<N, false> {
     using T = typename Bits<(2 * N >= 16 ? 16 : 2 * N)>::T;
@@ -278,22 +280,32 @@ template <int N> struct KVSlice<N, false> {
         for (int c = 0; c < W; ++c) w[c] = T{};
     }
     __device__ __forceinline__ void widen(float* f) const { halves_to_float<N>(w, f); }
+    __device__ __forceinline__ float scale() const { return 1.f; }
 };
 template <int N> struct KVSlice<N, true> {
     using T = typename Bits<N>::T;
     T w;
-    __half scale;
+    __half s;
     __device__ __forceinline__ void load(const void* pool, const __half* scales, size_t at) {
         w = *reinterpret_cast<const T*>(static_cast<const signed char*>(pool) + at);
-        scale = scales[at / 32];
+        s = scales[at / 32];
     }
-    __device__ __forceinline__ void clear() { w = T{}, scale = __float2half(0.f); }
+    __device__ __forceinline__ void clear() { w = T{}, s = __float2half(0.f); }
+    // The int8 values as floats, exactly and without I2F (a quarter-rate instruction): each byte,
+    // offset by 128, becomes the low mantissa byte of 2^23 (one byte permute), less 2^23 + 128.
     __device__ __forceinline__ void widen(float* f) const {
-        const signed char* c = reinterpret_cast<const signed char*>(&w);
-        const float s = __half2float(scale);
+        unsigned words[(N + 3) / 4];
+        if constexpr (N >= 4) {
 #pragma unroll
-        for (int i = 0; i < N; ++i) f[i] = (float)c[i] * s;
+            for (int i = 0; i < N / 4; ++i) words[i] = reinterpret_cast<const unsigned*>(&w)[i];
+        } else {
+            words[0] = w;
+        }
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            f[i] = __int_as_float(__byte_perm(words[i / 4] ^ 0x80808080u, 0x4B000000u, 0x7650 | (i % 4))) - 8388736.f;
     }
+    __device__ __forceinline__ float scale() const { return __half2float(s); }
 };
 
 // q: (sequences, heads, D) fp16, one token each at position pos0[s]: keys 0..pos0[s] are visible.
@@ -379,6 +391,7 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
                         const float4 qv = *reinterpret_cast<const float4*>(&qs[h][chunk][e]);
                         acc = fmaf(qv.x, kf[e], fmaf(qv.y, kf[e + 1], fmaf(qv.z, kf[e + 2], fmaf(qv.w, kf[e + 3], acc))));
                     }
+                    acc *= kr[qd].scale();  // this lane's slice's scale, before the lanes' sum
                     acc += __shfl_xor_sync(0xffffffffu, acc, 1);
                     acc += __shfl_xor_sync(0xffffffffu, acc, 2);
                     acc += __shfl_xor_sync(0xffffffffu, acc, 4);
@@ -408,7 +421,7 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
                 vr[j].widen(vf);
 #pragma unroll
                 for (int h = 0; h < G; ++h) {
-                    const float pj = __shfl_sync(0xffffffffu, sc[j / 4][h], 8 * (j % 4));
+                    const float pj = __shfl_sync(0xffffffffu, sc[j / 4][h], 8 * (j % 4)) * vr[j].scale();
 #pragma unroll
                     for (int e = 0; e < DV; ++e) o[h][e] = fmaf(pj, vf[e], o[h][e]);
                 }
