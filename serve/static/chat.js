@@ -180,46 +180,46 @@ export class Chat {
   messageView(message, last) {
     const view = document.createElement("article");
     view.className = `msg ${message.role}`;
+    const make = (tag, className) => Object.assign(document.createElement(tag), { className });
+    const parts = view.parts = { content: make("div", "content") };  // what fill() writes, found once
     if (message.role === "assistant") {
-      const reasoning = document.createElement("details");
-      reasoning.className = "reasoning";
-      reasoning.append(document.createElement("summary"), Object.assign(document.createElement("div"),
-        { className: "reasoning-text" }));
-      view.append(reasoning);
-    }
-    view.append(Object.assign(document.createElement("div"), { className: "content" }));
-    if (message.role === "assistant") {
-      const meta = Object.assign(document.createElement("div"), { className: "meta" });
-      const stats = Object.assign(document.createElement("span"), { className: "stats" });
+      parts.reasoning = make("details", "reasoning");
+      parts.summary = document.createElement("summary");
+      parts.reasoningText = make("div", "reasoning-text");
+      parts.reasoning.append(parts.summary, parts.reasoningText);
+      parts.error = make("p", "error");
+      parts.stats = make("span", "stats");
+      const meta = make("div", "meta");
       const copy = button("Copy", "copy", () => this.copy(message, copy));
-      meta.append(stats, copy);
+      meta.append(parts.stats, copy);
       if (last) meta.append(button("Regenerate", "regenerate", () => this.regenerate()));
-      view.append(meta);
+      view.append(parts.reasoning, parts.content, parts.error, meta);
+    } else {
+      view.append(parts.content);
     }
     this.fill(view, message, false);
     return view;
   }
 
-  // writes a message's fields into its view (as text: nothing the model writes is read as HTML)
+  // writes a message's fields into its view (as text: nothing the model writes is read as HTML);
+  // called for every streamed piece, so it only sets what messageView made
   fill(view, message, streaming) {
+    const { content, reasoning, summary, reasoningText, error, stats } = view.parts;
     view.dataset.finish = message.finish || "";
-    view.querySelector(".content").textContent = message.content;
+    content.textContent = message.content;
     if (message.role !== "assistant") return;
-    const reasoning = view.querySelector(".reasoning");
     reasoning.hidden = !message.reasoning;
-    reasoning.querySelector("summary").textContent = streaming && !message.content ? "Thinking…" : "Reasoning";
-    reasoning.querySelector(".reasoning-text").textContent = message.reasoning || "";
-    const error = view.querySelector(".error") || view.insertBefore(
-      Object.assign(document.createElement("p"), { className: "error" }), view.querySelector(".meta"));
+    summary.textContent = streaming && !message.content ? "Thinking…" : "Reasoning";
+    reasoningText.textContent = message.reasoning || "";
     error.hidden = !message.error;
     error.textContent = message.error || "";
-    const parts = [];
-    if (message.tokens) parts.push(`${message.tokens} tokens`);
-    if (message.tokS) parts.push(`${message.tokS.toFixed(1)} tok/s`);
-    if (message.ttftMs != null) parts.push(`first token ${message.ttftMs} ms`);
-    if (message.finish === "stopped") parts.push("stopped");
-    else if (message.finish === "length") parts.push("cut at max tokens");
-    view.querySelector(".stats").textContent = parts.join(" · ");
+    const shown = [];
+    if (message.tokens) shown.push(`${message.tokens} tokens`);
+    if (message.tokS) shown.push(`${message.tokS.toFixed(1)} tok/s`);
+    if (message.ttftMs != null) shown.push(`first token ${message.ttftMs} ms`);
+    if (message.finish === "stopped") shown.push("stopped");
+    else if (message.finish === "length") shown.push("cut at max tokens");
+    stats.textContent = shown.join(" · ");
     if (streaming) this.list.scrollTop = this.list.scrollHeight;
   }
 
