@@ -24,6 +24,8 @@
 #          them on the 8-bit cache (results named _q8_0)
 # long     tools/long_context_run.py on the 8B shape in Q4_K_M with --kv-type q8_0: the 1M-token plan, a
 #          262,144-token request read, parked half-way and resumed (parity), decode at that depth
+# prefetch flash-decoding's DEC_PREFETCH variants side by side (tools/gpu_kernels_check.py --block-sweep 64
+#          --define DEC_PREFETCH=0|1, twice each), after the kernel checks of the default (no timings)
 # depth    decode at a 131,072-token context beside 512, f16 and q8_0 caches (tools/long_context_run.py --no-park)
 # startup  tools/startup_time.py: the server as a user starts it on the 8B shape in Q4_K_M, to /health 200, 3 times
 # chunkbench tools/chunk_default_bench.py on the 8B shape in Q4_K_M: the server as a user starts it per
@@ -215,6 +217,12 @@ for step in "$@"; do
       [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 tools/long_context_run.py --model $MQ --kv-type q8_0 --ctx 1048576 --prompt-tokens 262144 --chunk 2048 \
         --json "$OUT/long_context_q8_0_h200.json" 2>&1 | quiet || echo "LONG CONTEXT RUN FAILED" ;;
+    prefetch)
+      python3 tools/gpu_kernels_check.py --no-speed --json "$OUT/kernels_checks.json" | tail -1
+      for p in 0 1 0 1; do
+        python3 tools/gpu_kernels_check.py --block-sweep 64 --define DEC_PREFETCH=$p --json "$OUT/sweep_p$p.json" \
+          | grep -o "decode_depth[0-9]*\(_q8\)\?_us=[0-9.]*" | tr '\n' ' '; echo " (DEC_PREFETCH=$p)"
+      done ;;
     depth)
       [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       for kv in f16 q8_0; do

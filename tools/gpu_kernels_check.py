@@ -472,10 +472,10 @@ def attention_speed(k: GpuKernels, block: int | None, q8: bool = False) -> dict:
 
 
 def block_sweep(k: GpuKernels, sizes: list[int | None]) -> dict:
-    """attention_speed per block size, side by side in one run (None: contiguous)."""
+    """attention_speed per block size, f16 and q8_0 caches, side by side in one run (None: contiguous)."""
     out = {}
     for size in sizes:
-        out[str(size or "contiguous")] = row = attention_speed(k, size)
+        out[str(size or "contiguous")] = row = attention_speed(k, size) | attention_speed(k, size, q8=True)
         print(f"block {size or 'contiguous':>10}: " + "  ".join(f"{key.replace('attention_', '')}={value}"
                                                              for key, value in row.items() if not key.endswith("_ms")),
               flush=True)
@@ -512,13 +512,15 @@ def main() -> int:
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--block-sweep", help="only time attention with K/V in blocks of these sizes (comma-separated; "
                                          "0: contiguous), side by side")
+    p.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
+                   help="a macro for every kernel file (a kernel's variant, e.g. DEC_PREFETCH=0)")
     a = p.parse_args()
-    k = GpuKernels(cp)
+    k = GpuKernels(cp, tuple(a.define))
     if a.block_sweep:
         sweep = block_sweep(k, [int(x) or None for x in a.block_sweep.split(",")])
         if a.json:
             Path(a.json).write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                                                "block_sweep": sweep}, indent=1) + "\n")
+                                                "defines": a.define, "block_sweep": sweep}, indent=1) + "\n")
         return 0
     check_attention(k)
     check_fused_q8(k)

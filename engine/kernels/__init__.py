@@ -96,7 +96,8 @@ def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
 
 
 class GpuKernels:
-    def __init__(self, cp: ModuleType):
+    def __init__(self, cp: ModuleType, defines: tuple[str, ...] = ()):
+        """defines: NAME=VALUE macros for every kernel file (a tool's way to time a kernel's variants)."""
         self.cp = cp
         names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "norm_rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
                  "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
@@ -110,7 +111,7 @@ class GpuKernels:
                  "moe.cu": moe.KERNELS}
         self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
         for source, kernels in names.items():
-            module = cp.RawModule(code=kernel_source(source), options=OPTIONS)
+            module = cp.RawModule(code=kernel_source(source), options=OPTIONS + tuple(f"-D{d}" for d in defines))
             self.fn |= {name: module.get_function(name) for name in kernels}
         for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
             self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)

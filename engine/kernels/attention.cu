@@ -243,6 +243,9 @@ constexpr int DEC_ROUND = 16;  // keys a warp takes per round: 4 quads of 4 keys
 constexpr int DEC_ROUND_LOG2 = 4;
 static_assert(DEC_ROUND == 1 << DEC_ROUND_LOG2, "DEC_ROUND_LOG2");
 constexpr int DEC_MAX_SPLITS = 64;  // per_block is chosen so that no grid has more
+#ifndef DEC_PREFETCH  // 1: a warp's next round of keys finds its block while this round computes (below)
+#define DEC_PREFETCH 1
+#endif
 
 template <int BYTES> struct Bits;
 template <> struct Bits<2> { using T = unsigned short; };
@@ -358,9 +361,17 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
         // base is a multiple of DEC_ROUND (per_warp is): with blocks of DEC_ROUND keys or more a
         // round's keys lie in one block, found once a round
         const bool one_block = block_log2 >= DEC_ROUND_LOG2;
+        // DEC_PREFETCH 1: a round's block is looked up in the table one round ahead, so that lookup is
+        // in flight while the round before computes and a round's loads wait on no other memory
+        // access; 0: each round looks its block up, then loads. The arithmetic is the same.
+        size_t next_row = one_block && begin < end ? kv_row(tbl, begin, hk, model_kv_heads, block_log2, D) : 0;
 #pragma unroll 1
         for (int base = begin; base < end; base += DEC_ROUND) {
+#if DEC_PREFETCH
+            const size_t round_row = next_row;
+#else
             const size_t round_row = one_block ? kv_row(tbl, base, hk, model_kv_heads, block_log2, D) : 0;
+#endif
             auto row = [&](int key) {
                 return one_block ? round_row + (size_t)(key - base) * D
                                  : kv_row(tbl, key, hk, model_kv_heads, block_log2, D);
@@ -378,6 +389,10 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
                 if (base + j < end) vr[j].load(v, v_scales, row(base + j) + lane * DV);
                 else vr[j].clear();
             }
+#if DEC_PREFETCH
+            if (one_block && base + DEC_ROUND < end)
+                next_row = kv_row(tbl, base + DEC_ROUND, hk, model_kv_heads, block_log2, D);
+#endif
             float sc[4][G];  // the score of key base + 4 qd + sub, head h
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {
