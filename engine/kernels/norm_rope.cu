@@ -69,6 +69,29 @@ extern "C" __global__ void add_residual(float* __restrict__ x, const __half* __r
     if (i < n) x[i] += __half2float(delta[i]);
 }
 
+// The pair (j, j + half_d) of a head rotated by position p's angle j (cos, sin: (positions, d/2)).
+__device__ __forceinline__ void rotate_pair(float& a, float& b, const float* __restrict__ cos,
+                                            const float* __restrict__ sin, int p, int half_d, int j) {
+    const size_t at = (size_t)p * half_d + j;
+    const float c = cos[at], s = sin[at];
+    const float ra = a * c - b * s, rb = b * c + a * s;
+    a = ra;
+    b = rb;
+}
+
+// The pair written where its head goes: a Q head to q_dst (not null), a K or V head into its pool at
+// row (store_kv: q8_0 needs the warp's 32 lanes to store one group of each half together).
+__device__ __forceinline__ void store_pair(__half* q_dst, void* pool, __half* scales, size_t row, int half_d, int j,
+                                           float a, float b) {
+    if (q_dst != nullptr) {
+        q_dst[j] = __float2half(a);
+        q_dst[j + half_d] = __float2half(b);
+    } else {
+        store_kv(pool, scales, row + j, a);
+        store_kv(pool, scales, row + j + half_d, b);
+    }
+}
+
 // qkv: (n, heads + 2*kv_heads, d) fp16, the fused projection of n tokens: either one sequence's
 // tokens at positions pos0[0] + t (seqs == 1), or a decode batch of n sequences, token t at pos0[t]
 // its rows through its own block table (seqs == n); positions and tables are read from device memory
@@ -95,23 +118,11 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
     const int* tbl = table + table_off[seq];
     const __half* src = qkv + r * d;
     float a = __half2float(src[j]), b = __half2float(src[j + half_d]);
-    if (slot < heads + kv_heads) {
-        const size_t at = (size_t)p * half_d + j;
-        const float c = cos[at], s = sin[at];
-        const float ra = a * c - b * s, rb = b * c + a * s;
-        a = ra;
-        b = rb;
-    }
-    if (slot < heads) {
-        __half* dst = q_out + ((size_t)t * heads + slot) * d;
-        dst[j] = __float2half(a);
-        dst[j + half_d] = __float2half(b);
-        return;
-    }
+    if (slot < heads + kv_heads) rotate_pair(a, b, cos, sin, p, half_d, j);
     const bool is_k = slot < heads + kv_heads;  // a warp's lanes share one slot (half_d is 32 or 64)
-    const size_t row = kv_row(tbl, p, slot - heads - (is_k ? 0 : kv_heads), kv_heads, block_log2, d);
-    store_kv(is_k ? k_cache : v_cache, is_k ? k_scales : v_scales, row + j, a);
-    store_kv(is_k ? k_cache : v_cache, is_k ? k_scales : v_scales, row + j + half_d, b);
+    const size_t row = slot < heads ? 0 : kv_row(tbl, p, slot - heads - (is_k ? 0 : kv_heads), kv_heads, block_log2, d);
+    store_pair(slot < heads ? q_out + ((size_t)t * heads + slot) * d : nullptr, is_k ? k_cache : v_cache,
+               is_k ? k_scales : v_scales, row, half_d, j, a, b);
 }
 
 // rope_store for Qwen3, whose Q and K heads are RMS-normalized first: each Q head and K head x
@@ -153,19 +164,9 @@ extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __hal
         if (rotate) {
             a = __half2float(__float2half(a * inv * w[j]));
             b = __half2float(__float2half(b * inv * w[j + half_d]));
-            const size_t at = (size_t)p * half_d + j;
-            const float c = cos[at], s = sin[at];
-            const float ra = a * c - b * s, rb = b * c + a * s;
-            a = ra;
-            b = rb;
+            rotate_pair(a, b, cos, sin, p, half_d, j);
         }
-        if (slot < heads) {
-            q_dst[j] = __float2half(a);
-            q_dst[j + half_d] = __float2half(b);
-        } else {
-            store_kv(is_k ? k_cache : v_cache, is_k ? k_scales : v_scales, row + j, a);
-            store_kv(is_k ? k_cache : v_cache, is_k ? k_scales : v_scales, row + j + half_d, b);
-        }
+        store_pair(q_dst, is_k ? k_cache : v_cache, is_k ? k_scales : v_scales, row, half_d, j, a, b);
     }
 }
 
