@@ -313,10 +313,10 @@ class TensorRows:
 
 
 def load_model(path: str, backend: Backend, keep_blocks: bool = True,
-               rope: RopeOverride = RopeOverride()) -> tuple[ModelConfig, Weights, GGUFFile]:
+               rope: RopeOverride = RopeOverride(), reader: GGUFFile | None = None) -> tuple[ModelConfig, Weights, GGUFFile]:
     """keep_blocks: on the GPU, quantized weights stay in their GGUF blocks (else fp16). rope: the
-    command line's rope scaling over the file's."""
-    reader = GGUFFile(path, "r")
+    command line's rope scaling over the file's. reader: the file already opened (else opened here)."""
+    reader = reader or GGUFFile(path, "r")
     cfg = read_config(reader)
     scaling, base = rope.apply(cfg.rope, cfg.rope_base)
     cfg = replace(cfg, rope=scaling, rope_base=base)

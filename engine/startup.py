@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from engine.backend import select_backend
 from engine.cli import EngineConfig
-from engine.gguf_file import GGUFFormatError
+from engine.gguf_file import GGUFFile, GGUFFormatError
 from engine.gguf_model import ModelLoadError, load_model
 from engine.loop import run_loop
 from engine.memory import plan_context
@@ -31,11 +32,15 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     config = config.for_device(backend.name)
     log(f"loading {path} on {backend.device_name}")
     started = time.monotonic()
-    cfg, weights, reader = load_model(str(path), backend, keep_blocks=config.weights == "quantized", rope=config.rope)
-    stages = {"weights": time.monotonic() - started}  # seconds each start-up stage took, logged below
+    reader = GGUFFile(str(path), "r")
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as beside:
+        building = beside.submit(GGUFTokenizer, reader)  # the vocabulary is read while the weights load
+        cfg, weights, _ = load_model(str(path), backend, keep_blocks=config.weights == "quantized", rope=config.rope,
+                                     reader=reader)
+        stages = {"weights": time.monotonic() - started}  # seconds each start-up stage took, logged below
+        tokenizer = building.result()
+    stages["tokenizer after the weights"] = time.monotonic() - started - sum(stages.values())
     check_kv_type(config.kv_type, backend.name, cfg.head_dim)
-    tokenizer = GGUFTokenizer(reader)
-    stages["tokenizer"] = time.monotonic() - started - sum(stages.values())
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type)
