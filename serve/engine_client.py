@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import subprocess
 from dataclasses import dataclass, field
 from enum import Enum
@@ -11,7 +10,7 @@ from typing import Callable
 
 from protocol import messages as m
 from protocol.codec import ProtocolError, decode, encode
-from serve.engine_launch import AdoptedProcess, abandon
+from serve.engine_launch import AdoptedProcess, abandon, launch
 
 log = logging.getLogger("strata.engine")
 LINE_LIMIT = 1 << 20
@@ -53,7 +52,7 @@ class EngineClient:
         self.on_ready, self.on_failed = on_ready, on_failed
         self.state = EngineState.STARTING
         self.info = EngineInfo()
-        self.proc: asyncio.subprocess.Process | AdoptedProcess | None = None
+        self.proc: AdoptedProcess | None = None
         self.restarts = 0
         self.failure = ""
         self._reader: asyncio.Task | None = None
@@ -87,15 +86,10 @@ class EngineClient:
 
     async def _spawn_and_handshake(self) -> None:
         log.info("starting engine: %s%s", "".join(f"{k}={v} " for k, v in (self.env or {}).items()), " ".join(self.cmd))
-        if self.launched is not None:  # started before the server's own start-up: adopted once
-            launched, self.launched = self.launched, None
-            self.proc = await AdoptedProcess.adopt(launched, LINE_LIMIT)
-        else:
-            # its own session: a Ctrl+C or a signal to the server's process group is the server's to
-            # handle; the engine ends when the server says QUIT (or closes its stdin)
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=LINE_LIMIT,
-                start_new_session=True, env=None if self.env is None else os.environ | self.env)
+        # one way to start an engine (serve/engine_launch.py): the first may have been started before
+        # the server's own start-up; later ones (restarts) are started here
+        launched, self.launched = self.launched or launch(self.cmd, self.env), None
+        self.proc = await AdoptedProcess.adopt(launched, LINE_LIMIT)
         try:
             self.info = await asyncio.wait_for(self._handshake(self.proc), self.handshake_timeout_s)
         except asyncio.TimeoutError:

@@ -1,10 +1,10 @@
-"""Engines started before the server's own start-up, so that their load overlaps it.
+"""How engine processes are started: `launch`, then adopted into the event loop (AdoptedProcess gives
+a subprocess.Popen the surface of asyncio's Process that serve/engine_client.py uses).
 
 The server needs a second or two before its event loop runs (FastAPI's imports, the tokenizer, the
-app); an engine needs seconds to load its model. `launch` starts the engine processes as soon as the
-settings are known, and the engine client adopts each one for its first start (AdoptedProcess gives
-a subprocess.Popen the surface of asyncio's Process that serve/engine_client.py uses). Restarts after
-a crash spawn as before. Engines never adopted (the server failed to start) are ended by `abandon`.
+app); an engine needs seconds to load its model. So the first engines are launched as soon as the
+settings are known and adopted once the loop runs; restarts after a crash are launched by the
+client. Engines never adopted (the server failed to start) are ended by `abandon`.
 """
 from __future__ import annotations
 
