@@ -31,15 +31,19 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     backend = select_backend(config.device)
     config = config.for_device(backend.name)
     log(f"loading {path} on {backend.device_name}")
-    started = time.monotonic()
+    started, stages = time.monotonic(), {}  # seconds each start-up stage took, logged below
+
+    def lap(stage: str) -> None:
+        stages[stage] = time.monotonic() - started - sum(stages.values())
+
     reader = GGUFFile(str(path), "r")
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as beside:
         building = beside.submit(GGUFTokenizer, reader)  # the vocabulary is read while the weights load
         cfg, weights, _ = load_model(str(path), backend, keep_blocks=config.weights == "quantized", rope=config.rope,
                                      reader=reader)
-        stages = {"weights": time.monotonic() - started}  # seconds each start-up stage took, logged below
+        lap("weights")
         tokenizer = building.result()
-    stages["tokenizer after the weights"] = time.monotonic() - started - sum(stages.values())
+    lap("tokenizer after the weights")
     check_kv_type(config.kv_type, backend.name, cfg.head_dim)
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
@@ -50,9 +54,9 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
                          config.kv_type)
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
-    stages["pool"] = time.monotonic() - started - sum(stages.values())
+    lap("pool")
     runner.warm_up()
-    stages["warm-up"] = time.monotonic() - started - sum(stages.values())
+    lap("warm-up")
     if cfg.rope.active:
         log(f"rope scaling: {cfg.rope.describe()} (base {cfg.rope_base:g}; the model serves up to {cfg.max_context} tokens)")
     log(f"loaded {cfg.name} ({cfg.n_layers} layers, {runner.kv.type.name} KV pool of {plan.tokens} tokens in blocks of {plan.block} "
