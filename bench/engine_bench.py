@@ -193,6 +193,8 @@ def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: in
               "shape": f"{cfg.n_layers} layers, dim {cfg.dim}, ffn {cfg.ffn_dim}, heads {cfg.n_heads}/{cfg.n_kv_heads}",
               "chunk": chunk, "repeats": repeats, "load_s": round(load_s, 2), "weights": weights_form,
               "file_tensor_mib": round(file_mib)}
+    if backend.name == "gpu":
+        result["prompt_attention"] = backend.kernels.prompt_attention
     if weights_mib is not None:
         result |= {"gpu_weights_mib": round(weights_mib), "gpu_weights_over_file": round(weights_mib / file_mib, 3)}
     for n in sizes:

@@ -5,6 +5,10 @@
 #   bash tools/device_gpu_run.sh kernels synth bench parity hol real
 #
 # kernels  tools/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention speed
+# sm90     the wgmma prompt attention (attention_sm90.cu) against NumPy alone (fast); on failure, again with
+#          V's descriptor offsets swapped (V_LBO_IS_PANEL=0)
+# longread bench/engine_bench.py prompt reads of 65,536 and 131,072 tokens, 8B shape in Q4_K_M, chunk 2048,
+#          with STRATA_PROMPT_ATTENTION=sm90 and =mma (KINDS, SIZES override) -> $OUT/long_read.json
 # times    tools/decode_kernel_times.py: each decode kernel's GPU time per launch
 # grammar  tools/gpu_grammar_check.py: constrained decoding (regex, JSON schema) on the GPU
 # grammarcost bench/grammar_bench.py --gpu: the mask per token with the logits on the GPU (copied to the host)
@@ -167,6 +171,17 @@ for step in "$@"; do
       cp .device/part00 /tmp/sm/part00 ;;
     kernels)
       python3 tools/gpu_kernels_check.py --json "$OUT/kernels.json" || echo "KERNEL CHECKS FAILED" ;;
+    sm90)  # the wgmma prompt attention's checks alone; when they fail, again with V's descriptor offsets swapped
+      python3 tools/gpu_kernels_check.py --only attention,q8_cache --no-speed --json "$OUT/sm90_check.json" \
+        | grep -v "^ok " || { echo "SM90 CHECKS FAILED; V_LBO_IS_PANEL=0:"
+        python3 tools/gpu_kernels_check.py --only attention --no-speed --define V_LBO_IS_PANEL=0 | grep -v "^ok "; } ;;
+    longread)  # prompt reads of 65,536 and 131,072 tokens (8B shape, Q4_K_M, chunk 2048): wgmma beside mma.sync attention
+      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      for kind in ${KINDS:-sm90 mma}; do
+        STRATA_PROMPT_ATTENTION=$kind python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 \
+          --sizes ${SIZES:-65536,131072} --repeats 2 --decode-steps 0 --label llama3-8b-q4_k_m-$kind \
+          --json "$OUT/long_read.json" 2>&1 | grep -E "prefill_|prompt_attention|Error|error" || true
+      done ;;
     times)
       python3 tools/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;
     grammar)  # constrained decoding through the GPU sampler path (a small synthetic model, graphs on)

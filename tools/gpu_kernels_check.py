@@ -95,25 +95,36 @@ KV_BLOCK = int(os.environ.get("STRATA_KV_BLOCK", DEFAULT_BLOCK))  # the block si
 
 # ---------------------------------------------------------------- correctness
 
+def prompt_kernels(k: GpuKernels) -> list[str]:
+    """The prompt-attention kernels this device runs (the default first): sm90 and mma on Hopper."""
+    return [k.prompt_attention, *(["mma"] if k.prompt_attention == "sm90" else [])]
+
+
 def check_attention(k: GpuKernels) -> None:
-    """Prompt chunks (n > 1) and single tokens (flash-decoding), including a decode grid sized for
-    more keys than present, as a captured graph's bucket is."""
+    """Prompt chunks (n > 1) through every prompt kernel the device has, and single tokens
+    (flash-decoding), including a decode grid sized for more keys than present, as a captured
+    graph's bucket is."""
+    default = k.prompt_attention
     for case, (d, heads, kv_heads, n, start, bucket) in enumerate([
             (64, 9, 3, 1, 0, None), (64, 9, 3, 100, 0, None), (64, 9, 3, 77, 130, None),
             (128, 32, 8, 1, 700, None), (128, 32, 8, 257, 0, None), (128, 32, 8, 64, 64, None),
             (128, 8, 8, 33, 1000, None), (128, 16, 2, 200, 50, None), (64, 4, 4, 129, 3, None),
             (128, 32, 4, 130, 4099, None), (128, 32, 8, 1, 255, None), (128, 32, 8, 1, 256, None),
             (128, 64, 8, 1, 4999, None), (64, 9, 3, 1, 63, None), (128, 32, 8, 1, 1500, 8192),
-            (64, 9, 3, 1, 10, 1024)]):
+            (64, 9, 3, 1, 10, 1024), (128, 32, 8, 300, 2000, None), (128, 8, 8, 129, 127, None),
+            (64, 16, 2, 520, 777, None)]):
         block = BLOCKS_CYCLE[case % len(BLOCKS_CYCLE)]
         ctx = start + n + 13
         q = half_normal(n, heads, d)
         kc, vc, table = paged(block, half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d))
         ref = REF.attention(q.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), Step(n, start, (table,)))
         step = k.batch_step([table], [start], max_keys=bucket, block=block) if bucket else k.step(n, start, table)
-        out = k.attention(cp.asarray(q), cp.asarray(kc), cp.asarray(vc), step)
-        record("attention", f"d={d} gqa={heads // kv_heads} n={n} start={start} block={block}" +
-               (f" grid for {bucket}" if bucket else ""), rel_err(out, ref), 5e-3)
+        for kind in prompt_kernels(k) if n > 1 else [default]:
+            k.prompt_attention = kind
+            out = k.attention(cp.asarray(q), cp.asarray(kc), cp.asarray(vc), step)
+            record("attention" + (f" {kind}" if n > 1 else ""), f"d={d} gqa={heads // kv_heads} n={n} start={start} "
+                   f"block={block}" + (f" grid for {bucket}" if bucket else ""), rel_err(out, ref), 5e-3)
+        k.prompt_attention = default
 
 
 def rope_inputs(n: int, heads: int, kv_heads: int, d: int, start: int, normed: bool) -> tuple:
@@ -454,14 +465,19 @@ def attention_speed(k: GpuKernels, block: int | None, q8: bool = False) -> dict:
         kq, ks, vq, vs, table = paged(size, kq, ks, vq, vs)
         return Q8Array(cp.asarray(kq), cp.asarray(ks)), Q8Array(cp.asarray(vq), cp.asarray(vs)), table
 
+    default = k.prompt_attention
     for depth in (0, 14336, 63488):
         q = cp.asarray(half_normal(n, heads, d))
         kc, vc, table = pools(depth + n)
         step = k.step(n, depth, table)
-        ms = median_ms(lambda: k.attention(q, kc, vc, step))
-        flops = 4 * n * heads * d * (depth + (n + 1) / 2)  # QK^T and PV over the visible keys
-        out[f"attention_chunk{n}_depth{depth}{suffix}_tflops"] = round(flops / ms / 1e9, 1)
-        out[f"attention_chunk{n}_depth{depth}{suffix}_ms"] = round(ms, 3)
+        for kind in prompt_kernels(k):  # the default kernel's keys unnamed, another's suffixed with its name
+            k.prompt_attention = kind
+            ms = median_ms(lambda: k.attention(q, kc, vc, step))
+            flops = 4 * n * heads * d * (depth + (n + 1) / 2)  # QK^T and PV over the visible keys
+            name = f"attention_chunk{n}_depth{depth}{suffix}" + ("" if kind == default else f"_{kind}")
+            out[f"{name}_tflops"] = round(flops / ms / 1e9, 1)
+            out[f"{name}_ms"] = round(ms, 3)
+        k.prompt_attention = default
     for depth in (1024, 46832, 131071):  # one decode token: bound by reading K and V once
         kc, vc, table = pools(depth + 1)
         q, step = cp.asarray(half_normal(1, heads, d)), k.step(1, depth, table)
@@ -512,25 +528,27 @@ def main() -> int:
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--block-sweep", help="only time attention with K/V in blocks of these sizes (comma-separated; "
                                          "0: contiguous), side by side")
+    p.add_argument("--only", help="run only these checks (comma-separated: attention, fused_q8, norm_rope, "
+                                   "q8_cache, weights, moe, argmax, sampling)")
     p.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
                    help="a macro for every kernel file (a kernel's variant, e.g. DEC_PREFETCH=0)")
     a = p.parse_args()
     k = GpuKernels(cp, tuple(a.define))
+    print(f"prompt attention: {k.prompt_attention}", flush=True)
     if a.block_sweep:
         sweep = block_sweep(k, [int(x) or None for x in a.block_sweep.split(",")])
         if a.json:
             Path(a.json).write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                                                 "defines": a.define, "block_sweep": sweep}, indent=1) + "\n")
         return 0
-    check_attention(k)
-    check_fused_q8(k)
-    check_norm_rope_swiglu(k)
-    check_q8_cache(k)
-    check_weights(k)
-    check_moe(k)
-    check_argmax(k)
-    check_sampling()
-    report = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "checks": results,
+    checks = {"attention": check_attention, "fused_q8": check_fused_q8, "norm_rope": check_norm_rope_swiglu,
+              "q8_cache": check_q8_cache, "weights": check_weights, "moe": check_moe, "argmax": check_argmax,
+              "sampling": lambda _: check_sampling()}
+    for name, check in checks.items():
+        if not a.only or name in a.only.split(","):
+            check(k)
+    report = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "defines": a.define,
+              "prompt_attention": k.prompt_attention, "checks": results,
               "all_ok": all(r["ok"] for r in results)}
     if not a.no_speed:
         report["speed"] = speed(k)

@@ -5,14 +5,16 @@ tools/gpu_kernels_check.py compares it with on the GPU."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
 from engine.backend import Step
-from engine.kernels import moe
+from engine.kernels import moe, sm90
 from engine.kv_types import Q8Array
 from engine.quantized import BLOCKS, UNIT, QuantMatrix, Row8
 
@@ -20,6 +22,8 @@ KERNEL_DIR = Path(__file__).resolve().parent
 OPTIONS = ("-std=c++17", "--use_fast_math")
 THREADS = 256
 ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR in attention.cu
+PROMPT_ATTENTION = ("sm90", "mma")  # prompt-chunk attention kernels: wgmma (attention_sm90.cu, compute
+# capability 9.0 only) and mma.sync (attention.cu, any GPU); $STRATA_PROMPT_ATTENTION picks one
 DECODE_THREADS = 128  # a flash-decoding block: DEC_WARPS warps in attention.cu
 DECODE_MAX_SPLITS = 64  # DEC_MAX_SPLITS in attention.cu
 MAX_GROUP = 8  # query heads per K/V head the decoding kernels are built for (one kernel each)
@@ -96,8 +100,10 @@ def blocks(n: int, per_block: int = THREADS) -> tuple[int]:
 
 
 class GpuKernels:
-    def __init__(self, cp: ModuleType, defines: tuple[str, ...] = ()):
-        """defines: NAME=VALUE macros for every kernel file (a tool's way to time a kernel's variants)."""
+    def __init__(self, cp: ModuleType, defines: tuple[str, ...] = (), prompt_attention: str | None = None):
+        """defines: NAME=VALUE macros for every kernel file (a tool's way to time a kernel's variants).
+        prompt_attention: "sm90" or "mma" (PROMPT_ATTENTION; default $STRATA_PROMPT_ATTENTION, else sm90
+        where the device has it)."""
         self.cp = cp
         names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "norm_rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
                  "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
@@ -115,11 +121,36 @@ class GpuKernels:
             self.fn |= {name: module.get_function(name) for name in kernels}
         for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
             self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
+        self.prompt_attention = self.load_sm90(defines, prompt_attention or os.environ.get("STRATA_PROMPT_ATTENTION"))
         # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
         # with the default allocator, never in a graphs' pool: every captured graph keeps their address
         self.counters = cp.zeros(COUNTER_SEQUENCES * MAX_COUNTER_HEADS, dtype=cp.int32)
         self.scratch = None  # fp16 values of the largest quantized matrix: a prompt chunk's GEMM operand
         self.moe = moe.MoeKernels(self)
+
+    def load_sm90(self, defines: tuple[str, ...], wanted: str | None) -> str:
+        """The prompt-attention kernel to use: "sm90" once attention_sm90.cu is built (compute
+        capability 9.0 only), else "mma". A device that has it but cannot build it (an NVRTC older
+        than CUDA 12) says so and runs the mma.sync kernel."""
+        if wanted not in (None, *PROMPT_ATTENTION):
+            raise ValueError(f"prompt attention kernel {wanted!r}: choose one of {PROMPT_ATTENTION}")
+        if wanted == "mma" or not sm90.supported(self.cp):
+            if wanted == "sm90":
+                raise ValueError("the sm90 attention kernel needs a GPU of compute capability 9.0 (Hopper)")
+            return "mma"
+        names = tuple(f"flash_attention_sm90_d{d}" for d in HEAD_DIMS)
+        try:
+            built = sm90.Sm90Kernels(self.cp, kernel_source("attention_sm90.cu"), "attention_sm90.cu", names,
+                                     OPTIONS + tuple(f"-D{d}" for d in defines),
+                                     {f"flash_attention_sm90_d{d}": sm90.smem_bytes(d) for d in HEAD_DIMS})
+        except RuntimeError as e:
+            if wanted == "sm90":
+                raise
+            print(f"prompt attention: {e.args[0].splitlines()[0]}; using the mma.sync kernel", file=sys.stderr)
+            return "mma"
+        self.sm90_module = built  # kept: its functions live as long as it does
+        self.fn |= built.fn
+        return "sm90"
 
     # ------------------------------------------------------------ norm, RoPE, SwiGLU (a row at a time: batch-invariant)
 
@@ -204,11 +235,13 @@ class GpuKernels:
             k_cache, v_cache = self.widen_q8_0(k_cache, held), self.widen_q8_0(v_cache, held)
         out = cp.empty((n, heads, d), dtype=cp.float16)
         rows = n * (heads // kv_heads)
-        grid = (math.ceil(rows / ATTENTION_ROWS), kv_heads, 1)
-        self.fn[f"flash_attention_d{d}"](
-            grid, (128,), (q, k_cache, v_cache, out, step.q_start, step.pos0, table, table_off,
-                           np.int32(heads), np.int32(kv_heads), log2(block), np.float32(math.log2(math.e) / math.sqrt(d))),
-            shared_mem=attention_smem_bytes(d))
+        if self.prompt_attention == "sm90":
+            name, per_block, threads, smem = f"flash_attention_sm90_d{d}", sm90.ROWS, sm90.THREADS, sm90.smem_bytes(d)
+        else:
+            name, per_block, threads, smem = f"flash_attention_d{d}", ATTENTION_ROWS, 128, attention_smem_bytes(d)
+        self.fn[name]((math.ceil(rows / per_block), kv_heads, 1), (threads,),
+                      (q, k_cache, v_cache, out, step.q_start, step.pos0, table, table_off, np.int32(heads),
+                       np.int32(kv_heads), log2(block), np.float32(math.log2(math.e) / math.sqrt(d))), shared_mem=smem)
         return out.reshape(n, heads * d)
 
     def widened_tables(self, step: Step, block: int) -> tuple:

@@ -17,6 +17,7 @@
 #include <cuda_fp16.h>
 
 #include "mma.cuh"
+#include "online_softmax.cuh"
 #include "paged.cuh"
 #include "q8.cuh"
 
@@ -26,7 +27,6 @@ constexpr int BC = 64;          // keys per tile: S is 16 x 64 per warp = 32 fp3
 constexpr int BC_LOG2 = 6;
 static_assert(BC == 1 << BC_LOG2, "BC_LOG2");
 constexpr int PAD = 8;          // fp16 padding per shared row: rows land on distinct banks
-#define NEG_INF (-__int_as_float(0x7f800000))  // -inf (NVRTC has no <math.h> INFINITY)
 static_assert(BR == BC, "stage 1's K tile also stages the Q rows");
 
 template <int D>
@@ -108,7 +108,7 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
     float o[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_a = NEG_INF, m_b = NEG_INF, l_a = 0.f, l_b = 0.f;
+    RowState ra, rb;
 
     for (int j = 0; j < tiles; ++j) {
         const int k0 = j * BC;
@@ -137,33 +137,11 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
                 mma_16x8x16(sc[nt], qa[kk + 1], b[2], b[3]);
             }
         }
-        // ---- scale into the log2 domain; mask only the tiles that reach the diagonal or the end
+        // ---- the running softmax (online_softmax.cuh), then O += P V with P straight from registers (the
+        // C layout is the A layout) and V fragments by transposing ldmatrix, two dim tiles per load
         const bool masked = k0 + BC - 1 > min_pos || k0 + BC > key_end;
-        float tmax_a = NEG_INF, tmax_b = NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int key = k0 + nt * 8 + 2 * t + e;
-                sc[nt][e] = !masked || (key <= pos_a && key < key_end) ? sc[nt][e] * scale_log2 : NEG_INF;
-                sc[nt][2 + e] = !masked || (key <= pos_b && key < key_end) ? sc[nt][2 + e] * scale_log2 : NEG_INF;
-                tmax_a = fmaxf(tmax_a, sc[nt][e]);
-                tmax_b = fmaxf(tmax_b, sc[nt][2 + e]);
-            }
-        }
-        // a row's scores are spread over the 4 threads of a quad
-        tmax_a = fmaxf(tmax_a, __shfl_xor_sync(0xffffffffu, tmax_a, 1));
-        tmax_a = fmaxf(tmax_a, __shfl_xor_sync(0xffffffffu, tmax_a, 2));
-        tmax_b = fmaxf(tmax_b, __shfl_xor_sync(0xffffffffu, tmax_b, 1));
-        tmax_b = fmaxf(tmax_b, __shfl_xor_sync(0xffffffffu, tmax_b, 2));
-        const float new_a = fmaxf(m_a, tmax_a), new_b = fmaxf(m_b, tmax_b);
-        // a row with no visible key yet keeps max -inf: use 0 so exp2 gives 0, not NaN
-        const float base_a = new_a == NEG_INF ? 0.f : new_a, base_b = new_b == NEG_INF ? 0.f : new_b;
-        const float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
-        m_a = new_a;
-        m_b = new_b;
-        l_a *= corr_a;
-        l_b *= corr_b;
+        float corr_a, corr_b;
+        online_softmax<BC>(&sc[0][0], ra, rb, k0, masked, pos_a, pos_b, key_end, scale_log2, corr_a, corr_b);
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
             o[i][0] *= corr_a;
@@ -171,22 +149,10 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
             o[i][2] *= corr_b;
             o[i][3] *= corr_b;
         }
-        // ---- P = exp2(S - m) straight from registers (the C layout is the A layout), O += P V
-        // with V fragments by transposing ldmatrix, two dim tiles per load
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) {
-            float p[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                p[h][0] = exp2f(sc[2 * kk + h][0] - base_a);
-                p[h][1] = exp2f(sc[2 * kk + h][1] - base_a);
-                p[h][2] = exp2f(sc[2 * kk + h][2] - base_b);
-                p[h][3] = exp2f(sc[2 * kk + h][3] - base_b);
-                l_a += p[h][0] + p[h][1];
-                l_b += p[h][2] + p[h][3];
-            }
-            const uint32_t pa[4] = {pack_half2(p[0][0], p[0][1]), pack_half2(p[0][2], p[0][3]),
-                                    pack_half2(p[1][0], p[1][1]), pack_half2(p[1][2], p[1][3])};
+            uint32_t pa[4];
+            p_fragment(&sc[0][0], kk, pa);
 #pragma unroll
             for (int dn = 0; dn < D / 8; dn += 2) {
                 uint32_t b[4];
@@ -200,15 +166,13 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
     }
 
     // ---- normalize and write the rows this thread holds
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    float inv_a, inv_b;
+    row_sums(ra, rb, inv_a, inv_b);
 #pragma unroll
     for (int half_row = 0; half_row < 2; ++half_row) {
         const int row = row0 + wr + g + 8 * half_row;
         if (row >= rows) continue;
-        const float inv = 1.f / (half_row ? l_b : l_a);
+        const float inv = half_row ? inv_b : inv_a;
         const int tok = row / group, head = kvh * group + row % group;
         __half* dst = out + ((size_t)(q_start[s] + tok) * heads + head) * D;
 #pragma unroll

@@ -3,7 +3,7 @@
 #pragma once
 #include <cuda_fp16.h>
 
-using uint32_t = unsigned int;  // NVRTC has no <stdint.h>
+#include "copy.cuh"
 
 __device__ __forceinline__ void mma_16x8x16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
     asm volatile(
@@ -15,25 +15,9 @@ __device__ __forceinline__ void mma_16x8x16(float* c, const uint32_t* a, uint32_
 
 __device__ __forceinline__ uint32_t ld32(const __half* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-}
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared without passing through registers; zero-filled when !valid.
 __device__ __forceinline__ void cp_async16(__half* dst, const __half* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
+    cp_async16_to(smem_addr(dst), src, valid);
 }
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Four 8x8 fp16 matrices from shared memory, in mma fragment layout (lanes 8i..8i+7 give the
 // row addresses of matrix i); .trans hands each thread the transposed elements.

@@ -1,17 +1,14 @@
 #pragma once
 // Paged KV rows (engine/kv.py): a layer's pool is (blocks, kv_heads, 1 << block_log2, d), and a
 // sequence's position p of K/V head h is row p & (B - 1) of block tbl[p >> block_log2], tbl being
-// that sequence's block table. The row's offset from the pool's start, in elements.
+// that sequence's block table (kv_row.cuh).
 //
 // A pool holds fp16 values, or q8_0 (engine/kv_types.py): int8 values at the same element offsets
 // and a separate (blocks, kv_heads, B, d / 32) fp16 array of scales, one per 32 values of a row
 // (value = q * scale), so the scale of the value at offset e is scales[e / 32].
 #include <cuda_fp16.h>
 
-__device__ __forceinline__ size_t kv_row(const int* __restrict__ tbl, int p, int h, int kv_heads, int block_log2,
-                                         int d) {
-    return ((((size_t)tbl[p >> block_log2] * kv_heads + h) << block_log2) + (p & ((1 << block_log2) - 1))) * d;
-}
+#include "kv_row.cuh"
 
 // A warp stores 32 consecutive values of a cached row (one q8_0 group: lane i holds the value at
 // offset at, at - lane being a multiple of 32) as q8_0, rounded as engine/kv_types.py quantize_q8_0:

@@ -1,0 +1,180 @@
+// Flash attention for prompt chunks on Hopper (sm_90a): the same computation as attention.cu's
+// flash_attention (same arguments, same grid's meaning, NumPy reference ArrayOps.attention) on the
+// warpgroup MMA (wgmma), which mma.sync cannot drive at more than about a third of the tensor
+// cores' rate on this chip.
+//
+// A block is two warpgroups (256 threads); each owns 64 of the block's 128 query rows (token x
+// grouped head, as in attention.cu) and runs, per tile of 128 keys: S = Q K^T (a 64 x 128 wgmma
+// chain, Q and K both read from shared memory), the running softmax on S in registers
+// (online_softmax.cuh), O += P V (P from registers, V from shared memory N-major). Q, K and V
+// tiles sit in shared memory in the 128-byte swizzled layout the wgmma descriptors describe
+// (wgmma.cuh); K/V tiles stream through two stages by cp.async (the paged rows need a gather that
+// the bulk tensor copy cannot do), the next tile loading while this one is computed.
+//
+// Built by engine/kernels/sm90.py (NVRTC, sm_90a): no CUDA header, fp16 values as raw 16-bit words.
+#include "kv_row.cuh"
+#include "online_softmax.cuh"
+#include "wgmma.cuh"
+
+constexpr int GROUPS = 2;             // warpgroups per block
+constexpr int THREADS = 128 * GROUPS;
+constexpr int BR = 64 * GROUPS;       // query rows per block: 64 per warpgroup (the wgmma's M)
+constexpr int BC = 128;               // keys per tile: S is 64 x 128 per warpgroup, 64 fp32 registers a thread
+#ifndef V_LBO_IS_PANEL  // V's descriptor: 1 = lbo the next 64-value panel, sbo the next 8 keys (0: swapped)
+#define V_LBO_IS_PANEL 1
+#endif
+
+template <int D>
+struct Smem {  // bytes: the Q tile, then two stages of (K tile, V tile); each 1024-aligned
+    static constexpr int Q = BR * D * 2;
+    static constexpr int TILE = BC * D * 2;
+    static constexpr int BYTES = Q + 2 * 2 * TILE + 1024;  // + the alignment of the dynamic base
+};
+
+using half_bits = unsigned short;
+
+// Keys/values k0..k0+BC-1 of K/V head kvh into the stage at shared address `ks` (K) and ks + TILE (V),
+// swizzled, each row through the sequence's block table; rows past key_end are zeros.
+template <int D>
+__device__ __forceinline__ void load_kv(unsigned ks, const half_bits* k, const half_bits* v, const int* tbl, int kvh,
+                                        int kv_heads, int block_log2, int k0, int key_end) {
+    for (int c = threadIdx.x; c < BC * D / 8; c += THREADS) {
+        const int r = c / (D / 8), chunk = c % (D / 8);
+        const bool ok = k0 + r < key_end;
+        const unsigned long long off = ok ? kv_row(tbl, k0 + r, kvh, kv_heads, block_log2, D) + chunk * 8 : 0;
+        const unsigned at = sw128(r, chunk, BC);
+        cp_async16_to(ks + at, k + off, ok);
+        cp_async16_to(ks + Smem<D>::TILE + at, v + off, ok);
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void flash_attention_sm90(const half_bits* __restrict__ q, const half_bits* __restrict__ k,
+                                                     const half_bits* __restrict__ v, half_bits* __restrict__ out,
+                                                     const int* __restrict__ q_start, const int* __restrict__ pos0,
+                                                     const int* __restrict__ table, const int* __restrict__ table_off,
+                                                     int heads, int kv_heads, int block_log2, float scale_log2) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = (smem_addr(smem_raw) + 1023) & ~1023u;  // the 128-byte swizzle's atoms are 1024-aligned
+    constexpr int TILE = Smem<D>::TILE;
+    const unsigned qs = base, stage0 = base + Smem<D>::Q;
+
+    const int s = blockIdx.z, kvh = blockIdx.y, group = heads / kv_heads;
+    const int n = q_start[s + 1] - q_start[s], rows = n * group;
+    const int row0 = (gridDim.x - 1 - blockIdx.x) * BR;  // heaviest (latest) tiles first
+    if (row0 >= rows) return;
+    const int p0 = pos0[s];
+    const int* tbl = table + table_off[s];
+    const int key_end = p0 + min(n - 1, (row0 + BR - 1) / group) + 1;  // keys this block can see
+    const int min_pos = p0 + row0 / group;  // keys up to here are visible to every row of the block
+    const int tiles = (key_end + BC - 1) / BC;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+
+    // ---- the query rows (zeros past the chunk's) and K/V tile 0: one async group
+    for (int c = threadIdx.x; c < BR * D / 8; c += THREADS) {
+        const int r = c / (D / 8), chunk = c % (D / 8), row = row0 + r;
+        const bool ok = row < rows;
+        const int tok = ok ? row / group : 0, head = kvh * group + (ok ? row % group : 0);
+        cp_async16_to(qs + sw128(r, chunk, BR), q + ((unsigned long long)(q_start[s] + tok) * heads + head) * D + chunk * 8,
+                      ok);
+    }
+    load_kv<D>(stage0, k, v, tbl, kvh, kv_heads, block_log2, 0, key_end);
+    cp_async_commit();
+
+    // the two rows this thread holds (rows g and g + 8 of its warp's 16): their absolute positions
+    const int r_a = wg * 64 + warp * 16 + g;
+    const int pos_a = p0 + (row0 + r_a) / group, pos_b = p0 + (row0 + r_a + 8) / group;
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    RowState ra, rb;
+    const unsigned q_rows = qs + wg * 64 * SW_ROW;  // this warpgroup's 64 rows in each Q panel
+#if V_LBO_IS_PANEL
+    constexpr unsigned V_LBO = BC * SW_ROW, V_SBO = 8 * SW_ROW;
+#else
+    constexpr unsigned V_LBO = 8 * SW_ROW, V_SBO = BC * SW_ROW;
+#endif
+
+    for (int j = 0; j < tiles; ++j) {
+        const int k0 = j * BC;
+        if (j + 1 < tiles) {  // the next tile loads while this one is computed
+            load_kv<D>(stage0 + ((j + 1) & 1) * 2 * TILE, k, v, tbl, kvh, kv_heads, block_log2, k0 + BC, key_end);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();  // the tiles, written through cp.async, are read next by the tensor cores
+        __syncthreads();
+        const unsigned ks = stage0 + (j & 1) * 2 * TILE, vs = ks + TILE;
+
+        // ---- S = Q K^T: D / 16 k-steps of 16 head dims, each a 32-byte step in a 64-value panel
+        float sc[BC / 2];
+#pragma unroll
+        for (int i = 0; i < BC / 2; ++i) sc[i] = 0.f;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned panel = (kk >> 2), step = (kk & 3) * 32;
+            wgmma_ss_n128(sc, sw128_desc(q_rows + panel * BR * SW_ROW + step, 16, 8 * SW_ROW),
+                          sw128_desc(ks + panel * BC * SW_ROW + step, 16, 8 * SW_ROW), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<BC / 2>(sc);
+
+        const bool masked = k0 + BC - 1 > min_pos || k0 + BC > key_end;
+        float corr_a, corr_b;
+        online_softmax<BC>(sc, ra, rb, k0, masked, pos_a, pos_b, key_end, scale_log2, corr_a, corr_b);
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            o[4 * i] *= corr_a;
+            o[4 * i + 1] *= corr_a;
+            o[4 * i + 2] *= corr_b;
+            o[4 * i + 3] *= corr_b;
+        }
+        uint32_t pa[BC / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) p_fragment(sc, kk, pa[kk]);
+
+        // ---- O += P V: BC / 16 k-steps of 16 keys (16 rows of the V tile, 2048 bytes on)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+            const uint64_t desc = sw128_desc(vs + kk * 16 * SW_ROW, V_LBO, V_SBO);
+            if constexpr (D == 128) wgmma_rs_n128_t(o, pa[kk], desc, 1);
+            else wgmma_rs_n64_t(o, pa[kk], desc, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<D / 2>(o);
+        __syncthreads();  // this stage is loaded again two tiles on
+    }
+
+    // ---- normalize and write the rows this thread holds
+    float inv_a, inv_b;
+    row_sums(ra, rb, inv_a, inv_b);
+#pragma unroll
+    for (int half_row = 0; half_row < 2; ++half_row) {
+        const int row = row0 + r_a + 8 * half_row;
+        if (row >= rows) continue;
+        const float inv = half_row ? inv_b : inv_a;
+        const int tok = row / group, head = kvh * group + row % group;
+        half_bits* dst = out + ((unsigned long long)(q_start[s] + tok) * heads + head) * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; ++dn)
+            *reinterpret_cast<unsigned*>(dst + dn * 8 + 2 * t) =
+                pack_f16x2(o[4 * dn + 2 * half_row] * inv, o[4 * dn + 2 * half_row + 1] * inv);
+    }
+}
+
+#define FLASH_ATTENTION_SM90(D)                                                                                \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                   \
+        flash_attention_sm90_d##D(const half_bits* q, const half_bits* k, const half_bits* v, half_bits* out,   \
+                                  const int* q_start, const int* pos0, const int* table, const int* table_off, \
+                                  int heads, int kv_heads, int block_log2, float scale_log2) {                 \
+        flash_attention_sm90<D>(q, k, v, out, q_start, pos0, table, table_off, heads, kv_heads, block_log2,    \
+                                scale_log2);                                                                   \
+    }
+FLASH_ATTENTION_SM90(64)
+FLASH_ATTENTION_SM90(128)

@@ -1,0 +1,20 @@
+// Shared-memory addresses and asynchronous global -> shared copies (cp.async), for the kernels that
+// stage tiles: mma.cuh's users and attention_sm90.cu. No CUDA header (the sm_90a build has none).
+#pragma once
+
+using uint32_t = unsigned int;  // NVRTC has no <stdint.h>
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared (a shared-space address) without passing through registers; zero-filled
+// when !valid.
+__device__ __forceinline__ void cp_async16_to(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
