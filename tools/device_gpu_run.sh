@@ -32,6 +32,9 @@
 #          --define DEC_PREFETCH=0|1, twice each), after the kernel checks of the default (no timings)
 # depth    decode at a 131,072-token context beside 512, f16 and q8_0 caches (tools/long_context_run.py --no-park)
 # startup  tools/startup_time.py: the server as a user starts it on the 8B shape in Q4_K_M, to /health 200, 3 times
+# startupq the same on the Qwen3-8B shape in Q4_K_M with Qwen2.5's 151,665-token vocabulary; needs
+#          .device/qwen_tok.gguf (tools/make_synthetic_gguf.py OUT --preset qwen3-8b --vocab-only --tokenizer
+#          the Qwen2.5-Coder fixture)
 # chunkbench tools/chunk_default_bench.py on the 8B shape in Q4_K_M: the server as a user starts it per
 #          --chunk (256..4096), a 97K-token request's time, a newcomer's wait behind a 32K read, start-up
 # parity   tools/prefill_preempt_test.py --device gpu on the 8B shape
@@ -93,6 +96,7 @@ MS=/tmp/m/smollm2-135m-q4_1.gguf
 MQ=/tmp/m/llama3-8b-q4_k_m.gguf
 M70=/tmp/m/llama3-70b-q4_k_m.gguf
 MQ3=/tmp/m/qwen3-8b-q4_k_m.gguf
+MQ3Q=/tmp/m/qwen3-8b-q4_k_m-qwen-vocab.gguf  # with Qwen2.5's 151,665-token vocabulary (.device/qwen_tok.gguf)
 MQA=/tmp/m/qwen3-30b-a3b-q4_k_m.gguf
 MQS=/tmp/m/qwen3moe-4layer-q4_k_m.gguf
 MQC=/tmp/m/llama3-8b-q4_k_m-chat.gguf  # the 8B shape in Q4_K_M with a chat template (servers render chats)
@@ -247,6 +251,9 @@ for step in "$@"; do
     startup)
       [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 tools/startup_time.py --model $MQ --repeats 3 --json "$OUT/startup_h200.json" ;;
+    startupq)  # the same on a 150K-vocabulary model: the Qwen3-8B shape in Q4_K_M with Qwen2.5's tokenizer (.device/qwen_tok.gguf)
+      [ -f $MQ3Q ] || python3 tools/make_synthetic_gguf.py $MQ3Q --preset qwen3-8b --type Q4_K_M --tokenizer .device/qwen_tok.gguf 2>&1 | tail -1
+      python3 tools/startup_time.py --model $MQ3Q --repeats 3 --json "$OUT/startup_qwen_h200.json" ;;
     chunkbench)
       [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 tools/chunk_default_bench.py --model $MQ --deadline-s $((540 - SECONDS)) --chunks ${CHUNKS:-256,512,1024,2048,4096} \

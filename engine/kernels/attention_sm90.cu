@@ -4,12 +4,15 @@
 // cores' rate on this chip.
 //
 // A block is two warpgroups (256 threads); each owns 64 of the block's 128 query rows (token x
-// grouped head, as in attention.cu) and runs, per tile of 128 keys: S = Q K^T (a 64 x 128 wgmma
-// chain, Q and K both read from shared memory), the running softmax on S in registers
-// (online_softmax.cuh), O += P V (P from registers, V from shared memory N-major). Q, K and V
-// tiles sit in shared memory in the 128-byte swizzled layout the wgmma descriptors describe
-// (wgmma.cuh); K/V tiles stream through two stages by cp.async (the paged rows need a gather that
-// the bulk tensor copy cannot do), the next tile loading while this one is computed.
+// grouped head, as in attention.cu). Per tile of 128 keys: S = Q K^T (a 64 x 128 wgmma chain, Q
+// and K read from shared memory), the running softmax on S in registers (online_softmax.cuh),
+// O += P V (P from registers, V from shared memory N-major). The softmax of tile j + 1 runs while
+// the tensor cores compute tile j's P V (FlashAttention-3's overlap within a warpgroup): a round
+// issues S(j + 1) and P V(j) together and waits for the scores alone first. Q, K and V tiles sit in
+// shared memory in the 128-byte swizzled layout the wgmma descriptors describe (wgmma.cuh); K/V
+// tiles stream through three stages (P V's, the next scores', the one loading) by cp.async, each
+// thread copying 16-byte pieces of rows found through the block table (a paged gather that the
+// bulk tensor copy would need a tensor map per block for).
 //
 // Built by engine/kernels/sm90.py (NVRTC, sm_90a): no CUDA header, fp16 values as raw 16-bit words.
 #include "kv_row.cuh"
@@ -20,15 +23,16 @@ constexpr int GROUPS = 2;             // warpgroups per block
 constexpr int THREADS = 128 * GROUPS;
 constexpr int BR = 64 * GROUPS;       // query rows per block: 64 per warpgroup (the wgmma's M)
 constexpr int BC = 128;               // keys per tile: S is 64 x 128 per warpgroup, 64 fp32 registers a thread
+constexpr int STAGES = 3;             // K/V tiles in shared memory: P V's, the next scores', the one loading
 #ifndef V_LBO_IS_PANEL  // V's descriptor: 1 = lbo the next 64-value panel, sbo the next 8 keys (0: swapped)
 #define V_LBO_IS_PANEL 1
 #endif
 
 template <int D>
-struct Smem {  // bytes: the Q tile, then two stages of (K tile, V tile); each 1024-aligned
+struct Smem {  // bytes: the Q tile, then STAGES stages of (K tile, V tile); each 1024-aligned
     static constexpr int Q = BR * D * 2;
     static constexpr int TILE = BC * D * 2;
-    static constexpr int BYTES = Q + 2 * 2 * TILE + 1024;  // + the alignment of the dynamic base
+    static constexpr int BYTES = Q + STAGES * 2 * TILE + 1024;  // + the alignment of the dynamic base
 };
 
 using half_bits = unsigned short;
@@ -45,6 +49,35 @@ __device__ __forceinline__ void load_kv(unsigned ks, const half_bits* k, const h
         const unsigned at = sw128(r, chunk, BC);
         cp_async16_to(ks + at, k + off, ok);
         cp_async16_to(ks + Smem<D>::TILE + at, v + off, ok);
+    }
+}
+
+// S (this warpgroup's 64 rows x BC keys) = Q K^T, issued (not waited for): D / 16 k-steps of 16 head
+// dims, each a 32-byte step inside a 64-value panel. q_rows: the warpgroup's rows in Q's first panel.
+template <int D>
+__device__ __forceinline__ void scores(float* sc, unsigned q_rows, unsigned ks) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned panel = kk >> 2, step = (kk & 3) * 32;
+        wgmma_ss_n128(sc, sw128_desc(q_rows + panel * BR * SW_ROW + step, 16, 8 * SW_ROW),
+                      sw128_desc(ks + panel * BC * SW_ROW + step, 16, 8 * SW_ROW), kk > 0);
+    }
+}
+
+// O (this warpgroup's 64 rows x D) += P V, issued: BC / 16 k-steps of 16 keys (16 rows of the V tile,
+// 2048 bytes on), V read N-major (its rows are the k index).
+template <int D>
+__device__ __forceinline__ void values(float* o, uint32_t (*pa)[4], unsigned vs) {
+#if V_LBO_IS_PANEL
+    constexpr unsigned V_LBO = BC * SW_ROW, V_SBO = 8 * SW_ROW;
+#else
+    constexpr unsigned V_LBO = 8 * SW_ROW, V_SBO = BC * SW_ROW;
+#endif
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+        const uint64_t desc = sw128_desc(vs + kk * 16 * SW_ROW, V_LBO, V_SBO);
+        if constexpr (D == 128) wgmma_rs_n128_t(o, pa[kk], desc, 1);
+        else wgmma_rs_n64_t(o, pa[kk], desc, 1);
     }
 }
 
@@ -70,7 +103,7 @@ __device__ __forceinline__ void flash_attention_sm90(const half_bits* __restrict
     const int tiles = (key_end + BC - 1) / BC;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 
-    // ---- the query rows (zeros past the chunk's) and K/V tile 0: one async group
+    // ---- the query rows (zeros past the chunk's) and K/V tile 0: one async group; tile 1: the next
     for (int c = threadIdx.x; c < BR * D / 8; c += THREADS) {
         const int r = c / (D / 8), chunk = c % (D / 8), row = row0 + r;
         const bool ok = row < rows;
@@ -80,52 +113,62 @@ __device__ __forceinline__ void flash_attention_sm90(const half_bits* __restrict
     }
     load_kv<D>(stage0, k, v, tbl, kvh, kv_heads, block_log2, 0, key_end);
     cp_async_commit();
+    if (tiles > 1) {
+        load_kv<D>(stage0 + 2 * TILE, k, v, tbl, kvh, kv_heads, block_log2, BC, key_end);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    fence_proxy_async();  // the tiles, written through cp.async, are read next by the tensor cores
+    __syncthreads();
 
     // the two rows this thread holds (rows g and g + 8 of its warp's 16): their absolute positions
     const int r_a = wg * 64 + warp * 16 + g;
     const int pos_a = p0 + (row0 + r_a) / group, pos_b = p0 + (row0 + r_a + 8) / group;
+    const unsigned q_rows = qs + wg * 64 * SW_ROW;  // this warpgroup's 64 rows in each Q panel
+    RowState ra, rb;
+    float corr_a, corr_b;
+
+    // ---- tile 0's scores and probabilities; then each round j issues tile j + 1's scores and tile j's
+    // P V together, and computes tile j + 1's softmax while P V runs on the tensor cores
+    float sc[BC / 2];
+    wgmma_fence();
+    scores<D>(sc, q_rows, stage0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs<BC / 2>(sc);
+    online_softmax<BC>(sc, ra, rb, 0, BC - 1 > min_pos || BC > key_end, pos_a, pos_b, key_end, scale_log2, corr_a,
+                       corr_b);
+    uint32_t pa[BC / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) p_fragment(sc, kk, pa[kk]);
     float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    RowState ra, rb;
-    const unsigned q_rows = qs + wg * 64 * SW_ROW;  // this warpgroup's 64 rows in each Q panel
-#if V_LBO_IS_PANEL
-    constexpr unsigned V_LBO = BC * SW_ROW, V_SBO = 8 * SW_ROW;
-#else
-    constexpr unsigned V_LBO = 8 * SW_ROW, V_SBO = BC * SW_ROW;
-#endif
 
-    for (int j = 0; j < tiles; ++j) {
-        const int k0 = j * BC;
-        if (j + 1 < tiles) {  // the next tile loads while this one is computed
-            load_kv<D>(stage0 + ((j + 1) & 1) * 2 * TILE, k, v, tbl, kvh, kv_heads, block_log2, k0 + BC, key_end);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        fence_proxy_async();  // the tiles, written through cp.async, are read next by the tensor cores
-        __syncthreads();
-        const unsigned ks = stage0 + (j & 1) * 2 * TILE, vs = ks + TILE;
-
-        // ---- S = Q K^T: D / 16 k-steps of 16 head dims, each a 32-byte step in a 64-value panel
-        float sc[BC / 2];
-#pragma unroll
-        for (int i = 0; i < BC / 2; ++i) sc[i] = 0.f;
+    for (int j = 0; j + 1 < tiles; ++j) {
+        cp_async_wait<0>();  // tile j + 1 has landed (this thread's copies; the barrier makes it everyone's)
+        fence_proxy_async();
+        __syncthreads();  // ... and every warpgroup's P V of tile j - 1 is done: its stage may be loaded again
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const unsigned panel = (kk >> 2), step = (kk & 3) * 32;
-            wgmma_ss_n128(sc, sw128_desc(q_rows + panel * BR * SW_ROW + step, 16, 8 * SW_ROW),
-                          sw128_desc(ks + panel * BC * SW_ROW + step, 16, 8 * SW_ROW), 1);
-        }
+        scores<D>(sc, q_rows, stage0 + ((j + 1) % STAGES) * 2 * TILE);
         wgmma_commit();
-        wgmma_wait<0>();
+        values<D>(o, pa, stage0 + (j % STAGES) * 2 * TILE + TILE);
+        wgmma_commit();
+        if (j + 2 < tiles) {  // tile j + 2 loads while the tensor cores work and through the next round
+            load_kv<D>(stage0 + ((j + 2) % STAGES) * 2 * TILE, k, v, tbl, kvh, kv_heads, block_log2, (j + 2) * BC,
+                       key_end);
+            cp_async_commit();
+        }
+        wgmma_wait<1>();  // tile j + 1's scores (P V may still run)
         fence_regs<BC / 2>(sc);
-
-        const bool masked = k0 + BC - 1 > min_pos || k0 + BC > key_end;
-        float corr_a, corr_b;
-        online_softmax<BC>(sc, ra, rb, k0, masked, pos_a, pos_b, key_end, scale_log2, corr_a, corr_b);
+        const int k0 = (j + 1) * BC;
+        online_softmax<BC>(sc, ra, rb, k0, k0 + BC - 1 > min_pos || k0 + BC > key_end, pos_a, pos_b, key_end,
+                           scale_log2, corr_a, corr_b);
+        wgmma_wait<0>();
+        fence_regs<D / 2>(o);
+        fence_regs<BC / 4>(&pa[0][0]);  // read by the MMA until now: not to be reused before
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
             o[4 * i] *= corr_a;
@@ -133,23 +176,14 @@ __device__ __forceinline__ void flash_attention_sm90(const half_bits* __restrict
             o[4 * i + 2] *= corr_b;
             o[4 * i + 3] *= corr_b;
         }
-        uint32_t pa[BC / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) p_fragment(sc, kk, pa[kk]);
-
-        // ---- O += P V: BC / 16 k-steps of 16 keys (16 rows of the V tile, 2048 bytes on)
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) {
-            const uint64_t desc = sw128_desc(vs + kk * 16 * SW_ROW, V_LBO, V_SBO);
-            if constexpr (D == 128) wgmma_rs_n128_t(o, pa[kk], desc, 1);
-            else wgmma_rs_n64_t(o, pa[kk], desc, 1);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs<D / 2>(o);
-        __syncthreads();  // this stage is loaded again two tiles on
     }
+    wgmma_fence();  // the last tile's P V
+    values<D>(o, pa, stage0 + ((tiles - 1) % STAGES) * 2 * TILE + TILE);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs<D / 2>(o);
 
     // ---- normalize and write the rows this thread holds
     float inv_a, inv_b;

@@ -15,11 +15,13 @@ MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 ROWS = 128  # query rows per prompt-attention block: BR in attention_sm90.cu
 THREADS = 256  # two warpgroups
 TILE_KEYS = 128  # BC in attention_sm90.cu
+STAGES = 3  # K/V tiles in shared memory: STAGES in attention_sm90.cu
 
 
 def smem_bytes(d: int) -> int:
-    """The Q tile, two stages of K and V tiles, and 1 KiB to align them: Smem<D>::BYTES."""
-    return ROWS * d * 2 + 2 * 2 * TILE_KEYS * d * 2 + 1024
+    """The Q tile, STAGES stages of K and V tiles, and 1 KiB to align them: Smem<D>::BYTES (225 KiB
+    at d = 128, within the 227 KiB a Hopper block may have)."""
+    return ROWS * d * 2 + STAGES * 2 * TILE_KEYS * d * 2 + 1024
 
 
 def supported(cp: ModuleType) -> bool:

@@ -42,6 +42,12 @@ __device__ __forceinline__ void fence_regs(float* r) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+// ... and keeps registers a wgmma reads (its A operand) from being reused before the wait
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t* r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
 
 // d (64 x 64) = A (64 x 16, registers) * B (16 x 64, shared memory, N-major) + d if scale_d
 __device__ __forceinline__ void wgmma_rs_n64_t(float* d, const uint32_t* a, uint64_t b, int scale_d) {
