@@ -35,6 +35,9 @@
 # startupq the same on the Qwen3-8B shape in Q4_K_M with Qwen2.5's 151,665-token vocabulary; needs
 #          .device/qwen_tok.gguf (tools/make_synthetic_gguf.py OUT --preset qwen3-8b --vocab-only --tokenizer
 #          the Qwen2.5-Coder fixture)
+# longhttp_strata  tools/long_read_http.py: a 97,000- and a 130,000-token request through HTTP to
+#          `python3 -m serve --model FILE` (8B shape, Q4_K_M) -> $OUT/long_read_http_strata.json
+# longhttp_llama   the same to `llama-server -m FILE -ngl 99 -fa on -c 132000` (built first, as peers_build)
 # chunkbench tools/chunk_default_bench.py on the 8B shape in Q4_K_M: the server as a user starts it per
 #          --chunk (256..4096), a 97K-token request's time, a newcomer's wait behind a 32K read, start-up
 # parity   tools/prefill_preempt_test.py --device gpu on the 8B shape
@@ -254,6 +257,14 @@ for step in "$@"; do
     startupq)  # the same on a 150K-vocabulary model: the Qwen3-8B shape in Q4_K_M with Qwen2.5's tokenizer (.device/qwen_tok.gguf)
       [ -f $MQ3Q ] || python3 tools/make_synthetic_gguf.py $MQ3Q --preset qwen3-8b --type Q4_K_M --tokenizer .device/qwen_tok.gguf 2>&1 | tail -1
       python3 tools/startup_time.py --model $MQ3Q --repeats 3 --json "$OUT/startup_qwen_h200.json" ;;
+    longhttp_strata)  # a 97,000- and a 130,000-token request through HTTP, the server as a user starts it
+      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 tools/long_read_http.py --server "strata=python3 -m serve --model $MQ --port 8080" \
+        --json "$OUT/long_read_http_strata.json" || echo "LONG READ (STRATA) FAILED" ;;
+    longhttp_llama)  # the same requests to llama-server on the same file (built first if need be)
+      build_llama
+      python3 tools/long_read_http.py --server "llama.cpp=$LLAMA/build/bin/llama-server -m $MQ -ngl 99 -fa on -c 132000 --port 8080" \
+        --json "$OUT/long_read_http_llama.json" || echo "LONG READ (LLAMA.CPP) FAILED" ;;
     chunkbench)
       [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 tools/chunk_default_bench.py --model $MQ --deadline-s $((540 - SECONDS)) --chunks ${CHUNKS:-256,512,1024,2048,4096} \
