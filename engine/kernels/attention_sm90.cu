@@ -38,17 +38,23 @@ struct Smem {  // bytes: the Q tile, then STAGES stages of (K tile, V tile); eac
 using half_bits = unsigned short;
 
 // Keys/values k0..k0+BC-1 of K/V head kvh into the stage at shared address `ks` (K) and ks + TILE (V),
-// swizzled, each row through the sequence's block table; rows past key_end are zeros.
+// swizzled, each row through the sequence's block table; rows past key_end are zeros. A thread copies
+// the same 16-byte piece (`chunk`) of rows r0, r0 + PASS, ...: rows a multiple of 8 apart, so its
+// swizzled place moves by PASS rows of the tile from one to the next.
 template <int D>
 __device__ __forceinline__ void load_kv(unsigned ks, const half_bits* k, const half_bits* v, const int* tbl, int kvh,
                                         int kv_heads, int block_log2, int k0, int key_end) {
-    for (int c = threadIdx.x; c < BC * D / 8; c += THREADS) {
-        const int r = c / (D / 8), chunk = c % (D / 8);
-        const bool ok = k0 + r < key_end;
-        const unsigned long long off = ok ? kv_row(tbl, k0 + r, kvh, kv_heads, block_log2, D) + chunk * 8 : 0;
-        const unsigned at = sw128(r, chunk, BC);
-        cp_async16_to(ks + at, k + off, ok);
-        cp_async16_to(ks + Smem<D>::TILE + at, v + off, ok);
+    constexpr int PASS = THREADS / (D / 8);  // rows the block copies at once: 16 (D = 128) or 32 (D = 64)
+    static_assert(PASS % 8 == 0 && BC % PASS == 0, "a thread's rows share their swizzle");
+    const int chunk = threadIdx.x % (D / 8), r0 = threadIdx.x / (D / 8);
+    const unsigned at0 = ks + sw128(r0, chunk, BC);
+#pragma unroll
+    for (int i = 0; i < BC / PASS; ++i) {
+        const int key = k0 + r0 + i * PASS;
+        const bool ok = key < key_end;
+        const unsigned long long off = ok ? kv_row(tbl, key, kvh, kv_heads, block_log2, D) + chunk * 8 : 0;
+        cp_async16_to(at0 + i * PASS * SW_ROW, k + off, ok);
+        cp_async16_to(at0 + Smem<D>::TILE + i * PASS * SW_ROW, v + off, ok);
     }
 }
 
