@@ -75,6 +75,12 @@ def test_err_text_that_looks_like_an_id_suffix_is_not_one():
     ("GEN 5 temperature=hot 1,2", "temperature must be a number"),
     ("GEN 5", "GEN takes at least 2 fields"),
     ("GEN 5 1,,2", "token id must be an integer"),
+    ("GEN 5 1,2,", "token id must be an integer, got ''"),
+    ("GEN 5 ,1", "token id must be an integer, got ''"),
+    ("GEN 5 1,2_0", "token id must be an integer, got '2_0'"),
+    ("GEN 5 1,+2", "token id must be an integer, got '+2'"),
+    ("GEN 5 1,\uff12", "token id must be an integer"),
+    ("GEN 5 1,-2", "token id must be >= 0, got -2"),
     ("DONE 1 2 3.0 4.0 exploded", "bad finish 'exploded'"),
     ("READY", "READY takes at least 1 fields"),
     ("T 1  id=2", "empty field"),
@@ -98,3 +104,11 @@ def test_defer_names_a_known_reason_and_an_id():
     for bad in ("DEFER memory", "DEFER later id=4", "DEFER id=4"):
         with pytest.raises(ProtocolError):
             decode(bad)
+
+
+def test_a_long_prompts_gen_line_round_trips():
+    """A GEN line of a 100K-token prompt (checked and parsed as a whole, its id found at the end)."""
+    toks = tuple((i * 7919) % 150_000 for i in range(100_000))
+    msg = m.Gen(1, toks, {"temperature": 0.5}, 9)
+    assert decode(encode(msg) + "\n") == msg
+    assert decode(encode(m.Gen(1, toks))).id is None
