@@ -17,7 +17,7 @@
 #include <cuda_fp16.h>
 
 #include "mma.cuh"
-#include "online_softmax.cuh"
+#include "chunk_rows.cuh"
 #include "paged.cuh"
 #include "q8.cuh"
 
@@ -66,15 +66,11 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
     extern __shared__ __align__(16) __half smem[];
     constexpr int ROW = Tiles<D>::ROW, TILE = Tiles<D>::TILE;
 
-    const int s = blockIdx.z, kvh = blockIdx.y, group = heads / kv_heads;
-    const int n = q_start[s + 1] - q_start[s], rows = n * group;
-    const int row0 = (gridDim.x - 1 - blockIdx.x) * BR;  // heaviest (latest) tiles first
-    if (row0 >= rows) return;
-    const int p0 = pos0[s];
-    const int* tbl = table + table_off[s];
-    const int key_end = p0 + min(n - 1, (row0 + BR - 1) / group) + 1;  // keys this block can see
-    const int min_pos = p0 + row0 / group;  // keys up to here are visible to every row of the block
-    const int tiles = (key_end + BC - 1) / BC;
+    ChunkRows c;
+    if (!chunk_rows<BR, BC>(c, q_start, pos0, table, table_off, heads, kv_heads)) return;
+    const int s = c.s, kvh = c.kvh, group = c.group, rows = c.rows, row0 = c.row0, p0 = c.p0;
+    const int key_end = c.key_end, min_pos = c.min_pos, tiles = c.tiles;
+    const int* tbl = c.tbl;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
@@ -165,21 +161,7 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
         __syncthreads();  // this stage is loaded again two tiles on
     }
 
-    // ---- normalize and write the rows this thread holds
-    float inv_a, inv_b;
-    row_sums(ra, rb, inv_a, inv_b);
-#pragma unroll
-    for (int half_row = 0; half_row < 2; ++half_row) {
-        const int row = row0 + wr + g + 8 * half_row;
-        if (row >= rows) continue;
-        const float inv = half_row ? inv_b : inv_a;
-        const int tok = row / group, head = kvh * group + row % group;
-        __half* dst = out + ((size_t)(q_start[s] + tok) * heads + head) * D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; ++dn)
-            *reinterpret_cast<__half2*>(dst + dn * 8 + 2 * t) =
-                __floats2half2_rn(o[dn][2 * half_row] * inv, o[dn][2 * half_row + 1] * inv);
-    }
+    write_rows<D>(out, &o[0][0], c, q_start, heads, wr + g, ra, rb);
 }
 
 #define FLASH_ATTENTION(D)                                                                                     \

@@ -16,7 +16,7 @@
 //
 // Built by engine/kernels/sm90.py (NVRTC, sm_90a): no CUDA header, fp16 values as raw 16-bit words.
 #include "kv_row.cuh"
-#include "online_softmax.cuh"
+#include "chunk_rows.cuh"
 #include "wgmma.cuh"
 
 constexpr int GROUPS = 2;             // warpgroups per block
@@ -98,16 +98,12 @@ __device__ __forceinline__ void flash_attention_sm90(const half_bits* __restrict
     constexpr int TILE = Smem<D>::TILE;
     const unsigned qs = base, stage0 = base + Smem<D>::Q;
 
-    const int s = blockIdx.z, kvh = blockIdx.y, group = heads / kv_heads;
-    const int n = q_start[s + 1] - q_start[s], rows = n * group;
-    const int row0 = (gridDim.x - 1 - blockIdx.x) * BR;  // heaviest (latest) tiles first
-    if (row0 >= rows) return;
-    const int p0 = pos0[s];
-    const int* tbl = table + table_off[s];
-    const int key_end = p0 + min(n - 1, (row0 + BR - 1) / group) + 1;  // keys this block can see
-    const int min_pos = p0 + row0 / group;  // keys up to here are visible to every row of the block
-    const int tiles = (key_end + BC - 1) / BC;
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    ChunkRows c;
+    if (!chunk_rows<BR, BC>(c, q_start, pos0, table, table_off, heads, kv_heads)) return;
+    const int s = c.s, kvh = c.kvh, group = c.group, rows = c.rows, row0 = c.row0, p0 = c.p0;
+    const int key_end = c.key_end, min_pos = c.min_pos, tiles = c.tiles;
+    const int* tbl = c.tbl;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2;
 
     // ---- the query rows (zeros past the chunk's) and K/V tile 0: one async group; tile 1: the next
     for (int c = threadIdx.x; c < BR * D / 8; c += THREADS) {
@@ -191,21 +187,7 @@ __device__ __forceinline__ void flash_attention_sm90(const half_bits* __restrict
     wgmma_wait<0>();
     fence_regs<D / 2>(o);
 
-    // ---- normalize and write the rows this thread holds
-    float inv_a, inv_b;
-    row_sums(ra, rb, inv_a, inv_b);
-#pragma unroll
-    for (int half_row = 0; half_row < 2; ++half_row) {
-        const int row = row0 + r_a + 8 * half_row;
-        if (row >= rows) continue;
-        const float inv = half_row ? inv_b : inv_a;
-        const int tok = row / group, head = kvh * group + row % group;
-        half_bits* dst = out + ((unsigned long long)(q_start[s] + tok) * heads + head) * D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; ++dn)
-            *reinterpret_cast<unsigned*>(dst + dn * 8 + 2 * t) =
-                pack_f16x2(o[4 * dn + 2 * half_row] * inv, o[4 * dn + 2 * half_row + 1] * inv);
-    }
+    write_rows<D>(out, o, c, q_start, heads, r_a, ra, rb);
 }
 
 #define FLASH_ATTENTION_SM90(D)                                                                                \
