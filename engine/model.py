@@ -21,6 +21,8 @@ class LlamaModel:
         self.inv_freq, self.rope_mscale = frequencies(cfg.head_dim, cfg.rope_base, cfg.rope)  # (half,), magnitude
         self.cos_table = self.sin_table = None  # (positions, 1, half) on the device, grown on demand
         self.route_log: list | None = None  # (layer, experts (n, k), weights (n, k)) per MoE layer, when a list
+        self.reduce: Callable | None = None  # tensor parallel (engine/tensor_parallel.py): the output projections'
+        # partial sums (n, dim) -> their sum over the ranks
 
     def forward(self, tokens: np.ndarray, start: int, kv: KVCache | SequenceRows, want_logits: bool,
                 on_device: bool = False, between: Callable[[int], None] | None = None):
@@ -61,11 +63,13 @@ class LlamaModel:
             norms = None if layer.q_norm is None else (layer.q_norm, layer.k_norm, eps)  # qwen3: per-head RMSNorm
             q = ops.rope_store(qkv, cos, sin, kv.k[i], kv.v[i], step, norms)  # (n, heads, d)
             attn = ops.attention(q, kv.k[i], kv.v[i], step)  # (n, heads * d)
-            h = ops.add_rms_norm(x, ops.matmul(attn, layer.wo), layer.ffn_norm, eps)
+            out = ops.matmul(attn, layer.wo)  # (n, dim)
+            h = ops.add_rms_norm(x, out if self.reduce is None else self.reduce(out), layer.ffn_norm, eps)
             if layer.experts is not None:
                 delta = self.mixture(i, h, layer)  # (n, dim)
             else:
                 delta = ops.matmul(ops.silu_mul(ops.matmul(h, layer.w_gate_up)), layer.w_down)  # (n, dim)
+                delta = delta if self.reduce is None else self.reduce(delta)
             if between is not None and i + 1 < len(self.w.layers):
                 between(i)
                 ops.begin(step)  # a decode step in between began its own

@@ -1,0 +1,127 @@
+"""Tensor parallelism as Megatron splits a Llama layer: each of `world` ranks holds 1/world of the
+query and K/V heads and of the feed-forward's hidden units, so a layer's two output projections
+give partial sums that one all-reduce per projection adds up.
+
+    wqkv, w_gate_up   rows split (column parallel): rank r computes its heads' Q/K/V and its
+                      slice of the hidden units; RoPE, attention and SwiGLU run on them alone
+    wo, w_down        columns split (row parallel): each rank's product is a partial (n, dim),
+                      summed over the ranks before the residual add
+    embeddings, norms, the head: whole on every rank (the residual stream is the same everywhere)
+
+Each rank is a LlamaModel over a shard's config and weights with `reduce` set (engine/model.py
+calls it on both partials) and its own KV cache of its K/V heads. `ThreadGroup` runs the ranks of
+one process in threads and adds their partials in rank order, the same sum on every rank: the CPU
+and one-GPU check of the split against the whole model (tests/engine/test_tensor_parallel.py).
+Across GPUs the same hook is an NCCL all-reduce, one process per GPU (issue 26: not yet run)."""
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import numpy as np
+
+from engine.backend import Backend
+from engine.gguf_model import LayerWeights, ModelConfig, ModelLoadError, Weights
+from engine.kv import KVCache
+from engine.model import LlamaModel
+
+
+def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
+    """One rank's config: heads, K/V heads and the feed-forward's width divided by `world`."""
+    if cfg.n_experts:
+        raise ModelLoadError(f"tensor parallel: {cfg.arch}'s routed experts are not split (dense layers only)")
+    for what, n in (("query heads", cfg.n_heads), ("K/V heads", cfg.n_kv_heads), ("feed-forward width", cfg.ffn_dim)):
+        if n % world:
+            raise ModelLoadError(f"tensor parallel over {world}: the model's {n} {what} do not split evenly")
+    return replace(cfg, n_heads=cfg.n_heads // world, n_kv_heads=cfg.n_kv_heads // world, ffn_dim=cfg.ffn_dim // world)
+
+
+def shard_weights(cfg: ModelConfig, weights: Weights, rank: int, world: int) -> Weights:
+    """Rank `rank`'s weights (arrays as the CPU backend keeps them, (out, in) float32): its heads'
+    rows of wqkv (and bqkv), its hidden units' rows of w_gate_up and columns of w_down, its heads'
+    columns of wo; the rest shared (the same arrays, not copies)."""
+    d, ffn = cfg.head_dim, cfg.ffn_dim
+    q_dim, kv_dim = cfg.n_heads * d, cfg.n_kv_heads * d
+    q_part, kv_part, f_part = q_dim // world, kv_dim // world, ffn // world
+
+    def qkv_rows(a):  # (q_dim + 2 kv_dim, ...) -> this rank's Q rows, K rows, V rows
+        return np.concatenate([a[rank * q_part:(rank + 1) * q_part],
+                               a[q_dim + rank * kv_part:q_dim + (rank + 1) * kv_part],
+                               a[q_dim + kv_dim + rank * kv_part:q_dim + kv_dim + (rank + 1) * kv_part]])
+
+    layers = []
+    for layer in weights.layers:
+        if not isinstance(layer.wqkv, np.ndarray):
+            raise ModelLoadError("tensor parallel: the split is written for the CPU's float32 weights so far")
+        gate, up = layer.w_gate_up[:ffn], layer.w_gate_up[ffn:]
+        hidden = slice(rank * f_part, (rank + 1) * f_part)
+        layers.append(replace(
+            layer, wqkv=qkv_rows(layer.wqkv), bqkv=None if layer.bqkv is None else qkv_rows(layer.bqkv),
+            wo=np.ascontiguousarray(layer.wo[:, rank * q_part:(rank + 1) * q_part]),
+            w_gate_up=np.concatenate([gate[hidden], up[hidden]]),
+            w_down=np.ascontiguousarray(layer.w_down[:, hidden])))
+    return replace(weights, layers=layers)
+
+
+class ThreadGroup:
+    """An all-reduce among `world` threads of one process: each rank hands its partial and gets
+    the sum over the ranks, added in rank order (every rank's result is the same array's values)."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.parts: list = [None] * world
+        self.total = None
+        self.barrier = threading.Barrier(world)
+
+    def all_reduce(self, rank: int, part):
+        self.parts[rank] = part
+        if self.barrier.wait() == 0:  # one thread adds, in rank order
+            total = self.parts[0].copy()
+            for p in self.parts[1:]:
+                total += p
+            self.total = total
+        self.barrier.wait()
+        total = self.total
+        self.barrier.wait()  # nobody starts the next reduction before all have read this one
+        return total
+
+
+class TensorParallelModel:
+    """`world` ranks of a model in one process, one thread each per forward; the interface of
+    LlamaModel.forward over a list of per-rank caches (make_caches). Logits are rank 0's (every
+    rank computes the same)."""
+
+    def __init__(self, cfg: ModelConfig, weights: Weights, backend: Backend, world: int):
+        self.cfg, self.world = shard_config(cfg, world), world
+        self.group = ThreadGroup(world)
+        self.ranks = []
+        for r in range(world):
+            model = LlamaModel(self.cfg, shard_weights(cfg, weights, r, world), backend)
+            model.reduce = lambda part, r=r: self.group.all_reduce(r, part)
+            self.ranks.append(model)
+        self.backend = backend
+
+    def make_caches(self, ctx: int) -> list[KVCache]:
+        return [KVCache(self.cfg, ctx, self.backend) for _ in range(self.world)]
+
+    def forward(self, tokens: np.ndarray, start: int, caches: list[KVCache], want_logits: bool):
+        results: list = [None] * self.world
+        errors: list[BaseException] = []
+        if self.group.barrier.broken:  # an earlier forward failed part-way
+            self.group.barrier.reset()
+
+        def run(r: int) -> None:
+            try:
+                results[r] = self.ranks[r].forward(tokens, start, caches[r], want_logits)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                errors.append(e)
+                self.group.barrier.abort()  # the others stop waiting for this rank
+
+        threads = [threading.Thread(target=run, args=(r,), name=f"tp-rank-{r}") for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
+        return results[0]

@@ -1,0 +1,74 @@
+"""Tensor parallelism's split (engine/tensor_parallel.py), both shards in one process: the ranks'
+forward with their partials all-reduced computes what the whole model computes (float32 on the CPU:
+the same logits within summation order, the same greedy tokens), on the real default model (3 ranks:
+its 9 heads, 3 K/V heads and 1,536 hidden units split in three) and on the qwen2 and qwen3 fixtures
+(2 ranks: Q/K/V biases and per-head norms split with their heads), those also against transformers'
+logits (tests/fixtures/arch_golden.json)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.backend import cpu_backend
+from engine.gguf_model import ModelLoadError, load_model
+from engine.kv import KVCache
+from engine.model import LlamaModel
+from engine.tensor_parallel import TensorParallelModel, shard_config
+from tests.harness import ROOT, remake_fixture_models
+
+FIXTURE = json.loads((ROOT / "tests/fixtures/arch_golden.json").read_text())["models"]
+
+
+def greedy_run(forward, kv, ids: list[int], steps: int, chunk: int):
+    """Prompt logits (read in chunks, as the engine reads) and the greedy continuation's tokens."""
+    start, logits = 0, None
+    while start < len(ids):
+        end = min(start + chunk, len(ids))
+        logits = forward(np.asarray(ids[start:end]), start, kv, end == len(ids))
+        start = end
+    first, out, cur = logits, [], logits
+    for _ in range(steps):
+        out.append(int(np.argmax(cur)))
+        cur = forward(np.asarray(out[-1:]), len(ids) + len(out) - 1, kv, True)
+    return first, out
+
+
+def compare(path: str, world: int, ids: list[int], steps: int = 8, chunk: int = 5):
+    backend = cpu_backend()
+    cfg, weights, _ = load_model(path, backend)
+    whole = LlamaModel(cfg, weights, backend)
+    split = TensorParallelModel(cfg, weights, backend, world)
+    ref_logits, ref_tokens = greedy_run(whole.forward, KVCache(cfg, 256, backend), ids, steps, chunk)
+    tp_logits, tp_tokens = greedy_run(split.forward, split.make_caches(256), ids, steps, chunk)
+    scale = np.abs(ref_logits).max()
+    assert np.abs(tp_logits - ref_logits).max() <= 1e-4 * scale
+    assert tp_tokens == ref_tokens
+    return split, tp_logits
+
+
+def test_three_ranks_of_the_default_model_compute_the_whole_model(model_path, tokenizer):
+    ids = tokenizer.encode("The capital of France is Paris. The capital of Italy is")
+    split, _ = compare(model_path, 3, ids)
+    assert (split.cfg.n_heads, split.cfg.n_kv_heads, split.cfg.ffn_dim) == (3, 1, 512)
+    assert split.ranks[0].w.layers[0].wqkv.shape == ((3 + 2) * 64, 576)  # its 3 query heads, 1 K and 1 V head
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    wanted = {k: FIXTURE[k] for k in ("qwen2", "qwen3")}
+    return remake_fixture_models(tmp_path_factory.mktemp("tp"), wanted, "tools/make_arch_fixture.py")
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_two_ranks_of_the_families_compute_their_reference(families, family):
+    case = FIXTURE[family]["cases"][0]
+    _, logits = compare(str(families[family]), 2, case["ids"], steps=len(case["greedy"]))
+    np.testing.assert_allclose(logits[case["top_ids"]], case["top_logits"], atol=1e-4, rtol=0)
+
+
+def test_a_split_that_does_not_divide_is_refused(model_path):
+    cfg, _, _ = load_model(model_path, cpu_backend())
+    with pytest.raises(ModelLoadError, match="9 query heads do not split evenly"):
+        shard_config(cfg, 2)
