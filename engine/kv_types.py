@@ -72,7 +72,7 @@ class Q8Array:
     def __setitem__(self, index, value) -> None:
         """A Q8Array is copied as it is; floats (..., d) are quantized first."""
         if not isinstance(value, Q8Array):
-            value = Q8Array(*quantize_q8_0(value, _xp(self.q)))
+            value = Q8Array(*quantize_q8_0(value, array_module(self.q)))
         self.q[index] = value.q
         self.scale[index] = value.scale
 
@@ -81,10 +81,10 @@ class Q8Array:
         return Q8Array(fn(self.q), fn(self.scale))
 
     def dequantize(self):
-        return dequantize_q8_0(self.q, self.scale, _xp(self.q))
+        return dequantize_q8_0(self.q, self.scale, array_module(self.q))
 
 
-def _xp(array):
+def array_module(array):
     """numpy, or cupy for a device array (cupy is then already imported, by engine/backend.py)."""
     cupy = sys.modules.get("cupy")
     return np if cupy is None else cupy.get_array_module(array)

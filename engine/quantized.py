@@ -60,6 +60,33 @@ class QuantMatrix:
     def nbytes(self) -> int:
         return sum(int(p.data.nbytes) for p in self.parts)
 
+    def row_range(self, start: int, stop: int) -> "QuantMatrix":
+        """Rows start..stop-1: each part's rows in that range (views of the same blocks)."""
+        parts, first = [], 0
+        for p in self.parts:
+            lo, hi = max(start, first), min(stop, first + p.rows)
+            if lo < hi:
+                parts.append(QuantPart(p.kind, p.data[lo - first:hi - first], hi - lo))
+            first += p.rows
+        return QuantMatrix(tuple(parts), self.cols)
+
+    def col_range(self, start: int, stop: int) -> "QuantMatrix":
+        """Columns start..stop-1 of every row: whole blocks (the range must begin and end on a block
+        boundary of every part's type), copied contiguous."""
+        parts = []
+        for p in self.parts:
+            size = 1 if p.kind == "F16" else BLOCKS[p.kind][0]
+            if start % size or stop % size:
+                raise ValueError(f"columns {start}..{stop} cut {p.kind}'s blocks of {size} values")
+            lo, hi = (start, stop) if p.kind == "F16" else (row_bytes(p.kind, start), row_bytes(p.kind, stop))
+            parts.append(QuantPart(p.kind, p.data[:, lo:hi].copy(), p.rows))
+        return QuantMatrix(tuple(parts), stop - start)
+
+
+def concat_rows(matrices: list[QuantMatrix]) -> QuantMatrix:
+    """Matrices of the same width, one under the other (their parts in order)."""
+    return QuantMatrix(tuple(p for m in matrices for p in m.parts), matrices[0].cols)
+
 
 @dataclass(frozen=True)
 class Row8:

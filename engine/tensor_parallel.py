@@ -23,7 +23,9 @@ import numpy as np
 from engine.backend import Backend
 from engine.gguf_model import LayerWeights, ModelConfig, ModelLoadError, Weights
 from engine.kv import KVCache
+from engine.kv_types import array_module
 from engine.model import LlamaModel
+from engine.quantized import QuantMatrix, concat_rows
 
 
 def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
@@ -36,30 +38,46 @@ def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
     return replace(cfg, n_heads=cfg.n_heads // world, n_kv_heads=cfg.n_kv_heads // world, ffn_dim=cfg.ffn_dim // world)
 
 
+def rows(a, start: int, stop: int):
+    """Rows of a weight: an array (host or device) or a QuantMatrix of GGUF blocks."""
+    return a.row_range(start, stop) if isinstance(a, QuantMatrix) else a[start:stop]
+
+
+def cols(a, start: int, stop: int):
+    """Columns of a weight, contiguous (a QuantMatrix: whole blocks)."""
+    return a.col_range(start, stop) if isinstance(a, QuantMatrix) else array_module(a).ascontiguousarray(a[:, start:stop])
+
+
+def stacked(pieces: list):
+    return concat_rows(pieces) if isinstance(pieces[0], QuantMatrix) else array_module(pieces[0]).concatenate(pieces)
+
+
 def shard_weights(cfg: ModelConfig, weights: Weights, rank: int, world: int) -> Weights:
-    """Rank `rank`'s weights (arrays as the CPU backend keeps them, (out, in) float32): its heads'
-    rows of wqkv (and bqkv), its hidden units' rows of w_gate_up and columns of w_down, its heads'
-    columns of wo; the rest shared (the same arrays, not copies)."""
+    """Rank `rank`'s weights, (out, in) as every weight here: float32 or fp16 arrays, or QuantMatrix
+    blocks (whose column split must fall on block boundaries): its heads' rows of wqkv (and bqkv),
+    its hidden units' rows of w_gate_up and columns of w_down, its heads' columns of wo; the rest
+    shared (the same arrays, not copies)."""
     d, ffn = cfg.head_dim, cfg.ffn_dim
     q_dim, kv_dim = cfg.n_heads * d, cfg.n_kv_heads * d
     q_part, kv_part, f_part = q_dim // world, kv_dim // world, ffn // world
 
     def qkv_rows(a):  # (q_dim + 2 kv_dim, ...) -> this rank's Q rows, K rows, V rows
-        return np.concatenate([a[rank * q_part:(rank + 1) * q_part],
-                               a[q_dim + rank * kv_part:q_dim + (rank + 1) * kv_part],
-                               a[q_dim + kv_dim + rank * kv_part:q_dim + kv_dim + (rank + 1) * kv_part]])
+        return stacked([rows(a, rank * q_part, (rank + 1) * q_part),
+                        rows(a, q_dim + rank * kv_part, q_dim + (rank + 1) * kv_part),
+                        rows(a, q_dim + kv_dim + rank * kv_part, q_dim + kv_dim + (rank + 1) * kv_part)])
+
+    def hidden_rows(a):  # (2 ffn, dim): this rank's gate rows, then its up rows
+        return stacked([rows(a, rank * f_part, (rank + 1) * f_part), rows(a, ffn + rank * f_part, ffn + (rank + 1) * f_part)])
 
     layers = []
     for layer in weights.layers:
-        if not isinstance(layer.wqkv, np.ndarray):
-            raise ModelLoadError("tensor parallel: the split is written for the CPU's float32 weights so far")
-        gate, up = layer.w_gate_up[:ffn], layer.w_gate_up[ffn:]
-        hidden = slice(rank * f_part, (rank + 1) * f_part)
-        layers.append(replace(
-            layer, wqkv=qkv_rows(layer.wqkv), bqkv=None if layer.bqkv is None else qkv_rows(layer.bqkv),
-            wo=np.ascontiguousarray(layer.wo[:, rank * q_part:(rank + 1) * q_part]),
-            w_gate_up=np.concatenate([gate[hidden], up[hidden]]),
-            w_down=np.ascontiguousarray(layer.w_down[:, hidden])))
+        try:
+            layers.append(replace(
+                layer, wqkv=qkv_rows(layer.wqkv), bqkv=None if layer.bqkv is None else qkv_rows(layer.bqkv),
+                wo=cols(layer.wo, rank * q_part, (rank + 1) * q_part), w_gate_up=hidden_rows(layer.w_gate_up),
+                w_down=cols(layer.w_down, rank * f_part, (rank + 1) * f_part)))
+        except ValueError as e:
+            raise ModelLoadError(f"tensor parallel over {world}: {e}") from None
     return replace(weights, layers=layers)
 
 

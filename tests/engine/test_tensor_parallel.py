@@ -7,6 +7,7 @@ logits (tests/fixtures/arch_golden.json)."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +18,9 @@ from engine.kv import KVCache
 from engine.model import LlamaModel
 from engine.tensor_parallel import TensorParallelModel, shard_config
 from tests.harness import ROOT, remake_fixture_models
+
+sys.path.insert(0, str(ROOT / "tools"))
+from make_synthetic_gguf import main as make_synthetic  # noqa: E402
 
 FIXTURE = json.loads((ROOT / "tests/fixtures/arch_golden.json").read_text())["models"]
 
@@ -72,3 +76,66 @@ def test_a_split_that_does_not_divide_is_refused(model_path):
     cfg, _, _ = load_model(model_path, cpu_backend())
     with pytest.raises(ModelLoadError, match="9 query heads do not split evenly"):
         shard_config(cfg, 2)
+
+
+def blocks_and_dense(path: str):
+    """The first layer's weights twice: in GGUF blocks as the GPU keeps them (QuantMatrix on the host)
+    and dense float32 as the CPU does, stacked and reordered by the loader's own code."""
+    from gguf import GGUFReader
+
+    from engine.gguf_model import LayerWeights, TensorRows, WeightLoader, read_config
+    from engine.quantized import stack_rows
+
+    reader = GGUFReader(path)
+    cfg = read_config(reader)
+    loader = WeightLoader(reader, cfg, cpu_backend())
+    p = "blk.0."
+    stacks = {"wqkv": (("attn_q", cfg.n_heads), ("attn_k", cfg.n_kv_heads), ("attn_v", None)),
+              "wo": (("attn_output", None),), "w_gate_up": (("ffn_gate", None), ("ffn_up", None)),
+              "w_down": (("ffn_down", None),)}
+    forms = {}
+    for form in ("blocks", "dense"):
+        fields = {}
+        for field, pieces in stacks.items():
+            rows = [TensorRows(loader.tensor(f"{p}{name}.weight"), heads=heads) for name, heads in pieces]
+            fields[field] = (stack_rows([r.host_rows() for r in rows], np.asarray) if form == "blocks"
+                             else np.concatenate([r.dense(loader) for r in rows]))
+        forms[form] = LayerWeights(attn_norm=None, ffn_norm=None, **fields)
+    return cfg, forms
+
+
+@pytest.mark.parametrize("which, world", [("default", 3), ("q4_k_m", 2)])
+def test_quantized_weights_split_as_their_values(which, world, model_path, tmp_path):
+    """The split of weights kept in their blocks (rows of blocks; columns on block boundaries),
+    dequantized, is the split of the dense weights: Q4_1 (the default model's layers) and Q4_K / Q6_K."""
+    from engine.gguf_model import Weights
+    from engine.tensor_parallel import shard_weights
+    from tests.engine.test_quantized import expand
+
+    path = str(model_path)
+    if which == "q4_k_m":
+        path = str(tmp_path / "q4_k_m.gguf")
+        make_synthetic([path, "--layers", "1", "--dim", "512", "--ffn", "1024", "--heads", "4", "--kv-heads", "2",
+                        "--ctx", "256", "--type", "Q4_K_M"])
+    cfg, forms = blocks_and_dense(path)
+    kinds = set()
+    for rank in range(world):
+        shards = {form: shard_weights(cfg, Weights(None, [layer], None, None), rank, world).layers[0]
+                  for form, layer in forms.items()}
+        for field in ("wqkv", "wo", "w_gate_up", "w_down"):
+            blocks, dense = getattr(shards["blocks"], field), getattr(shards["dense"], field)
+            kinds |= {part.kind for part in blocks.parts}
+            np.testing.assert_array_equal(expand(blocks), dense, err_msg=f"rank {rank} {field}")
+    assert kinds == ({"Q4_1"} if which == "default" else {"Q4_K", "Q6_K"})  # the default's layers: Q4_1
+
+
+def test_a_column_split_inside_a_block_is_refused(tmp_path):
+    from engine.gguf_model import Weights
+    from engine.tensor_parallel import shard_weights
+
+    path = str(tmp_path / "q4_k.gguf")  # wo's 256 columns in one Q4_K block: two ranks would cut it
+    make_synthetic([path, "--layers", "1", "--dim", "256", "--ffn", "512", "--heads", "4", "--kv-heads", "2",
+                    "--ctx", "256", "--type", "Q4_K_M"])
+    cfg, forms = blocks_and_dense(path)
+    with pytest.raises(ModelLoadError, match="cut Q4_K's blocks of 256 values"):
+        shard_weights(cfg, Weights(None, [forms["blocks"]], None, None), 0, 2)
