@@ -5,6 +5,7 @@ of compiling again) and loads it as a module. Used only on a device of compute c
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -35,7 +36,7 @@ def cache_dir() -> Path:
 def cubin(cp: ModuleType, source: str, name: str, options: tuple[str, ...]) -> bytes:
     """source compiled for sm_90a by NVRTC, from the cache when the same source, options and NVRTC
     built it before. Raises RuntimeError with NVRTC's log when it does not compile."""
-    from cupy.cuda import nvrtc
+    nvrtc = importlib.import_module(f"{cp.__name__}.cuda.nvrtc")  # CuPy's NVRTC binding (cp: engine/backend.py's)
 
     options = (*options, f"-arch={ARCH}")
     key = hashlib.sha256("\0".join((source, *options, repr(nvrtc.getVersion()))).encode()).hexdigest()[:32]
