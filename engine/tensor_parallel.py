@@ -107,20 +107,23 @@ class ThreadGroup:
 class TensorParallelModel:
     """`world` ranks of a model in one process, one thread each per forward; the interface of
     LlamaModel.forward over a list of per-rank caches (make_caches). Logits are rank 0's (every
-    rank computes the same)."""
+    rank computes the same). backends: one per rank; on a GPU each rank needs its own (a backend's
+    kernels keep state between the launches of one operation), all on the device the weights are on."""
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, backend: Backend, world: int):
-        self.cfg, self.world = shard_config(cfg, world), world
+    def __init__(self, cfg: ModelConfig, weights: Weights, backends: list[Backend]):
+        world = len(backends)
+        if world > 1 and backends[0].name == "gpu" and len({id(b) for b in backends}) < world:
+            raise ValueError("tensor parallel on a GPU: one backend per rank")
+        self.cfg, self.world, self.backends = shard_config(cfg, world), world, backends
         self.group = ThreadGroup(world)
         self.ranks = []
-        for r in range(world):
+        for r, backend in enumerate(backends):
             model = LlamaModel(self.cfg, shard_weights(cfg, weights, r, world), backend)
             model.reduce = lambda part, r=r: self.group.all_reduce(r, part)
             self.ranks.append(model)
-        self.backend = backend
 
     def make_caches(self, ctx: int) -> list[KVCache]:
-        return [KVCache(self.cfg, ctx, self.backend) for _ in range(self.world)]
+        return [KVCache(self.cfg, ctx, backend) for backend in self.backends]
 
     def forward(self, tokens: np.ndarray, start: int, caches: list[KVCache], want_logits: bool):
         results: list = [None] * self.world

@@ -38,6 +38,8 @@
 # longhttp_strata  tools/long_read_http.py: a 97,000- and a 130,000-token request through HTTP to
 #          `python3 -m serve --model FILE` (8B shape, Q4_K_M) -> $OUT/long_read_http_strata.json
 # longhttp_llama   the same to `llama-server -m FILE -ngl 99 -fa on -c 132000` (built first, as peers_build)
+# tp       tools/tp_check.py: tensor parallel's split (2 ranks, one process) against the whole 8B Q4_K_M model
+#          on one GPU: logits and greedy tokens (issue 26's check before two GPUs are lent)
 # chunkbench tools/chunk_default_bench.py on the 8B shape in Q4_K_M: the server as a user starts it per
 #          --chunk (256..4096), a 97K-token request's time, a newcomer's wait behind a 32K read, start-up
 # parity   tools/prefill_preempt_test.py --device gpu on the 8B shape
@@ -265,6 +267,10 @@ for step in "$@"; do
       build_llama
       python3 tools/long_read_http.py --server "llama.cpp=$LLAMA/build/bin/llama-server -m $MQ -ngl 99 -fa on -c 132000 --port 8080" \
         --json "$OUT/long_read_http_llama.json" || echo "LONG READ (LLAMA.CPP) FAILED" ;;
+    tp)  # tensor parallel's split on one GPU: 2 ranks of the 8B shape in Q4_K_M (blocks kept) against the whole model
+      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 tools/tp_check.py --model $MQ --device gpu --world 2 --json "$OUT/tp_check_h200.json" 2>&1 | quiet \
+        || echo "TP CHECK FAILED" ;;
     chunkbench)
       [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 tools/chunk_default_bench.py --model $MQ --deadline-s $((540 - SECONDS)) --chunks ${CHUNKS:-256,512,1024,2048,4096} \

@@ -43,7 +43,7 @@ def compare(path: str, world: int, ids: list[int], steps: int = 8, chunk: int = 
     backend = cpu_backend()
     cfg, weights, _ = load_model(path, backend)
     whole = LlamaModel(cfg, weights, backend)
-    split = TensorParallelModel(cfg, weights, backend, world)
+    split = TensorParallelModel(cfg, weights, [backend] * world)  # NumPy ops keep no state: one backend serves all
     ref_logits, ref_tokens = greedy_run(whole.forward, KVCache(cfg, 256, backend), ids, steps, chunk)
     tp_logits, tp_tokens = greedy_run(split.forward, split.make_caches(256), ids, steps, chunk)
     scale = np.abs(ref_logits).max()
