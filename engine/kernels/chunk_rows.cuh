@@ -16,8 +16,9 @@ struct ChunkRows {
 
 // False when the block has no rows (the grid is sized for the longest sequence of the batch).
 template <int ROWS, int KEYS>
-__device__ __forceinline__ bool chunk_rows(ChunkRows& c, const int* q_start, const int* pos0, const int* table,
-                                           const int* table_off, int heads, int kv_heads) {
+__device__ __forceinline__ bool chunk_rows(ChunkRows& c, const int* __restrict__ q_start, const int* __restrict__ pos0,
+                                           const int* __restrict__ table, const int* __restrict__ table_off, int heads,
+                                           int kv_heads) {
     c.s = blockIdx.z;
     c.kvh = blockIdx.y;
     c.group = heads / kv_heads;
