@@ -1,9 +1,11 @@
 """Every GPU kernel against its NumPy reference over odd shapes, then what the big ones reach.
 
-    python tools/gpu_kernels_check.py [--json OUT] [--no-speed]
+    python tools/gpu_kernels_check.py [--json OUT] [--no-speed] [--only attention,q8_cache,...]
+        [--define NAME=VALUE] [--block-sweep 64,0]
 
 Correctness: flash attention (head widths 64 and 128, GQA ratios 1, 3, 4, 8, one token, lengths
-that are not multiples of the tile, prefixes that end mid-tile), add+RMSNorm, RoPE+KV write,
+that are not multiples of the tile, prefixes that end mid-tile; prompt chunks through every prompt
+kernel the device has: the wgmma one and the mma.sync one on Hopper), add+RMSNorm, RoPE+KV write,
 SwiGLU; for every GGUF weight type the load-time expansion, the embedding gather and the matvec
 that reads the blocks, against the gguf package; the MoE routing and expert kernels against
 engine/moe.py; the GPU sampler against the host's. Inputs are fresh random data; outputs are poisoned (NaN) before each run, so an
