@@ -12,7 +12,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, example, strategies as st
 
 from engine.tokenizer import load_tokenizer
 from serve.tool_calls import FORMATS, ToolCallStream, format_for_template, parse_all
@@ -187,6 +187,8 @@ CALL = st.one_of(st.builds(lambda city, days: ("get_weather", {"city": city} | (
 
 @given(st.sampled_from(sorted(OUTPUTS)), st.lists(CALL, min_size=1, max_size=4), st.sampled_from(["", "Let me see."]),
        st.floats(0, 1), st.lists(st.floats(0, 1), max_size=6))
+@example("generic", [("get_time", {})], "", 0.984375, [])  # cut between the list's ']' and the answer's '}'
+@example("generic", [("get_time", {})], "", 0.97, [])  # ... and between the call's '}' and the list's ']'
 def test_a_cut_anywhere_keeps_the_whole_calls_before_it_and_drops_the_rest(fmt, calls, lead, where, pieces):
     """max_tokens may end an answer at any character: the calls whole before the cut come back (in
     every format, streamed in any pieces), the one being written never does, nor any part of it as
@@ -209,7 +211,8 @@ def test_a_cut_anywhere_keeps_the_whole_calls_before_it_and_drops_the_rest(fmt, 
     assert meaning(got) == [(n, json.loads(json.dumps(a))) for n, a in whole]
     assert lead.startswith(content.strip()), content  # text of a call never leaks out as content
     inside = any(start <= cut_at < end for start, end in spans) or (
-        fmt in ("generic", "llama3") and 0 < cut_at < len(text) and not whole)
+        fmt == "llama3" and 0 < cut_at < len(text) and not whole) or (
+        fmt == "generic" and 0 < cut_at < len(text))  # the answer is one object: cut before its last brace is cut
     assert stream.cut == inside, (cut, stream.cut)
 
 
