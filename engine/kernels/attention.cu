@@ -36,19 +36,19 @@ struct Tiles {  // dynamic shared memory: two stages of (K tile, V tile), each B
     static constexpr int BYTES = 2 * 2 * TILE * 2;
 };
 
-// Keys/values k0..k0+BC-1 of K/V head kvh into a stage, asynchronously, each row through the
-// sequence's block table tbl (paged.cuh); rows past key_end are zeros.
+// Keys/values k0..k0+BC-1 of the block's K/V head into a stage, asynchronously, each row through the
+// sequence's block table (kv_row.cuh); rows past the block's key_end are zeros.
 template <int D>
 __device__ __forceinline__ void load_kv_tile(__half* ks, __half* vs, const __half* k, const __half* v,
-                                             const int* tbl, int kvh, int kv_heads, int block_log2, int k0,
-                                             int key_end) {
+                                             const ChunkRows& blk, int kv_heads, int block_log2, int k0) {
     // k0 is a multiple of BC: with blocks of BC keys or more the tile lies in one block, found once
     const bool one_block = block_log2 >= BC_LOG2;
-    const size_t tile_row = one_block ? kv_row(tbl, k0, kvh, kv_heads, block_log2, D) : 0;
+    const size_t tile_row = one_block ? kv_row(blk.tbl, k0, blk.kvh, kv_heads, block_log2, D) : 0;
     for (int c = threadIdx.x; c < BC * D / 8; c += WARPS * 32) {
         const int r = c / (D / 8), col = (c % (D / 8)) * 8;
-        const bool ok = k0 + r < key_end;
-        const size_t row = one_block ? tile_row + (size_t)r * D : kv_row(tbl, k0 + r, kvh, kv_heads, block_log2, D);
+        const bool ok = k0 + r < blk.key_end;
+        const size_t row = one_block ? tile_row + (size_t)r * D
+                                     : kv_row(blk.tbl, k0 + r, blk.kvh, kv_heads, block_log2, D);
         const size_t off = ok ? row + col : 0;
         cp_async16(ks + r * Tiles<D>::ROW + col, k + off, ok);
         cp_async16(vs + r * Tiles<D>::ROW + col, v + off, ok);
@@ -66,24 +66,21 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
     extern __shared__ __align__(16) __half smem[];
     constexpr int ROW = Tiles<D>::ROW, TILE = Tiles<D>::TILE;
 
-    ChunkRows c;
-    if (!chunk_rows<BR, BC>(c, q_start, pos0, table, table_off, heads, kv_heads)) return;
-    const int s = c.s, kvh = c.kvh, group = c.group, rows = c.rows, row0 = c.row0, p0 = c.p0;
-    const int key_end = c.key_end, min_pos = c.min_pos, tiles = c.tiles;
-    const int* tbl = c.tbl;
+    ChunkRows blk;
+    if (!chunk_rows<BR, BC>(blk, q_start, pos0, table, table_off, heads, kv_heads)) return;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
     // ---- tile 0 starts loading into stage 0 while the query rows are staged in stage 1
-    load_kv_tile<D>(smem, smem + TILE, k, v, tbl, kvh, kv_heads, block_log2, 0, key_end);
+    load_kv_tile<D>(smem, smem + TILE, k, v, blk, kv_heads, block_log2, 0);
     cp_async_commit();
     __half* qs = smem + 2 * TILE;
     for (int c = threadIdx.x; c < BR * D / 8; c += WARPS * 32) {
-        const int r = c / (D / 8), col = (c % (D / 8)) * 8, row = row0 + r;
+        const int r = c / (D / 8), col = (c % (D / 8)) * 8, row = blk.row0 + r;
         uint4 val = make_uint4(0, 0, 0, 0);
-        if (row < rows) {
-            const int tok = row / group, head = kvh * group + row % group;
-            val = *reinterpret_cast<const uint4*>(q + ((size_t)(q_start[s] + tok) * heads + head) * D + col);
+        if (row < blk.rows) {
+            const int tok = row / blk.group, head = blk.kvh * blk.group + row % blk.group;
+            val = *reinterpret_cast<const uint4*>(q + ((size_t)(q_start[blk.s] + tok) * heads + head) * D + col);
         }
         *reinterpret_cast<uint4*>(qs + r * ROW + col) = val;
     }
@@ -100,17 +97,17 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
     __syncthreads();
 
     // the two rows this thread holds (fragment rows g and g + 8): their absolute positions
-    const int pos_a = p0 + (row0 + wr + g) / group, pos_b = p0 + (row0 + wr + g + 8) / group;
+    const int pos_a = blk.position(wr + g), pos_b = blk.position(wr + g + 8);
     float o[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     RowState ra, rb;
 
-    for (int j = 0; j < tiles; ++j) {
+    for (int j = 0; j < blk.tiles; ++j) {
         const int k0 = j * BC;
-        if (j + 1 < tiles) {  // the next tile loads while this one is computed
+        if (j + 1 < blk.tiles) {  // the next tile loads while this one is computed
             const int next = ((j + 1) & 1) * 2 * TILE;
-            load_kv_tile<D>(smem + next, smem + next + TILE, k, v, tbl, kvh, kv_heads, block_log2, k0 + BC, key_end);
+            load_kv_tile<D>(smem + next, smem + next + TILE, k, v, blk, kv_heads, block_log2, k0 + BC);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -135,16 +132,10 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
         }
         // ---- the running softmax (online_softmax.cuh), then O += P V with P straight from registers (the
         // C layout is the A layout) and V fragments by transposing ldmatrix, two dim tiles per load
-        const bool masked = k0 + BC - 1 > min_pos || k0 + BC > key_end;
         float corr_a, corr_b;
-        online_softmax<BC>(&sc[0][0], ra, rb, k0, masked, pos_a, pos_b, key_end, scale_log2, corr_a, corr_b);
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-            o[i][0] *= corr_a;
-            o[i][1] *= corr_a;
-            o[i][2] *= corr_b;
-            o[i][3] *= corr_b;
-        }
+        online_softmax<BC>(&sc[0][0], ra, rb, k0, blk.masked(k0, BC), pos_a, pos_b, blk.key_end, scale_log2, corr_a,
+                           corr_b);
+        rescale<D / 2>(&o[0][0], corr_a, corr_b);
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) {
             uint32_t pa[4];
@@ -161,7 +152,7 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
         __syncthreads();  // this stage is loaded again two tiles on
     }
 
-    write_rows<D>(out, &o[0][0], c, q_start, heads, wr + g, ra, rb);
+    write_rows<D>(out, &o[0][0], blk, q_start, heads, wr + g, ra, rb);
 }
 
 #define FLASH_ATTENTION(D)                                                                                     \

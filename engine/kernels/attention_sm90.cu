@@ -37,13 +37,13 @@ struct Smem {  // bytes: the Q tile, then STAGES stages of (K tile, V tile); eac
 
 using half_bits = unsigned short;
 
-// Keys/values k0..k0+BC-1 of K/V head kvh into the stage at shared address `ks` (K) and ks + TILE (V),
+// Keys/values k0..k0+BC-1 of the block's K/V head into the stage at shared address `ks` (K) and ks + TILE (V),
 // swizzled, each row through the sequence's block table; rows past key_end are zeros. A thread copies
 // the same 16-byte piece (`chunk`) of rows r0, r0 + PASS, ...: rows a multiple of 8 apart, so its
 // swizzled place moves by PASS rows of the tile from one to the next.
 template <int D>
-__device__ __forceinline__ void load_kv(unsigned ks, const half_bits* k, const half_bits* v, const int* tbl, int kvh,
-                                        int kv_heads, int block_log2, int k0, int key_end) {
+__device__ __forceinline__ void load_kv(unsigned ks, const half_bits* k, const half_bits* v, const ChunkRows& blk,
+                                        int kv_heads, int block_log2, int k0) {
     constexpr int PASS = THREADS / (D / 8);  // rows the block copies at once: 16 (D = 128) or 32 (D = 64)
     static_assert(PASS % 8 == 0 && BC % PASS == 0, "a thread's rows share their swizzle");
     const int chunk = threadIdx.x % (D / 8), r0 = threadIdx.x / (D / 8);
@@ -51,8 +51,8 @@ __device__ __forceinline__ void load_kv(unsigned ks, const half_bits* k, const h
 #pragma unroll
     for (int i = 0; i < BC / PASS; ++i) {
         const int key = k0 + r0 + i * PASS;
-        const bool ok = key < key_end;
-        const unsigned long long off = ok ? kv_row(tbl, key, kvh, kv_heads, block_log2, D) + chunk * 8 : 0;
+        const bool ok = key < blk.key_end;
+        const unsigned long long off = ok ? kv_row(blk.tbl, key, blk.kvh, kv_heads, block_log2, D) + chunk * 8 : 0;
         cp_async16_to(at0 + i * PASS * SW_ROW, k + off, ok);
         cp_async16_to(at0 + Smem<D>::TILE + i * PASS * SW_ROW, v + off, ok);
     }
@@ -98,25 +98,22 @@ __device__ __forceinline__ void flash_attention_sm90(const half_bits* __restrict
     constexpr int TILE = Smem<D>::TILE;
     const unsigned qs = base, stage0 = base + Smem<D>::Q;
 
-    ChunkRows c;
-    if (!chunk_rows<BR, BC>(c, q_start, pos0, table, table_off, heads, kv_heads)) return;
-    const int s = c.s, kvh = c.kvh, group = c.group, rows = c.rows, row0 = c.row0, p0 = c.p0;
-    const int key_end = c.key_end, min_pos = c.min_pos, tiles = c.tiles;
-    const int* tbl = c.tbl;
+    ChunkRows blk;
+    if (!chunk_rows<BR, BC>(blk, q_start, pos0, table, table_off, heads, kv_heads)) return;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2;
 
     // ---- the query rows (zeros past the chunk's) and K/V tile 0: one async group; tile 1: the next
     for (int c = threadIdx.x; c < BR * D / 8; c += THREADS) {
-        const int r = c / (D / 8), chunk = c % (D / 8), row = row0 + r;
-        const bool ok = row < rows;
-        const int tok = ok ? row / group : 0, head = kvh * group + (ok ? row % group : 0);
-        cp_async16_to(qs + sw128(r, chunk, BR), q + ((unsigned long long)(q_start[s] + tok) * heads + head) * D + chunk * 8,
-                      ok);
+        const int r = c / (D / 8), chunk = c % (D / 8), row = blk.row0 + r;
+        const bool ok = row < blk.rows;
+        const int tok = ok ? row / blk.group : 0, head = blk.kvh * blk.group + (ok ? row % blk.group : 0);
+        const unsigned long long at = ((unsigned long long)(q_start[blk.s] + tok) * heads + head) * D + chunk * 8;
+        cp_async16_to(qs + sw128(r, chunk, BR), q + at, ok);
     }
-    load_kv<D>(stage0, k, v, tbl, kvh, kv_heads, block_log2, 0, key_end);
+    load_kv<D>(stage0, k, v, blk, kv_heads, block_log2, 0);
     cp_async_commit();
-    if (tiles > 1) {
-        load_kv<D>(stage0 + 2 * TILE, k, v, tbl, kvh, kv_heads, block_log2, BC, key_end);
+    if (blk.tiles > 1) {
+        load_kv<D>(stage0 + 2 * TILE, k, v, blk, kv_heads, block_log2, BC);
         cp_async_commit();
         cp_async_wait<1>();
     } else {
@@ -127,7 +124,7 @@ __device__ __forceinline__ void flash_attention_sm90(const half_bits* __restrict
 
     // the two rows this thread holds (rows g and g + 8 of its warp's 16): their absolute positions
     const int r_a = wg * 64 + warp * 16 + g;
-    const int pos_a = p0 + (row0 + r_a) / group, pos_b = p0 + (row0 + r_a + 8) / group;
+    const int pos_a = blk.position(r_a), pos_b = blk.position(r_a + 8);
     const unsigned q_rows = qs + wg * 64 * SW_ROW;  // this warpgroup's 64 rows in each Q panel
     RowState ra, rb;
     float corr_a, corr_b;
@@ -140,8 +137,7 @@ __device__ __forceinline__ void flash_attention_sm90(const half_bits* __restrict
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs<BC / 2>(sc);
-    online_softmax<BC>(sc, ra, rb, 0, BC - 1 > min_pos || BC > key_end, pos_a, pos_b, key_end, scale_log2, corr_a,
-                       corr_b);
+    online_softmax<BC>(sc, ra, rb, 0, blk.masked(0, BC), pos_a, pos_b, blk.key_end, scale_log2, corr_a, corr_b);
     uint32_t pa[BC / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) p_fragment(sc, kk, pa[kk]);
@@ -149,7 +145,7 @@ __device__ __forceinline__ void flash_attention_sm90(const half_bits* __restrict
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
 
-    for (int j = 0; j + 1 < tiles; ++j) {
+    for (int j = 0; j + 1 < blk.tiles; ++j) {
         cp_async_wait<0>();  // tile j + 1 has landed (this thread's copies; the barrier makes it everyone's)
         fence_proxy_async();
         __syncthreads();  // ... and every warpgroup's P V of tile j - 1 is done: its stage may be loaded again
@@ -158,36 +154,28 @@ __device__ __forceinline__ void flash_attention_sm90(const half_bits* __restrict
         wgmma_commit();
         values<D>(o, pa, stage0 + (j % STAGES) * 2 * TILE + TILE);
         wgmma_commit();
-        if (j + 2 < tiles) {  // tile j + 2 loads while the tensor cores work and through the next round
-            load_kv<D>(stage0 + ((j + 2) % STAGES) * 2 * TILE, k, v, tbl, kvh, kv_heads, block_log2, (j + 2) * BC,
-                       key_end);
+        if (j + 2 < blk.tiles) {  // tile j + 2 loads while the tensor cores work and through the next round
+            load_kv<D>(stage0 + ((j + 2) % STAGES) * 2 * TILE, k, v, blk, kv_heads, block_log2, (j + 2) * BC);
             cp_async_commit();
         }
         wgmma_wait<1>();  // tile j + 1's scores (P V may still run)
         fence_regs<BC / 2>(sc);
         const int k0 = (j + 1) * BC;
-        online_softmax<BC>(sc, ra, rb, k0, k0 + BC - 1 > min_pos || k0 + BC > key_end, pos_a, pos_b, key_end,
-                           scale_log2, corr_a, corr_b);
+        online_softmax<BC>(sc, ra, rb, k0, blk.masked(k0, BC), pos_a, pos_b, blk.key_end, scale_log2, corr_a, corr_b);
         wgmma_wait<0>();
         fence_regs<D / 2>(o);
         fence_regs<BC / 4>(&pa[0][0]);  // read by the MMA until now: not to be reused before
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-            o[4 * i] *= corr_a;
-            o[4 * i + 1] *= corr_a;
-            o[4 * i + 2] *= corr_b;
-            o[4 * i + 3] *= corr_b;
-        }
+        rescale<D / 2>(o, corr_a, corr_b);
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) p_fragment(sc, kk, pa[kk]);
     }
     wgmma_fence();  // the last tile's P V
-    values<D>(o, pa, stage0 + ((tiles - 1) % STAGES) * 2 * TILE + TILE);
+    values<D>(o, pa, stage0 + ((blk.tiles - 1) % STAGES) * 2 * TILE + TILE);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs<D / 2>(o);
 
-    write_rows<D>(out, o, c, q_start, heads, r_a, ra, rb);
+    write_rows<D>(out, o, blk, q_start, heads, r_a, ra, rb);
 }
 
 #define FLASH_ATTENTION_SM90(D)                                                                                \

@@ -12,6 +12,13 @@ struct ChunkRows {
     int s, kvh, group, rows, row0;  // sequence, K/V head, heads per K/V head, the chunk's rows, the block's first
     int p0, key_end, min_pos, tiles;  // first position; keys the block sees; keys every row sees; K/V tiles
     const int* tbl;  // the sequence's block table
+
+    // the position of the block's row r
+    __device__ __forceinline__ int position(int r) const { return p0 + (row0 + r) / group; }
+    // whether a tile of `keys` keys from k0 holds keys some row may not see (the diagonal, or the end)
+    __device__ __forceinline__ bool masked(int k0, int keys) const {
+        return k0 + keys - 1 > min_pos || k0 + keys > key_end;
+    }
 };
 
 // False when the block has no rows (the grid is sized for the longest sequence of the batch).

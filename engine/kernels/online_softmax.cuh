@@ -57,6 +57,18 @@ __device__ __forceinline__ void online_softmax(float* s, RowState& a, RowState& 
     }
 }
 
+// The rows' output so far (o: N accumulators a thread, in the layout above) by online_softmax's factors.
+template <int N>
+__device__ __forceinline__ void rescale(float* o, float corr_a, float corr_b) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        o[4 * i] *= corr_a;
+        o[4 * i + 1] *= corr_a;
+        o[4 * i + 2] *= corr_b;
+        o[4 * i + 3] *= corr_b;
+    }
+}
+
 // Two fp32 values as one register of two fp16 (lo in the low half), rounded to nearest.
 __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
     unsigned r;
