@@ -26,7 +26,6 @@ class ProtocolError(ValueError):
 _INT = re.compile(r"-?[0-9]+\Z")
 _FLOAT = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
 _WORD = re.compile(r"[A-Za-z0-9_.:/+-]+\Z")
-_ID_SUFFIX = re.compile(r"(?:^| )id=([0-9]+)\Z")
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "=": "\\e", " ": "\\s"}
 _UNESCAPES = {"\\": "\\", "n": "\n", "r": "\r", "e": "=", "s": " "}
 
@@ -40,8 +39,8 @@ def escape(text: str) -> str:
 def escape_err_text(text: str, has_id: bool) -> str:
     """ERR text keeps spaces and `=`; only a text that would read as an id suffix is escaped."""
     out = "".join(c if c in " =" else _ESCAPES.get(c, c) for c in text)
-    found = None if has_id else _ID_SUFFIX.search(out)
-    return out if found is None else out[: found.start()] + out[found.start():].replace("=", "\\e")
+    ident, head = (None, out) if has_id else _id_suffix(out)
+    return out if ident is None else head + out[len(head):].replace("=", "\\e")
 
 
 def unescape(text: str, allow_equals: bool = False) -> str:
@@ -179,8 +178,8 @@ def decode(line: str) -> m.Message:
 
 
 def _id_suffix(text: str) -> tuple[int | None, str]:
-    """A line's trailing id=N field, and the line without it (what _ID_SUFFIX matches, found
-    without scanning the line: a GEN line of a long prompt is hundreds of kilobytes)."""
+    """A line's trailing id=N field (after a space, or the whole line), and the line before it;
+    found without scanning the line (a GEN line of a long prompt is hundreds of kilobytes)."""
     head, _, last = text.rpartition(" ")
     number = last[3:]
     if last.startswith("id=") and number.isascii() and number.isdigit():
