@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.kv_types import array_module
+
 # GGUF type -> (values per block, bytes per block): the types whose blocks stay on the device
 BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
           "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
@@ -84,8 +86,15 @@ class QuantMatrix:
 
 
 def concat_rows(matrices: list[QuantMatrix]) -> QuantMatrix:
-    """Matrices of the same width, one under the other (their parts in order)."""
-    return QuantMatrix(tuple(p for m in matrices for p in m.parts), matrices[0].cols)
+    """Matrices of the same width, one under the other; adjacent parts of one type joined into one
+    (one kernel launch, as stack_rows makes them)."""
+    parts: list[QuantPart] = []
+    for p in (p for m in matrices for p in m.parts):
+        if parts and parts[-1].kind == p.kind:
+            last = parts.pop()
+            p = QuantPart(p.kind, array_module(p.data).concatenate([last.data, p.data]), last.rows + p.rows)
+        parts.append(p)
+    return QuantMatrix(tuple(parts), matrices[0].cols)
 
 
 @dataclass(frozen=True)
@@ -109,15 +118,7 @@ class HostRows:
 
 def stack_rows(pieces: list[HostRows], upload) -> QuantMatrix:
     """Stack tensors' rows (QKV, gate-up) into one matrix: adjacent pieces of one type become one
-    part (one kernel launch); `upload` moves a host array to the device."""
-    groups: list[list[HostRows]] = []
-    for piece in pieces:
-        if groups and groups[-1][0].kind == piece.kind:
-            groups[-1].append(piece)
-        else:
-            groups.append([piece])
-    parts = []
-    for group in groups:
-        data = group[0].data if len(group) == 1 else np.concatenate([g.data for g in group])
-        parts.append(QuantPart(group[0].kind, upload(np.ascontiguousarray(data)), int(data.shape[0])))
-    return QuantMatrix(tuple(parts), pieces[0].cols)
+    part (one kernel launch, joined on the host by concat_rows); `upload` moves a host array to the device."""
+    host = concat_rows([QuantMatrix((QuantPart(p.kind, p.data, int(p.data.shape[0])),), p.cols) for p in pieces])
+    return QuantMatrix(tuple(QuantPart(p.kind, upload(np.ascontiguousarray(p.data)), p.rows) for p in host.parts),
+                       host.cols)
