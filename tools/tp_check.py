@@ -60,8 +60,7 @@ def main() -> int:
     ids = np.random.default_rng(5).integers(100, min(cfg.vocab_size, 30000), a.prompt_tokens)
     ctx = a.prompt_tokens + a.steps + 1
     whole = LlamaModel(cfg, weights, backends[0])
-    ref_logits, ref_tokens, ref_s = run(
-        lambda t, s, kv, w: whole.forward(t, s, kv, w), KVCache(cfg, ctx, backends[0]), ids, a.steps, a.chunk)
+    ref_logits, ref_tokens, ref_s = run(whole.forward, KVCache(cfg, ctx, backends[0]), ids, a.steps, a.chunk)
     split = TensorParallelModel(cfg, weights, backends)
     tp_logits, tp_tokens, tp_s = run(split.forward, split.make_caches(ctx), ids, a.steps, a.chunk)
     diff = float(np.abs(tp_logits - ref_logits).max() / np.abs(ref_logits).max())

@@ -21,22 +21,9 @@ from tests.harness import ROOT, remake_fixture_models
 
 sys.path.insert(0, str(ROOT / "tools"))
 from make_synthetic_gguf import main as make_synthetic  # noqa: E402
+from tp_check import run as greedy_run  # noqa: E402  (prompt logits read in chunks, the greedy tokens, seconds)
 
 FIXTURE = json.loads((ROOT / "tests/fixtures/arch_golden.json").read_text())["models"]
-
-
-def greedy_run(forward, kv, ids: list[int], steps: int, chunk: int):
-    """Prompt logits (read in chunks, as the engine reads) and the greedy continuation's tokens."""
-    start, logits = 0, None
-    while start < len(ids):
-        end = min(start + chunk, len(ids))
-        logits = forward(np.asarray(ids[start:end]), start, kv, end == len(ids))
-        start = end
-    first, out, cur = logits, [], logits
-    for _ in range(steps):
-        out.append(int(np.argmax(cur)))
-        cur = forward(np.asarray(out[-1:]), len(ids) + len(out) - 1, kv, True)
-    return first, out
 
 
 def compare(path: str, world: int, ids: list[int], steps: int = 8, chunk: int = 5):
@@ -44,8 +31,8 @@ def compare(path: str, world: int, ids: list[int], steps: int = 8, chunk: int = 
     cfg, weights, _ = load_model(path, backend)
     whole = LlamaModel(cfg, weights, backend)
     split = TensorParallelModel(cfg, weights, [backend] * world)  # NumPy ops keep no state: one backend serves all
-    ref_logits, ref_tokens = greedy_run(whole.forward, KVCache(cfg, 256, backend), ids, steps, chunk)
-    tp_logits, tp_tokens = greedy_run(split.forward, split.make_caches(256), ids, steps, chunk)
+    ref_logits, ref_tokens, _ = greedy_run(whole.forward, KVCache(cfg, 256, backend), np.asarray(ids), steps, chunk)
+    tp_logits, tp_tokens, _ = greedy_run(split.forward, split.make_caches(256), np.asarray(ids), steps, chunk)
     scale = np.abs(ref_logits).max()
     assert np.abs(tp_logits - ref_logits).max() <= 1e-4 * scale
     assert tp_tokens == ref_tokens
