@@ -108,6 +108,9 @@ MQC=/tmp/m/llama3-8b-q4_k_m-chat.gguf  # the 8B shape in Q4_K_M with a chat temp
 LLAMA=/tmp/llama
 MQW=/tmp/q/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf  # the real-model fixture (issue 22), carried in parts
 quiet() { grep --line-buffered -v "loading weights" || true; }
+synth_mq() {  # the Llama-3-8B shape in Q4_K_M, made once per machine
+  [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+}
 
 # peers: one server on :8080 at a time, bench/pool_bench.py against it, then the server stopped
 healthy() { python3 -c "import httpx, sys; sys.exit(httpx.get('http://127.0.0.1:8080/health', timeout=2).status_code != 200)" 2>/dev/null; }
@@ -185,7 +188,7 @@ for step in "$@"; do
         | grep -v "^ok " || { echo "SM90 CHECKS FAILED; V_LBO_IS_PANEL=0:"
         python3 tools/gpu_kernels_check.py --only attention --no-speed --define V_LBO_IS_PANEL=0 | grep -v "^ok "; } ;;
     longread)  # prompt reads of 65,536 and 131,072 tokens (8B shape, Q4_K_M, chunk 2048): wgmma beside mma.sync attention
-      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_mq
       for kind in ${KINDS:-sm90 mma}; do
         STRATA_PROMPT_ATTENTION=$kind python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 \
           --sizes ${SIZES:-65536,131072} --repeats 2 --decode-steps 0 --label llama3-8b-q4_k_m-$kind \
@@ -217,7 +220,7 @@ for step in "$@"; do
         --decode-steps 64 --decode-contexts 512,16384,46832 --profile-depth 14336 --label llama3-8b-shape-f16 \
         --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
     synthq)
-      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1 ;;
+      synth_mq ;;
     benchq)
       for form in quantized fp16; do
         python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
@@ -238,7 +241,7 @@ for step in "$@"; do
       python3 tools/paged_check.py --model $MS --device gpu --engine-args "--kv-type $kv" \
         --json "$OUT/paged_check_gpu$tag.json" 2>&1 | quiet || echo "PAGED CHECK FAILED" ;;
     long)
-      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_mq
       python3 tools/long_context_run.py --model $MQ --kv-type q8_0 --ctx 1048576 --prompt-tokens 262144 --chunk 2048 \
         --json "$OUT/long_context_q8_0_h200.json" 2>&1 | quiet || echo "LONG CONTEXT RUN FAILED" ;;
     prefetch)
@@ -248,19 +251,19 @@ for step in "$@"; do
           | grep -o "decode_depth[0-9]*\(_q8\)\?_us=[0-9.]*" | tr '\n' ' '; echo " (DEC_PREFETCH=$p)"
       done ;;
     depth)
-      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_mq
       for kv in f16 q8_0; do
         python3 tools/long_context_run.py --model $MQ --kv-type $kv --ctx 133120 --prompt-tokens 131072 --chunk 2048 \
           --max-new 64 --no-park --json "$OUT/decode_depth_${kv}_h200.json" 2>&1 | quiet || echo "DEPTH RUN FAILED"
       done ;;
     startup)
-      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_mq
       python3 tools/startup_time.py --model $MQ --repeats 3 --json "$OUT/startup_h200.json" ;;
     startupq)  # the same on a 150K-vocabulary model: the Qwen3-8B shape in Q4_K_M with Qwen2.5's tokenizer (.device/qwen_tok.gguf)
       [ -f $MQ3Q ] || python3 tools/make_synthetic_gguf.py $MQ3Q --preset qwen3-8b --type Q4_K_M --tokenizer .device/qwen_tok.gguf 2>&1 | tail -1
       python3 tools/startup_time.py --model $MQ3Q --repeats 3 --json "$OUT/startup_qwen_h200.json" ;;
     longhttp_strata)  # a 97,000- and a 130,000-token request through HTTP, the server as a user starts it
-      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_mq
       python3 tools/long_read_http.py --server "strata=python3 -m serve --model $MQ --port 8080" \
         --json "$OUT/long_read_http_strata.json" || echo "LONG READ (STRATA) FAILED" ;;
     longhttp_llama)  # the same requests to llama-server on the same file (built first if need be)
@@ -268,11 +271,11 @@ for step in "$@"; do
       python3 tools/long_read_http.py --server "llama.cpp=$LLAMA/build/bin/llama-server -m $MQ -ngl 99 -fa on -c 132000 --port 8080" \
         --json "$OUT/long_read_http_llama.json" || echo "LONG READ (LLAMA.CPP) FAILED" ;;
     tp)  # tensor parallel's split on one GPU: 2 ranks of the 8B shape in Q4_K_M (blocks kept) against the whole model
-      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_mq
       python3 tools/tp_check.py --model $MQ --device gpu --world 2 --json "$OUT/tp_check_h200.json" 2>&1 | quiet \
         || echo "TP CHECK FAILED" ;;
     chunkbench)
-      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_mq
       python3 tools/chunk_default_bench.py --model $MQ --deadline-s $((540 - SECONDS)) --chunks ${CHUNKS:-256,512,1024,2048,4096} \
         --json "$OUT/chunk_default_h200.json" 2>&1 | quiet || echo "CHUNK BENCH FAILED OR CUT SHORT"
       grep -h "strata: loaded" /tmp/chunk_bench_server_*.log || true ;;
@@ -280,7 +283,7 @@ for step in "$@"; do
       python3 tools/prefill_preempt_test.py --model $M8 --device gpu --chunk 256 --prompt-tokens 3000 \
         --json "$OUT/preempt_parity_gpu_8b.json" 2>&1 | quiet ;;
     parityq)
-      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_mq
       python3 tools/prefill_preempt_test.py --model $MQ --device gpu --chunk 256 --prompt-tokens 3000 \
         --json "$OUT/preempt_parity_gpu_8b_q4_k_m.json" 2>&1 | quiet ;;
     hol)
@@ -327,11 +330,11 @@ for step in "$@"; do
     wide)
       python3 tools/matvec_wide_times.py --json "$OUT/matvec_wide.json" || echo "WIDE CHECK FAILED" ;;
     agent)
-      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_mq
       python3 bench/agent_reuse_bench.py --model $MQ --device gpu --turns 10 --final 16384 --chunk 2048 --answer 16 \
         --label llama3-8b-shape-q4_k_m --json "$OUT/agent_reuse_gpu.json" 2>&1 | quiet ;;
     mixed)
-      [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_mq
       STRATA_MODEL=$MQ python3 bench/mixed_load_bench.py --device gpu --a-tokens 46832 --decoders 4 --b-delay 2 \
         --chunk 2048 --repeats 2 --json "$OUT/mixed_load_gpu.json" 2>&1 | quiet ;;
     real)
