@@ -21,7 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from engine.backend import Backend
-from engine.gguf_model import LayerWeights, ModelConfig, ModelLoadError, Weights
+from engine.gguf_model import ModelConfig, ModelLoadError, Weights
 from engine.kv import KVCache
 from engine.kv_types import array_module
 from engine.model import LlamaModel
