@@ -117,10 +117,12 @@ class GraphDecoder:
             kernels.argmax(logits)
             self.stream.synchronize()
             self.stream.begin_capture()
+            kernels.dependent = True  # each kernel may start while the one before it finishes (launch.py)
             try:
                 out = self.model.forward_on_device(buf, step, kv_rows, True)
                 argmax = kernels.argmax(out)
             finally:
+                kernels.dependent = False
                 graph = self.stream.end_capture()
         self.captured[key] = CapturedStep(graph, step, buf, out, argmax)
         self.last = None  # the logits returned here are the eager run's, copied out of the graphs' pool

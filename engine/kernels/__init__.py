@@ -14,7 +14,7 @@ from types import ModuleType
 import numpy as np
 
 from engine.backend import Step
-from engine.kernels import moe, sm90
+from engine.kernels import launch, moe, sm90
 from engine.kv_types import Q8Array
 from engine.quantized import BLOCKS, UNIT, QuantMatrix, Row8
 
@@ -41,6 +41,34 @@ MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_
 # weight rows a block takes (16 mmv_tiles<NT>() in mmv.cu)
 Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
 NULL = np.uint64(0)  # a null pointer argument
+
+
+def built_kernels() -> dict[str, tuple[str, ...]]:
+    """The kernels GpuKernels builds (compiled by CuPy), by source file."""
+    return {"norm_rope.cu": ("add_rms_norm", "rope_store", "norm_rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
+             "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
+                                            for family, suffix in (("dequant", ""), ("embed", ""))),
+                          *(f"matvec_{kind}_n{nb}{suffix}" for kind in BLOCKS
+                            for nb in range(1, MAX_BATCH_ROWS + 1) for suffix in ("", "_f32"))),
+             "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS), "widen_q8_0_blocks",
+                              *(f"flash_decode{kind}_d{d}_g{g}" for kind in ("", "_q8") for d in HEAD_DIMS
+                                for g in range(1, MAX_GROUP + 1))),
+             "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in MMV_TILE_ROWS for suffix in ("", "_f32")),
+             "moe.cu": moe.KERNELS}
+
+
+def is_dependent(kernel: str) -> bool:
+    """Whether a kernel waits for its producers in after_producer() (pdl.cuh) before it reads or
+    writes anything, so that a decode graph may launch it while the kernel before it runs: every
+    kernel of a decode step (tests/engine/test_kernel_sources.py checks their sources); not the
+    prompt chunks' attention."""
+    return not kernel.startswith("flash_attention")
+
+
+def dependent_launch(cp: ModuleType) -> bool:
+    """Programmatic dependent launch in decode graphs: on compute capability 9.0 and later, unless
+    $STRATA_PDL is 0."""
+    return int(cp.cuda.Device().compute_capability) >= 90 and os.environ.get("STRATA_PDL", "1") != "0"
 
 
 def kernel_source(name: str, pasted: set[str] | None = None) -> str:
@@ -105,23 +133,19 @@ class GpuKernels:
         prompt_attention: "sm90" or "mma" (PROMPT_ATTENTION; default $STRATA_PROMPT_ATTENTION, else sm90
         where the device has it)."""
         self.cp = cp
-        names = {"norm_rope.cu": ("add_rms_norm", "rope_store", "norm_rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
-                 "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
-                                                for family, suffix in (("dequant", ""), ("embed", ""))),
-                              *(f"matvec_{kind}_n{nb}{suffix}" for kind in BLOCKS
-                                for nb in range(1, MAX_BATCH_ROWS + 1) for suffix in ("", "_f32"))),
-                 "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS), "widen_q8_0_blocks",
-                                  *(f"flash_decode{kind}_d{d}_g{g}" for kind in ("", "_q8") for d in HEAD_DIMS
-                                    for g in range(1, MAX_GROUP + 1))),
-                 "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in MMV_TILE_ROWS for suffix in ("", "_f32")),
-                 "moe.cu": moe.KERNELS}
         self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
-        for source, kernels in names.items():
+        for source, kernels in built_kernels().items():
             module = cp.RawModule(code=kernel_source(source), options=OPTIONS + tuple(f"-D{d}" for d in defines))
             self.fn |= {name: module.get_function(name) for name in kernels}
         for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
             self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
         self.prompt_attention = self.load_sm90(defines, prompt_attention or os.environ.get("STRATA_PROMPT_ATTENTION"))
+        # programmatic dependent launch (launch.py) while `dependent` is set: a decode graph's capture
+        driver = launch.Driver() if dependent_launch(cp) else None
+        self.dependent = False
+        for name, fn in self.fn.items():
+            if is_dependent(name):
+                self.fn[name] = launch.Kernel(fn, self, fn.kernel.ptr, driver)
         # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
         # with the default allocator, never in a graphs' pool: every captured graph keeps their address
         self.counters = cp.zeros(COUNTER_SEQUENCES * MAX_COUNTER_HEADS, dtype=cp.int32)

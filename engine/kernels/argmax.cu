@@ -1,6 +1,8 @@
 // The greedy pick on the device: the index of the largest logit, the first one on ties (as
 // numpy.argmax), so that a decode graph ends with its token and only 8 bytes come back.
 // One block: each thread scans a strided slice, then (value, index) pairs are reduced.
+#include "pdl.cuh"
+
 constexpr int ARGMAX_THREADS = 1024;
 
 __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
@@ -10,6 +12,7 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
 // logits: (rows, n) fp32 -> out (rows,): each row's index of its first maximum (a block a row).
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_first(const float* __restrict__ logits, long long* __restrict__ out, int n) {
+    after_producer();
     logits += (size_t)blockIdx.x * n;
     out += blockIdx.x;
     __shared__ float sv[ARGMAX_THREADS / 32];

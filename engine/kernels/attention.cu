@@ -19,6 +19,7 @@
 #include "mma.cuh"
 #include "chunk_rows.cuh"
 #include "paged.cuh"
+#include "pdl.cuh"
 #include "q8.cuh"
 
 constexpr int WARPS = 4;
@@ -273,6 +274,7 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
     __shared__ float wo[DEC_WARPS][G][D];
     __shared__ float weight[G][DEC_MAX_SPLITS], inv_den[G];
     __shared__ bool last;
+    after_producer();
     const int s = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane >> 3, chunk = lane & 7;
     const int heads = kv_heads * G, head0 = kvh * G, kv_len = pos0[s] + 1;
@@ -483,6 +485,7 @@ FLASH_DECODE_GROUPS(128)
 extern "C" __global__ void widen_q8_0_blocks(const signed char* __restrict__ q, const __half* __restrict__ scales,
                                              __half* __restrict__ out, const int* __restrict__ blocks,
                                              long long octets, long long block_values) {
+    after_producer();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= octets) return;
     const long long e = 8 * i, b = e / block_values, within = e % block_values;

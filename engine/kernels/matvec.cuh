@@ -5,6 +5,7 @@
 // across the warp by reduce_store.
 #pragma once
 #include "blocks.cuh"
+#include "pdl.cuh"
 
 #ifndef MV_WARPS
 #define MV_WARPS 4  // warps per block

@@ -21,6 +21,7 @@
 // for A and B, so each mma sums the products of matching positions: a dot product in a fixed order.
 // NumPy reference: x @ W.T (tools/gpu_kernels_check.py).
 #include "mma.cuh"
+#include "pdl.cuh"
 
 #ifndef MMV_WARPS
 #define MMV_WARPS 4  // MMV_THREADS / 32 in engine/kernels/__init__.py
@@ -37,6 +38,9 @@ __device__ __forceinline__ void store_out(__half* y, size_t i, float v) { y[i] =
 template <int NT>
 __host__ __device__ constexpr int mmv_unroll() { return NT >= 8 ? 2 : NT >= 4 ? 4 : MMV_UNROLL; }
 
+#ifndef MMV_PREFETCH
+#define MMV_PREFETCH 2048  // bytes of each weight row a block asks L2 for before it waits for x (pdl.cuh)
+#endif
 #ifndef MMV_WIDE_G
 #define MMV_WIDE_G 2  // 16-row tiles of W a block takes at 4 and 8 n-tiles: a knob for tools/mmv_check.py
 #endif
@@ -54,6 +58,10 @@ __device__ __forceinline__ void mmv_f16(const __half* __restrict__ w, const __ha
     __shared__ float partial[MMV_WARPS][G * NT][32][4];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int row0 = blockIdx.x * 16 * G, chunks = k >> 5;
+    if (row0 < m)  // the first chunks of the block's weight rows on their way before x is ready (pdl.cuh)
+        prefetch_rows_l2(w + (size_t)row0 * k, (size_t)k * 2, min(16 * G, m - row0), min((size_t)k * 2, (size_t)MMV_PREFETCH),
+                         threadIdx.x, MMV_WARPS * 32);
+    after_producer();
     const uint4 zero = {0u, 0u, 0u, 0u};
     bool ra[G], rb[G];
     const uint4 *wa[G], *wb[G];  // tile j: rows row0 + 16 j + g (wa) and + 8 (wb)

@@ -46,6 +46,7 @@ __device__ __forceinline__ float router_logit(const float* __restrict__ w, const
 // grid (ceil(E / 4), n), 128 threads: a warp per (expert, token).
 extern "C" __global__ void router_logits(const float* __restrict__ w, const __half* __restrict__ x,
                                          float* __restrict__ out, int experts, int dim) {
+    after_producer();
     const int e = blockIdx.x * 4 + (threadIdx.x >> 5), t = blockIdx.y;
     if (e >= experts) return;
     const float acc = router_logit(w, x + (size_t)t * dim, e, dim);
@@ -102,6 +103,7 @@ __device__ __forceinline__ void route_token(const float* l, int* __restrict__ id
 // grid (n,), 32 threads: token t's route from its logits (n, E).
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,
                                      int experts, int k, int normalize) {
+    after_producer();
     const int t = blockIdx.x;
     route_token(logits + (size_t)t * experts, ids + t * k, wts + t * k, experts, k, normalize);
 }
@@ -112,6 +114,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int* __re
 extern "C" __global__ void router_route(const float* __restrict__ w, const __half* __restrict__ x,
                                         float* __restrict__ logits, int* __restrict__ counter, int* __restrict__ ids,
                                         float* __restrict__ wts, int experts, int dim, int k, int normalize) {
+    after_producer();
     __shared__ bool last;
     const int e = blockIdx.x * 4 + (threadIdx.x >> 5);
     if (e < experts) {
@@ -186,6 +189,7 @@ constexpr int GEMM_THREADS = 128;       // 2 x 2 warps of 32 x 32 outputs
 // each output row is computed alone, so the order changes no value.
 extern "C" __global__ void moe_sort(const int* __restrict__ ids, int entries, int experts, int* __restrict__ offsets,
                                     int* __restrict__ tiles, int* __restrict__ order, int* __restrict__ inv) {
+    after_producer();
     __shared__ int count[MAX_EXPERTS], fill[MAX_EXPERTS];
     for (int e = threadIdx.x; e < experts; e += blockDim.x) count[e] = 0;
     __syncthreads();
@@ -295,6 +299,7 @@ __device__ __forceinline__ void moe_gemm(const __half* __restrict__ x, int x_str
 // wts[t, j] * y[inv[t k + j]] in fp32, j ascending. dim % 8 == 0.
 extern "C" __global__ void moe_combine(const __half* __restrict__ y, const int* __restrict__ inv,
                                        const float* __restrict__ wts, __half* __restrict__ out, int n, int k, int dim) {
+    after_producer();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     const int per_row = dim / 8;
     if (i >= (long long)n * per_row) return;
@@ -320,16 +325,19 @@ extern "C" __global__ void moe_combine(const __half* __restrict__ y, const int* 
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                  \
         moe_matvec_##T(const u8* w, const u8* w2, int m, int k, const int* ids, int chosen, const X* x,         \
                        __half* y, int y_stride) {                                                                \
+        after_producer();                                                                                        \
         moe_matvec<T>(w, w2, m, k, ids, chosen, x, y, y_stride);                                                 \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                  \
         moe_down_##T(const u8* w, int m, int k, const int* ids, int chosen, const X* x, const float* wts,        \
                      __half* y) {                                                                               \
+        after_producer();                                                                                       \
         moe_down<T>(w, m, k, ids, chosen, x, wts, y);                                                            \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                                   \
         moe_gemm_##T(const __half* x, int x_stride, int gather, const int* order, const int* offsets,            \
                      const int* tiles, int experts, const u8* w, int m, int k, __half* y, int y_stride) {         \
+        after_producer();                                                                                         \
         moe_gemm<T>(x, x_stride, gather, order, offsets, tiles, experts, w, m, k, y, y_stride);                 \
     }
 

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include "paged.cuh"
+#include "pdl.cuh"
 #include "q8.cuh"
 
 constexpr int NORM_THREADS = 256;  // one block per row; rows are 576..8192 wide
@@ -31,6 +32,7 @@ __device__ __forceinline__ float block_sum(float v) {
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_delta, const float* __restrict__ w,
              __half* __restrict__ out, Q8* __restrict__ q8, int dim, float eps) {
+    after_producer();
     const size_t row = blockIdx.x;
     float4* xr = reinterpret_cast<float4*>(x + row * dim);
     float ss = 0.f;
@@ -61,12 +63,6 @@ add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_de
         }
         store_octet(out + row * dim + 8 * o, q8 ? q8 + row * (dim / 32) + o / 4 : nullptr, v, valid);
     }
-}
-
-// x += delta: the residual add after the last layer's feed-forward (no norm follows in place).
-extern "C" __global__ void add_residual(float* __restrict__ x, const __half* __restrict__ delta, size_t n) {
-    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n) x[i] += __half2float(delta[i]);
 }
 
 // The pair (j, j + half_d) of a head rotated by position p's angle j (cos, sin: (positions, d/2)).
@@ -109,6 +105,7 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
                                       const int* __restrict__ pos0, const int* __restrict__ table,
                                       const int* __restrict__ table_off, int seqs, int n, int heads, int kv_heads,
                                       int d, int block_log2) {
+    after_producer();
     const int half_d = d / 2, slots = heads + 2 * kv_heads;
     const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (idx >= (size_t)n * slots * half_d) return;
@@ -138,6 +135,7 @@ extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __hal
                                            const int* __restrict__ table_off, int seqs, const float* __restrict__ q_w,
                                            const float* __restrict__ k_w, int n, int heads, int kv_heads, int d,
                                            int block_log2, float eps) {
+    after_producer();
     const int half_d = d / 2, slots = heads + 2 * kv_heads, lane = threadIdx.x & 31;
     const size_t r = blockIdx.x * (size_t)4 + (threadIdx.x >> 5);
     if (r >= (size_t)n * slots) return;
@@ -175,6 +173,7 @@ extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __hal
 // n * ffn / 8, a whole number of warps' worth not required (the tail's lanes store nothing).
 extern "C" __global__ void silu_mul(const __half* __restrict__ gate_up, __half* __restrict__ out, Q8* __restrict__ q8,
                                     int ffn, long long octets) {
+    after_producer();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     const bool valid = i < octets;
     const long long row = i / (ffn / 8), o = i % (ffn / 8);

@@ -11,6 +11,9 @@
 // NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/gpu_kernels_check.py).
 #include "blocks.cuh"
 #include "matvec.cuh"
+#ifndef MV_PREFETCH
+#define MV_PREFETCH 1024  // bytes of each weight row a warp asks L2 for before it waits for x (pdl.cuh)
+#endif
 #ifndef MV_WIDE_FROM
 #define MV_WIDE_FROM 8  // a launch of more rows of x than this ...
 #endif
@@ -22,6 +25,7 @@
 template <class T, typename Out>
 __device__ __forceinline__ void dequant_rows(const u8* __restrict__ src, const long long* __restrict__ ids,
                                              Out* __restrict__ y, long long units, int cols) {
+    after_producer();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= units) return;
     const int per_row = cols / 32, s = (int)(i % per_row);
@@ -33,6 +37,7 @@ __device__ __forceinline__ void dequant_rows(const u8* __restrict__ src, const l
 
 // x: (units * 32,) fp16 -> (units,) Q8, one thread a unit.
 extern "C" __global__ void quantize_q8(const __half* __restrict__ x, Q8* __restrict__ out, int units) {
+    after_producer();
     const int u = blockIdx.x * blockDim.x + threadIdx.x;
     if (u >= units) return;
     float v[32];
@@ -48,6 +53,10 @@ __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __
                                           int m, int k, int ldy) {
     constexpr int R = NB > MV_WIDE_FROM ? MV_WIDE_ROWS : MV_ROWS;  // more rows of x: more weight rows a warp
     const int row0 = warp_row0<R>();
+    const size_t rb = row_bytes<T>(k);
+    if (row0 < m)  // the weights' first bytes on their way while the kernel before this one finishes
+        prefetch_rows_l2(w + row0 * rb, rb, min(R, m - row0), min(rb, (size_t)MV_PREFETCH), threadIdx.x & 31, 32);
+    after_producer();
     if (row0 >= m) return;
     BatchAcc<NB, R> acc = {};
     rows_dot_q8_batch<T, NB, R>(w, xq, row0, m, k, acc);
@@ -90,6 +99,7 @@ WEIGHT_KERNELS(F16)
 
 // BF16 -> fp16 at load (a bf16 is the high half of an fp32). n = values.
 extern "C" __global__ void dequant_BF16(const unsigned short* __restrict__ src, __half* __restrict__ y, long long n) {
+    after_producer();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i < n) y[i] = __float2half(__uint_as_float((unsigned)src[i] << 16));
 }
