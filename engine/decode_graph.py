@@ -117,7 +117,7 @@ class GraphDecoder:
             kernels.argmax(logits)
             self.stream.synchronize()
             self.stream.begin_capture()
-            kernels.dependent = True  # each kernel may start while the one before it finishes (launch.py)
+            kernels.dependent = kernels.pdl  # each kernel may start while the one before it finishes (launch.py)
             try:
                 out = self.model.forward_on_device(buf, step, kv_rows, True)
                 argmax = kernels.argmax(out)

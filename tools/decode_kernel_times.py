@@ -26,6 +26,7 @@ from engine.quantized import row_bytes  # noqa: E402
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
 KINDS = ("Q4_K", "Q6_K", "Q8_0", "Q4_0")  # fp16 weights: tools/mmv_check.py times mmv.cu
 LAUNCHES = 50
+BLOCK = 64  # the KV pool's block size (engine/cli.py's default)
 
 
 def time_us(fn) -> float:
@@ -50,14 +51,19 @@ def time_us(fn) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json")
+    p.add_argument("--configs", default="4x2x1", help="matvec builds to time, WARPSxROWSxUNROLL[xPREFETCH] each "
+                   "(MV_WARPS, MV_ROWS, MV_UNROLL, MV_PREFETCH bytes), comma-separated")
+    p.add_argument("--kinds", default=",".join(KINDS))
     a = p.parse_args()
     source = kernel_source("quant.cu")
     out = {}
     kernels = GpuKernels(cp)
-    for warps, rows, unroll in [(4, 2, 1), (4, 2, 2), (4, 2, 4), (4, 1, 4)]:
+    for config in a.configs.split(","):
+        warps, rows, unroll, *prefetch = (int(v) for v in config.split("x"))
         module = cp.RawModule(code=source, options=OPTIONS + (f"-DMV_WARPS={warps}", f"-DMV_ROWS={rows}",
-                                                                f"-DMV_UNROLL={unroll}"))
-        for kind in KINDS:
+                                                                f"-DMV_UNROLL={unroll}",
+                                                                *(f"-DMV_PREFETCH={v}" for v in prefetch)))
+        for kind in a.kinds.split(","):
             fn = module.get_function(f"matvec_{kind}_n1")
             for m, k in SHAPES:
                 w = cp.random.randint(0, 255, (m, row_bytes(kind, k)), dtype=cp.uint8)
@@ -67,7 +73,7 @@ def main() -> int:
                 y = cp.empty(m, dtype=cp.float16)
                 per_block = warps * rows
                 us = time_us(lambda: fn(((m + per_block - 1) // per_block,), (warps * 32,), (w, x, y, np.int32(m), np.int32(k), np.int32(m))))
-                key = f"{kind} {m}x{k} warps={warps} rows={rows} unroll={unroll}"
+                key = f"{kind} {m}x{k} {config}"
                 out[key] = {"us": round(us, 2), "tb_s": round(w.nbytes / us / 1e6, 2)}
                 print(f"{key:40s} {us:8.2f} us {w.nbytes / us / 1e6:6.2f} TB/s", flush=True)
     k = GpuKernels(cp)
@@ -86,11 +92,11 @@ def main() -> int:
     for heads, kv_heads, d, label in [(32, 8, 128, "8B"), (9, 3, 64, "135M"), (64, 8, 128, "70B")]:
         q = cp.zeros((1, heads, d), cp.float16)
         for context in (512, 4096, 16384):
-            kc = cp.asarray((np.random.default_rng(2).standard_normal((kv_heads, context + 1, d)) * 0.3).astype(np.float16))
+            held = -(-(context + 1) // BLOCK)  # a pool of the sequence's blocks, in table order
+            kc = cp.asarray((np.random.default_rng(2).standard_normal((held, kv_heads, BLOCK, d)) * 0.3).astype(np.float16))
             vc = kc.copy()
             grid = bucket(context, 1 << 20)  # the decode graph's bucket on a context this long or longer
-            step = k.static_step(1, grid)
-            step.set_position(context)
+            step = k.batch_step([np.arange(held, dtype=np.int32)], (context,), max_keys=grid, block=BLOCK)
             if label == "8B":
                 others[f"rope_store at {context}"] = lambda kc=kc, vc=vc, step=step: k.rope_store(qkv, angles, angles, kc, vc, step)
             others[f"decode attention {label} at {context} (grid for {grid})"] = (

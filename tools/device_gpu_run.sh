@@ -112,6 +112,12 @@ synth_mq() {  # the Llama-3-8B shape in Q4_K_M, made once per machine
   [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
 }
 
+synth_moe_small() {  # a 4-layer Qwen3-MoE shape in Q4_K_M (128 experts, 8 used), made once per machine
+  [ -f $MQS ] || python3 tools/make_synthetic_gguf.py $MQS --arch qwen3moe --layers 4 --dim 2048 --ffn 6144 \
+    --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --ctx 8192 \
+    --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+}
+
 # peers: one server on :8080 at a time, bench/pool_bench.py against it, then the server stopped
 healthy() { python3 -c "import httpx, sys; sys.exit(httpx.get('http://127.0.0.1:8080/health', timeout=2).status_code != 200)" 2>/dev/null; }
 start_server() {  # NAME COMMAND...: the server in the background, SERVER_PID set once /health answers (else 1)
@@ -193,6 +199,13 @@ for step in "$@"; do
         STRATA_PROMPT_ATTENTION=$kind python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 \
           --sizes ${SIZES:-65536,131072} --repeats 2 --decode-steps 0 --label llama3-8b-q4_k_m-$kind \
           --json "$OUT/long_read.json" 2>&1 | grep -E "prefill_|prompt_attention|Error|error" || true
+      done ;;
+    pdl)  # decode graphs with and without programmatic dependent launch: same bits, replay times (issue 23)
+      synth_mq
+      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_moe_small
+      for m in $MQ $MS $MQS ${PDL_MODELS:-}; do
+        python3 tools/pdl_check.py --model $m --json "$OUT/pdl_check.json" 2>&1 | quiet || echo "PDL CHECK FAILED ($m)"
       done ;;
     times)
       python3 tools/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;
@@ -290,9 +303,7 @@ for step in "$@"; do
       STRATA_MODEL=$M8 python3 tools/prefill_preempt_bench.py --device gpu --chunk 2048 --a-tokens 46832 \
         --b-delay 2 --repeats 3 --out "$OUT" 2>&1 | quiet ;;
     moe)
-      [ -f $MQS ] || python3 tools/make_synthetic_gguf.py $MQS --arch qwen3moe --layers 4 --dim 2048 --ffn 6144 \
-        --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --ctx 8192 \
-        --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_moe_small
       python3 tools/prefill_preempt_test.py --model $MQS --device gpu --chunk 256 --prompt-tokens 3000 \
         --json "$OUT/preempt_parity_gpu_qwen3moe.json" 2>&1 | quiet ;;
     bench8q)  # the 8B shapes side by side

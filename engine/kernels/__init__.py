@@ -65,12 +65,6 @@ def is_dependent(kernel: str) -> bool:
     return not kernel.startswith("flash_attention")
 
 
-def dependent_launch(cp: ModuleType) -> bool:
-    """Programmatic dependent launch in decode graphs: on compute capability 9.0 and later, unless
-    $STRATA_PDL is 0."""
-    return int(cp.cuda.Device().compute_capability) >= 90 and os.environ.get("STRATA_PDL", "1") != "0"
-
-
 def kernel_source(name: str, pasted: set[str] | None = None) -> str:
     """A .cu file of this folder with its local headers (#include "x.cuh") pasted in, each once: the
     code CuPy compiles and caches by, so that a header's change reaches every module that includes it."""
@@ -141,11 +135,14 @@ class GpuKernels:
             self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
         self.prompt_attention = self.load_sm90(defines, prompt_attention or os.environ.get("STRATA_PROMPT_ATTENTION"))
         # programmatic dependent launch (launch.py) while `dependent` is set: a decode graph's capture
-        driver = launch.Driver() if dependent_launch(cp) else None
+        # sets it to `pdl` (compute capability 9.0 and later, unless $STRATA_PDL is 0)
+        hopper = int(cp.cuda.Device().compute_capability) >= 90
+        self.driver = launch.Driver() if hopper else None
+        self.pdl = hopper and os.environ.get("STRATA_PDL", "1") != "0"
         self.dependent = False
         for name, fn in self.fn.items():
             if is_dependent(name):
-                self.fn[name] = launch.Kernel(fn, self, fn.kernel.ptr, driver)
+                self.fn[name] = launch.Kernel(fn, self, fn.kernel.ptr)
         # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
         # with the default allocator, never in a graphs' pool: every captured graph keeps their address
         self.counters = cp.zeros(COUNTER_SEQUENCES * MAX_COUNTER_HEADS, dtype=cp.int32)

@@ -72,13 +72,13 @@ class Kernel:
     """A kernel called as CuPy's RawKernel is, fn(grid, block, args, shared_mem=0): a dependent
     launch while its owner's `dependent` is set (the kernel calls after_producer()), else CuPy's."""
 
-    def __init__(self, fn, owner, handle: int, driver: Driver | None):
-        self.fn, self.owner, self.handle, self.driver = fn, owner, handle, driver
+    def __init__(self, fn, owner, handle: int):
+        self.fn, self.owner, self.handle = fn, owner, handle
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
-        if self.driver is not None and self.owner.dependent:
-            self.driver.launch(self.handle, grid, block, args, shared_mem,
-                               self.owner.cp.cuda.get_current_stream().ptr)
+        if self.owner.dependent:
+            self.owner.driver.launch(self.handle, grid, block, args, shared_mem,
+                                     self.owner.cp.cuda.get_current_stream().ptr)
         else:
             self.fn(grid, block, args, shared_mem=shared_mem)
 
