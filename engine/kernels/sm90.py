@@ -33,10 +33,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("STRATA_KERNEL_CACHE") or Path.home() / ".cache" / "strata" / "kernels")
 
 
+def nvrtc_binding(cp: ModuleType) -> ModuleType:
+    """CuPy's NVRTC binding (cp: engine/backend.py's): cupy.cuda.nvrtc, or where CuPy 14 keeps it."""
+    for name in (f"{cp.__name__}.cuda.nvrtc", "cupy_backends.cuda.libs.nvrtc"):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            pass
+    raise RuntimeError("CuPy's NVRTC binding was not found (cupy.cuda.nvrtc, cupy_backends.cuda.libs.nvrtc)")
+
+
 def cubin(cp: ModuleType, source: str, name: str, options: tuple[str, ...]) -> bytes:
     """source compiled for sm_90a by NVRTC, from the cache when the same source, options and NVRTC
     built it before. Raises RuntimeError with NVRTC's log when it does not compile."""
-    nvrtc = importlib.import_module(f"{cp.__name__}.cuda.nvrtc")  # CuPy's NVRTC binding (cp: engine/backend.py's)
+    nvrtc = nvrtc_binding(cp)
 
     options = (*options, f"-arch={ARCH}")
     key = hashlib.sha256("\0".join((source, *options, repr(nvrtc.getVersion()))).encode()).hexdigest()[:32]
