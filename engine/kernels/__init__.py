@@ -33,6 +33,13 @@ WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_ and embed_ kernels in quant
 # too, and fp16 weights the tensor-core mmv_f16_ kernels of mmv.cu
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
+MATVEC_SOLO_ROWS = 4  # a block's rows at one row of x: MV_WARPS warps of MV_SOLO_ROWS rows
+
+
+def matvec_rows(nb: int) -> int:
+    """Weight rows a block of matvec_<T>_n<nb> takes."""
+    return MATVEC_SOLO_ROWS if nb == 1 else MATVEC_ROWS
+
 COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_BATCH in engine/runner.py)
 MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
@@ -370,7 +377,7 @@ class GpuKernels:
             else:
                 for b0 in range(0, n, MAX_BATCH_ROWS):
                     nb = min(MAX_BATCH_ROWS, n - b0)
-                    self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(rows, MATVEC_ROWS), (MATVEC_THREADS,),
+                    self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(rows, matvec_rows(nb)), (MATVEC_THREADS,),
                                                              (data, xq[b0 * units :], y[b0:, row:], np.int32(rows),
                                                               np.int32(k), np.int32(m)))
             row += rows

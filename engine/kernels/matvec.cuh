@@ -118,12 +118,12 @@ __device__ __forceinline__ void reduce_store_batch(BatchAcc<NB, R>& acc, Out* y,
 
 // Rows row0 .. row0 + R of W (blocks of type T) . x_b for NB rows x_b in 8 bits: each weight
 // unit is decoded once and serves every row of the batch.
-template <class T, int NB, int R>
+template <class T, int NB, int R, int U = 1>  // U: units a lane has in flight (the loop's unrolling; no bit changes)
 __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, const Q8* __restrict__ xq, int row0,
                                                   int m, int k, BatchAcc<NB, R>& acc) {
     const size_t rb = row_bytes<T>(k);
     const int units = k / 32;
-#pragma unroll 1
+#pragma unroll U
     for (int s = threadIdx.x & 31; s < units; s += 32) {
         Raw u[R];
 #pragma unroll

@@ -14,6 +14,12 @@
 #ifndef MV_PREFETCH
 #define MV_PREFETCH 1024  // bytes of each weight row a warp asks L2 for before it waits for x (pdl.cuh)
 #endif
+#ifndef MV_SOLO_ROWS
+#define MV_SOLO_ROWS 1  // weight rows a warp at one row of x (a lone decode step): more warps, each with
+#endif                  // MV_SOLO_UNROLL units of its row in flight (engine.kernels.matvec_rows says the same)
+#ifndef MV_SOLO_UNROLL
+#define MV_SOLO_UNROLL 4
+#endif
 #ifndef MV_WIDE_FROM
 #define MV_WIDE_FROM 8  // a launch of more rows of x than this ...
 #endif
@@ -51,7 +57,8 @@ extern "C" __global__ void quantize_q8(const __half* __restrict__ x, Q8* __restr
 template <class T, int NB, typename Out>
 __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __restrict__ xq, Out* __restrict__ y,
                                           int m, int k, int ldy) {
-    constexpr int R = NB > MV_WIDE_FROM ? MV_WIDE_ROWS : MV_ROWS;  // more rows of x: more weight rows a warp
+    constexpr int R = NB == 1 ? MV_SOLO_ROWS : NB > MV_WIDE_FROM ? MV_WIDE_ROWS : MV_ROWS;  // more rows of x: more
+    // weight rows a warp (each x unit it loads serves them all); alone, more units of one row in flight
     const int row0 = warp_row0<R>();
     const size_t rb = row_bytes<T>(k);
     if (row0 < m)  // the weights' first bytes on their way while the kernel before this one finishes
@@ -59,7 +66,7 @@ __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __
     after_producer();
     if (row0 >= m) return;
     BatchAcc<NB, R> acc = {};
-    rows_dot_q8_batch<T, NB, R>(w, xq, row0, m, k, acc);
+    rows_dot_q8_batch<T, NB, R, NB == 1 ? MV_SOLO_UNROLL : 1>(w, xq, row0, m, k, acc);
     reduce_store_batch<NB, R>(acc, y, row0, m, ldy);
 }
 
