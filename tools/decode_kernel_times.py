@@ -51,17 +51,16 @@ def time_us(fn) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json")
-    p.add_argument("--configs", default="4x1x4", help="matvec builds to time, WARPSxROWSxUNROLL[xPREFETCH] each "
-                   "(MV_WARPS, MV_SOLO_ROWS, MV_SOLO_UNROLL, MV_PREFETCH bytes), comma-separated")
+    p.add_argument("--configs", default="4x1", help="matvec builds to time, WARPSxROWS[xPREFETCH] each "
+                   "(MV_WARPS, MV_SOLO_ROWS, MV_PREFETCH bytes), comma-separated")
     p.add_argument("--kinds", default=",".join(KINDS))
     a = p.parse_args()
     source = kernel_source("quant.cu")
     out = {}
     kernels = GpuKernels(cp)
     for config in a.configs.split(","):
-        warps, rows, unroll, *prefetch = (int(v) for v in config.split("x"))
+        warps, rows, *prefetch = (int(v) for v in config.split("x"))
         module = cp.RawModule(code=source, options=OPTIONS + (f"-DMV_WARPS={warps}", f"-DMV_SOLO_ROWS={rows}",
-                                                                f"-DMV_SOLO_UNROLL={unroll}",
                                                                 *(f"-DMV_PREFETCH={v}" for v in prefetch)))
         for kind in a.kinds.split(","):
             fn = module.get_function(f"matvec_{kind}_n1")

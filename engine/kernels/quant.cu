@@ -15,11 +15,8 @@
 #define MV_PREFETCH 1024  // bytes of each weight row a warp asks L2 for before it waits for x (pdl.cuh)
 #endif
 #ifndef MV_SOLO_ROWS
-#define MV_SOLO_ROWS 1  // weight rows a warp at one row of x (a lone decode step): more warps, each with
-#endif                  // MV_SOLO_UNROLL units of its row in flight (engine.kernels.matvec_rows says the same)
-#ifndef MV_SOLO_UNROLL
-#define MV_SOLO_UNROLL 4
-#endif
+#define MV_SOLO_ROWS 1  // weight rows a warp at one row of x (a lone decode step): more warps, more of
+#endif                  // each row in flight (engine.kernels.matvec_rows says the same)
 #ifndef MV_WIDE_FROM
 #define MV_WIDE_FROM 8  // a launch of more rows of x than this ...
 #endif
@@ -66,7 +63,7 @@ __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __
     after_producer();
     if (row0 >= m) return;
     BatchAcc<NB, R> acc = {};
-    rows_dot_q8_batch<T, NB, R, NB == 1 ? MV_SOLO_UNROLL : 1>(w, xq, row0, m, k, acc);
+    rows_dot_q8_batch<T, NB, R>(w, xq, row0, m, k, acc);
     reduce_store_batch<NB, R>(acc, y, row0, m, ldy);
 }
 
