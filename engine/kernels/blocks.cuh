@@ -68,8 +68,6 @@ template <int BYTES_, bool HAS_MIN, bool FIFTH_BIT>
 struct Q32 {
     static constexpr int QK = 32, BYTES = BYTES_;
     static constexpr int QH = HAS_MIN ? 4 : 2, QS = QH + (FIFTH_BIT ? 4 : 0);
-    static constexpr int GROUP = 1;  // units decode_group decodes together (matvec.cuh)
-    __device__ static void decode_group(const u8* row, int g, Raw (&u)[GROUP]) { decode(row, g, u[0]); }
     __device__ static void decode(const u8* row, int s, Raw& u) {
         const u8* p = row + s * BYTES;
         unsigned qh[1] = {0u}, qs[4];
@@ -112,8 +110,7 @@ using Q5_1 = Q32<24, true, true>;
 
 // Q8_0 {d, qs[32] int8}: d * q, read as the unsigned q + 128 with m = -128 d.
 struct Q8_0 {
-    static constexpr int QK = 32, BYTES = 34, GROUP = 1;
-    __device__ static void decode_group(const u8* row, int g, Raw (&u)[GROUP]) { decode(row, g, u[0]); }
+    static constexpr int QK = 32, BYTES = 34;
     __device__ static void decode(const u8* row, int s, Raw& u) {
         const u8* p = row + s * BYTES;
         load_a2(p + 2, u.w);
@@ -153,29 +150,7 @@ __device__ __forceinline__ void scale_min_k4(int j, unsigned s03, unsigned s47, 
 // sub-block's 6-bit scale and min.
 template <int BYTES_, bool FIFTH_BIT>
 struct K4 {
-    static constexpr int QK = 256, BYTES = BYTES_, GROUP = 2;
-    // Sub-blocks 2j and 2j + 1 of a super-block (group g: super-block g / 4, j = g % 4): the low and
-    // the high nibbles of the same 32 bytes of qs, loaded once.
-    __device__ static void decode_group(const u8* row, int g, Raw (&u)[GROUP]) {
-        const int j = g & 3;
-        const u8* p = row + (g >> 2) * BYTES;
-        unsigned qh[8] = {}, qs[8];
-        if (FIFTH_BIT) load_a16(p + 16, qh);
-        load_a16(p + (FIFTH_BIT ? 48 : 16) + 32 * j, qs);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            u[0].w[i] = (qs[i] & 0x0F0F0F0Fu) | (((qh[i] >> (2 * j)) & 0x01010101u) << 4);
-            u[1].w[i] = ((qs[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * j + 1)) & 0x01010101u) << 4);
-        }
-        const uint4 head = *reinterpret_cast<const uint4*>(p);  // d, dmin, scales[12]
-        const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&head.x));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float sc, mn;
-            scale_min_k4(2 * j + h, head.y, head.z, head.w, &sc, &mn);
-            same_scale(u[h], dm.x * sc, -dm.y * mn);
-        }
-    }
+    static constexpr int QK = 256, BYTES = BYTES_;
     __device__ static void decode(const u8* row, int s, Raw& u) {
         const int sb = s & 7;
         const u8* p = row + (s >> 3) * BYTES;
@@ -212,28 +187,7 @@ using Q5_K = K4<176, true>;
 // quarter k (sub-block sb = 4h + k), value l: low 4 bits from ql[64h + 32(k&1) + l] (low nibble for
 // k < 2, high for k >= 2), high 2 bits from qh[32h + l] >> 2k; d * scales[8h + 2k + l/16] * (q - 32).
 struct Q6_K {
-    static constexpr int QK = 256, BYTES = 210, GROUP = 4;
-    // The four sub-blocks of half h of a super-block (group g: super-block g / 2, h = g % 2): they
-    // share the half's 64 bytes of ql (sub-blocks k and k + 2 its low and high nibbles) and its 32
-    // of qh (two bits each), loaded once.
-    __device__ static void decode_group(const u8* row, int g, Raw (&u)[GROUP]) {
-        const int h = g & 1;
-        const u8* p = row + (g >> 1) * BYTES;
-        unsigned ql[16], qh[8], sc[2];
-        load_a2(p + 64 * h, ql);
-        load_a2(p + 128 + 32 * h, qh);
-        load_a2(p + 192 + 8 * h, sc);  // the half's eight int8 scales
-        const float d = f16_at(p + 208);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-                u[k].w[i] = ((ql[8 * (k & 1) + i] >> (4 * (k >> 1))) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4);
-            const unsigned s2 = sc[k >> 1] >> (16 * (k & 1));  // scales 2k, 2k + 1
-            u[k].d[0] = d * (float)(signed char)(s2 & 0xFFu), u[k].d[1] = d * (float)(signed char)((s2 >> 8) & 0xFFu);
-            u[k].m[0] = -32.f * u[k].d[0], u[k].m[1] = -32.f * u[k].d[1];
-        }
-    }
+    static constexpr int QK = 256, BYTES = 210;
     __device__ static void decode(const u8* row, int s, Raw& u) {
         const int sb = s & 7, h = sb >> 2, k = sb & 3;
         const u8* p = row + (s >> 3) * BYTES;

@@ -117,42 +117,35 @@ __device__ __forceinline__ void reduce_store_batch(BatchAcc<NB, R>& acc, Out* y,
 }
 
 // Rows row0 .. row0 + R of W (blocks of type T) . x_b for NB rows x_b in 8 bits: each weight
-// unit is decoded once and serves every row of the batch. A lane takes T::GROUP consecutive units
-// at a time (group g: units GROUP g ..), decoded together (the K-quants' units share bytes: two Q4_K
-// sub-blocks are the two nibbles of the same 32 bytes, four Q6_K ones the same 96), so that a lane
-// loads them once; groups lane, lane + 32, ... of a row, each group's units in order.
+// unit is decoded once and serves every row of the batch.
 template <class T, int NB, int R>
 __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, const Q8* __restrict__ xq, int row0,
                                                   int m, int k, BatchAcc<NB, R>& acc) {
-    constexpr int G = T::GROUP;
     const size_t rb = row_bytes<T>(k);
     const int units = k / 32;
 #pragma unroll 1
-    for (int g = threadIdx.x & 31; g < units / G; g += 32) {
-        Raw u[R][G];
+    for (int s = threadIdx.x & 31; s < units; s += 32) {
+        Raw u[R];
 #pragma unroll
         for (int r = 0; r < R; ++r)
-            if (row0 + r < m) T::decode_group(w + (row0 + r) * rb, g, u[r]);
+            if (row0 + r < m) T::decode(w + (row0 + r) * rb, s, u[r]);
 #pragma unroll
-        for (int b = 0; b < NB; ++b)
+        for (int b = 0; b < NB; ++b) {
+            const int4* xp = reinterpret_cast<const int4*>(xq + (size_t)b * units + s);
+            const int4 xa = xp[0], xb = xp[1];
+            const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, pad
+            const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
-            for (int i = 0; i < G; ++i) {
-                const int4* xp = reinterpret_cast<const int4*>(xq + (size_t)b * units + G * g + i);
-                const int4 xa = xp[0], xb = xp[1];
-                const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, pad
-                const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            for (int r = 0; r < R; ++r) {
+                if (row0 + r >= m) break;
+                int s0 = 0, s1 = 0;
 #pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    if (row0 + r >= m) break;
-                    const Raw& v = u[r][i];
-                    int s0 = 0, s1 = 0;
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) s0 = dp4a(v.w[j], xw[j], s0), s1 = dp4a(v.w[4 + j], xw[4 + j], s1);
-                    // d * (d0 s0 + d1 s1) + m0 s_0 + m1 s_1, each step rounded as written
-                    const float dot = __fmaf_rn(v.d[1], (float)s1, __fmul_rn(v.d[0], (float)s0));
-                    const float off = __fmaf_rn(v.m[1], ds.z, __fmul_rn(v.m[0], ds.y));
-                    acc[b][r] = __fadd_rn(acc[b][r], __fmaf_rn(ds.x, dot, off));
-                }
+                for (int i = 0; i < 4; ++i) s0 = dp4a(u[r].w[i], xw[i], s0), s1 = dp4a(u[r].w[4 + i], xw[4 + i], s1);
+                // d * (d0 s0 + d1 s1) + m0 s_0 + m1 s_1, each step rounded as written
+                const float dot = __fmaf_rn(u[r].d[1], (float)s1, __fmul_rn(u[r].d[0], (float)s0));
+                const float off = __fmaf_rn(u[r].m[1], ds.z, __fmul_rn(u[r].m[0], ds.y));
+                acc[b][r] = __fadd_rn(acc[b][r], __fmaf_rn(ds.x, dot, off));
             }
+        }
     }
 }
