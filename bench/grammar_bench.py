@@ -2,8 +2,9 @@
 mask of the next token and the masked copy of the logits, timed while a valid output of each
 grammar is fed token by token. Vocabularies: the default model's (49K) and Qwen2.5's (151,665 with
 its added tokens: the real-model fixture's, `make fixture`; else llama.cpp's ggml-vocab-qwen2.gguf
-in tests/fixtures/vocab). With --gpu the logits start on the GPU, as the engine's do there, and the
-time includes their copy to the host (CuPy).
+in tests/fixtures/vocab). With --gpu the logits stay on the GPU, as the engine's do there: the mask's
+words go to the device and the masked copy is made there (CuPy; the time includes the upload and
+waits for the device).
 
     .venv/bin/python bench/grammar_bench.py [--gpu] [--json OUT]
 """
@@ -62,8 +63,8 @@ CASES = {  # grammar (from the tokenizer) -> an output it accepts
 
 
 def measure(tokenizer, grammar: str, output: str, repeats: int, gpu: bool) -> list[float]:
-    """Per-token ms of Constraint.restrict (the mask and the masked logits; from the GPU, the copy of
-    the logits to the host first), over `repeats` passes."""
+    """Per-token ms of Constraint.restrict (the mask and the masked logits, on the GPU with --gpu),
+    over `repeats` passes."""
     gt = GrammarTokenizer(tokenizer, tokenizer.vocab_size)
     ids = tokenizer.encode(output, add_bos=False)
     logits = np.random.default_rng(0).standard_normal(tokenizer.vocab_size).astype(np.float32)  # (vocab,)
@@ -76,9 +77,11 @@ def measure(tokenizer, grammar: str, output: str, repeats: int, gpu: bool) -> li
         c = gt.constraint(grammar)
         for token in ids:
             t = time.perf_counter()
-            masked = c.restrict(on_device.get() if gpu else logits)
+            masked = c.restrict(on_device, cp) if gpu else c.restrict(logits)
+            if gpu:
+                cp.cuda.Device().synchronize()
             times.append((time.perf_counter() - t) * 1000)
-            assert np.isfinite(masked[token]), (output, token)
+            assert np.isfinite(float(masked[token])), (output, token)
             c.accept(token)
     return times
 
@@ -87,7 +90,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--gpu", action="store_true", help="the logits on the GPU, copied to the host each token")
+    p.add_argument("--gpu", action="store_true", help="the logits on the GPU, masked there")
     a = p.parse_args()
     qwen = fixture_path() if fixture_path().is_file() else ROOT / "tests/fixtures/vocab/ggml-vocab-qwen2.gguf"
     vocabs = {"qwen2.5": load_tokenizer(str(qwen))}

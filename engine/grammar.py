@@ -13,6 +13,8 @@ import numpy as np
 import llguidance
 import llguidance.numpy as llnp
 
+from engine.sampler import allowed_tokens
+
 
 class GrammarTokenizer:
     """llguidance's view of the model's tokenizer, built once on first use (~0.3 s for a 49K
@@ -43,16 +45,27 @@ class Constraint:
         self.vocab_size, self.eos = vocab_size, lltokenizer.eos_token
         self.bitmask = llnp.allocate_token_bitmask(1, vocab_size)  # (1, ceil(vocab / 32)) int32, reused
 
-    def restrict(self, logits: np.ndarray) -> np.ndarray:
-        """logits (vocab,) on the host -> a float32 copy with every token the grammar forbids at -inf.
-        Nothing allowed (a grammar in error) lets the end-of-turn token through. (One unpacking of
-        the bit mask: faster than llguidance.numpy's apply_token_bitmask_inplace, which expands
-        each word 32 times over.)"""
+    def mask_words(self) -> np.ndarray:
+        """The next token's mask: (ceil(vocab / 32),) uint32, bit t % 32 of word t // 32 set for each
+        token t the grammar allows. Nothing allowed (a grammar in error) lets the end-of-turn token
+        through."""
         llnp.fill_next_token_bitmask(self.matcher, self.bitmask, 0)
-        if not self.bitmask.any():
-            self.bitmask.view(np.uint32)[0, self.eos // 32] |= np.uint32(1 << (self.eos % 32))
-        allowed = np.unpackbits(self.bitmask[0].view(np.uint8), bitorder="little")[: self.vocab_size].view(bool)
-        return np.where(allowed, logits.astype(np.float32, copy=False), np.float32(-np.inf))
+        words = self.bitmask[0].view(np.uint32)
+        if not words.any():
+            words[self.eos // 32] |= np.uint32(1 << (self.eos % 32))
+        return words
+
+    def restrict(self, logits, xp=np):
+        """logits (vocab,) -> a float32 copy with every token the grammar forbids at -inf, where the
+        logits are: on the host by one unpacking of the bit mask (faster than llguidance.numpy's
+        apply_token_bitmask_inplace, which expands each word 32 times over); on the GPU (xp = cupy)
+        the 4 KiB mask goes to the device instead of the logits to the host."""
+        words = self.mask_words()
+        if xp is np:
+            allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: self.vocab_size].view(bool)
+        else:
+            allowed = allowed_tokens(xp, xp.asarray(words), self.vocab_size)
+        return xp.where(allowed, logits.astype(np.float32, copy=False), np.float32(-np.inf))
 
     def accept(self, token: int) -> None:
         """The token picked (always one restrict() let through, or an end-of-turn token). A token the

@@ -56,16 +56,17 @@ class Sampler:
         logits are a decode graph's own buffer. The RNG stays on the host either way: one uniform
         per sampled token, fingerprinted with the parked state."""
         p = self.params
-        if draws is not None and self.constraint is None:  # the penalties, the argmax or the draw: one graph replay
+        if draws is not None:  # the penalties, the grammar's mask, the argmax or the draw: one graph replay
+            mask = self.constraint.mask_words() if self.constraint is not None else None
             u = self.rng.random() if p.temperature > 0 else None
-            return draws.draw(logits, u, p, self.penalty_counts() if self.penalized else None)
+            return draws.draw(logits, u, p, self.penalty_counts() if self.penalized else None, mask)
         # one argmax: the copy and a host argmax cost less than a device reduction and its
-        # synchronization; a grammar's mask is applied on the host
-        if xp is not np and (p.temperature == 0 or self.constraint is not None):
+        # synchronization; a grammar's mask goes to the device instead (4 KiB, not the logits)
+        if xp is not np and p.temperature == 0 and self.constraint is None:
             logits, xp = xp.asnumpy(logits), np
         logits = self.apply_penalties(logits, xp)
         if self.constraint is not None:
-            logits = self.constraint.restrict(logits)
+            logits = self.constraint.restrict(logits, xp)
         if p.temperature == 0:
             return int(xp.argmax(logits))
         u = self.rng.random()  # exactly one uniform draw per sampled token: a restart can skip them
@@ -109,6 +110,13 @@ class Sampler:
         h.update(repr(self.rng.bit_generator.state).encode())
         h.update(np.asarray(self.recent, dtype=np.int64).tobytes())
         return h.digest()
+
+
+def allowed_tokens(xp, words, vocab: int):
+    """(vocab,) bool: bit t % 32 of words[t // 32], a grammar's mask (engine/grammar.py mask_words),
+    on the device or the host."""
+    t = xp.arange(vocab, dtype=np.uint32)
+    return ((words[t >> np.uint32(5)] >> (t & np.uint32(31))) & np.uint32(1)).astype(bool)
 
 
 def scale(logits, p: SamplingParams):

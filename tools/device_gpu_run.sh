@@ -11,7 +11,7 @@
 #          with STRATA_PROMPT_ATTENTION=sm90 and =mma (KINDS, SIZES override) -> $OUT/long_read.json
 # times    tools/decode_kernel_times.py: each decode kernel's GPU time per launch
 # grammar  tools/gpu_grammar_check.py: constrained decoding (regex, JSON schema) on the GPU
-# grammarcost bench/grammar_bench.py --gpu: the mask per token with the logits on the GPU (copied to the host)
+# grammarcost bench/grammar_bench.py --gpu: the mask per token with the logits on the GPU (masked there: the mask goes to the device)
 # moetimes tools/moe_decode_times.py: each kernel of a Qwen3-30B-A3B decode step, GPU time per launch
 # families tools/gpu_families_check.py: qwen2, qwen3, qwen3moe and rope scaling on the GPU against the
 #          reference fixtures; needs .device/smol_tok.gguf, the default model's tokenizer alone (1.7 MB:

@@ -148,7 +148,7 @@ class FakeDraws:
     def __init__(self):
         self.calls = []
 
-    def draw(self, logits, u, p, counts):
+    def draw(self, logits, u, p, counts, mask=None):
         self.calls.append((u, counts))
         return 0
 
