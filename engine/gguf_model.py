@@ -13,7 +13,7 @@ from engine.backend import Backend
 from engine.gguf_file import GGUFFile
 from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
 from engine.moe import Experts, ExpertStack
-from engine.quantized import BLOCKS, HostRows, QuantMatrix, stack_rows
+from engine.quantized import BLOCKS, HostRows, QuantMatrix, row_bytes, stack_rows
 from engine.rope import RopeOverride, RopeScaling
 from engine.rope import from_gguf as rope_from_gguf
 
@@ -162,9 +162,12 @@ class WeightLoader:
 
     REPORT_EVERY_S = 2.0
 
-    def __init__(self, reader: GGUFFile, cfg: ModelConfig, backend: Backend, keep_blocks: bool = True):
+    def __init__(self, reader: GGUFFile, cfg: ModelConfig, backend: Backend, keep_blocks: bool = True,
+                 shard: tuple[int, int] | None = None):
+        """shard: (rank, world) to load only that rank's part of each split weight (engine/tensor_parallel.py
+        says which): the rest of the file's rows never reach the device."""
         self.tensors = {t.name: t for t in reader.tensors}
-        self.cfg, self.backend, self.xp = cfg, backend, backend.xp
+        self.cfg, self.backend, self.xp, self.shard = cfg, backend, backend.xp, shard
         self.keep_blocks = keep_blocks and backend.name == "gpu"
         self.total_bytes = sum(int(t.n_bytes) for t in reader.tensors)
         self.done_bytes, self.started = 0, time.monotonic()
@@ -183,17 +186,26 @@ class WeightLoader:
             print(f"strata: loading weights {self.done_bytes / 2**30:.2f}/{self.total_bytes / 2**30:.2f} GiB "
                   f"({now - self.started:.1f}s)", file=sys.stderr, flush=True)
 
-    def matrices(self, names: list[str], heads: list[int | None]):
+    def part(self, n: int) -> tuple[int, int] | None:
+        """This rank's range of n split rows or columns (None: no shard, all of them)."""
+        if self.shard is None:
+            return None
+        rank, world = self.shard
+        return rank * n // world, (rank + 1) * n // world
+
+    def matrices(self, names: list[str], heads: list[int | None], rows: list | None = None, cols=None):
         """Tensors stacked by rows, (sum of out, in) in the backend's weight form; heads[i]: Q/K
-        rows to de-interleave for RoPE (None for others)."""
+        rows to de-interleave for RoPE (None for others); rows[i], cols: a shard's range of tensor i's
+        rows and of every tensor's columns (None: all)."""
         ts = [self.tensor(n) for n in names]
-        m = self.rows_matrix([TensorRows(t, heads=h) for t, h in zip(ts, heads)])
+        rows = rows or [None] * len(ts)
+        m = self.rows_matrix([TensorRows(t, heads=h, rows=r, cols=cols) for t, h, r in zip(ts, heads, rows)])
         for t in ts:
             self.progress(t)
         return m
 
-    def matrix(self, name: str):
-        return self.matrices([name], [None])
+    def matrix(self, name: str, cols=None):
+        return self.matrices([name], [None], cols=cols)
 
     def rows_matrix(self, pieces: list["TensorRows"]):
         """Tensors stacked by rows, in the backend's weight form: the file's blocks kept on the GPU
@@ -206,10 +218,11 @@ class WeightLoader:
             whole = np.asfortranarray(whole)  # row-major operands, which OpenBLAS runs ~1.4x faster for
         return whole  # a decode batch of a few rows (and as fast for one row or a prompt chunk)
 
-    def vector(self, name: str):
+    def vector(self, name: str, part: tuple[int, int] | None = None):
         t = self.tensor(name)
         self.progress(t)
-        return self.xp.asarray(np.asarray(t.data, dtype=np.float32))
+        v = np.asarray(t.data, dtype=np.float32)
+        return self.xp.asarray(v if part is None else v[part[0]:part[1]])
 
     def small_matrix(self, name: str):
         """A small tensor (a MoE router) as float32 (rows, cols), whatever its type."""
@@ -220,19 +233,22 @@ class WeightLoader:
     def layer(self, i: int) -> LayerWeights:
         c, p = self.cfg, f"blk.{i}."
         pairs = (c.n_heads, c.n_kv_heads, None) if c.rope_pairs_adjacent else (None, None, None)
-        wqkv = self.matrices([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], list(pairs))
+        heads = [self.part(c.q_dim), self.part(c.kv_dim), self.part(c.kv_dim)]  # a shard's heads (Megatron's split)
+        wqkv = self.matrices([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], list(pairs), heads)
         layer = LayerWeights(attn_norm=self.vector(p + "attn_norm.weight"), wqkv=wqkv,
-                             wo=self.matrix(p + "attn_output.weight"), ffn_norm=self.vector(p + "ffn_norm.weight"))
+                             wo=self.matrix(p + "attn_output.weight", cols=self.part(c.q_dim)),
+                             ffn_norm=self.vector(p + "ffn_norm.weight"))
         if c.qkv_bias:
-            layer.bqkv = self.xp.concatenate([self.vector(p + f"attn_{x}.bias") for x in "qkv"])
+            layer.bqkv = self.xp.concatenate([self.vector(p + f"attn_{x}.bias", h) for x, h in zip("qkv", heads)])
         if c.qk_norm:
             layer.q_norm, layer.k_norm = self.vector(p + "attn_q_norm.weight"), self.vector(p + "attn_k_norm.weight")
         if c.n_experts:
             layer.router = self.small_matrix(p + "ffn_gate_inp.weight")  # (n_experts, dim)
             layer.experts = self.experts(p)
         else:
-            layer.w_gate_up = self.matrices([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
-            layer.w_down = self.matrix(p + "ffn_down.weight")
+            hidden = self.part(c.ffn_dim)  # a shard's hidden units
+            layer.w_gate_up = self.matrices([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None], [hidden, hidden])
+            layer.w_down = self.matrix(p + "ffn_down.weight", cols=hidden)
         return layer
 
     def experts(self, p: str) -> Experts:
@@ -268,10 +284,37 @@ class WeightLoader:
 class TensorRows:
     """A tensor seen as a (rows, cols) matrix (a stacked (experts, out, in) one as all its rows),
     converted to the form the backend wants. heads: Q/K rows to de-interleave for RoPE; rows of
-    blocks permute like rows of values."""
+    blocks permute like rows of values. rows, cols: a tensor-parallel shard's ranges (after the
+    de-interleaving; columns of blocks as whole blocks), None for all."""
 
     tensor: object
     heads: int | None = None
+    rows: tuple[int, int] | None = None
+    cols: tuple[int, int] | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.rows is not None or self.cols is not None
+
+    @property
+    def n_cols(self) -> int:
+        return int(self.tensor.shape[0]) if self.cols is None else self.cols[1] - self.cols[0]
+
+    def selected(self, w, blocks: bool = False):
+        """w, this tensor's (reordered) rows -> the shard's rows and columns (of blocks: their bytes)."""
+        if self.rows is not None:
+            w = w[self.rows[0] : self.rows[1]]
+        if self.cols is not None:
+            lo, hi = self.cols
+            if blocks:
+                kind = self.tensor.tensor_type.name
+                size = BLOCKS[kind][0]
+                if lo % size or hi % size:
+                    raise ModelLoadError(f"tensor parallel: columns {lo}..{hi} of {self.tensor.name} cut its {kind} "
+                                         f"blocks of {size} values")
+                lo, hi = row_bytes(kind, lo), row_bytes(kind, hi)
+            w = w[:, lo:hi]
+        return w
 
     def raw(self) -> np.ndarray:
         data = np.asarray(self.tensor.data)  # (rows, row bytes or cols), or (experts, out, ...) as mapped
@@ -292,17 +335,23 @@ class TensorRows:
 
     def host_rows(self) -> HostRows:
         """The rows as stored (blocks, or fp16 values; F32, BF16 and rare types become fp16)."""
-        kind, cols = self.tensor.tensor_type.name, int(self.tensor.shape[0])
+        kind = self.tensor.tensor_type.name
         if kind in BLOCKS or kind == "F16":
-            return HostRows(kind, self.reorder(self.raw()), cols)
-        return HostRows("F16", self.reorder(self.values().astype(np.float16)), cols)
+            return HostRows(kind, self.selected(self.reorder(self.raw()), kind in BLOCKS), self.n_cols)
+        return HostRows("F16", self.selected(self.reorder(self.values().astype(np.float16))), self.n_cols)
 
     def dense(self, loader: "WeightLoader"):
         """(rows, cols) float32 on the CPU; fp16 on the GPU, where only the file's bytes cross the
         bus (F16 as it is, the block types and BF16 expanded by a kernel)."""
         if loader.backend.name == "cpu":
-            return self.reorder(self.values())
+            return self.selected(self.reorder(self.values()))
         kind, raw = self.tensor.tensor_type.name, self.raw()
+        if self.sharded and (kind in BLOCKS or kind == "F16"):  # a shard: only its rows' bytes cross the bus
+            raw, blocks = self.selected(self.reorder(raw), kind in BLOCKS), kind in BLOCKS
+            return (loader.backend.kernels.dequantize(raw, kind, (len(raw), self.n_cols)) if blocks
+                    else loader.xp.asarray(np.ascontiguousarray(raw)))
+        if self.sharded:  # BF16, F32 and rare types in a shard: through float32 on the host
+            return loader.xp.asarray(self.selected(self.reorder(self.values())), dtype=loader.xp.float16)
         if kind == "F16":
             w = loader.xp.asarray(raw)
         elif kind in DEQUANT:
@@ -312,12 +361,18 @@ class TensorRows:
         return self.reorder(w)
 
 
-def load_model(path: str, backend: Backend, keep_blocks: bool = True,
-               rope: RopeOverride = RopeOverride(), reader: GGUFFile | None = None) -> tuple[ModelConfig, Weights, GGUFFile]:
+def load_model(path: str, backend: Backend, keep_blocks: bool = True, rope: RopeOverride = RopeOverride(),
+               reader: GGUFFile | None = None, shard: tuple[int, int] | None = None
+               ) -> tuple[ModelConfig, Weights, GGUFFile]:
     """keep_blocks: on the GPU, quantized weights stay in their GGUF blocks (else fp16). rope: the
-    command line's rope scaling over the file's. reader: the file already opened (else opened here)."""
+    command line's rope scaling over the file's. reader: the file already opened (else opened here).
+    shard: (rank, world) of tensor parallelism: that rank's config and weights only (the same as
+    engine/tensor_parallel.py's shard_config and shard_weights of the whole, never loading the whole)."""
+    from engine.tensor_parallel import shard_config  # (it imports this module)
+
     reader = reader or GGUFFile(path, "r")
     cfg = read_config(reader)
     scaling, base = rope.apply(cfg.rope, cfg.rope_base)
     cfg = replace(cfg, rope=scaling, rope_base=base)
-    return cfg, WeightLoader(reader, cfg, backend, keep_blocks).load(), reader
+    ranks = shard_config(cfg, shard[1]) if shard else cfg  # refuses what does not split, before any load
+    return ranks, WeightLoader(reader, cfg, backend, keep_blocks, shard).load(), reader

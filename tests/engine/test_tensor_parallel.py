@@ -126,3 +126,58 @@ def test_a_column_split_inside_a_block_is_refused(tmp_path):
     cfg, forms = blocks_and_dense(path)
     with pytest.raises(ModelLoadError, match="cut Q4_K's blocks of 256 values"):
         shard_weights(cfg, Weights(None, [forms["blocks"]], None, None), 0, 2)
+
+
+class HostGpu:
+    """The loader's GPU paths over NumPy arrays (no device): quantized weights kept in their blocks."""
+    name, xp = "gpu", np
+
+    class kernels:  # noqa: N801 - the backend attribute the loader calls
+        @staticmethod
+        def reserve_scratch(values: int) -> None:
+            pass
+
+
+def assert_same_weights(a, b, where: str) -> None:
+    """Two Weights (or their parts) equal bit for bit: arrays, QuantMatrix parts (kind, rows, bytes)."""
+    from dataclasses import fields, is_dataclass
+
+    from engine.quantized import QuantMatrix
+
+    if isinstance(a, QuantMatrix):
+        assert isinstance(b, QuantMatrix) and a.cols == b.cols, where
+        assert [(p.kind, p.rows) for p in a.parts] == [(p.kind, p.rows) for p in b.parts], where
+        for pa, pb in zip(a.parts, b.parts):
+            np.testing.assert_array_equal(pa.data, pb.data, err_msg=where)
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_weights(x, y, f"{where}[{i}]")
+    elif is_dataclass(a) and not isinstance(a, type):
+        for f in fields(a):
+            assert_same_weights(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    elif a is None or isinstance(a, (int, float, str, bool)):
+        assert a == b, where
+    else:
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=where)
+
+
+@pytest.mark.parametrize("which, world, backend", [("default", 3, "cpu"), ("default", 3, "blocks"),
+                                                   ("qwen2", 2, "cpu"), ("qwen3", 2, "cpu"), ("q4_k_m", 2, "blocks")])
+def test_a_shard_loaded_alone_is_the_split_of_the_whole(which, world, backend, model_path, families, tmp_path):
+    """load_model(shard=(rank, world)) reads only a rank's rows and columns from the file (a model
+    larger than one GPU never lands whole on any of them), and gets exactly what splitting the whole
+    model gives: dense float32 as the CPU loads it, and GGUF blocks as the GPU keeps them."""
+    from engine.tensor_parallel import shard_weights
+
+    path = {"default": str(model_path)}.get(which) or str(families.get(which, tmp_path / "q4_k_m.gguf"))
+    if which == "q4_k_m":
+        make_synthetic([path, "--layers", "2", "--dim", "512", "--ffn", "1024", "--heads", "4", "--kv-heads", "2",
+                        "--ctx", "256", "--type", "Q4_K_M"])
+    device = cpu_backend() if backend == "cpu" else HostGpu()
+    cfg, whole, _ = load_model(path, device)
+    for rank in range(world):
+        part_cfg, part, _ = load_model(path, device, shard=(rank, world))
+        assert part_cfg == shard_config(cfg, world)
+        assert_same_weights(part, shard_weights(cfg, whole, rank, world), f"{which} rank {rank}")
+    assert backend == "cpu" or any(type(w).__name__ == "QuantMatrix" for w in vars(whole.layers[0]).values())
