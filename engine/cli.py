@@ -38,6 +38,7 @@ class EngineConfig:
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
     rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/rope.py)
     kv_type: str = "auto"  # the cache's element type (engine/kv_types.py)
+    tp: int = 1  # tensor-parallel ranks, one process each (engine/tp_workers.py)
 
     def __post_init__(self):
         if self.chunk is not None and self.chunk < 1:
@@ -48,6 +49,8 @@ class EngineConfig:
             raise ValueError("--decode-interval-ms must be >= 0")
         if self.max_running < 1:
             raise ValueError("--max-running must be >= 1")
+        if self.tp < 1:
+            raise ValueError(f"--tp must be >= 1, got {self.tp}")
         if self.chunk is None:  # checked again once the device's default is set
             return
         block = self.block
@@ -93,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                                               f"CPU, {DEFAULT_CHUNK['gpu']} on the GPU)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--no-cuda-graphs", action="store_true", help="GPU: decode with eager launches (debugging)")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallel over N processes, each holding 1/N of the heads and hidden units "
+                        "(the CPU for now: across GPUs it is not yet available)")
     p.add_argument("--weights", choices=WEIGHT_FORMS, default="quantized",
                    help="GPU: keep quantized tensors in their GGUF blocks (default; about the file's size in "
                         "memory) or expand them to fp16 at load (up to 4x larger; the CPU always expands)")
@@ -166,7 +172,8 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         cuda_graphs=not a.no_cuda_graphs, weights=a.weights, max_running=a.max_running,
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
                         cache_ram_gib=a.cache_ram_gib,
-                        decode_interval_ms=a.decode_interval_ms, rope=rope_from_args(a), kv_type=a.kv_type)
+                        decode_interval_ms=a.decode_interval_ms, rope=rope_from_args(a), kv_type=a.kv_type,
+                        tp=a.tp)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,7 +54,7 @@ class ModelRunner:
         (page faults on the weights, BLAS/CuPy initialization, kernel compilation, the first
         decode graph's capture)."""
         table = self.pool.allocate(self.pool.blocks_for(9))  # 8 prompt positions and a decode step's
-        self.model.forward(np.zeros(8, dtype=np.int64), 0, self.kv.rows(table), want_logits=True)
+        self.forward(np.zeros(8, dtype=np.int64), 0, table, want_logits=True)
         self.decode_logits([0], [table], [8])  # the one-row decode graph (other batch sizes: at first use)
         self.backend.synchronize()
         self.pool.release(table)
@@ -68,14 +68,21 @@ class ModelRunner:
         LlamaModel.forward)."""
         end = chunk_end(seq.pos, seq.total, self.chunk)
         tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)
-        seq.logits = self.model.forward(tokens, seq.pos, self.kv.rows(seq.table), want_logits=end == seq.total,
-                                        on_device=True, between=between)
+        seq.logits = self.forward(tokens, seq.pos, seq.table, end == seq.total, between)
         seq.graph_row = None
         self.backend.synchronize()  # a chunk is done when its PP says so: GPU launches are asynchronous,
         seq.pos = end  # and a host running chunks ahead would make a park wait for all of them
 
+    def forward(self, tokens, start: int, table, want_logits: bool, between: Callable[[int], None] | None = None):
+        """The model over `tokens` at positions start.. of the sequence whose blocks `table` lists
+        (LlamaModel.forward): its K/V rows written, the last position's logits left on the device."""
+        return self.model.forward(tokens, start, self.kv.rows(table), want_logits, on_device=True, between=between)
+
     def synchronize(self) -> None:
         self.backend.synchronize()
+
+    def close(self) -> None:
+        """The engine is stopping: end what the runner started (nothing here)."""
 
     def constraint(self, grammar: str):
         """A request's grammar state (engine/grammar.py); ValueError if it does not compile."""

@@ -15,6 +15,7 @@ from engine.memory import plan_context
 from engine.model_path import ModelNotFound, resolve_model_path
 from engine.prefill import ParkPolicy
 from engine.runner import ModelRunner
+from engine.tp_workers import TensorParallelRunner, WorkerSpec
 from engine.grammar import GrammarTokenizer
 from engine.kv_types import check_kv_type
 from engine.tokenizer import GGUFTokenizer
@@ -36,11 +37,13 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     def lap(stage: str) -> None:
         stages[stage] = time.monotonic() - started - sum(stages.values())
 
+    workers, conns = start_workers(config, str(path), backend.name)  # loading their shards beside this one
     reader = GGUFFile(str(path), "r")
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as beside:
         building = beside.submit(GGUFTokenizer, reader)  # the vocabulary is read while the weights load
         cfg, weights, _ = load_model(str(path), backend, keep_blocks=config.weights == "quantized", rope=config.rope,
-                                     reader=reader)
+                                     reader=reader, shard=(0, config.tp) if config.tp > 1 else None)
+        TensorParallelRunner.wait_ready(conns)
         lap("weights")
         tokenizer = building.result()
     lap("tokenizer after the weights")
@@ -48,10 +51,11 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type)
-    runner = ModelRunner(cfg, weights, backend, plan.ctx, config.chunk,
-                         tokenizer.end_ids, str(path), plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32"},
-                         config.cuda_graphs, config.max_running, plan.blocks, plan.block, plan.cache_ram_bytes,
-                         config.kv_type)
+    args = (cfg, weights, backend, plan.ctx, config.chunk, tokenizer.end_ids, str(path),
+            plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32"},
+            config.cuda_graphs, config.max_running, plan.blocks, plan.block, plan.cache_ram_bytes, config.kv_type)
+    runner = ModelRunner(*args) if config.tp == 1 else TensorParallelRunner(*args, world=config.tp, workers=workers,
+                                                                             conns=conns)
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     lap("pool")
@@ -65,6 +69,19 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         f"{plan.cache_ram_bytes / 2**30:.2f} GiB in host memory) in {time.monotonic() - started:.1f}s ("
         + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in stages.items()) + ")")
     return runner, tokenizer, policy
+
+
+def start_workers(config: EngineConfig, path: str, device: str) -> tuple[list, list]:
+    """The tensor-parallel ranks past 0 as processes (engine/tp_workers.py), none without --tp."""
+    if config.tp == 1:
+        return [], []
+    if device != "cpu":
+        raise ValueError("--tp across GPUs is not available yet (its all-reduce would be NCCL's); "
+                         "tensor parallel runs on the CPU (--device cpu)")
+    if config.cache_ram_bytes:
+        raise ValueError("--cache-ram with --tp is not available yet (each rank would keep its own blocks)")
+    log(f"tensor parallel over {config.tp} processes")
+    return TensorParallelRunner.start_workers(config.tp, WorkerSpec(path, device, config.rope))
 
 
 def load_or_exit(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, ParkPolicy]:
@@ -83,7 +100,10 @@ def load_or_exit(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
 
 def serve(config: EngineConfig) -> int:
     runner, _, policy = load_or_exit(config)
-    run_loop(runner, policy, config.prompt_reuse, config.decode_interval_ms)
+    try:
+        run_loop(runner, policy, config.prompt_reuse, config.decode_interval_ms)
+    finally:
+        runner.close()
     return 0
 
 
@@ -95,4 +115,7 @@ def chat(config: EngineConfig, args) -> int:
         log("error: empty prompt (give one as an argument or on stdin)")
         return 2
     runner, tokenizer, _ = load_or_exit(config)
-    return chat_once(runner, tokenizer, prompt, args)
+    try:
+        return chat_once(runner, tokenizer, prompt, args)
+    finally:
+        runner.close()
