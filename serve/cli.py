@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "on a machine without GPUs, N NumPy engines)")
     p.add_argument("--gpus", metavar="ID[,ID...]", help="one engine per GPU (CUDA_VISIBLE_DEVICES of each): "
                                                          "--gpus 0,1 runs two")
+    p.add_argument("--tp", type=int, metavar="N", help="tensor parallel over N processes under each engine "
+                                                        "(forwarded; the CPU for now, see the engine's --tp)")
     p.add_argument("--max-running", "--slots", dest="max_running", type=int,
                    help="requests in the engine at once, decoded as one batch; KV memory is the real limit "
                         "(forwarded to the default engine; default: the engine's, 256; --slots is the old name)")
@@ -104,7 +106,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts, max_queue=a.max_queue,
         max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
-        kv_block=a.kv_block, kv_type=a.kv_type, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
+        kv_block=a.kv_block, kv_type=a.kv_type, tp=a.tp, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
         decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts),
         cors_origins=origin_list(a.cors_origin), rope=rope_from_args(a),
         **engines_from_args(a))

@@ -54,6 +54,7 @@ class ServerSettings:
     kv_tokens: int | None = None  # forwarded to the default engine: its KV pool in tokens
     kv_block: int | None = None  # forwarded to the default engine: positions per KV block
     kv_type: str | None = None  # forwarded to the default engine: the cache's element type (engine/kv_types.py)
+    tp: int | None = None  # forwarded to the default engine: tensor-parallel processes (None: 1)
     prompt_reuse: bool = True  # forwarded to the default engine
     cache_ram_gib: float | None = None  # forwarded to the default engine: its host tier (None: the engine's default)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
@@ -115,6 +116,7 @@ class ServerSettings:
         cmd += ["--kv-tokens", str(self.kv_tokens)] if self.kv_tokens else []
         cmd += ["--kv-block", str(self.kv_block)] if self.kv_block else []
         cmd += ["--kv-type", self.kv_type] if self.kv_type else []
+        cmd += ["--tp", str(self.tp)] if self.tp else []
         cmd += [] if self.prompt_reuse else ["--no-prompt-reuse"]
         cmd += [] if self.cache_ram_gib is None else ["--cache-ram", f"{self.cache_ram_gib:g}"]
         cmd += [] if self.decode_interval_ms is None else ["--decode-interval-ms", f"{self.decode_interval_ms:g}"]

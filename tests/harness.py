@@ -56,6 +56,14 @@ def processes_of_this_run() -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def sweep(grace_s: float = 5.0) -> list[str]:
     """End every process of this run still alive: SIGTERM, then SIGKILL after grace_s. Returns their
     command lines (empty when the tests ended all they started, as they should)."""

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol import messages as m
-from tests.harness import PY, ROOT, EngineProcess
+from tests.harness import PY, ROOT, EngineProcess, alive
 
 sys.path.insert(0, str(ROOT / "tools"))
 import preempt_scenarios as sc  # noqa: E402
@@ -84,14 +83,6 @@ def test_the_workers_end_with_the_engine():
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in pids)
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_a_split_that_does_not_divide_is_refused_at_start():

@@ -3,7 +3,7 @@ import httpx
 import openai
 import pytest
 
-from tests.harness import ServerProcess
+from tests.harness import ServerProcess, alive
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -57,6 +57,19 @@ def test_a_named_session_s_prefix_waits_apart_from_one_off_requests(server, clie
     again = client.chat.completions.create(model="smollm2", messages=agent, max_tokens=2, temperature=0,
                                            extra_headers={"session_id": "codex-session"})
     assert again.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_tensor_parallel_through_the_server():
+    """--tp 3 forwarded to the engine: its two worker processes hold two thirds of every layer, the
+    same answer comes back, and the workers are gone once the server stops."""
+    with ServerProcess(extra=["--device", "cpu", "--ctx", "2048", "--tp", "3"]) as s:
+        info = httpx.get(s.url + "/status").json()["engine_info"]
+        assert info["tp"] == "3"
+        workers = [int(pid) for pid in info["tp_pids"].split(",")]
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        r = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0, max_tokens=20)
+        assert r.choices[0].message.content == "The capital of France is Paris."
+    assert not [pid for pid in workers if alive(pid)]
 
 
 def test_an_8_bit_cache_through_the_server():
