@@ -34,12 +34,6 @@ WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_ and embed_ kernels in quant
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
 MATVEC_SOLO_ROWS = 4  # a block's rows at one row of x: MV_WARPS warps of MV_SOLO_ROWS rows
-
-
-def matvec_rows(nb: int) -> int:
-    """Weight rows a block of matvec_<T>_n<nb> takes."""
-    return MATVEC_SOLO_ROWS if nb == 1 else MATVEC_ROWS
-
 COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_BATCH in engine/runner.py)
 MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
@@ -48,6 +42,11 @@ MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_
 # weight rows a block takes (16 mmv_tiles<NT>() in mmv.cu)
 Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
 NULL = np.uint64(0)  # a null pointer argument
+
+
+def matvec_rows(nb: int) -> int:
+    """Weight rows a block of matvec_<T>_n<nb> takes."""
+    return MATVEC_SOLO_ROWS if nb == 1 else MATVEC_ROWS
 
 
 def built_kernels() -> dict[str, tuple[str, ...]]:

@@ -5,7 +5,6 @@
 // across the warp by reduce_store.
 #pragma once
 #include "blocks.cuh"
-#include "pdl.cuh"
 
 #ifndef MV_WARPS
 #define MV_WARPS 4  // warps per block

@@ -22,6 +22,7 @@
 #include "blocks.cuh"
 #include "matvec.cuh"
 #include "mma.cuh"
+#include "pdl.cuh"
 
 constexpr int MAX_EXPERTS = 256;  // one warp holds a token's router probabilities: 8 a lane
 #define NEG_INF (-__int_as_float(0x7f800000))
