@@ -146,6 +146,13 @@ def read_config(reader: GGUFFile) -> ModelConfig:
     )
 
 
+def shard_range(n: int, shard: tuple[int, int]) -> tuple[int, int]:
+    """Rank `rank`'s slice of n rows or columns split evenly over `world` ranks (shard = (rank, world)):
+    its heads' rows of Q, K or V, its hidden units (engine/tensor_parallel.py)."""
+    rank, world = shard
+    return rank * n // world, (rank + 1) * n // world
+
+
 def deinterleave_heads(w, n_heads: int):
     """llama.cpp stores Q/K rows with RoPE pairs adjacent; reorder each head to [evens, odds]
     so RoPE rotates halves (contiguous slices). q.k is unchanged since q and k move alike."""
@@ -188,10 +195,7 @@ class WeightLoader:
 
     def part(self, n: int) -> tuple[int, int] | None:
         """This rank's range of n split rows or columns (None: no shard, all of them)."""
-        if self.shard is None:
-            return None
-        rank, world = self.shard
-        return rank * n // world, (rank + 1) * n // world
+        return None if self.shard is None else shard_range(n, self.shard)
 
     def matrices(self, names: list[str], heads: list[int | None], rows: list | None = None, cols=None):
         """Tensors stacked by rows, (sum of out, in) in the backend's weight form; heads[i]: Q/K
@@ -343,22 +347,20 @@ class TensorRows:
     def dense(self, loader: "WeightLoader"):
         """(rows, cols) float32 on the CPU; fp16 on the GPU, where only the file's bytes cross the
         bus (F16 as it is, the block types and BF16 expanded by a kernel)."""
-        if loader.backend.name == "cpu":
-            return self.selected(self.reorder(self.values()))
-        kind, raw = self.tensor.tensor_type.name, self.raw()
-        if self.sharded and (kind in BLOCKS or kind == "F16"):  # a shard: only its rows' bytes cross the bus
-            raw, blocks = self.selected(self.reorder(raw), kind in BLOCKS), kind in BLOCKS
-            return (loader.backend.kernels.dequantize(raw, kind, (len(raw), self.n_cols)) if blocks
-                    else loader.xp.asarray(np.ascontiguousarray(raw)))
-        if self.sharded:  # BF16, F32 and rare types in a shard: through float32 on the host
-            return loader.xp.asarray(self.selected(self.reorder(self.values())), dtype=loader.xp.float16)
+        kind = self.tensor.tensor_type.name
+        if loader.backend.name == "cpu" or (self.sharded and kind not in BLOCKS and kind != "F16"):
+            w = self.selected(self.reorder(self.values()))  # (a shard of BF16, F32 or a rare type: on the host)
+            return w if loader.backend.name == "cpu" else loader.xp.asarray(w, dtype=loader.xp.float16)
+        raw = self.raw()
+        if self.sharded:  # only the shard's bytes cross the bus: its rows picked (and reordered) on the host
+            raw = np.ascontiguousarray(self.selected(self.reorder(raw), kind in BLOCKS))
         if kind == "F16":
             w = loader.xp.asarray(raw)
         elif kind in DEQUANT:
-            w = loader.backend.kernels.dequantize(raw, kind, (len(raw), int(self.tensor.shape[0])))
+            w = loader.backend.kernels.dequantize(raw, kind, (len(raw), self.n_cols))
         else:  # F32 and rare types
             w = loader.xp.asarray(self.values(), dtype=loader.xp.float16)
-        return self.reorder(w)
+        return w if self.sharded else self.reorder(w)
 
 
 def load_model(path: str, backend: Backend, keep_blocks: bool = True, rope: RopeOverride = RopeOverride(),

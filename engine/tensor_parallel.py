@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from engine.backend import Backend
-from engine.gguf_model import ModelConfig, ModelLoadError, Weights
+from engine.gguf_model import ModelConfig, ModelLoadError, Weights, shard_range
 from engine.kv import KVCache
 from engine.kv_types import array_module
 from engine.model import LlamaModel
@@ -58,25 +58,22 @@ def shard_weights(cfg: ModelConfig, weights: Weights, rank: int, world: int) -> 
     blocks (whose column split must fall on block boundaries): its heads' rows of wqkv (and bqkv),
     its hidden units' rows of w_gate_up and columns of w_down, its heads' columns of wo; the rest
     shared (the same arrays, not copies)."""
-    d, ffn = cfg.head_dim, cfg.ffn_dim
-    q_dim, kv_dim = cfg.n_heads * d, cfg.n_kv_heads * d
-    q_part, kv_part, f_part = q_dim // world, kv_dim // world, ffn // world
+    q_dim, kv_dim, ffn = cfg.q_dim, cfg.kv_dim, cfg.ffn_dim
+    (q0, q1), (kv0, kv1), (f0, f1) = (shard_range(n, (rank, world)) for n in (q_dim, kv_dim, ffn))
 
     def qkv_rows(a):  # (q_dim + 2 kv_dim, ...) -> this rank's Q rows, K rows, V rows
-        return stacked([rows(a, rank * q_part, (rank + 1) * q_part),
-                        rows(a, q_dim + rank * kv_part, q_dim + (rank + 1) * kv_part),
-                        rows(a, q_dim + kv_dim + rank * kv_part, q_dim + kv_dim + (rank + 1) * kv_part)])
+        k, v = q_dim, q_dim + kv_dim
+        return stacked([rows(a, q0, q1), rows(a, k + kv0, k + kv1), rows(a, v + kv0, v + kv1)])
 
     def hidden_rows(a):  # (2 ffn, dim): this rank's gate rows, then its up rows
-        return stacked([rows(a, rank * f_part, (rank + 1) * f_part), rows(a, ffn + rank * f_part, ffn + (rank + 1) * f_part)])
+        return stacked([rows(a, f0, f1), rows(a, ffn + f0, ffn + f1)])
 
     layers = []
     for layer in weights.layers:
         try:
             layers.append(replace(
                 layer, wqkv=qkv_rows(layer.wqkv), bqkv=None if layer.bqkv is None else qkv_rows(layer.bqkv),
-                wo=cols(layer.wo, rank * q_part, (rank + 1) * q_part), w_gate_up=hidden_rows(layer.w_gate_up),
-                w_down=cols(layer.w_down, rank * f_part, (rank + 1) * f_part)))
+                wo=cols(layer.wo, q0, q1), w_gate_up=hidden_rows(layer.w_gate_up), w_down=cols(layer.w_down, f0, f1)))
         except ValueError as e:
             raise ModelLoadError(f"tensor parallel over {world}: {e}") from None
     return replace(weights, layers=layers)

@@ -129,13 +129,21 @@ def test_a_column_split_inside_a_block_is_refused(tmp_path):
 
 
 class HostGpu:
-    """The loader's GPU paths over NumPy arrays (no device): quantized weights kept in their blocks."""
+    """The loader's GPU paths over NumPy arrays (no device): quantized weights kept in their blocks,
+    or expanded to fp16 as --weights fp16 does (gguf's dequantization for the device's kernel)."""
     name, xp = "gpu", np
 
     class kernels:  # noqa: N801 - the backend attribute the loader calls
         @staticmethod
         def reserve_scratch(values: int) -> None:
             pass
+
+        @staticmethod
+        def dequantize(raw, kind: str, shape: tuple[int, int]):
+            from gguf import GGMLQuantizationType
+            from gguf.quants import dequantize
+
+            return dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[kind]).astype(np.float16).reshape(shape)
 
 
 def assert_same_weights(a, b, where: str) -> None:
@@ -163,7 +171,8 @@ def assert_same_weights(a, b, where: str) -> None:
 
 
 @pytest.mark.parametrize("which, world, backend", [("default", 3, "cpu"), ("default", 3, "blocks"),
-                                                   ("qwen2", 2, "cpu"), ("qwen3", 2, "cpu"), ("q4_k_m", 2, "blocks")])
+                                                   ("qwen2", 2, "cpu"), ("qwen3", 2, "cpu"), ("q4_k_m", 2, "blocks"),
+                                                   ("q4_k_m", 2, "fp16")])
 def test_a_shard_loaded_alone_is_the_split_of_the_whole(which, world, backend, model_path, families, tmp_path):
     """load_model(shard=(rank, world)) reads only a rank's rows and columns from the file (a model
     larger than one GPU never lands whole on any of them), and gets exactly what splitting the whole
@@ -174,10 +183,10 @@ def test_a_shard_loaded_alone_is_the_split_of_the_whole(which, world, backend, m
     if which == "q4_k_m":
         make_synthetic([path, "--layers", "2", "--dim", "512", "--ffn", "1024", "--heads", "4", "--kv-heads", "2",
                         "--ctx", "256", "--type", "Q4_K_M"])
-    device = cpu_backend() if backend == "cpu" else HostGpu()
-    cfg, whole, _ = load_model(path, device)
+    device, blocks = (cpu_backend(), True) if backend == "cpu" else (HostGpu(), backend == "blocks")
+    cfg, whole, _ = load_model(path, device, keep_blocks=blocks)
     for rank in range(world):
-        part_cfg, part, _ = load_model(path, device, shard=(rank, world))
+        part_cfg, part, _ = load_model(path, device, keep_blocks=blocks, shard=(rank, world))
         assert part_cfg == shard_config(cfg, world)
         assert_same_weights(part, shard_weights(cfg, whole, rank, world), f"{which} rank {rank}")
-    assert backend == "cpu" or any(type(w).__name__ == "QuantMatrix" for w in vars(whole.layers[0]).values())
+    assert (backend == "blocks") == any(type(w).__name__ == "QuantMatrix" for w in vars(whole.layers[0]).values())
