@@ -25,7 +25,6 @@ GPUs the all-reduce would be NCCL's, inside each rank's decode graphs (issue 26:
 refused at start)."""
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import itertools
 import os
@@ -41,6 +40,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from engine.kv import KVCache, KVSnapshot
+from engine.lifetime import die_with_parent
 from engine.runner import ModelRunner
 
 
@@ -63,6 +63,14 @@ def checked(message):
     return tag, rest
 
 
+def expect(conn, tag: str, who: str) -> list:
+    """The next message on `conn`, which must be a `tag` (a worker's error raised as it is): its fields."""
+    got, rest = checked(conn.recv())
+    if got != tag:
+        raise WorkerError(f"{who}: expected {tag!r}, got {got!r}")
+    return rest
+
+
 class ProcessGroup:
     """The all-reduce of one rank: the worker side sends its partial and gets the total; rank 0
     gathers the partials in rank order, adds them and sends the total to each."""
@@ -74,15 +82,11 @@ class ProcessGroup:
         if self.rank:
             (conn,) = self.conns
             conn.send(("part", part))
-            tag, (total,) = checked(conn.recv())
-            if tag != "total":
-                raise WorkerError(f"rank {self.rank}: expected an all-reduce's total, got {tag!r}")
+            (total,) = expect(conn, "total", f"rank {self.rank}")
             return total
         total = part.copy()
         for conn in self.conns:
-            tag, (other,) = checked(conn.recv())
-            if tag != "part":
-                raise WorkerError(f"rank 0: expected a partial, got {tag!r}")
+            (other,) = expect(conn, "part", "rank 0")
             total += other
         for conn in self.conns:
             conn.send(("total", total))
@@ -198,11 +202,9 @@ class TensorParallelRunner(ModelRunner):
     def wait_ready(conns: list) -> None:
         for conn in conns:
             try:
-                tag, _ = checked(conn.recv())
+                expect(conn, "ready", "a tensor-parallel worker")
             except EOFError:
                 raise WorkerError("a tensor-parallel worker ended while loading") from None
-            if tag != "ready":
-                raise WorkerError(f"a tensor-parallel worker said {tag!r} instead of ready")
 
     def close(self) -> None:
         """The workers see their pipes close and exit; waited for, so that none outlives the engine."""
@@ -262,19 +264,9 @@ class TensorParallelRunner(ModelRunner):
         h = hashlib.blake2b(digest_size=16)
         h.update(super().fingerprint(seq).encode())
         for conn in self.conns:
-            tag, (digest,) = checked(conn.recv())
-            if tag != "digest":
-                raise WorkerError(f"rank 0: expected a digest, got {tag!r}")
+            (digest,) = expect(conn, "digest", "rank 0")
             h.update(digest)
         return h.hexdigest()
-
-
-def die_with_parent() -> None:
-    """SIGTERM to this process when the engine process that started it dies (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 if __name__ == "__main__":

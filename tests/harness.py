@@ -4,13 +4,12 @@ Every process a test run starts carries STRATA_TEST_RUN=<the run's id> in its en
 in tests/conftest.py, inherited by servers' engines too), so that whatever a crashed or killed
 fixture left behind can be found and ended: `sweep()` at the session's end and at exit. A server
 is started in its own process group and asks the kernel for SIGTERM when the test process dies
-(PR_SET_PDEATHSIG), which covers a pytest killed outright.
+(engine/lifetime.py), which covers a pytest killed outright.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import hashlib
 import os
 import signal
@@ -23,12 +22,12 @@ from pathlib import Path
 
 import httpx
 
+from engine.lifetime import die_with_parent  # noqa: F401 - the servers' preexec_fn, and tests'
 from protocol.pipe_client import EnginePipe
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TEST_RUN_ENV = "STRATA_TEST_RUN"
-PR_SET_PDEATHSIG = 1
 
 
 def mark_test_run() -> str:
@@ -86,12 +85,6 @@ def sweep(grace_s: float = 5.0) -> list[str]:
 
 
 atexit.register(sweep, 2.0)
-
-
-def die_with_parent() -> None:
-    """preexec_fn: SIGTERM to the child when the process that started it dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
