@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 import cupy as cp  # noqa: E402
 
+from engine.cli import MAX_BLOCK as BLOCK  # noqa: E402  (the KV pool's default block size)
 from engine.decode_graph import bucket  # noqa: E402
 from engine.kernels import OPTIONS, GpuKernels, kernel_source  # noqa: E402
 from engine.quantized import row_bytes  # noqa: E402
@@ -26,7 +27,6 @@ from engine.quantized import row_bytes  # noqa: E402
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
 KINDS = ("Q4_K", "Q6_K", "Q8_0", "Q4_0")  # fp16 weights: tools/mmv_check.py times mmv.cu
 LAUNCHES = 50
-BLOCK = 64  # the KV pool's block size (engine/cli.py's default)
 
 
 def time_us(fn) -> float:
@@ -75,7 +75,7 @@ def main() -> int:
                 key = f"{kind} {m}x{k} {config}"
                 out[key] = {"us": round(us, 2), "tb_s": round(w.nbytes / us / 1e6, 2)}
                 print(f"{key:40s} {us:8.2f} us {w.nbytes / us / 1e6:6.2f} TB/s", flush=True)
-    k = GpuKernels(cp)
+    k = kernels  # the step's other kernels, timed below
     dim, heads, kv_heads, d, ffn = 4096, 32, 8, 128, 14336
     x = cp.asarray(np.random.default_rng(1).standard_normal((1, dim)).astype(np.float32))
     delta, w = cp.zeros((1, dim), cp.float16), cp.ones(dim, cp.float32)
