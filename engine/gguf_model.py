@@ -153,6 +153,16 @@ def shard_range(n: int, shard: tuple[int, int]) -> tuple[int, int]:
     return rank * n // world, (rank + 1) * n // world
 
 
+def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
+    """One rank's config: heads, K/V heads and the feed-forward's width divided by `world`."""
+    if cfg.n_experts:
+        raise ModelLoadError(f"tensor parallel: {cfg.arch}'s routed experts are not split (dense layers only)")
+    for what, n in (("query heads", cfg.n_heads), ("K/V heads", cfg.n_kv_heads), ("feed-forward width", cfg.ffn_dim)):
+        if n % world:
+            raise ModelLoadError(f"tensor parallel over {world}: the model's {n} {what} do not split evenly")
+    return replace(cfg, n_heads=cfg.n_heads // world, n_kv_heads=cfg.n_kv_heads // world, ffn_dim=cfg.ffn_dim // world)
+
+
 def deinterleave_heads(w, n_heads: int):
     """llama.cpp stores Q/K rows with RoPE pairs adjacent; reorder each head to [evens, odds]
     so RoPE rotates halves (contiguous slices). q.k is unchanged since q and k move alike."""
@@ -368,10 +378,8 @@ def load_model(path: str, backend: Backend, keep_blocks: bool = True, rope: Rope
                ) -> tuple[ModelConfig, Weights, GGUFFile]:
     """keep_blocks: on the GPU, quantized weights stay in their GGUF blocks (else fp16). rope: the
     command line's rope scaling over the file's. reader: the file already opened (else opened here).
-    shard: (rank, world) of tensor parallelism: that rank's config and weights only (the same as
-    engine/tensor_parallel.py's shard_config and shard_weights of the whole, never loading the whole)."""
-    from engine.tensor_parallel import shard_config  # (it imports this module)
-
+    shard: (rank, world) of tensor parallelism: that rank's config and weights only (shard_config, and
+    what engine/tensor_parallel.py's shard_weights makes of the whole, never loading the whole)."""
     reader = reader or GGUFFile(path, "r")
     cfg = read_config(reader)
     scaling, base = rope.apply(cfg.rope, cfg.rope_base)

@@ -22,21 +22,11 @@ from dataclasses import replace
 import numpy as np
 
 from engine.backend import Backend
-from engine.gguf_model import ModelConfig, ModelLoadError, Weights, shard_range
+from engine.gguf_model import ModelConfig, ModelLoadError, Weights, shard_config, shard_range
 from engine.kv import KVCache
 from engine.kv_types import array_module
 from engine.model import LlamaModel
 from engine.quantized import QuantMatrix, concat_rows
-
-
-def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
-    """One rank's config: heads, K/V heads and the feed-forward's width divided by `world`."""
-    if cfg.n_experts:
-        raise ModelLoadError(f"tensor parallel: {cfg.arch}'s routed experts are not split (dense layers only)")
-    for what, n in (("query heads", cfg.n_heads), ("K/V heads", cfg.n_kv_heads), ("feed-forward width", cfg.ffn_dim)):
-        if n % world:
-            raise ModelLoadError(f"tensor parallel over {world}: the model's {n} {what} do not split evenly")
-    return replace(cfg, n_heads=cfg.n_heads // world, n_kv_heads=cfg.n_kv_heads // world, ffn_dim=cfg.ffn_dim // world)
 
 
 def rows(a, start: int, stop: int):
