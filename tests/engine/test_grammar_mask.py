@@ -9,6 +9,7 @@ import pytest
 from engine.draw_graph import pick_on_device
 from engine.grammar import GrammarTokenizer
 from engine.sampler import Sampler, SamplingParams, allowed_tokens
+from tests.engine.test_sampler import FakeDraws
 
 
 @pytest.fixture(scope="module")
@@ -50,20 +51,9 @@ def test_a_constrained_pick_on_the_device_is_the_hosts(grammars, tokenizer, para
     assert host.constraint.matcher.is_error() is False
 
 
-class RecordingDraws:
-    """What the sampler hands a draw graph (engine/draw_graph.py needs a GPU)."""
-
-    def __init__(self):
-        self.masks = []
-
-    def draw(self, logits, u, p, counts, mask=None):
-        self.masks.append(mask)
-        return int(np.flatnonzero(allowed_tokens(np, mask, len(logits)))[0]) if mask is not None else 0
-
-
 def test_after_a_decode_graph_a_constrained_pick_is_a_draw_graph_replay(grammars):
     """A constrained request no longer copies the logits to the host: the draw graph gets the mask."""
-    draws = RecordingDraws()
+    draws = FakeDraws()
     s = Sampler(SamplingParams(), (), constraint=grammars.constraint(llguidance.LLMatcher.grammar_from_regex("ab+")))
     token = s.sample(np.zeros(grammars.vocab_size, np.float32), np, draws)
     assert draws.masks[-1] is not None and allowed_tokens(np, draws.masks[-1], grammars.vocab_size)[token]

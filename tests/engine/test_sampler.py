@@ -143,14 +143,18 @@ def test_plain_greedy_is_temperature_zero_with_no_penalty_in_effect():
 
 
 class FakeDraws:
-    """Records what the sampler hands a draw graph (engine/draw_graph.py needs a GPU)."""
+    """Records what the sampler hands a draw graph (engine/draw_graph.py needs a GPU): the uniform
+    and the penalty counts in `calls`, a grammar's mask in `masks`; picks the first allowed token."""
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.masks = [], []
 
     def draw(self, logits, u, p, counts, mask=None):
+        from engine.sampler import allowed_tokens
+
         self.calls.append((u, counts))
-        return 0
+        self.masks.append(mask)
+        return int(np.flatnonzero(allowed_tokens(np, mask, len(logits)))[0]) if mask is not None else 0
 
 
 def test_a_draw_graph_gets_the_uniform_and_the_penalties_the_launched_pick_would_use():
