@@ -286,12 +286,17 @@ class WeightLoader:
         layers = [self.layer(i) for i in range(self.cfg.n_layers)]
         out_norm = self.vector("output_norm.weight")
         head = self.matrix("output.weight") if "output.weight" in self.tensors else embd
-        expanded = [w.rows * w.cols for layer in layers  # a prompt chunk's GEMMs read these expanded (not the head
-                    for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)  # nor the experts: moe.cu)
-                    if isinstance(w, QuantMatrix)]
-        if expanded:
-            self.backend.kernels.reserve_scratch(max(expanded))
+        reserve_expansion(self.backend, layers)
         return Weights(embd, layers, out_norm, head)
+
+
+def reserve_expansion(backend: Backend, layers) -> None:
+    """Room on the device for the largest quantized layer matrix in fp16: a prompt chunk's GEMMs read
+    the layers' matrices expanded there (not the head's, nor the experts': moe.cu)."""
+    expanded = [w.rows * w.cols for layer in layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
+                if isinstance(w, QuantMatrix)]
+    if expanded:
+        backend.kernels.reserve_scratch(max(expanded))
 
 
 @dataclass(frozen=True)

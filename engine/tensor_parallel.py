@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from engine.backend import Backend
-from engine.gguf_model import ModelConfig, ModelLoadError, Weights, shard_config, shard_range
+from engine.gguf_model import ModelConfig, ModelLoadError, Weights, reserve_expansion, shard_config, shard_range
 from engine.kv import KVCache
 from engine.kv_types import array_module
 from engine.model import LlamaModel
@@ -106,7 +106,9 @@ class TensorParallelModel:
         self.group = ThreadGroup(world)
         self.ranks = []
         for r, backend in enumerate(backends):
-            model = LlamaModel(self.cfg, shard_weights(cfg, weights, r, world), backend)
+            shard = shard_weights(cfg, weights, r, world)
+            reserve_expansion(backend, shard.layers)  # each rank's backend expands its own shard's matrices
+            model = LlamaModel(self.cfg, shard, backend)
             model.reduce = lambda part, r=r: self.group.all_reduce(r, part)
             self.ranks.append(model)
 

@@ -1,7 +1,7 @@
 """What each kernel of a decode step costs on the GPU, timed per launch (back-to-back launches
 between two events, so host launch costs stay out): the matvec of each weight kind on the
 Llama-3-8B shapes against the weights' bytes (TB/s), with quant.cu compiled for each (warps per
-block, rows per warp); then the step's other kernels (norm, RoPE, decode attention, SwiGLU).
+block, rows per warp), its rows read directly and staged in shared memory by bulk copies; then the step's other kernels (norm, RoPE, decode attention, SwiGLU).
 
     python tools/decode_kernel_times.py [--json OUT]
 """
@@ -21,7 +21,7 @@ import cupy as cp  # noqa: E402
 
 from engine.cli import MAX_BLOCK as BLOCK  # noqa: E402  (the KV pool's default block size)
 from engine.decode_graph import bucket  # noqa: E402
-from engine.kernels import OPTIONS, GpuKernels, kernel_source  # noqa: E402
+from engine.kernels import MATVEC_STAGE_MAX, OPTIONS, GpuKernels, kernel_source  # noqa: E402
 from engine.quantized import row_bytes  # noqa: E402
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
@@ -64,6 +64,7 @@ def main() -> int:
                                                                 *(f"-DMV_PREFETCH={v}" for v in prefetch)))
         for kind in a.kinds.split(","):
             fn = module.get_function(f"matvec_{kind}_n1")
+            fn.max_dynamic_shared_size_bytes = MATVEC_STAGE_MAX
             for m, k in SHAPES:
                 w = cp.random.randint(0, 255, (m, row_bytes(kind, k)), dtype=cp.uint8)
                 w[:] = w & 0x3F  # sane scales: random fp16 bits may be NaN (same speed, but keep it clean)
@@ -71,10 +72,14 @@ def main() -> int:
                 x = kernels.quantize_q8(x)  # the quantized kinds read x in 8 bits (quantize_q8, timed below)
                 y = cp.empty(m, dtype=cp.float16)
                 per_block = warps * rows
-                us = time_us(lambda: fn(((m + per_block - 1) // per_block,), (warps * 32,), (w, x, y, np.int32(m), np.int32(k), np.int32(m))))
-                key = f"{kind} {m}x{k} {config}"
-                out[key] = {"us": round(us, 2), "tb_s": round(w.nbytes / us / 1e6, 2)}
-                print(f"{key:40s} {us:8.2f} us {w.nbytes / us / 1e6:6.2f} TB/s", flush=True)
+                staged = rows * row_bytes(kind, k)  # a warp's rows by one bulk copy (stage.cuh), or read directly
+                for stage in (0, staged) if staged % 16 == 0 and warps * staged <= MATVEC_STAGE_MAX else (0,):
+                    us = time_us(lambda: fn(((m + per_block - 1) // per_block,), (warps * 32,),
+                                            (w, x, y, np.int32(m), np.int32(k), np.int32(m), np.int32(stage)),
+                                            shared_mem=warps * stage))
+                    key = f"{kind} {m}x{k} {config}{' staged' if stage else ''}"
+                    out[key] = {"us": round(us, 2), "tb_s": round(w.nbytes / us / 1e6, 2)}
+                    print(f"{key:40s} {us:8.2f} us {w.nbytes / us / 1e6:6.2f} TB/s", flush=True)
     k = kernels  # the step's other kernels, timed below
     dim, heads, kv_heads, d, ffn = 4096, 32, 8, 128, 14336
     x = cp.asarray(np.random.default_rng(1).standard_normal((1, dim)).astype(np.float32))

@@ -9,6 +9,8 @@
 #          V's descriptor offsets swapped (V_LBO_IS_PANEL=0)
 # longread bench/engine_bench.py prompt reads of 65,536 and 131,072 tokens, 8B shape in Q4_K_M, chunk 2048,
 #          with STRATA_PROMPT_ATTENTION=sm90 and =mma (KINDS, SIZES override) -> $OUT/long_read.json
+# profile  tools/gpu_profile_decode.py: one decode-graph replay of the 8B shape in Q4_K_M (and PROFILE_MODELS) under
+#          ncu, each kernel's time and DRAM bytes against the replay's time -> $OUT/decode_profile.json
 # times    tools/decode_kernel_times.py: each decode kernel's GPU time per launch
 # grammar  tools/gpu_grammar_check.py: constrained decoding (regex, JSON schema) on the GPU
 # grammarcost bench/grammar_bench.py --gpu: the mask per token with the logits on the GPU (masked there: the mask goes to the device)
@@ -206,6 +208,11 @@ for step in "$@"; do
       synth_moe_small
       for m in $MQ $MS $MQS ${PDL_MODELS:-}; do
         python3 tools/pdl_check.py --model $m --json "$OUT/pdl_check.json" 2>&1 | quiet || echo "PDL CHECK FAILED ($m)"
+      done ;;
+    profile)
+      synth_mq
+      for m in $MQ ${PROFILE_MODELS:-}; do
+        python3 tools/gpu_profile_decode.py --model $m --json "$OUT/decode_profile.json" 2>&1 | quiet || echo "PROFILE FAILED ($m)"
       done ;;
     times)
       python3 tools/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;

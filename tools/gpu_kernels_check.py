@@ -278,6 +278,14 @@ def check_weights(k: GpuKernels) -> None:
             if rows >= 32:  # against full-precision x: the 8-bit activations' own error (llama.cpp's MMVQ
                 # makes the same); over many rows, as one dot product's relative error is cancellation's
                 record("matvec", f"{kind} {rows}x{cols} vs fp16 x", rel_err(got, ref @ x.astype(np.float32)), 2e-2)
+            if k.stage:  # rows staged by bulk copies (where they can be) against rows read directly, 1-16 rows of x
+                xs = cp.asarray(half_normal(16, cols))
+                staged = [k.matvec(m, xs[:n]) for n in (1, 3, 16)]
+                k.stage = False
+                direct = [k.matvec(m, xs[:n]) for n in (1, 3, 16)]
+                k.stage = True
+                record("matvec", f"{kind} {rows}x{cols} staged = direct", float(not all(
+                    cp.array_equal(a, b) for a, b in zip(staged, direct))), 0)
             ids = rng.integers(0, rows, 9)
             record("embed", f"{kind} {rows}x{cols} 9 rows", rel_err(k.embed(m, cp.asarray(ids)), ref[ids]), 1e-3)
     # a stacked matrix of three kinds (Q4_K_M's QKV with an F16 fallback part): expand and matvec

@@ -49,13 +49,13 @@ def main() -> int:
             one = modules[2].get_function(f"matvec_{kind}_n1_f32")
             for b in range(16):
                 one(((m + 7) // 8,), (MATVEC_THREADS,), (w, xq[b * (k // 32):], alone[b], np.int32(m), np.int32(k),
-                                                         np.int32(m)))
+                                                         np.int32(m), np.int32(0)))  # rows read directly
             row = {}
             for r, module in modules.items():
                 fn = module.get_function(f"matvec_{kind}_n16_f32")
                 y = cp.empty((16, m), dtype=cp.float32)
                 grid = ((m + 4 * r - 1) // (4 * r),)
-                launch = lambda: fn(grid, (MATVEC_THREADS,), (w, xq, y, np.int32(m), np.int32(k), np.int32(m)))  # noqa: E731
+                launch = lambda: fn(grid, (MATVEC_THREADS,), (w, xq, y, np.int32(m), np.int32(k), np.int32(m), np.int32(0)))  # noqa: E731
                 launch()
                 same = bool(cp.array_equal(y, alone))
                 ok &= same

@@ -75,7 +75,7 @@ def main() -> int:
     from gguf.quants import dequantize
     from make_synthetic_gguf import random_blocks
 
-    from engine.kernels import MATVEC_THREADS, GpuKernels, matvec_rows
+    from engine.kernels import MATVEC_THREADS, GpuKernels, matvec_rows, matvec_stage
     from engine.quantized import BLOCKS, quantize_q8, row_bytes
 
     kernels = GpuKernels(cp)
@@ -127,9 +127,11 @@ def main() -> int:
                 def dp4a():
                     for b0 in range(0, n, 16):
                         nb = min(16, n - b0)
+                        stage = matvec_stage(kind, k, nb, data.data.ptr) if kernels.stage else 0
                         kernels.fn[f"matvec_{kind}_n{nb}"]((-(-m // matvec_rows(nb)),), (MATVEC_THREADS,),
                                                             (data, xq[b0 * (k // 32):], y[b0:], np.int32(m), np.int32(k),
-                                                             np.int32(m)))
+                                                             np.int32(m), np.int32(stage)),
+                                                            shared_mem=stage * (MATVEC_THREADS // 32))
                 dp4a_ms = timed(cp, dp4a)
                 row[n] = {"mmq_us": round(mmq_ms * 1e3, 1), "dp4a_us": round(dp4a_ms * 1e3, 1),
                           "mmq_TBps": round(w_bytes / mmq_ms / 1e9, 2), "dp4a_TBps": round(w_bytes / dp4a_ms / 1e9, 2)}

@@ -16,7 +16,7 @@ import numpy as np
 from engine.backend import Step
 from engine.kernels import launch, moe, sm90
 from engine.kv_types import Q8Array
-from engine.quantized import BLOCKS, UNIT, QuantMatrix, Row8
+from engine.quantized import BLOCKS, UNIT, QuantMatrix, Row8, row_bytes
 
 KERNEL_DIR = Path(__file__).resolve().parent
 OPTIONS = ("-std=c++17", "--use_fast_math")
@@ -34,6 +34,8 @@ WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_ and embed_ kernels in quant
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
 MATVEC_SOLO_ROWS = 4  # a block's rows at one row of x: MV_WARPS warps of MV_SOLO_ROWS rows
+MATVEC_STAGE_MAX = 64 * 1024  # shared memory a matvec block may stage its weight rows in (quant.cu, stage.cuh):
+# more, and too few blocks fit an SM to keep its memory busy; such launches read the rows directly
 COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_BATCH in engine/runner.py)
 MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
@@ -47,6 +49,14 @@ NULL = np.uint64(0)  # a null pointer argument
 def matvec_rows(nb: int) -> int:
     """Weight rows a block of matvec_<T>_n<nb> takes."""
     return MATVEC_SOLO_ROWS if nb == 1 else MATVEC_ROWS
+
+
+def matvec_stage(kind: str, k: int, nb: int, address: int) -> int:
+    """Shared memory a warp of matvec_<kind>_n<nb> stages its rows in (the kernel's `stage`), or 0 to
+    read them from global memory: a bulk copy takes 16-byte aligned runs of whole 16-byte pieces."""
+    per_warp = matvec_rows(nb) // (MATVEC_THREADS // 32) * row_bytes(kind, k)
+    fits = per_warp * (MATVEC_THREADS // 32) <= MATVEC_STAGE_MAX
+    return per_warp if fits and per_warp % 16 == 0 and address % 16 == 0 else 0
 
 
 def built_kernels() -> dict[str, tuple[str, ...]]:
@@ -146,7 +156,12 @@ class GpuKernels:
         self.driver = launch.Driver() if hopper else None
         self.pdl = hopper and os.environ.get("STRATA_PDL", "1") != "0"
         self.dependent = False
+        # quantized matvecs stage their weight rows in shared memory by bulk copies (stage.cuh; compute
+        # capability 9.0, unless $STRATA_MATVEC_STAGE is 0)
+        self.stage = hopper and os.environ.get("STRATA_MATVEC_STAGE", "1") != "0"
         for name, fn in self.fn.items():
+            if name.startswith("matvec_"):
+                fn.max_dynamic_shared_size_bytes = MATVEC_STAGE_MAX
             if is_dependent(name):
                 self.fn[name] = launch.Kernel(fn, self, fn.kernel.ptr)
         # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
@@ -376,9 +391,11 @@ class GpuKernels:
             else:
                 for b0 in range(0, n, MAX_BATCH_ROWS):
                     nb = min(MAX_BATCH_ROWS, n - b0)
+                    stage = matvec_stage(kind, k, nb, data.data.ptr) if self.stage else 0
                     self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(rows, matvec_rows(nb)), (MATVEC_THREADS,),
                                                              (data, xq[b0 * units :], y[b0:, row:], np.int32(rows),
-                                                              np.int32(k), np.int32(m)))
+                                                              np.int32(k), np.int32(m), np.int32(stage)),
+                                                             shared_mem=stage * (MATVEC_THREADS // 32))
             row += rows
         return y[0] if one else y
 

@@ -2,16 +2,19 @@
 //   dequant_<T>(src, y, units, cols)          blocks -> fp16 (rows, cols): load time with
 //                                              --weights fp16, and a prompt chunk's GEMM scratch
 //   embed_<T>(src, ids, y, units, cols)       rows ids[r] -> fp32 (n, cols): the token embedding
-//   matvec_<T>_n<NB>[_f32](w, xq, y, m, k, ldy)
+//   matvec_<T>_n<NB>[_f32](w, xq, y, m, k, ldy, stage)
 //                                             y (NB, m) = x (NB, k) @ W (m, k)^T, the blocks read
 //                                              directly (decode steps of NB sequences, the head):
 //                                              integer dot products (dp4a) against x quantized to 8
-//                                              bits per 32 values by quantize_q8, as llama.cpp's MMVQ
+//                                              bits per 32 values by quantize_q8, as llama.cpp's MMVQ;
+//                                              with stage > 0 each warp's rows come into shared memory
+//                                              by one bulk copy first (stage.cuh; stage = bytes a warp)
 // (fp16 weights against a decode batch: mmv.cu, on the tensor cores)
 // NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/gpu_kernels_check.py).
 #include "blocks.cuh"
 #include "matvec.cuh"
 #include "pdl.cuh"
+#include "stage.cuh"
 #ifndef MV_PREFETCH
 #define MV_PREFETCH 1024  // bytes of each weight row a warp asks L2 for before it waits for x (pdl.cuh)
 #endif
@@ -52,19 +55,37 @@ extern "C" __global__ void quantize_q8(const __half* __restrict__ x, Q8* __restr
 // y (NB, m; rows ldy apart) = x (NB, k) @ W (m, k)^T: W in blocks against the rows of x in 8 bits (Q8 units,
 // NB * k / 32 of them). A decode step of one sequence is NB = 1; a batch of up to MAX_NB rows is
 // one launch (more go in several), each row reduced as it would be alone (matvec.cuh).
+// stage: 0, or the bytes of shared memory a warp has (its R rows, R * rb a multiple of 16, w 16-byte
+// aligned: the launcher checks). Staged, a warp's lane 0 asks for all of its rows with one bulk copy
+// before the kernel waits for its producer (no kernel writes weights), so the rows stream in while
+// the norm or attention before it finishes; the arithmetic is the same either way, in the same order.
 template <class T, int NB, typename Out>
 __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __restrict__ xq, Out* __restrict__ y,
-                                          int m, int k, int ldy) {
+                                          int m, int k, int ldy, int stage) {
     constexpr int R = NB == 1 ? MV_SOLO_ROWS : NB > MV_WIDE_FROM ? MV_WIDE_ROWS : MV_ROWS;  // more rows of x: more
     // weight rows a warp (each x unit it loads serves them all); alone, more units of one row in flight
-    const int row0 = warp_row0<R>();
+    extern __shared__ __align__(16) u8 staged_rows[];  // MV_WARPS * stage bytes
+    __shared__ __align__(8) unsigned long long arrived[MV_WARPS];
+    const int row0 = warp_row0<R>(), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int rows = row0 < m ? min(R, m - row0) : 0;
     const size_t rb = row_bytes<T>(k);
-    if (row0 < m)  // the weights' first bytes on their way while the kernel before this one finishes
-        prefetch_rows_l2(w + row0 * rb, rb, min(R, m - row0), min(rb, (size_t)MV_PREFETCH), threadIdx.x & 31, 32);
+    const u8* src = w + row0 * rb;
+    u8* dst = staged_rows + warp * stage;
+    if (rows && stage && STAGE_BULK) {
+        if (lane == 0) bulk_copy(dst, src, rows * rb, &arrived[warp]);
+        __syncwarp();  // the barrier is armed before any lane waits on it
+    } else if (rows) {  // the weights' first bytes on their way while the kernel before this one finishes
+        prefetch_rows_l2(src, rb, rows, min(rb, (size_t)MV_PREFETCH), lane, 32);
+    }
     after_producer();
-    if (row0 >= m) return;
+    if (!rows) return;
     BatchAcc<NB, R> acc = {};
-    rows_dot_q8_batch<T, NB, R>(w, xq, row0, m, k, acc);
+    if (stage && STAGE_BULK) {
+        bulk_wait(&arrived[warp]);
+        rows_dot_q8_batch<T, NB, R>(dst, xq, 0, rows, k, acc);
+    } else {
+        rows_dot_q8_batch<T, NB, R>(w, xq, row0, m, k, acc);
+    }
     reduce_store_batch<NB, R>(acc, y, row0, m, ldy);
 }
 
@@ -78,12 +99,12 @@ __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __
     }
 #define MATVEC_Q8_NB(T, NB)                                                                                         \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                     \
-        matvec_##T##_n##NB(const u8* w, const Q8* xq, __half* y, int m, int k, int ldy) {                           \
-        matvec_q8<T, NB>(w, xq, y, m, k, ldy);                                                                      \
+        matvec_##T##_n##NB(const u8* w, const Q8* xq, __half* y, int m, int k, int ldy, int stage) {                \
+        matvec_q8<T, NB>(w, xq, y, m, k, ldy, stage);                                                               \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                     \
-        matvec_##T##_n##NB##_f32(const u8* w, const Q8* xq, float* y, int m, int k, int ldy) {                      \
-        matvec_q8<T, NB>(w, xq, y, m, k, ldy);                                                                      \
+        matvec_##T##_n##NB##_f32(const u8* w, const Q8* xq, float* y, int m, int k, int ldy, int stage) {           \
+        matvec_q8<T, NB>(w, xq, y, m, k, ldy, stage);                                                               \
     }
 #define MATVEC_Q8(T)                                                                                                \
     WEIGHT_KERNELS(T)                                                                                               \
