@@ -127,7 +127,7 @@ def main() -> int:
                 def dp4a():
                     for b0 in range(0, n, 16):
                         nb = min(16, n - b0)
-                        stage = matvec_stage(kind, k, nb, data.data.ptr) if kernels.stage else 0
+                        stage = matvec_stage(kind, m, k, nb, data.data.ptr) if kernels.stage else 0
                         kernels.fn[f"matvec_{kind}_n{nb}"]((-(-m // matvec_rows(nb)),), (MATVEC_THREADS,),
                                                             (data, xq[b0 * (k // 32):], y[b0:], np.int32(m), np.int32(k),
                                                              np.int32(m), np.int32(stage)),

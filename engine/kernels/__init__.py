@@ -36,12 +36,16 @@ MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROW
 MATVEC_SOLO_ROWS = 4  # a block's rows at one row of x: MV_WARPS warps of MV_SOLO_ROWS rows
 MATVEC_STAGE_MAX = 64 * 1024  # shared memory a matvec block may stage its weight rows in (quant.cu, stage.cuh):
 # more, and too few blocks fit an SM to keep its memory busy; such launches read the rows directly
+MATVEC_STAGE_MATRIX = 4 << 20  # matrices of at most these bytes are staged: their launch is mostly waiting,
+# and the bulk copies start before the kernel before them ends; larger ones were slower staged (a warp
+# waits for its whole row, then computes with nothing of its own in flight: bench/README.md)
 COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_BATCH in engine/runner.py)
 MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
 MMV_THREADS = 128  # mmv.cu: a block's threads
 MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_t<NT>, up to 64 rows a launch) ->
 # weight rows a block takes (16 mmv_tiles<NT>() in mmv.cu)
+NORM_MAX_WIDTH = 8 * 256 * 6  # add_rms_norm: eight values a thread, six times, 256 threads (NORM_OCTETS)
 Q8_BYTES = 48  # one unit of an activation in 8 bits: sizeof(Q8) in q8.cuh
 NULL = np.uint64(0)  # a null pointer argument
 
@@ -51,11 +55,12 @@ def matvec_rows(nb: int) -> int:
     return MATVEC_SOLO_ROWS if nb == 1 else MATVEC_ROWS
 
 
-def matvec_stage(kind: str, k: int, nb: int, address: int) -> int:
-    """Shared memory a warp of matvec_<kind>_n<nb> stages its rows in (the kernel's `stage`), or 0 to
-    read them from global memory: a bulk copy takes 16-byte aligned runs of whole 16-byte pieces."""
+def matvec_stage(kind: str, m: int, k: int, nb: int, address: int) -> int:
+    """Shared memory a warp of matvec_<kind>_n<nb> over an (m, k) matrix stages its rows in (the
+    kernel's `stage`), or 0 to read them from global memory: small matrices only, and a bulk copy takes
+    16-byte aligned runs of whole 16-byte pieces."""
     per_warp = matvec_rows(nb) // (MATVEC_THREADS // 32) * row_bytes(kind, k)
-    fits = per_warp * (MATVEC_THREADS // 32) <= MATVEC_STAGE_MAX
+    fits = per_warp * (MATVEC_THREADS // 32) <= MATVEC_STAGE_MAX and m * row_bytes(kind, k) <= MATVEC_STAGE_MATRIX
     return per_warp if fits and per_warp % 16 == 0 and address % 16 == 0 else 0
 
 
@@ -202,6 +207,8 @@ class GpuKernels:
         n, dim = x.shape
         if dim % UNIT:
             raise ValueError(f"a row width of {dim} is not a multiple of {UNIT} (the kernels read 32 values at a time)")
+        if dim > NORM_MAX_WIDTH:
+            raise ValueError(f"a row width of {dim} is wider than the norm kernel's {NORM_MAX_WIDTH}")
         out = self.cp.empty((n, dim), dtype=self.cp.float16)
         units = self.cp.empty((n * dim // UNIT, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
         has_delta = delta is not None
@@ -391,7 +398,7 @@ class GpuKernels:
             else:
                 for b0 in range(0, n, MAX_BATCH_ROWS):
                     nb = min(MAX_BATCH_ROWS, n - b0)
-                    stage = matvec_stage(kind, k, nb, data.data.ptr) if self.stage else 0
+                    stage = matvec_stage(kind, rows, k, nb, data.data.ptr) if self.stage else 0
                     self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(rows, matvec_rows(nb)), (MATVEC_THREADS,),
                                                              (data, xq[b0 * units :], y[b0:, row:], np.int32(rows),
                                                               np.int32(k), np.int32(m), np.int32(stage)),

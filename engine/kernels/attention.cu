@@ -274,20 +274,28 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
     __shared__ float wo[DEC_WARPS][G][D];
     __shared__ float weight[G][DEC_MAX_SPLITS], inv_den[G];
     __shared__ bool last;
-    after_producer();
     const int s = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane >> 3, chunk = lane & 7;
+    // the sequence's length and block table are no kernel's output (set before the step): read, and the
+    // warp's first block looked up, while the kernel that wrote q and this token's K/V row finishes
     const int heads = kv_heads * G, head0 = kvh * G, kv_len = pos0[s] + 1;
     // keys a block reads, from this sequence's own length (decode_keys_per_block in kernels/__init__.py):
     // a sequence splits alike whatever the batch beside it and whichever graph bucket runs it
     const int per_block = max(64, (kv_len <= 1 ? 1 : 1 << (32 - __clz(kv_len - 1))) >> 6);
     const int first = split * per_block;
+    const int* tbl = table + table_off[s];  // this sequence's block table (paged.cuh)
+    const int hk = kvh / kv_div, model_kv_heads = kv_heads / kv_div;
+    const int per_warp = per_block / DEC_WARPS, begin = first + warp * per_warp;
+    const int end = min(begin + per_warp, kv_len);
+    // base is a multiple of DEC_ROUND (per_warp is): with blocks of DEC_ROUND keys or more a
+    // round's keys lie in one block, found once a round
+    const bool one_block = block_log2 >= DEC_ROUND_LOG2;
+    size_t next_row = one_block && begin < end ? kv_row(tbl, begin, hk, model_kv_heads, block_log2, D) : 0;
+    after_producer();
     if (first < kv_len) {
         for (int i = threadIdx.x; i < G * D; i += DEC_WARPS * 32)
             qs[i / D][(i % D) / DQ][i % DQ] = __half2float(q[((size_t)s * heads + head0) * D + i]) * scale_log2;
         __syncthreads();
-        const int* tbl = table + table_off[s];  // this sequence's block table (paged.cuh)
-        const int hk = kvh / kv_div, model_kv_heads = kv_heads / kv_div;
         float m[G], l[G], o[G][DV];
 #pragma unroll
         for (int h = 0; h < G; ++h) {
@@ -295,21 +303,15 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
 #pragma unroll
             for (int e = 0; e < DV; ++e) o[h][e] = 0.f;
         }
-        const int per_warp = per_block / DEC_WARPS, begin = first + warp * per_warp;
-        const int end = min(begin + per_warp, kv_len);
-        // base is a multiple of DEC_ROUND (per_warp is): with blocks of DEC_ROUND keys or more a
-        // round's keys lie in one block, found once a round
-        const bool one_block = block_log2 >= DEC_ROUND_LOG2;
         // DEC_PREFETCH 1: a round's block is looked up in the table one round ahead, so that lookup is
         // in flight while the round before computes and a round's loads wait on no other memory
-        // access; 0: each round looks its block up, then loads. The arithmetic is the same.
-        size_t next_row = one_block && begin < end ? kv_row(tbl, begin, hk, model_kv_heads, block_log2, D) : 0;
+        // access; 0: each round after the first looks its block up, then loads. The arithmetic is the same.
 #pragma unroll 1
         for (int base = begin; base < end; base += DEC_ROUND) {
 #if DEC_PREFETCH
             const size_t round_row = next_row;
 #else
-            const size_t round_row = one_block ? kv_row(tbl, base, hk, model_kv_heads, block_log2, D) : 0;
+            const size_t round_row = base == begin ? next_row : one_block ? kv_row(tbl, base, hk, model_kv_heads, block_log2, D) : 0;
 #endif
             auto row = [&](int key) {
                 return one_block ? round_row + (size_t)(key - base) * D

@@ -9,7 +9,8 @@
 #include "pdl.cuh"
 #include "q8.cuh"
 
-constexpr int NORM_THREADS = 256;  // one block per row; rows are 576..8192 wide
+constexpr int NORM_THREADS = 256;  // one block per row; rows are 576..12288 wide
+constexpr int NORM_OCTETS = 6;     // eight values a thread this many times: rows up to 8 * 256 * 6 = 12288 wide
 
 __device__ __forceinline__ float block_sum(float v) {
     __shared__ float partial[NORM_THREADS / 32];
@@ -25,54 +26,76 @@ __device__ __forceinline__ float block_sum(float v) {
     return total;
 }
 
+// Eight consecutive fp32 values from 32-byte aligned p.
+__device__ __forceinline__ void load8(const float* p, float* v) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 // x: (n, dim) fp32 residual stream; x += delta when has_delta (delta: (n, dim) fp16).
 // out: (n, dim) fp16 = x / sqrt(mean(x^2) + eps) * w, w: (dim,) fp32; q8 (n, dim / 32) Q8 units of
-// out, unless null. One block a row: the add and the sum of squares four values a thread at a time,
-// then eight outputs a thread (four threads a Q8 unit).
+// out, unless null. One block a row, eight values a thread at a time (octet o = thread + 256 i),
+// kept in registers between the sum of squares and the outputs (four threads a Q8 unit). The
+// weights are no kernel's output: they are read before the wait for the kernel that wrote delta.
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_delta, const float* __restrict__ w,
              __half* __restrict__ out, Q8* __restrict__ q8, int dim, float eps) {
-    after_producer();
     const size_t row = blockIdx.x;
-    float4* xr = reinterpret_cast<float4*>(x + row * dim);
+    const int octets = dim / 8;
+    float wv[NORM_OCTETS][8], v[NORM_OCTETS][8];
+#pragma unroll
+    for (int i = 0; i < NORM_OCTETS; ++i) {
+        const int o = threadIdx.x + i * NORM_THREADS;
+        if (o < octets) load8(w + 8 * o, wv[i]);
+    }
+    after_producer();
+    float* xr = x + row * dim;
     float ss = 0.f;
-    for (int j = threadIdx.x; j < dim / 4; j += NORM_THREADS) {
-        float4 v = xr[j];
+#pragma unroll
+    for (int i = 0; i < NORM_OCTETS; ++i) {
+        const int o = threadIdx.x + i * NORM_THREADS;
+        if (o >= octets) continue;
+        load8(xr + 8 * o, v[i]);
         if (has_delta) {
-            const uint2 raw = reinterpret_cast<const uint2*>(delta + row * dim)[j];
-            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
-            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
-            v.x += a.x, v.y += a.y, v.z += b.x, v.w += b.y;
-            xr[j] = v;
+            const uint4 raw = reinterpret_cast<const uint4*>(delta + row * dim)[o];
+            const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 f = __half22float2(h[e]);
+                v[i][2 * e] += f.x, v[i][2 * e + 1] += f.y;
+            }
+            reinterpret_cast<float4*>(xr + 8 * o)[0] = make_float4(v[i][0], v[i][1], v[i][2], v[i][3]);
+            reinterpret_cast<float4*>(xr + 8 * o)[1] = make_float4(v[i][4], v[i][5], v[i][6], v[i][7]);
         }
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss = fmaf(v[i][e], v[i][e], ss);
     }
     const float scale = rsqrtf(block_sum(ss) / dim + eps);
-    const float4* wr = reinterpret_cast<const float4*>(w);
-    for (int base = 0; base < dim / 8; base += NORM_THREADS) {  // every lane goes round alike (store_octet)
-        const int o = base + threadIdx.x;
-        const bool valid = o < dim / 8;
-        float v[8] = {};
-        if (valid) {
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const float4 a = xr[2 * o + i], b = wr[2 * o + i];
-                v[4 * i] = a.x * scale * b.x, v[4 * i + 1] = a.y * scale * b.y;
-                v[4 * i + 2] = a.z * scale * b.z, v[4 * i + 3] = a.w * scale * b.w;
-            }
-        }
-        store_octet(out + row * dim + 8 * o, q8 ? q8 + row * (dim / 32) + o / 4 : nullptr, v, valid);
+    for (int i = 0; i < NORM_OCTETS; ++i) {  // every lane goes round alike (store_octet)
+        const int o = threadIdx.x + i * NORM_THREADS;
+        if (i * NORM_THREADS >= octets) break;  // the same for the whole block
+        const bool valid = o < octets;
+        float r[8] = {};
+        if (valid)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) r[e] = v[i][e] * scale * wv[i][e];
+        store_octet(out + row * dim + 8 * o, q8 ? q8 + row * (dim / 32) + o / 4 : nullptr, r, valid);
     }
+}
+
+// The pair (a, b) rotated by the angle whose cosine and sine are c and s.
+__device__ __forceinline__ void rotate(float& a, float& b, float c, float s) {
+    const float ra = a * c - b * s, rb = b * c + a * s;
+    a = ra;
+    b = rb;
 }
 
 // The pair (j, j + half_d) of a head rotated by position p's angle j (cos, sin: (positions, d/2)).
 __device__ __forceinline__ void rotate_pair(float& a, float& b, const float* __restrict__ cos,
                                             const float* __restrict__ sin, int p, int half_d, int j) {
     const size_t at = (size_t)p * half_d + j;
-    const float c = cos[at], s = sin[at];
-    const float ra = a * c - b * s, rb = b * c + a * s;
-    a = ra;
-    b = rb;
+    rotate(a, b, cos[at], sin[at]);
 }
 
 // The pair written where its head goes: a Q head to q_dst (not null), a K or V head into its pool at
@@ -105,19 +128,28 @@ extern "C" __global__ void rope_store(const __half* __restrict__ qkv, __half* __
                                       const int* __restrict__ pos0, const int* __restrict__ table,
                                       const int* __restrict__ table_off, int seqs, int n, int heads, int kv_heads,
                                       int d, int block_log2) {
-    after_producer();
     const int half_d = d / 2, slots = heads + 2 * kv_heads;
     const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (idx >= (size_t)n * slots * half_d) return;
+    const bool valid = idx < (size_t)n * slots * half_d;
     const int j = idx % half_d;
     const size_t r = idx / half_d;
-    const int slot = r % slots, t = r / slots, seq = seqs == 1 ? 0 : t, p = pos0[seq] + (seqs == 1 ? t : 0);
-    const int* tbl = table + table_off[seq];
+    const int slot = r % slots, t = r / slots;
+    const bool is_k = slot < heads + kv_heads;  // rotated (Q or K); a warp's lanes share one slot (half_d is 32 or 64)
+    // the position, the block table and the rotation are no kernel's output (set before the step): they
+    // are read while the QKV projection finishes, and only its output after the wait
+    float c = 1.f, sn = 0.f;
+    size_t row = 0;
+    if (valid) {
+        const int seq = seqs == 1 ? 0 : t, p = pos0[seq] + (seqs == 1 ? t : 0);
+        if (is_k) c = cos[(size_t)p * half_d + j], sn = sin[(size_t)p * half_d + j];
+        if (slot >= heads)
+            row = kv_row(table + table_off[seq], p, slot - heads - (is_k ? 0 : kv_heads), kv_heads, block_log2, d);
+    }
+    after_producer();
+    if (!valid) return;
     const __half* src = qkv + r * d;
     float a = __half2float(src[j]), b = __half2float(src[j + half_d]);
-    if (slot < heads + kv_heads) rotate_pair(a, b, cos, sin, p, half_d, j);
-    const bool is_k = slot < heads + kv_heads;  // a warp's lanes share one slot (half_d is 32 or 64)
-    const size_t row = slot < heads ? 0 : kv_row(tbl, p, slot - heads - (is_k ? 0 : kv_heads), kv_heads, block_log2, d);
+    if (is_k) rotate(a, b, c, sn);
     store_pair(slot < heads ? q_out + ((size_t)t * heads + slot) * d : nullptr, is_k ? k_cache : v_cache,
                is_k ? k_scales : v_scales, row, half_d, j, a, b);
 }
