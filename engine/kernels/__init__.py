@@ -57,8 +57,10 @@ def matvec_rows(nb: int) -> int:
 
 def matvec_stage(kind: str, m: int, k: int, nb: int, address: int) -> int:
     """Shared memory a warp of matvec_<kind>_n<nb> over an (m, k) matrix stages its rows in (the
-    kernel's `stage`), or 0 to read them from global memory: small matrices only, and a bulk copy takes
-    16-byte aligned runs of whole 16-byte pieces."""
+    kernel's `stage`), or 0 to read them from global memory: small matrices against one row of x only,
+    and a bulk copy takes 16-byte aligned runs of whole 16-byte pieces."""
+    if nb != 1:
+        return 0
     per_warp = matvec_rows(nb) // (MATVEC_THREADS // 32) * row_bytes(kind, k)
     fits = per_warp * (MATVEC_THREADS // 32) <= MATVEC_STAGE_MAX and m * row_bytes(kind, k) <= MATVEC_STAGE_MATRIX
     return per_warp if fits and per_warp % 16 == 0 and address % 16 == 0 else 0

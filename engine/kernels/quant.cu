@@ -56,7 +56,7 @@ extern "C" __global__ void quantize_q8(const __half* __restrict__ x, Q8* __restr
 // NB * k / 32 of them). A decode step of one sequence is NB = 1; a batch of up to MAX_NB rows is
 // one launch (more go in several), each row reduced as it would be alone (matvec.cuh).
 // stage: 0, or the bytes of shared memory a warp has (its R rows, R * rb a multiple of 16, w 16-byte
-// aligned: the launcher checks). Staged, a warp's lane 0 asks for all of its rows with one bulk copy
+// aligned, NB = 1: the launcher checks). Staged, a warp's lane 0 asks for all of its rows with one bulk copy
 // before the kernel waits for its producer (no kernel writes weights), so the rows stream in while
 // the norm or attention before it finishes; the arithmetic is the same either way, in the same order.
 template <class T, int NB, typename Out>
@@ -71,7 +71,9 @@ __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __
     const size_t rb = row_bytes<T>(k);
     const u8* src = w + row0 * rb;
     u8* dst = staged_rows + warp * stage;
-    if (rows && stage && STAGE_BULK) {
+    constexpr bool kStaged = NB == 1 && STAGE_BULK;  // a lone row of x only: in the batch kernels the second
+    // path's registers spill (and their time is the dot products', not the wait)
+    if (rows && stage && kStaged) {
         if (lane == 0) bulk_copy(dst, src, rows * rb, &arrived[warp]);
         __syncwarp();  // the barrier is armed before any lane waits on it
     } else if (rows) {  // the weights' first bytes on their way while the kernel before this one finishes
@@ -80,7 +82,7 @@ __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __
     after_producer();
     if (!rows) return;
     BatchAcc<NB, R> acc = {};
-    if (stage && STAGE_BULK) {
+    if (stage && kStaged) {
         bulk_wait(&arrived[warp]);
         rows_dot_q8_batch<T, NB, R>(dst, xq, 0, rows, k, acc);
     } else {
