@@ -41,30 +41,6 @@ __device__ __forceinline__ void load_a2(const u8* p, unsigned (&w)[WORDS]) {
 #pragma unroll
     for (int i = 0; i < WORDS; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
 }
-#ifndef Q6K_WIDE_LOADS
-#define Q6K_WIDE_LOADS 1  // Q6_K's 2-byte aligned fields by 16-byte loads (load_a2_wide); 0: by 4-byte ones (load_a2)
-#endif
-// The same as load_a2 for WORDS a multiple of 4, by 16-byte loads of the aligned run around the field
-// (WORDS / 4 + 1 loads in place of WORDS + 1), the words picked by the field's offset in its first 16
-// bytes. Reads up to 14 bytes past the field: the caller's block must hold them.
-template <int WORDS>
-__device__ __forceinline__ void load_a2_wide(const u8* p, unsigned (&w)[WORDS]) {
-    const size_t a = reinterpret_cast<size_t>(p);
-    const uint4* base = reinterpret_cast<const uint4*>(a & ~(size_t)15);
-    const int off = a & 15, q = off >> 2, shift = (off & 2) * 8;
-    unsigned raw[WORDS + 4];
-#pragma unroll
-    for (int i = 0; i <= WORDS / 4; ++i) {
-        const uint4 v = i < WORDS / 4 || off ? base[i] : make_uint4(0u, 0u, 0u, 0u);
-        raw[4 * i] = v.x, raw[4 * i + 1] = v.y, raw[4 * i + 2] = v.z, raw[4 * i + 3] = v.w;
-    }
-#pragma unroll
-    for (int i = 0; i < WORDS; ++i) {
-        const unsigned lo = q == 0 ? raw[i] : q == 1 ? raw[i + 1] : q == 2 ? raw[i + 2] : raw[i + 3];
-        const unsigned hi = q == 0 ? raw[i + 1] : q == 1 ? raw[i + 2] : q == 2 ? raw[i + 3] : raw[i + 4];
-        w[i] = __funnelshift_r(lo, hi, shift);
-    }
-}
 template <int WORDS>
 __device__ __forceinline__ void load_a4(const u8* p, unsigned (&w)[WORDS]) {
     const unsigned* h = reinterpret_cast<const unsigned*>(p);
@@ -216,13 +192,8 @@ struct Q6_K {
         const int sb = s & 7, h = sb >> 2, k = sb & 3;
         const u8* p = row + (s >> 3) * BYTES;
         unsigned ql[8], qh[8];
-#if Q6K_WIDE_LOADS  // within the super-block: ql ends by byte 128 + 14, qh by 192 + 14 of 210
-        load_a2_wide(p + 64 * h + 32 * (k & 1), ql);
-        load_a2_wide(p + 128 + 32 * h, qh);
-#else
         load_a2(p + 64 * h + 32 * (k & 1), ql);
         load_a2(p + 128 + 32 * h, qh);
-#endif
         const int lo_shift = (k >> 1) * 4, hi_shift = 2 * k;
 #pragma unroll
         for (int i = 0; i < 8; ++i) u.w[i] = ((ql[i] >> lo_shift) & 0x0F0F0F0Fu) | (((qh[i] >> hi_shift) & 0x03030303u) << 4);
