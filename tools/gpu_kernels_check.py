@@ -36,7 +36,7 @@ from gguf.quants import dequantize  # noqa: E402
 
 from engine.backend import ArrayOps, Step  # noqa: E402
 from engine.kv import DEFAULT_BLOCK  # noqa: E402
-from engine.kernels import DEQUANT, GpuKernels  # noqa: E402
+from engine.kernels import DEQUANT, MATVEC_PAIRS, GpuKernels  # noqa: E402
 from engine.kv_types import Q8Array, dequantize_q8_0, quantize_q8_0  # noqa: E402
 from engine.quantized import QuantMatrix, QuantPart, quantize_q8  # noqa: E402
 from make_synthetic_gguf import random_blocks, random_half  # noqa: E402
@@ -298,6 +298,20 @@ def check_weights(k: GpuKernels) -> None:
     record("expand", "Q4_K+Q6_K+F16 70x1024", rel_err(k.expand(m), ref), 1e-3)
     want = np.concatenate([ref[:65] @ quantize_q8(x), ref[65:] @ x.astype(np.float32)])  # F16 rows take x as is
     record("matvec", "Q4_K+Q6_K+F16 70x1024", rel_err(k.matvec(m, cp.asarray(x)), want), 1e-3)
+    for kind_a, kind_b in MATVEC_PAIRS:  # two parts in one launch (matvec2_*) against a launch each and NumPy
+        for rows_a, rows_b, cols in ((48, 17, 1024), (333, 70, 4096)):
+            pieces = [weight_rows(kind, rows, cols) for kind, rows in ((kind_a, rows_a), (kind_b, rows_b))]
+            m = QuantMatrix(tuple(QuantPart(kind, cp.asarray(raw), len(ref)) for (raw, ref), kind in
+                                  zip(pieces, (kind_a, kind_b))), cols)
+            x = cp.asarray(half_normal(cols))
+            paired = k.matvec(m, x, np.float16)
+            k.pairs = False
+            apart = k.matvec(m, x, np.float16)
+            k.pairs = True
+            case = f"{kind_a}+{kind_b} {rows_a}+{rows_b}x{cols}"
+            record("matvec2", f"{case} = a launch each", float(not cp.array_equal(paired, apart)), 0)
+            want = np.concatenate([r for _, r in pieces]) @ quantize_q8(x.get())
+            record("matvec2", case, rel_err(paired, want), 2e-3)
     for cols in (96, 4096):  # the activation quantization itself
         x = half_normal(cols, scale=3.0)
         x[:32] = 0  # an all-zero unit: scale 0, no division by it

@@ -41,6 +41,8 @@ MATVEC_STAGE_MATRIX = 4 << 20  # matrices of at most these bytes are staged: the
 # waits for its whole row, then computes with nothing of its own in flight: bench/README.md)
 COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_BATCH in engine/runner.py)
 MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
+MATVEC_PAIRS = tuple((kind, "Q6_K") for kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"))  # two
+# stacked parts one launch takes against one row of x (matvec2_<A>_<B>: a QKV whose V rows are in Q6_K)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
 MMV_THREADS = 128  # mmv.cu: a block's threads
 MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_t<NT>, up to 64 rows a launch) ->
@@ -72,7 +74,8 @@ def built_kernels() -> dict[str, tuple[str, ...]]:
              "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
                                             for family, suffix in (("dequant", ""), ("embed", ""))),
                           *(f"matvec_{kind}_n{nb}{suffix}" for kind in BLOCKS
-                            for nb in range(1, MAX_BATCH_ROWS + 1) for suffix in ("", "_f32"))),
+                            for nb in range(1, MAX_BATCH_ROWS + 1) for suffix in ("", "_f32")),
+                          *(f"matvec2_{a}_{b}" for a, b in MATVEC_PAIRS)),
              "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS), "widen_q8_0_blocks",
                               *(f"flash_decode{kind}_d{d}_g{g}" for kind in ("", "_q8") for d in HEAD_DIMS
                                 for g in range(1, MAX_GROUP + 1))),
@@ -166,8 +169,9 @@ class GpuKernels:
         # quantized matvecs stage their weight rows in shared memory by bulk copies (stage.cuh; compute
         # capability 9.0, unless $STRATA_MATVEC_STAGE is 0)
         self.stage = hopper and os.environ.get("STRATA_MATVEC_STAGE", "1") != "0"
+        self.pairs = True  # two stacked quantized parts against one row of x in one launch (matvec2_*)
         for name, fn in self.fn.items():
-            if name.startswith("matvec_"):
+            if name.startswith("matvec"):
                 fn.max_dynamic_shared_size_bytes = MATVEC_STAGE_MAX
             if is_dependent(name):
                 self.fn[name] = launch.Kernel(fn, self, fn.kernel.ptr)
@@ -388,6 +392,9 @@ class GpuKernels:
         y = self.cp.empty((n, m), dtype=dtype)
         parts = self.parts(w)
         xq = q8 if q8 is not None or all(kind == "F16" for kind, _, _ in parts) else self.quantize_q8(x.reshape(-1))
+        if n == 1 and suffix == "" and self.pairs and tuple(kind for kind, _, _ in parts) in MATVEC_PAIRS:
+            self.matvec_pair(parts, xq, y, k)
+            return y[0] if one else y
         units, row = k // UNIT, 0
         for kind, data, rows in parts:
             if kind == "F16":  # tensor cores (mmv.cu), up to 64 rows of x a launch
@@ -407,6 +414,17 @@ class GpuKernels:
                                                              shared_mem=stage * (MATVEC_THREADS // 32))
             row += rows
         return y[0] if one else y
+
+    def matvec_pair(self, parts, xq, y, k: int) -> None:
+        """y (1, ma + mb) fp16 = x @ [A; B]^T for two quantized parts (kinds a MATVEC_PAIRS entry), one launch."""
+        (kind_a, wa, ma), (kind_b, wb, mb) = parts
+        grid_a, grid_b = blocks(ma, matvec_rows(1))[0], blocks(mb, matvec_rows(1))[0]
+        stage_a, stage_b = ((matvec_stage(kind, rows, k, 1, data.data.ptr) if self.stage else 0)
+                            for kind, data, rows in parts)
+        self.fn[f"matvec2_{kind_a}_{kind_b}"]((grid_a + grid_b,), (MATVEC_THREADS,),
+                                              (wa, wb, xq, y, np.int32(ma), np.int32(mb), np.int32(k), np.int32(grid_a),
+                                               np.int32(stage_a), np.int32(stage_b)),
+                                              shared_mem=max(stage_a, stage_b) * (MATVEC_THREADS // 32))
 
     def quantize_q8(self, x):
         """x: (k,) fp16 -> k / 32 units of 48 bytes (Q8 in quant.cu): 32 int8, the scale and the

@@ -20,9 +20,11 @@ constexpr int kMvUnroll = MV_UNROLL;
 __device__ __forceinline__ void store(float* y, int i, float v) { y[i] = v; }
 __device__ __forceinline__ void store(__half* y, int i, float v) { y[i] = __float2half(v); }
 
-// The first row this warp owns (R rows a warp).
+// The first row this warp owns (R rows a warp) in the block-th block of a matrix's grid.
 template <int R = MV_ROWS>
-__device__ __forceinline__ int warp_row0() { return (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R; }
+__device__ __forceinline__ int warp_row0(int block = -1) {
+    return ((block < 0 ? blockIdx.x : block) * MV_WARPS + (threadIdx.x >> 5)) * R;
+}
 
 template <typename Out>
 __device__ __forceinline__ void reduce_store(float (&acc)[MV_ROWS], Out* y, int row0, int m) {

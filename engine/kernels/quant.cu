@@ -9,6 +9,9 @@
 //                                              bits per 32 values by quantize_q8, as llama.cpp's MMVQ;
 //                                              with stage > 0 each warp's rows come into shared memory
 //                                              by one bulk copy first (stage.cuh; stage = bytes a warp)
+//   matvec2_<TA>_<TB>(wa, wb, xq, y, ma, mb, k, blocks_a, stage_a, stage_b)
+//                                             the same for one row of x against two stacked parts of
+//                                              types TA and TB in one launch
 // (fp16 weights against a decode batch: mmv.cu, on the tensor cores)
 // NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/gpu_kernels_check.py).
 #include "blocks.cuh"
@@ -61,12 +64,12 @@ extern "C" __global__ void quantize_q8(const __half* __restrict__ x, Q8* __restr
 // the norm or attention before it finishes; the arithmetic is the same either way, in the same order.
 template <class T, int NB, typename Out>
 __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __restrict__ xq, Out* __restrict__ y,
-                                          int m, int k, int ldy, int stage) {
+                                          int m, int k, int ldy, int stage, int block = -1) {
     constexpr int R = NB == 1 ? MV_SOLO_ROWS : NB > MV_WIDE_FROM ? MV_WIDE_ROWS : MV_ROWS;  // more rows of x: more
     // weight rows a warp (each x unit it loads serves them all); alone, more units of one row in flight
     extern __shared__ __align__(16) u8 staged_rows[];  // MV_WARPS * stage bytes
     __shared__ __align__(8) unsigned long long arrived[MV_WARPS];
-    const int row0 = warp_row0<R>(), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = warp_row0<R>(block), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rows = row0 < m ? min(R, m - row0) : 0;
     const size_t rb = row_bytes<T>(k);
     const u8* src = w + row0 * rb;
@@ -90,6 +93,27 @@ __device__ __forceinline__ void matvec_q8(const u8* __restrict__ w, const Q8* __
     }
     reduce_store_batch<NB, R>(acc, y, row0, m, ldy);
 }
+
+// Two parts of a stacked matrix against one row of x in one launch: the grid's first blocks_a blocks take
+// part A's ma rows (type TA), the rest part B's mb rows, written after A's in y. A decode step's QKV
+// projection whose V rows are kept in more bits (llama.cpp's K-quant mixes give attn_v Q6_K) is one
+// kernel, not two in a row: V's small launch no longer waits for Q and K's to end. Each row is the
+// sum the part's own launch makes.
+template <class TA, class TB>
+__device__ __forceinline__ void matvec_q8_pair(const u8* __restrict__ wa, const u8* __restrict__ wb,
+                                               const Q8* __restrict__ xq, __half* __restrict__ y, int ma, int mb,
+                                               int k, int blocks_a, int stage_a, int stage_b) {
+    if (blockIdx.x < blocks_a)
+        matvec_q8<TA, 1>(wa, xq, y, ma, k, ma + mb, stage_a, blockIdx.x);
+    else
+        matvec_q8<TB, 1>(wb, xq, y + ma, mb, k, ma + mb, stage_b, blockIdx.x - blocks_a);
+}
+#define MATVEC_PAIR(TA, TB)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                     \
+        matvec2_##TA##_##TB(const u8* wa, const u8* wb, const Q8* xq, __half* y, int ma, int mb, int k,            \
+                            int blocks_a, int stage_a, int stage_b) {                                               \
+        matvec_q8_pair<TA, TB>(wa, wb, xq, y, ma, mb, k, blocks_a, stage_a, stage_b);                               \
+    }
 
 #define WEIGHT_KERNELS(T)                                                                                           \
     extern "C" __global__ void dequant_##T(const u8* src, __half* y, long long units, int cols) {                   \
@@ -124,6 +148,13 @@ MATVEC_Q8(Q4_K)
 MATVEC_Q8(Q5_K)
 MATVEC_Q8(Q6_K)
 WEIGHT_KERNELS(F16)
+MATVEC_PAIR(Q4_0, Q6_K)
+MATVEC_PAIR(Q4_1, Q6_K)
+MATVEC_PAIR(Q5_0, Q6_K)
+MATVEC_PAIR(Q5_1, Q6_K)
+MATVEC_PAIR(Q8_0, Q6_K)
+MATVEC_PAIR(Q4_K, Q6_K)
+MATVEC_PAIR(Q5_K, Q6_K)
 
 // BF16 -> fp16 at load (a bf16 is the high half of an fp32). n = values.
 extern "C" __global__ void dequant_BF16(const unsigned short* __restrict__ src, __half* __restrict__ y, long long n) {

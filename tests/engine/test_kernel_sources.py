@@ -42,6 +42,15 @@ def waits_first(body: str) -> bool:
     return at >= 0 and (early < 0 or at < early)
 
 
+def waits(body: str, helpers: dict[str, str], seen: frozenset = frozenset()) -> bool:
+    """Whether `body` waits first itself or through the helpers it calls (a kernel's body may be a
+    helper that calls the one that waits)."""
+    if waits_first(body):
+        return True
+    callees = set(re.findall(r"\b(\w+)\s*(?:<[^;{}()]*>)?\s*\(", body)) & helpers.keys() - seen
+    return any(waits(helpers[c], helpers, seen | callees) for c in callees)
+
+
 @pytest.mark.parametrize("file", sorted(built_kernels()))
 def test_dependent_kernels_wait_for_their_producers(file):
     source = kernel_source(file)
@@ -50,11 +59,16 @@ def test_dependent_kernels_wait_for_their_producers(file):
     for name, body in kernels(source).items():
         if not is_dependent(name.replace("#", "")):
             continue
-        callees = re.findall(r"\b(\w+)\s*(?:<[^;{}()]*>)?\s*\(", body)
-        assert waits_first(body) or any(waits_first(helpers.get(c, "")) for c in callees), (
-            f"{file}: kernel {name} launches as a dependent but does not call after_producer() first")
+        assert waits(body, helpers), f"{file}: kernel {name} launches as a dependent but does not call after_producer() first"
         checked += 1
     assert checked, f"{file} has no dependent kernels"
+
+
+def test_the_check_follows_helpers_and_can_fail():
+    helpers = {"inner": "{ after_producer(); work(); }", "outer": "{ inner(x); }", "lazy": "{ if (x) return; }"}
+    assert waits("{ outer(a); }", helpers)
+    assert not waits("{ lazy(a); }", helpers)
+    assert not waits("{ if (done) return; after_producer(); }", helpers)
 
 
 def test_every_built_kernel_is_defined():
