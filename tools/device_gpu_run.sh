@@ -86,7 +86,8 @@
 #          PEERS_REPEATS override the cases (hol,clients,subagents,kv) and the repeats (3).
 #          .device/llama.tgz: the llama-cpp-python sdist's vendor/llama.cpp, packed as ../shared/PEERS.md says.
 #
-# Python packages the device image lacks travel as wheels in .whl/ (gguf, fastapi and their needs).
+# Python packages the device image lacks travel as wheels in .whl/ (gguf, fastapi and their needs): made here by
+# tools/device_wheels.sh.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
