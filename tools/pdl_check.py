@@ -3,7 +3,7 @@ without it, on one model in one process: every step's logits must be the same bi
 kernels in the same order; only when each may start changes) and the greedy tokens those of eager
 steps; then the replay time of each, alternating, medians.
 
-    python tools/pdl_check.py --model PATH [--context 512] [--steps 32] [--rows 1] [--json OUT --label NAME]
+    python tools/pdl_check.py --model PATH [--context 512] [--steps 32] [--json OUT --label NAME]
 """
 from __future__ import annotations
 
