@@ -10,7 +10,8 @@
 # longread bench/engine_bench.py prompt reads of 65,536 and 131,072 tokens, 8B shape in Q4_K_M, chunk 2048,
 #          with STRATA_PROMPT_ATTENTION=sm90 and =mma (KINDS, SIZES override) -> $OUT/long_read.json
 # profile  tools/gpu_profile_decode.py: one decode-graph replay of the 8B shape in Q4_K_M (and PROFILE_MODELS) under
-#          ncu, each kernel's time and DRAM bytes against the replay's time -> $OUT/decode_profile.json
+#          ncu, each kernel's time and DRAM bytes against the replay's time -> $OUT/decode_profile.json;
+#          PROFILE_ROWS="1 16 64" profiles batch steps too
 # times    tools/decode_kernel_times.py: each decode kernel's GPU time per launch
 # grammar  tools/gpu_grammar_check.py: constrained decoding (regex, JSON schema) on the GPU
 # grammarcost bench/grammar_bench.py --gpu: the mask per token with the logits on the GPU (masked there: the mask goes to the device)
@@ -213,7 +214,10 @@ for step in "$@"; do
     profile)
       synth_mq
       for m in $MQ ${PROFILE_MODELS:-}; do
-        python3 tools/gpu_profile_decode.py --model $m --json "$OUT/decode_profile.json" 2>&1 | quiet || echo "PROFILE FAILED ($m)"
+        for rows in ${PROFILE_ROWS:-1}; do
+          python3 tools/gpu_profile_decode.py --model $m --rows $rows --json "$OUT/decode_profile.json" 2>&1 | quiet \
+            || echo "PROFILE FAILED ($m, $rows rows)"
+        done
       done ;;
     times)
       python3 tools/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;
