@@ -12,6 +12,11 @@
 # profile  tools/gpu_profile_decode.py: one decode-graph replay of the 8B shape in Q4_K_M (and PROFILE_MODELS) under
 #          ncu, each kernel's time and DRAM bytes against the replay's time -> $OUT/decode_profile.json;
 #          PROFILE_ROWS="1 16 64" profiles batch steps too
+# decode   issue 23's round in one call (about 6 minutes once the 8B file exists): the kernel checks a decode
+#          step's kernels have (weights, norm_rope, attention, fused_q8), the paged batch checks (135M shape),
+#          tools/pdl_check.py on the 8B, 135M and 4-layer MoE shapes (same bits, greedy = eager, replay times),
+#          the 8B step's profile at 1 and 64 rows, bench/engine_bench.py decode at 512 and 32K context, and
+#          aggregate decode at 1, 16, 64 requests; each part under its own time limit
 # times    tools/decode_kernel_times.py: each decode kernel's GPU time per launch
 # grammar  tools/gpu_grammar_check.py: constrained decoding (regex, JSON schema) on the GPU
 # grammarcost bench/grammar_bench.py --gpu: the mask per token with the logits on the GPU (masked there: the mask goes to the device)
@@ -219,6 +224,27 @@ for step in "$@"; do
             || echo "PROFILE FAILED ($m, $rows rows)"
         done
       done ;;
+    decode)
+      synth_mq
+      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf \
+        --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
+      synth_moe_small
+      timeout 200 python3 tools/gpu_kernels_check.py --only weights,norm_rope,attention,fused_q8 --no-speed \
+        --json "$OUT/kernels_decode.json" | grep -v "^ok " || echo "KERNEL CHECKS FAILED OR CUT SHORT"
+      timeout 100 python3 tools/paged_check.py --model $MS --device gpu --json "$OUT/paged_check_gpu.json" 2>&1 | quiet \
+        | tail -6 || echo "PAGED CHECK FAILED"
+      for m in $MQ $MS $MQS; do
+        timeout 90 python3 tools/pdl_check.py --model $m --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1 \
+          || echo "PDL CHECK FAILED ($m)"
+      done
+      for rows in 1 64; do
+        timeout 120 python3 tools/gpu_profile_decode.py --model $MQ --rows $rows --json "$OUT/decode_profile.json" 2>&1 \
+          | head -14 || echo "PROFILE FAILED ($rows rows)"
+      done
+      timeout 90 python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
+        --decode-contexts 512,32768 --label llama3-8b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | grep decode_at
+      timeout 120 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 --repeats 1 \
+        --batches 1,16,64 --label llama3-8b-shape-q4_k_m --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet | tail -4 ;;
     times)
       python3 tools/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;
     grammar)  # constrained decoding through the GPU sampler path (a small synthetic model, graphs on)
