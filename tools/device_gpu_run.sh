@@ -238,8 +238,9 @@ for step in "$@"; do
           || echo "PDL CHECK FAILED ($m)"
       done
       for rows in 1 64; do
-        timeout 120 python3 tools/gpu_profile_decode.py --model $MQ --rows $rows --json "$OUT/decode_profile.json" 2>&1 \
-          | head -14 || echo "PROFILE FAILED ($rows rows)"
+        timeout 120 python3 tools/gpu_profile_decode.py --model $MQ --rows $rows --json "$OUT/decode_profile.json" \
+          > /tmp/profile_$rows.txt 2>&1 || echo "PROFILE FAILED ($rows rows)"
+        head -14 /tmp/profile_$rows.txt
       done
       timeout 90 python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
         --decode-contexts 512,32768 --label llama3-8b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | grep decode_at
