@@ -93,7 +93,7 @@
 #          .device/llama.tgz: the llama-cpp-python sdist's vendor/llama.cpp, packed as ../shared/PEERS.md says.
 #
 # Python packages the device image lacks travel as wheels in .whl/ (gguf, fastapi and their needs): made here by
-# tools/device_wheels.sh.
+# tools/device_setup.sh (with .device/tok.gguf).
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The wheels tools/device_gpu_run.sh installs on the device machine (its image has CuPy, NumPy,
-# tokenizers, jinja2 and httpx, not the server's other needs), for its Python 3.12, into .whl/
-# (git-ignored; the device call carries it: carry [".whl", ".device"]). Run here, where PyPI is reachable.
+# What a device call carries besides the working tree (both git-ignored; carry [".whl", ".device"]), made
+# here, where PyPI is reachable: .whl/, the wheels tools/device_gpu_run.sh installs on the device machine
+# (its image has CuPy, NumPy, tokenizers, jinja2 and httpx, not the server's other needs) for its Python
+# 3.12; .device/tok.gguf, the default model's tokenizer alone, which the synthetic models take.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
@@ -17,3 +18,5 @@ done
 core=$(unzip -p .whl/pydantic-2*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core==//p')
 find .whl -name 'pydantic_core-*' ! -name "pydantic_core-$core-*" -delete
 ls .whl
+mkdir -p .device
+[ -f .device/tok.gguf ] || .venv/bin/python tools/make_synthetic_gguf.py .device/tok.gguf --vocab-only
