@@ -1,9 +1,10 @@
 // Bulk copies from global to shared memory (compute capability 9.0: cp.async.bulk, the copy engine
 // TMA drives, completing on an mbarrier). One thread asks for a whole run of bytes with one
 // instruction; the bytes arrive while the SM does other work, and any number of warps' runs are in
-// flight at once. The quantized matvecs stage their weight rows this way (quant.cu): a lane issuing
-// its own loads keeps a few hundred bytes in flight, a bulk copy a whole row.
-// Elsewhere (no sm_90) staged() is false and the kernels read global memory as before.
+// flight at once, and it may be issued before a kernel waits for its producer. The quantized matvecs
+// stage the rows of small matrices this way (quant.cu, engine.kernels.matvec_stage): a lane issuing its
+// own loads keeps a few hundred bytes in flight, a bulk copy a whole row.
+// Elsewhere (no sm_90) STAGE_BULK is 0 and the kernels read global memory as before.
 #pragma once
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
