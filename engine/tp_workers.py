@@ -242,7 +242,7 @@ class TensorParallelRunner(ModelRunner):
     def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int]):
         self.send("decode", np.asarray(tokens, dtype=np.int64), [np.asarray(t, dtype=np.int32) for t in tables],
                   list(positions))
-        return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv)
+        return super().decode_logits(tokens, tables, positions)
 
     def snapshot_nbytes(self, seq) -> int:
         return super().snapshot_nbytes(seq) * self.world
