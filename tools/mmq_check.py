@@ -75,7 +75,7 @@ def main() -> int:
     from gguf.quants import dequantize
     from make_synthetic_gguf import random_blocks
 
-    from engine.kernels import MATVEC_THREADS, GpuKernels, matvec_rows, matvec_stage
+    from engine.kernels import MATVEC_THREADS, GpuKernels, matvec_rows
     from engine.quantized import BLOCKS, quantize_q8, row_bytes
 
     kernels = GpuKernels(cp)
@@ -127,7 +127,7 @@ def main() -> int:
                 def dp4a():
                     for b0 in range(0, n, 16):
                         nb = min(16, n - b0)
-                        stage = matvec_stage(kind, m, k, nb, data.data.ptr) if kernels.stage else 0
+                        stage = kernels.stage_bytes(kind, data, m, k, nb)
                         kernels.fn[f"matvec_{kind}_n{nb}"]((-(-m // matvec_rows(nb)),), (MATVEC_THREADS,),
                                                             (data, xq[b0 * (k // 32):], y[b0:], np.int32(m), np.int32(k),
                                                              np.int32(m), np.int32(stage)),

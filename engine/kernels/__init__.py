@@ -407,7 +407,7 @@ class GpuKernels:
             else:
                 for b0 in range(0, n, MAX_BATCH_ROWS):
                     nb = min(MAX_BATCH_ROWS, n - b0)
-                    stage = matvec_stage(kind, rows, k, nb, data.data.ptr) if self.stage else 0
+                    stage = self.stage_bytes(kind, data, rows, k, nb)
                     self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(rows, matvec_rows(nb)), (MATVEC_THREADS,),
                                                              (data, xq[b0 * units :], y[b0:, row:], np.int32(rows),
                                                               np.int32(k), np.int32(m), np.int32(stage)),
@@ -415,12 +415,16 @@ class GpuKernels:
             row += rows
         return y[0] if one else y
 
+    def stage_bytes(self, kind: str, data, rows: int, k: int, nb: int) -> int:
+        """The `stage` argument of matvec_<kind>_n<nb> over the (rows, k) blocks `data`: matvec_stage's
+        bytes a warp, 0 with staging off."""
+        return matvec_stage(kind, rows, k, nb, data.data.ptr) if self.stage else 0
+
     def matvec_pair(self, parts, xq, y, k: int) -> None:
         """y (1, ma + mb) fp16 = x @ [A; B]^T for two quantized parts (kinds a MATVEC_PAIRS entry), one launch."""
         (kind_a, wa, ma), (kind_b, wb, mb) = parts
         grid_a, grid_b = blocks(ma, matvec_rows(1))[0], blocks(mb, matvec_rows(1))[0]
-        stage_a, stage_b = ((matvec_stage(kind, rows, k, 1, data.data.ptr) if self.stage else 0)
-                            for kind, data, rows in parts)
+        stage_a, stage_b = (self.stage_bytes(kind, data, rows, k, 1) for kind, data, rows in parts)
         self.fn[f"matvec2_{kind_a}_{kind_b}"]((grid_a + grid_b,), (MATVEC_THREADS,),
                                               (wa, wb, xq, y, np.int32(ma), np.int32(mb), np.int32(k), np.int32(grid_a),
                                                np.int32(stage_a), np.int32(stage_b)),
