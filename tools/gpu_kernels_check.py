@@ -60,6 +60,16 @@ def record(kernel: str, case: str, err: float, tol: float) -> None:
     print(f"{'ok  ' if ok else 'FAIL'} {kernel:14s} {case:44s} rel_err {err:.2e} (tol {tol:.0e})", flush=True)
 
 
+def both_ways(k: GpuKernels, switch: str, run):
+    """run() with the kernels' boolean attribute `switch` (a path they may take) as it is, then off."""
+    on = run()
+    setattr(k, switch, False)
+    try:
+        return on, run()
+    finally:
+        setattr(k, switch, True)
+
+
 def half_normal(*shape, scale=1.0) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(np.float16)
 
@@ -280,10 +290,7 @@ def check_weights(k: GpuKernels) -> None:
                 record("matvec", f"{kind} {rows}x{cols} vs fp16 x", rel_err(got, ref @ x.astype(np.float32)), 2e-2)
             if k.stage:  # rows staged by bulk copies (where they can be) against rows read directly, 1-16 rows of x
                 xs = cp.asarray(half_normal(16, cols))
-                staged = [k.matvec(m, xs[:n]) for n in (1, 3, 16)]
-                k.stage = False
-                direct = [k.matvec(m, xs[:n]) for n in (1, 3, 16)]
-                k.stage = True
+                staged, direct = both_ways(k, "stage", lambda: [k.matvec(m, xs[:n]) for n in (1, 3, 16)])
                 record("matvec", f"{kind} {rows}x{cols} staged = direct", float(not all(
                     cp.array_equal(a, b) for a, b in zip(staged, direct))), 0)
             ids = rng.integers(0, rows, 9)
@@ -304,10 +311,7 @@ def check_weights(k: GpuKernels) -> None:
             m = QuantMatrix(tuple(QuantPart(kind, cp.asarray(raw), len(ref)) for (raw, ref), kind in
                                   zip(pieces, (kind_a, kind_b))), cols)
             x = cp.asarray(half_normal(cols))
-            paired = k.matvec(m, x, np.float16)
-            k.pairs = False
-            apart = k.matvec(m, x, np.float16)
-            k.pairs = True
+            paired, apart = both_ways(k, "pairs", lambda: k.matvec(m, x, np.float16))
             case = f"{kind_a}+{kind_b} {rows_a}+{rows_b}x{cols}"
             record("matvec2", f"{case} = a launch each", float(not cp.array_equal(paired, apart)), 0)
             want = np.concatenate([r for _, r in pieces]) @ quantize_q8(x.get())
