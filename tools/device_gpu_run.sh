@@ -121,6 +121,12 @@ synth_mq() {  # the Llama-3-8B shape in Q4_K_M, made once per machine
   [ -f $MQ ] || python3 tools/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
 }
 
+synth_ms() {  # the SmolLM2-135M shape in Q4_1, made once per machine, with a chat template (whichever step makes it:
+  # .device/tok.gguf may be a vocabulary without one, and the paged checks' engines render chats)
+  [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf \
+    --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
+}
+
 synth_moe_small() {  # a 4-layer Qwen3-MoE shape in Q4_K_M (128 experts, 8 used), made once per machine
   [ -f $MQS ] || python3 tools/make_synthetic_gguf.py $MQS --arch qwen3moe --layers 4 --dim 2048 --ffn 6144 \
     --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --ctx 8192 \
@@ -211,7 +217,7 @@ for step in "$@"; do
       done ;;
     pdl)  # decode graphs with and without programmatic dependent launch: same bits, replay times (issue 23)
       synth_mq
-      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_ms
       synth_moe_small
       for m in $MQ $MS $MQS ${PDL_MODELS:-}; do
         python3 tools/pdl_check.py --model $m --json "$OUT/pdl_check.json" 2>&1 | quiet || echo "PDL CHECK FAILED ($m)"
@@ -226,8 +232,7 @@ for step in "$@"; do
       done ;;
     decode)
       synth_mq
-      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf \
-        --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
+      synth_ms
       synth_moe_small
       timeout 200 python3 tools/gpu_kernels_check.py --only weights,norm_rope,attention,fused_q8 --no-speed \
         --json "$OUT/kernels_decode.json" | grep -v "^ok " || echo "KERNEL CHECKS FAILED OR CUT SHORT"
@@ -261,9 +266,9 @@ for step in "$@"; do
       python3 tools/gpu_families_check.py --tokenizer .device/smol_tok.gguf --json "$OUT/gpu_families.json" 2>&1 | quiet ;;
     synth)
       [ -f $M8 ] || python3 tools/make_synthetic_gguf.py $M8 --preset llama3-8b --type F16 --tokenizer .device/tok.gguf 2>&1 | tail -2
-      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1 ;;
+      synth_ms ;;
     small)
-      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_ms
       python3 bench/engine_bench.py --model $MS --device gpu --chunk 2048 --sizes 2048,8192 --repeats 5 \
         --decode-steps 128 --decode-contexts 512,4096 --profile-depth 6144 --label smollm2-135m-shape-q4_1 \
         --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
@@ -284,9 +289,8 @@ for step in "$@"; do
       [ -f $M70 ] || python3 tools/make_synthetic_gguf.py $M70 --preset llama3-70b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 bench/engine_bench.py --model $M70 --device gpu --chunk 2048 --sizes 4096 --repeats 2 \
         --decode-steps 32 --decode-contexts 512 --label llama3-70b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
-    paged)  # .device/tok.gguf may be a vocabulary without a chat template (tests/fixtures/vocab/): one is given
-      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf \
-        --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
+    paged)
+      synth_ms
       kv=${KV_TYPE:-auto}; tag=${KV_TYPE:+_$KV_TYPE}
       python3 tools/prefill_preempt_test.py --model $MS --device gpu --chunk 256 --prompt-tokens 3000 \
         --engine-args "--kv-type $kv" --json "$OUT/preempt_parity_gpu_135m_paged$tag.json" 2>&1 | quiet || echo "PAGED PARITY FAILED"
@@ -358,7 +362,7 @@ for step in "$@"; do
         --decode-steps 64 --decode-contexts 512,16384 --profile-depth 2048 --label qwen3-30b-a3b-shape-q4_k_m \
         --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
     batch)
-      [ -f $MS ] || python3 tools/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_ms
       python3 bench/batch_decode_bench.py --model $MS --device gpu --context 512 --steps 32 --repeats 3 \
         --label smollm2-135m-shape-q4_1 --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet || echo "BATCH CHECK FAILED"
       for m in "$MQ q4_k_m Q4_K_M" "$M8 f16 F16"; do
