@@ -273,25 +273,15 @@ class HalfCupyOps(ArrayOps):
 
     def mixture(self, h, router, experts, k: int, normalize: bool):
         """Routed on the device (no host round trip, so a decode step stays capturable): a decode
-        row reads only its chosen experts' blocks; a prompt chunk's rows are grouped by expert
-        (engine/kernels/moe.cu). A decode batch goes row by row through the one-row path, so that
-        each row is routed and reduced as it would be alone."""
+        step's rows each read only their chosen experts' blocks, all rows in one launch per kernel,
+        each row computed as it would be alone; a prompt chunk's rows are grouped by expert
+        (engine/kernels/moe.cu)."""
         moe = self.kernels.moe
         if not isinstance(h, Row8):
             chosen, weights = moe.route(h, router, k, normalize)
             return moe.prompt(h, experts, chosen, weights), chosen, weights
-        outs, chosen, weights = [], [], []
-        units = h.q8.shape[0] // h.values.shape[0]
-        for i in range(h.values.shape[0]):
-            row = Row8(h.values[i : i + 1], h.q8[i * units : (i + 1) * units])
-            c, w = moe.route(row.values, router, k, normalize)
-            outs.append(moe.decode(row, experts, c, w))
-            chosen.append(c)
-            weights.append(w)
-        if len(outs) == 1:
-            return outs[0], chosen[0], weights[0]
-        xp = self.xp
-        return xp.concatenate(outs), xp.concatenate(chosen), xp.concatenate(weights)
+        chosen, weights = moe.route(h.values, router, k, normalize, decode=True)
+        return moe.decode(h, experts, chosen, weights), chosen, weights
 
     def logits(self, h, head):
         if isinstance(h, Row8):

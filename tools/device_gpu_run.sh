@@ -17,6 +17,10 @@
 #          tools/pdl_check.py on the 8B, 135M and 4-layer MoE shapes (same bits, greedy = eager, replay times),
 #          the 8B step's profile at 1 and 64 rows, bench/engine_bench.py decode at 512 and 32K context, and
 #          aggregate decode at 1, 16, 64 requests; each part under its own time limit
+# moedecode a MoE decode step's rows in one launch per kernel (issue 23): the moe kernel checks (a batch's rows
+#          equal to each row alone, bit for bit) and times, tools/pdl_check.py and aggregate decode at 1-64 requests
+#          on the 4-layer MoE shape; with .device/base/engine (`git archive REV engine | tar -x -C .device/base`)
+#          the same aggregate decode on that engine, for a before/after in one call
 # times    tools/decode_kernel_times.py: each decode kernel's GPU time per launch
 # grammar  tools/gpu_grammar_check.py: constrained decoding (regex, JSON schema) on the GPU
 # grammarcost bench/grammar_bench.py --gpu: the mask per token with the logits on the GPU (masked there: the mask goes to the device)
@@ -251,6 +255,22 @@ for step in "$@"; do
         --decode-contexts 512,32768 --label llama3-8b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | grep decode_at
       timeout 120 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 --repeats 1 \
         --batches 1,16,64 --label llama3-8b-shape-q4_k_m --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet | tail -4 ;;
+    moedecode)
+      synth_moe_small
+      timeout 240 python3 tools/gpu_kernels_check.py --only moe --json "$OUT/kernels_moe.json" | grep -v "^ok " \
+        || echo "MOE CHECKS FAILED OR CUT SHORT"
+      timeout 90 python3 tools/pdl_check.py --model $MQS --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1 \
+        || echo "PDL CHECK FAILED ($MQS)"
+      moe_batch() {  # DIR TAG: aggregate decode on the 4-layer MoE shape with the engine in DIR
+        (cd $1 && timeout 150 python3 bench/batch_decode_bench.py --model $MQS --device gpu --context 512 --steps 32 \
+          --repeats 3 --batches 1,4,16,64 --label qwen3moe-4layer-q4_k_m$2 --json "$OUT/batch_decode_gpu_moe.json" 2>&1 \
+          | quiet | tail -5) || echo "MOE BATCH FAILED ($2)"
+      }
+      if [ -d .device/base/engine ]; then
+        rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
+          && cp -r .device/base/engine /tmp/base/engine && moe_batch /tmp/base -before
+      fi
+      moe_batch . "" ;;
     times)
       python3 tools/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;
     grammar)  # constrained decoding through the GPU sampler path (a small synthetic model, graphs on)

@@ -345,9 +345,11 @@ def expert_stacks(kind: str, count: int, dim: int, ffn: int):
 
 
 def check_moe(k: GpuKernels) -> None:
-    """The MoE kernels (moe.cu) against engine/moe.py: the router's choices (exactly) and weights; a
-    decode row through its chosen experts (x in 8 bits, twice: before gate/up and before down); a
-    prompt chunk grouped by expert through the tiled GEMMs; per weight type, chunks of odd sizes."""
+    """The MoE kernels (moe.cu) against engine/moe.py: the router's choices (exactly) and weights, by
+    the prompt path's two launches and by a decode step's one; a decode step's rows through their
+    chosen experts (x in 8 bits, twice: before gate/up and before down), all in one launch per kernel,
+    each row equal bit for bit to its decode alone; a prompt chunk grouped by expert through the tiled
+    GEMMs; per weight type, chunks of odd sizes."""
     from engine.moe import route, run_experts
     from engine.quantized import Row8
 
@@ -363,11 +365,20 @@ def check_moe(k: GpuKernels) -> None:
             case = f"{kind} {count}x{ffn}x{dim} top-{used} n={n}"
             record("moe_route", case, float(not np.array_equal(chosen.get(), want_c)), 0)
             record("moe_route", case + " weights", rel_err(weights, want_w), 1e-5)
+            dchosen, dweights = k.moe.route(cp.asarray(h), cp.asarray(router), used, True, decode=True)
+            record("router_route", case, float(not np.array_equal(dchosen.get(), want_c)), 0)
+            record("router_route", case + " weights", rel_err(dweights, want_w), 1e-5)
             want = run_experts(REF, h.astype(np.float32), ref, want_c, want_w)
-            if n == 1:
-                row = Row8(cp.asarray(h), k.quantize_q8(cp.asarray(h[0])))
+            if n <= 37:
+                rows = Row8(cp.asarray(h), k.quantize_q8(cp.asarray(h.reshape(-1))))
                 tol = 2e-3 if kind == "F16" else 3e-2  # x in 8 bits twice: before gate/up, before down
-                record("moe_matvec", case, rel_err(k.moe.decode(row, gpu, chosen, weights), want), tol)
+                out = k.moe.decode(rows, gpu, dchosen, dweights).get()
+                record("moe_decode", case, rel_err(out, want), tol)
+                units = dim // 32
+                alone = [k.moe.decode(Row8(rows.values[t:t + 1], rows.q8[t * units:(t + 1) * units]), gpu,
+                                      dchosen[t:t + 1], dweights[t:t + 1]).get() for t in range(n)]
+                differ = sum(not np.array_equal(out[t], alone[t][0]) for t in range(n))
+                record("moe_decode", case + " rows = alone", float(differ), 0)
             else:
                 record("moe_gemm", case, rel_err(k.moe.prompt(cp.asarray(h), gpu, chosen, weights), want), 5e-3)
 
@@ -443,14 +454,28 @@ def median_ms(fn, repeats: int = 10) -> float:
     return float(np.median(times))
 
 
-def speed(k: GpuKernels) -> dict:
+def speed(k: GpuKernels, only: set[str] | None = None) -> dict:
+    """Times: cuBLAS GEMMs, attention, sampling, MoE layers (with --only, those of the named checks)."""
     out = {}
-    for m_, n_, k_ in [(8192, 8192, 8192), (2048, 6144, 4096), (2048, 28672, 4096), (2048, 4096, 14336)]:
-        a, w = cp.asarray(half_normal(m_, k_)), cp.asarray(half_normal(n_, k_, scale=0.02))
-        ms = median_ms(lambda: a @ w.T)
-        out[f"gemm_{m_}x{n_}x{k_}_tflops"] = round(2 * m_ * n_ * k_ / ms / 1e9, 1)
-    out |= attention_speed(k, KV_BLOCK)
-    out |= attention_speed(k, KV_BLOCK, q8=True)
+    if only is None:
+        for m_, n_, k_ in [(8192, 8192, 8192), (2048, 6144, 4096), (2048, 28672, 4096), (2048, 4096, 14336)]:
+            a, w = cp.asarray(half_normal(m_, k_)), cp.asarray(half_normal(n_, k_, scale=0.02))
+            ms = median_ms(lambda: a @ w.T)
+            out[f"gemm_{m_}x{n_}x{k_}_tflops"] = round(2 * m_ * n_ * k_ / ms / 1e9, 1)
+    if only is None or "attention" in only:
+        out |= attention_speed(k, KV_BLOCK)
+        out |= attention_speed(k, KV_BLOCK, q8=True)
+    if only is None or "sampling" in only:
+        out |= sampling_speed()
+    if only is None or "moe" in only:
+        out |= moe_speed(k)
+    for key, value in out.items():
+        print(f"{key:40s} {value}", flush=True)
+    return out
+
+
+def sampling_speed() -> dict:
+    out = {}
     from engine.draw_graph import DrawGraphs
     from engine.sampler import Sampler, SamplingParams
 
@@ -470,9 +495,6 @@ def speed(k: GpuKernels) -> dict:
             sampler.sample(logits, cp, graphs)
             times.append((time.perf_counter() - t) * 1e3)
         out[f"sample_{name}_vocab128256_device_ms"] = round(float(np.median(times[1:])), 3)  # the first captures
-    out |= moe_speed(k)
-    for key, value in out.items():
-        print(f"{key:40s} {value}", flush=True)
     return out
 
 
@@ -542,11 +564,19 @@ def moe_speed(k: GpuKernels) -> dict:
     out["moe_layer_30b_a3b_q4_k_chunk2048_tflops"] = round(2 * 2048 * used * 3 * ffn * dim / ms / 1e9, 1)
     out["moe_layer_30b_a3b_q4_k_chunk2048_route_ms"] = round(median_ms(lambda: k.moe.route(h, router, used, True)), 3)
     row = Row8(h[:1], k.quantize_q8(h[0]))
-    c1, w1 = k.moe.route(h[:1], router, used, True)
+    c1, w1 = k.moe.route(h[:1], router, used, True, decode=True)
     ms = median_ms(lambda: k.moe.decode(row, gpu, c1, w1), 50)
     out["moe_layer_30b_a3b_q4_k_decode_us"] = round(ms * 1000, 1)
     out["moe_layer_30b_a3b_q4_k_decode_tb_s"] = round(used * 3 * ffn * row_bytes("Q4_K", dim) / ms / 1e9, 2)
-    out["moe_layer_30b_a3b_q4_k_decode_route_us"] = round(median_ms(lambda: k.moe.route(h[:1], router, used, True), 50) * 1000, 1)
+    out["moe_layer_30b_a3b_q4_k_decode_route_us"] = round(
+        median_ms(lambda: k.moe.route(h[:1], router, used, True, decode=True), 50) * 1000, 1)
+    for n in (16, 64):  # a decode batch in one launch per kernel, against its rows one at a time
+        rows = Row8(h[:n], k.quantize_q8(h[:n].reshape(-1)))
+        alone = [Row8(rows.values[t:t + 1], rows.q8[t * dim // 32:(t + 1) * dim // 32]) for t in range(n)]
+        for label, batches in (("", [rows]), ("_one_at_a_time", alone)):  # route and experts, as a step runs them
+            out[f"moe_layer_30b_a3b_q4_k_decode_{n}_rows{label}_us"] = round(median_ms(lambda: [
+                k.moe.decode(b, gpu, *k.moe.route(b.values, router, used, True, decode=True)) for b in batches],
+                5) * 1000, 1)
     return out
 
 
@@ -579,7 +609,7 @@ def main() -> int:
               "prompt_attention": k.prompt_attention, "checks": results,
               "all_ok": all(r["ok"] for r in results)}
     if not a.no_speed:
-        report["speed"] = speed(k)
+        report["speed"] = speed(k, set(a.only.split(",")) if a.only else None)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1) + "\n")
     print(f"{sum(r['ok'] for r in results)}/{len(results)} kernel checks passed", flush=True)

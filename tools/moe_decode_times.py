@@ -57,7 +57,7 @@ def main() -> int:
     h = k.add_rms_norm(x, delta, norm_w, 1e-6, q8=True)
     q = k.rope_store(qkv, table, table, kc, vc, step)
     attn = k.attention(q, kc, vc, step, q8=True)
-    chosen, weights = k.moe.route(h.values, router, USED, True)
+    chosen, weights = k.moe.route(h.values, router, USED, True, decode=True)
     gate_up = cp.asarray(half_normal(USED, 2 * FFN))
     act = k.silu_mul(gate_up, q8=True)
     layer = {
@@ -66,11 +66,11 @@ def main() -> int:
         "Q/K norms + rope_store": lambda: k.rope_store(qkv, table, table, kc, vc, step, (qn, kn, 1e-6)),
         f"decode attention at {a.context}": lambda: k.attention(q, kc, vc, step, q8=True),
         "wo matvec": lambda: k.matvec(wo, attn.values[0], cp.float16, attn.q8),
-        "router_route": lambda: k.moe.route(h.values, router, USED, True),
-        "gate + up (one moe_matvec)": lambda: k.moe.launch("moe_matvec", experts.gate, 2 * USED, (
+        "router_route": lambda: k.moe.route(h.values, router, USED, True, decode=True),
+        "gate + up (one moe_matvec)": lambda: k.moe.launch("moe_matvec", experts.gate, (2 * USED, 1), (
             chosen, np.int32(USED), h.q8, gate_up, np.int32(2 * FFN)), experts.up.data),
         "silu_mul +q8": lambda: k.silu_mul(gate_up, q8=True),
-        "moe_down": lambda: k.moe.launch("moe_down", experts.down, 1, (chosen, np.int32(USED), act.q8, weights,
+        "moe_down": lambda: k.moe.launch("moe_down", experts.down, (1,), (chosen, np.int32(USED), act.q8, weights,
                                                                         cp.empty((1, DIM), dtype=cp.float16))),
         "moe decode (all of the above four)": lambda: k.moe.decode(Row8(h.values, h.q8), experts, chosen, weights),
     }

@@ -8,12 +8,15 @@
 //   moe_route(logits, ids, wts, E, k, norm)   per token: softmax over the E experts, the k most
 //                                        probable (ties to the lower index), rescaled to sum to 1
 //                                        when norm; ids (n, k) int32, wts (n, k) fp32
-//   router_route(...)                    both for a decode row, in one launch
+//   router_route(...)                    both for each row of a decode step, in one launch
 //   moe_matvec_<T>(...)                  a decode step's gate and up: the chosen experts' rows read in
 //                                        their blocks (dp4a against the row in 8 bits, as quant.cu's
-//                                        matvecs), one output row per chosen expert and matrix
-//   moe_down_<T>(...)                    a decode step's down: the chosen experts' outputs summed
-//                                        with their weights in one pass
+//                                        matvecs), one output row per (token, chosen expert, matrix)
+//   moe_down_<T>(...)                    a decode step's down: each token's chosen experts' outputs
+//                                        summed with their weights in one pass
+// A decode step's kernels take all its tokens in one launch (a grid dimension per token); each
+// token's values are computed by the same code in the same order as when it is alone, so a row's
+// output does not depend on the batch beside it.
 //   moe_sort(ids, entries, E, ...)       a prompt chunk: its (token, slot) entries grouped by expert
 //   moe_gemm_<T>(...)                    a prompt chunk: per expert, its entries' rows times its
 //                                        matrix on tensor cores (mma.sync), the blocks decoded into
@@ -109,60 +112,67 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int* __re
     route_token(logits + (size_t)t * experts, ids + t * k, wts + t * k, experts, k, normalize);
 }
 
-// A decode row's router and route in one launch: grid ceil(E / 4), 128 threads; each block writes
-// its experts' logits, and the last block to finish (an atomic counter, zero at rest, reset by it)
-// routes: the same logits and choices as router_logits + moe_route, one graph node fewer.
+// A decode step's router and route in one launch: grid (ceil(E / 4), n), 128 threads; token t's
+// blocks write its experts' logits, and the last of them to finish (an atomic counter per token,
+// zero at rest, reset by it) routes the token: router_logits + moe_route's logits and choices.
 extern "C" __global__ void router_route(const float* __restrict__ w, const __half* __restrict__ x,
                                         float* __restrict__ logits, int* __restrict__ counter, int* __restrict__ ids,
                                         float* __restrict__ wts, int experts, int dim, int k, int normalize) {
     after_producer();
     __shared__ bool last;
-    const int e = blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int e = blockIdx.x * 4 + (threadIdx.x >> 5), t = blockIdx.y;
+    logits += (size_t)t * experts;
     if (e < experts) {
-        const float acc = router_logit(w, x, e, dim);
+        const float acc = router_logit(w, x + (size_t)t * dim, e, dim);
         if ((threadIdx.x & 31) == 0) logits[e] = acc;
     }
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+    if (threadIdx.x == 0) last = atomicAdd(counter + t, 1) == (int)gridDim.x - 1;
     __syncthreads();
     if (!last) return;
-    if (threadIdx.x < 32) route_token(logits, ids, wts, experts, k, normalize);
-    if (threadIdx.x == 0) *counter = 0;
+    if (threadIdx.x < 32) route_token(logits, ids + t * k, wts + t * k, experts, k, normalize);
+    if (threadIdx.x == 0) counter[t] = 0;
 }
 
-// A decode step's gate and up rows: grid (ceil(m / (MV_WARPS * MV_ROWS)), 2 * chosen or chosen);
-// block row b serves chosen expert j = b % chosen of stack w (b < chosen) or w2 (b >= chosen):
-// y[j * y_stride + (b / chosen) * m + r] = W_ids[j] row r . x (x: units, or halves for F16).
+// A decode step's gate and up rows: grid (ceil(m / (MV_WARPS * MV_ROWS)), 2 * chosen or chosen, tokens);
+// block row b of token t serves its chosen expert j = b % chosen of stack w (b < chosen) or w2
+// (b >= chosen): y[(t * chosen + j) * y_stride + (b / chosen) * m + r] = W_ids[t, j] row r . x_t
+// (x: a row of k / 32 units, or k halves for F16, per token).
 template <class T, typename X>
 __device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, const u8* __restrict__ w2, int m, int k,
                                            const int* __restrict__ ids, int chosen, const X* __restrict__ x,
                                            __half* __restrict__ y, int y_stride) {
     const int row0 = warp_row0();
     if (row0 >= m) return;
-    const int j = blockIdx.y % chosen, second = blockIdx.y / chosen;
-    const u8* we = (second ? w2 : w) + (size_t)ids[j] * m * row_bytes<T>(k);
+    const int t = blockIdx.z, j = blockIdx.y % chosen, second = blockIdx.y / chosen;
+    const u8* we = (second ? w2 : w) + (size_t)ids[t * chosen + j] * m * row_bytes<T>(k);
+    const X* xt = x + (size_t)t * (is_f16<T> ? k : k / 32);
     float acc[MV_ROWS] = {};
     if constexpr (is_f16<T>)
-        rows_dot_f16(reinterpret_cast<const __half*>(we), x, row0, m, k, acc);
+        rows_dot_f16(reinterpret_cast<const __half*>(we), xt, row0, m, k, acc);
     else
-        rows_dot_q8<T>(we, x, row0, m, k, acc);
-    reduce_store(acc, y + (size_t)j * y_stride + (size_t)second * m, row0, m);
+        rows_dot_q8<T>(we, xt, row0, m, k, acc);
+    reduce_store(acc, y + (size_t)(t * chosen + j) * y_stride + (size_t)second * m, row0, m);
 }
 
-// A decode step's down rows of all chosen experts, summed with their weights: y[r] = sum over j of
-// wts[j] * (W_ids[j] row r . x_j), x_j the j-th row of x (k values: k / 32 units, or k halves).
-// grid ceil(m / (MV_WARPS * MV_ROWS)). A warp's lanes take the (expert, unit) pairs of its rows in
-// turn, so every chosen expert's blocks are in flight at once (a loop over the experts would wait
-// for each one's loads in turn); the order of the sums is fixed, so the result is too.
+// A decode step's down rows of each token's chosen experts, summed with their weights: grid
+// (ceil(m / (MV_WARPS * MV_ROWS)), tokens); y[t, r] = sum over j of wts[t, j] * (W_ids[t, j] row r .
+// x_{t, j}), x_{t, j} row t * chosen + j of x (k values: k / 32 units, or k halves). A warp's lanes
+// take the (expert, unit) pairs of its rows in turn, so every chosen expert's blocks are in flight
+// at once (a loop over the experts would wait for each one's loads in turn); the order of the sums
+// is fixed, so the result is too.
 template <class T, typename X>
 __device__ __forceinline__ void moe_down(const u8* __restrict__ w, int m, int k, const int* __restrict__ ids,
                                          int chosen, const X* __restrict__ x, const float* __restrict__ wts,
                                          __half* __restrict__ y) {
     const int row0 = warp_row0();
     if (row0 >= m) return;
+    const int t = blockIdx.y;
+    ids += t * chosen, wts += t * chosen, y += (size_t)t * m;
     const size_t rb = row_bytes<T>(k);
     const int units = k / 32;
+    x += (size_t)t * chosen * (is_f16<T> ? k : units);
     float acc[MV_ROWS] = {};
 #pragma unroll 2
     for (int i = threadIdx.x & 31; i < chosen * units; i += 32) {

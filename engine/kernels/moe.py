@@ -24,11 +24,19 @@ class MoeKernels:
 
         self.kernels, self.cp, self.fn = kernels, kernels.cp, kernels.fn
         self.matvec_rows, self.matvec_threads = MATVEC_ROWS, MATVEC_THREADS
-        self.counter = kernels.cp.zeros(1, dtype=kernels.cp.int32)  # router_route's, zero at rest
+        self.counters = [kernels.cp.zeros(1, dtype=kernels.cp.int32)]  # router_route's, one a row, zero at rest
 
-    def route(self, h, router, k: int, normalize: bool):
+    def counter(self, n: int):
+        """router_route's counters for n rows. A larger batch gets a new buffer; the smaller ones stay
+        allocated, since a captured graph may hold them."""
+        if self.counters[-1].size < n:
+            self.counters.append(self.cp.zeros(max(n, 2 * self.counters[-1].size), dtype=self.cp.int32))
+        return self.counters[-1]
+
+    def route(self, h, router, k: int, normalize: bool, decode: bool = False):
         """h: (n, dim) fp16, router: (experts, dim) fp32 -> chosen (n, k) int32 in descending
-        probability and their weights (n, k) fp32, on the device."""
+        probability and their weights (n, k) fp32, on the device. A decode step's rows in one launch
+        (router_route: each row's last block routes it); a prompt chunk's in two."""
         cp = self.cp
         n, dim = h.shape
         experts = router.shape[0]
@@ -38,31 +46,32 @@ class MoeKernels:
         chosen = cp.empty((n, k), dtype=cp.int32)
         weights = cp.empty((n, k), dtype=cp.float32)
         blocks = math.ceil(experts / 4)
-        if n == 1:  # one launch: the last block routes
-            self.fn["router_route"]((blocks,), (128,), (router, h, logits, self.counter, chosen, weights,
-                                                        np.int32(experts), np.int32(dim), np.int32(k), np.int32(normalize)))
+        if decode:
+            self.fn["router_route"]((blocks, n), (128,), (router, h, logits, self.counter(n), chosen, weights,
+                                                          np.int32(experts), np.int32(dim), np.int32(k), np.int32(normalize)))
             return chosen, weights
         self.fn["router_logits"]((blocks, n), (128,), (router, h, logits, np.int32(experts), np.int32(dim)))
         self.fn["moe_route"]((n,), (32,), (logits, chosen, weights, np.int32(experts), np.int32(k), np.int32(normalize)))
         return chosen, weights
 
     def decode(self, h: Row8, experts: Experts, chosen, weights):
-        """One token (h: its normed row with its 8-bit form): gate and up of each chosen expert, SwiGLU,
-        then the down rows of all chosen experts summed with their weights in one kernel. -> (1, dim) fp16.
-        Experts only: the chosen (1, k) come from route, on the device."""
+        """A decode step's n tokens (h: their normed rows with their 8-bit form): gate and up of each
+        token's chosen experts, SwiGLU, then each token's down rows of its chosen experts summed with
+        their weights; each kernel one launch for all the tokens. -> (n, dim) fp16. Experts only: the
+        chosen (n, k) come from route, on the device."""
         cp = self.cp
-        k, ffn = chosen.shape[1], experts.gate.rows
-        gate_up = cp.empty((k, 2 * ffn), dtype=cp.float16)  # a row per chosen expert
+        (n, k), ffn = chosen.shape, experts.gate.rows
+        gate_up = cp.empty((n * k, 2 * ffn), dtype=cp.float16)  # a row per (token, chosen expert)
         gate, up = experts.gate, experts.up
         pairs = [(gate, up, gate_up, 2 * k)] if gate.kind == up.kind else [  # one launch for both
             (gate, gate, gate_up, k), (up, up, gate_up[:, ffn:], k)]
         for stack, second, out, grid_y in pairs:
-            self.launch("moe_matvec", stack, grid_y, (chosen, np.int32(k), self.operand(stack, h), out, np.int32(2 * ffn)),
-                        second.data)
-        act = self.kernels.silu_mul(gate_up, q8=experts.down.kind != "F16")  # (k, ffn)
+            self.launch("moe_matvec", stack, (grid_y, n),
+                        (chosen, np.int32(k), self.operand(stack, h), out, np.int32(2 * ffn)), second.data)
+        act = self.kernels.silu_mul(gate_up, q8=experts.down.kind != "F16")  # (n * k, ffn)
         act = act if isinstance(act, Row8) else Row8(act, None)
-        out = cp.empty((1, experts.down.rows), dtype=cp.float16)
-        self.launch("moe_down", experts.down, 1, (chosen, np.int32(k), self.operand(experts.down, act), weights, out))
+        out = cp.empty((n, experts.down.rows), dtype=cp.float16)
+        self.launch("moe_down", experts.down, (n,), (chosen, np.int32(k), self.operand(experts.down, act), weights, out))
         return out
 
     def operand(self, stack: ExpertStack, x: Row8):
@@ -71,9 +80,10 @@ class MoeKernels:
             return x.values
         return x.q8 if x.q8 is not None else self.kernels.quantize_q8(x.values.reshape(-1))
 
-    def launch(self, family: str, stack: ExpertStack, grid_y: int, args: tuple, *data) -> None:
-        """A decode kernel over a stack's rows: (its blocks, *data, rows, cols, *args)."""
-        self.fn[f"{family}_{stack.kind}"]((math.ceil(stack.rows / self.matvec_rows), grid_y), (self.matvec_threads,),
+    def launch(self, family: str, stack: ExpertStack, grid: tuple, args: tuple, *data) -> None:
+        """A decode kernel over a stack's rows, then the grid's other dimensions: (its blocks, *data,
+        rows, cols, *args)."""
+        self.fn[f"{family}_{stack.kind}"]((math.ceil(stack.rows / self.matvec_rows), *grid), (self.matvec_threads,),
                                           (stack.data, *data, np.int32(stack.rows), np.int32(stack.cols), *args))
 
     def prompt(self, h, experts: Experts, chosen, weights):
