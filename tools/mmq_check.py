@@ -1,12 +1,10 @@
-"""The first attempt at the quantized matvec on the int8 tensor cores (engine/kernels/mmq.cu; the
-engine does not launch it: it measured slower than the dp4a matvec, bench/README.md says why) on
-the GPU: against NumPy
-for every kind the engine keeps quantized (odd shapes, 1-70 rows of x), batch invariance (each row
-of a batch of n equal, bit for bit, to the same row alone), and its time on the Llama-3-8B decode
-shapes at 1, 4, 16 and 64 rows beside the CUDA-core dp4a matvec it replaces (quant.cu matvec_*,
-16 rows a launch), with the weight bytes per second each reaches; then the tile knobs
-(MMQ_PHASES, MMQ_WIDE_MT) timed, each checked to change no bit of a launch's rows against its own
-solo runs.
+"""The quantized matvec on the int8 tensor cores (engine/kernels/mmq.cu) on the GPU: every row it
+gives must equal, bit for bit, the dp4a matvec's row for the same row of x alone (quant.cu
+matvec_<T>_n1: a decode step of one sequence), in fp32 and fp16 output, for every kind the engine
+keeps quantized, odd shapes and 1-70 rows of x; the engine's own dispatch (GpuKernels.matvec, which
+takes mmq.cu from MMQ_FROM rows) likewise; and within 1e-3 of NumPy. Then its time per launch on the
+Llama-3-8B decode shapes at 1-64 rows beside the dp4a kernels it replaces (16 rows a launch), with
+the weight bytes per second each reaches, and the block's warp count (MMQ_WARPS) as a knob.
 
     python tools/mmq_check.py [--json FILE] [--quick]
 
@@ -16,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -29,40 +28,10 @@ from mmv_check import timed  # noqa: E402
 
 SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w_gate_up": (28672, 4096), "w_down": (4096, 14336),
           "head": (128256, 4096)}
-ODD = [(37, 512), (131, 768), (5, 14336), (300, 4096), (17, 96)]
+ODD = [(37, 512), (131, 768), (5, 14336), (300, 4096), (17, 96), (64, 576)]
 ROWS = (1, 2, 3, 8, 9, 17, 33, 64, 70)
-TIMED_ROWS = (1, 4, 16, 64)
-MMQ_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # mmq.cu's n-tiles of 8 rows of x -> weight rows a block (16 MT)
-KNOBS = (("MMQ_PHASES=8 MMQ_WIDE_MT=1", 8, 1), ("MMQ_WIDE_MT=1", 4, 1))
-
-
-class Mmq:
-    """mmq.cu compiled with the given defines, launched as the engine launches its matvecs."""
-
-    def __init__(self, cp, phases: int = 4, wide_mt: int | None = None):
-        from engine.kernels import OPTIONS, kernel_source
-
-        defines = (f"-DMMQ_PHASES={phases}",) + ((f"-DMMQ_WIDE_MT={wide_mt}",) if wide_mt else ())
-        self.cp, self.phases = cp, phases
-        self.module = cp.RawModule(code=kernel_source("mmq.cu"), options=OPTIONS + defines)
-        self.tile_rows = dict(MMQ_TILE_ROWS) | ({4: 16 * wide_mt, 8: 16 * wide_mt} if wide_mt else {})
-
-    def __call__(self, kind: str, data, m: int, k: int, xq, n: int, dtype=np.float32, y=None):
-        """y (n, m) = x (n, k) @ W^T, x as Q8 units (n * k / 32), 64 rows of x a launch."""
-        cp, units = self.cp, k // 32
-        y = cp.empty((n, m), dtype=dtype) if y is None else y
-        suffix = "_f32" if np.dtype(dtype) == np.float32 else ""
-        for b0 in range(0, n, 64):
-            nb = min(64, n - b0)
-            nt = next(t for t in self.tile_rows if 8 * t >= nb)
-            self.module.get_function(f"mmq_{kind}_t{nt}{suffix}")(
-                (-(-m // self.tile_rows[nt]),), (32 * self.phases,),
-                (data, xq[b0 * units:], y[b0:], np.int32(m), np.int32(k), np.int32(m), np.int32(nb)))
-        return y
-
-
-def rel_err(got, want) -> float:
-    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+TIMED_ROWS = (1, 2, 4, 8, 16, 32, 64)
+WARP_KNOBS = (2, 8)  # MMQ_WARPS variants timed beside the default
 
 
 def main() -> int:
@@ -75,15 +44,25 @@ def main() -> int:
     from gguf.quants import dequantize
     from make_synthetic_gguf import random_blocks
 
-    from engine.kernels import MATVEC_THREADS, GpuKernels, matvec_rows
-    from engine.quantized import BLOCKS, quantize_q8, row_bytes
+    from engine.kernels import MATVEC_THREADS, MMQ_FROM, MMQ_THREADS, OPTIONS, GpuKernels, kernel_source, matvec_rows, tiles
+    from engine.kernels import MMQ_TILES
+    from engine.quantized import BLOCKS, QuantMatrix, QuantPart, quantize_q8, row_bytes
 
     kernels = GpuKernels(cp)
-    mmq = Mmq(cp)
     rng = np.random.default_rng(7)
     ok, checks, times, knobs = True, [], {}, {}
 
-    # ---- correctness and batch invariance, every kind
+    def dp4a(kind, data, m, k, xq, n, y, suffix=""):
+        """The matvec kernels as the engine launched them before mmq.cu: 16 rows of x a launch."""
+        for b0 in range(0, n, 16):
+            nb = min(16, n - b0)
+            stage = kernels.stage_bytes(kind, data, m, k, nb)
+            kernels.fn[f"matvec_{kind}_n{nb}{suffix}"](
+                (math.ceil(m / matvec_rows(nb)),), (MATVEC_THREADS,),
+                (data, xq[b0 * (k // 32):], y[b0:], np.int32(m), np.int32(k), np.int32(m), np.int32(stage)),
+                shared_mem=stage * (MATVEC_THREADS // 32))
+
+    # ---- every row equal to the dp4a matvec's row alone; NumPy; the engine's dispatch
     for kind in BLOCKS:
         for rows, cols in ODD:
             if cols % BLOCKS[kind][0]:
@@ -95,19 +74,34 @@ def main() -> int:
             xq = kernels.quantize_q8(cp.asarray(x.reshape(-1)))
             units = cols // 32
             want = np.stack([ref @ quantize_q8(x[b]) for b in range(max(ROWS))])  # (rows of x, rows)
-            alone = np.stack([mmq(kind, data, rows, cols, xq[b * units:], 1).get()[0] for b in range(max(ROWS))])
+            alone = {}
+            for dtype, suffix in ((np.float32, "_f32"), (np.float16, "")):
+                y = cp.empty((max(ROWS), rows), dtype=dtype)
+                for b in range(max(ROWS)):
+                    dp4a(kind, data, rows, cols, xq[b * units:], 1, y[b:], suffix)
+                alone[suffix] = y.get()
+            matrix = QuantMatrix((QuantPart(kind, data, rows),), cols)
             for n in ROWS:
-                got = mmq(kind, data, rows, cols, xq, n).get()
-                err, same = rel_err(got, want[:n]), bool(np.array_equal(got, alone[:n]))
-                half = mmq(kind, data, rows, cols, xq, n, np.float16).get().astype(np.float32)
-                half_ok = bool(np.allclose(half, got, rtol=2e-3, atol=2e-3 * float(np.max(np.abs(got)))))
-                good = err < 1e-3 and same and half_ok
+                same = {}
+                for dtype, suffix in ((np.float32, "_f32"), (np.float16, "")):
+                    y = cp.full((n, rows), np.nan, dtype=dtype)
+                    kernels.mmq(kind, data, rows, cols, xq, y, rows, n, suffix)
+                    got = y.get()
+                    same[suffix or "_f16"] = bool(np.array_equal(got, alone[suffix][:n]))
+                    if suffix:
+                        err = float(np.max(np.abs(got - want[:n])) / max(float(np.max(np.abs(want))), 1e-30))
+                engine = kernels.matvec(matrix, cp.asarray(x[:n]), np.float32, xq[:n * units]).get()
+                engine_same = bool(np.array_equal(engine, alone["_f32"][:n]))
+                good = err < 1e-3 and all(same.values()) and engine_same
                 ok &= good
                 checks.append({"kind": kind, "m": rows, "k": cols, "n": n, "max_rel_err": err,
-                               "batch_invariant": same, "fp16_out_ok": half_ok})
+                               "equal_dp4a_alone_f32": same["_f32"], "equal_dp4a_alone_f16": same["_f16"],
+                               "engine_matvec_equal": engine_same})
                 if not good:
                     print("FAIL", json.dumps(checks[-1]), flush=True)
         print(kind, "checked:", sum(c["kind"] == kind for c in checks), "cases", flush=True)
+    print(f"{sum(1 for c in checks if c['equal_dp4a_alone_f32'] and c['equal_dp4a_alone_f16'])}/{len(checks)} "
+          f"cases equal the dp4a matvec's rows bit for bit (engine dispatch from {MMQ_FROM} rows)", flush=True)
     if a.quick:
         print("ALL PASS" if ok else "FAILED")
         return 0 if ok else 1
@@ -115,55 +109,48 @@ def main() -> int:
     # ---- time per launch on the 8B shapes, beside the dp4a matvec
     for kind in ("Q4_K", "Q6_K", "Q8_0", "Q4_0"):
         for name, (m, k) in SHAPES.items():
+            if kind in ("Q8_0", "Q4_0") and name in ("wqkv", "wo"):
+                continue
             w_bytes = m * row_bytes(kind, k)
             data = cp.asarray(rng.integers(0, 256, (m, row_bytes(kind, k)), dtype=np.uint8) & 0x3F)  # sane scales
-            x = cp.asarray((rng.standard_normal((64, k)) * 0.5).astype(np.float16))
-            xq = kernels.quantize_q8(x.reshape(-1))
+            xq = kernels.quantize_q8(cp.asarray((rng.standard_normal(64 * k) * 0.5).astype(np.float16)))
             row = {}
             for n in TIMED_ROWS:
-                mmq_ms = timed(cp, lambda: mmq(kind, data, m, k, xq, n, np.float16))
                 y = cp.empty((n, m), dtype=cp.float16)
-
-                def dp4a():
-                    for b0 in range(0, n, 16):
-                        nb = min(16, n - b0)
-                        stage = kernels.stage_bytes(kind, data, m, k, nb)
-                        kernels.fn[f"matvec_{kind}_n{nb}"]((-(-m // matvec_rows(nb)),), (MATVEC_THREADS,),
-                                                            (data, xq[b0 * (k // 32):], y[b0:], np.int32(m), np.int32(k),
-                                                             np.int32(m), np.int32(stage)),
-                                                            shared_mem=stage * (MATVEC_THREADS // 32))
-                dp4a_ms = timed(cp, dp4a)
+                mmq_ms = timed(cp, lambda: kernels.mmq(kind, data, m, k, xq, y, m, n))
+                dp4a_ms = timed(cp, lambda: dp4a(kind, data, m, k, xq, n, y))
                 row[n] = {"mmq_us": round(mmq_ms * 1e3, 1), "dp4a_us": round(dp4a_ms * 1e3, 1),
                           "mmq_TBps": round(w_bytes / mmq_ms / 1e9, 2), "dp4a_TBps": round(w_bytes / dp4a_ms / 1e9, 2)}
             times[f"{kind} {name} {m}x{k}"] = row
             print(kind, name, json.dumps(row), flush=True)
 
-    # ---- the tile knobs: time and invariance within each build
+    # ---- MMQ_WARPS: time, and the bits unchanged (the order does not depend on the block)
     m, k = SHAPES["w_gate_up"]
     data = cp.asarray(rng.integers(0, 256, (m, row_bytes("Q4_K", k)), dtype=np.uint8) & 0x3F)
     xq = kernels.quantize_q8(cp.asarray((rng.standard_normal(64 * k) * 0.5).astype(np.float16)))
-    units = k // 32
-    for label, phases, wide_mt in KNOBS:
-        variant = Mmq(cp, phases, wide_mt)
-
-        def launch(n, y, xs=xq):
-            variant("Q4_K", data, m, k, xs, n, y=y)
+    for warps in WARP_KNOBS:
+        module = cp.RawModule(code=kernel_source("mmq.cu"), options=OPTIONS + (f"-DMMQ_WARPS={warps}",))
         row = {}
-        for n in TIMED_ROWS:
-            y = cp.empty((n, m), dtype=cp.float32)
-            launch(n, y)
-            alone = cp.empty((n, m), dtype=cp.float32)
-            for b in range(n):
-                launch(1, alone[b:], xq[b * units:])
-            same = bool(cp.array_equal(y, alone))
+        for n in (16, 32, 64):
+            nt = tiles(min(n, 8 * MMQ_TILES[-1]), MMQ_TILES)
+            fn = module.get_function(f"mmq_Q4_K_t{nt}")
+            y, want = cp.empty((n, m), dtype=cp.float16), cp.empty((n, m), dtype=cp.float16)
+
+            def launch():
+                fn((math.ceil(n / (8 * nt)), math.ceil(m / (16 * warps))), (32 * warps,),
+                   (data, xq, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
+            launch()
+            kernels.mmq("Q4_K", data, m, k, xq, want, m, n)
+            same = bool(cp.array_equal(y, want))
             ok &= same
-            row[n] = {"us": round(timed(cp, lambda: launch(n, y)) * 1e3, 1), "equal_alone": same}
-        knobs[label] = row
-        print("Q4_K w_gate_up", label, json.dumps(row), flush=True)
+            row[n] = {"us": round(timed(cp, launch) * 1e3, 1), "equal_default": same}
+        knobs[f"MMQ_WARPS={warps} (default {MMQ_THREADS // 32})"] = row
+        print("Q4_K w_gate_up", f"MMQ_WARPS={warps}", json.dumps(row), flush=True)
 
     print("ALL PASS" if ok else "FAILED")
     if a.json:
         Path(a.json).write_text(json.dumps({"checks": checks, "times": times, "knobs": knobs, "ok": ok,
+                                            "mmq_from": MMQ_FROM,
                                             "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode()},
                                            indent=1) + "\n")
     return 0 if ok else 1

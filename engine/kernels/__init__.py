@@ -44,6 +44,10 @@ MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_he
 MATVEC_PAIRS = tuple((kind, "Q6_K") for kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"))  # two
 # stacked parts one launch takes against one row of x (matvec2_<A>_<B>: a QKV whose V rows are in Q6_K)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
+MMQ_FROM = 4  # rows of x from which a quantized matvec runs on the int8 tensor cores (mmq.cu: the same bits as
+# matvec_<T>_n<NB>, one launch for any number of rows, each weight tile read once for up to 32 of them)
+MMQ_THREADS, MMQ_ROWS = 128, 64  # an mmq block: MMQ_WARPS warps of 16 weight rows each
+MMQ_TILES = (1, 2, 4)  # n-tiles of 8 rows of x a block takes (mmq_<T>_t<NT>); more rows, more blocks
 MMV_THREADS = 128  # mmv.cu: a block's threads
 MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_t<NT>, up to 64 rows a launch) ->
 # weight rows a block takes (16 mmv_tiles<NT>() in mmv.cu)
@@ -80,6 +84,7 @@ def built_kernels() -> dict[str, tuple[str, ...]]:
                               *(f"flash_decode{kind}_d{d}_g{g}" for kind in ("", "_q8") for d in HEAD_DIMS
                                 for g in range(1, MAX_GROUP + 1))),
              "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in MMV_TILE_ROWS for suffix in ("", "_f32")),
+             "mmq.cu": tuple(f"mmq_{kind}_t{nt}{suffix}" for kind in BLOCKS for nt in MMQ_TILES for suffix in ("", "_f32")),
              "moe.cu": moe.KERNELS}
 
 
@@ -404,6 +409,8 @@ class GpuKernels:
                     self.fn[f"mmv_f16_t{nt}{suffix}"](
                         blocks(rows, MMV_TILE_ROWS[nt]), (MMV_THREADS,),
                         (data, x[b0:], y[b0:, row:], np.int32(rows), np.int32(k), np.int32(m), np.int32(nb)))
+            elif n >= MMQ_FROM:
+                self.mmq(kind, data, rows, k, xq, y[:, row:], m, n, suffix)
             else:
                 for b0 in range(0, n, MAX_BATCH_ROWS):
                     nb = min(MAX_BATCH_ROWS, n - b0)
@@ -414,6 +421,13 @@ class GpuKernels:
                                                              shared_mem=stage * (MATVEC_THREADS // 32))
             row += rows
         return y[0] if one else y
+
+    def mmq(self, kind: str, data, m: int, k: int, xq, y, ldy: int, n: int, suffix: str = "") -> None:
+        """y (n, m; rows ldy apart) = x @ W^T for n rows of x in 8 bits (xq) against an (m, k) matrix of
+        `kind` blocks on the int8 tensor cores, one launch: the bits matvec_<kind>_n<NB> gives each row."""
+        nt = tiles(min(n, 8 * MMQ_TILES[-1]), MMQ_TILES)
+        self.fn[f"mmq_{kind}_t{nt}{suffix}"]((math.ceil(n / (8 * nt)), math.ceil(m / MMQ_ROWS)), (MMQ_THREADS,),
+                                             (data, xq, y, np.int32(m), np.int32(k), np.int32(ldy), np.int32(n)))
 
     def stage_bytes(self, kind: str, data, rows: int, k: int, nb: int) -> int:
         """The `stage` argument of matvec_<kind>_n<nb> over the (rows, k) blocks `data`: matvec_stage's
