@@ -31,7 +31,7 @@ SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w_gate_up": (28672, 4096), 
 ODD = [(37, 512), (131, 768), (5, 14336), (300, 4096), (17, 96), (64, 576)]
 ROWS = (1, 2, 3, 8, 9, 17, 33, 64, 70)
 TIMED_ROWS = (1, 2, 4, 8, 16, 32, 64)
-WARP_KNOBS = (2, 8)  # MMQ_WARPS variants timed beside the default
+WARP_KNOBS = (4, 16)  # MMQ_WARPS variants timed beside the default
 
 
 def main() -> int:
@@ -137,7 +137,7 @@ def main() -> int:
             y, want = cp.empty((n, m), dtype=cp.float16), cp.empty((n, m), dtype=cp.float16)
 
             def launch():
-                fn((math.ceil(n / (8 * nt)), math.ceil(m / (16 * warps))), (32 * warps,),
+                fn((math.ceil(n / (8 * nt)), math.ceil(m / 16)), (32 * warps,),
                    (data, xq, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
             launch()
             kernels.mmq("Q4_K", data, m, k, xq, want, m, n)

@@ -46,7 +46,7 @@ MATVEC_PAIRS = tuple((kind, "Q6_K") for kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1",
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
 MMQ_FROM = 4  # rows of x from which a quantized matvec runs on the int8 tensor cores (mmq.cu: the same bits as
 # matvec_<T>_n<NB>, one launch for any number of rows, each weight tile read once for up to 32 of them)
-MMQ_THREADS, MMQ_ROWS = 128, 64  # an mmq block: MMQ_WARPS warps of 16 weight rows each
+MMQ_THREADS, MMQ_ROWS = 256, 16  # an mmq block: MMQ_WARPS warps sharing 16 weight rows (each a share of the units)
 MMQ_TILES = (1, 2, 4)  # n-tiles of 8 rows of x a block takes (mmq_<T>_t<NT>); more rows, more blocks
 MMV_THREADS = 128  # mmv.cu: a block's threads
 MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_t<NT>, up to 64 rows a launch) ->

@@ -3,7 +3,7 @@
 //   mmq_<T>_t<NT>[_f32](w, xq, y, m, k, ldy, nb)
 //     y (nb, m; rows ldy apart) = x (nb, k) @ W (m, k)^T: W in its GGUF blocks (blocks.cuh), x as
 //     Q8 units (q8.cuh; row b's units start at xq + b * k / 32). Grid (ceil(nb / 8 NT), ceil(m / 16
-//     MMQ_WARPS)): a block takes 8 NT rows of x against 16 weight rows a warp.
+//     16)): a block takes 8 NT rows of x against 16 weight rows.
 //
 // The integers: each unit of 32 values splits into its two halves of 16 (Q6_K's scales change
 // every 16 values); per half, one mma.sync m16n8k16 u8 x s8 -> s32 gives the exact integer dot
@@ -15,13 +15,17 @@
 // The order, the matvec's: there, lane l of a warp adds the values of units l, l + 32, l + 64, ...
 // one after another into its partial (a "chain"), and the warp's xor reduction adds the 32 chains
 // as a binary tree (chain l first with chain l ^ 16, those sums with the ones 8 apart, ...). Here a
-// warp holds a tile of outputs and walks the chains one at a time, each chain's units in order, in
-// the order that makes the tree's leaves adjacent: chain bitrev5(i) for i = 0..31 (0, 16, 8, 24, ...).
-// After chain i, the finished subtrees are merged as a binary counter carries: a subtree of 2^j
-// chains waits in shared memory (level j of a stack) until its sibling arrives. Every addition is
-// the matvec's addition of the same two values (a + b and b + a are the same float), so each output
-// has the matvec's bits; nothing depends on nb, NT or the rows beside it. NumPy reference:
-// dequantize(W) @ quantize_q8(x); the matvec itself (tools/mmq_check.py).
+// block holds a tile of outputs (16 weight rows x 8 NT rows of x) and its MMQ_WARPS warps walk the
+// chains, each chain's units in order, taken in the order that makes the tree's leaves adjacent:
+// chain bitrev5(i) for i = 0..31 (0, 16, 8, 24, ...). Warp w takes chains i = w C .. w C + C - 1
+// (C = 32 / MMQ_WARPS: a whole subtree), merging them as a binary counter carries (a subtree of
+// 2^j chains waits in shared memory, level j of the warp's stack, until its sibling arrives); then
+// warp 0 adds the warps' subtrees pairwise, the tree's top levels. Every addition is the matvec's
+// addition of the same two values (a + b and b + a are the same float), so each output has the
+// matvec's bits; nothing depends on nb, NT, MMQ_WARPS or the rows beside it. The warps of a block
+// share the weight rows (L1) and split the row's units among them, so a block has as many units in
+// flight as the matvec's lanes. NumPy reference: dequantize(W) @ quantize_q8(x); the matvec itself
+// (tools/mmq_check.py).
 //
 // Fragments (PTX's m16n8k16 integer layout), lane (g, c) = (lane / 4, lane % 4): A holds weight
 // rows g and g + 8, bytes 4c..4c+3 of the half (a Pair's lo for half 0, hi for half 1); B holds x's
@@ -30,8 +34,10 @@
 #include "pdl.cuh"
 
 #ifndef MMQ_WARPS
-#define MMQ_WARPS 4  // warps per block, 16 weight rows each (MMQ_THREADS / 32 in engine/kernels/__init__.py)
+#define MMQ_WARPS 8  // warps per block, each a subtree of 32 / MMQ_WARPS chains (MMQ_THREADS / 32 in engine/kernels/__init__.py)
 #endif
+constexpr int kChains = 32 / MMQ_WARPS;   // chains a warp walks
+constexpr int kLevels = __builtin_ctz(kChains);  // levels of a warp's stack of unfinished subtrees
 #ifndef MMQ_PREFETCH
 #define MMQ_PREFETCH 512  // bytes of each weight row a block asks L2 for before it waits for x (pdl.cuh)
 #endif
@@ -60,15 +66,15 @@ __device__ __forceinline__ float unit_value(const Pair& w, const float4& x, int 
 template <class T, int NT, typename Out>
 __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restrict__ xq, Out* __restrict__ y, int m,
                                     int k, int ldy, int nb) {
-    // levels 0..4 of each lane's stack of finished subtrees, per output: [level][warp][output][lane]
-    __shared__ float stack[5][MMQ_WARPS][NT * 4][32];
+    // [warp][level][output][lane]: each warp's unfinished subtrees, then (level 0) its whole subtree
+    __shared__ float stack[MMQ_WARPS][kLevels > 0 ? kLevels : 1][NT * 4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int row0 = (blockIdx.y * MMQ_WARPS + warp) * 16, b0 = blockIdx.x * 8 * NT, units = k >> 5;
+    const int row0 = blockIdx.y * 16, b0 = blockIdx.x * 8 * NT, units = k >> 5;
     const size_t rb = row_bytes<T>(k);
-    if (row0 < m)  // this warp's rows on their way while the kernel before this one finishes
+    if (threadIdx.x < 32 && row0 < m)  // the block's rows on their way while the kernel before this one finishes
         prefetch_rows_l2(w + row0 * rb, rb, min(16, m - row0), min(rb, (size_t)MMQ_PREFETCH), lane, 32);
     after_producer();
-    if (row0 >= m) return;  // no block-wide barrier follows: a warp's stack is its own
+    if (row0 >= m) return;  // the whole block (a block's rows are its grid row's)
     const u8* wr[2];  // this lane's weight rows: g and g + 8
     bool wv[2];
 #pragma unroll
@@ -83,8 +89,8 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
     const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
     float acc[NT][4];
 #pragma unroll 1
-    for (int i = 0; i < 32; ++i) {
-        const int l = __brev(i) >> 27;  // chain l: units l, l + 32, ...
+    for (int i = 0; i < kChains; ++i) {
+        const int l = __brev(warp * kChains + i) >> 27;  // chain l: units l, l + 32, ...
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll 2
@@ -123,12 +129,36 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int o = 0; o < 4; ++o) acc[nt][o] = __fadd_rn(stack[j][warp][nt * 4 + o][lane], acc[nt][o]);
-        if (i == 31) break;  // acc holds the whole tree
+                for (int o = 0; o < 4; ++o) acc[nt][o] = __fadd_rn(stack[warp][j][nt * 4 + o][lane], acc[nt][o]);
+        if (i + 1 < kChains) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int o = 0; o < 4; ++o) stack[warp][j][nt * 4 + o][lane] = acc[nt][o];
+        }
+    }
+    // acc: the warp's subtree. Warp 0 adds the warps' subtrees pairwise, level by level.
+    if (MMQ_WARPS > 1) {
+        __syncthreads();  // every warp's stack reads are done before level 0 is overwritten
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int o = 0; o < 4; ++o) stack[j][warp][nt * 4 + o][lane] = acc[nt][o];
+            for (int o = 0; o < 4; ++o) stack[warp][0][nt * 4 + o][lane] = acc[nt][o];
+        __syncthreads();
+        if (warp != 0) return;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int o = 0; o < 4; ++o) {
+                float v[MMQ_WARPS];
+#pragma unroll
+                for (int u = 0; u < MMQ_WARPS; ++u) v[u] = stack[u][0][nt * 4 + o][lane];
+#pragma unroll
+                for (int len = MMQ_WARPS; len > 1; len >>= 1)
+#pragma unroll
+                    for (int u = 0; u < len / 2; ++u) v[u] = __fadd_rn(v[2 * u], v[2 * u + 1]);
+                acc[nt][o] = v[0];
+            }
     }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
