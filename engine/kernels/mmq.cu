@@ -37,7 +37,8 @@
 #define MMQ_WARPS 8  // warps per block, each a subtree of 32 / MMQ_WARPS chains (MMQ_THREADS / 32 in engine/kernels/__init__.py)
 #endif
 constexpr int kChains = 32 / MMQ_WARPS;   // chains a warp walks
-constexpr int kLevels = __builtin_ctz(kChains);  // levels of a warp's stack of unfinished subtrees
+constexpr int log2_of(int n) { return n > 1 ? 1 + log2_of(n / 2) : 0; }
+constexpr int kLevels = log2_of(kChains);  // levels of a warp's stack of unfinished subtrees
 #ifndef MMQ_PREFETCH
 #define MMQ_PREFETCH 512  // bytes of each weight row a block asks L2 for before it waits for x (pdl.cuh)
 #endif
