@@ -44,9 +44,10 @@ MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_he
 MATVEC_PAIRS = tuple((kind, "Q6_K") for kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"))  # two
 # stacked parts one launch takes against one row of x (matvec2_<A>_<B>: a QKV whose V rows are in Q6_K)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
-MMQ_FROM = 4  # rows of x from which a quantized matvec runs on the int8 tensor cores (mmq.cu: the same bits as
-# matvec_<T>_n<NB>, one launch for any number of rows, each weight tile read once for up to 32 of them)
-MMQ_THREADS, MMQ_ROWS = 256, 16  # an mmq block: MMQ_WARPS warps sharing 16 weight rows (each a share of the units)
+MMQ_FROM = 16  # rows of x from which a quantized matvec runs on the int8 tensor cores (mmq.cu: the same bits as
+# matvec_<T>_n<NB>, one launch for any number of rows, each weight tile read once for up to 32 of them);
+# $STRATA_MMQ_FROM overrides it (a benchmark's way to put both kernels side by side)
+MMQ_THREADS, MMQ_MT = 256, 2  # an mmq block: MMQ_WARPS warps sharing 16 MMQ_MT weight rows (each a share of the units)
 MMQ_TILES = (1, 2, 4)  # n-tiles of 8 rows of x a block takes (mmq_<T>_t<NT>); more rows, more blocks
 MMV_THREADS = 128  # mmv.cu: a block's threads
 MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_t<NT>, up to 64 rows a launch) ->
@@ -70,6 +71,13 @@ def matvec_stage(kind: str, m: int, k: int, nb: int, address: int) -> int:
     per_warp = matvec_rows(nb) // (MATVEC_THREADS // 32) * row_bytes(kind, k)
     fits = per_warp * (MATVEC_THREADS // 32) <= MATVEC_STAGE_MAX and m * row_bytes(kind, k) <= MATVEC_STAGE_MATRIX
     return per_warp if fits and per_warp % 16 == 0 and address % 16 == 0 else 0
+
+
+def mmq_smem_bytes(nt: int, warps: int = MMQ_THREADS // 32, mt: int = MMQ_MT) -> int:
+    """Dynamic shared memory of an mmq_<T>_t<nt> block (mmq_slots in mmq.cu): each warp's stack of
+    unfinished subtrees, a float per output per lane per level."""
+    levels = max(1, (32 // warps).bit_length() - 1)
+    return warps * levels * mt * nt * 4 * 32 * 4
 
 
 def built_kernels() -> dict[str, tuple[str, ...]]:
@@ -175,9 +183,12 @@ class GpuKernels:
         # capability 9.0, unless $STRATA_MATVEC_STAGE is 0)
         self.stage = hopper and os.environ.get("STRATA_MATVEC_STAGE", "1") != "0"
         self.pairs = True  # two stacked quantized parts against one row of x in one launch (matvec2_*)
+        self.mmq_from = int(os.environ.get("STRATA_MMQ_FROM", MMQ_FROM))
         for name, fn in self.fn.items():
             if name.startswith("matvec"):
                 fn.max_dynamic_shared_size_bytes = MATVEC_STAGE_MAX
+            if name.startswith("mmq"):
+                fn.max_dynamic_shared_size_bytes = mmq_smem_bytes(MMQ_TILES[-1])
             if is_dependent(name):
                 self.fn[name] = launch.Kernel(fn, self, fn.kernel.ptr)
         # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
@@ -409,7 +420,7 @@ class GpuKernels:
                     self.fn[f"mmv_f16_t{nt}{suffix}"](
                         blocks(rows, MMV_TILE_ROWS[nt]), (MMV_THREADS,),
                         (data, x[b0:], y[b0:, row:], np.int32(rows), np.int32(k), np.int32(m), np.int32(nb)))
-            elif n >= MMQ_FROM:
+            elif n >= self.mmq_from:
                 self.mmq(kind, data, rows, k, xq, y[:, row:], m, n, suffix)
             else:
                 for b0 in range(0, n, MAX_BATCH_ROWS):
@@ -426,8 +437,9 @@ class GpuKernels:
         """y (n, m; rows ldy apart) = x @ W^T for n rows of x in 8 bits (xq) against an (m, k) matrix of
         `kind` blocks on the int8 tensor cores, one launch: the bits matvec_<kind>_n<NB> gives each row."""
         nt = tiles(min(n, 8 * MMQ_TILES[-1]), MMQ_TILES)
-        self.fn[f"mmq_{kind}_t{nt}{suffix}"]((math.ceil(n / (8 * nt)), math.ceil(m / MMQ_ROWS)), (MMQ_THREADS,),
-                                             (data, xq, y, np.int32(m), np.int32(k), np.int32(ldy), np.int32(n)))
+        self.fn[f"mmq_{kind}_t{nt}{suffix}"]((math.ceil(n / (8 * nt)), math.ceil(m / (16 * MMQ_MT))), (MMQ_THREADS,),
+                                             (data, xq, y, np.int32(m), np.int32(k), np.int32(ldy), np.int32(n)),
+                                             shared_mem=mmq_smem_bytes(nt))
 
     def stage_bytes(self, kind: str, data, rows: int, k: int, nb: int) -> int:
         """The `stage` argument of matvec_<kind>_n<nb> over the (rows, k) blocks `data`: matvec_stage's
