@@ -65,8 +65,8 @@
 #          request's tokens equal to its solo run's (batch invariance), on the 135M shape (Q4_1) and
 #          the Llama-3-8B shape in F16 and Q4_K_M -> $OUT/batch_decode_gpu.json
 # mmv      tools/mmv_check.py: the tensor-core fp16 matvec against NumPy, batch invariance, its time
-# mmq      tools/mmq_check.py: the int8 tensor-core quantized matvec against NumPy, batch invariance, its
-#          time beside the dp4a matvec at 1-64 rows, the tile knobs
+# mmq      tools/mmq_check.py: the int8 tensor-core quantized matvec: every row equal to the dp4a matvec's
+#          row alone (bit for bit), NumPy, its time beside the dp4a kernels at 1-64 rows, the block's knobs
 # batchf16 the batch step on the 8B F16 shape only (batchq: on the Q4_K_M one); BATCHES=1,4,16,64 sets the sizes
 # wide     tools/matvec_wide_times.py: quantized launches of 16 rows with 2, 4, 8 weight rows a warp
 # agent    bench/agent_reuse_bench.py on the 8B shape (Q4_K_M): a 10-turn conversation growing to 16K
