@@ -69,6 +69,16 @@ def shard_weights(cfg: ModelConfig, weights: Weights, rank: int, world: int) -> 
     return replace(weights, layers=layers)
 
 
+def rank_sum(parts: list):
+    """An all-reduce's total: the ranks' partials added in rank order, in fp32 whatever their type (an
+    fp16 partial is rounded once, when the total is cast back, not at every addition), returned in
+    the partials' type. Every group (ThreadGroup, engine/tp_workers.py's ProcessGroup) sums with it."""
+    total = parts[0].astype("float32")  # a copy, even when the parts are fp32 already
+    for p in parts[1:]:
+        total += p
+    return total.astype(parts[0].dtype, copy=False)
+
+
 class ThreadGroup:
     """An all-reduce among `world` threads of one process: each rank hands its partial and gets
     the sum over the ranks, added in rank order (every rank's result is the same array's values)."""
@@ -82,10 +92,7 @@ class ThreadGroup:
     def all_reduce(self, rank: int, part):
         self.parts[rank] = part
         if self.barrier.wait() == 0:  # one thread adds, in rank order
-            total = self.parts[0].copy()
-            for p in self.parts[1:]:
-                total += p
-            self.total = total
+            self.total = rank_sum(self.parts)
         self.barrier.wait()
         total = self.total
         self.barrier.wait()  # nobody starts the next reduction before all have read this one

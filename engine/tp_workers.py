@@ -42,6 +42,7 @@ import numpy as np
 from engine.kv import KVCache, KVSnapshot
 from engine.lifetime import die_with_parent
 from engine.runner import ModelRunner
+from engine.tensor_parallel import rank_sum
 
 
 class WorkerError(RuntimeError):
@@ -84,10 +85,7 @@ class ProcessGroup:
             conn.send(("part", part))
             (total,) = expect(conn, "total", f"rank {self.rank}")
             return total
-        total = part.copy()
-        for conn in self.conns:
-            (other,) = expect(conn, "part", "rank 0")
-            total += other
+        total = rank_sum([part, *(expect(conn, "part", "rank 0")[0] for conn in self.conns)])
         for conn in self.conns:
             conn.send(("total", total))
         return total

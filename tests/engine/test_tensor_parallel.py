@@ -16,7 +16,7 @@ from engine.backend import cpu_backend
 from engine.gguf_model import ModelLoadError, load_model
 from engine.kv import KVCache
 from engine.model import LlamaModel
-from engine.tensor_parallel import TensorParallelModel, shard_config
+from engine.tensor_parallel import TensorParallelModel, rank_sum, shard_config
 from tests.harness import ROOT, remake_fixture_models
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -57,6 +57,18 @@ def test_two_ranks_of_the_families_compute_their_reference(families, family):
     case = FIXTURE[family]["cases"][0]
     _, logits = compare(str(families[family]), 2, case["ids"], steps=len(case["greedy"]))
     np.testing.assert_allclose(logits[case["top_ids"]], case["top_logits"], atol=1e-4, rtol=0)
+
+
+def test_fp16_partials_are_summed_in_fp32_and_rounded_once():
+    """2048 + 1 + 1 in fp16 one addition at a time is 2048 (the spacing there is 2, each 2049 rounds to
+    even); the ranks' total is the fp32 sum rounded once: 2050, in the partials' type."""
+    parts = [np.full(3, v, dtype=np.float16) for v in (2048.0, 1.0, 1.0)]
+    total = rank_sum(parts)
+    assert total.dtype == np.float16
+    assert total.tolist() == [2050.0] * 3
+    assert parts[0].tolist() == [2048.0] * 3  # the partials are left as they were
+    wide = [np.arange(4, dtype=np.float32) * (r + 1) for r in range(3)]
+    assert rank_sum(wide).tolist() == ((wide[0] + wide[1]) + wide[2]).tolist()  # fp32: rank order, as before
 
 
 def test_a_split_that_does_not_divide_is_refused(model_path):
