@@ -39,7 +39,7 @@ MATVEC_STAGE_MAX = 64 * 1024  # shared memory a matvec block may stage its weigh
 MATVEC_STAGE_MATRIX = 4 << 20  # matrices of at most these bytes are staged: their launch is mostly waiting,
 # and the bulk copies start before the kernel before them ends; larger ones were slower staged (a warp
 # waits for its whole row, then computes with nothing of its own in flight: bench/README.md)
-COUNTER_SEQUENCES = 64  # sequences a flash-decoding launch may hold (MAX_BATCH in engine/runner.py)
+COUNTER_SEQUENCES = 64  # sequences a flash-decoding or MoE routing launch may hold (MAX_BATCH in engine/runner.py)
 MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
 MATVEC_PAIRS = tuple((kind, "Q6_K") for kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"))  # two
 # stacked parts one launch takes against one row of x (matvec2_<A>_<B>: a QKV whose V rows are in Q6_K)
@@ -75,8 +75,8 @@ def matvec_stage(kind: str, m: int, k: int, nb: int, address: int) -> int:
 
 
 def mmq_smem_bytes(nt: int, warps: int = MMQ_THREADS // 32, mt: int = MMQ_MT) -> int:
-    """Dynamic shared memory of an mmq_<T>_t<nt> block (mmq_slots in mmq.cu): each warp's stack of
-    unfinished subtrees, a float per output per lane per level."""
+    """Dynamic shared memory of an mmq_<T>_t<nt> block (mmq.cu's stack_mem): each warp's stack of
+    unfinished subtrees, a float per output per lane per level (at least one level: the warp's subtree)."""
     levels = max(1, (32 // warps).bit_length() - 1)
     return warps * levels * mt * nt * 4 * 32 * 4
 

@@ -3,8 +3,9 @@
 //   mmq_<T>_t<NT>[_f32](w, xq, y, m, k, ldy, nb)
 //     y (nb, m; rows ldy apart) = x (nb, k) @ W (m, k)^T: W in its GGUF blocks (blocks.cuh), x as
 //     Q8 units (q8.cuh; row b's units start at xq + b * k / 32). Grid (ceil(nb / 8 NT), ceil(m / 16
-//     MMQ_MT)), MMQ_WARPS * 32 threads, mmq_slots(NT) floats of dynamic shared memory: a block takes
-//     8 NT rows of x against 16 MMQ_MT weight rows.
+//     MMQ_MT)), MMQ_WARPS * 32 threads, the warps' stacks in dynamic shared memory (a float per
+//     output, lane and level: mmq_smem_bytes in engine/kernels/__init__.py): a block takes 8 NT rows
+//     of x against 16 MMQ_MT weight rows.
 //
 // The integers: each unit of 32 values splits into its two halves of 16 (Q6_K's scales change
 // every 16 values); per half, one mma.sync m16n8k16 u8 x s8 -> s32 gives the exact integer dot
@@ -71,9 +72,6 @@ __device__ __forceinline__ float unit_value(const Pair& w, const float4& x, int 
     const float off = __fmaf_rn(w.m[1], x.z, __fmul_rn(w.m[0], x.y));
     return __fmaf_rn(x.x, dot, off);
 }
-
-// Shared memory a block's stack takes (the launcher's shared_mem: mmq_smem_bytes in engine/kernels/__init__.py).
-constexpr int mmq_slots(int nt) { return MMQ_WARPS * (kLevels > 0 ? kLevels : 1) * MMQ_MT * nt * 4 * 32; }
 
 template <class T, int NT, typename Out>
 __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restrict__ xq, Out* __restrict__ y, int m,

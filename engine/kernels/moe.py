@@ -20,18 +20,13 @@ KERNELS = ("router_logits", "moe_route", "router_route", "moe_sort", "moe_combin
 
 class MoeKernels:
     def __init__(self, kernels):
-        from engine.kernels import MATVEC_ROWS, MATVEC_THREADS  # the package's, initialized by now
+        from engine.kernels import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS  # the package's, initialized by now
 
         self.kernels, self.cp, self.fn = kernels, kernels.cp, kernels.fn
         self.matvec_rows, self.matvec_threads = MATVEC_ROWS, MATVEC_THREADS
-        self.counters = [kernels.cp.zeros(1, dtype=kernels.cp.int32)]  # router_route's, one a row, zero at rest
-
-    def counter(self, n: int):
-        """router_route's counters for n rows. A larger batch gets a new buffer; the smaller ones stay
-        allocated, since a captured graph may hold them."""
-        if self.counters[-1].size < n:
-            self.counters.append(self.cp.zeros(max(n, 2 * self.counters[-1].size), dtype=self.cp.int32))
-        return self.counters[-1]
+        # router_route's block counters, one a row of a decode step, zero at rest; made here with the
+        # default allocator (never in a graphs' pool): every captured graph keeps their address
+        self.counters = kernels.cp.zeros(COUNTER_SEQUENCES, dtype=kernels.cp.int32)
 
     def route(self, h, router, k: int, normalize: bool, decode: bool = False):
         """h: (n, dim) fp16, router: (experts, dim) fp32 -> chosen (n, k) int32 in descending
@@ -47,7 +42,9 @@ class MoeKernels:
         weights = cp.empty((n, k), dtype=cp.float32)
         blocks = math.ceil(experts / 4)
         if decode:
-            self.fn["router_route"]((blocks, n), (128,), (router, h, logits, self.counter(n), chosen, weights,
+            if n > self.counters.size:
+                raise ValueError(f"a decode step of {n} rows: router_route counts at most {self.counters.size}")
+            self.fn["router_route"]((blocks, n), (128,), (router, h, logits, self.counters, chosen, weights,
                                                           np.int32(experts), np.int32(dim), np.int32(k), np.int32(normalize)))
             return chosen, weights
         self.fn["router_logits"]((blocks, n), (128,), (router, h, logits, np.int32(experts), np.int32(dim)))
