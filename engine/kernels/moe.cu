@@ -14,14 +14,15 @@
 //                                        matvecs), one output row per (token, chosen expert, matrix)
 //   moe_down_<T>(...)                    a decode step's down: each token's chosen experts' outputs
 //                                        summed with their weights in one pass
-// A decode step's kernels take all its tokens in one launch (a grid dimension per token); each
-// token's values are computed by the same code in the same order as when it is alone, so a row's
-// output does not depend on the batch beside it.
 //   moe_sort(ids, entries, E, ...)       a prompt chunk: its (token, slot) entries grouped by expert
 //   moe_gemm_<T>(...)                    a prompt chunk: per expert, its entries' rows times its
 //                                        matrix on tensor cores (mma.sync), the blocks decoded into
 //                                        shared memory tile by tile (no fp16 copy of the experts)
 //   moe_combine(y, inv, wts, out, ...)   out[t] = sum_j wts[t, j] * y[entry (t, j)'s row]
+//
+// A decode step's kernels take all its tokens in one launch (a grid dimension per token); each
+// token's values are computed by the same code in the same order as when it is alone, so a row's
+// output does not depend on the batch beside it.
 #include "blocks.cuh"
 #include "matvec.cuh"
 #include "mma.cuh"
