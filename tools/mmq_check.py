@@ -1,7 +1,7 @@
 """The quantized matvec on the int8 tensor cores (engine/kernels/mmq.cu) on the GPU: every row it
 gives must equal, bit for bit, the dp4a matvec's row for the same row of x alone (quant.cu
 matvec_<T>_n1: a decode step of one sequence), in fp32 and fp16 output, for every kind the engine
-keeps quantized, odd shapes and 1-70 rows of x; the engine's own dispatch (GpuKernels.matvec, which
+keeps quantized, odd shapes and 1-256 rows of x; the engine's own dispatch (GpuKernels.matvec, which
 takes mmq.cu from MMQ_FROM rows) likewise; and within 1e-3 of NumPy. Then its time per launch on the
 Llama-3-8B decode shapes at 1-64 rows beside the dp4a kernels it replaces (16 rows a launch), with
 the weight bytes per second each reaches, and the block's shape (MMQ_WARPS, MMQ_MT, MMQ_UNROLL) as knobs.
@@ -29,7 +29,7 @@ from mmv_check import timed  # noqa: E402
 SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w_gate_up": (28672, 4096), "w_down": (4096, 14336),
           "head": (128256, 4096)}
 ODD = [(37, 512), (131, 768), (5, 14336), (300, 4096), (17, 96), (64, 576)]
-ROWS = (1, 2, 3, 8, 9, 17, 33, 64, 70)
+ROWS = (1, 2, 3, 8, 9, 17, 33, 48, 64, 70, 129, 256)
 TIMED_ROWS = (1, 4, 8, 16, 32, 64)
 KNOBS = ((8, 1, 2), (8, 4, 2), (8, 2, 4), (4, 2, 2), (16, 2, 2))  # (MMQ_WARPS, MMQ_MT, MMQ_UNROLL) timed beside the default
 
