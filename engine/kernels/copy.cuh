@@ -1,5 +1,5 @@
 // Shared-memory addresses and asynchronous global -> shared copies (cp.async), for the kernels that
-// stage tiles: mma.cuh's users and attention_sm90.cu. No CUDA header (the sm_90a build has none).
+// stage tiles: mma.cuh's users, stage.cuh and attention_sm90.cu. No CUDA header (the sm_90a build has none).
 #pragma once
 
 using uint32_t = unsigned int;  // NVRTC has no <stdint.h>

@@ -6,16 +6,13 @@
 // own loads keeps a few hundred bytes in flight, a bulk copy a whole row.
 // Elsewhere (no sm_90) STAGE_BULK is 0 and the kernels read global memory as before.
 #pragma once
+#include "copy.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define STAGE_BULK 1
 #else
 #define STAGE_BULK 0
 #endif
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 
 // Thread-alone: arms `bar` (one arrival, `bytes` of transactions) and copies bytes from src to dst,
 // both 16-byte aligned, bytes a multiple of 16 (below 1 MiB: an mbarrier's transaction count).
