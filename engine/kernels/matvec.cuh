@@ -17,8 +17,8 @@
 #endif
 constexpr int kMvUnroll = MV_UNROLL;
 
-__device__ __forceinline__ void store(float* y, int i, float v) { y[i] = v; }
-__device__ __forceinline__ void store(__half* y, int i, float v) { y[i] = __float2half(v); }
+__device__ __forceinline__ void store(float* y, size_t i, float v) { y[i] = v; }
+__device__ __forceinline__ void store(__half* y, size_t i, float v) { y[i] = __float2half(v); }
 
 // The first row this warp owns (R rows a warp) in the block-th block of a matrix's grid.
 template <int R = MV_ROWS>
@@ -117,6 +117,17 @@ __device__ __forceinline__ void reduce_store_batch(BatchAcc<NB, R>& acc, Out* y,
         }
 }
 
+// One unit's value for (weight row, x row) from its halves' integer dot products s0, s1 (exact floats):
+//   dx * (d0 s0 + d1 s1) + (m0 sx0 + m1 sx1)
+// w: the unit's affine pairs (a Raw or a Pair), x: x's unit {d, sx0, sx1, pad}. Each step is rounded
+// as written: the batch kernels below and mmq.cu (the same sums on the tensor cores) must agree bit for bit.
+template <class U>
+__device__ __forceinline__ float unit_value(const U& w, const float4& x, float s0, float s1) {
+    const float dot = __fmaf_rn(w.d[1], s1, __fmul_rn(w.d[0], s0));
+    const float off = __fmaf_rn(w.m[1], x.z, __fmul_rn(w.m[0], x.y));
+    return __fmaf_rn(x.x, dot, off);
+}
+
 // Rows row0 .. row0 + R of W (blocks of type T) . x_b for NB rows x_b in 8 bits: each weight
 // unit is decoded once and serves every row of the batch.
 template <class T, int NB, int R>
@@ -142,10 +153,7 @@ __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, cons
                 int s0 = 0, s1 = 0;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) s0 = dp4a(u[r].w[i], xw[i], s0), s1 = dp4a(u[r].w[4 + i], xw[4 + i], s1);
-                // d * (d0 s0 + d1 s1) + m0 s_0 + m1 s_1, each step rounded as written
-                const float dot = __fmaf_rn(u[r].d[1], (float)s1, __fmul_rn(u[r].d[0], (float)s0));
-                const float off = __fmaf_rn(u[r].m[1], ds.z, __fmul_rn(u[r].m[0], ds.y));
-                acc[b][r] = __fadd_rn(acc[b][r], __fmaf_rn(ds.x, dot, off));
+                acc[b][r] = __fadd_rn(acc[b][r], unit_value(u[r], ds, (float)s0, (float)s1));
             }
         }
     }

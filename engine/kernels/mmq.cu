@@ -11,7 +11,7 @@
 // every 16 values); per half, one mma.sync m16n8k16 u8 x s8 -> s32 gives the exact integer dot
 // products of 16 weight rows' unsigned bytes with 8 rows of x's int8 quants: the very integers the
 // matvec's dp4a chains make. Each (weight row, x row) pair's two integers become the unit's value in
-// floats by the matvec's own rounded steps (matvec.cuh rows_dot_q8_batch):
+// floats by the matvec's own rounded steps (matvec.cuh unit_value):
 //   dx * (d0 s0 + d1 s1) + (m0 sx0 + m1 sx1)
 //
 // The order, the matvec's: there, lane l of a warp adds the values of units l, l + 32, l + 64, ...
@@ -33,6 +33,7 @@
 // rows g and g + 8, bytes 4c..4c+3 of the half (a Pair's lo for half 0, hi for half 1); B holds x's
 // row g, the same bytes; the output holds rows g and g + 8 for x's rows 2c, 2c + 1.
 #include "blocks.cuh"
+#include "matvec.cuh"
 #include "pdl.cuh"
 
 #ifndef MMQ_WARPS
@@ -59,19 +60,9 @@ __device__ __forceinline__ void mma_u8s8(int* c, unsigned a0, unsigned a1, unsig
         : "r"(a0), "r"(a1), "r"(b));
 }
 
-__device__ __forceinline__ void put(float* y, size_t i, float v) { y[i] = v; }
-__device__ __forceinline__ void put(__half* y, size_t i, float v) { y[i] = __float2half(v); }
-
 // An integer of magnitude below 2^22 as the exact float, by an integer add and a float subtract
 // (both full rate; the conversion instruction is not): 0x4B400000 is 1.5 * 2^23.
 __device__ __forceinline__ float exact_float(int s) { return __int_as_float(0x4B400000 + s) - 12582912.f; }
-
-// One unit's value for output (weight row, x row), rounded as matvec.cuh's batch kernel rounds it.
-__device__ __forceinline__ float unit_value(const Pair& w, const float4& x, int s0, int s1) {
-    const float dot = __fmaf_rn(w.d[1], exact_float(s1), __fmul_rn(w.d[0], exact_float(s0)));
-    const float off = __fmaf_rn(w.m[1], x.z, __fmul_rn(w.m[0], x.y));
-    return __fmaf_rn(x.x, dot, off);
-}
 
 template <class T, int NT, typename Out>
 __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restrict__ xq, Out* __restrict__ y, int m,
@@ -141,7 +132,8 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
 #pragma unroll
                     for (int o = 0; o < 4; ++o)  // (row g, x rows 2c, 2c + 1), (row g + 8, the same)
                         acc[mt][nt][o] = __fadd_rn(acc[mt][nt][o],
-                                                   unit_value(a[mt][o >> 1], o & 1 ? x1 : x0, s0[o], s1[o]));
+                                                   unit_value(a[mt][o >> 1], o & 1 ? x1 : x0,
+                                                              exact_float(s0[o]), exact_float(s1[o])));
                 }
             }
         }
@@ -183,7 +175,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
 #pragma unroll
             for (int o = 0; o < 4; ++o) {
                 const int row = row0 + 16 * mt + g + 8 * (o >> 1), col = b0 + 8 * nt + 2 * c + (o & 1);
-                if (row < m && col < nb) put(y, (size_t)col * ldy + row, acc[mt][nt][o]);
+                if (row < m && col < nb) store(y, (size_t)col * ldy + row, acc[mt][nt][o]);
             }
 }
 
