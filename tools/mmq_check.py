@@ -44,7 +44,7 @@ def main() -> int:
     from gguf.quants import dequantize
     from make_synthetic_gguf import random_blocks
 
-    from engine.kernels import MATVEC_THREADS, OPTIONS, GpuKernels, kernel_source, matvec_rows, tiles
+    from engine.kernels import OPTIONS, GpuKernels, kernel_source, tiles
     from engine.kernels import MMQ_TILES, mmq_smem_bytes
     from engine.quantized import BLOCKS, QuantMatrix, QuantPart, quantize_q8, row_bytes
 
@@ -52,15 +52,8 @@ def main() -> int:
     rng = np.random.default_rng(7)
     ok, checks, times, knobs = True, [], {}, {}
 
-    def dp4a(kind, data, m, k, xq, n, y, suffix=""):
-        """The matvec kernels as the engine launched them before mmq.cu: 16 rows of x a launch."""
-        for b0 in range(0, n, 16):
-            nb = min(16, n - b0)
-            stage = kernels.stage_bytes(kind, data, m, k, nb)
-            kernels.fn[f"matvec_{kind}_n{nb}{suffix}"](
-                (math.ceil(m / matvec_rows(nb)),), (MATVEC_THREADS,),
-                (data, xq[b0 * (k // 32):], y[b0:], np.int32(m), np.int32(k), np.int32(m), np.int32(stage)),
-                shared_mem=stage * (MATVEC_THREADS // 32))
+    def dp4a(kind, data, m, k, xq, n, y, suffix=""):  # the kernels the engine takes below MMQ_FROM rows
+        kernels.matvec_dp4a(kind, data, m, k, xq, y, m, n, suffix)
 
     # ---- every row equal to the dp4a matvec's row alone; NumPy; the engine's dispatch
     for kind in BLOCKS:

@@ -412,7 +412,7 @@ class GpuKernels:
         if n == 1 and suffix == "" and self.pairs and tuple(kind for kind, _, _ in parts) in MATVEC_PAIRS:
             self.matvec_pair(parts, xq, y, k)
             return y[0] if one else y
-        units, row = k // UNIT, 0
+        row = 0
         for kind, data, rows in parts:
             if kind == "F16":  # tensor cores (mmv.cu), up to 64 rows of x a launch
                 for b0 in range(0, n, 8 * max(MMV_TILE_ROWS)):
@@ -424,15 +424,21 @@ class GpuKernels:
             elif n >= self.mmq_from:
                 self.mmq(kind, data, rows, k, xq, y[:, row:], m, n, suffix)
             else:
-                for b0 in range(0, n, MAX_BATCH_ROWS):
-                    nb = min(MAX_BATCH_ROWS, n - b0)
-                    stage = self.stage_bytes(kind, data, rows, k, nb)
-                    self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(rows, matvec_rows(nb)), (MATVEC_THREADS,),
-                                                             (data, xq[b0 * units :], y[b0:, row:], np.int32(rows),
-                                                              np.int32(k), np.int32(m), np.int32(stage)),
-                                                             shared_mem=stage * (MATVEC_THREADS // 32))
+                self.matvec_dp4a(kind, data, rows, k, xq, y[:, row:], m, n, suffix)
             row += rows
         return y[0] if one else y
+
+    def matvec_dp4a(self, kind: str, data, m: int, k: int, xq, y, ldy: int, n: int, suffix: str = "") -> None:
+        """y (n, m; rows ldy apart) = x @ W^T for n rows of x in 8 bits (xq) against an (m, k) matrix of
+        `kind` blocks by the CUDA-core dp4a kernels, MAX_BATCH_ROWS rows of x a launch."""
+        units = k // UNIT
+        for b0 in range(0, n, MAX_BATCH_ROWS):
+            nb = min(MAX_BATCH_ROWS, n - b0)
+            stage = self.stage_bytes(kind, data, m, k, nb)
+            self.fn[f"matvec_{kind}_n{nb}{suffix}"](blocks(m, matvec_rows(nb)), (MATVEC_THREADS,),
+                                                     (data, xq[b0 * units :], y[b0:], np.int32(m), np.int32(k),
+                                                      np.int32(ldy), np.int32(stage)),
+                                                     shared_mem=stage * (MATVEC_THREADS // 32))
 
     def mmq(self, kind: str, data, m: int, k: int, xq, y, ldy: int, n: int, suffix: str = "") -> None:
         """y (n, m; rows ldy apart) = x @ W^T for n rows of x in 8 bits (xq) against an (m, k) matrix of
