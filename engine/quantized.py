@@ -99,11 +99,17 @@ def concat_rows(matrices: list[QuantMatrix]) -> QuantMatrix:
 
 @dataclass(frozen=True)
 class Row8:
-    """One activation row (1, k) fp16 with its 8-bit form (k / 32 Q8 units, kernels/q8.cuh): a
-    decode step's quantized matvecs read the latter, written by the kernel that produced the row."""
+    """A decode step's activation rows (n, k) fp16 with their 8-bit form (n k / 32 Q8 units, row by
+    row, kernels/q8.cuh): the step's quantized matvecs read the latter, written by the kernel that
+    produced the rows."""
 
     values: object
     q8: object
+
+    def row(self, i: int) -> "Row8":
+        """Row i alone: its values and its units (views)."""
+        units = self.q8.shape[0] // self.values.shape[0]
+        return Row8(self.values[i : i + 1], self.q8[i * units : (i + 1) * units])
 
 
 @dataclass(frozen=True)

@@ -374,9 +374,7 @@ def check_moe(k: GpuKernels) -> None:
                 tol = 2e-3 if kind == "F16" else 3e-2  # x in 8 bits twice: before gate/up, before down
                 out = k.moe.decode(rows, gpu, dchosen, dweights).get()
                 record("moe_decode", case, rel_err(out, want), tol)
-                units = dim // 32
-                alone = [k.moe.decode(Row8(rows.values[t:t + 1], rows.q8[t * units:(t + 1) * units]), gpu,
-                                      dchosen[t:t + 1], dweights[t:t + 1]).get() for t in range(n)]
+                alone = [k.moe.decode(rows.row(t), gpu, dchosen[t:t + 1], dweights[t:t + 1]).get() for t in range(n)]
                 differ = sum(not np.array_equal(out[t], alone[t][0]) for t in range(n))
                 record("moe_decode", case + " rows = alone", float(differ), 0)
             else:
@@ -572,7 +570,7 @@ def moe_speed(k: GpuKernels) -> dict:
         median_ms(lambda: k.moe.route(h[:1], router, used, True, decode=True), 50) * 1000, 1)
     for n in (16, 64):  # a decode batch in one launch per kernel, against its rows one at a time
         rows = Row8(h[:n], k.quantize_q8(h[:n].reshape(-1)))
-        alone = [Row8(rows.values[t:t + 1], rows.q8[t * dim // 32:(t + 1) * dim // 32]) for t in range(n)]
+        alone = [rows.row(t) for t in range(n)]
         for label, batches in (("", [rows]), ("_one_at_a_time", alone)):  # route and experts, as a step runs them
             out[f"moe_layer_30b_a3b_q4_k_decode_{n}_rows{label}_us"] = round(median_ms(lambda: [
                 k.moe.decode(b, gpu, *k.moe.route(b.values, router, used, True, decode=True)) for b in batches],

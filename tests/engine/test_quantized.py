@@ -14,7 +14,8 @@ from gguf.quants import dequantize
 
 from engine.backend import cpu_backend
 from engine.gguf_model import TensorRows, WeightLoader, read_config
-from engine.quantized import QuantMatrix, row_bytes, stack_rows
+from engine.kernels import Q8_BYTES
+from engine.quantized import QuantMatrix, Row8, row_bytes, stack_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -128,3 +129,11 @@ def test_kernel_sources_carry_their_headers():
     assert source.count("struct Raw {") == 1 and source.count("void mma_16x8x16(") == 1
     body = (KERNEL_DIR / "matvec.cuh").read_text().rsplit('#include "', 1)[1].split("\n", 1)[1].strip()  # after its includes
     assert body in kernel_source("quant.cu") and body in source
+
+
+def test_a_row_of_a_decode_steps_rows_is_that_row_and_its_units():
+    values = np.random.default_rng(3).standard_normal((3, 64)).astype(np.float16)
+    units = np.arange(3 * 2 * Q8_BYTES, dtype=np.uint32).reshape(6, Q8_BYTES)  # two 48-byte units a row, row by row
+    row = Row8(values, units).row(1)
+    np.testing.assert_array_equal(row.values, values[1:2])
+    np.testing.assert_array_equal(row.q8, units[2:4])
