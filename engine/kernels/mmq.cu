@@ -42,6 +42,7 @@
 constexpr int kChains = 32 / MMQ_WARPS;   // chains a warp walks
 constexpr int log2_of(int n) { return n > 1 ? 1 + log2_of(n / 2) : 0; }
 constexpr int kLevels = log2_of(kChains);  // levels of a warp's stack of unfinished subtrees
+constexpr int kSlots = kLevels > 0 ? kLevels : 1;  // levels it has room for (level 0 also takes its whole subtree)
 #ifndef MMQ_MT
 #define MMQ_MT 2  // 16-row weight tiles a warp takes: each x fragment it loads serves them all (MMQ_MT in engine/kernels/__init__.py)
 #endif
@@ -71,7 +72,8 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
     // [warp][level][output][lane]: each warp's unfinished subtrees, then (level 0) its whole subtree
     extern __shared__ float stack_mem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    float* stack = stack_mem + (size_t)warp * (kLevels > 0 ? kLevels : 1) * P * 32 + lane;  // [level][output] * 32
+    const int per_warp = kSlots * P * 32;
+    float* stack = stack_mem + (size_t)warp * per_warp + lane;  // [level][output] * 32
     const int row0 = blockIdx.y * 16 * MT, b0 = blockIdx.x * 8 * NT, units = k >> 5;
     const size_t rb = row_bytes<T>(k);
     if (threadIdx.x < 32 && row0 < m)  // the block's rows on their way while the kernel before this one finishes
@@ -155,7 +157,6 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
         for (int p = 0; p < P; ++p) stack[p * 32] = (&acc[0][0][0])[p];
         __syncthreads();
         if (warp != 0) return;
-        const int per_warp = (kLevels > 0 ? kLevels : 1) * P * 32;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             float v[MMQ_WARPS];
