@@ -4,7 +4,7 @@ matvec_<T>_n1: a decode step of one sequence), in fp32 and fp16 output, for ever
 keeps quantized, odd shapes and 1-256 rows of x; the engine's own dispatch (GpuKernels.matvec, which
 takes mmq.cu from MMQ_FROM rows) likewise; and within 1e-3 of NumPy. Then its time per launch on the
 Llama-3-8B decode shapes at 1-64 rows beside the dp4a kernels it replaces (16 rows a launch), with
-the weight bytes per second each reaches, and the block's shape (MMQ_WARPS, MMQ_MT, MMQ_UNROLL) as knobs.
+the weight bytes per second each reaches, and the block's shape (MMQ_WARPS, MMQ_MT, MMQ_STAGES) as knobs.
 
     python tools/mmq_check.py [--json FILE] [--quick]
 
@@ -31,7 +31,7 @@ SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w_gate_up": (28672, 4096), 
 ODD = [(37, 512), (131, 768), (5, 14336), (300, 4096), (17, 96), (64, 576)]
 ROWS = (1, 2, 3, 8, 9, 17, 33, 48, 64, 70, 129, 256)
 TIMED_ROWS = (1, 4, 8, 16, 32, 64)
-KNOBS = ((8, 1, 2), (8, 4, 2), (8, 2, 4), (4, 2, 2), (16, 2, 2))  # (MMQ_WARPS, MMQ_MT, MMQ_UNROLL) timed beside the default
+KNOBS = ((8, 2, 2), (32, 2, 2), (16, 1, 2), (16, 4, 2), (16, 2, 3))  # (MMQ_WARPS, MMQ_MT, MMQ_STAGES) timed beside the default
 
 
 def main() -> int:
@@ -121,8 +121,8 @@ def main() -> int:
     m, k = SHAPES["w_gate_up"]
     data = cp.asarray(rng.integers(0, 256, (m, row_bytes("Q4_K", k)), dtype=np.uint8) & 0x3F)
     xq = kernels.quantize_q8(cp.asarray((rng.standard_normal(64 * k) * 0.5).astype(np.float16)))
-    for warps, mt, unroll in KNOBS:
-        label = f"MMQ_WARPS={warps} MMQ_MT={mt} MMQ_UNROLL={unroll}"
+    for warps, mt, stages in KNOBS:
+        label = f"MMQ_WARPS={warps} MMQ_MT={mt} MMQ_STAGES={stages}"
         try:
             module = cp.RawModule(code=kernel_source("mmq.cu"), options=OPTIONS + tuple(
                 f"-D{d}" for d in label.split()))
@@ -130,7 +130,7 @@ def main() -> int:
             for n in (4, 16, 32, 64):
                 nt = tiles(min(n, 8 * MMQ_TILES[-1]), MMQ_TILES)
                 fn = module.get_function(f"mmq_Q4_K_t{nt}")
-                smem = mmq_smem_bytes(nt, warps, mt)
+                smem = mmq_smem_bytes("Q4_K", nt, warps, mt, stages)
                 fn.max_dynamic_shared_size_bytes = smem
                 y, want = cp.empty((n, m), dtype=cp.float16), cp.empty((n, m), dtype=cp.float16)
 

@@ -45,10 +45,9 @@ MATVEC_PAIRS = tuple((kind, "Q6_K") for kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1",
 # stacked parts one launch takes against one row of x (matvec2_<A>_<B>: a QKV whose V rows are in Q6_K)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
 MMQ_FROM = 48  # rows of x from which a quantized matvec runs on the int8 tensor cores (mmq.cu: the same bits as
-# matvec_<T>_n<NB>, one launch for any number of rows, each weight tile read once for up to 32 of them). On
-# the H200 it is slower than the dp4a kernels up to 32 rows and faster at 64 (bench/README.md, issue 23's
-# fourth round); $STRATA_MMQ_FROM overrides it (a benchmark's way to put both kernels side by side)
-MMQ_THREADS, MMQ_MT = 256, 2  # an mmq block: MMQ_WARPS warps sharing 16 MMQ_MT weight rows (each a share of the units)
+# matvec_<T>_n<NB>, one launch for any number of rows, each weight tile read once for up to 32 of them);
+# $STRATA_MMQ_FROM overrides it (a benchmark's way to put both kernels side by side)
+MMQ_THREADS, MMQ_MT, MMQ_STAGES = 512, 2, 2  # an mmq block: MMQ_WARPS warps, 16 MMQ_MT weight rows, slabs in flight
 MMQ_TILES = (1, 2, 4)  # n-tiles of 8 rows of x a block takes (mmq_<T>_t<NT>); more rows, more blocks
 MMV_THREADS = 128  # mmv.cu: a block's threads
 MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_t<NT>, up to 64 rows a launch) ->
@@ -74,11 +73,17 @@ def matvec_stage(kind: str, m: int, k: int, nb: int, address: int) -> int:
     return per_warp if fits and per_warp % 16 == 0 and address % 16 == 0 else 0
 
 
-def mmq_smem_bytes(nt: int, warps: int = MMQ_THREADS // 32, mt: int = MMQ_MT) -> int:
-    """Dynamic shared memory of an mmq_<T>_t<nt> block (mmq.cu's stack_mem): each warp's stack of
-    unfinished subtrees, a float per output per lane per level (at least one level: the warp's subtree)."""
-    levels = max(1, (32 // warps).bit_length() - 1)
-    return warps * levels * mt * nt * 4 * 32 * 4
+def mmq_smem_bytes(kind: str, nt: int, warps: int = MMQ_THREADS // 32, mt: int = MMQ_MT,
+                   stages: int = MMQ_STAGES) -> int:
+    """Dynamic shared memory of an mmq_<kind>_t<nt> block (mmq.cu's smem): `stages` slabs of 32 units
+    of its 16 mt weight rows (row_stride: the slab's bytes, their 16-byte pieces' slack, padded to 16
+    past a multiple of 128) and of its 8 nt rows of x (32 Q8 units and 16 bytes); the warps' sums at
+    the end take the same room."""
+    size, nbytes = BLOCKS[kind]
+    slab = 32 * UNIT // size * nbytes
+    row_stride = (slab + 32 + 127) // 128 * 128 + 16
+    x_stride = 32 * Q8_BYTES + 16
+    return max(stages * (16 * mt * row_stride + 8 * nt * x_stride), warps * mt * nt * 4 * 32 * 4)
 
 
 def built_kernels() -> dict[str, tuple[str, ...]]:
@@ -188,8 +193,9 @@ class GpuKernels:
         for name, fn in self.fn.items():
             if name.startswith("matvec"):
                 fn.max_dynamic_shared_size_bytes = MATVEC_STAGE_MAX
-            if name.startswith("mmq"):
-                fn.max_dynamic_shared_size_bytes = mmq_smem_bytes(MMQ_TILES[-1])
+            if name.startswith("mmq"):  # mmq_<kind>_t<nt>[_f32]
+                kind, tile = name.split("_t")[0][4:], int(name.split("_t")[1].split("_")[0])
+                fn.max_dynamic_shared_size_bytes = mmq_smem_bytes(kind, tile)
             if is_dependent(name):
                 self.fn[name] = launch.Kernel(fn, self, fn.kernel.ptr)
         # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
@@ -446,7 +452,7 @@ class GpuKernels:
         nt = tiles(min(n, 8 * MMQ_TILES[-1]), MMQ_TILES)
         self.fn[f"mmq_{kind}_t{nt}{suffix}"]((math.ceil(n / (8 * nt)), math.ceil(m / (16 * MMQ_MT))), (MMQ_THREADS,),
                                              (data, xq, y, np.int32(m), np.int32(k), np.int32(ldy), np.int32(n)),
-                                             shared_mem=mmq_smem_bytes(nt))
+                                             shared_mem=mmq_smem_bytes(kind, nt))
 
     def stage_bytes(self, kind: str, data, rows: int, k: int, nb: int) -> int:
         """The `stage` argument of matvec_<kind>_n<nb> over the (rows, k) blocks `data`: matvec_stage's

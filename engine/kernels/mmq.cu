@@ -3,9 +3,8 @@
 //   mmq_<T>_t<NT>[_f32](w, xq, y, m, k, ldy, nb)
 //     y (nb, m; rows ldy apart) = x (nb, k) @ W (m, k)^T: W in its GGUF blocks (blocks.cuh), x as
 //     Q8 units (q8.cuh; row b's units start at xq + b * k / 32). Grid (ceil(nb / 8 NT), ceil(m / 16
-//     MMQ_MT)), MMQ_WARPS * 32 threads, the warps' stacks in dynamic shared memory (a float per
-//     output, lane and level: mmq_smem_bytes in engine/kernels/__init__.py): a block takes 8 NT rows
-//     of x against 16 MMQ_MT weight rows.
+//     MMQ_MT)), MMQ_WARPS * 32 threads, dynamic shared memory mmq_smem_bytes(kind, NT) (engine/kernels/
+//     __init__.py): a block takes 8 NT rows of x against 16 MMQ_MT weight rows.
 //
 // The integers: each unit of 32 values splits into its two halves of 16 (Q6_K's scales change
 // every 16 values); per half, one mma.sync m16n8k16 u8 x s8 -> s32 gives the exact integer dot
@@ -16,43 +15,51 @@
 //
 // The order, the matvec's: there, lane l of a warp adds the values of units l, l + 32, l + 64, ...
 // one after another into its partial (a "chain"), and the warp's xor reduction adds the 32 chains
-// as a binary tree (chain l first with chain l ^ 16, those sums with the ones 8 apart, ...). Here a
-// block holds a tile of outputs (16 MMQ_MT weight rows x 8 NT rows of x) and its MMQ_WARPS warps walk the
-// chains, each chain's units in order, taken in the order that makes the tree's leaves adjacent:
-// chain bitrev5(i) for i = 0..31 (0, 16, 8, 24, ...). Warp w takes chains i = w C .. w C + C - 1
-// (C = 32 / MMQ_WARPS: a whole subtree), merging them as a binary counter carries (a subtree of
-// 2^j chains waits in shared memory, level j of the warp's stack, until its sibling arrives); then
-// warp 0 adds the warps' subtrees pairwise, the tree's top levels. Every addition is the matvec's
-// addition of the same two values (a + b and b + a are the same float), so each output has the
-// matvec's bits; nothing depends on nb, NT, MMQ_WARPS, MMQ_MT or the rows beside it. The warps of a block
-// share the weight rows (L1) and split the row's units among them, so a block has as many units in
-// flight as the matvec's lanes. NumPy reference: dequantize(W) @ quantize_q8(x); the matvec itself
-// (tools/mmq_check.py).
+// as a binary tree (chain l first with chain l ^ 16, those sums with the ones 8 apart, ...). Here
+// the units come in slabs of 32 (slab t: units 32 t .. 32 t + 31, one of each chain), and warp w of
+// a block keeps C = 32 / MMQ_WARPS chains' partials in registers: chains bitrev5(w C + i), i < C, the
+// leaves of one subtree of the matvec's tree. Each slab adds one unit to each chain, so every chain
+// still adds its units in order. At the end a warp adds its chains pairwise (its subtree), and warp 0
+// adds the warps' subtrees pairwise, the tree's top levels. Every addition is the matvec's addition
+// of the same two values (a + b and b + a are the same float), so each output has the matvec's bits;
+// nothing depends on nb, NT, MMQ_WARPS, MMQ_MT, MMQ_STAGES or the rows beside it. NumPy reference:
+// dequantize(W) @ quantize_q8(x); the matvec itself (tools/mmq_check.py).
+//
+// The bytes: a slab of the block's weight rows (each row's 32 units are contiguous: 4 K-quant
+// super-blocks, or 32 blocks) and of its x rows (32 Q8 units each) are copied into shared memory by
+// cp.async in 16-byte pieces, all of the block's threads together, coalesced; MMQ_STAGES slabs are in
+// flight, and the first slabs' weights are asked for before the kernel waits for the one that writes
+// x (pdl.cuh). A weight row's slab keeps its address modulo 16 in shared memory (the aligned
+// 16-byte pieces around it are copied), so the block decoders read it as they read global memory.
+// Rows are padded to 16 bytes past a multiple of 128 (x rows to 4 words past one), so that the 8 rows
+// of a fragment fall in distinct banks.
 //
 // Fragments (PTX's m16n8k16 integer layout), lane (g, c) = (lane / 4, lane % 4): A holds weight
 // rows g and g + 8, bytes 4c..4c+3 of the half (a Pair's lo for half 0, hi for half 1); B holds x's
 // row g, the same bytes; the output holds rows g and g + 8 for x's rows 2c, 2c + 1.
 #include "blocks.cuh"
+#include "copy.cuh"
 #include "matvec.cuh"
 #include "pdl.cuh"
 
 #ifndef MMQ_WARPS
-#define MMQ_WARPS 8  // warps per block, each a subtree of 32 / MMQ_WARPS chains (MMQ_THREADS / 32 in engine/kernels/__init__.py)
+#define MMQ_WARPS 16  // warps per block, each C = 32 / MMQ_WARPS chains (MMQ_THREADS / 32 in engine/kernels/__init__.py)
 #endif
-constexpr int kChains = 32 / MMQ_WARPS;   // chains a warp walks
-constexpr int log2_of(int n) { return n > 1 ? 1 + log2_of(n / 2) : 0; }
-constexpr int kLevels = log2_of(kChains);  // levels of a warp's stack of unfinished subtrees
-constexpr int kSlots = kLevels > 0 ? kLevels : 1;  // levels it has room for (level 0 also takes its whole subtree)
 #ifndef MMQ_MT
-#define MMQ_MT 2  // 16-row weight tiles a warp takes: each x fragment it loads serves them all (MMQ_MT in engine/kernels/__init__.py)
+#define MMQ_MT 2  // 16-row weight tiles a block takes (MMQ_MT in engine/kernels/__init__.py)
 #endif
-#ifndef MMQ_UNROLL
-#define MMQ_UNROLL 2  // units of a chain a warp has in flight
+#ifndef MMQ_STAGES
+#define MMQ_STAGES 2  // slabs in shared memory at once (MMQ_STAGES in engine/kernels/__init__.py)
 #endif
-constexpr int kMmqUnroll = MMQ_UNROLL;
-#ifndef MMQ_PREFETCH
-#define MMQ_PREFETCH 512  // bytes of each weight row a block asks L2 for before it waits for x (pdl.cuh)
-#endif
+constexpr int kChains = 32 / MMQ_WARPS;  // chains a warp keeps
+constexpr int kSlab = 32;                // units a slab
+constexpr int kXStride = kSlab * 48 + 16;  // bytes of an x row's slab in shared memory (sizeof(Q8) = 48)
+
+// Bytes of a weight row's slab, and the room it takes in shared memory (mmq_smem_bytes in __init__.py).
+template <class T>
+struct Slab {
+    static constexpr int BYTES = kSlab * 32 / T::QK * T::BYTES, STRIDE = (BYTES + 32 + 127) / 128 * 128 + 16;
+};
 
 __device__ __forceinline__ void mma_u8s8(int* c, unsigned a0, unsigned a1, unsigned b) {
     asm volatile(
@@ -65,119 +72,143 @@ __device__ __forceinline__ void mma_u8s8(int* c, unsigned a0, unsigned a1, unsig
 // (both full rate; the conversion instruction is not): 0x4B400000 is 1.5 * 2^23.
 __device__ __forceinline__ float exact_float(int s) { return __int_as_float(0x4B400000 + s) - 12582912.f; }
 
+// Slab t of rows row0 .. row0 + rows - 1 into shared memory at dst (rows row_stride apart): the
+// aligned 16-byte pieces that hold each row's slab (zeros past the matrix).
+template <class T>
+__device__ __forceinline__ void copy_weights(const u8* __restrict__ w, size_t rb, int row0, int rows, int m, int t,
+                                             u8* dst) {
+    constexpr int SB = Slab<T>::BYTES, pieces = (SB + 30) / 16;
+    const size_t start = (size_t)t * SB, len = min((size_t)SB, rb - start);
+    for (int i = threadIdx.x; i < rows * pieces; i += blockDim.x) {
+        const int r = i / pieces, piece = i % pieces;
+        const size_t at = reinterpret_cast<size_t>(w + (size_t)(row0 + r) * rb + start);
+        const size_t src = (at & ~(size_t)15) + 16 * piece;
+        const bool valid = row0 + r < m && src < at + len;
+        cp_async16_to(smem_addr(dst + r * Slab<T>::STRIDE + 16 * piece), valid ? (const void*)src : w, valid);
+    }
+}
+
+// Slab t of x's rows b0 .. b0 + rows - 1 into shared memory at dst (rows kXStride apart; zeros past
+// the batch and past the row's units).
+__device__ __forceinline__ void copy_x(const Q8* __restrict__ xq, int units, int b0, int rows, int nb, int t, u8* dst) {
+    constexpr int pieces = kSlab * 3;  // a Q8 unit is three 16-byte pieces
+    for (int i = threadIdx.x; i < rows * pieces; i += blockDim.x) {
+        const int r = i / pieces, piece = i % pieces, unit = kSlab * t + piece / 3;
+        const bool valid = b0 + r < nb && unit < units;
+        const char* src = reinterpret_cast<const char*>(xq + (size_t)(b0 + r) * units + kSlab * t) + 16 * piece;
+        cp_async16_to(smem_addr(dst + r * kXStride + 16 * piece), valid ? (const void*)src : xq, valid);
+    }
+}
+
 template <class T, int NT, typename Out>
 __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restrict__ xq, Out* __restrict__ y, int m,
                                     int k, int ldy, int nb) {
-    constexpr int MT = MMQ_MT, P = MT * NT * 4;  // weight tiles a warp; outputs a lane
-    // [warp][level][output][lane]: each warp's unfinished subtrees, then (level 0) its whole subtree
-    extern __shared__ float stack_mem[];
+    constexpr int MT = MMQ_MT, RB = 16 * MT, CB = 8 * NT, P = MT * NT * 4;  // block's weight rows, x rows; outputs a lane
+    constexpr int WS = Slab<T>::STRIDE, SB = Slab<T>::BYTES, STAGE = RB * WS + CB * kXStride;
+    extern __shared__ __align__(128) u8 smem[];  // MMQ_STAGES x {RB weight rows, CB x rows}; then the warps' sums
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int per_warp = kSlots * P * 32;
-    float* stack = stack_mem + (size_t)warp * per_warp + lane;  // [level][output] * 32
-    const int row0 = blockIdx.y * 16 * MT, b0 = blockIdx.x * 8 * NT, units = k >> 5;
+    const int row0 = blockIdx.y * RB, b0 = blockIdx.x * CB, units = k >> 5, slabs = (units + kSlab - 1) / kSlab;
     const size_t rb = row_bytes<T>(k);
-    if (threadIdx.x < 32 && row0 < m)  // the block's rows on their way while the kernel before this one finishes
-        prefetch_rows_l2(w + row0 * rb, rb, min(16 * MT, m - row0), min(rb, (size_t)MMQ_PREFETCH), lane, 32);
+    if (row0 >= m) {  // the whole block (a block's rows are its grid row's)
+        after_producer();
+        return;
+    }
+    for (int t = 0; t < MMQ_STAGES - 1 && t < slabs; ++t)  // weights no kernel writes: before the wait
+        copy_weights<T>(w, rb, row0, RB, m, t, smem + t * STAGE);
     after_producer();
-    if (row0 >= m) return;  // the whole block (a block's rows are its grid row's)
-    const u8* wr[MT][2];  // this lane's weight rows: 16 mt + g and 16 mt + g + 8
-    bool wv[MT][2];
+    for (int t = 0; t < MMQ_STAGES - 1; ++t) {
+        if (t < slabs) copy_x(xq, units, b0, CB, nb, t, smem + t * STAGE + RB * WS);
+        cp_async_commit();
+    }
+    float acc[kChains][MT][NT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int i = 0; i < kChains; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = row0 + 16 * mt + 8 * h + g;
-            wv[mt][h] = r < m;
-            wr[mt][h] = w + (size_t)(wv[mt][h] ? r : 0) * rb;
-        }
-    // x's rows this lane reads: 8 nt + g (its B fragment), 8 nt + 2c and + 1 (its outputs' scales)
-    const Q8* xb = xq + (size_t)(b0 + g) * units;
-    const Q8* xs = xq + (size_t)(b0 + 2 * c) * units;
-    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-    float acc[MT][NT][4];
+        for (int p = 0; p < P; ++p) (&acc[i][0][0][0])[p] = 0.f;
 #pragma unroll 1
-    for (int i = 0; i < kChains; ++i) {
-        const int l = __brev(warp * kChains + i) >> 27;  // chain l: units l, l + 32, ...
+    for (int t = 0; t < slabs; ++t) {
+        const int next = t + MMQ_STAGES - 1;
+        if (next < slabs) {
+            u8* stage = smem + (next % MMQ_STAGES) * STAGE;
+            copy_weights<T>(w, rb, row0, RB, m, next, stage);
+            copy_x(xq, units, b0, CB, nb, next, stage + RB * WS);
+        }
+        cp_async_commit();
+        cp_async_wait<MMQ_STAGES - 1>();
+        __syncthreads();
+        const u8* ws = smem + (t % MMQ_STAGES) * STAGE;
+        const u8* xs = ws + RB * WS;
+        int mis[MT][2];  // where this lane's rows' slabs start in their first 16-byte piece
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
-#pragma unroll kMmqUnroll
-        for (int s = l; s < units; s += 32) {
+            for (int h = 0; h < 2; ++h)
+                mis[mt][h] = reinterpret_cast<size_t>(w + (size_t)(row0 + 16 * mt + 8 * h + g) * rb + (size_t)t * SB) & 15;
+#pragma unroll
+        for (int i = 0; i < kChains; ++i) {
+            const int l = __brev(warp * kChains + i) >> 27;  // chain l: unit kSlab t + l of this slab
+            if (kSlab * t + l >= units) continue;  // the row's last slab is short (uniform across the warp)
             Pair a[MT][2];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    if (wv[mt][h]) {
-                        T::pair(wr[mt][h], s, c, a[mt][h]);
-                    } else {
-                        a[mt][h].lo = a[mt][h].hi = 0u;
-                        same_scale(a[mt][h], 0.f, 0.f);
-                    }
-                }
+                for (int h = 0; h < 2; ++h) T::pair(ws + (16 * mt + 8 * h + g) * WS + mis[mt][h], l, c, a[mt][h]);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const int b = b0 + 8 * nt;
-                if (b >= nb) break;  // the tile is past the batch (uniform across the warp)
-                const bool b_in = b + g < nb, x0_in = b + 2 * c < nb, x1_in = b + 2 * c + 1 < nb;
-                const int* q = reinterpret_cast<const int*>(xb + (size_t)8 * nt * units + s);
-                const unsigned blo = b_in ? q[c] : 0u, bhi = b_in ? q[4 + c] : 0u;
-                const Q8* xr = xs + (size_t)8 * nt * units + s;
-                const float4 x0 = x0_in ? *reinterpret_cast<const float4*>(&xr->d) : zero;
-                const float4 x1 = x1_in ? *reinterpret_cast<const float4*>(&xr[units].d) : zero;
+                if (b0 + 8 * nt >= nb) break;  // the tile is past the batch (uniform across the warp)
+                const u8* xr = xs + 8 * nt * kXStride + l * 48;
+                const int* q = reinterpret_cast<const int*>(xr + g * kXStride);
+                const unsigned blo = q[c], bhi = q[4 + c];
+                const float4 x0 = *reinterpret_cast<const float4*>(xr + 2 * c * kXStride + 32);
+                const float4 x1 = *reinterpret_cast<const float4*>(xr + (2 * c + 1) * kXStride + 32);
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {  // x's fragment serves every weight tile of the warp
+                for (int mt = 0; mt < MT; ++mt) {  // x's fragment serves every weight tile of the block
                     int s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
                     mma_u8s8(s0, a[mt][0].lo, a[mt][1].lo, blo);
                     mma_u8s8(s1, a[mt][0].hi, a[mt][1].hi, bhi);
 #pragma unroll
                     for (int o = 0; o < 4; ++o)  // (row g, x rows 2c, 2c + 1), (row g + 8, the same)
-                        acc[mt][nt][o] = __fadd_rn(acc[mt][nt][o],
-                                                   unit_value(a[mt][o >> 1], o & 1 ? x1 : x0,
-                                                              exact_float(s0[o]), exact_float(s1[o])));
+                        acc[i][mt][nt][o] = __fadd_rn(acc[i][mt][nt][o],
+                                                      unit_value(a[mt][o >> 1], o & 1 ? x1 : x0,
+                                                                 exact_float(s0[o]), exact_float(s1[o])));
                 }
             }
         }
-        // carry: chain i closes the subtrees of 2, 4, ... chains its trailing one bits name
-        int j = 0;
-        for (; (i >> j) & 1; ++j)
+        __syncthreads();  // the stage is read before a later slab's copies overwrite it
+    }
+    cp_async_wait<0>();
+    // the warp's chains, adjacent leaves of the matvec's tree: pairwise, level by level
+#pragma unroll
+    for (int len = kChains; len > 1; len >>= 1)
+#pragma unroll
+        for (int i = 0; i < len / 2; ++i)
 #pragma unroll
             for (int p = 0; p < P; ++p)
-                (&acc[0][0][0])[p] = __fadd_rn(stack[(j * P + p) * 32], (&acc[0][0][0])[p]);
-        if (i + 1 < kChains) {
-#pragma unroll
-            for (int p = 0; p < P; ++p) stack[(j * P + p) * 32] = (&acc[0][0][0])[p];
-        }
-    }
-    // acc: the warp's subtree. Warp 0 adds the warps' subtrees pairwise, level by level.
+                (&acc[i][0][0][0])[p] = __fadd_rn((&acc[2 * i][0][0][0])[p], (&acc[2 * i + 1][0][0][0])[p]);
+    // the warps' subtrees, added pairwise (the tree's top levels); warp w takes outputs w, w + MMQ_WARPS, ...
+    float* sums = reinterpret_cast<float*>(smem);  // [warp][output][lane] (the stages are done with)
     if (MMQ_WARPS > 1) {
-        __syncthreads();  // every warp's stack reads are done before level 0 is overwritten
 #pragma unroll
-        for (int p = 0; p < P; ++p) stack[p * 32] = (&acc[0][0][0])[p];
+        for (int p = 0; p < P; ++p) sums[(warp * P + p) * 32 + lane] = (&acc[0][0][0][0])[p];
         __syncthreads();
-        if (warp != 0) return;
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-            float v[MMQ_WARPS];
-#pragma unroll
-            for (int u = 0; u < MMQ_WARPS; ++u) v[u] = stack[u * per_warp + p * 32];
-#pragma unroll
-            for (int len = MMQ_WARPS; len > 1; len >>= 1)
-#pragma unroll
-                for (int u = 0; u < len / 2; ++u) v[u] = __fadd_rn(v[2 * u], v[2 * u + 1]);
-            (&acc[0][0][0])[p] = v[0];
-        }
     }
+#pragma unroll 1
+    for (int p = MMQ_WARPS > 1 ? warp : 0; p < P; p += MMQ_WARPS > 1 ? MMQ_WARPS : 1) {
+        float v[MMQ_WARPS];
+        if (MMQ_WARPS > 1) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+            for (int u = 0; u < MMQ_WARPS; ++u) v[u] = sums[(u * P + p) * 32 + lane];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+            for (int step = 1; step < MMQ_WARPS; step *= 2)  // level by level: v[u] + v[u + step], in place
 #pragma unroll
-            for (int o = 0; o < 4; ++o) {
-                const int row = row0 + 16 * mt + g + 8 * (o >> 1), col = b0 + 8 * nt + 2 * c + (o & 1);
-                if (row < m && col < nb) store(y, (size_t)col * ldy + row, acc[mt][nt][o]);
-            }
+                for (int u = 0; u < MMQ_WARPS; u += 2 * step) v[u] = __fadd_rn(v[u], v[u + step]);
+        } else {
+            v[0] = (&acc[0][0][0][0])[p];
+        }
+        const int mt = p / (4 * NT), nt = p / 4 % NT, o = p % 4;  // p = (mt NT + nt) 4 + o
+        const int row = row0 + 16 * mt + g + 8 * (o >> 1), col = b0 + 8 * nt + 2 * c + (o & 1);
+        if (row < m && col < nb) store(y, (size_t)col * ldy + row, v[0]);
+    }
 }
 
 #define MMQ_NT(T, NT)                                                                                               \
