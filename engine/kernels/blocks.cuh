@@ -13,7 +13,7 @@ using u16 = unsigned short;
 
 struct Raw {
     unsigned w[8];     // the 32 values as unsigned bytes: byte i of w[j] is value 4j + i
-    float d[2], m[2];  // value j = d[j / 16] * byte j + m[j / 16]
+    float d[2], m[2];  // value j = d[j / 16] * byte j + m[j / 16]; both halves the same unless T::TWO_SCALES
 };
 
 // What one lane of a tensor-core tile takes of a unit (mmq.cu): words c and 4 + c of Raw::w
@@ -67,6 +67,7 @@ __device__ __forceinline__ void same_scale(U& u, float d, float m) { u.d[0] = u.
 template <int BYTES_, bool HAS_MIN, bool FIFTH_BIT>
 struct Q32 {
     static constexpr int QK = 32, BYTES = BYTES_;
+    static constexpr bool TWO_SCALES = false;
     static constexpr int QH = HAS_MIN ? 4 : 2, QS = QH + (FIFTH_BIT ? 4 : 0);
     __device__ static void decode(const u8* row, int s, Raw& u) {
         const u8* p = row + s * BYTES;
@@ -111,6 +112,7 @@ using Q5_1 = Q32<24, true, true>;
 // Q8_0 {d, qs[32] int8}: d * q, read as the unsigned q + 128 with m = -128 d.
 struct Q8_0 {
     static constexpr int QK = 32, BYTES = 34;
+    static constexpr bool TWO_SCALES = false;
     __device__ static void decode(const u8* row, int s, Raw& u) {
         const u8* p = row + s * BYTES;
         load_a2(p + 2, u.w);
@@ -151,6 +153,7 @@ __device__ __forceinline__ void scale_min_k4(int j, unsigned s03, unsigned s47, 
 template <int BYTES_, bool FIFTH_BIT>
 struct K4 {
     static constexpr int QK = 256, BYTES = BYTES_;
+    static constexpr bool TWO_SCALES = false;
     __device__ static void decode(const u8* row, int s, Raw& u) {
         const int sb = s & 7;
         const u8* p = row + (s >> 3) * BYTES;
@@ -188,6 +191,7 @@ using Q5_K = K4<176, true>;
 // k < 2, high for k >= 2), high 2 bits from qh[32h + l] >> 2k; d * scales[8h + 2k + l/16] * (q - 32).
 struct Q6_K {
     static constexpr int QK = 256, BYTES = 210;
+    static constexpr bool TWO_SCALES = true;  // a scale every 16 values: a unit's halves differ
     __device__ static void decode(const u8* row, int s, Raw& u) {
         const int sb = s & 7, h = sb >> 2, k = sb & 3;
         const u8* p = row + (s >> 3) * BYTES;

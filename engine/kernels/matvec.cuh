@@ -45,7 +45,7 @@ __device__ __forceinline__ void unit_dot_q8(const u8* __restrict__ w, size_t rb,
                                             const Q8* __restrict__ xu, float scale, float (&acc)[MV_ROWS]) {
     const int4* xp = reinterpret_cast<const int4*>(xu);
     const int4 a = xp[0], b = xp[1];
-    const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, pad
+    const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, s01
     const int xw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int r = 0; r < MV_ROWS; ++r) {
@@ -117,15 +117,23 @@ __device__ __forceinline__ void reduce_store_batch(BatchAcc<NB, R>& acc, Out* y,
         }
 }
 
-// One unit's value for (weight row, x row) from its halves' integer dot products s0, s1 (exact floats):
-//   dx * (d0 s0 + d1 s1) + (m0 sx0 + m1 sx1)
-// w: the unit's affine pairs (a Raw or a Pair), x: x's unit {d, sx0, sx1, pad}. Each step is rounded
-// as written: the batch kernels below and mmq.cu (the same sums on the tensor cores) must agree bit for bit.
+// One unit of (weight row, x row) added to a chain's partial acc, from the unit's integer dot
+// products (exact floats). w: the unit's affine pairs (a Raw or a Pair), x: x's unit {d, sx0, sx1,
+// sx01}. One scale a unit (every kind but Q6_K), s the whole unit's dot product:
+//   acc + dx * (d s) + m sx01              as fma(dx, d s, fma(m, sx01, acc))
+// Two (Q6_K: a scale every 16 values), s0 and s1 the halves':
+//   acc + (dx * (d0 s0 + d1 s1) + (m0 sx0 + m1 sx1))
+// Each step is rounded as written: the batch kernels below and mmq.cu (the same sums on the tensor
+// cores) must agree bit for bit.
 template <class U>
-__device__ __forceinline__ float unit_value(const U& w, const float4& x, float s0, float s1) {
+__device__ __forceinline__ float unit_add(float acc, const U& w, const float4& x, float s) {
+    return __fmaf_rn(x.x, __fmul_rn(w.d[0], s), __fmaf_rn(w.m[0], x.w, acc));
+}
+template <class U>
+__device__ __forceinline__ float unit_add(float acc, const U& w, const float4& x, float s0, float s1) {
     const float dot = __fmaf_rn(w.d[1], s1, __fmul_rn(w.d[0], s0));
     const float off = __fmaf_rn(w.m[1], x.z, __fmul_rn(w.m[0], x.y));
-    return __fmaf_rn(x.x, dot, off);
+    return __fadd_rn(acc, __fmaf_rn(x.x, dot, off));
 }
 
 // Rows row0 .. row0 + R of W (blocks of type T) . x_b for NB rows x_b in 8 bits: each weight
@@ -145,7 +153,7 @@ __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, cons
         for (int b = 0; b < NB; ++b) {
             const int4* xp = reinterpret_cast<const int4*>(xq + (size_t)b * units + s);
             const int4 xa = xp[0], xb = xp[1];
-            const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, pad
+            const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, s01
             const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
             for (int r = 0; r < R; ++r) {
@@ -153,7 +161,8 @@ __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, cons
                 int s0 = 0, s1 = 0;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) s0 = dp4a(u[r].w[i], xw[i], s0), s1 = dp4a(u[r].w[4 + i], xw[4 + i], s1);
-                acc[b][r] = __fadd_rn(acc[b][r], unit_value(u[r], ds, (float)s0, (float)s1));
+                acc[b][r] = T::TWO_SCALES ? unit_add(acc[b][r], u[r], ds, (float)s0, (float)s1)
+                                          : unit_add(acc[b][r], u[r], ds, (float)(s0 + s1));
             }
         }
     }

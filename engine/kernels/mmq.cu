@@ -6,12 +6,11 @@
 //     MMQ_MT)), MMQ_WARPS * 32 threads, dynamic shared memory mmq_smem_bytes(kind, NT) (engine/kernels/
 //     __init__.py): a block takes 8 NT rows of x against 16 MMQ_MT weight rows.
 //
-// The integers: each unit of 32 values splits into its two halves of 16 (Q6_K's scales change
-// every 16 values); per half, one mma.sync m16n8k16 u8 x s8 -> s32 gives the exact integer dot
-// products of 16 weight rows' unsigned bytes with 8 rows of x's int8 quants: the very integers the
-// matvec's dp4a chains make. Each (weight row, x row) pair's two integers become the unit's value in
-// floats by the matvec's own rounded steps (matvec.cuh unit_value):
-//   dx * (d0 s0 + d1 s1) + (m0 sx0 + m1 sx1)
+// The integers: one mma.sync m16n8k32 u8 x s8 -> s32 gives the exact integer dot products of a
+// unit of 16 weight rows' unsigned bytes with 8 rows of x's int8 quants: the very integers the
+// matvec's dp4a chains make. Q6_K's scales change every 16 values: there, one m16n8k16 per half.
+// Each (weight row, x row) pair's integers are added to the chain's partial by the matvec's own
+// rounded steps (matvec.cuh unit_add).
 //
 // The order, the matvec's: there, lane l of a warp adds the values of units l, l + 32, l + 64, ...
 // one after another into its partial (a "chain"), and the warp's xor reduction adds the 32 chains
@@ -66,6 +65,13 @@ __device__ __forceinline__ void mma_u8s8(int* c, unsigned a0, unsigned a1, unsig
         "mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a0), "r"(a1), "r"(b));
+}
+// k = 32: A's rows g and g + 8 at bytes 4c.. (a0, a1) and 16 + 4c.. (a2, a3); B's the same bytes.
+__device__ __forceinline__ void mma_u8s8_k32(int* c, const Pair& g, const Pair& g8, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(g.lo), "r"(g8.lo), "r"(g.hi), "r"(g8.hi), "r"(b0), "r"(b1));
 }
 
 // An integer of magnitude below 2^22 as the exact float, by an integer add and a float subtract
@@ -164,13 +170,20 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {  // x's fragment serves every weight tile of the block
                     int s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
-                    mma_u8s8(s0, a[mt][0].lo, a[mt][1].lo, blo);
-                    mma_u8s8(s1, a[mt][0].hi, a[mt][1].hi, bhi);
+                    if (T::TWO_SCALES) {
+                        mma_u8s8(s0, a[mt][0].lo, a[mt][1].lo, blo);
+                        mma_u8s8(s1, a[mt][0].hi, a[mt][1].hi, bhi);
+                    } else {
+                        mma_u8s8_k32(s0, a[mt][0], a[mt][1], blo, bhi);
+                    }
 #pragma unroll
-                    for (int o = 0; o < 4; ++o)  // (row g, x rows 2c, 2c + 1), (row g + 8, the same)
-                        acc[i][mt][nt][o] = __fadd_rn(acc[i][mt][nt][o],
-                                                      unit_value(a[mt][o >> 1], o & 1 ? x1 : x0,
-                                                                 exact_float(s0[o]), exact_float(s1[o])));
+                    for (int o = 0; o < 4; ++o) {  // (row g, x rows 2c, 2c + 1), (row g + 8, the same)
+                        float& sum = acc[i][mt][nt][o];
+                        const Pair& wu = a[mt][o >> 1];
+                        const float4& xu = o & 1 ? x1 : x0;
+                        sum = T::TWO_SCALES ? unit_add(sum, wu, xu, exact_float(s0[o]), exact_float(s1[o]))
+                                            : unit_add(sum, wu, xu, exact_float(s0[o]));
+                    }
                 }
             }
         }

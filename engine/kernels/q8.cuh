@@ -3,11 +3,12 @@
 #pragma once
 #include <cuda_fp16.h>
 
-// x (k,) as k / 32 units {q[32] int8, d, s[2]}: x_j ~ d * q_j with d = max |x| / 127 over the
-// unit, s[h] = d * sum of the unit's half h (the term a weight's offset m multiplies).
+// x (k,) as k / 32 units {q[32] int8, d, s[2], s01}: x_j ~ d * q_j with d = max |x| / 127 over
+// the unit, s[h] = d * sum of the unit's half h (the term a weight's offset m multiplies when the
+// halves have their own scales, Q6_K's), s01 = d * the sum of all 32 (the same for one scale a unit).
 struct Q8 {
     int q[8];  // 32 int8, byte i of q[j] is value 4j + i
-    float d, s[2], pad;
+    float d, s[2], s01;
 };
 static_assert(sizeof(Q8) == 48, "Q8 units are read as three 16-byte loads");
 
@@ -29,7 +30,7 @@ __device__ __forceinline__ void quantize_unit(const float* v, Q8* out) {
         }
         u.q[i] = (int)word;
     }
-    u.d = d, u.s[0] = d * sum[0], u.s[1] = d * sum[1], u.pad = 0.f;
+    u.d = d, u.s[0] = d * sum[0], u.s[1] = d * sum[1], u.s01 = d * (sum[0] + sum[1]);
     const uint4* src = reinterpret_cast<const uint4*>(&u);
     uint4* dst = reinterpret_cast<uint4*>(out);
     dst[0] = src[0], dst[1] = src[1], dst[2] = src[2];
@@ -68,5 +69,5 @@ __device__ __forceinline__ void store_octet(__half* out, Q8* q8, float* v, bool 
     const int part = threadIdx.x & 3;
     if (!valid) return;
     reinterpret_cast<uint2*>(q8->q)[part] = make_uint2(w[0], w[1]);
-    if (part == 0) *reinterpret_cast<float4*>(&q8->d) = make_float4(d, d * half_sum, d * other, 0.f);
+    if (part == 0) *reinterpret_cast<float4*>(&q8->d) = make_float4(d, d * half_sum, d * other, d * (half_sum + other));
 }
