@@ -44,7 +44,7 @@ MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_he
 MATVEC_PAIRS = tuple((kind, "Q6_K") for kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"))  # two
 # stacked parts one launch takes against one row of x (matvec2_<A>_<B>: a QKV whose V rows are in Q6_K)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
-MMQ_FROM = 16  # rows of x from which a quantized matvec runs on the int8 tensor cores (mmq.cu: the same bits as
+MMQ_FROM = 8  # rows of x from which a quantized matvec runs on the int8 tensor cores (mmq.cu: the same bits as
 # matvec_<T>_n<NB>, one launch for any number of rows, each weight tile read once for up to 32 of them); below
 # it the dp4a kernels are faster on the H200 (bench/README.md, issue 23's fifth round); $STRATA_MMQ_FROM
 # overrides it (a benchmark's way to put both kernels side by side)
