@@ -255,6 +255,9 @@ for step in "$@"; do
         --decode-contexts 512,32768 --label llama3-8b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | grep decode_at
       timeout 120 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 --repeats 1 \
         --batches 1,16,64 --label llama3-8b-shape-q4_k_m --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet | tail -4 ;;
+    moecheck)  # the MoE kernels' checks alone (route, experts, a batch's rows against each alone)
+      timeout 150 python3 tools/gpu_kernels_check.py --only moe --no-speed --json "$OUT/kernels_moe.json" | grep -v "^ok " \
+        || echo "MOE CHECKS FAILED OR CUT SHORT" ;;
     moedecode)
       synth_moe_small
       timeout 240 python3 tools/gpu_kernels_check.py --only moe --json "$OUT/kernels_moe.json" | grep -v "^ok " \
