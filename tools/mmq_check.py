@@ -38,6 +38,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     p.add_argument("--quick", action="store_true", help="correctness only, no timing")
+    p.add_argument("--time-kinds", default="Q4_K,Q6_K", help="the kinds timed on the 8B shapes (comma-separated)")
+    p.add_argument("--no-knobs", action="store_true", help="no timing of the block's shapes")
     a = p.parse_args()
     import cupy as cp
     from gguf import GGMLQuantizationType as Q
@@ -100,7 +102,7 @@ def main() -> int:
         return 0 if ok else 1
 
     # ---- time per launch on the 8B shapes, beside the dp4a matvec
-    for kind in ("Q4_K", "Q6_K"):
+    for kind in a.time_kinds.split(","):
         for name, (m, k) in SHAPES.items():
             if kind in ("Q8_0", "Q4_0") and name in ("wqkv", "wo"):
                 continue
@@ -121,7 +123,7 @@ def main() -> int:
     m, k = SHAPES["w_gate_up"]
     data = cp.asarray(rng.integers(0, 256, (m, row_bytes("Q4_K", k)), dtype=np.uint8) & 0x3F)
     xq = kernels.quantize_q8(cp.asarray((rng.standard_normal(64 * k) * 0.5).astype(np.float16)))
-    for warps, mt, stages in KNOBS:
+    for warps, mt, stages in () if a.no_knobs else KNOBS:
         label = f"MMQ_WARPS={warps} MMQ_MT={mt} MMQ_STAGES={stages}"
         try:
             module = cp.RawModule(code=kernel_source("mmq.cu"), options=OPTIONS + tuple(

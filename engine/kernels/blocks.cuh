@@ -192,6 +192,12 @@ using Q5_K = K4<176, true>;
 struct Q6_K {
     static constexpr int QK = 256, BYTES = 210;
     static constexpr bool TWO_SCALES = true;  // a scale every 16 values: a unit's halves differ
+    static constexpr int ZERO = 32;           // the byte of a zero value (m = -32 d)
+    // Bytes q (0..63) as the signed bytes q - 32: bit 5 flipped, then copied into bits 6 and 7.
+    __device__ static unsigned centered(unsigned w) {
+        const unsigned t = w ^ 0x20202020u;
+        return t | ((t & 0x20202020u) * 6u);
+    }
     __device__ static void decode(const u8* row, int s, Raw& u) {
         const int sb = s & 7, h = sb >> 2, k = sb & 3;
         const u8* p = row + (s >> 3) * BYTES;

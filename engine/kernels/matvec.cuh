@@ -119,10 +119,11 @@ __device__ __forceinline__ void reduce_store_batch(BatchAcc<NB, R>& acc, Out* y,
 
 // One unit of (weight row, x row) added to a chain's partial acc, from the unit's integer dot
 // products (exact floats). w: the unit's affine pairs (a Raw or a Pair), x: x's unit {d, sx0, sx1,
-// sx01}. One scale a unit (every kind but Q6_K), s the whole unit's dot product:
+// sx01}. One scale a unit (every kind but Q6_K), s the whole unit's dot product of the bytes:
 //   acc + dx * (d s) + m sx01              as fma(dx, d s, fma(m, sx01, acc))
-// Two (Q6_K: a scale every 16 values), s0 and s1 the halves':
-//   acc + (dx * (d0 s0 + d1 s1) + (m0 sx0 + m1 sx1))
+// Two (Q6_K: a scale every 16 values, its zero at byte T::ZERO, m = -ZERO d), s0 and s1 the halves'
+// dot products of the centered bytes q - ZERO (the offsets folded into the integers):
+//   acc + dx * (d0 s0 + d1 s1)             as fma(dx, fma(d1, s1, d0 s0), acc)
 // Each step is rounded as written: the batch kernels below and mmq.cu (the same sums on the tensor
 // cores) must agree bit for bit.
 template <class U>
@@ -131,9 +132,7 @@ __device__ __forceinline__ float unit_add(float acc, const U& w, const float4& x
 }
 template <class U>
 __device__ __forceinline__ float unit_add(float acc, const U& w, const float4& x, float s0, float s1) {
-    const float dot = __fmaf_rn(w.d[1], s1, __fmul_rn(w.d[0], s0));
-    const float off = __fmaf_rn(w.m[1], x.z, __fmul_rn(w.m[0], x.y));
-    return __fadd_rn(acc, __fmaf_rn(x.x, dot, off));
+    return __fmaf_rn(x.x, __fmaf_rn(w.d[1], s1, __fmul_rn(w.d[0], s0)), acc);
 }
 
 // Rows row0 .. row0 + R of W (blocks of type T) . x_b for NB rows x_b in 8 bits: each weight
@@ -155,14 +154,21 @@ __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, cons
             const int4 xa = xp[0], xb = xp[1];
             const float4 ds = *reinterpret_cast<const float4*>(xp + 2);  // d, s0, s1, s01
             const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            int z0 = 0, z1 = 0;  // two scales: the halves' sums of x's quants, which the zero byte multiplies
+            if constexpr (T::TWO_SCALES) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) z0 = dp4a(0x01010101u, xw[i], z0), z1 = dp4a(0x01010101u, xw[4 + i], z1);
+            }
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 if (row0 + r >= m) break;
                 int s0 = 0, s1 = 0;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) s0 = dp4a(u[r].w[i], xw[i], s0), s1 = dp4a(u[r].w[4 + i], xw[4 + i], s1);
-                acc[b][r] = T::TWO_SCALES ? unit_add(acc[b][r], u[r], ds, (float)s0, (float)s1)
-                                          : unit_add(acc[b][r], u[r], ds, (float)(s0 + s1));
+                if constexpr (T::TWO_SCALES)  // the centered bytes' dot products: sum (q - ZERO) x
+                    acc[b][r] = unit_add(acc[b][r], u[r], ds, (float)(s0 - T::ZERO * z0), (float)(s1 - T::ZERO * z1));
+                else
+                    acc[b][r] = unit_add(acc[b][r], u[r], ds, (float)(s0 + s1));
             }
         }
     }

@@ -8,9 +8,10 @@
 //
 // The integers: one mma.sync m16n8k32 u8 x s8 -> s32 gives the exact integer dot products of a
 // unit of 16 weight rows' unsigned bytes with 8 rows of x's int8 quants: the very integers the
-// matvec's dp4a chains make. Q6_K's scales change every 16 values: there, one m16n8k16 per half.
-// Each (weight row, x row) pair's integers are added to the chain's partial by the matvec's own
-// rounded steps (matvec.cuh unit_add).
+// matvec's dp4a chains make. Q6_K's scales change every 16 values: there, one m16n8k16 s8 x s8 per
+// half, of the centered bytes q - 32 (the matvec gets the same integers as its dp4a sums minus 32
+// times x's). Each (weight row, x row) pair's integers are added to the chain's partial by the
+// matvec's own rounded steps (matvec.cuh unit_add).
 //
 // The order, the matvec's: there, lane l of a warp adds the values of units l, l + 32, l + 64, ...
 // one after another into its partial (a "chain"), and the warp's xor reduction adds the 32 chains
@@ -60,9 +61,9 @@ struct Slab {
     static constexpr int BYTES = kSlab * 32 / T::QK * T::BYTES, STRIDE = (BYTES + 32 + 127) / 128 * 128 + 16;
 };
 
-__device__ __forceinline__ void mma_u8s8(int* c, unsigned a0, unsigned a1, unsigned b) {
+__device__ __forceinline__ void mma_s8s8(int* c, unsigned a0, unsigned a1, unsigned b) {
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a0), "r"(a1), "r"(b));
 }
@@ -158,7 +159,10 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) T::pair(ws + (16 * mt + 8 * h + g) * WS + mis[mt][h], l, c, a[mt][h]);
+                for (int h = 0; h < 2; ++h) {
+                    T::pair(ws + (16 * mt + 8 * h + g) * WS + mis[mt][h], l, c, a[mt][h]);
+                    if constexpr (T::TWO_SCALES) a[mt][h].lo = T::centered(a[mt][h].lo), a[mt][h].hi = T::centered(a[mt][h].hi);
+                }
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 if (b0 + 8 * nt >= nb) break;  // the tile is past the batch (uniform across the warp)
@@ -170,9 +174,9 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {  // x's fragment serves every weight tile of the block
                     int s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
-                    if (T::TWO_SCALES) {
-                        mma_u8s8(s0, a[mt][0].lo, a[mt][1].lo, blo);
-                        mma_u8s8(s1, a[mt][0].hi, a[mt][1].hi, bhi);
+                    if constexpr (T::TWO_SCALES) {
+                        mma_s8s8(s0, a[mt][0].lo, a[mt][1].lo, blo);
+                        mma_s8s8(s1, a[mt][0].hi, a[mt][1].hi, bhi);
                     } else {
                         mma_u8s8_k32(s0, a[mt][0], a[mt][1], blo, bhi);
                     }
@@ -181,8 +185,10 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
                         float& sum = acc[i][mt][nt][o];
                         const Pair& wu = a[mt][o >> 1];
                         const float4& xu = o & 1 ? x1 : x0;
-                        sum = T::TWO_SCALES ? unit_add(sum, wu, xu, exact_float(s0[o]), exact_float(s1[o]))
-                                            : unit_add(sum, wu, xu, exact_float(s0[o]));
+                        if constexpr (T::TWO_SCALES)
+                            sum = unit_add(sum, wu, xu, exact_float(s0[o]), exact_float(s1[o]));
+                        else
+                            sum = unit_add(sum, wu, xu, exact_float(s0[o]));
                     }
                 }
             }
