@@ -19,8 +19,9 @@
 // the units come in slabs of 32 (slab t: units 32 t .. 32 t + 31, one of each chain), and warp w of
 // a block keeps C = 32 / MMQ_WARPS chains' partials in registers: chains bitrev5(w C + i), i < C, the
 // leaves of one subtree of the matvec's tree. Each slab adds one unit to each chain, so every chain
-// still adds its units in order. At the end a warp adds its chains pairwise (its subtree), and warp 0
-// adds the warps' subtrees pairwise, the tree's top levels. Every addition is the matvec's addition
+// still adds its units in order. At the end a warp adds its chains pairwise (its subtree), and the
+// warps' subtrees are added pairwise through shared memory, the tree's top levels (each warp takes a
+// share of the outputs). Every addition is the matvec's addition
 // of the same two values (a + b and b + a are the same float), so each output has the matvec's bits;
 // nothing depends on nb, NT, MMQ_WARPS, MMQ_MT, MMQ_STAGES or the rows beside it. NumPy reference:
 // dequantize(W) @ quantize_q8(x); the matvec itself (tools/mmq_check.py).
@@ -34,9 +35,10 @@
 // Rows are padded to 16 bytes past a multiple of 128 (x rows to 4 words past one), so that the 8 rows
 // of a fragment fall in distinct banks.
 //
-// Fragments (PTX's m16n8k16 integer layout), lane (g, c) = (lane / 4, lane % 4): A holds weight
-// rows g and g + 8, bytes 4c..4c+3 of the half (a Pair's lo for half 0, hi for half 1); B holds x's
-// row g, the same bytes; the output holds rows g and g + 8 for x's rows 2c, 2c + 1.
+// Fragments (PTX's m16n8k16 and m16n8k32 integer layouts), lane (g, c) = (lane / 4, lane % 4): A
+// holds weight rows g and g + 8, bytes 4c..4c+3 of each half (a Pair's lo for half 0, hi for half 1:
+// one k16 mma a half, or both in one k32); B holds x's row g, the same bytes; the output holds rows g
+// and g + 8 for x's rows 2c, 2c + 1.
 #include "blocks.cuh"
 #include "copy.cuh"
 #include "matvec.cuh"
