@@ -73,11 +73,16 @@ def test_tensor_parallel_through_the_server():
 
 
 def test_an_8_bit_cache_through_the_server():
-    """--kv-type q8_0 forwarded to the engine: a quarter of the float32 cache's bytes, the same answer."""
+    """--kv-type q8_0 forwarded to the engine: a quarter of the float32 cache's bytes, the float32
+    cache's answer. Asked "What is 2 + 2?", not QUESTION: on the France question the default model's
+    first token is a near tie under the 8-bit cache, and which side wins depends on OpenBLAS's kernel
+    for the CPU (AVX-512 machines answer "L'Étoile, ..."); this answer is the same with every kernel
+    (OPENBLAS_CORETYPE Haswell, SkylakeX, Sandybridge) and with the float32 cache."""
     with ServerProcess(extra=["--device", "cpu", "--ctx", "2048", "--kv-type", "q8_0"]) as s:
         info = httpx.get(s.url + "/status").json()["engine_info"]
         assert info["kv_type"] == "q8_0"
         assert int(info["kv_block_bytes"]) == 64 * 2 * 30 * 3 * 64 * 34 // 32  # block x K,V x layers x heads x d
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
-        r = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0, max_tokens=20)
-        assert r.choices[0].message.content == "The capital of France is Paris."
+        r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "What is 2 + 2?"}],
+                                           temperature=0, max_tokens=20)
+        assert r.choices[0].message.content == "The answer to this classic math problem is 4."
