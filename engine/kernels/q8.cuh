@@ -4,8 +4,8 @@
 #include <cuda_fp16.h>
 
 // x (k,) as k / 32 units {q[32] int8, d, s[2], s01}: x_j ~ d * q_j with d = max |x| / 127 over
-// the unit, s[h] = d * sum of the unit's half h (the term a weight's offset m multiplies when the
-// halves have their own scales, Q6_K's), s01 = d * the sum of all 32 (the same for one scale a unit).
+// the unit; the terms a weight's offset m multiplies: s01 = d * the sum of all 32 (the matvecs'
+// unit_add, matvec.cuh), s[h] = d * the sum of half h (the MoE experts' matvec, unit_dot_q8).
 struct Q8 {
     int q[8];  // 32 int8, byte i of q[j] is value 4j + i
     float d, s[2], s01;
