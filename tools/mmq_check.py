@@ -6,7 +6,7 @@ takes mmq.cu from MMQ_FROM rows) likewise; and within 1e-3 of NumPy. Then its ti
 Llama-3-8B decode shapes at 1-64 rows beside the dp4a kernels it replaces (16 rows a launch), with
 the weight bytes per second each reaches, and the block's shape (MMQ_WARPS, MMQ_MT, MMQ_STAGES) as knobs.
 
-    python tools/mmq_check.py [--json FILE] [--quick]
+    python tools/mmq_check.py [--json FILE] [--quick] [--time-kinds Q4_K,Q6_K] [--no-knobs]
 
 Exit status 0 when every check passes.
 """
