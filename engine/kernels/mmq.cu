@@ -81,7 +81,24 @@ __device__ __forceinline__ void mma_u8s8_k32(int* c, const Pair& g, const Pair& 
 // (both full rate; the conversion instruction is not): 0x4B400000 is 1.5 * 2^23.
 __device__ __forceinline__ float exact_float(int s) { return __int_as_float(0x4B400000 + s) - 12582912.f; }
 
-// Slab t of rows row0 .. row0 + rows - 1 into shared memory at dst (rows row_stride apart): the
+// Where slab t of weight row r starts in global memory (its offset in its first 16-byte piece is
+// where it starts in shared memory).
+template <class T>
+__device__ __forceinline__ size_t slab_at(const u8* w, size_t rb, int r, int t) {
+    return reinterpret_cast<size_t>(w + (size_t)r * rb + (size_t)t * Slab<T>::BYTES);
+}
+
+// Adds v[0] .. v[N - 1] as a binary tree of adjacent pairs (the matvec's reduction order) -> the sum.
+template <int N>
+__device__ __forceinline__ float pairwise_sum(float (&v)[N]) {
+#pragma unroll
+    for (int step = 1; step < N; step *= 2)
+#pragma unroll
+        for (int u = 0; u < N; u += 2 * step) v[u] = __fadd_rn(v[u], v[u + step]);
+    return v[0];
+}
+
+// Slab t of rows row0 .. row0 + rows - 1 into shared memory at dst (rows Slab<T>::STRIDE apart): the
 // aligned 16-byte pieces that hold each row's slab (zeros past the matrix).
 template <class T>
 __device__ __forceinline__ void copy_weights(const u8* __restrict__ w, size_t rb, int row0, int rows, int m, int t,
@@ -90,7 +107,7 @@ __device__ __forceinline__ void copy_weights(const u8* __restrict__ w, size_t rb
     const size_t start = (size_t)t * SB, len = min((size_t)SB, rb - start);
     for (int i = threadIdx.x; i < rows * pieces; i += blockDim.x) {
         const int r = i / pieces, piece = i % pieces;
-        const size_t at = reinterpret_cast<size_t>(w + (size_t)(row0 + r) * rb + start);
+        const size_t at = slab_at<T>(w, rb, row0 + r, t);
         const size_t src = (at & ~(size_t)15) + 16 * piece;
         const bool valid = row0 + r < m && src < at + len;
         cp_async16_to(smem_addr(dst + r * Slab<T>::STRIDE + 16 * piece), valid ? (const void*)src : w, valid);
@@ -113,7 +130,7 @@ template <class T, int NT, typename Out>
 __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restrict__ xq, Out* __restrict__ y, int m,
                                     int k, int ldy, int nb) {
     constexpr int MT = MMQ_MT, RB = 16 * MT, CB = 8 * NT, P = MT * NT * 4;  // block's weight rows, x rows; outputs a lane
-    constexpr int WS = Slab<T>::STRIDE, SB = Slab<T>::BYTES, STAGE = RB * WS + CB * kXStride;
+    constexpr int WS = Slab<T>::STRIDE, STAGE = RB * WS + CB * kXStride;
     extern __shared__ __align__(128) u8 smem[];  // MMQ_STAGES x {RB weight rows, CB x rows}; then the warps' sums
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int row0 = blockIdx.y * RB, b0 = blockIdx.x * CB, units = k >> 5, slabs = (units + kSlab - 1) / kSlab;
@@ -152,7 +169,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                mis[mt][h] = reinterpret_cast<size_t>(w + (size_t)(row0 + 16 * mt + 8 * h + g) * rb + (size_t)t * SB) & 15;
+                mis[mt][h] = slab_at<T>(w, rb, row0 + 16 * mt + 8 * h + g, t) & 15;
 #pragma unroll
         for (int i = 0; i < kChains; ++i) {
             const int l = __brev(warp * kChains + i) >> 27;  // chain l: unit kSlab t + l of this slab
@@ -198,37 +215,26 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
         __syncthreads();  // the stage is read before a later slab's copies overwrite it
     }
     cp_async_wait<0>();
-    // the warp's chains, adjacent leaves of the matvec's tree: pairwise, level by level
-#pragma unroll
-    for (int len = kChains; len > 1; len >>= 1)
-#pragma unroll
-        for (int i = 0; i < len / 2; ++i)
-#pragma unroll
-            for (int p = 0; p < P; ++p)
-                (&acc[i][0][0][0])[p] = __fadd_rn((&acc[2 * i][0][0][0])[p], (&acc[2 * i + 1][0][0][0])[p]);
-    // the warps' subtrees, added pairwise (the tree's top levels); warp w takes outputs w, w + MMQ_WARPS, ...
+    // the warp's chains, adjacent leaves of the matvec's tree, added pairwise: the warp's subtree
     float* sums = reinterpret_cast<float*>(smem);  // [warp][output][lane] (the stages are done with)
-    if (MMQ_WARPS > 1) {
 #pragma unroll
-        for (int p = 0; p < P; ++p) sums[(warp * P + p) * 32 + lane] = (&acc[0][0][0][0])[p];
-        __syncthreads();
+    for (int p = 0; p < P; ++p) {
+        float v[kChains];
+#pragma unroll
+        for (int i = 0; i < kChains; ++i) v[i] = (&acc[i][0][0][0])[p];
+        sums[(warp * P + p) * 32 + lane] = pairwise_sum(v);
     }
+    __syncthreads();
+    // the warps' subtrees, added pairwise (the tree's top levels); warp w takes outputs w, w + MMQ_WARPS, ...
 #pragma unroll 1
-    for (int p = MMQ_WARPS > 1 ? warp : 0; p < P; p += MMQ_WARPS > 1 ? MMQ_WARPS : 1) {
+    for (int p = warp; p < P; p += MMQ_WARPS) {
         float v[MMQ_WARPS];
-        if (MMQ_WARPS > 1) {
 #pragma unroll
-            for (int u = 0; u < MMQ_WARPS; ++u) v[u] = sums[(u * P + p) * 32 + lane];
-#pragma unroll
-            for (int step = 1; step < MMQ_WARPS; step *= 2)  // level by level: v[u] + v[u + step], in place
-#pragma unroll
-                for (int u = 0; u < MMQ_WARPS; u += 2 * step) v[u] = __fadd_rn(v[u], v[u + step]);
-        } else {
-            v[0] = (&acc[0][0][0][0])[p];
-        }
+        for (int u = 0; u < MMQ_WARPS; ++u) v[u] = sums[(u * P + p) * 32 + lane];
         const int mt = p / (4 * NT), nt = p / 4 % NT, o = p % 4;  // p = (mt NT + nt) 4 + o
         const int row = row0 + 16 * mt + g + 8 * (o >> 1), col = b0 + 8 * nt + 2 * c + (o & 1);
-        if (row < m && col < nb) store(y, (size_t)col * ldy + row, v[0]);
+        const float sum = pairwise_sum(v);
+        if (row < m && col < nb) store(y, (size_t)col * ldy + row, sum);
     }
 }
 
