@@ -121,8 +121,9 @@ def main() -> int:
 
     # ---- the block's shape: time, and the bits unchanged (the order does not depend on it)
     m, k = SHAPES["w_gate_up"]
-    data = cp.asarray(rng.integers(0, 256, (m, row_bytes("Q4_K", k)), dtype=np.uint8) & 0x3F)
-    xq = kernels.quantize_q8(cp.asarray((rng.standard_normal(64 * k) * 0.5).astype(np.float16)))
+    if not a.no_knobs:
+        data = cp.asarray(rng.integers(0, 256, (m, row_bytes("Q4_K", k)), dtype=np.uint8) & 0x3F)
+        xq = kernels.quantize_q8(cp.asarray((rng.standard_normal(64 * k) * 0.5).astype(np.float16)))
     for warps, mt, stages in () if a.no_knobs else KNOBS:
         label = f"MMQ_WARPS={warps} MMQ_MT={mt} MMQ_STAGES={stages}"
         try:

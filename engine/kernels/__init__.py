@@ -191,12 +191,13 @@ class GpuKernels:
         self.stage = hopper and os.environ.get("STRATA_MATVEC_STAGE", "1") != "0"
         self.pairs = True  # two stacked quantized parts against one row of x in one launch (matvec2_*)
         self.mmq_from = int(os.environ.get("STRATA_MMQ_FROM", MMQ_FROM))
+        mmq_smem_max = max(mmq_smem_bytes(kind, nt) for kind in BLOCKS for nt in MMQ_TILES)  # a cap: each launch
+        # asks for its kind's and tile's share
         for name, fn in self.fn.items():
             if name.startswith("matvec"):
                 fn.max_dynamic_shared_size_bytes = MATVEC_STAGE_MAX
-            if name.startswith("mmq"):  # mmq_<kind>_t<nt>[_f32]
-                kind, tile = name.split("_t")[0][4:], int(name.split("_t")[1].split("_")[0])
-                fn.max_dynamic_shared_size_bytes = mmq_smem_bytes(kind, tile)
+            if name.startswith("mmq"):
+                fn.max_dynamic_shared_size_bytes = mmq_smem_max
             if is_dependent(name):
                 self.fn[name] = launch.Kernel(fn, self, fn.kernel.ptr)
         # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
