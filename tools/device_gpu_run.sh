@@ -398,19 +398,16 @@ for step in "$@"; do
       python3 tools/mmv_check.py --json "$OUT/mmv_check.json" || echo "MMV CHECK FAILED" ;;
     mmq)
       python3 tools/mmq_check.py --json "$OUT/mmq_check.json" || echo "MMQ CHECK FAILED" ;;
-    mmqbatch)  # the 8B shape in Q4_K_M, aggregate decode with the quantized matvecs on mmq.cu from FROM rows (default: 1 and 65)
-      synth_mq
-      for from in ${FROM:-1 65}; do
-        STRATA_MMQ_FROM=$from timeout 200 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 \
-          --repeats ${REPEATS:-1} --batches ${BATCHES:-16,32,64} --label llama3-8b-shape-q4_k_m-mmq-from-$from \
-          --json "$OUT/batch_decode_gpu_mmq.json" 2>&1 | quiet | tail -4 || echo "MMQ BATCH FAILED (from $from)"
-      done ;;
-    batchf16|batchq)
+    batchf16|batchq)  # FROM="1 65": each run with STRATA_MMQ_FROM at that value (mmq.cu from that many rows)
       if [ $step = batchf16 ]; then set -- $M8 F16 f16; else set -- $MQ Q4_K_M q4_k_m; fi
       [ -f $1 ] || python3 tools/make_synthetic_gguf.py $1 --preset llama3-8b --type $2 --tokenizer .device/tok.gguf 2>&1 | tail -1
-      python3 bench/batch_decode_bench.py --model $1 --device gpu --context 512 --steps 32 --repeats 3 \
-        --batches ${BATCHES:-1,2,4,8,16} --label llama3-8b-shape-$3 --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet \
-        || echo "BATCH CHECK FAILED" ;;
+      for from in ${FROM:-default}; do
+        if [ $from = default ]; then suffix=""; else suffix="-mmq-from-$from"; fi
+        (if [ $from != default ]; then export STRATA_MMQ_FROM=$from; fi
+         python3 bench/batch_decode_bench.py --model $1 --device gpu --context 512 --steps 32 \
+           --repeats ${REPEATS:-3} --batches ${BATCHES:-1,2,4,8,16} --label llama3-8b-shape-$3$suffix \
+           --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet) || echo "BATCH CHECK FAILED ($from)"
+      done ;;
     wide)
       python3 tools/matvec_wide_times.py --json "$OUT/matvec_wide.json" || echo "WIDE CHECK FAILED" ;;
     agent)
