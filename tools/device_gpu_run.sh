@@ -12,6 +12,8 @@
 # profile  tools/gpu_profile_decode.py: one decode-graph replay of the 8B shape in Q4_K_M (and PROFILE_MODELS) under
 #          ncu, each kernel's time and DRAM bytes against the replay's time -> $OUT/decode_profile.json;
 #          PROFILE_ROWS="1 16 64" profiles batch steps too
+# detail   ncu's full sections (warp stalls, pipes, the SASS with its samples) for the kernels matching DETAIL_RE
+#          (mmq) of the 8B Q4_K_M step at DETAIL_ROWS (64) rows -> $OUT/detail_<rows>rows_{details,source}.txt
 # decode   issue 23's round in one call (about 6 minutes once the 8B file exists): the kernel checks a decode
 #          step's kernels have (weights, norm_rope, attention, fused_q8), the paged batch checks (135M shape),
 #          tools/pdl_check.py on the 8B, 135M and 4-layer MoE shapes (same bits, greedy = eager, replay times),
@@ -233,6 +235,12 @@ for step in "$@"; do
           python3 tools/gpu_profile_decode.py --model $m --rows $rows --json "$OUT/decode_profile.json" 2>&1 | quiet \
             || echo "PROFILE FAILED ($m, $rows rows)"
         done
+      done ;;
+    detail)  # DETAIL_RE (mmq), DETAIL_ROWS (64): ncu's full sections for those kernels of the 8B step
+      synth_mq
+      for rows in ${DETAIL_ROWS:-64}; do
+        timeout 300 python3 tools/gpu_profile_decode.py --model $MQ --rows $rows --detail "${DETAIL_RE:-mmq}" \
+          --detail-out "$OUT" 2>&1 | tail -5 || echo "DETAIL FAILED ($rows rows)"
       done ;;
     decode)
       synth_mq

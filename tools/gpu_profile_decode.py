@@ -102,6 +102,27 @@ def summary(launches: list[dict], replay_ms: float, layers: int) -> dict:
             "tb_s_over_replay": round(dram / (replay_ms * 1e-3) / 1e12, 2), "by_kernel": rows}
 
 
+def detail(a, run: list[str]) -> int:
+    """ncu's full set for the matching kernels of one profiled replay: the details page (throughputs,
+    warp stalls, pipe use) and the SASS with each instruction's samples, as text under a.detail_out."""
+    out = Path(a.detail_out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"detail_{a.rows}rows"
+    rep = stem.with_suffix(".ncu-rep")
+    done = subprocess.run([a.ncu, "--clock-control", "none", "--profile-from-start", "off", "--set", "full",
+                           "--import-source", "no", "-k", f"regex:{a.detail}", "--launch-count", str(a.detail_count),
+                           "-f", "-o", str(rep), *run, "--profiled"], capture_output=True, text=True)
+    if done.returncode != 0 or not rep.exists():
+        print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
+        return 1
+    pages = {"details": ["--page", "details"], "source": ["--page", "source", "--csv", "--print-source", "sass"]}
+    for name, args in pages.items():
+        text = subprocess.run([a.ncu, "--import", str(rep), *args], capture_output=True, text=True)
+        Path(f"{stem}_{name}.txt").write_text(text.stdout + text.stderr)
+    print(f"wrote {stem}_details.txt and {stem}_source.txt")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True)
@@ -111,6 +132,10 @@ def main() -> int:
     p.add_argument("--ncu", default=os.environ.get("NCU", "ncu"))
     p.add_argument("--json")
     p.add_argument("--label")
+    p.add_argument("--detail", metavar="REGEX", help="instead: ncu's full sections (stalls, pipes, source) for the "
+                   "kernels whose names match, the first --detail-count launches -> --detail-out/NAME.txt")
+    p.add_argument("--detail-count", type=int, default=6)
+    p.add_argument("--detail-out", default=".")
     p.add_argument("--inner", help=argparse.SUPPRESS)  # a run of the step: where to write its replay time
     p.add_argument("--profiled", action="store_true", help=argparse.SUPPRESS)  # the run under ncu
     a = p.parse_args()
@@ -123,6 +148,8 @@ def main() -> int:
                "--repeats", str(a.repeats), "--inner", str(timing)]
         ncu = [a.ncu, "--clock-control", "none", "--cache-control", "none", "--profile-from-start", "off",
                "--metrics", ",".join(METRICS), "--csv", "--print-units", "base", "--log-file", str(report)]
+        if a.detail:
+            return detail(a, run)
         done = subprocess.run(run, capture_output=True, text=True)  # timed alone: ncu slows every launch
         if done.returncode == 0:
             done = subprocess.run([*ncu, *run, "--profiled"], capture_output=True, text=True)
