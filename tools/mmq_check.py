@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w_gate_up": (28672, 4096), 
 ODD = [(37, 512), (131, 768), (5, 14336), (300, 4096), (17, 96), (64, 576)]
 ROWS = (1, 2, 3, 8, 9, 17, 33, 48, 64, 70, 129, 256)
 TIMED_ROWS = (1, 4, 8, 16, 32, 64)
-KNOBS = ((8, 2, 2), (32, 2, 2), (16, 1, 2), (16, 4, 2), (16, 2, 3))  # (MMQ_WARPS, MMQ_MT, MMQ_STAGES) timed beside the default
+KNOBS = ((16, 1, 4), (16, 4, 4), (16, 2, 2), (16, 2, 3), (16, 2, 6))  # (MMQ_WARPS, MMQ_MT, MMQ_STAGES) timed beside the default
 
 
 def main() -> int:
@@ -47,7 +46,7 @@ def main() -> int:
     from make_synthetic_gguf import random_blocks
 
     from engine.kernels import OPTIONS, GpuKernels, kernel_source, tiles
-    from engine.kernels import MMQ_TILES, mmq_smem_bytes
+    from engine.kernels import MMQ_TILES, mmq_grid, mmq_smem_bytes
     from engine.quantized import BLOCKS, QuantMatrix, QuantPart, quantize_q8, row_bytes
 
     kernels = GpuKernels(cp)
@@ -138,7 +137,7 @@ def main() -> int:
                 y, want = cp.empty((n, m), dtype=cp.float16), cp.empty((n, m), dtype=cp.float16)
 
                 def launch():
-                    fn((math.ceil(n / (8 * nt)), math.ceil(m / (16 * mt))), (32 * warps,),
+                    fn((mmq_grid(m, n, nt, kernels.sms, mt),), (32 * warps,),
                        (data, xq, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)), shared_mem=smem)
                 launch()
                 kernels.mmq("Q4_K", data, m, k, xq, want, m, n)

@@ -48,7 +48,9 @@ MMQ_FROM = 8  # rows of x from which a quantized matvec runs on the int8 tensor 
 # matvec_<T>_n<NB>, one launch for any number of rows, each weight tile read once for up to 32 of them); below
 # it the dp4a kernels are faster on the H200 (bench/README.md, issue 23's fifth round); $STRATA_MMQ_FROM
 # overrides it (a benchmark's way to put both kernels side by side)
-MMQ_THREADS, MMQ_MT, MMQ_STAGES = 512, 2, 2  # an mmq block: MMQ_WARPS warps, 16 MMQ_MT weight rows, slabs in flight
+MMQ_THREADS, MMQ_MT, MMQ_STAGES = 512, 2, 4  # an mmq block: MMQ_WARPS warps, 16 MMQ_MT weight rows, the most slabs
+# in flight (as many as fit MMQ_SMEM)
+MMQ_SMEM = 227 * 1024  # shared memory an mmq block may take (kSmemBudget in mmq.cu; the H200's most a block)
 MMQ_TILES = (1, 2, 4)  # n-tiles of 8 rows of x a block takes (mmq_<T>_t<NT>); more rows, more blocks
 MMV_THREADS = 128  # mmv.cu: a block's threads
 MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_t<NT>, up to 64 rows a launch) ->
@@ -74,17 +76,32 @@ def matvec_stage(kind: str, m: int, k: int, nb: int, address: int) -> int:
     return per_warp if fits and per_warp % 16 == 0 and address % 16 == 0 else 0
 
 
-def mmq_smem_bytes(kind: str, nt: int, warps: int = MMQ_THREADS // 32, mt: int = MMQ_MT,
-                   stages: int = MMQ_STAGES) -> int:
-    """Dynamic shared memory of an mmq_<kind>_t<nt> block (mmq.cu's smem): `stages` slabs of 32 units
-    of its 16 mt weight rows (row_stride: the slab's bytes, their 16-byte pieces' slack, padded to 16
-    past a multiple of 128) and of its 8 nt rows of x (32 Q8 units and 16 bytes); the warps' sums at
-    the end take the same room."""
+def mmq_stages(kind: str, nt: int, warps: int = MMQ_THREADS // 32, mt: int = MMQ_MT,
+               stages: int = MMQ_STAGES) -> tuple[int, int, int]:
+    """An mmq_<kind>_t<nt> block's shared memory (mmq.cu's Smem) -> (stages, bytes a stage, bytes of
+    the sums): a stage is a slab of 32 units of its 16 mt weight rows (row_stride: the slab's bytes,
+    their 16-byte pieces' slack, padded to 16 past a multiple of 128) and of its 8 nt rows of x (32 Q8
+    units and 16 bytes); the warps' sums take min(outputs a lane, warps) outputs a lane at a time; as
+    many stages as fit MMQ_SMEM beside them, at most `stages`."""
     size, nbytes = BLOCKS[kind]
     slab = 32 * UNIT // size * nbytes
     row_stride = (slab + 32 + 127) // 128 * 128 + 16
-    x_stride = 32 * Q8_BYTES + 16
-    return max(stages * (16 * mt * row_stride + 8 * nt * x_stride), warps * mt * nt * 4 * 32 * 4)
+    stage = 16 * mt * row_stride + 8 * nt * (32 * Q8_BYTES + 16)
+    sums = warps * min(mt * nt * 4, warps) * 32 * 4
+    return min(stages, (MMQ_SMEM - sums) // stage), stage, sums
+
+
+def mmq_smem_bytes(kind: str, nt: int, warps: int = MMQ_THREADS // 32, mt: int = MMQ_MT,
+                   stages: int = MMQ_STAGES) -> int:
+    """Dynamic shared memory of an mmq_<kind>_t<nt> block: its stages and its sums (mmq_stages)."""
+    n, stage, sums = mmq_stages(kind, nt, warps, mt, stages)
+    return n * stage + sums
+
+
+def mmq_grid(m: int, n: int, nt: int, sms: int, mt: int = MMQ_MT) -> int:
+    """Blocks of an mmq launch over an (m, k) matrix and n rows of x: one a multiprocessor, or one a
+    tile of 16 mt weight rows by 8 nt rows of x where there are fewer tiles (mmq.cu walks the rest)."""
+    return min(sms, math.ceil(m / (16 * mt)) * math.ceil(n / (8 * nt)))
 
 
 def built_kernels() -> dict[str, tuple[str, ...]]:
@@ -190,13 +207,15 @@ class GpuKernels:
         # capability 9.0, unless $STRATA_MATVEC_STAGE is 0)
         self.stage = hopper and os.environ.get("STRATA_MATVEC_STAGE", "1") != "0"
         self.pairs = True  # two stacked quantized parts against one row of x in one launch (matvec2_*)
-        self.mmq_from = int(os.environ.get("STRATA_MMQ_FROM", MMQ_FROM))
+        # the int8 tensor-core batches (mmq.cu) take up to 227 KiB of shared memory a block: Hopper's
+        self.mmq_from = int(os.environ.get("STRATA_MMQ_FROM", MMQ_FROM)) if hopper else sys.maxsize
+        self.sms = cp.cuda.Device().attributes["MultiProcessorCount"]
         mmq_smem_max = max(mmq_smem_bytes(kind, nt) for kind in BLOCKS for nt in MMQ_TILES)  # a cap: each launch
         # asks for its kind's and tile's share
         for name, fn in self.fn.items():
             if name.startswith("matvec"):
                 fn.max_dynamic_shared_size_bytes = MATVEC_STAGE_MAX
-            if name.startswith("mmq"):
+            if name.startswith("mmq") and hopper:
                 fn.max_dynamic_shared_size_bytes = mmq_smem_max
             if is_dependent(name):
                 self.fn[name] = launch.Kernel(fn, self, fn.kernel.ptr)
@@ -452,7 +471,7 @@ class GpuKernels:
         """y (n, m; rows ldy apart) = x @ W^T for n rows of x in 8 bits (xq) against an (m, k) matrix of
         `kind` blocks on the int8 tensor cores, one launch: the bits matvec_<kind>_n<NB> gives each row."""
         nt = tiles(min(n, 8 * MMQ_TILES[-1]), MMQ_TILES)
-        self.fn[f"mmq_{kind}_t{nt}{suffix}"]((math.ceil(n / (8 * nt)), math.ceil(m / (16 * MMQ_MT))), (MMQ_THREADS,),
+        self.fn[f"mmq_{kind}_t{nt}{suffix}"]((mmq_grid(m, n, nt, self.sms),), (MMQ_THREADS,),
                                              (data, xq, y, np.int32(m), np.int32(k), np.int32(ldy), np.int32(n)),
                                              shared_mem=mmq_smem_bytes(kind, nt))
 
