@@ -103,21 +103,23 @@ __device__ __forceinline__ float pairwise_sum(float (&v)[N]) {
 
 // Slab t of rows row0 .. row0 + rows - 1 into shared memory at dst (rows Slab<T>::STRIDE apart): the
 // aligned 16-byte pieces that hold each row's slab (zeros past the matrix). Warp w copies rows w,
-// w + MMQ_WARPS, ..., its lane l pieces l, l + 32, ... of each: a row's addresses are worked out once.
+// w + MMQ_WARPS, ..., its lane l pieces l, l + 32, ... of each; offsets in 32 bits (a matrix is
+// below 4 GiB), from the 16-byte boundary at or below w.
 template <class T>
-__device__ __forceinline__ void copy_weights(const u8* __restrict__ w, size_t rb, int row0, int rows, int m, int t,
+__device__ __forceinline__ void copy_weights(const u8* __restrict__ w, unsigned rb, int row0, int rows, int m, int t,
                                              u8* dst) {
     constexpr int SB = Slab<T>::BYTES, pieces = (SB + 30) / 16;
-    const size_t len = min((size_t)SB, rb - (size_t)t * SB);
-#pragma unroll 1
+    const unsigned skew = reinterpret_cast<size_t>(w) & 15, len = min((unsigned)SB, rb - t * SB) + skew;
+    const u8* aligned = w - skew;
     for (int r = threadIdx.x >> 5; r < rows; r += MMQ_WARPS) {
-        const size_t at = slab_at<T>(w, rb, row0 + r, t), end = at + len;
+        const unsigned at = (row0 + r) * rb + t * SB, from = (at + skew) & ~15u, end = at + len;
         const unsigned to = smem_addr(dst + r * Slab<T>::STRIDE);
+        const bool row_valid = row0 + r < m;
 #pragma unroll
         for (int piece = threadIdx.x & 31; piece < pieces; piece += 32) {
-            const size_t src = (at & ~(size_t)15) + 16 * piece;
-            const bool valid = row0 + r < m && src < end;
-            cp_async16_to(to + 16 * piece, valid ? (const void*)src : w, valid);
+            const unsigned src = from + 16 * piece;
+            const bool valid = row_valid && src < end;
+            cp_async16_to(to + 16 * piece, valid ? (const void*)(aligned + src) : w, valid);
         }
     }
 }
@@ -127,14 +129,15 @@ __device__ __forceinline__ void copy_weights(const u8* __restrict__ w, size_t rb
 __device__ __forceinline__ void copy_x(const Q8* __restrict__ xq, int units, int b0, int rows, int nb, int t, u8* dst) {
     constexpr int pieces = kSlab * 3;  // a Q8 unit is three 16-byte pieces
     const int have = 3 * min(kSlab, units - kSlab * t);
-#pragma unroll 1
+    const char* x = reinterpret_cast<const char*>(xq);
     for (int r = threadIdx.x >> 5; r < rows; r += MMQ_WARPS) {
-        const char* from = reinterpret_cast<const char*>(xq + (size_t)(b0 + r) * units + kSlab * t);
+        const unsigned from = ((b0 + r) * units + kSlab * t) * (unsigned)sizeof(Q8);
         const unsigned to = smem_addr(dst + r * kXStride);
+        const bool row_valid = b0 + r < nb;
 #pragma unroll
         for (int piece = threadIdx.x & 31; piece < pieces; piece += 32) {
-            const bool valid = b0 + r < nb && piece < have;
-            cp_async16_to(to + 16 * piece, valid ? (const void*)(from + 16 * piece) : xq, valid);
+            const bool valid = row_valid && piece < have;
+            cp_async16_to(to + 16 * piece, valid ? (const void*)(x + from + 16 * piece) : xq, valid);
         }
     }
 }
