@@ -12,6 +12,8 @@
 # profile  tools/gpu_profile_decode.py: one decode-graph replay of the 8B shape in Q4_K_M (and PROFILE_MODELS) under
 #          ncu, each kernel's time and DRAM bytes against the replay's time -> $OUT/decode_profile.json;
 #          PROFILE_ROWS="1 16 64" profiles batch steps too
+# mmqround a change to mmq.cu in one call: tools/mmq_check.py (every kind bit for bit, Q4_K and Q6_K times), the 8B
+#          step's profile at 64 rows, pdl_check (logits, greedy = eager), one request at 512, 16 and 64 requests
 # detail   ncu's full sections (warp stalls, pipes, the SASS with its samples) for the kernels matching DETAIL_RE
 #          (mmq) of the 8B Q4_K_M step at DETAIL_ROWS (64) rows -> $OUT/detail_<rows>rows_{details,source}.txt
 # decode   issue 23's round in one call (about 6 minutes once the 8B file exists): the kernel checks a decode
@@ -236,6 +238,16 @@ for step in "$@"; do
             || echo "PROFILE FAILED ($m, $rows rows)"
         done
       done ;;
+    mmqround)  # a change to mmq.cu checked and measured in one call (about 4 minutes with the 8B file made)
+      synth_mq
+      timeout 120 python3 tools/mmq_check.py --no-knobs --time-kinds Q4_K,Q6_K --json "$OUT/mmq_check.json" 2>&1 \
+        | grep -v "checked:" | cut -c1-600 || echo "MMQ CHECK FAILED"
+      timeout 60 python3 tools/gpu_profile_decode.py --model $MQ --rows 64 --json "$OUT/decode_profile.json" 2>&1 | head -9
+      timeout 50 python3 tools/pdl_check.py --model $MQ --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1
+      timeout 60 python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
+        --decode-contexts 512 --label llama3-8b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | grep decode_at
+      timeout 70 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 --repeats 1 \
+        --batches 16,64 --label llama3-8b-shape-q4_k_m --json "$OUT/batch_decode_gpu.json" 2>&1 | grep "requests:" ;;
     detail)  # DETAIL_RE (mmq), DETAIL_ROWS (64): ncu's full sections for those kernels of the 8B step
       synth_mq
       for rows in ${DETAIL_ROWS:-64}; do

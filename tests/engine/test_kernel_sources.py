@@ -86,3 +86,22 @@ def test_every_built_kernel_is_defined():
 def test_the_wait_is_hoppers_only():
     text = (KERNEL_DIR / "pdl.cuh").read_text()
     assert text.count("__CUDA_ARCH__ >= 900") == 2  # griddepcontrol and prefetch exist from sm_90 on
+
+
+def test_mmq_blocks_fit_the_budget_the_kernel_states():
+    """mmq.cu sizes its stages from kSmemBudget; the launcher asks for mmq_smem_bytes from MMQ_SMEM:
+    the two must be one figure, every kind and tile must keep two slabs in flight within it, and a
+    grid never has more blocks than multiprocessors or than tiles."""
+    from engine.kernels import MMQ_SMEM, MMQ_TILES, mmq_grid, mmq_smem_bytes, mmq_stages
+    from engine.quantized import BLOCKS
+
+    budget = re.search(r"constexpr int kSmemBudget = (\d+) \* (\d+);", (KERNEL_DIR / "mmq.cu").read_text())
+    assert budget and int(budget.group(1)) * int(budget.group(2)) == MMQ_SMEM
+    for kind in BLOCKS:
+        for nt in MMQ_TILES:
+            stages, stage, sums = mmq_stages(kind, nt)
+            assert stages >= 2, f"mmq_{kind}_t{nt}: {stages} slab(s) in flight"
+            assert mmq_smem_bytes(kind, nt) == stages * stage + sums <= MMQ_SMEM
+    assert mmq_grid(28672, 64, 4, 132) == 132  # 896 x 2 tiles walked by 132 blocks
+    assert mmq_grid(4096, 8, 1, 132) == 128  # fewer tiles than multiprocessors: a block each
+    assert mmq_grid(1, 1, 1, 132) == 1
