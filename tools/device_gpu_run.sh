@@ -15,7 +15,8 @@
 # mmqround a change to mmq.cu in one call: tools/mmq_check.py (every kind bit for bit, Q4_K and Q6_K times), the 8B
 #          step's profile at 64 rows, pdl_check (logits, greedy = eager), one request at 512, 16 and 64 requests
 # detail   ncu's full sections (warp stalls, pipes, the SASS with its samples) for the kernels matching DETAIL_RE
-#          (mmq) of the 8B Q4_K_M step at DETAIL_ROWS (64) rows -> $OUT/detail_<rows>rows_{details,source}.txt
+#          (mmq) of the 8B Q4_K_M step at DETAIL_ROWS (64) rows -> $OUT/detail_<rows>rows_{details,source}.txt, and
+#          tools/ncu_source_summary.py's instructions and stalls by opcode and code region -> _summary.txt
 # decode   issue 23's round in one call (about 6 minutes once the 8B file exists): the kernel checks a decode
 #          step's kernels have (weights, norm_rope, attention, fused_q8), the paged batch checks (135M shape),
 #          tools/pdl_check.py on the 8B, 135M and 4-layer MoE shapes (same bits, greedy = eager, replay times),
@@ -253,6 +254,8 @@ for step in "$@"; do
       for rows in ${DETAIL_ROWS:-64}; do
         timeout 300 python3 tools/gpu_profile_decode.py --model $MQ --rows $rows --detail "${DETAIL_RE:-mmq}" \
           --detail-out "$OUT" 2>&1 | tail -5 || echo "DETAIL FAILED ($rows rows)"
+        python3 tools/ncu_source_summary.py "$OUT/detail_${rows}rows_source.txt" > "$OUT/detail_${rows}rows_summary.txt" \
+          && cat "$OUT/detail_${rows}rows_summary.txt"
       done ;;
     decode)
       synth_mq
