@@ -137,6 +137,26 @@ def check_attention(k: GpuKernels) -> None:
             record("attention" + (f" {kind}" if n > 1 else ""), f"d={d} gqa={heads // kv_heads} n={n} start={start} "
                    f"block={block}" + (f" grid for {bucket}" if bucket else ""), rel_err(out, ref), 5e-3)
         k.prompt_attention = default
+    check_decode_grid(k)
+
+
+def check_decode_grid(k: GpuKernels) -> None:
+    """A large decode batch: flash-decoding's blocks take several splits each (decode_blocks_x), and
+    every output equals, bit for bit, the grid of one split a block (the same partials, merged alike)."""
+    import engine.kernels as kernels
+
+    d, heads, kv_heads, block, ctx, seqs = 128, 32, 8, 64, 3000, 64
+    kc, vc, table = paged(block, half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d))
+    starts = [int(x) for x in rng.integers(0, ctx - 1, seqs)]  # each sequence splits by its own length
+    q, kc, vc = cp.asarray(half_normal(seqs, heads, d)), cp.asarray(kc), cp.asarray(vc)
+    step = k.batch_step([table] * seqs, starts, block=block)
+    several = k.attention(q, kc, vc, step)
+    default, kernels.DECODE_BLOCKS_PER_SM = kernels.DECODE_BLOCKS_PER_SM, 1 << 30
+    try:
+        alone = k.attention(q, kc, vc, step)
+    finally:
+        kernels.DECODE_BLOCKS_PER_SM = default
+    record("attention", f"{seqs} sequences, several splits a block = one", float((several != alone).mean()), 0.0)
 
 
 def rope_inputs(n: int, heads: int, kv_heads: int, d: int, start: int, normed: bool) -> tuple:

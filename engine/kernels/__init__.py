@@ -26,6 +26,7 @@ PROMPT_ATTENTION = ("sm90", "mma")  # prompt-chunk attention kernels: wgmma (att
 # capability 9.0 only) and mma.sync (attention.cu, any GPU); $STRATA_PROMPT_ATTENTION picks one
 DECODE_THREADS = 128  # a flash-decoding block: DEC_WARPS warps in attention.cu
 DECODE_MAX_SPLITS = 64  # DEC_MAX_SPLITS in attention.cu
+DECODE_BLOCKS_PER_SM = 4  # flash-decoding blocks a multiprocessor before a block takes several splits
 MAX_GROUP = 8  # query heads per K/V head the decoding kernels are built for (one kernel each)
 HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
 
@@ -161,6 +162,14 @@ def decode_splits(keys: int) -> int:
     """Blocks per K/V head a flash-decoding grid needs so that any sequence of up to `keys` keys
     finds all of its splits in it (64 keys a block up to 4,096 keys: the most splits any length uses)."""
     return min(DECODE_MAX_SPLITS, math.ceil(keys / 64))
+
+
+def decode_blocks_x(splits: int, seqs: int, blocks_y: int, sms: int) -> int:
+    """Blocks per (sequence, K/V head group) of a flash-decoding grid of `splits` splits: one a split
+    while the grid has up to DECODE_BLOCKS_PER_SM blocks a multiprocessor; beyond, each block takes
+    several splits in turn (the same partials, merged alike: attention.cu)."""
+    per_block = max(1, seqs * blocks_y * splits // (DECODE_BLOCKS_PER_SM * sms))
+    return math.ceil(splits / min(per_block, splits))
 
 
 def log2(block: int) -> np.int32:
@@ -388,10 +397,10 @@ class GpuKernels:
             raise ValueError(f"a decode batch of {seqs} sequences exceeds the {COUNTER_SEQUENCES} the kernels hold")
         kind = "_q8" if isinstance(k_cache, Q8Array) else ""
         self.fn[f"flash_decode{kind}_d{d}_g{group}"](
-            (splits, blocks_y, seqs), (DECODE_THREADS,),
+            (decode_blocks_x(splits, seqs, blocks_y, self.sms), blocks_y, seqs), (DECODE_THREADS,),
             (q, *pool_args(k_cache, v_cache), part_o, part_ml, out, units if q8 else NULL, self.counters, step.pos0, step.table,
              step.table_off, np.int32(blocks_y), np.int32(kv_div), log2(block),
-             np.float32(math.log2(math.e) / math.sqrt(d))))
+             np.float32(math.log2(math.e) / math.sqrt(d)), np.int32(splits)))
         out = out.reshape(seqs, heads * d)
         return Row8(out, units) if q8 else out
 

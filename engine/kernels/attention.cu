@@ -168,18 +168,23 @@ FLASH_ATTENTION(128)
 
 // ---------------------------------------------------------------- flash-decoding: one query token
 // A decode step has one query token per sequence: too little work for the prompt kernel's 64-row
-// tiles. Here the key range is split across blocks: block (split, kv head, sequence) reads keys
-// [split * per_block, +per_block) once for the G query heads that share them (each warp a quarter,
-// 16 keys a round, keeping its own softmax state); the block writes one partial, and the last block
-// of a (sequence, kv head) to finish (an atomic counter, reset by it) merges the partials in split
-// order. The grid may cover more keys than present (a captured graph serves a range of lengths):
-// blocks past the end only count themselves. Scores: 8 lanes a key (a 16-byte slice each), four
+// tiles. Here the key range is split: split j of a (kv head, sequence) reads keys [j * per_block,
+// +per_block) once for the G query heads that share them (each warp a quarter, 16 keys a round,
+// keeping its own softmax state) and writes one partial; block (x, kv head, sequence) takes splits x,
+// x + gridDim.x, ... of the `splits` one after another (one each for a few sequences; several for a
+// large batch, whose blocks would otherwise be too short to amortize their start and end), and the
+// last block of a (sequence, kv head) to finish (an atomic counter, reset by it) merges the partials
+// in split order: the same numbers whatever the grid. The grid may cover more keys than present (a
+// captured graph serves a range of lengths): blocks past the end only count themselves. Scores: 8 lanes a key (a 16-byte slice each), four
 // keys per load; P V: the warp's lanes cover the head dims, keys one by one. K and V of a round are
 // loaded before any is used, so one memory round trip serves 16 keys.
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_ROUND = 16;  // keys a warp takes per round: 4 quads of 4 keys
 constexpr int DEC_ROUND_LOG2 = 4;
 static_assert(DEC_ROUND == 1 << DEC_ROUND_LOG2, "DEC_ROUND_LOG2");
+#ifndef DEC_MIN_BLOCKS  // flash-decoding blocks of up to 4 query heads a multiprocessor holds at once: their
+#define DEC_MIN_BLOCKS 3  // registers at most 65536 / (128 x 3) = 168 (d128_g4 takes 240 left to itself,
+#endif                    // two blocks an SM; 168 spill nothing); 0 leaves it to ptxas, as for 5-8 heads
 constexpr int DEC_MAX_SPLITS = 64;  // per_block is chosen so that no grid has more
 #ifndef DEC_PREFETCH  // 1: a warp's next round of keys finds its block while this round computes (below)
 #define DEC_PREFETCH 0  // 1 passes every check on the H200 but is not yet timed (it takes 228 registers, not 168)
@@ -265,7 +270,7 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
                                              float* __restrict__ part_ml, __half* __restrict__ out,
                                              Q8* __restrict__ q8, int* __restrict__ counters, const int* __restrict__ pos0,
                                              const int* __restrict__ table, const int* __restrict__ table_off,
-                                             int kv_heads, int kv_div, int block_log2, float scale_log2) {
+                                             int kv_heads, int kv_div, int block_log2, float scale_log2, int splits) {
     constexpr int DQ = D / 8;   // dims per lane while scoring (8 lanes a key)
     constexpr int DV = D / 32;  // dims per lane in P V
     constexpr int QS = DQ + 4;  // a lane's q slice in shared memory, padded: 8 slices on distinct banks
@@ -274,28 +279,33 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
     __shared__ float wo[DEC_WARPS][G][D];
     __shared__ float weight[G][DEC_MAX_SPLITS], inv_den[G];
     __shared__ bool last;
-    const int s = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
+    const int s = blockIdx.z, kvh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane >> 3, chunk = lane & 7;
     // the sequence's length and block table are no kernel's output (set before the step): read, and the
     // warp's first block looked up, while the kernel that wrote q and this token's K/V row finishes
     const int heads = kv_heads * G, head0 = kvh * G, kv_len = pos0[s] + 1;
-    // keys a block reads, from this sequence's own length (decode_keys_per_block in kernels/__init__.py):
+    // keys a split reads, from this sequence's own length (decode_keys_per_block in kernels/__init__.py):
     // a sequence splits alike whatever the batch beside it and whichever graph bucket runs it
     const int per_block = max(64, (kv_len <= 1 ? 1 : 1 << (32 - __clz(kv_len - 1))) >> 6);
-    const int first = split * per_block;
     const int* tbl = table + table_off[s];  // this sequence's block table (paged.cuh)
     const int hk = kvh / kv_div, model_kv_heads = kv_heads / kv_div;
-    const int per_warp = per_block / DEC_WARPS, begin = first + warp * per_warp;
-    const int end = min(begin + per_warp, kv_len);
+    const int per_warp = per_block / DEC_WARPS;
     // base is a multiple of DEC_ROUND (per_warp is): with blocks of DEC_ROUND keys or more a
     // round's keys lie in one block, found once a round
     const bool one_block = block_log2 >= DEC_ROUND_LOG2;
-    size_t next_row = one_block && begin < end ? kv_row(tbl, begin, hk, model_kv_heads, block_log2, D) : 0;
+    // the row of the warp's first key of its first split, if it has keys
+    const int begin0 = blockIdx.x * per_block + warp * per_warp;
+    size_t next_row = one_block && begin0 < kv_len ? kv_row(tbl, begin0, hk, model_kv_heads, block_log2, D) : 0;
     after_producer();
-    if (first < kv_len) {
+    if (blockIdx.x * per_block < kv_len) {
         for (int i = threadIdx.x; i < G * D; i += DEC_WARPS * 32)
             qs[i / D][(i % D) / DQ][i % DQ] = __half2float(q[((size_t)s * heads + head0) * D + i]) * scale_log2;
         __syncthreads();
+    }
+    // the block's splits blockIdx.x, + gridDim.x, ... one after another, each its own partial
+    for (int split = blockIdx.x; split < splits && split * per_block < kv_len; split += gridDim.x) {
+        const int first = split * per_block, begin = first + warp * per_warp, end = min(begin + per_warp, kv_len);
+        if (split != blockIdx.x) next_row = one_block && begin < end ? kv_row(tbl, begin, hk, model_kv_heads, block_log2, D) : 0;
         float m[G], l[G], o[G][DV];
 #pragma unroll
         for (int h = 0; h < G; ++h) {
@@ -408,10 +418,11 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
             part_o[row * D + dim] = num;
             if (dim == 0) part_ml[row * 2] = mx, part_ml[row * 2 + 1] = den;
         }
-        __threadfence();  // the partial is visible to the block that merges
+        __syncthreads();  // wm, wl, wo are read before the next split's warps write them
     }
+    __threadfence();  // the partials are visible to the block that merges
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&counters[s * kv_heads + kvh], 1) == splits - 1;
+    if (threadIdx.x == 0) last = atomicAdd(&counters[s * kv_heads + kvh], 1) == gridDim.x - 1;
     __syncthreads();
     if (!last) return;
     // the last block: weights of the used splits per head (a warp a head), then each output dim
@@ -461,12 +472,12 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
 
 // flash_decode_d<D>_g<G> reads an fp16 pool (k_scales, v_scales null), flash_decode_q8_d<D>_g<G> a q8_0 one
 #define FLASH_DECODE_KIND(NAME, D, G, Q8_0)                                                                     \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, G <= 4 ? DEC_MIN_BLOCKS : 0)                       \
         NAME(const __half* q, const void* k, const void* v, const __half* k_scales, const __half* v_scales,   \
              float* part_o, float* part_ml, __half* out, Q8* q8, int* counters, const int* pos0, const int* table, \
-             const int* table_off, int kv_heads, int kv_div, int block_log2, float scale_log2) {             \
+             const int* table_off, int kv_heads, int kv_div, int block_log2, float scale_log2, int splits) { \
         flash_decode<D, G, Q8_0>(q, k, v, k_scales, v_scales, part_o, part_ml, out, q8, counters, pos0, table,  \
-                               table_off, kv_heads, kv_div, block_log2, scale_log2);                         \
+                               table_off, kv_heads, kv_div, block_log2, scale_log2, splits);                 \
     }
 #define FLASH_DECODE(D, G)                                          \
     FLASH_DECODE_KIND(flash_decode_d##D##_g##G, D, G, false)        \

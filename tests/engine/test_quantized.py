@@ -116,6 +116,28 @@ def test_decode_attention_splits_by_the_sequence_alone():
     check()
 
 
+def test_flash_decoding_blocks_take_every_split_once():
+    """A flash-decoding grid of x blocks a (sequence, K/V head group): block b takes splits b, b + x,
+    ... (attention.cu), so every split of the sequence is some block's, none is two blocks', and x
+    shrinks only once the grid would exceed DECODE_BLOCKS_PER_SM blocks a multiprocessor."""
+    from hypothesis import given, strategies as st
+
+    from engine.kernels import DECODE_BLOCKS_PER_SM, DECODE_MAX_SPLITS, decode_blocks_x
+
+    @given(st.integers(1, DECODE_MAX_SPLITS), st.integers(1, 256), st.integers(1, 16), st.integers(1, 160))
+    def check(splits, seqs, blocks_y, sms):
+        x = decode_blocks_x(splits, seqs, blocks_y, sms)
+        assert 1 <= x <= splits
+        taken = sorted(split for b in range(x) for split in range(b, splits, x))
+        assert taken == list(range(splits))
+        if seqs * blocks_y * splits <= DECODE_BLOCKS_PER_SM * sms:
+            assert x == splits  # a small grid: one split a block, as before
+        else:
+            assert seqs * blocks_y * x <= 2 * DECODE_BLOCKS_PER_SM * sms or x == 1
+
+    check()
+
+
 def test_kernel_sources_carry_their_headers():
     """CuPy caches compiled modules by their source text: a header must be pasted in, not included,
     so that changing it recompiles every kernel file that uses it; each header once, however many
