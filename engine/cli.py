@@ -130,7 +130,8 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_MAX_RUNNING}; --slots is the old name)")
     p.add_argument("--kv-type", choices=KV_TYPES, default="auto",
                    help="the KV cache's element type: auto (float32 on the CPU, float16 on the GPU), f32, f16, or "
-                        "q8_0 (8-bit with a float16 scale per 32 values: 0.27x float32's memory; the CPU only so far)")
+                        "q8_0 (8-bit with a float16 scale per 32 values: 0.27x float32's memory, 0.53x float16's; "
+                        "CPU and GPU)")
     p.add_argument("--kv-block", type=int, help="positions per KV block: a power of two dividing --chunk "
                                                 f"(default: {MAX_BLOCK}, or the chunk's largest such divisor)")
     p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,

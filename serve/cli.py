@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "on the GPU what the weights leave, on the CPU 4 contexts)")
     p.add_argument("--kv-block", type=int, help="positions per KV block (forwarded; default 64)")
     p.add_argument("--kv-type", choices=KV_TYPES, help="the KV cache's element type (forwarded; default auto: float32 on "
-                                                       "the CPU, float16 on the GPU; q8_0: 8-bit, the CPU only so far)")
+                                                       "the CPU, float16 on the GPU; q8_0: 8-bit, on either)")
     p.add_argument("--prompt-reuse", action=argparse.BooleanOptionalAction, default=True,
                    help="the prefix cache: a prompt that starts as an earlier or running request's reads only "
                         "the rest (forwarded to the default engine; default: on)")

@@ -22,6 +22,8 @@
 #          tools/pdl_check.py on the 8B, 135M and 4-layer MoE shapes (same bits, greedy = eager, replay times),
 #          the 8B step's profile at 1 and 64 rows, bench/engine_bench.py decode at 512 and 32K context, and
 #          aggregate decode at 1, 16, 64 requests; each part under its own time limit
+# a3b      issue 23's MoE figures in one call (Qwen3-30B-A3B shape, Q4_K_M): decode at 512 context, the step's
+#          kernels under ncu, aggregate decode at 1, 16, 64 requests
 # moedecode a MoE decode step's rows in one launch per kernel (issue 23): the moe kernel checks (a batch's rows
 #          equal to each row alone, bit for bit) and times, tools/pdl_check.py and aggregate decode at 1-64 requests
 #          on the 4-layer MoE shape; with .device/base/engine (`git archive REV engine | tar -x -C .device/base`)
@@ -402,6 +404,15 @@ for step in "$@"; do
         python3 bench/engine_bench.py --model $1 --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
           --decode-steps 64 --decode-contexts 512,16384 --label $2-shape-$3 --json "$OUT/engine_gpu.json" 2>&1 | quiet
       done ;;
+    a3b)  # issue 23's MoE figures in one call: the Qwen3-30B-A3B shape's decode at 512 context, its step under ncu
+      # (each kernel's time and bytes) and aggregate decode at 1, 16, 64 requests
+      [ -f $MQA ] || python3 tools/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      timeout 120 python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
+        --decode-contexts 512 --label qwen3-30b-a3b-shape-q4_k_m --json "$OUT/engine_gpu_a3b.json" 2>&1 | grep decode_at
+      timeout 150 python3 tools/gpu_profile_decode.py --model $MQA --rows 1 --json "$OUT/decode_profile_a3b.json" 2>&1 | head -16 \
+        || echo "PROFILE FAILED"
+      timeout 150 python3 bench/batch_decode_bench.py --model $MQA --device gpu --context 512 --steps 32 --repeats 1 \
+        --batches 1,16,64 --label qwen3-30b-a3b-shape-q4_k_m --json "$OUT/batch_decode_a3b.json" 2>&1 | quiet | tail -4 ;;
     bencha3b)
       [ -f $MQA ] || python3 tools/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
