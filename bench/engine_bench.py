@@ -3,7 +3,8 @@ against the file's size, a profile of one prompt chunk and of one decode step at
 operation family), and a decode token's time broken down (graph replay, logits copy, sampling).
 
     python bench/engine_bench.py [--model PATH] [--device cpu|gpu|auto] [--chunk 512] [--repeats 3]
-        [--sizes 512,2048] [--profile-depth N] [--weights quantized|fp16] [--label NAME --json FILE]
+        [--sizes 512,2048] [--profile-depth N] [--weights quantized|fp16] [--kv-type auto|f16|q8_0|...]
+        [--label NAME --json FILE]
 
 Runs the engine's own forward pass in process (no server, no pipes), reading prompts in absolute
 chunks exactly as `strata --serve` does, and reports medians of repeats with the machine named.
@@ -29,6 +30,7 @@ from engine.decode_graph import GraphDecoder  # noqa: E402
 from engine.draw_graph import DrawGraphs  # noqa: E402
 from engine.gguf_model import load_model  # noqa: E402
 from engine.kv import KVCache  # noqa: E402
+from engine.kv_types import KV_TYPES  # noqa: E402
 from engine.model import LlamaModel  # noqa: E402
 from engine.model_path import resolve_model_path  # noqa: E402
 from engine.sampler import Sampler, SamplingParams  # noqa: E402
@@ -178,7 +180,7 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
 
 def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: int, sizes: list[int],
         profile_depth: int | None = None, decode_contexts: tuple[int, ...] = (128,), weights_form: str = "quantized",
-        ) -> dict:
+        kv_type: str = "auto") -> dict:
     backend = select_backend(device)
     started = time.perf_counter()
     cfg, weights, reader = load_model(model_path, backend, keep_blocks=weights_form == "quantized")
@@ -187,11 +189,12 @@ def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: in
     file_mib = sum(int(t.n_bytes) for t in reader.tensors) / 2**20
     weights_mib = backend.xp.get_default_memory_pool().used_bytes() / 2**20 if backend.name == "gpu" else None
     model = LlamaModel(cfg, weights, backend)
-    kv = KVCache(cfg, max(sizes + [(profile_depth or 0) + chunk, *decode_contexts]) + decode_steps + 1, backend)
+    kv = KVCache(cfg, max(sizes + [(profile_depth or 0) + chunk, *decode_contexts]) + decode_steps + 1, backend,
+                 kv_type=kv_type)
     prefill_tok_s(model, kv, min(chunk, 256), chunk, backend)  # warm-up
     result = {"machine": machine(backend.device_name), "model": Path(model_path).name,
               "shape": f"{cfg.n_layers} layers, dim {cfg.dim}, ffn {cfg.ffn_dim}, heads {cfg.n_heads}/{cfg.n_kv_heads}",
-              "chunk": chunk, "repeats": repeats, "load_s": round(load_s, 2), "weights": weights_form,
+              "chunk": chunk, "repeats": repeats, "load_s": round(load_s, 2), "weights": weights_form, "kv_type": kv.type.name,
               "file_tensor_mib": round(file_mib)}
     if backend.name == "gpu":
         result["prompt_attention"] = backend.kernels.prompt_attention
@@ -229,17 +232,16 @@ def main() -> None:
     p.add_argument("--decode-contexts", default="128", help="GPU: decode (graphs) after prompts of these lengths")
     p.add_argument("--weights", choices=("quantized", "fp16"), default="quantized",
                    help="GPU: keep quantized weights in their blocks, or expand them at load")
+    p.add_argument("--kv-type", choices=KV_TYPES, default="auto", help="the KV cache's element type (engine/kv_types.py)")
     p.add_argument("--json", help="also write the result here")
     p.add_argument("--label", help="merge the result into --json under this label")
     a = p.parse_args()
     result = run(str(resolve_model_path(a.model)), a.device, a.chunk, a.repeats, a.decode_steps,
                  [int(s) for s in a.sizes.split(",")], a.profile_depth,
-                 tuple(int(c) for c in a.decode_contexts.split(",")), a.weights)
+                 tuple(int(c) for c in a.decode_contexts.split(",")), a.weights, a.kv_type)
     print(json.dumps(result, indent=1))
     if a.json and a.label:
-        path = Path(a.json)
-        merged = json.loads(path.read_text()) if path.exists() else {}
-        path.write_text(json.dumps(merged | {a.label: result}, indent=1) + "\n")
+        merge_result(Path(a.json), a.label, result)
     elif a.json:
         Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
 

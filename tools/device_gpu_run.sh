@@ -24,6 +24,8 @@
 #          aggregate decode at 1, 16, 64 requests; each part under its own time limit
 # a3b      issue 23's MoE figures in one call (Qwen3-30B-A3B shape, Q4_K_M): decode at 512 context, the step's
 #          kernels under ncu, aggregate decode at 1, 16, 64 requests
+# long32k  issue 23's 32K target: the 8B shape in Q4_K_M decoding at 512 and 32,768 context, with the f16 and the
+#          q8_0 cache -> $OUT/engine_gpu_32k.json
 # moedecode a MoE decode step's rows in one launch per kernel (issue 23): the moe kernel checks (a batch's rows
 #          equal to each row alone, bit for bit) and times, tools/pdl_check.py and aggregate decode at 1-64 requests
 #          on the 4-layer MoE shape; with .device/base/engine (`git archive REV engine | tar -x -C .device/base`)
@@ -413,6 +415,13 @@ for step in "$@"; do
         || echo "PROFILE FAILED"
       timeout 150 python3 bench/batch_decode_bench.py --model $MQA --device gpu --context 512 --steps 32 --repeats 1 \
         --batches 1,16,64 --label qwen3-30b-a3b-shape-q4_k_m --json "$OUT/batch_decode_a3b.json" 2>&1 | quiet | tail -4 ;;
+    long32k)  # issue 23's 32K target with either cache: the 8B shape in Q4_K_M decoding at 512 and 32,768 context
+      synth_mq
+      for kv in f16 q8_0; do
+        timeout 120 python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 2048 --repeats 3 \
+          --decode-steps 64 --decode-contexts 512,32768 --kv-type $kv --label llama3-8b-shape-q4_k_m-kv-$kv \
+          --json "$OUT/engine_gpu_32k.json" 2>&1 | grep decode_at || echo "BENCH FAILED ($kv)"
+      done ;;
     bencha3b)
       [ -f $MQA ] || python3 tools/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
