@@ -194,8 +194,8 @@ def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: in
     prefill_tok_s(model, kv, min(chunk, 256), chunk, backend)  # warm-up
     result = {"machine": machine(backend.device_name), "model": Path(model_path).name,
               "shape": f"{cfg.n_layers} layers, dim {cfg.dim}, ffn {cfg.ffn_dim}, heads {cfg.n_heads}/{cfg.n_kv_heads}",
-              "chunk": chunk, "repeats": repeats, "load_s": round(load_s, 2), "weights": weights_form, "kv_type": kv.type.name,
-              "file_tensor_mib": round(file_mib)}
+              "chunk": chunk, "repeats": repeats, "load_s": round(load_s, 2), "weights": weights_form,
+              "kv_type": kv.type.name, "file_tensor_mib": round(file_mib)}
     if backend.name == "gpu":
         result["prompt_attention"] = backend.kernels.prompt_attention
     if weights_mib is not None:

@@ -140,6 +140,10 @@ synth_ms() {  # the SmolLM2-135M shape in Q4_1, made once per machine, with a ch
     --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
 }
 
+synth_a3b() {  # the Qwen3-30B-A3B shape in Q4_K_M, made once per machine
+  [ -f $MQA ] || python3 tools/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+}
+
 synth_moe_small() {  # a 4-layer Qwen3-MoE shape in Q4_K_M (128 experts, 8 used), made once per machine
   [ -f $MQS ] || python3 tools/make_synthetic_gguf.py $MQS --arch qwen3moe --layers 4 --dim 2048 --ffn 6144 \
     --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --ctx 8192 \
@@ -408,7 +412,7 @@ for step in "$@"; do
       done ;;
     a3b)  # issue 23's MoE figures in one call: the Qwen3-30B-A3B shape's decode at 512 context, its step under ncu
       # (each kernel's time and bytes) and aggregate decode at 1, 16, 64 requests
-      [ -f $MQA ] || python3 tools/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_a3b
       timeout 120 python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
         --decode-contexts 512 --label qwen3-30b-a3b-shape-q4_k_m --json "$OUT/engine_gpu_a3b.json" 2>&1 | grep decode_at
       timeout 150 python3 tools/gpu_profile_decode.py --model $MQA --rows 1 --json "$OUT/decode_profile_a3b.json" 2>&1 | head -16 \
@@ -423,7 +427,7 @@ for step in "$@"; do
           --json "$OUT/engine_gpu_32k.json" 2>&1 | grep decode_at || echo "BENCH FAILED ($kv)"
       done ;;
     bencha3b)
-      [ -f $MQA ] || python3 tools/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      synth_a3b
       python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
         --decode-steps 64 --decode-contexts 512,16384 --profile-depth 2048 --label qwen3-30b-a3b-shape-q4_k_m \
         --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
