@@ -76,11 +76,14 @@ def test_past_the_cap_a_gen_is_deferred_not_lost(engine_factory):
 def test_a_gen_whose_blocks_cannot_be_had_is_deferred_then_taken(engine_factory):
     """A pool of 8 blocks of 4: a request reading 24 tokens holds 6 and then 7 while it decodes; a
     second one's first chunk would need one more than the pool has left, so it is deferred, and
-    taken once the first has ended. Tokens of half a second: the first request's five steps after its
-    first token leave seconds for the other two to arrive while it decodes, however loaded the machine."""
+    taken once the first has ended. The others are sent after the first's second token: its first is
+    drawn right after its prompt, before the step that takes its seventh block, so lines arriving then
+    (a loaded machine: the test answered before the engine's next round) could have the block first.
+    Tokens of half a second leave the others time to arrive while it decodes."""
     e = start(engine_factory, "--max-running", "4", "--kv-tokens", "32", "--no-prompt-reuse", "--token-s", "0.5")
     e.send(gen(24, 1, max_new=6))
     e.read_until(m.T, ident=1)
+    e.read_until(m.T, ident=1)  # its seventh block is held
     e.send(gen(4, 2, first=500))
     e.send(gen(12, 3, first=600))  # 3 blocks: only one is left
     seen = e.read_until(m.Defer, ident=3)
