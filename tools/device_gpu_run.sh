@@ -413,8 +413,10 @@ for step in "$@"; do
     a3b)  # issue 23's MoE figures in one call: the Qwen3-30B-A3B shape's decode at 512 context, its step under ncu
       # (each kernel's time and bytes) and aggregate decode at 1, 16, 64 requests
       synth_a3b
-      timeout 120 python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
-        --decode-contexts 512 --label qwen3-30b-a3b-shape-q4_k_m --json "$OUT/engine_gpu_a3b.json" 2>&1 | grep decode_at
+      # (the first run on a fresh machine compiles the kernels: minutes, not seconds)
+      timeout 300 python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
+        --decode-contexts 512 --label qwen3-30b-a3b-shape-q4_k_m --json "$OUT/engine_gpu_a3b.json" 2>&1 | grep decode_at \
+        || echo "A3B BENCH FAILED OR CUT SHORT"
       timeout 150 python3 tools/gpu_profile_decode.py --model $MQA --rows 1 --json "$OUT/decode_profile_a3b.json" 2>&1 | head -16 \
         || echo "PROFILE FAILED"
       timeout 150 python3 bench/batch_decode_bench.py --model $MQA --device gpu --context 512 --steps 32 --repeats 1 \

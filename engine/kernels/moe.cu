@@ -31,31 +31,40 @@
 constexpr int MAX_EXPERTS = 256;  // one warp holds a token's router probabilities: 8 a lane
 #define NEG_INF (-__int_as_float(0x7f800000))
 
-// The logit of expert e for row xr (dim fp16 values), by a warp: dim % 4 == 0.
+constexpr int ROUTER_THREADS = 128;  // a block per (expert, token): every thread's loads in flight at once
+
+// The logit of expert e for row xr (dim fp16 values), by a block of ROUTER_THREADS (every thread gets
+// it): dim % 4 == 0. Each thread's float4 pieces, each warp's sum, then the warps' in their order:
+// the same sum for a row at any batch size. (A warp an expert read a row in 4 rounds of loads.)
 __device__ __forceinline__ float router_logit(const float* __restrict__ w, const __half* __restrict__ xr, int e,
                                              int dim) {
-    const int lane = threadIdx.x & 31;
+    __shared__ float part[ROUTER_THREADS / 32];
     const float* row = w + (size_t)e * dim;
     float acc = 0.f;
 #pragma unroll 4
-    for (int i = lane * 4; i < dim; i += 128) {
+    for (int i = threadIdx.x * 4; i < dim; i += ROUTER_THREADS * 4) {
         const float4 a = *reinterpret_cast<const float4*>(row + i);
         const float2 b0 = __half22float2(*reinterpret_cast<const __half2*>(xr + i));
         const float2 b1 = __half22float2(*reinterpret_cast<const __half2*>(xr + i + 2));
         acc += a.x * b0.x + a.y * b0.y + a.z * b1.x + a.w * b1.y;
     }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    return acc;
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    float sum = part[0];
+#pragma unroll
+    for (int v = 1; v < ROUTER_THREADS / 32; ++v) sum += part[v];
+    return sum;
 }
 
-// grid (ceil(E / 4), n), 128 threads: a warp per (expert, token).
-extern "C" __global__ void router_logits(const float* __restrict__ w, const __half* __restrict__ x,
-                                         float* __restrict__ out, int experts, int dim) {
+// grid (E, n), ROUTER_THREADS: a block per (expert, token).
+extern "C" __global__ void __launch_bounds__(ROUTER_THREADS) router_logits(const float* __restrict__ w,
+                                                                          const __half* __restrict__ x,
+                                                                          float* __restrict__ out, int experts, int dim) {
     after_producer();
-    const int e = blockIdx.x * 4 + (threadIdx.x >> 5), t = blockIdx.y;
-    if (e >= experts) return;
+    const int e = blockIdx.x, t = blockIdx.y;
     const float acc = router_logit(w, x + (size_t)t * dim, e, dim);
-    if ((threadIdx.x & 31) == 0) out[(size_t)t * experts + e] = acc;
+    if (threadIdx.x == 0) out[(size_t)t * experts + e] = acc;
 }
 
 // One token's route by one warp, from its E logits l: lane j < k ends holding the j-th choice. k <= 32.
@@ -113,23 +122,22 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int* __re
     route_token(logits + (size_t)t * experts, ids + t * k, wts + t * k, experts, k, normalize);
 }
 
-// A decode step's router and route in one launch: grid (ceil(E / 4), n), 128 threads; token t's
-// blocks write its experts' logits, and the last of them to finish (an atomic counter per token,
-// zero at rest, reset by it) routes the token: router_logits + moe_route's logits and choices.
-extern "C" __global__ void router_route(const float* __restrict__ w, const __half* __restrict__ x,
-                                        float* __restrict__ logits, int* __restrict__ counter, int* __restrict__ ids,
-                                        float* __restrict__ wts, int experts, int dim, int k, int normalize) {
+// A decode step's router and route in one launch: grid (E, n), ROUTER_THREADS; token t's blocks
+// write its experts' logits, and the last of them to finish (an atomic counter per token, zero at
+// rest, reset by it) routes the token: router_logits + moe_route's logits and choices.
+extern "C" __global__ void __launch_bounds__(ROUTER_THREADS) router_route(
+    const float* __restrict__ w, const __half* __restrict__ x, float* __restrict__ logits, int* __restrict__ counter,
+    int* __restrict__ ids, float* __restrict__ wts, int experts, int dim, int k, int normalize) {
     after_producer();
     __shared__ bool last;
-    const int e = blockIdx.x * 4 + (threadIdx.x >> 5), t = blockIdx.y;
+    const int e = blockIdx.x, t = blockIdx.y;
     logits += (size_t)t * experts;
-    if (e < experts) {
-        const float acc = router_logit(w, x + (size_t)t * dim, e, dim);
-        if ((threadIdx.x & 31) == 0) logits[e] = acc;
+    const float acc = router_logit(w, x + (size_t)t * dim, e, dim);
+    if (threadIdx.x == 0) {
+        logits[e] = acc;
+        __threadfence();
+        last = atomicAdd(counter + t, 1) == (int)gridDim.x - 1;
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter + t, 1) == (int)gridDim.x - 1;
     __syncthreads();
     if (!last) return;
     if (threadIdx.x < 32) route_token(logits, ids + t * k, wts + t * k, experts, k, normalize);
@@ -158,17 +166,19 @@ __device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, const u8* _
 }
 
 // A decode step's down rows of each token's chosen experts, summed with their weights: grid
-// (ceil(m / (MV_WARPS * MV_ROWS)), tokens); y[t, r] = sum over j of wts[t, j] * (W_ids[t, j] row r .
-// x_{t, j}), x_{t, j} row t * chosen + j of x (k values: k / 32 units, or k halves). A warp's lanes
-// take the (expert, unit) pairs of its rows in turn, so every chosen expert's blocks are in flight
-// at once (a loop over the experts would wait for each one's loads in turn); the order of the sums
-// is fixed, so the result is too.
+// (ceil(m / MV_ROWS), tokens), MV_WARPS warps all on the block's MV_ROWS rows; y[t, r] = sum over j of
+// wts[t, j] * (W_ids[t, j] row r . x_{t, j}), x_{t, j} row t * chosen + j of x (k values: k / 32 units,
+// or k halves). The block's threads take the (expert, unit) pairs of its rows in turn, so every chosen
+// expert's blocks are in flight at once: the rows are short (the experts' ffn, 768 in Qwen3-30B-A3B:
+// 24 units each, 192 pairs for 8 experts), and a warp of them alone was latency-bound (0.8 TB/s). The
+// partials are summed in a fixed order (lanes, then warps), so the result does not depend on the batch.
 template <class T, typename X>
 __device__ __forceinline__ void moe_down(const u8* __restrict__ w, int m, int k, const int* __restrict__ ids,
                                          int chosen, const X* __restrict__ x, const float* __restrict__ wts,
                                          __half* __restrict__ y) {
-    const int row0 = warp_row0();
-    if (row0 >= m) return;
+    __shared__ float part[MV_WARPS][MV_ROWS];
+    const int row0 = blockIdx.x * MV_ROWS;
+    if (row0 >= m) return;  // the whole block
     const int t = blockIdx.y;
     ids += t * chosen, wts += t * chosen, y += (size_t)t * m;
     const size_t rb = row_bytes<T>(k);
@@ -176,7 +186,7 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ w, int m, int k,
     x += (size_t)t * chosen * (is_f16<T> ? k : units);
     float acc[MV_ROWS] = {};
 #pragma unroll 2
-    for (int i = threadIdx.x & 31; i < chosen * units; i += 32) {
+    for (int i = threadIdx.x; i < chosen * units; i += MV_WARPS * 32) {
         const int j = i / units, s = i % units;
         const u8* we = w + (size_t)ids[j] * m * rb;
         if constexpr (is_f16<T>)
@@ -184,7 +194,20 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ w, int m, int k,
         else
             unit_dot_q8<T>(we, rb, row0, m, s, x + (size_t)j * units + s, wts[j], acc);
     }
-    reduce_store(acc, y, row0, m);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) {
+        float a = acc[r];
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0) part[warp][r] = a;
+    }
+    __syncthreads();
+    if (threadIdx.x < MV_ROWS && row0 + threadIdx.x < m) {
+        float a = part[0][threadIdx.x];
+#pragma unroll
+        for (int v = 1; v < MV_WARPS; ++v) a += part[v][threadIdx.x];
+        store(y, row0 + threadIdx.x, a);
+    }
 }
 
 // ---------------------------------------------------------------- prompt chunks: grouped GEMM

@@ -13,6 +13,7 @@ from engine.quantized import Row8
 
 MAX_EXPERTS, MAX_USED = 256, 32  # MAX_EXPERTS in moe.cu (8 router values a lane); one lane per choice
 GEMM_BM, GEMM_BN, GEMM_THREADS = 64, 64, 128  # moe.cu's grouped GEMM tiles
+ROUTER_THREADS = 128  # moe.cu's: a block per (expert, token)
 WEIGHT_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16")  # moe_*_<kind> kernels
 KERNELS = ("router_logits", "moe_route", "router_route", "moe_sort", "moe_combine",
            *(f"moe_{family}_{kind}" for kind in WEIGHT_KINDS for family in ("matvec", "down", "gemm")))
@@ -24,6 +25,7 @@ class MoeKernels:
 
         self.kernels, self.cp, self.fn = kernels, kernels.cp, kernels.fn
         self.matvec_rows, self.matvec_threads = MATVEC_ROWS, MATVEC_THREADS
+        self.warp_rows = MATVEC_ROWS // (MATVEC_THREADS // 32)  # MV_ROWS
         # router_route's block counters, one a row of a decode step, zero at rest; made here with the
         # default allocator (never in a graphs' pool): every captured graph keeps their address
         self.counters = kernels.cp.zeros(COUNTER_SEQUENCES, dtype=kernels.cp.int32)
@@ -40,14 +42,13 @@ class MoeKernels:
         logits = cp.empty((n, experts), dtype=cp.float32)
         chosen = cp.empty((n, k), dtype=cp.int32)
         weights = cp.empty((n, k), dtype=cp.float32)
-        blocks = math.ceil(experts / 4)
         if decode:
             if n > self.counters.size:
                 raise ValueError(f"a decode step of {n} rows: router_route counts at most {self.counters.size}")
-            self.fn["router_route"]((blocks, n), (128,), (router, h, logits, self.counters, chosen, weights,
+            self.fn["router_route"]((experts, n), (ROUTER_THREADS,), (router, h, logits, self.counters, chosen, weights,
                                                           np.int32(experts), np.int32(dim), np.int32(k), np.int32(normalize)))
             return chosen, weights
-        self.fn["router_logits"]((blocks, n), (128,), (router, h, logits, np.int32(experts), np.int32(dim)))
+        self.fn["router_logits"]((experts, n), (ROUTER_THREADS,), (router, h, logits, np.int32(experts), np.int32(dim)))
         self.fn["moe_route"]((n,), (32,), (logits, chosen, weights, np.int32(experts), np.int32(k), np.int32(normalize)))
         return chosen, weights
 
@@ -67,8 +68,15 @@ class MoeKernels:
                         (chosen, np.int32(k), self.operand(stack, h), out, np.int32(2 * ffn)), second.data)
         act = self.kernels.silu_mul(gate_up, q8=experts.down.kind != "F16")  # (n * k, ffn)
         act = act if isinstance(act, Row8) else Row8(act, None)
-        out = cp.empty((n, experts.down.rows), dtype=cp.float16)
-        self.launch("moe_down", experts.down, (n,), (chosen, np.int32(k), self.operand(experts.down, act), weights, out))
+        return self.down(experts.down, self.operand(experts.down, act), chosen, weights)
+
+    def down(self, stack: ExpertStack, x, chosen, weights):
+        """Each token's down rows of its chosen experts summed with their weights, one launch (a
+        block on a warp's rows: the experts' rows are short). x: the (token, choice) rows' operand.
+        -> (n, stack.rows) fp16."""
+        n, k = chosen.shape
+        out = self.cp.empty((n, stack.rows), dtype=self.cp.float16)
+        self.launch("moe_down", stack, (n,), (chosen, np.int32(k), x, weights, out), block_rows=self.warp_rows)
         return out
 
     def operand(self, stack: ExpertStack, x: Row8):
@@ -77,10 +85,11 @@ class MoeKernels:
             return x.values
         return x.q8 if x.q8 is not None else self.kernels.quantize_q8(x.values.reshape(-1))
 
-    def launch(self, family: str, stack: ExpertStack, grid: tuple, args: tuple, *data) -> None:
-        """A decode kernel over a stack's rows, then the grid's other dimensions: (its blocks, *data,
-        rows, cols, *args)."""
-        self.fn[f"{family}_{stack.kind}"]((math.ceil(stack.rows / self.matvec_rows), *grid), (self.matvec_threads,),
+    def launch(self, family: str, stack: ExpertStack, grid: tuple, args: tuple, *data, block_rows: int = 0) -> None:
+        """A decode kernel over a stack's rows, block_rows a block (a matvec block's by default), then
+        the grid's other dimensions: (its blocks, *data, rows, cols, *args)."""
+        blocks = math.ceil(stack.rows / (block_rows or self.matvec_rows))
+        self.fn[f"{family}_{stack.kind}"]((blocks, *grid), (self.matvec_threads,),
                                           (stack.data, *data, np.int32(stack.rows), np.int32(stack.cols), *args))
 
     def prompt(self, h, experts: Experts, chosen, weights):
