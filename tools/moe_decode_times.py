@@ -3,7 +3,7 @@ tools/decode_kernel_times.py times them (launches captured in a graph and replay
 kernels in the order the step runs them, on random Q4_K weights (Q6_K for attn_v and the head, as
 Q4_K_M files have them), and their sum over the 48 layers beside the measured step.
 
-    python tools/moe_decode_times.py [--json OUT]
+    python tools/moe_decode_times.py [--json OUT] [--define NAME=VALUE ...]
 """
 from __future__ import annotations
 
@@ -38,8 +38,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json")
     p.add_argument("--context", type=int, default=512)
+    p.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
+                   help="a macro for every kernel file (e.g. MOE_UNROLL=1): a kernel's variants timed")
     a = p.parse_args()
-    k = GpuKernels(cp)
+    k = GpuKernels(cp, tuple(a.define))
     x = cp.asarray(np.random.default_rng(0).standard_normal((1, DIM)).astype(np.float32))
     delta, norm_w = cp.asarray(half_normal(1, DIM)), cp.ones(DIM, dtype=cp.float32)
     wqkv = matrix([("Q4_K", (HEADS + KV_HEADS) * D), ("Q6_K", KV_HEADS * D)], DIM)

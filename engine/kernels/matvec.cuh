@@ -77,18 +77,20 @@ __device__ __forceinline__ void unit_dot_f16(const __half* __restrict__ w, int k
 }
 
 // Rows row0 .. row0 + MV_ROWS of W . x in 8 bits: acc[r] += this lane's share (units lane, lane + 32, ...).
-template <class T>
+// U: units a lane has in flight (the loop's unrolling).
+template <class T, int U = kMvUnroll>
 __device__ __forceinline__ void rows_dot_q8(const u8* __restrict__ w, const Q8* __restrict__ xq, int row0, int m,
                                             int k, float (&acc)[MV_ROWS]) {
     const size_t rb = row_bytes<T>(k);
-#pragma unroll kMvUnroll
+#pragma unroll U
     for (int s = threadIdx.x & 31; s < k / 32; s += 32) unit_dot_q8<T>(w, rb, row0, m, s, xq + s, 1.f, acc);
 }
 
 // The same for fp16 rows against fp16 x, fp32 accumulation: memory-bound at ~4.1 TB/s as it is.
+template <int U = kMvUnroll>
 __device__ __forceinline__ void rows_dot_f16(const __half* __restrict__ w, const __half* __restrict__ x, int row0,
                                              int m, int k, float (&acc)[MV_ROWS]) {
-#pragma unroll kMvUnroll
+#pragma unroll U
     for (int s = threadIdx.x & 31; s < k / 32; s += 32) unit_dot_f16(w, k, row0, m, s, x + s * 32, 1.f, acc);
 }
 

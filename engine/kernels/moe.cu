@@ -28,6 +28,9 @@
 #include "mma.cuh"
 #include "pdl.cuh"
 
+#ifndef MOE_UNROLL
+#define MOE_UNROLL 2  // units a lane of moe_matvec has in flight: an expert's row of 2048 is 2 a lane
+#endif
 constexpr int MAX_EXPERTS = 256;  // one warp holds a token's router probabilities: 8 a lane
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -159,9 +162,9 @@ __device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, const u8* _
     const X* xt = x + (size_t)t * (is_f16<T> ? k : k / 32);
     float acc[MV_ROWS] = {};
     if constexpr (is_f16<T>)
-        rows_dot_f16(reinterpret_cast<const __half*>(we), xt, row0, m, k, acc);
+        rows_dot_f16<MOE_UNROLL>(reinterpret_cast<const __half*>(we), xt, row0, m, k, acc);
     else
-        rows_dot_q8<T>(we, xt, row0, m, k, acc);
+        rows_dot_q8<T, MOE_UNROLL>(we, xt, row0, m, k, acc);
     reduce_store(acc, y + (size_t)(t * chosen + j) * y_stride + (size_t)second * m, row0, m);
 }
 
