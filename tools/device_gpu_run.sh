@@ -22,6 +22,8 @@
 #          tools/pdl_check.py on the 8B, 135M and 4-layer MoE shapes (same bits, greedy = eager, replay times),
 #          the 8B step's profile at 1 and 64 rows, bench/engine_bench.py decode at 512 and 32K context, and
 #          aggregate decode at 1, 16, 64 requests; each part under its own time limit
+# attn32k  the 8B Q4_K_M step at 32,768 context, f16 and q8_0 cache, under ncu, and flash decoding's full sections
+#          (stalls, SASS) with each -> $OUT/decode_profile_32k.json, $OUT/<kv>/detail_1rows_*.txt, summary.txt
 # a3b      issue 23's MoE figures in one call (Qwen3-30B-A3B shape, Q4_K_M): decode at 512 context, the step's
 #          kernels under ncu, aggregate decode at 1, 16, 64 requests
 # long32k  issue 23's 32K target: the 8B shape in Q4_K_M decoding at 512 and 32,768 context, with the f16 and the
@@ -264,6 +266,17 @@ for step in "$@"; do
           --detail-out "$OUT" 2>&1 | tail -5 || echo "DETAIL FAILED ($rows rows)"
         python3 tools/ncu_source_summary.py "$OUT/detail_${rows}rows_source.txt" > "$OUT/detail_${rows}rows_summary.txt" \
           && cat "$OUT/detail_${rows}rows_summary.txt"
+      done ;;
+    attn32k)  # the 8B Q4_K_M step at 32,768 context with either cache under ncu, and flash decoding's full sections
+      synth_mq
+      for kv in f16 q8_0; do
+        timeout 150 python3 tools/gpu_profile_decode.py --model $MQ --context 32768 --kv-type $kv --label 32k-$kv \
+          --json "$OUT/decode_profile_32k.json" 2>&1 | head -8 || echo "PROFILE FAILED ($kv)"
+        mkdir -p "$OUT/$kv"
+        timeout 150 python3 tools/gpu_profile_decode.py --model $MQ --context 32768 --kv-type $kv --detail flash_decode \
+          --detail-count 2 --detail-out "$OUT/$kv" 2>&1 | tail -2 || echo "DETAIL FAILED ($kv)"
+        python3 tools/ncu_source_summary.py "$OUT/$kv/detail_1rows_source.txt" > "$OUT/$kv/summary.txt" \
+          && head -30 "$OUT/$kv/summary.txt"
       done ;;
     decode)
       synth_mq

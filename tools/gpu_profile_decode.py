@@ -44,7 +44,7 @@ def inner(a) -> None:
     cfg, weights, _ = load_model(a.model, backend)
     model = LlamaModel(cfg, weights, backend)
     per = -(-(a.context + 16) // DEFAULT_BLOCK)  # a sequence's blocks
-    kv = KVCache(cfg, a.context + 16, backend, blocks=a.rows * per)
+    kv = KVCache(cfg, a.context + 16, backend, blocks=a.rows * per, kv_type=a.kv_type)
     tokens = np.random.default_rng(0).integers(100, cfg.vocab_size - 100, a.context + 8)
     model.forward(tokens[: a.context], 0, kv, want_logits=False)  # the first sequence's rows (the others' are
     # zeros: a batch row's attention reads as many keys either way)
@@ -128,6 +128,7 @@ def main() -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--rows", type=int, default=1, help="sequences decoded together (a batch step)")
+    p.add_argument("--kv-type", default="auto", help="the KV cache's type (f16, q8_0; auto: the engine's default)")
     p.add_argument("--repeats", type=int, default=100, help="unprofiled replays timed (median)")
     p.add_argument("--ncu", default=os.environ.get("NCU", "ncu"))
     p.add_argument("--json")
@@ -145,7 +146,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         timing, report = Path(tmp) / "timing.json", Path(tmp) / "ncu.csv"
         run = [sys.executable, __file__, "--model", a.model, "--context", str(a.context), "--rows", str(a.rows),
-               "--repeats", str(a.repeats), "--inner", str(timing)]
+               "--kv-type", a.kv_type, "--repeats", str(a.repeats), "--inner", str(timing)]
         ncu = [a.ncu, "--clock-control", "none", "--cache-control", "none", "--profile-from-start", "off",
                "--metrics", ",".join(METRICS), "--csv", "--print-units", "base", "--log-file", str(report)]
         if a.detail:
@@ -159,7 +160,7 @@ def main() -> int:
             return 1
         t = json.loads(timing.read_text())
         out = summary(kernels_of(report), t["replay_ms"], t["layers"])
-    out = {"model": Path(a.model).name, "context": a.context, "rows": a.rows, **out}
+    out = {"model": Path(a.model).name, "context": a.context, "rows": a.rows, "kv_type": a.kv_type, **out}
     print(f"{out['model']}, {a.rows} row{'s' if a.rows > 1 else ''} at context {a.context}: replay {out['replay_ms']} ms, {out['kernels']} kernels "
           f"({out['kernels_per_layer']} a layer) summing to {out['kernels_ms']} ms one at a time, {out['overlapped_ms']} ms "
           f"more than the replay; DRAM {out['dram_gb']} GB = {out['tb_s_over_kernels']} TB/s over the kernels, "
