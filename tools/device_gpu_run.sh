@@ -277,7 +277,11 @@ for step in "$@"; do
           --detail-count 2 --detail-out "$OUT/$kv" 2>&1 | tail -2 || echo "DETAIL FAILED ($kv)"
         python3 tools/ncu_source_summary.py "$OUT/$kv/detail_1rows_source.txt" > "$OUT/$kv/summary.txt" \
           && head -30 "$OUT/$kv/summary.txt"
-      done ;;
+      done
+      mkdir -p "$OUT/f16_512"  # and at 512 keys, where the kernel is latency: 10 us a layer, 13% of the step
+      timeout 150 python3 tools/gpu_profile_decode.py --model $MQ --context 512 --detail flash_decode --detail-count 2 \
+        --detail-out "$OUT/f16_512" 2>&1 | tail -2 || echo "DETAIL FAILED (512)"
+      python3 tools/ncu_source_summary.py "$OUT/f16_512/detail_1rows_source.txt" > "$OUT/f16_512/summary.txt" ;;
     decode)
       synth_mq
       synth_ms
