@@ -147,8 +147,8 @@ class ChatOutput:
         else:
             fields = [(CONTENT, text)] if text else []
         deltas: list[dict] = []
-        for field, part in fields:
-            if field == REASONING:
+        for kind, part in fields:
+            if kind == REASONING:
                 deltas.append({REASONING: part})
             elif self.tools is None:
                 deltas.append({CONTENT: part})
