@@ -25,7 +25,9 @@ ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR
 PROMPT_ATTENTION = ("sm90", "mma")  # prompt-chunk attention kernels: wgmma (attention_sm90.cu, compute
 # capability 9.0 only) and mma.sync (attention.cu, any GPU); $STRATA_PROMPT_ATTENTION picks one
 DECODE_THREADS = 128  # a flash-decoding block: DEC_WARPS warps in attention.cu
-DECODE_MAX_SPLITS = 64  # DEC_MAX_SPLITS in attention.cu
+DECODE_MAX_SPLITS = 64  # DEC_MAX_SPLITS in attention.cu: the most partials the merge reads
+DECODE_SPLITS = 48  # DEC_SPLITS in attention.cu: splits a long sequence is cut into (48 x 8 K/V heads fit
+# one wave of 3 blocks on each of the H200's 132 multiprocessors; 64 took 1.29 waves, the last one a tail)
 DECODE_BLOCKS_PER_SM = 4  # flash-decoding blocks a multiprocessor before a block takes several splits
 MAX_GROUP = 8  # query heads per K/V head the decoding kernels are built for (one kernel each)
 HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
@@ -152,16 +154,16 @@ def attention_smem_bytes(d: int) -> int:
 
 
 def decode_keys_per_block(keys: int) -> int:
-    """Keys one flash-decoding block reads: 64 (a round of 16 for each of its 4 warps) up to 4,096
-    keys, then growing with the key count rounded up to a power of two so that a grid never has
-    more than DECODE_MAX_SPLITS blocks per K/V head (the merge reads each split's partial)."""
-    return max(64, (1 << max(0, keys - 1).bit_length()) // DECODE_MAX_SPLITS)
+    """Keys one flash-decoding block reads: 64 (a round of 16 for each of its 4 warps) up to
+    DECODE_SPLITS x 64 keys, then the fewest multiple of 64 that cuts them in at most DECODE_SPLITS
+    (attention.cu computes the same from the sequence's own length)."""
+    return 64 * max(1, -(-keys // (DECODE_SPLITS * 64)))
 
 
 def decode_splits(keys: int) -> int:
     """Blocks per K/V head a flash-decoding grid needs so that any sequence of up to `keys` keys
-    finds all of its splits in it (64 keys a block up to 4,096 keys: the most splits any length uses)."""
-    return min(DECODE_MAX_SPLITS, math.ceil(keys / 64))
+    finds all of its splits in it."""
+    return min(DECODE_SPLITS, math.ceil(keys / 64))
 
 
 def decode_blocks_x(splits: int, seqs: int, blocks_y: int, sms: int) -> int:

@@ -185,7 +185,8 @@ static_assert(DEC_ROUND == 1 << DEC_ROUND_LOG2, "DEC_ROUND_LOG2");
 #ifndef DEC_MIN_BLOCKS  // flash-decoding blocks of up to 4 query heads a multiprocessor holds at once: their
 #define DEC_MIN_BLOCKS 3  // registers at most 65536 / (128 x 3) = 168 (d128_g4 takes 240 left to itself,
 #endif                    // two blocks an SM; 168 spill nothing); 0 leaves it to ptxas, as for 5-8 heads
-constexpr int DEC_MAX_SPLITS = 64;  // per_block is chosen so that no grid has more
+constexpr int DEC_MAX_SPLITS = 64;  // the most partials the merge reads (per_block keeps a grid within)
+constexpr int DEC_SPLITS = 48;  // a long sequence's splits: 48 x 8 K/V heads are one wave of 3 blocks an SM
 #ifndef DEC_PREFETCH  // 1: a warp's next round of keys finds its block while this round computes (below)
 #define DEC_PREFETCH 0  // 1 passes every check on the H200 but is not yet timed (it takes 228 registers, not 168)
 #endif
@@ -286,7 +287,7 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
     const int heads = kv_heads * G, head0 = kvh * G, kv_len = pos0[s] + 1;
     // keys a split reads, from this sequence's own length (decode_keys_per_block in kernels/__init__.py):
     // a sequence splits alike whatever the batch beside it and whichever graph bucket runs it
-    const int per_block = max(64, (kv_len <= 1 ? 1 : 1 << (32 - __clz(kv_len - 1))) >> 6);
+    const int per_block = 64 * max(1, (kv_len + DEC_SPLITS * 64 - 1) / (DEC_SPLITS * 64));
     const int* tbl = table + table_off[s];  // this sequence's block table (paged.cuh)
     const int hk = kvh / kv_div, model_kv_heads = kv_heads / kv_div;
     const int per_warp = per_block / DEC_WARPS;
