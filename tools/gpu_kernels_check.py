@@ -124,7 +124,8 @@ def check_attention(k: GpuKernels) -> None:
             (128, 32, 4, 130, 4099, None), (128, 32, 8, 1, 255, None), (128, 32, 8, 1, 256, None),
             (128, 64, 8, 1, 4999, None), (64, 9, 3, 1, 63, None), (128, 32, 8, 1, 1500, 8192),
             (64, 9, 3, 1, 10, 1024), (128, 32, 8, 300, 2000, None), (128, 8, 8, 129, 127, None),
-            (64, 16, 2, 520, 777, None)]):
+            (64, 16, 2, 520, 777, None), (128, 32, 8, 1, 9000, None), (128, 32, 8, 1, 20000, 32768)]):
+        # (the last two: splits of 192 and 448 keys, multiples of 64 that are no power of two)
         block = BLOCKS_CYCLE[case % len(BLOCKS_CYCLE)]
         ctx = start + n + 13
         q = half_normal(n, heads, d)
