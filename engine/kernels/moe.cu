@@ -23,6 +23,7 @@
 // A decode step's kernels take all its tokens in one launch (a grid dimension per token); each
 // token's values are computed by the same code in the same order as when it is alone, so a row's
 // output does not depend on the batch beside it.
+#include "block_sum.cuh"
 #include "blocks.cuh"
 #include "matvec.cuh"
 #include "mma.cuh"
@@ -37,11 +38,10 @@ constexpr int MAX_EXPERTS = 256;  // one warp holds a token's router probabiliti
 constexpr int ROUTER_THREADS = 128;  // a block per (expert, token): every thread's loads in flight at once
 
 // The logit of expert e for row xr (dim fp16 values), by a block of ROUTER_THREADS (every thread gets
-// it): dim % 4 == 0. Each thread's float4 pieces, each warp's sum, then the warps' in their order:
-// the same sum for a row at any batch size. (A warp an expert read a row in 4 rounds of loads.)
+// it): dim % 4 == 0. Each thread's float4 pieces at once, then block_sum. (A warp an expert read its
+// row in four rounds of loads.)
 __device__ __forceinline__ float router_logit(const float* __restrict__ w, const __half* __restrict__ xr, int e,
                                              int dim) {
-    __shared__ float part[ROUTER_THREADS / 32];
     const float* row = w + (size_t)e * dim;
     float acc = 0.f;
 #pragma unroll 4
@@ -51,13 +51,7 @@ __device__ __forceinline__ float router_logit(const float* __restrict__ w, const
         const float2 b1 = __half22float2(*reinterpret_cast<const __half2*>(xr + i + 2));
         acc += a.x * b0.x + a.y * b0.y + a.z * b1.x + a.w * b1.y;
     }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    float sum = part[0];
-#pragma unroll
-    for (int v = 1; v < ROUTER_THREADS / 32; ++v) sum += part[v];
-    return sum;
+    return block_sum<ROUTER_THREADS>(acc);
 }
 
 // grid (E, n), ROUTER_THREADS: a block per (expert, token).

@@ -5,26 +5,13 @@
 // NumPy references: engine/backend.py ArrayOps.
 #include <cuda_fp16.h>
 
+#include "block_sum.cuh"
 #include "paged.cuh"
 #include "pdl.cuh"
 #include "q8.cuh"
 
 constexpr int NORM_THREADS = 256;  // one block per row; rows are 576..12288 wide
 constexpr int NORM_OCTETS = 6;     // eight values a thread this many times: rows up to 8 * 256 * 6 = 12288 wide
-
-__device__ __forceinline__ float block_sum(float v) {
-    __shared__ float partial[NORM_THREADS / 32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = threadIdx.x < NORM_THREADS / 32 ? partial[threadIdx.x] : 0.f;
-    if (threadIdx.x < 32)
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __shared__ float total;
-    if (threadIdx.x == 0) total = v;
-    __syncthreads();
-    return total;
-}
 
 // Eight consecutive fp32 values from 32-byte aligned p.
 __device__ __forceinline__ void load8(const float* p, float* v) {
@@ -70,7 +57,7 @@ add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_de
 #pragma unroll
         for (int e = 0; e < 8; ++e) ss = fmaf(v[i][e], v[i][e], ss);
     }
-    const float scale = rsqrtf(block_sum(ss) / dim + eps);
+    const float scale = rsqrtf(block_sum<NORM_THREADS>(ss) / dim + eps);
 #pragma unroll
     for (int i = 0; i < NORM_OCTETS; ++i) {  // every lane goes round alike (store_octet)
         const int o = threadIdx.x + i * NORM_THREADS;
