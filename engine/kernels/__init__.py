@@ -25,9 +25,9 @@ ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR
 PROMPT_ATTENTION = ("sm90", "mma")  # prompt-chunk attention kernels: wgmma (attention_sm90.cu, compute
 # capability 9.0 only) and mma.sync (attention.cu, any GPU); $STRATA_PROMPT_ATTENTION picks one
 DECODE_THREADS = 128  # a flash-decoding block: DEC_WARPS warps in attention.cu
-DECODE_MAX_SPLITS = 64  # DEC_MAX_SPLITS in attention.cu: the most partials the merge reads
 DECODE_SPLITS = 48  # DEC_SPLITS in attention.cu: splits a long sequence is cut into (48 x 8 K/V heads fit
 # one wave of 3 blocks on each of the H200's 132 multiprocessors; 64 took 1.29 waves, the last one a tail)
+DECODE_MAX_SPLITS = -(-DECODE_SPLITS // 32) * 32  # DEC_MAX_SPLITS: the merge's capacity, whole warps of splits
 DECODE_BLOCKS_PER_SM = 4  # flash-decoding blocks a multiprocessor before a block takes several splits
 MAX_GROUP = 8  # query heads per K/V head the decoding kernels are built for (one kernel each)
 HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for

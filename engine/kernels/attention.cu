@@ -185,8 +185,8 @@ static_assert(DEC_ROUND == 1 << DEC_ROUND_LOG2, "DEC_ROUND_LOG2");
 #ifndef DEC_MIN_BLOCKS  // flash-decoding blocks of up to 4 query heads a multiprocessor holds at once: their
 #define DEC_MIN_BLOCKS 3  // registers at most 65536 / (128 x 3) = 168 (d128_g4 takes 240 left to itself,
 #endif                    // two blocks an SM; 168 spill nothing); 0 leaves it to ptxas, as for 5-8 heads
-constexpr int DEC_MAX_SPLITS = 64;  // the most partials the merge reads (per_block keeps a grid within)
 constexpr int DEC_SPLITS = 48;  // a long sequence's splits: 48 x 8 K/V heads are one wave of 3 blocks an SM
+constexpr int DEC_MAX_SPLITS = (DEC_SPLITS + 31) / 32 * 32;  // the merge's capacity: a lane per split, whole warps
 #ifndef DEC_PREFETCH  // 1: a warp's next round of keys finds its block while this round computes (below)
 #define DEC_PREFETCH 0  // 1 passes every check on the H200 but is not yet timed (it takes 228 registers, not 168)
 #endif
