@@ -23,7 +23,7 @@
 #          the 8B step's profile at 1 and 64 rows, bench/engine_bench.py decode at 512 and 32K context, and
 #          aggregate decode at 1, 16, 64 requests; each part under its own time limit
 # attn32k  the 8B Q4_K_M step at 32,768 context, f16 and q8_0 cache, under ncu, and flash decoding's full sections
-#          (stalls, SASS) with each -> $OUT/decode_profile_32k.json, $OUT/<kv>/detail_1rows_*.txt, summary.txt
+#          (stalls, SASS) with each -> $OUT/decode_profile_32k.json, $OUT/<kv>/detail_1rows_*.txt (and $OUT/f16_512/)
 # a3b      issue 23's MoE figures in one call (Qwen3-30B-A3B shape, Q4_K_M): decode at 512 context, the step's
 #          kernels under ncu, aggregate decode at 1, 16, 64 requests
 # long32k  issue 23's 32K target: the 8B shape in Q4_K_M decoding at 512 and 32,768 context, with the f16 and the
@@ -211,6 +211,16 @@ build_llama() {
   timeout -k 10 $((580 - SECONDS)) cmake --build $LLAMA/build --target llama-server -j 16 > /tmp/llama_build.log 2>&1 \
     || { echo "llama-server build failed or cut short (it resumes on the next call)"; tail -5 /tmp/llama_build.log; }
 }
+ncu_detail() {  # DIR ROWS ARGS...: ncu's full sections and SASS for the kernels gpu_profile_decode.py's --detail
+  # (in ARGS) matches, into DIR/detail_<ROWS>rows_*.txt, and ncu_source_summary.py's digest of them
+  local dir=$1 rows=$2
+  shift 2
+  mkdir -p "$dir"
+  timeout 300 python3 tools/gpu_profile_decode.py --rows $rows --detail-out "$dir" "$@" 2>&1 | tail -5 \
+    || echo "DETAIL FAILED ($rows rows: $*)"
+  python3 tools/ncu_source_summary.py "$dir/detail_${rows}rows_source.txt" > "$dir/detail_${rows}rows_summary.txt" \
+    && sed -n 1,30p "$dir/detail_${rows}rows_summary.txt"
+}
 chat_model() {
   [ -f $MQC ] || python3 tools/make_synthetic_gguf.py $MQC --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf \
     --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
@@ -253,7 +263,8 @@ for step in "$@"; do
       synth_mq
       timeout 120 python3 tools/mmq_check.py --no-knobs --time-kinds Q4_K,Q6_K --json "$OUT/mmq_check.json" 2>&1 \
         | grep -v "checked:" | cut -c1-600 || echo "MMQ CHECK FAILED"
-      timeout 60 python3 tools/gpu_profile_decode.py --model $MQ --rows 64 --json "$OUT/decode_profile.json" 2>&1 | head -9
+      timeout 60 python3 tools/gpu_profile_decode.py --model $MQ --rows 64 --json "$OUT/decode_profile.json" 2>&1 | sed -n 1,9p \
+        || echo "PROFILE FAILED"
       timeout 50 python3 tools/pdl_check.py --model $MQ --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1
       timeout 60 python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
         --decode-contexts 512 --label llama3-8b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | grep decode_at
@@ -262,26 +273,17 @@ for step in "$@"; do
     detail)  # DETAIL_RE (mmq), DETAIL_ROWS (64): ncu's full sections for those kernels of the 8B step
       synth_mq
       for rows in ${DETAIL_ROWS:-64}; do
-        timeout 300 python3 tools/gpu_profile_decode.py --model $MQ --rows $rows --detail "${DETAIL_RE:-mmq}" \
-          --detail-out "$OUT" 2>&1 | tail -5 || echo "DETAIL FAILED ($rows rows)"
-        python3 tools/ncu_source_summary.py "$OUT/detail_${rows}rows_source.txt" > "$OUT/detail_${rows}rows_summary.txt" \
-          && cat "$OUT/detail_${rows}rows_summary.txt"
+        ncu_detail "$OUT" $rows --model $MQ --detail "${DETAIL_RE:-mmq}"
       done ;;
     attn32k)  # the 8B Q4_K_M step at 32,768 context with either cache under ncu, and flash decoding's full sections
       synth_mq
       for kv in f16 q8_0; do
         timeout 150 python3 tools/gpu_profile_decode.py --model $MQ --context 32768 --kv-type $kv --label 32k-$kv \
-          --json "$OUT/decode_profile_32k.json" 2>&1 | head -8 || echo "PROFILE FAILED ($kv)"
-        mkdir -p "$OUT/$kv"
-        timeout 150 python3 tools/gpu_profile_decode.py --model $MQ --context 32768 --kv-type $kv --detail flash_decode \
-          --detail-count 2 --detail-out "$OUT/$kv" 2>&1 | tail -2 || echo "DETAIL FAILED ($kv)"
-        python3 tools/ncu_source_summary.py "$OUT/$kv/detail_1rows_source.txt" > "$OUT/$kv/summary.txt" \
-          && head -30 "$OUT/$kv/summary.txt"
+          --json "$OUT/decode_profile_32k.json" 2>&1 | sed -n 1,8p || echo "PROFILE FAILED ($kv)"
+        ncu_detail "$OUT/$kv" 1 --model $MQ --context 32768 --kv-type $kv --detail flash_decode --detail-count 2
       done
-      mkdir -p "$OUT/f16_512"  # and at 512 keys, where the kernel is latency: 10 us a layer, 13% of the step
-      timeout 150 python3 tools/gpu_profile_decode.py --model $MQ --context 512 --detail flash_decode --detail-count 2 \
-        --detail-out "$OUT/f16_512" 2>&1 | tail -2 || echo "DETAIL FAILED (512)"
-      python3 tools/ncu_source_summary.py "$OUT/f16_512/detail_1rows_source.txt" > "$OUT/f16_512/summary.txt" ;;
+      # and at 512 keys, where the kernel is latency: 10 us a layer, 13% of the step
+      ncu_detail "$OUT/f16_512" 1 --model $MQ --context 512 --detail flash_decode --detail-count 2 ;;
     decode)
       synth_mq
       synth_ms
@@ -434,8 +436,8 @@ for step in "$@"; do
       timeout 300 python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
         --decode-contexts 512 --label qwen3-30b-a3b-shape-q4_k_m --json "$OUT/engine_gpu_a3b.json" 2>&1 | grep decode_at \
         || echo "A3B BENCH FAILED OR CUT SHORT"
-      timeout 150 python3 tools/gpu_profile_decode.py --model $MQA --rows 1 --json "$OUT/decode_profile_a3b.json" 2>&1 | head -16 \
-        || echo "PROFILE FAILED"
+      timeout 150 python3 tools/gpu_profile_decode.py --model $MQA --rows 1 --json "$OUT/decode_profile_a3b.json" 2>&1 \
+        | sed -n 1,16p || echo "PROFILE FAILED"  # (sed reads to the end: head's early close failed the pipe)
       timeout 150 python3 bench/batch_decode_bench.py --model $MQA --device gpu --context 512 --steps 32 --repeats 1 \
         --batches 1,16,64 --label qwen3-30b-a3b-shape-q4_k_m --json "$OUT/batch_decode_a3b.json" 2>&1 | quiet | tail -4 ;;
     long32k)  # issue 23's 32K target with either cache: the 8B shape in Q4_K_M decoding at 512 and 32,768 context
