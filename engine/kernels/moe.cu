@@ -167,13 +167,12 @@ __device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, const u8* _
 // wts[t, j] * (W_ids[t, j] row r . x_{t, j}), x_{t, j} row t * chosen + j of x (k values: k / 32 units,
 // or k halves). The block's threads take the (expert, unit) pairs of its rows in turn, so every chosen
 // expert's blocks are in flight at once: the rows are short (the experts' ffn, 768 in Qwen3-30B-A3B:
-// 24 units each, 192 pairs for 8 experts), and a warp of them alone was latency-bound (0.8 TB/s). The
-// partials are summed in a fixed order (lanes, then warps), so the result does not depend on the batch.
+// 24 units each, 192 pairs for 8 experts), and a warp of them alone was latency-bound (0.8 TB/s). Each
+// row's partials are summed by block_sum, in a fixed order: the result does not depend on the batch.
 template <class T, typename X>
 __device__ __forceinline__ void moe_down(const u8* __restrict__ w, int m, int k, const int* __restrict__ ids,
                                          int chosen, const X* __restrict__ x, const float* __restrict__ wts,
                                          __half* __restrict__ y) {
-    __shared__ float part[MV_WARPS][MV_ROWS];
     const int row0 = blockIdx.x * MV_ROWS;
     if (row0 >= m) return;  // the whole block
     const int t = blockIdx.y;
@@ -191,19 +190,10 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ w, int m, int k,
         else
             unit_dot_q8<T>(we, rb, row0, m, s, x + (size_t)j * units + s, wts[j], acc);
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < MV_ROWS; ++r) {
-        float a = acc[r];
-        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (lane == 0) part[warp][r] = a;
-    }
-    __syncthreads();
-    if (threadIdx.x < MV_ROWS && row0 + threadIdx.x < m) {
-        float a = part[0][threadIdx.x];
-#pragma unroll
-        for (int v = 1; v < MV_WARPS; ++v) a += part[v][threadIdx.x];
-        store(y, row0 + threadIdx.x, a);
+        const float a = block_sum<MV_WARPS * 32>(acc[r]);
+        if (threadIdx.x == 0 && row0 + r < m) store(y, row0 + r, a);
     }
 }
 
