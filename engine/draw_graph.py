@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.graph_pool import GraphMemoryError, graph_memory_pool
 from engine.sampler import SamplingParams, allowed_tokens, draw_index, penalize, scale
 
-MAX_GRAPHS = 16  # captured picks kept (least recently used go): one per parameter set in use
+MAX_GRAPHS = 128  # captured picks kept (least recently used go): one per (row, parameter set) in use, so
+# that 64 sampling requests' rows of the decode graphs' shared logits do not evict each other every step
 
 
 @dataclass
@@ -39,7 +41,7 @@ class DrawGraphs:
     def __init__(self, cp):
         self.cp = cp
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.pool = cp.cuda.MemoryPool()
+        self.pool = graph_memory_pool(cp)  # engine/graph_pool.py: never freed under the graphs
         self.graphs: OrderedDict[tuple, CapturedDraw] = OrderedDict()
         self.capturable = True
 
@@ -90,6 +92,8 @@ class DrawGraphs:
                     token = pick_on_device(cp, logits, u, ids, freq, p, mask)
                 finally:
                     graph = self.stream.end_capture()
+        except GraphMemoryError:  # no room for this one now: launch this pick, try again next time
+            return None
         except Exception as e:  # an operation the driver or CuPy will not capture: launch picks instead
             print(f"strata: sampling graphs unavailable ({type(e).__name__}: {e}); sampling with launches",
                   file=sys.stderr, flush=True)

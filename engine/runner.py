@@ -11,6 +11,7 @@ from engine import __version__
 from engine.backend import Backend
 from engine.decode_graph import GraphDecoder
 from engine.draw_graph import DrawGraphs
+from engine.graph_pool import GraphMemoryError
 from engine.gguf_model import ModelConfig, Weights
 from engine.blocks import BlockPool
 from engine.host_tier import HostTier
@@ -34,8 +35,11 @@ class ModelRunner:
         self.model = LlamaModel(cfg, weights, backend)
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks, kv_type)
         tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
-        self.pool = BlockPool(self.kv.blocks, block_size, tier)
-        self.decoder = GraphDecoder(self.model, self.kv, backend) if cuda_graphs and backend.name == "gpu" else None
+        graphs = cuda_graphs and backend.name == "gpu"
+        # with decode graphs the pool's last block is kept out of the requests' reach: the padding
+        # rows of a graph's batch (engine/decode_graph.py) write their K/V rows there
+        self.pool = BlockPool(self.kv.blocks - graphs, block_size, tier)
+        self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.blocks - 1) if graphs else None
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/grammar.py GrammarTokenizer, set once the tokenizer is read
@@ -118,6 +122,9 @@ class ModelRunner:
         if self.decoder is not None:
             try:
                 return self.decoder.decode(tokens, tables, positions)
+            except GraphMemoryError as e:  # this batch size's graph does not fit: this step eagerly
+                print(f"strata: {e}; this decode step runs eagerly", file=sys.stderr, flush=True)
+                return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv)
             except Exception as e:  # a capture the driver refuses: decode eagerly from now on
                 print(f"strata: CUDA graph decode unavailable ({type(e).__name__}: {e}); decoding eagerly",
                       file=sys.stderr, flush=True)

@@ -107,6 +107,14 @@
 #          PEERS_REPEATS override the cases (hol,clients,subagents,kv) and the repeats (3).
 #          .device/llama.tgz: the llama-cpp-python sdist's vendor/llama.cpp, packed as ../shared/PEERS.md says.
 #
+# coldstart  issue 42: the server's first start with CuPy's kernel cache emptied (the kernels compiled in parts on
+#          every core, engine/kernels/build.py), then two warm starts -> $OUT/startup_cold_h200.json
+# graphseq tools/decode_graph_sequence_check.py on the 8B shape: decode graphs through batches growing to 1, 63, 64,
+#          65, 128, 256 rows and back, each row against its solo decode; graphseqbase: the same on the engine before
+#          the fix (.device/base, `git archive REV engine serve protocol | tar -x -C .device/base` plus this tool and
+#          bench/clients_bench.py); graphseqmem: on the 135M shape under compute-sanitizer's memcheck
+# clients  bench/clients_bench.py: the server as a user starts it, 1, 16, 64, 128, 256 streaming clients (300-word
+#          prompts, 256 tokens), gaps between tokens, restarts, texts against solo runs; clientsbase: on .device/base
 # Python packages the device image lacks travel as wheels in .whl/ (gguf, fastapi and their needs): made here by
 # tools/device_setup.sh (with .device/tok.gguf).
 set -euo pipefail
@@ -514,6 +522,40 @@ for step in "$@"; do
           $LLAMA/build/bin/llama-server -m $MQC -ngl 99 -fa on -np 66 -kvu \
           -c 262144 --port 8080
       fi ;;
+    coldstart)  # issue 42: the server's first start on a fresh machine (CuPy's kernel cache emptied), then two more
+      chat_model
+      rm -rf ~/.cupy/kernel_cache
+      python3 tools/startup_time.py --model $MQC --repeats 3 --json "$OUT/startup_cold_h200.json"
+      grep -h "compil" /tmp/startup_time_0.log | head -40 ;;
+    graphseq)  # issue 42: decode graphs through batches growing to the largest size and back (the engine's own
+      # runner and memory plan, the 8B shape), every row against its solo decode
+      chat_model
+      timeout ${SEQ_LIMIT:-240} python3 tools/decode_graph_sequence_check.py $MQC --rows ${SEQ_ROWS:-1,63,64,65,128,256} \
+        --steps ${SEQ_STEPS:-40} --json "$OUT/graphseq_8b.json" 2>&1 | grep -v "loading weights" | tail -${SEQ_TAIL:-12} \
+        || echo "GRAPH SEQUENCE CHECK FAILED" ;;
+    graphseqbase)  # the same check on the engine before issue 42's fix (.device/base: engine/ of that commit and
+      # this tool): it failed there, as the server did at 64 clients
+      chat_model
+      (cd .device/base && timeout ${SEQ_LIMIT:-240} python3 tools/decode_graph_sequence_check.py $MQC \
+        --rows ${SEQ_ROWS:-1,63,64,65,128,256} --steps ${SEQ_STEPS:-40} 2>&1 | grep -v "loading weights" | tail -12) \
+        || echo "GRAPH SEQUENCE CHECK FAILED (base)" ;;
+    graphseqmem)  # the sequence check on the 135M shape under compute-sanitizer's memcheck
+      synth_ms
+      # (a pool of 32K positions: the sanitizer's own allocations take room the engine's plan does not know of)
+      timeout ${MEM_LIMIT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 30 \
+        python3 tools/decode_graph_sequence_check.py $MS --rows ${MEM_ROWS:-1,63,64,65,128,256} --steps ${MEM_STEPS:-10} \
+        --solo 1 --kv-tokens 32768 > "$OUT/memcheck.log" 2>&1 && echo "memcheck: no errors" || echo "MEMCHECK RUN FAILED"
+      grep -v "loading weights" "$OUT/memcheck.log" | head -${MEM_HEAD:-60}; tail -5 "$OUT/memcheck.log" ;;
+    clients)  # issue 42: the server as a user starts it (defaults), 1..256 streaming clients, texts against solo runs
+      chat_model
+      timeout ${CLIENTS_LIMIT:-420} python3 bench/clients_bench.py --model $MQC --clients ${CLIENTS:-1,16,64,128,256} \
+        --words 300 --max-tokens 256 --solo 8 --log "$OUT/clients_server.log" --json "$OUT/clients_h200.json" \
+        || echo "CLIENTS BENCH FAILED" ;;
+    clientsbase)  # the same on the server and engine before issue 42's fix (.device/base)
+      chat_model
+      (cd .device/base && timeout ${CLIENTS_LIMIT:-300} python3 bench/clients_bench.py --model $MQC \
+        --clients ${CLIENTS_BASE:-16,64} --words 300 --max-tokens 256 --solo 0 --log "$OUT/clients_base_server.log" \
+        --json "$OUT/clients_base_h200.json") || echo "CLIENTS BENCH FAILED (base)" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -14,7 +14,7 @@ from types import ModuleType
 import numpy as np
 
 from engine.backend import Step
-from engine.kernels import launch, moe, sm90
+from engine.kernels import build, launch, moe, sm90
 from engine.kv_types import Q8Array
 from engine.quantized import BLOCKS, UNIT, QuantMatrix, Row8, row_bytes
 
@@ -123,6 +123,16 @@ def built_kernels() -> dict[str, tuple[str, ...]]:
              "moe.cu": moe.KERNELS}
 
 
+def find_function(modules, name: str):
+    """The kernel `name` from the first of a file's parts that has it (parts.cuh)."""
+    for module in modules[:-1]:
+        try:
+            return module.get_function(name)
+        except Exception:  # CuPy's error for a name this part does not hold: the next part
+            continue
+    return modules[-1].get_function(name)
+
+
 def is_dependent(kernel: str) -> bool:
     """Whether a kernel waits for its producers in after_producer() (pdl.cuh) before it reads or
     writes anything, so that a decode graph may launch it while the kernel before it runs: every
@@ -202,9 +212,11 @@ class GpuKernels:
         where the device has it)."""
         self.cp = cp
         self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
-        for source, kernels in built_kernels().items():
-            module = cp.RawModule(code=kernel_source(source), options=OPTIONS + tuple(f"-D{d}" for d in defines))
-            self.fn |= {name: module.get_function(name) for name in kernels}
+        sources = built_kernels()
+        build.prebuild(cp, sources, defines)  # a first start: every part compiled side by side
+        for source, kernels in sources.items():
+            parts = [build.module(cp, unit, defines) for unit in build.units([source])]
+            self.fn |= {name: find_function(parts, name) for name in kernels}
         for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
             self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
         self.prompt_attention = self.load_sm90(defines, prompt_attention or os.environ.get("STRATA_PROMPT_ATTENTION"))

@@ -19,6 +19,7 @@
 #include "mma.cuh"
 #include "chunk_rows.cuh"
 #include "paged.cuh"
+#include "parts.cuh"
 #include "pdl.cuh"
 #include "q8.cuh"
 
@@ -163,8 +164,12 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
                              int block_log2, float scale_log2) {                                               \
         flash_attention<D>(q, k, v, out, q_start, pos0, table, table_off, heads, kv_heads, block_log2, scale_log2); \
     }
+#if IN_PART(0)
 FLASH_ATTENTION(64)
+#endif
+#if IN_PART(2)
 FLASH_ATTENTION(128)
+#endif
 
 // ---------------------------------------------------------------- flash-decoding: one query token
 // A decode step has one query token per sequence: too little work for the prompt kernel's 64-row
@@ -483,11 +488,20 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
 #define FLASH_DECODE(D, G)                                          \
     FLASH_DECODE_KIND(flash_decode_d##D##_g##G, D, G, false)        \
     FLASH_DECODE_KIND(flash_decode_q8_d##D##_g##G, D, G, true)
-#define FLASH_DECODE_GROUPS(D) \
-    FLASH_DECODE(D, 1) FLASH_DECODE(D, 2) FLASH_DECODE(D, 3) FLASH_DECODE(D, 4) FLASH_DECODE(D, 5) \
-    FLASH_DECODE(D, 6) FLASH_DECODE(D, 7) FLASH_DECODE(D, 8)
-FLASH_DECODE_GROUPS(64)
-FLASH_DECODE_GROUPS(128)
+#define FLASH_DECODE_GROUPS_1_4(D) FLASH_DECODE(D, 1) FLASH_DECODE(D, 2) FLASH_DECODE(D, 3) FLASH_DECODE(D, 4)
+#define FLASH_DECODE_GROUPS_5_8(D) FLASH_DECODE(D, 5) FLASH_DECODE(D, 6) FLASH_DECODE(D, 7) FLASH_DECODE(D, 8)
+#if IN_PART(0)
+FLASH_DECODE_GROUPS_1_4(64)
+#endif
+#if IN_PART(1)
+FLASH_DECODE_GROUPS_5_8(64)
+#endif
+#if IN_PART(2)
+FLASH_DECODE_GROUPS_1_4(128)
+#endif
+#if IN_PART(3)
+FLASH_DECODE_GROUPS_5_8(128)
+#endif
 
 // ---------------------------------------------------------------- a q8_0 pool's rows widened for a prompt chunk
 // The prompt kernel reads fp16 tiles by cp.async; with a q8_0 pool a chunk's attention first widens

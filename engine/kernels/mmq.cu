@@ -44,6 +44,7 @@
 #include "blocks.cuh"
 #include "copy.cuh"
 #include "matvec.cuh"
+#include "parts.cuh"
 #include "pdl.cuh"
 
 #ifndef MMQ_WARPS
@@ -323,11 +324,27 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ w, const Q8* __restri
     }
 #define MMQ(T) MMQ_NT(T, 1) MMQ_NT(T, 2) MMQ_NT(T, 4)
 
+#if IN_PART(0)
 MMQ(Q4_0)
+#endif
+#if IN_PART(1)
 MMQ(Q4_1)
+#endif
+#if IN_PART(2)
 MMQ(Q5_0)
+#endif
+#if IN_PART(3)
 MMQ(Q5_1)
+#endif
+#if IN_PART(4)
 MMQ(Q8_0)
+#endif
+#if IN_PART(5)
 MMQ(Q4_K)
+#endif
+#if IN_PART(6)
 MMQ(Q5_K)
+#endif
+#if IN_PART(7)
 MMQ(Q6_K)
+#endif

@@ -16,6 +16,7 @@
 // NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/gpu_kernels_check.py).
 #include "blocks.cuh"
 #include "matvec.cuh"
+#include "parts.cuh"
 #include "pdl.cuh"
 #include "stage.cuh"
 #ifndef MV_PREFETCH
@@ -139,22 +140,54 @@ __device__ __forceinline__ void matvec_q8_pair(const u8* __restrict__ wa, const 
     MATVEC_Q8_NB(T, 11) MATVEC_Q8_NB(T, 12) MATVEC_Q8_NB(T, 13) MATVEC_Q8_NB(T, 14) MATVEC_Q8_NB(T, 15)             \
     MATVEC_Q8_NB(T, 16)
 
+#if IN_PART(0)
 MATVEC_Q8(Q4_0)
+#endif
+#if IN_PART(1)
 MATVEC_Q8(Q4_1)
+#endif
+#if IN_PART(2)
 MATVEC_Q8(Q5_0)
+#endif
+#if IN_PART(3)
 MATVEC_Q8(Q5_1)
+#endif
+#if IN_PART(4)
 MATVEC_Q8(Q8_0)
+#endif
+#if IN_PART(5)
 MATVEC_Q8(Q4_K)
+#endif
+#if IN_PART(6)
 MATVEC_Q8(Q5_K)
+#endif
+#if IN_PART(7)
 MATVEC_Q8(Q6_K)
+#endif
+#if IN_PART(7)
 WEIGHT_KERNELS(F16)
+#endif
+#if IN_PART(0)
 MATVEC_PAIR(Q4_0, Q6_K)
+#endif
+#if IN_PART(1)
 MATVEC_PAIR(Q4_1, Q6_K)
+#endif
+#if IN_PART(2)
 MATVEC_PAIR(Q5_0, Q6_K)
+#endif
+#if IN_PART(3)
 MATVEC_PAIR(Q5_1, Q6_K)
+#endif
+#if IN_PART(4)
 MATVEC_PAIR(Q8_0, Q6_K)
+#endif
+#if IN_PART(5)
 MATVEC_PAIR(Q4_K, Q6_K)
+#endif
+#if IN_PART(6)
 MATVEC_PAIR(Q5_K, Q6_K)
+#endif
 
 // BF16 -> fp16 at load (a bf16 is the high half of an fp32). n = values.
 extern "C" __global__ void dequant_BF16(const unsigned short* __restrict__ src, __half* __restrict__ y, long long n) {
