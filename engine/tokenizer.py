@@ -103,8 +103,11 @@ class GGUFTokenizer:
         return len(self.tokens)
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Special tokens written in the text (e.g. <|im_start|>) become their ids, as in llama.cpp."""
-        ids = self.tk.encode(text, add_special_tokens=False).ids
+        """Special tokens written in the text (e.g. <|im_start|>) become their ids, as in llama.cpp.
+        Through `tokenizers`' batch call, which lets go of the GIL while it works (its one-text encode
+        holds it throughout, stalling the server's event loop even from a worker thread), and without
+        the offsets nobody reads (building them holds the GIL again)."""
+        ids = self.tk.encode_batch_fast([text], add_special_tokens=False)[0].ids
         bos = self.special.add_bos if add_bos is None else add_bos
         return ([self.special.bos] if bos and self.special.bos is not None else []) + ids
 

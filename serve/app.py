@@ -6,11 +6,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from engine import __version__
+from serve.body_limit import BodyLimit, body_limit_bytes
 from serve.config import ServerSettings
 from serve.errors import install_error_handlers
 from serve.host_check import HostCheck, allowed_host_names
 from serve.origin_check import OriginCheck
 from serve.page import include_page
+from serve.prompt_fit import PromptFit
 from serve.routes import include_routes
 from serve.state import ServerState
 
@@ -27,8 +29,10 @@ def create_app(settings: ServerSettings, tokenizer, model_ctx: int, launched: li
             await state.stop()
 
     app = FastAPI(title="Strata", version=__version__, lifespan=lifespan)
+    app.state.prompt_fit = PromptFit.of(tokenizer)
     install_error_handlers(app)
-    # the last added runs first: the Host check, then the origin check, then the routes
+    # the last added runs first: the Host check, then the origin check, then the body limit, then the routes
+    app.add_middleware(BodyLimit, limit_bytes=body_limit_bytes(settings.max_body_mb, settings.ctx or model_ctx))
     app.add_middleware(OriginCheck, origins=settings.cors_origins)
     app.add_middleware(HostCheck, allowed=allowed_host_names(settings.host, settings.allowed_hosts))
     include_routes(app)

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=1024,
                    help="requests waiting for the engine beyond which a new one is refused at once: 429 with "
                         "Retry-After (OpenAI paths), 529 overloaded_error (Anthropic's); 0: no limit")
+    p.add_argument("--max-body-mb", type=float, metavar="MIB",
+                   help="request bodies larger than this are refused with 413 before they are read whole "
+                        "(default: 16 bytes a context token, at least 4 MiB; 0: no limit)")
     p.add_argument("--max-request-retries", type=int, default=2,
                    help="a request running at this many engine deaths is taken for their cause and fails")
     p.add_argument("--shutdown-grace-s", type=float, default=5.0,
@@ -104,7 +107,8 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         engine_cmd=split_command(a.engine_cmd) if a.engine_cmd is not None else (), api_key=a.api_key,
         ctx=a.ctx, chunk=a.chunk, device=a.device, weights=a.weights, preempt=preempt, keepalive_s=a.keepalive_s,
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts, max_queue=a.max_queue,
-        max_request_retries=a.max_request_retries, shutdown_grace_s=a.shutdown_grace_s,
+        max_body_mb=a.max_body_mb, max_request_retries=a.max_request_retries,
+        shutdown_grace_s=a.shutdown_grace_s,
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
         kv_block=a.kv_block, kv_type=a.kv_type, tp=a.tp, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
         decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts),

@@ -1,6 +1,7 @@
 """Server settings: one validated dataclass built once from the command line."""
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class ServerSettings:
     max_restarts: int = 3
     max_queue: int = 1024  # requests waiting for the engine beyond which new ones are refused (429 / 529); 0: no limit
     max_request_retries: int = 2  # a request running at this many engine deaths fails
+    max_body_mb: float | None = None  # MiB; larger request bodies get 413 (None: sized from the context; <= 0: no limit)
     shutdown_grace_s: float = 5.0  # on SIGINT/SIGTERM the running request may finish within this
     shutdown_timeout_s: float = 10.0  # then the engine gets this long to exit after QUIT
     reasoning_format: str = "deepseek"  # a thinking model's <think> text: reasoning_content, or "none": inline
@@ -73,6 +75,8 @@ class ServerSettings:
             raise ValueError("--keepalive-s and --handshake-timeout-s must be > 0")
         if self.max_queue < 0:
             raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.max_body_mb is not None and not math.isfinite(self.max_body_mb):
+            raise ValueError(f"--max-body-mb must be a number of MiB (0 or less: no limit), got {self.max_body_mb}")
         if self.max_request_retries < 1:
             raise ValueError(f"--max-request-retries must be >= 1, got {self.max_request_retries}")
         if self.shutdown_grace_s < 0:

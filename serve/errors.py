@@ -12,6 +12,7 @@ from serve import anthropic_schema
 from serve.openai_schema import error_body
 
 ANTHROPIC_PATHS = "/v1/messages"  # their errors take Anthropic's shape
+MIB = 1 << 20
 
 log = logging.getLogger("strata.http")
 
@@ -48,6 +49,28 @@ class QueueFull(APIError):
         return JSONResponse(self.body(), status_code=429, headers={"Retry-After": str(self.RETRY_AFTER_S)})
 
 
+class BodyTooLarge(StarletteHTTPException):
+    """A request body over --max-body-mb (serve/body_limit.py). Raised while the body streams in, from
+    inside the route's reading of it, so it is an HTTPException: FastAPI passes those through its body
+    parsing (any other exception there becomes a 400), and the handler below answers it."""
+
+    def __init__(self, limit_bytes: int):
+        mib = limit_bytes / MIB
+        super().__init__(413, f"the request body is larger than this server's limit of {mib:g} MiB "
+                              f"(--max-body-mb {mib:g}): send a shorter request, or start the server with a "
+                              "higher --max-body-mb")
+
+    def error(self) -> APIError:
+        return APIError(413, self.detail, code="request_too_large")
+
+
+def prompt_too_long(tokens: int | str, ctx: int) -> APIError:
+    """tokens: the prompt's length, or what is known of it ("at least N")."""
+    # the words Anthropic's API uses, which agents (Claude Code) read to compact their context
+    return APIError(400, f"prompt is too long: {tokens} tokens > {ctx - 1} maximum (the context holds {ctx}, "
+                         "prompt and completion together)", param="messages", code="context_length_exceeded")
+
+
 def server_error(status: int, message: str) -> APIError:
     return APIError(status, message, "server_error" if status >= 500 else "invalid_request_error")
 
@@ -69,6 +92,11 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}"
         log.warning("%s %s -> 400: %s", request.method, request.url.path, message)
         return APIError(400, message, param=param).response(request.url.path)
+
+    @app.exception_handler(BodyTooLarge)
+    async def _body_too_large(request: Request, exc: BodyTooLarge):
+        log.warning("%s %s -> 413: %s", request.method, request.url.path, exc.detail)
+        return exc.error().response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

@@ -20,10 +20,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from serve import openai_schema as oai
 from serve import responses_schema as schema
-from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
+from serve.chat import ChatOutput, reasoning_opened, tool_plan
 from serve.constraints import grammar_for
 from serve.errors import APIError, server_error
 from serve.generation import Finished, GenerationError, KeepAlive
+from serve.prompt_fit import PromptFit
+from serve.prompt_tokens import chat_tokens, off_loop
 from serve.reasoning import CONTENT, REASONING
 from serve.running import build_request, collect, deltas, session_of, until_disconnect
 from serve.response_store import ResponseStore
@@ -146,13 +148,14 @@ def conversation(chat: oai.ChatCompletionRequest, items: list[dict]) -> list[dic
     return [m.model_dump(exclude_none=True) for m in chat.messages if m.role != "system"] + [answer]
 
 
-async def respond(http: HTTPRequest, state, store: ResponseStore, body: schema.ResponsesRequest) -> Response:
+async def respond(http: HTTPRequest, state, store: ResponseStore, body: schema.ResponsesRequest,
+                  fit: PromptFit) -> Response:
     history = store.get(body.previous_response_id) if body.previous_response_id else []
     tools = build_tools(body.tools)
     chat = chat_request(body, history, tools)
     plan = replace(tool_plan(state, chat), enforced=tools.enforced)
-    text = render(state, chat, plan)
-    req = build_request(state, chat, state.tokenizer.encode(text), body.max_output_tokens, grammar_for(state, plan, chat),
+    text, prompt = await off_loop(chat_tokens, state, fit, chat, plan)
+    req = build_request(state, chat, prompt, body.max_output_tokens, grammar_for(state, plan, chat),
                         session_of(http, body.prompt_cache_key))
     rid, model = f"resp_{secrets.token_hex(12)}", body.model or state.settings.model_name
     opened = reasoning_opened(state, text)

@@ -14,6 +14,8 @@ from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
 from serve.constraints import grammar_for
 from serve.errors import APIError, server_error
 from serve.generation import Finished, GenerationError, KeepAlive, Piece
+from serve.prompt_fit import PromptFit
+from serve.prompt_tokens import chat_tokens, off_loop, text_tokens
 from serve.request import Request
 from serve.running import build_request, collect, events, session_of, until_disconnect
 from serve.sse import data_event as sse
@@ -24,6 +26,10 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def state_of(http: HTTPRequest) -> ServerState:
     return http.app.state.strata
+
+
+def fit_of(http: HTTPRequest) -> PromptFit:
+    return http.app.state.prompt_fit
 
 
 def check_api_key(http: HTTPRequest) -> None:
@@ -42,11 +48,11 @@ v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 ops = APIRouter()
 
 
-def completion_prompt(state: ServerState, body: schema.CompletionRequest) -> list[int]:
+async def completion_prompt(state: ServerState, fit: PromptFit, body: schema.CompletionRequest) -> list[int]:
     if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], int):
         return list(body.prompt)
     text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
-    return state.tokenizer.encode(text)
+    return await off_loop(text_tokens, state, fit, text)
 
 
 async def stream_events(state: ServerState, req: Request, on_piece: Callable[[str], list[dict]],
@@ -152,9 +158,9 @@ async def respond(http: HTTPRequest, state: ServerState, req: Request, body: sch
 async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest):
     state = state_of(http)
     plan = tool_plan(state, body)
-    text = render(state, body, plan)
+    text, prompt = await off_loop(chat_tokens, state, fit_of(http), body, plan)
     grammar = grammar_for(state, plan, body)
-    req = build_request(state, body, state.tokenizer.encode(text), body.max_completion_tokens or body.max_tokens,
+    req = build_request(state, body, prompt, body.max_completion_tokens or body.max_tokens,
                         grammar, session_of(http, body.prompt_cache_key))
     return await respond(http, state, req, body, chat_shape(reasoning_opened(state, text), plan))
 
@@ -162,7 +168,7 @@ async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest
 @v1.post("/completions")
 async def completions(body: schema.CompletionRequest, http: HTTPRequest):
     state = state_of(http)
-    req = build_request(state, body, completion_prompt(state, body), body.max_tokens,
+    req = build_request(state, body, await completion_prompt(state, fit_of(http), body), body.max_tokens,
                         session=session_of(http, body.prompt_cache_key))
     return await respond(http, state, req, body, COMPLETION)
 
@@ -170,19 +176,19 @@ async def completions(body: schema.CompletionRequest, http: HTTPRequest):
 @v1.post("/messages")
 async def anthropic_messages(body: anthropic_schema.MessagesRequest, http: HTTPRequest):
     """Anthropic's Messages API (`?beta=true`, as Claude Code sends it, is accepted and ignored)."""
-    return await messages_api.respond(http, state_of(http), body)
+    return await messages_api.respond(http, state_of(http), body, fit_of(http))
 
 
 @v1.post("/responses")
 async def responses(body: responses_schema.ResponsesRequest, http: HTTPRequest):
     """OpenAI's Responses API (Codex CLI's), over the chat machinery (serve/responses_api.py)."""
     state = state_of(http)
-    return await responses_api.respond(http, state, state.responses, body)
+    return await responses_api.respond(http, state, state.responses, body, fit_of(http))
 
 
 @v1.post("/messages/count_tokens")
 async def anthropic_count_tokens(body: anthropic_schema.CountTokensRequest, http: HTTPRequest):
-    return messages_api.count_tokens(state_of(http), body)
+    return await off_loop(messages_api.count_tokens, state_of(http), body)
 
 
 @v1.get("/models")

@@ -141,9 +141,9 @@ def test_a_per_request_billing_line_is_normalized_away_so_prefixes_stay_shared()
         body = CountTokensRequest(model="any", messages=[{"role": "user", "content": "Hi"}], system=[
             {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.0.1; cch={header};"},
             {"type": "text", "text": "You are a coding agent.\nUse the tools."}])
-        return chat_request(body).messages[0].content
+        return chat_request(body)[0].messages[0].content
 
     assert system_of("a1b2") == system_of("ffff") == "You are a coding agent.\nUse the tools."
     body = CountTokensRequest(model="any", messages=[{"role": "user", "content": "Hi"}],
                               system="Keep x-anthropic-billing-header: mentions that are not the first line.")
-    assert "billing" in chat_request(body).messages[0].content
+    assert "billing" in chat_request(body)[0].messages[0].content
