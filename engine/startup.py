@@ -29,13 +29,15 @@ def log(text: str) -> None:
 def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, ParkPolicy]:
     """The runner, its tokenizer, and the park policy with its snapshot budget sized to the device."""
     path = resolve_model_path(config.model)
-    backend = select_backend(config.device)
-    config = config.for_device(backend.name)
-    log(f"loading {path} on {backend.device_name}")
     started, stages = time.monotonic(), {}  # seconds each start-up stage took, logged below
 
     def lap(stage: str) -> None:
         stages[stage] = time.monotonic() - started - sum(stages.values())
+
+    backend = select_backend(config.device)
+    lap("backend")  # on a GPU: the kernels, compiled on a first start (engine/kernels/build.py), else from the cache
+    config = config.for_device(backend.name)
+    log(f"loading {path} on {backend.device_name}")
 
     workers, conns = start_workers(config, str(path), backend.name)  # loading their shards beside this one
     reader = GGUFFile(str(path), "r")
