@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	# kernels compiled into CuPy's cache on every core (engine/kernels/build.py), so the first start is quick
 	@cuda=$$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\..*/\1/p'); \
 	if [ -n "$$cuda" ]; then echo "NVIDIA GPU (CUDA $$cuda): installing cupy-cuda$${cuda}x"; \
-		$(PY) -m pip install -q "cupy-cuda$${cuda}x>=13" && $(PY) -m engine.kernels.build; \
+		$(PY) -m pip install -q "cupy-cuda$${cuda}x>=13" && $(PY) -m engine.kernels; \
 	else echo "no NVIDIA GPU: the engine runs on NumPy"; fi
 	touch $(STAMP)
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.backend import Backend, Step
+from engine.backend import Backend
+from engine.step import Step
 from engine.graph_pool import graph_memory_pool
 from engine.kv import KVCache
 

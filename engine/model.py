@@ -8,7 +8,8 @@ from typing import Callable
 
 import numpy as np
 
-from engine.backend import Backend, Step
+from engine.backend import Backend
+from engine.step import Step
 from engine.gguf_model import ModelConfig, Weights
 from engine.kv import KVCache, SequenceRows
 from engine.prefill import chunk_end

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from engine.backend import select_backend
-from engine.cli import EngineConfig
+from engine.config import EngineConfig
 from engine.gguf_file import GGUFFile, GGUFFormatError
 from engine.gguf_model import ModelLoadError, load_model
 from engine.loop import run_loop

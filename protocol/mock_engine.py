@@ -26,7 +26,8 @@ import time
 import numpy as np
 
 from engine.blocks import BlockPool
-from engine.cli import add_preempt_args, add_slots_arg, default_block, policy_from_args
+from engine.cli import add_preempt_args, add_slots_arg, policy_from_args
+from engine.config import default_block
 from engine.host_tier import HostTier
 from engine.loop import EngineLoop, Writer, engine_caps
 from engine.prefill import chunk_end

@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import uvicorn
 
-from engine.cli import WEIGHT_FORMS, add_rope_args, rope_from_args
+from engine.cli import add_rope_args, rope_from_args
+from engine.config import WEIGHT_FORMS
 from engine.kv_types import KV_TYPES
 from engine.model_path import ModelNotFound, resolve_model_path
 from serve.config import REASONING_FORMATS, PreemptSettings, ServerSettings, split_command

@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 
 from serve.errors import APIError
-from serve.routes import SSE_HEADERS, check_api_key, state_of
+from serve.deps import SSE_HEADERS, check_api_key, state_of
 
 events = APIRouter()
 

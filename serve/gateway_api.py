@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Request as HTTPRequest
 
 from engine import __version__
 from serve.metrics import load_counts, reuse_summary
-from serve.routes import check_api_key, state_of
+from serve.deps import check_api_key, state_of
 
 gateway = APIRouter()
 

@@ -1,7 +1,6 @@
 """HTTP routes: OpenAI endpoints under /v1 (optional Bearer auth), health, status, metrics."""
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
@@ -10,9 +9,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from serve import anthropic_schema, messages_api, responses_api, responses_schema
 from serve import openai_schema as schema
-from serve.chat import ChatOutput, reasoning_opened, render, tool_plan
+from serve.chat import ChatOutput, reasoning_opened, tool_plan
 from serve.constraints import grammar_for
-from serve.errors import APIError, server_error
+from serve.deps import SSE_HEADERS, check_api_key, fit_of, state_of
+from serve.errors import server_error
 from serve.generation import Finished, GenerationError, KeepAlive, Piece
 from serve.prompt_fit import PromptFit
 from serve.prompt_tokens import chat_tokens, off_loop, text_tokens
@@ -20,29 +20,6 @@ from serve.request import Request
 from serve.running import build_request, collect, events, session_of, until_disconnect
 from serve.sse import data_event as sse
 from serve.state import ServerState
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def state_of(http: HTTPRequest) -> ServerState:
-    return http.app.state.strata
-
-
-def fit_of(http: HTTPRequest) -> PromptFit:
-    return http.app.state.prompt_fit
-
-
-def check_api_key(http: HTTPRequest) -> None:
-    """--api-key: as OpenAI clients send it (Authorization: Bearer) or Anthropic's (x-api-key)."""
-    key = state_of(http).settings.api_key
-    if key is None:
-        return
-    bearer = http.headers.get("authorization", "")
-    given = bearer[7:] if bearer.startswith("Bearer ") else http.headers.get("x-api-key")
-    if given is None or not secrets.compare_digest(given.encode(), key.encode()):
-        raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>, or x-api-key: <key>)",
-                       code="invalid_api_key")
-
 
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 ops = APIRouter()

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 import cupy as cp  # noqa: E402
 
-from engine.cli import MAX_BLOCK as BLOCK  # noqa: E402  (the KV pool's default block size)
+from engine.config import MAX_BLOCK as BLOCK  # noqa: E402  (the KV pool's default block size)
 from engine.decode_graph import bucket  # noqa: E402
 from engine.kernels import MATVEC_STAGE_MAX, OPTIONS, GpuKernels, kernel_source  # noqa: E402
 from engine.quantized import row_bytes  # noqa: E402

@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
-from engine.backend import Step
+from engine.step import Step
 from engine.kernels import build, launch, moe, sm90
+from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS
+from engine.kernels.sources import KERNEL_DIR, OPTIONS, kernel_source  # noqa: F401 - KERNEL_DIR: tools' too
 from engine.kv_types import Q8Array
 from engine.quantized import BLOCKS, UNIT, QuantMatrix, Row8, row_bytes
 
-KERNEL_DIR = Path(__file__).resolve().parent
-OPTIONS = ("-std=c++17", "--use_fast_math")
 THREADS = 256
 ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR in attention.cu
 PROMPT_ATTENTION = ("sm90", "mma")  # prompt-chunk attention kernels: wgmma (attention_sm90.cu, compute
@@ -35,14 +33,12 @@ HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
 WEIGHT_KINDS = (*BLOCKS, "F16")  # each has dequant_ and embed_ kernels in quant.cu; the blocks matvec_ ones
 # too, and fp16 weights the tensor-core mmv_f16_ kernels of mmv.cu
 DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
-MATVEC_THREADS, MATVEC_ROWS = 128, 8  # a matvec block: MV_WARPS warps of MV_ROWS rows each in quant.cu
 MATVEC_SOLO_ROWS = 4  # a block's rows at one row of x: MV_WARPS warps of MV_SOLO_ROWS rows
 MATVEC_STAGE_MAX = 64 * 1024  # shared memory a matvec block may stage its weight rows in (quant.cu, stage.cuh):
 # more, and too few blocks fit an SM to keep its memory busy; such launches read the rows directly
 MATVEC_STAGE_MATRIX = 4 << 20  # matrices of at most these bytes are staged: their launch is mostly waiting,
 # and the bulk copies start before the kernel before them ends; larger ones were slower staged (a warp
 # waits for its whole row, then computes with nothing of its own in flight: bench/README.md)
-COUNTER_SEQUENCES = 64  # sequences a flash-decoding or MoE routing launch may hold (MAX_BATCH in engine/runner.py)
 MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
 MATVEC_PAIRS = tuple((kind, "Q6_K") for kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"))  # two
 # stacked parts one launch takes against one row of x (matvec2_<A>_<B>: a QKV whose V rows are in Q6_K)
@@ -139,23 +135,6 @@ def is_dependent(kernel: str) -> bool:
     kernel of a decode step (tests/engine/test_kernel_sources.py checks their sources); not the
     prompt chunks' attention."""
     return not kernel.startswith("flash_attention")
-
-
-def kernel_source(name: str, pasted: set[str] | None = None) -> str:
-    """A .cu file of this folder with its local headers (#include "x.cuh") pasted in, each once: the
-    code CuPy compiles and caches by, so that a header's change reaches every module that includes it."""
-    pasted = set() if pasted is None else pasted
-    lines = []
-    for line in (KERNEL_DIR / name).read_text().splitlines():
-        included = re.fullmatch(r'#include "(\w+\.cuh)"', line.strip())
-        if line.strip() == "#pragma once" or (included and included.group(1) in pasted):
-            continue
-        if included:
-            pasted.add(included.group(1))
-            lines.append(kernel_source(included.group(1), pasted))
-        else:
-            lines.append(line)
-    return "\n".join(lines) + "\n"
 
 
 def attention_smem_bytes(d: int) -> int:

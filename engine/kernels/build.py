@@ -5,7 +5,7 @@ A first start on a fresh machine used to compile the files one after another in 
 on an H200 host, the server silent all the while). Here the parts not yet in the cache are compiled by
 worker processes side by side, one a core, with a line of progress as each finishes; then the engine
 loads every part from the cache. `make setup` runs the same on a machine with an NVIDIA GPU
-(`python -m engine.kernels.build`), so that the first `make serve` finds them built.
+(`python -m engine.kernels`), so that the first `make serve` finds them built.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from types import ModuleType
 
+from engine.kernels.sources import OPTIONS, kernel_source
+
 PARTS = {"quant.cu": 8, "mmq.cu": 8, "attention.cu": 4}  # IN_PART lines in each file (the rest: one part)
 
 
@@ -31,8 +33,6 @@ class Unit:
     parts: int = 1
 
     def options(self, defines: tuple[str, ...]) -> tuple[str, ...]:
-        from engine.kernels import OPTIONS
-
         split = (f"-DPARTS={self.parts}", f"-DPART={self.part}") if self.parts > 1 else ()
         return OPTIONS + tuple(f"-D{d}" for d in defines) + split
 
@@ -48,8 +48,6 @@ def units(sources) -> list[Unit]:
 
 def module(cp: ModuleType, unit: Unit, defines: tuple[str, ...]):
     """The unit's RawModule (compiled, or read from CuPy's cache, at its first get_function)."""
-    from engine.kernels import kernel_source
-
     return cp.RawModule(code=kernel_source(unit.source), options=unit.options(defines))
 
 
@@ -66,8 +64,6 @@ def stamp_path(cp: ModuleType, sources, defines: tuple[str, ...]) -> Path:
     """A file in CuPy's cache folder named after everything a build depends on (the sources as
     compiled, the options, the device's architecture, CuPy's and the CUDA runtime's versions): there,
     every unit of this build is in the cache."""
-    from engine.kernels import kernel_source
-
     h = hashlib.sha256()
     arch = cp.cuda.Device().compute_capability
     h.update(f"{cp.__version__} {cp.cuda.runtime.runtimeGetVersion()} {arch} {defines}".encode())
@@ -102,22 +98,3 @@ def prebuild(cp: ModuleType, sources, defines: tuple[str, ...] = (), workers: in
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(f"{len(todo)} parts compiled in {time.monotonic() - began:.1f} s\n")
     log(f"GPU kernels compiled in {time.monotonic() - began:.1f} s")
-
-
-def main() -> int:
-    """`python -m engine.kernels.build`: the kernels compiled into the cache now (make setup)."""
-    try:
-        import cupy as cp
-
-        cp.cuda.runtime.getDeviceCount()
-    except Exception as e:  # no CuPy or no GPU: nothing to build, the engine runs on NumPy
-        log(f"no GPU kernels to build ({type(e).__name__}: {e})")
-        return 0
-    from engine.kernels import built_kernels
-
-    prebuild(cp, built_kernels())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS
 from engine.moe import Experts, ExpertStack
 from engine.quantized import Row8
 
@@ -21,8 +22,6 @@ KERNELS = ("router_logits", "moe_route", "router_route", "moe_sort", "moe_combin
 
 class MoeKernels:
     def __init__(self, kernels):
-        from engine.kernels import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS  # the package's, initialized by now
-
         self.kernels, self.cp, self.fn = kernels, kernels.cp, kernels.fn
         self.matvec_rows, self.matvec_threads = MATVEC_ROWS, MATVEC_THREADS
         self.warp_rows = MATVEC_ROWS // (MATVEC_THREADS // 32)  # MV_ROWS

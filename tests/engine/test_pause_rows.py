@@ -4,7 +4,7 @@ written; when that row opens a new block, a snapshot counted by the newest token
 (kv_len) left the block behind, and after the pause the next step attended to whatever was there."""
 import numpy as np
 
-from engine.cli import EngineConfig
+from engine.config import EngineConfig
 from engine.prefill import ParkPolicy
 from engine.runner import ModelRunner
 from engine.sampler import Sampler, SamplingParams

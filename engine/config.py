@@ -1,0 +1,78 @@
+"""The engine's configuration (EngineConfig, built once from the command line by engine/cli.py and
+read by engine/startup.py) and its defaults."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from engine.prefill import ParkPolicy
+from engine.rope import RopeOverride
+
+# prompt tokens per chunk when --chunk is not given, by device: a chunk is also how long a newcomer
+# may wait behind a read that parks for it (bench/README.md, "The default chunk")
+DEFAULT_CHUNK = {"cpu": 256, "gpu": 2048}
+DEFAULT_MAX_RUNNING = 256
+MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kv.py, bench/README.md)
+DEFAULT_DECODE_INTERVAL_MS = 50.0
+WEIGHT_FORMS = ("quantized", "fp16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None
+    ctx: int | None
+    chunk: int | None  # None: DEFAULT_CHUNK of the device, set by for_device() once the backend is chosen
+    device: str
+    policy: ParkPolicy
+    snapshot_budget_given: bool = False  # else the engine sizes it with the KV cache (engine/memory.py)
+    cuda_graphs: bool = True  # GPU decode steps as graph replays (engine/decode_graph.py)
+    weights: str = "quantized"  # GPU: quantized tensors stay in their blocks; "fp16" expands them at load
+    max_running: int = DEFAULT_MAX_RUNNING  # requests in the engine at once (memory permitting)
+    kv_block: int | None = None  # positions per KV block (None: default_block(chunk))
+    kv_tokens: int | None = None  # the KV pool's size in positions (None: engine/memory.py sizes it)
+    cache_ram_gib: float | None = None  # the host tier for evicted prefix blocks (None: engine/memory.py's default)
+    prompt_reuse: bool = True  # the prefix cache: a prompt that starts as an earlier one reads only the rest
+    decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
+    rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/rope.py)
+    kv_type: str = "auto"  # the cache's element type (engine/kv_types.py)
+    tp: int = 1  # tensor-parallel ranks, one process each (engine/tp_workers.py)
+
+    def __post_init__(self):
+        if self.chunk is not None and self.chunk < 1:
+            raise ValueError("--chunk must be >= 1")
+        if self.ctx is not None and self.ctx < 16:
+            raise ValueError("--ctx must be >= 16")
+        if self.decode_interval_ms < 0:
+            raise ValueError("--decode-interval-ms must be >= 0")
+        if self.max_running < 1:
+            raise ValueError("--max-running must be >= 1")
+        if self.tp < 1:
+            raise ValueError(f"--tp must be >= 1, got {self.tp}")
+        if self.chunk is None:  # checked again once the device's default is set
+            return
+        block = self.block
+        if block < 1 or block & (block - 1):
+            raise ValueError(f"--kv-block must be a power of two, got {block}")
+        if self.chunk % block:
+            raise ValueError(f"--chunk {self.chunk} must be a multiple of --kv-block {block} "
+                             "(parks and prefix reuse stay block-aligned)")
+        if self.cache_ram_gib is not None and self.cache_ram_gib < 0:
+            raise ValueError(f"--cache-ram must be >= 0 GiB, got {self.cache_ram_gib:g}")
+        if self.kv_tokens is not None and self.kv_tokens < block:
+            raise ValueError(f"--kv-tokens must be at least one block ({block})")
+
+    def for_device(self, backend_name: str) -> "EngineConfig":
+        """This config with the device's default chunk where --chunk was not given."""
+        return self if self.chunk is not None else replace(self, chunk=DEFAULT_CHUNK[backend_name])
+
+    @property
+    def cache_ram_bytes(self) -> int | None:
+        return None if self.cache_ram_gib is None else round(self.cache_ram_gib * 2**30)
+
+    @property
+    def block(self) -> int:
+        return self.kv_block if self.kv_block is not None else default_block(self.chunk)
+
+
+def default_block(chunk: int) -> int:
+    """The largest power of two up to MAX_BLOCK that divides the chunk."""
+    return min(MAX_BLOCK, chunk & -chunk)
