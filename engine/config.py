@@ -8,10 +8,10 @@ from engine.prefill import ParkPolicy
 from engine.rope import RopeOverride
 
 # prompt tokens per chunk when --chunk is not given, by device: a chunk is also how long a newcomer
-# may wait behind a read that parks for it (bench/README.md, "The default chunk")
+# may wait behind a read that parks for it (bench/HISTORY.md, "The default chunk")
 DEFAULT_CHUNK = {"cpu": 256, "gpu": 2048}
 DEFAULT_MAX_RUNNING = 256
-MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kv.py, bench/README.md)
+MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kv.py, bench/HISTORY.md)
 DEFAULT_DECODE_INTERVAL_MS = 50.0
 WEIGHT_FORMS = ("quantized", "fp16")
 

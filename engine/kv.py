@@ -17,7 +17,7 @@ from engine.backend import Backend
 from engine.gguf_model import ModelConfig
 from engine.kv_types import Q8Array, resolve
 
-DEFAULT_BLOCK = 64  # positions per block (engine/cli.py --kv-block; bench/README.md says why)
+DEFAULT_BLOCK = 64  # positions per block (engine/cli.py --kv-block; bench/HISTORY.md says why)
 
 
 @dataclass

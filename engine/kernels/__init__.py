@@ -38,14 +38,14 @@ MATVEC_STAGE_MAX = 64 * 1024  # shared memory a matvec block may stage its weigh
 # more, and too few blocks fit an SM to keep its memory busy; such launches read the rows directly
 MATVEC_STAGE_MATRIX = 4 << 20  # matrices of at most these bytes are staged: their launch is mostly waiting,
 # and the bulk copies start before the kernel before them ends; larger ones were slower staged (a warp
-# waits for its whole row, then computes with nothing of its own in flight: bench/README.md)
+# waits for its whole row, then computes with nothing of its own in flight: bench/HISTORY.md)
 MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
 MATVEC_PAIRS = tuple((kind, "Q6_K") for kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"))  # two
 # stacked parts one launch takes against one row of x (matvec2_<A>_<B>: a QKV whose V rows are in Q6_K)
 MAX_BATCH_ROWS = 16  # activation rows one quantized matvec launch takes (matvec_<T>_n1 .. _n16); more go in several
 MMQ_FROM = 8  # rows of x from which a quantized matvec runs on the int8 tensor cores (mmq.cu: the same bits as
 # matvec_<T>_n<NB>, one launch for any number of rows, each weight tile read once for up to 32 of them); below
-# it the dp4a kernels are faster on the H200 (bench/README.md, issue 23's fifth round); $STRATA_MMQ_FROM
+# it the dp4a kernels are faster on the H200 (bench/HISTORY.md, issue 23's fifth round); $STRATA_MMQ_FROM
 # overrides it (a benchmark's way to put both kernels side by side)
 MMQ_THREADS, MMQ_MT, MMQ_STAGES = 512, 2, 4  # an mmq block: MMQ_WARPS warps, 16 MMQ_MT weight rows, the most slabs
 # in flight (as many as fit MMQ_SMEM)
