@@ -70,7 +70,7 @@ def engine_factory():
     started = []
 
     def start(*args: str, mock: bool = False) -> EngineProcess:
-        module = "protocol.mock_engine" if mock else "engine"
+        module = "engine.mock_engine" if mock else "engine"
         engine = EngineProcess([PY, "-m", module, "--serve", *args])
         started.append(engine)
         return engine

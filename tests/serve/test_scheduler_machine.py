@@ -22,7 +22,7 @@ from engine.loop import EngineLoop, engine_caps
 from engine.prefill import ParkPolicy
 from protocol import messages as m
 from protocol.codec import decode, encode
-from protocol.mock_engine import FakeRunner, build_parser
+from engine.mock_engine import FakeRunner, build_parser
 from serve.engine_client import EngineInfo, EngineState
 from serve.metrics import Metrics
 from serve.request import EngineFailure, Phase, Request
