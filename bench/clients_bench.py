@@ -49,12 +49,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.sse_client import StreamRefused, stream_chunks  # noqa: E402
-from engine.lifetime import die_with_parent  # noqa: E402
+from engine.core.lifetime import die_with_parent  # noqa: E402
 
 PATH = "/v1/chat/completions"
 # serve/engine_client.py's log lines when an engine dies and is started again
 RESTART_MARKS = ("engine exited unexpectedly", "restarting", "engine start failed")
-CAPTURE_MARK = "captured the decode step"  # engine/decode_graph.py: a CUDA graph made while serving
+CAPTURE_MARK = "captured the decode step"  # engine/runner/decode_graph.py: a CUDA graph made while serving
 ERROR_MARKS = ("Error", "Traceback", "ERR")  # "ERR" also catches the log's ERROR level
 
 # The prompts' vocabulary: plain words, so that every prompt reads as (odd) prose of similar length in tokens.

@@ -25,15 +25,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.backend import Backend, select_backend  # noqa: E402
-from engine.decode_graph import GraphDecoder  # noqa: E402
-from engine.draw_graph import DrawGraphs  # noqa: E402
-from engine.gguf_model import load_model  # noqa: E402
-from engine.kv import KVCache  # noqa: E402
-from engine.kv_types import KV_TYPES  # noqa: E402
-from engine.model import LlamaModel  # noqa: E402
-from engine.model_path import resolve_model_path  # noqa: E402
-from engine.sampler import Sampler, SamplingParams  # noqa: E402
+from engine.model.backend import Backend, select_backend  # noqa: E402
+from engine.runner.decode_graph import GraphDecoder  # noqa: E402
+from engine.runner.sampling_graph import DrawGraphs  # noqa: E402
+from engine.modelfile.gguf_model import load_model  # noqa: E402
+from engine.kvcache.kv import KVCache  # noqa: E402
+from engine.core.kv_types import KV_TYPES  # noqa: E402
+from engine.model.forward import LlamaModel  # noqa: E402
+from engine.modelfile.model_path import resolve_model_path  # noqa: E402
+from engine.runner.sampler import Sampler, SamplingParams  # noqa: E402
 
 
 def machine(device_name: str) -> str:
@@ -232,7 +232,7 @@ def main() -> None:
     p.add_argument("--decode-contexts", default="128", help="GPU: decode (graphs) after prompts of these lengths")
     p.add_argument("--weights", choices=("quantized", "fp16"), default="quantized",
                    help="GPU: keep quantized weights in their blocks, or expand them at load")
-    p.add_argument("--kv-type", choices=KV_TYPES, default="auto", help="the KV cache's element type (engine/kv_types.py)")
+    p.add_argument("--kv-type", choices=KV_TYPES, default="auto", help="the KV cache's element type (engine/core/kv_types.py)")
     p.add_argument("--json", help="also write the result here")
     p.add_argument("--label", help="merge the result into --json under this label")
     a = p.parse_args()

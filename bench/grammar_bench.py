@@ -1,4 +1,4 @@
-"""What constrained decoding costs per token (engine/grammar.py Constraint.restrict): the llguidance
+"""What constrained decoding costs per token (engine/runner/grammar_mask.py Constraint.restrict): the llguidance
 mask of the next token and the masked copy of the logits, timed while a valid output of each
 grammar is fed token by token. Vocabularies: the default model's (49K) and Qwen2.5's (151,665 with
 its added tokens: the real-model fixture's, `make fixture`; else llama.cpp's ggml-vocab-qwen2.gguf
@@ -22,9 +22,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.grammar import GrammarTokenizer  # noqa: E402
-from engine.model_path import ModelNotFound, default_model_path  # noqa: E402
-from engine.tokenizer import load_tokenizer  # noqa: E402
+from engine.runner.grammar_mask import GrammarTokenizer  # noqa: E402
+from engine.modelfile.model_path import ModelNotFound, default_model_path  # noqa: E402
+from engine.modelfile.tokenizer import load_tokenizer  # noqa: E402
 from serve.chat import ToolPlan  # noqa: E402
 from serve.constraints import json_grammar, tool_grammar  # noqa: E402
 from serve.response_tools import build as build_tools  # noqa: E402

@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import machine  # noqa: E402
-from engine.backend import select_backend  # noqa: E402
-from engine.gguf_model import load_model  # noqa: E402
-from engine.kv import KVCache  # noqa: E402
-from engine.model import LlamaModel  # noqa: E402
-from engine.model_path import resolve_model_path  # noqa: E402
-from engine.tokenizer import GGUFTokenizer  # noqa: E402
+from engine.model.backend import select_backend  # noqa: E402
+from engine.modelfile.gguf_model import load_model  # noqa: E402
+from engine.kvcache.kv import KVCache  # noqa: E402
+from engine.model.forward import LlamaModel  # noqa: E402
+from engine.modelfile.model_path import resolve_model_path  # noqa: E402
+from engine.modelfile.tokenizer import GGUFTokenizer  # noqa: E402
 
 TYPES = ("f32", "f16", "q8_0")
 CHUNK = 256

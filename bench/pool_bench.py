@@ -439,8 +439,8 @@ def main() -> int:
         p.error(f"unknown cases {sorted(unknown)}")
     if a.tokenizer:
         os.environ["STRATA_MODEL"] = a.tokenizer  # long_prompt() reads the model Strata would load
-    from engine.model_path import resolve_model_path
-    from engine.tokenizer import load_tokenizer
+    from engine.modelfile.model_path import resolve_model_path
+    from engine.modelfile.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(resolve_model_path(a.tokenizer)))
     url = a.url.rstrip("/")

@@ -7,10 +7,10 @@ import sys
 
 from engine.config import (DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_MAX_RUNNING, MAX_BLOCK, WEIGHT_FORMS,
                            EngineConfig)
-from engine.kv_types import KV_TYPES
-from engine.prefill import ParkPolicy
-from engine.rope import KINDS as ROPE_KINDS
-from engine.rope import RopeOverride
+from engine.core.kv_types import KV_TYPES
+from engine.loop.park_policy import ParkPolicy
+from engine.model.rope import KINDS as ROPE_KINDS
+from engine.model.rope import RopeOverride
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strata", description=__doc__)

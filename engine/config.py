@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from engine.prefill import ParkPolicy
-from engine.rope import RopeOverride
+from engine.loop.park_policy import ParkPolicy
+from engine.model.rope import RopeOverride
 
 # prompt tokens per chunk when --chunk is not given, by device: a chunk is also how long a newcomer
 # may wait behind a read that parks for it (bench/HISTORY.md, "The default chunk")
 DEFAULT_CHUNK = {"cpu": 256, "gpu": 2048}
 DEFAULT_MAX_RUNNING = 256
-MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kv.py, bench/HISTORY.md)
+MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kvcache/kv.py, bench/HISTORY.md)
 DEFAULT_DECODE_INTERVAL_MS = 50.0
 WEIGHT_FORMS = ("quantized", "fp16")
 
@@ -23,18 +23,18 @@ class EngineConfig:
     chunk: int | None  # None: DEFAULT_CHUNK of the device, set by for_device() once the backend is chosen
     device: str
     policy: ParkPolicy
-    snapshot_budget_given: bool = False  # else the engine sizes it with the KV cache (engine/memory.py)
-    cuda_graphs: bool = True  # GPU decode steps as graph replays (engine/decode_graph.py)
+    snapshot_budget_given: bool = False  # else the engine sizes it with the KV cache (engine/kvcache/sizing.py)
+    cuda_graphs: bool = True  # GPU decode steps as graph replays (engine/runner/decode_graph.py)
     weights: str = "quantized"  # GPU: quantized tensors stay in their blocks; "fp16" expands them at load
     max_running: int = DEFAULT_MAX_RUNNING  # requests in the engine at once (memory permitting)
     kv_block: int | None = None  # positions per KV block (None: default_block(chunk))
-    kv_tokens: int | None = None  # the KV pool's size in positions (None: engine/memory.py sizes it)
-    cache_ram_gib: float | None = None  # the host tier for evicted prefix blocks (None: engine/memory.py's default)
+    kv_tokens: int | None = None  # the KV pool's size in positions (None: engine/kvcache/sizing.py sizes it)
+    cache_ram_gib: float | None = None  # the host tier for evicted prefix blocks (None: engine/kvcache/sizing.py's default)
     prompt_reuse: bool = True  # the prefix cache: a prompt that starts as an earlier one reads only the rest
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
-    rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/rope.py)
-    kv_type: str = "auto"  # the cache's element type (engine/kv_types.py)
-    tp: int = 1  # tensor-parallel ranks, one process each (engine/tp_workers.py)
+    rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/model/rope.py)
+    kv_type: str = "auto"  # the cache's element type (engine/core/kv_types.py)
+    tp: int = 1  # tensor-parallel ranks, one process each (engine/parallel/tp_workers.py)
 
     def __post_init__(self):
         if self.chunk is not None and self.chunk < 1:

@@ -6,19 +6,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from engine.backend import select_backend
+from engine.model.backend import select_backend
 from engine.config import EngineConfig
-from engine.gguf_file import GGUFFile, GGUFFormatError
-from engine.gguf_model import ModelLoadError, load_model
-from engine.loop import run_loop
-from engine.memory import plan_context
-from engine.model_path import ModelNotFound, resolve_model_path
-from engine.prefill import ParkPolicy
-from engine.runner import ModelRunner
-from engine.tp_workers import TensorParallelRunner, WorkerSpec
-from engine.grammar import GrammarTokenizer
-from engine.kv_types import check_kv_type
-from engine.tokenizer import GGUFTokenizer
+from engine.modelfile.gguf_file import GGUFFile, GGUFFormatError
+from engine.modelfile.gguf_model import ModelLoadError, load_model
+from engine.loop.loop import run_loop
+from engine.kvcache.sizing import plan_context
+from engine.modelfile.model_path import ModelNotFound, resolve_model_path
+from engine.loop.park_policy import ParkPolicy
+from engine.runner.runner import ModelRunner
+from engine.parallel.tp_workers import TensorParallelRunner, WorkerSpec
+from engine.runner.grammar_mask import GrammarTokenizer
+from engine.core.kv_types import check_kv_type
+from engine.modelfile.tokenizer import GGUFTokenizer
 
 
 
@@ -74,7 +74,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
 
 
 def start_workers(config: EngineConfig, path: str, device: str) -> tuple[list, list]:
-    """The tensor-parallel ranks past 0 as processes (engine/tp_workers.py), none without --tp."""
+    """The tensor-parallel ranks past 0 as processes (engine/parallel/tp_workers.py), none without --tp."""
     if config.tp == 1:
         return [], []
     if device != "cpu":

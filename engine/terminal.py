@@ -6,8 +6,8 @@ import threading
 
 from protocol import messages as m
 
-from engine.loop import EngineLoop
-from engine.prefill import ParkPolicy
+from engine.loop.loop import EngineLoop
+from engine.loop.park_policy import ParkPolicy
 
 
 class TerminalSink:

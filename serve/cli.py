@@ -12,8 +12,8 @@ import uvicorn
 
 from engine.cli import add_rope_args, rope_from_args
 from engine.config import WEIGHT_FORMS
-from engine.kv_types import KV_TYPES
-from engine.model_path import ModelNotFound, resolve_model_path
+from engine.core.kv_types import KV_TYPES
+from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from serve.config import REASONING_FORMATS, PreemptSettings, ServerSettings, split_command
 
 
@@ -170,8 +170,8 @@ def run(argv: list[str] | None) -> int:
 
 
 def serve_app(args: argparse.Namespace, settings: ServerSettings, launched: list) -> int:
-    from engine.gguf_model import ModelLoadError
-    from engine.tokenizer import load_tokenizer_and_ctx
+    from engine.modelfile.gguf_model import ModelLoadError
+    from engine.modelfile.tokenizer import load_tokenizer_and_ctx
     from serve.app import create_app
     from serve.sampling_defaults import sampling_defaults
 

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.rope import RopeOverride
+from engine.model.rope import RopeOverride
 from serve.sampling_defaults import LLAMA_CPP
 
 
@@ -55,7 +55,7 @@ class ServerSettings:
     max_running: int | None = None  # forwarded to the default engine; None = the engine's default
     kv_tokens: int | None = None  # forwarded to the default engine: its KV pool in tokens
     kv_block: int | None = None  # forwarded to the default engine: positions per KV block
-    kv_type: str | None = None  # forwarded to the default engine: the cache's element type (engine/kv_types.py)
+    kv_type: str | None = None  # forwarded to the default engine: the cache's element type (engine/core/kv_types.py)
     tp: int | None = None  # forwarded to the default engine: tensor-parallel processes (None: 1)
     prompt_reuse: bool = True  # forwarded to the default engine
     cache_ram_gib: float | None = None  # forwarded to the default engine: its host tier (None: the engine's default)

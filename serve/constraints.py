@@ -1,5 +1,5 @@
 """The grammar a chat request's output must match, for the engine's constrained decoding
-(engine/grammar.py): response_format (json_object, json_schema) as a JSON schema, and a forced tool
+(engine/runner/grammar_mask.py): response_format (json_object, json_schema) as a JSON schema, and a forced tool
 call (tool_choice "required" or a named function) in the model's own call format with each
 function's parameters schema. Grammars are llguidance's (JSON schemas, Lark); they are checked here
 against the tokenizer, so a bad schema is the client's 400, never an engine error."""

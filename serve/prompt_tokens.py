@@ -4,7 +4,7 @@ Rendering a long conversation through its template and tokenizing it take second
 prompt (tokenizing 20 MB: 22 s on the CPU); on the event loop that would stall every other client,
 /health included. In a thread the loop stays free, provided the thread lets go of the GIL: Jinja's
 rendering is Python (it yields the GIL every few ms), and the tokenizer's encode goes through
-`tokenizers`' GIL-free batch call (engine/tokenizer.py). The threads are asyncio's default
+`tokenizers`' GIL-free batch call (engine/modelfile/tokenizer.py). The threads are asyncio's default
 executor's: a small request's rendering never queues behind a large one's (the body limit,
 serve/body_limit.py, bounds what any one can cost).
 """

@@ -9,7 +9,7 @@ scripts, many agents) gets what those servers would give it.
 """
 from __future__ import annotations
 
-from engine.gguf_file import GGUFFile
+from engine.modelfile.gguf_file import GGUFFile
 
 LLAMA_CPP = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 GGUF_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_k": "top_k",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from engine.grammar import GrammarTokenizer
+from engine.runner.grammar_mask import GrammarTokenizer
 from serve.config import ServerSettings
 from serve.engine_client import EngineClient, EngineState
 from serve.engine_router import EngineRouter

@@ -1,6 +1,6 @@
 import pytest
 
-from engine.model_path import default_model_path
+from engine.modelfile.model_path import default_model_path
 from tests.harness import PY, EngineProcess, ServerProcess, mark_test_run, mock_engine_cmd, sweep
 
 
@@ -38,7 +38,7 @@ def model_path() -> str:
 
 @pytest.fixture(scope="session")
 def tokenizer(model_path):
-    from engine.tokenizer import load_tokenizer
+    from engine.modelfile.tokenizer import load_tokenizer
 
     return load_tokenizer(model_path)
 
@@ -70,7 +70,7 @@ def engine_factory():
     started = []
 
     def start(*args: str, mock: bool = False) -> EngineProcess:
-        module = "engine.mock_engine" if mock else "engine"
+        module = "engine.loop.mock_engine" if mock else "engine"
         engine = EngineProcess([PY, "-m", module, "--serve", *args])
         started.append(engine)
         return engine

@@ -4,7 +4,7 @@ Every process a test run starts carries STRATA_TEST_RUN=<the run's id> in its en
 in tests/conftest.py, inherited by servers' engines too), so that whatever a crashed or killed
 fixture left behind can be found and ended: `sweep()` at the session's end and at exit. A server
 is started in its own process group and asks the kernel for SIGTERM when the test process dies
-(engine/lifetime.py), which covers a pytest killed outright.
+(engine/core/lifetime.py), which covers a pytest killed outright.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.lifetime import die_with_parent  # noqa: F401 - the servers' preexec_fn, and tests'
+from engine.core.lifetime import die_with_parent  # noqa: F401 - the servers' preexec_fn, and tests'
 from protocol.pipe_client import EnginePipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +109,7 @@ def remake_fixture_models(folder: Path, fixture: dict, tool: str) -> dict[str, P
 
 
 def mock_engine_cmd(*args: str) -> str:
-    return " ".join([PY, "-m", "engine.mock_engine", *args])
+    return " ".join([PY, "-m", "engine.loop.mock_engine", *args])
 
 
 @dataclass

@@ -8,7 +8,7 @@ it under `compute-sanitizer --tool memcheck` to catch a bad access where it happ
 
 Issue 42's crash came this way: 64 clients made the engine capture a graph for every batch size the
 load passed through, each keeping its own logits, until a capture found the device full and CuPy freed
-the blocks the earlier graphs still used (engine/graph_pool.py).
+the blocks the earlier graphs still used (engine/runner/graph_pool.py).
 """
 from __future__ import annotations
 

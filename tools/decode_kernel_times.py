@@ -20,9 +20,9 @@ sys.path.insert(0, str(ROOT))
 import cupy as cp  # noqa: E402
 
 from engine.config import MAX_BLOCK as BLOCK  # noqa: E402  (the KV pool's default block size)
-from engine.decode_graph import bucket  # noqa: E402
+from engine.runner.decode_graph import bucket  # noqa: E402
 from engine.kernels import MATVEC_STAGE_MAX, OPTIONS, GpuKernels, kernel_source  # noqa: E402
-from engine.quantized import row_bytes  # noqa: E402
+from engine.core.quantized import row_bytes  # noqa: E402
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
 KINDS = ("Q4_K", "Q6_K", "Q8_0", "Q4_0")  # fp16 weights: tools/mmv_check.py times mmv.cu

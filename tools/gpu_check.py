@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from engine.backend import select_backend  # noqa: E402
-from engine.decode_graph import GraphDecoder  # noqa: E402
-from engine.gguf_model import load_model  # noqa: E402
-from engine.kv import KVCache  # noqa: E402
-from engine.model import LlamaModel  # noqa: E402
+from engine.model.backend import select_backend  # noqa: E402
+from engine.runner.decode_graph import GraphDecoder  # noqa: E402
+from engine.modelfile.gguf_model import load_model  # noqa: E402
+from engine.kvcache.kv import KVCache  # noqa: E402
+from engine.model.forward import LlamaModel  # noqa: E402
 from protocol import messages as m  # noqa: E402
 from protocol.codec import decode, encode  # noqa: E402
 

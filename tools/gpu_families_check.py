@@ -22,11 +22,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.backend import select_backend  # noqa: E402
-from engine.decode_graph import GraphDecoder  # noqa: E402
-from engine.gguf_model import load_model  # noqa: E402
-from engine.kv import KVCache  # noqa: E402
-from engine.model import LlamaModel  # noqa: E402
+from engine.model.backend import select_backend  # noqa: E402
+from engine.runner.decode_graph import GraphDecoder  # noqa: E402
+from engine.modelfile.gguf_model import load_model  # noqa: E402
+from engine.kvcache.kv import KVCache  # noqa: E402
+from engine.model.forward import LlamaModel  # noqa: E402
 
 FIXTURE = json.loads((ROOT / "tests/fixtures/arch_golden.json").read_text())["models"]
 ROPE = json.loads((ROOT / "tests/fixtures/rope_golden.json").read_text())["models"]

@@ -1,4 +1,4 @@
-"""Constrained decoding on the GPU (engine/grammar.py through the CuPy sampler path): the engine
+"""Constrained decoding on the GPU (engine/runner/grammar_mask.py through the CuPy sampler path): the engine
 process on a model, GENs with grammars (a regex, a JSON schema), greedy (after a decode graph's
 replay) and with temperature: every answer matches its grammar.
 
@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 import llguidance  # noqa: E402
 
-from engine.tokenizer import load_tokenizer  # noqa: E402
+from engine.modelfile.tokenizer import load_tokenizer  # noqa: E402
 from protocol import messages as m  # noqa: E402
 from protocol.codec import decode, encode  # noqa: E402
 

@@ -8,7 +8,7 @@ that are not multiples of the tile, prefixes that end mid-tile; prompt chunks th
 kernel the device has: the wgmma one and the mma.sync one on Hopper), add+RMSNorm, RoPE+KV write,
 SwiGLU; for every GGUF weight type the load-time expansion, the embedding gather and the matvec
 that reads the blocks, against the gguf package; the MoE routing and expert kernels against
-engine/moe.py; the GPU sampler against the host's. Inputs are fresh random data; outputs are poisoned (NaN) before each run, so an
+engine/model/moe.py; the GPU sampler against the host's. Inputs are fresh random data; outputs are poisoned (NaN) before each run, so an
 unwritten element fails. Error is ||gpu - ref|| / ||ref|| with the reference in float32 on the
 fp16-rounded inputs. Speed: cuBLAS fp16 GEMM on the 8B shapes (the ceiling the prefill runs
 against), the attention kernel's TFLOP/s at depth, a sampler draw's wall time; per-kernel decode
@@ -34,11 +34,11 @@ import cupy as cp  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 
-from engine.backend import ArrayOps, Step  # noqa: E402
-from engine.kv import DEFAULT_BLOCK  # noqa: E402
+from engine.model.backend import ArrayOps, Step  # noqa: E402
+from engine.kvcache.kv import DEFAULT_BLOCK  # noqa: E402
 from engine.kernels import DEQUANT, MATVEC_PAIRS, GpuKernels  # noqa: E402
-from engine.kv_types import Q8Array, dequantize_q8_0, quantize_q8_0  # noqa: E402
-from engine.quantized import QuantMatrix, QuantPart, quantize_q8  # noqa: E402
+from engine.core.kv_types import Q8Array, dequantize_q8_0, quantize_q8_0  # noqa: E402
+from engine.core.quantized import QuantMatrix, QuantPart, quantize_q8  # noqa: E402
 from make_synthetic_gguf import random_blocks, random_half  # noqa: E402
 
 REF = ArrayOps(np)
@@ -77,7 +77,7 @@ def half_normal(*shape, scale=1.0) -> np.ndarray:
 def paged(block: int, *seqs: np.ndarray) -> tuple:
     """Rows (kv_heads, ctx, d) of one sequence (its K, its V) -> pools (blocks, kv_heads, block, d)
     holding them in the same shuffled blocks (plus spare ones, zero), and the sequence's block
-    table: what engine/kv.py keeps. Returns (*pools, table). (A q8_0 pool's scales (kv_heads, ctx,
+    table: what engine/kvcache/kv.py keeps. Returns (*pools, table). (A q8_0 pool's scales (kv_heads, ctx,
     d / 32) go in as rows of their own width.)"""
     kv_heads, ctx, _ = seqs[0].shape
     nb = -(-ctx // block)
@@ -227,7 +227,7 @@ def check_fused_q8(k: GpuKernels) -> None:
 
 
 def check_q8_cache(k: GpuKernels) -> None:
-    """The q8_0 pool (engine/kv_types.py) on the GPU: RoPE + KV write quantizing as it stores (its
+    """The q8_0 pool (engine/core/kv_types.py) on the GPU: RoPE + KV write quantizing as it stores (its
     bytes against quantize_q8_0 of the reference rows: equal but where float rounding lands a value
     on the other side of a rounding edge), flash-decoding reading the 8-bit rows and a prompt chunk's
     attention over them widened (both against NumPy's attention over the widened rows), and the
@@ -354,7 +354,7 @@ def check_weights(k: GpuKernels) -> None:
 def expert_stacks(kind: str, count: int, dim: int, ffn: int):
     """Random gate, up and down expert stacks of a GGUF type (or "gate,up,down" types): (on the GPU
     in their blocks, float32 reference)."""
-    from engine.moe import Experts, ExpertStack
+    from engine.model.moe import Experts, ExpertStack
 
     gpu, ref = [], []
     kinds = kind.split(",") if "," in kind else [kind] * 3
@@ -366,13 +366,13 @@ def expert_stacks(kind: str, count: int, dim: int, ffn: int):
 
 
 def check_moe(k: GpuKernels) -> None:
-    """The MoE kernels (moe.cu) against engine/moe.py: the router's choices (exactly) and weights, by
+    """The MoE kernels (moe.cu) against engine/model/moe.py: the router's choices (exactly) and weights, by
     the prompt path's two launches and by a decode step's one; a decode step's rows through their
     chosen experts (x in 8 bits, twice: before gate/up and before down), all in one launch per kernel,
     each row equal bit for bit to its decode alone; a prompt chunk grouped by expert through the tiled
     GEMMs; per weight type, chunks of odd sizes."""
-    from engine.moe import route, run_experts
-    from engine.quantized import Row8
+    from engine.model.moe import route, run_experts
+    from engine.core.quantized import Row8
 
     cases = [(kind, 16, 4, 512, 256) for kind in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16")]
     for kind, count, used, dim, ffn in cases + [("Q4_K", 128, 8, 2048, 768), ("F16", 8, 3, 128, 64),
@@ -412,10 +412,10 @@ def check_argmax(k: GpuKernels) -> None:
 
 
 def check_sampling() -> None:
-    """The sampler over cupy (engine.sampler.pick_sorted, what the engine runs on the GPU) against
+    """The sampler over cupy (engine.runner.sampler.pick_sorted, what the engine runs on the GPU) against
     the host sampler: greedy exactly; draws agree but for exp's last-bit differences between the
     two machines' math libraries, so the agreement rate is what is checked."""
-    from engine.sampler import Sampler, SamplingParams, pick, pick_sorted
+    from engine.runner.sampler import Sampler, SamplingParams, pick, pick_sorted
 
     greedy = Sampler(SamplingParams(repeat_penalty=1.3), (5, 9, 9))
     same = sum(greedy.sample(cp.asarray(x), cp) == greedy.sample(x)
@@ -430,8 +430,8 @@ def check_sampling() -> None:
             agree += pick_sorted(cp, cp.asarray(x), u, params) == pick(x, u, params)
         record("sample", f"draws agree, {params.temperature=} {params.top_p=} {params.top_k=}", 1 - agree / 100, 0.05)
     # the engine's draws after a decode graph: captured once per parameter set, replayed with a new u
-    from engine.draw_graph import DrawGraphs
-    from engine.sampler import scale
+    from engine.runner.sampling_graph import DrawGraphs
+    from engine.runner.sampler import scale
 
     draws = DrawGraphs(cp)
     logits = cp.asarray((rng.standard_normal(128256) * 2).astype(np.float32))
@@ -495,8 +495,8 @@ def speed(k: GpuKernels, only: set[str] | None = None) -> dict:
 
 def sampling_speed() -> dict:
     out = {}
-    from engine.draw_graph import DrawGraphs
-    from engine.sampler import Sampler, SamplingParams
+    from engine.runner.sampling_graph import DrawGraphs
+    from engine.runner.sampler import Sampler, SamplingParams
 
     logits, draws = cp.asarray(rng.standard_normal(128256).astype(np.float32)), DrawGraphs(cp)
     for name, params, graphs in (("greedy", SamplingParams(), None),
@@ -571,7 +571,7 @@ def moe_speed(k: GpuKernels) -> dict:
     """One Qwen3-30B-A3B MoE layer (128 experts of 768 over 2048, 8 used) in Q4_K: a 2048-token
     chunk's grouped GEMMs (TFLOP/s over the chosen experts' work) and a decode row (GB/s over the
     chosen experts' bytes)."""
-    from engine.quantized import Row8, row_bytes
+    from engine.core.quantized import Row8, row_bytes
 
     out, (count, used, dim, ffn) = {}, (128, 8, 2048, 768)
     gpu, _ = expert_stacks("Q4_K", count, dim, ffn)

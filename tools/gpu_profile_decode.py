@@ -34,11 +34,11 @@ def inner(a) -> None:
     import cupy as cp
     import numpy as np
 
-    from engine.backend import select_backend
-    from engine.decode_graph import GraphDecoder
-    from engine.gguf_model import load_model
-    from engine.kv import DEFAULT_BLOCK, KVCache
-    from engine.model import LlamaModel
+    from engine.model.backend import select_backend
+    from engine.runner.decode_graph import GraphDecoder
+    from engine.modelfile.gguf_model import load_model
+    from engine.kvcache.kv import DEFAULT_BLOCK, KVCache
+    from engine.model.forward import LlamaModel
 
     backend = select_backend("gpu")
     cfg, weights, _ = load_model(a.model, backend)

@@ -25,7 +25,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFWriter, RopeScalingType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from engine.model_path import default_model_path  # noqa: E402
+from engine.modelfile.model_path import default_model_path  # noqa: E402
 
 PRESETS = {  # layers, dim, ffn, heads, kv_heads, context, rope base, vocab (None = the tokenizer's)
     "llama3-8b": dict(layers=32, dim=4096, ffn=14336, heads=32, kv_heads=8, ctx=131072, rope_base=500000.0,

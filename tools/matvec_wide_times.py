@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from engine.quantized import row_bytes  # noqa: E402
+from engine.core.quantized import row_bytes  # noqa: E402
 from mmv_check import timed  # noqa: E402
 
 SHAPES = {"wqkv": (6144, 4096), "w_gate_up": (28672, 4096), "w_down": (4096, 14336), "head": (128256, 4096)}

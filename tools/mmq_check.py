@@ -47,7 +47,7 @@ def main() -> int:
 
     from engine.kernels import OPTIONS, GpuKernels, kernel_source, tiles
     from engine.kernels import MMQ_TILES, mmq_grid, mmq_smem_bytes
-    from engine.quantized import BLOCKS, QuantMatrix, QuantPart, quantize_q8, row_bytes
+    from engine.core.quantized import BLOCKS, QuantMatrix, QuantPart, quantize_q8, row_bytes
 
     kernels = GpuKernels(cp)
     rng = np.random.default_rng(7)

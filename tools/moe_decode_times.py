@@ -23,7 +23,7 @@ import cupy as cp  # noqa: E402
 
 from decode_kernel_times import time_us  # noqa: E402
 from engine.kernels import GpuKernels  # noqa: E402
-from engine.quantized import QuantMatrix, QuantPart, Row8  # noqa: E402
+from engine.core.quantized import QuantMatrix, QuantPart, Row8  # noqa: E402
 from gpu_kernels_check import expert_stacks, half_normal, weight_rows  # noqa: E402
 
 LAYERS, DIM, HEADS, KV_HEADS, D, EXPERTS, USED, FFN, VOCAB = 48, 2048, 32, 4, 128, 128, 8, 768, 151936

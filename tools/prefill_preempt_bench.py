@@ -35,8 +35,8 @@ B_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def long_prompt(n: int) -> list[int]:
-    from engine.model_path import resolve_model_path
-    from engine.tokenizer import load_tokenizer
+    from engine.modelfile.model_path import resolve_model_path
+    from engine.modelfile.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(resolve_model_path(None)))  # --model, $STRATA_MODEL or the default
     text = " ".join(f"Record {i}: the committee reviewed item {i * 37 % 1000} and noted its status as "

@@ -1,4 +1,4 @@
-"""Tensor parallel's split on one device (engine/tensor_parallel.py): the ranks of one process, each
+"""Tensor parallel's split on one device (engine/parallel/tensor_parallel.py): the ranks of one process, each
 with its own backend and KV cache, their output projections' partials all-reduced, against the whole
 model on the same device and file: the prompt's last logits (largest difference against the largest
 logit) and the greedy continuation, token for token. On a GPU, with the weights kept in their GGUF
@@ -22,12 +22,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.backend import select_backend  # noqa: E402
-from engine.gguf_model import load_model  # noqa: E402
-from engine.kv import KVCache  # noqa: E402
-from engine.model import LlamaModel  # noqa: E402
-from engine.model_path import resolve_model_path  # noqa: E402
-from engine.tensor_parallel import TensorParallelModel  # noqa: E402
+from engine.model.backend import select_backend  # noqa: E402
+from engine.modelfile.gguf_model import load_model  # noqa: E402
+from engine.kvcache.kv import KVCache  # noqa: E402
+from engine.model.forward import LlamaModel  # noqa: E402
+from engine.modelfile.model_path import resolve_model_path  # noqa: E402
+from engine.parallel.tensor_parallel import TensorParallelModel  # noqa: E402
 
 
 def run(forward, kv, ids: np.ndarray, steps: int, chunk: int):

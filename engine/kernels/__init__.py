@@ -1,6 +1,6 @@
 """Thin launchers for the CUDA kernels in this folder (one .cu file per family), compiled at first
-use by CuPy (NVRTC). CuPy is handed in by engine/backend.py, the only module that imports it.
-Every kernel has a NumPy reference (engine/backend.py ArrayOps, gguf.quants.dequantize) that
+use by CuPy (NVRTC). CuPy is handed in by engine/model/backend.py, the only module that imports it.
+Every kernel has a NumPy reference (engine/model/backend.py ArrayOps, gguf.quants.dequantize) that
 tools/gpu_kernels_check.py compares it with on the GPU."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from types import ModuleType
 
 import numpy as np
 
-from engine.step import Step
+from engine.core.step import Step
 from engine.kernels import build, launch, moe, sm90
 from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS
 from engine.kernels.sources import KERNEL_DIR, OPTIONS, kernel_source  # noqa: F401 - KERNEL_DIR: tools' too
-from engine.kv_types import Q8Array
-from engine.quantized import BLOCKS, UNIT, QuantMatrix, Row8, row_bytes
+from engine.core.kv_types import Q8Array
+from engine.core.quantized import BLOCKS, UNIT, QuantMatrix, Row8, row_bytes
 
 THREADS = 256
 ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR in attention.cu
@@ -494,7 +494,7 @@ class GpuKernels:
 
     def quantize_q8(self, x):
         """x: (k,) fp16 -> k / 32 units of 48 bytes (Q8 in quant.cu): 32 int8, the scale and the
-        halves' sums. NumPy reference: engine.quantized.quantize_q8."""
+        halves' sums. NumPy reference: engine.core.quantized.quantize_q8."""
         units = x.shape[0] // UNIT
         out = self.cp.empty((units, Q8_BYTES), dtype=self.cp.uint8)
         self.fn["quantize_q8"](blocks(units), (THREADS,), (x, out, np.int32(units)))

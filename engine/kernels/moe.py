@@ -1,7 +1,7 @@
 """Launchers of the mixture-of-experts kernels (moe.cu): routing on the device, a decode row's
 chosen experts read in their blocks, a prompt chunk's rows grouped by expert for tensor-core
 GEMMs. Nothing here waits for the GPU or reads a device value on the host, so a decode step of a
-MoE model is captured in one graph like any other. NumPy reference: engine/moe.py."""
+MoE model is captured in one graph like any other. NumPy reference: engine/model/moe.py."""
 from __future__ import annotations
 
 import math
@@ -9,8 +9,8 @@ import math
 import numpy as np
 
 from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS
-from engine.moe import Experts, ExpertStack
-from engine.quantized import Row8
+from engine.model.moe import Experts, ExpertStack
+from engine.core.quantized import Row8
 
 MAX_EXPERTS, MAX_USED = 256, 32  # MAX_EXPERTS in moe.cu (8 router values a lane); one lane per choice
 GEMM_BM, GEMM_BN, GEMM_THREADS = 64, 64, 128  # moe.cu's grouped GEMM tiles

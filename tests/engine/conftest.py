@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from engine.backend import cpu_backend
-from engine.gguf_model import load_model
-from engine.kv import KVCache
-from engine.model import LlamaModel
+from engine.model.backend import cpu_backend
+from engine.modelfile.gguf_model import load_model
+from engine.kvcache.kv import KVCache
+from engine.model.forward import LlamaModel
 
 
 class LoadedModel:

@@ -1,4 +1,4 @@
-"""The block pool and its prefix cache (engine/blocks.py): a hypothesis state machine of tables that
+"""The block pool and its prefix cache (engine/kvcache/block_pool.py): a hypothesis state machine of tables that
 take blocks, grow, register their whole chunks, look up shared prefixes and let go, with the pool's
 invariants checked after every step (no block both free and referenced, reference counts equal the
 tables holding them, a cached block's key is its tokens' chain), over a host tier that keeps evicted
@@ -10,8 +10,8 @@ import pytest
 
 import numpy as np
 
-from engine.blocks import BlockPool, OutOfBlocks, block_key
-from engine.host_tier import HostTier
+from engine.kvcache.block_pool import BlockPool, OutOfBlocks, block_key
+from engine.kvcache.host_tier import HostTier
 
 SIZE = 4
 PREFIXES = [tuple(range(100, 140)), tuple(range(200, 240))]  # two system prompts many requests share

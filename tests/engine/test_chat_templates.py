@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.tokenizer import ChatTemplate, SpecialTokens
+from engine.modelfile.tokenizer import ChatTemplate, SpecialTokens
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures/templates"
 QWEN = SpecialTokens(bos=None, eos=151645, eos_text="<|im_end|>", bos_text="", add_bos=False)

@@ -1,4 +1,4 @@
-"""engine/gguf_file.py reads what gguf's own GGUFReader reads (every field's value, every tensor's
+"""engine/modelfile/gguf_file.py reads what gguf's own GGUFReader reads (every field's value, every tensor's
 type, shape, size and bytes), and a file that is not a GGUF is a clear error, here and from the
 engine and the server processes."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from engine.gguf_file import GGUFFile, GGUFFormatError
-from engine.model_path import resolve_model_path
+from engine.modelfile.gguf_file import GGUFFile, GGUFFormatError
+from engine.modelfile.model_path import resolve_model_path
 from tests.harness import ROOT
 
 

@@ -1,14 +1,14 @@
 """A grammar's mask where the logits are: on the GPU the mask's words go to the device (4 KiB) and
-the pick runs there (engine/draw_graph.py pick_on_device, also a captured graph's body), instead of
+the pick runs there (engine/runner/sampling_graph.py pick_on_device, also a captured graph's body), instead of
 the logits coming to the host. The device forms are written over the array module, so here they run
 over NumPy against the host path on the default model's real vocabulary and a real grammar."""
 import llguidance
 import numpy as np
 import pytest
 
-from engine.draw_graph import pick_on_device
-from engine.grammar import GrammarTokenizer
-from engine.sampler import Sampler, SamplingParams, allowed_tokens
+from engine.runner.sampling_graph import pick_on_device
+from engine.runner.grammar_mask import GrammarTokenizer
+from engine.runner.sampler import Sampler, SamplingParams, allowed_tokens
 from tests.engine.test_sampler import FakeDraws
 
 

@@ -93,7 +93,7 @@ def test_mmq_blocks_fit_the_budget_the_kernel_states():
     the two must be one figure, every kind and tile must keep two slabs in flight within it, and a
     grid never has more blocks than multiprocessors or than tiles."""
     from engine.kernels import MMQ_SMEM, MMQ_TILES, mmq_grid, mmq_smem_bytes, mmq_stages
-    from engine.quantized import BLOCKS
+    from engine.core.quantized import BLOCKS
 
     budget = re.search(r"constexpr int kSmemBudget = (\d+) \* (\d+);", (KERNEL_DIR / "mmq.cu").read_text())
     assert budget and int(budget.group(1)) * int(budget.group(2)) == MMQ_SMEM

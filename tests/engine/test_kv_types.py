@@ -1,4 +1,4 @@
-"""The KV cache's element types (engine/kv_types.py): q8_0's round trip and its bound, a pool's rows
+"""The KV cache's element types (engine/core/kv_types.py): q8_0's round trip and its bound, a pool's rows
 stored and copied in their quantized form, attention over a q8_0 pool equal to attention over the
 same rows widened, and on the real engine (default model, CPU) with --kv-type q8_0 and f16: a parked
 and resumed read equal to the uninterrupted one (tokens and fingerprints), prefix reuse from a
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from engine.backend import Step, select_backend
-from engine.kv_types import Q8_GROUP, Q8Array, check_kv_type, dequantize_q8_0, quantize_q8_0, stack
+from engine.model.backend import Step, select_backend
+from engine.core.kv_types import Q8_GROUP, Q8Array, check_kv_type, dequantize_q8_0, quantize_q8_0, stack
 from tests.harness import PY, ROOT, EngineProcess
 
 sys.path.insert(0, str(ROOT / "tools"))

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.gguf_model import ModelConfig, ModelLoadError
-from engine import memory
-from engine.memory import CPU_POOL_CONTEXTS, DEFAULT_SNAPSHOT_BYTES, plan_context
+from engine.modelfile.gguf_model import ModelConfig, ModelLoadError
+from engine.kvcache import sizing as memory
+from engine.kvcache.sizing import CPU_POOL_CONTEXTS, DEFAULT_SNAPSHOT_BYTES, plan_context
 
 GiB = 2**30
 LLAMA3_8B = ModelConfig(arch="llama", name="8b", n_layers=32, dim=4096, ffn_dim=14336, n_heads=32, n_kv_heads=8,

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.backend import cpu_backend
-from engine.gguf_model import load_model
-from engine.kv import KVCache
-from engine.model import LlamaModel
+from engine.model.backend import cpu_backend
+from engine.modelfile.gguf_model import load_model
+from engine.kvcache.kv import KVCache
+from engine.model.forward import LlamaModel
 from tests.harness import PY, ROOT, EngineProcess, remake_fixture_models
 
 FIXTURE = json.loads((ROOT / "tests/fixtures/arch_golden.json").read_text())["models"]

@@ -5,10 +5,10 @@ written; when that row opens a new block, a snapshot counted by the newest token
 import numpy as np
 
 from engine.config import EngineConfig
-from engine.prefill import ParkPolicy
-from engine.runner import ModelRunner
-from engine.sampler import Sampler, SamplingParams
-from engine.sequence import Sequence
+from engine.loop.park_policy import ParkPolicy
+from engine.runner.runner import ModelRunner
+from engine.runner.sampler import Sampler, SamplingParams
+from engine.loop.sequence import Sequence
 
 BLOCK = 16
 

@@ -12,10 +12,10 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from engine.backend import cpu_backend
-from engine.gguf_model import TensorRows, WeightLoader, read_config
+from engine.model.backend import cpu_backend
+from engine.modelfile.gguf_model import TensorRows, WeightLoader, read_config
 from engine.kernels import Q8_BYTES
-from engine.quantized import QuantMatrix, Row8, row_bytes, stack_rows
+from engine.core.quantized import QuantMatrix, Row8, row_bytes, stack_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -76,10 +76,10 @@ def test_quantized_matrix_bytes_are_the_files(q4_k_m):
 
 
 def test_activations_in_8_bits_round_to_the_nearest_step_of_each_unit():
-    """engine.quantized.quantize_q8 is the reference of the kernels' 8-bit activation rows: per 32
+    """engine.core.quantized.quantize_q8 is the reference of the kernels' 8-bit activation rows: per 32
     values a step d = max |x| / 127, every value within half a step, the largest exactly kept, and a
     unit of zeros stays zeros (no division by its zero scale)."""
-    from engine.quantized import quantize_q8
+    from engine.core.quantized import quantize_q8
 
     rng = np.random.default_rng(4)
     x = (rng.standard_normal(4096) * rng.choice([0.01, 1.0, 30.0], 4096)).astype(np.float16)
@@ -100,7 +100,7 @@ def test_decode_attention_splits_by_the_sequence_alone():
     sequence's splits, never more than the merge reads."""
     from hypothesis import given, strategies as st
 
-    from engine.decode_graph import bucket
+    from engine.runner.decode_graph import bucket
     from engine.kernels import DECODE_MAX_SPLITS, decode_keys_per_block, decode_splits
 
     @given(st.integers(0, 200_000), st.integers(0, 200_000), st.integers(1, 262_144))

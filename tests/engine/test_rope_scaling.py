@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.backend import cpu_backend
+from engine.model.backend import cpu_backend
 from engine.cli import build_parser, config_from_args
-from engine.gguf_model import load_model
-from engine.kv import KVCache
-from engine.model import LlamaModel
-from engine.rope import RopeOverride, RopeScaling, frequencies, yarn_range
+from engine.modelfile.gguf_model import load_model
+from engine.kvcache.kv import KVCache
+from engine.model.forward import LlamaModel
+from engine.model.rope import RopeOverride, RopeScaling, frequencies, yarn_range
 from serve.config import ServerSettings
 from tests.harness import ROOT, remake_fixture_models
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from engine.sampler import Sampler, SamplingParams, descending_order
+from engine.runner.sampler import Sampler, SamplingParams, descending_order
 
 LOGITS = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
 
@@ -100,7 +100,7 @@ def test_a_continuation_after_k_draws_samples_what_the_whole_run_samples(params)
 def test_a_draw_decided_on_a_sorted_prefix_equals_sorting_everything(ints, u, temperature, top_k, top_p, min_p):
     """The fast path sorts only the best candidates; the token must be the one a full sort gives.
     Logits on a coarse grid so that ties (broken by index) are common."""
-    from engine import sampler as module
+    from engine.runner import sampler as module
 
     scaled = np.asarray(ints, dtype=np.float32) / np.float32(4 * temperature)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
@@ -120,13 +120,13 @@ def test_a_draw_decided_on_a_sorted_prefix_equals_sorting_everything(ints, u, te
 def test_the_device_draw_written_over_numpy_equals_the_host_draw(ints, u, temperature, top_k, top_p, min_p):
     """pick_sorted is what the GPU runs (over cupy): the same weights, normalizer and cumulative
     sums as pick, with no host round trip between its steps. Over NumPy it must give pick's token."""
-    from engine.sampler import pick, pick_sorted
+    from engine.runner.sampler import pick, pick_sorted
 
     scaled = np.asarray(ints, dtype=np.float32) / np.float32(4 * temperature)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     assert pick_sorted(np, scaled, u, params) == pick(scaled, u, params)
     # the form a captured draw graph runs: u a 0-d array set before each replay, the token left as an array
-    from engine.sampler import draw_index
+    from engine.runner.sampler import draw_index
 
     assert int(draw_index(np, scaled, np.array(u), params)) == pick(scaled, u, params)
 
@@ -143,14 +143,14 @@ def test_plain_greedy_is_temperature_zero_with_no_penalty_in_effect():
 
 
 class FakeDraws:
-    """Records what the sampler hands a draw graph (engine/draw_graph.py needs a GPU): the uniform
+    """Records what the sampler hands a draw graph (engine/runner/sampling_graph.py needs a GPU): the uniform
     and the penalty counts in `calls`, a grammar's mask in `masks`; picks the first allowed token."""
 
     def __init__(self):
         self.calls, self.masks = [], []
 
     def draw(self, logits, u, p, counts, mask=None):
-        from engine.sampler import allowed_tokens
+        from engine.runner.sampler import allowed_tokens
 
         self.calls.append((u, counts))
         self.masks.append(mask)
@@ -177,8 +177,8 @@ def test_a_draw_graph_gets_the_uniform_and_the_penalties_the_launched_pick_would
 def test_penalties_over_a_padded_window_change_only_the_recent_tokens():
     """The draw graph pads the recent tokens to a fixed window with a sink slot past the
     vocabulary: the penalized logits must equal the unpadded penalties exactly."""
-    from engine.draw_graph import padded
-    from engine.sampler import penalize
+    from engine.runner.sampling_graph import padded
+    from engine.runner.sampler import penalize
 
     params = SamplingParams(temperature=0.8, repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2,
                             repeat_last_n=16)
@@ -195,7 +195,7 @@ def test_sampling_the_vocabulary_costs_well_under_a_millisecond_typically():
     """Not a timing assertion (the machine is shared): with logits shaped like a language model's
     (a few strong candidates over a broad tail) the fast path must rarely sort the whole
     vocabulary, which is what makes it cheap. Counted by patching the sort."""
-    from engine import sampler as module
+    from engine.runner import sampler as module
 
     rng = np.random.default_rng(5)
     logits = (rng.standard_normal(49152) * 2).astype(np.float32)

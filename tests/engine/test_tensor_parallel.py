@@ -1,4 +1,4 @@
-"""Tensor parallelism's split (engine/tensor_parallel.py), both shards in one process: the ranks'
+"""Tensor parallelism's split (engine/parallel/tensor_parallel.py), both shards in one process: the ranks'
 forward with their partials all-reduced computes what the whole model computes (float32 on the CPU:
 the same logits within summation order, the same greedy tokens), on the real default model (3 ranks:
 its 9 heads, 3 K/V heads and 1,536 hidden units split in three) and on the qwen2 and qwen3 fixtures
@@ -12,11 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from engine.backend import cpu_backend
-from engine.gguf_model import ModelLoadError, load_model
-from engine.kv import KVCache
-from engine.model import LlamaModel
-from engine.tensor_parallel import TensorParallelModel, rank_sum, shard_config
+from engine.model.backend import cpu_backend
+from engine.modelfile.gguf_model import ModelLoadError, load_model
+from engine.kvcache.kv import KVCache
+from engine.model.forward import LlamaModel
+from engine.parallel.tensor_parallel import TensorParallelModel, rank_sum, shard_config
 from tests.harness import ROOT, remake_fixture_models
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -82,8 +82,8 @@ def blocks_and_dense(path: str):
     and dense float32 as the CPU does, stacked and reordered by the loader's own code."""
     from gguf import GGUFReader
 
-    from engine.gguf_model import LayerWeights, TensorRows, WeightLoader, read_config
-    from engine.quantized import stack_rows
+    from engine.modelfile.gguf_model import LayerWeights, TensorRows, WeightLoader, read_config
+    from engine.core.quantized import stack_rows
 
     reader = GGUFReader(path)
     cfg = read_config(reader)
@@ -107,8 +107,8 @@ def blocks_and_dense(path: str):
 def test_quantized_weights_split_as_their_values(which, world, model_path, tmp_path):
     """The split of weights kept in their blocks (rows of blocks; columns on block boundaries),
     dequantized, is the split of the dense weights: Q4_1 (the default model's layers) and Q4_K / Q6_K."""
-    from engine.gguf_model import Weights
-    from engine.tensor_parallel import shard_weights
+    from engine.modelfile.gguf_model import Weights
+    from engine.parallel.tensor_parallel import shard_weights
     from tests.engine.test_quantized import expand
 
     path = str(model_path)
@@ -129,8 +129,8 @@ def test_quantized_weights_split_as_their_values(which, world, model_path, tmp_p
 
 
 def test_a_column_split_inside_a_block_is_refused(tmp_path):
-    from engine.gguf_model import Weights
-    from engine.tensor_parallel import shard_weights
+    from engine.modelfile.gguf_model import Weights
+    from engine.parallel.tensor_parallel import shard_weights
 
     path = str(tmp_path / "q4_k.gguf")  # wo's 256 columns in one Q4_K block: two ranks would cut it
     make_synthetic([path, "--layers", "1", "--dim", "256", "--ffn", "512", "--heads", "4", "--kv-heads", "2",
@@ -162,7 +162,7 @@ def assert_same_weights(a, b, where: str) -> None:
     """Two Weights (or their parts) equal bit for bit: arrays, QuantMatrix parts (kind, rows, bytes)."""
     from dataclasses import fields, is_dataclass
 
-    from engine.quantized import QuantMatrix
+    from engine.core.quantized import QuantMatrix
 
     if isinstance(a, QuantMatrix):
         assert isinstance(b, QuantMatrix) and a.cols == b.cols, where
@@ -189,7 +189,7 @@ def test_a_shard_loaded_alone_is_the_split_of_the_whole(which, world, backend, m
     """load_model(shard=(rank, world)) reads only a rank's rows and columns from the file (a model
     larger than one GPU never lands whole on any of them), and gets exactly what splitting the whole
     model gives: dense float32 as the CPU loads it, and GGUF blocks as the GPU keeps them."""
-    from engine.tensor_parallel import shard_weights
+    from engine.parallel.tensor_parallel import shard_weights
 
     path = {"default": str(model_path)}.get(which) or str(families.get(which, tmp_path / "q4_k_m.gguf"))
     if which == "q4_k_m":

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from gguf import GGUFReader, GGUFWriter
 
-from engine.gguf_model import ModelLoadError
-from engine.tokenizer import GGUFTokenizer, load_tokenizer
+from engine.modelfile.gguf_model import ModelLoadError
+from engine.modelfile.tokenizer import GGUFTokenizer, load_tokenizer
 
 VOCAB = Path(__file__).parent.parent / "fixtures/vocab"
 FAMILIES = ("qwen2", "llama-bpe")

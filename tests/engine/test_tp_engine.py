@@ -1,4 +1,4 @@
-"""Tensor parallel across processes as the engine serves (`strata --serve --tp 3`, engine/tp_workers.py):
+"""Tensor parallel across processes as the engine serves (`strata --serve --tp 3`, engine/parallel/tp_workers.py):
 the real default model on the CPU, its 9 heads, 3 K/V heads and 1,536 hidden units split over rank 0
 (the engine process) and two worker processes. It answers as the whole model does, parks and resumes
 bit-exactly within its TP size (every rank's rows in the fingerprint), runs decode steps between a

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.tokenizer import load_tokenizer
+from engine.modelfile.tokenizer import load_tokenizer
 from tests.harness import ROOT, mock_engine_cmd
 
 

@@ -6,8 +6,8 @@ import json
 import llguidance
 
 from serve.constraints import closed
-from engine.grammar import GrammarTokenizer
-from engine.tokenizer import load_tokenizer
+from engine.runner.grammar_mask import GrammarTokenizer
+from engine.modelfile.tokenizer import load_tokenizer
 from engine.startup import resolve_model_path
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},

@@ -10,8 +10,8 @@ import json
 import gguf
 import llguidance
 
-from engine.grammar import GrammarTokenizer
-from engine.tokenizer import load_tokenizer
+from engine.runner.grammar_mask import GrammarTokenizer
+from engine.modelfile.tokenizer import load_tokenizer
 from serve.chat import ToolPlan
 from serve.constraints import tool_grammar
 from serve.tool_calls import FORMATS, parse_all

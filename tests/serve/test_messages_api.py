@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from engine.tokenizer import load_tokenizer
+from engine.modelfile.tokenizer import load_tokenizer
 from tests.harness import ROOT, ServerProcess, mock_engine_cmd
 
 TEMPLATES = ROOT / "tests/fixtures/templates"

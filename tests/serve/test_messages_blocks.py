@@ -14,7 +14,7 @@ import sys
 import anthropic
 import pytest
 
-from engine.tokenizer import ChatTemplate
+from engine.modelfile.tokenizer import ChatTemplate
 from serve.messages_api import IMAGE_PLACEHOLDER, renders_mid_system
 from tests.harness import ROOT, ServerProcess, mock_engine_cmd
 

@@ -9,11 +9,11 @@ import numpy as np
 import openai
 import pytest
 
-from engine.backend import cpu_backend
-from engine.gguf_model import load_model
-from engine.kv import KVCache
-from engine.model import LlamaModel
-from engine.tokenizer import load_tokenizer
+from engine.model.backend import cpu_backend
+from engine.modelfile.gguf_model import load_model
+from engine.kvcache.kv import KVCache
+from engine.model.forward import LlamaModel
+from engine.modelfile.tokenizer import load_tokenizer
 from tests.harness import ROOT, ServerProcess
 
 PROMPT = [9745, 198, 378, 28518, 216, 260, 216, 3201, 9649, 4521, 17, 99]

@@ -32,7 +32,7 @@ def test_the_flag_reaches_the_settings_and_a_non_number_is_refused():
 
 def test_encoding_leaves_other_threads_running(tokenizer):
     """A thread counting while another encodes 600 KB: it keeps counting (`tokenizers`' one-text
-    encode holds the GIL throughout, and the counter stands still; engine/tokenizer.py's does not)."""
+    encode holds the GIL throughout, and the counter stands still; engine/modelfile/tokenizer.py's does not)."""
     text = "The quick brown fox jumps over the lazy dog. " * 13000
     counted = []
     for encode in (lambda t: tokenizer.tk.encode(t, add_special_tokens=False), tokenizer.encode):

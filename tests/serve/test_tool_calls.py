@@ -14,7 +14,7 @@ import openai
 import pytest
 from hypothesis import given, example, strategies as st
 
-from engine.tokenizer import load_tokenizer
+from engine.modelfile.tokenizer import load_tokenizer
 from serve.tool_calls import FORMATS, ToolCallStream, format_for_template, parse_all
 from tests.harness import ROOT, ServerProcess, mock_engine_cmd
 

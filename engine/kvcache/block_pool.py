@@ -10,7 +10,7 @@ its key) and is evicted only when a block is needed and the free list is empty; 
 goes back to the free list at once. Blocks let go by a request that named its client's session
 (a prompt_cache_key, or an agent's session header) wait in a second queue, evicted only once the
 first is empty: an agent's prefix outlives a burst of one-off requests. With a host tier
-(engine/host_tier.py, `--cache-ram`), an evicted block's rows are copied to host memory first, and
+(engine/kvcache/host_tier.py, `--cache-ram`), an evicted block's rows are copied to host memory first, and
 a chain that ends in the pool may go on there: those blocks are copied back into new pool blocks
 instead of read again.
 
@@ -59,7 +59,7 @@ class BlockPool:
         self.cached: dict[bytes, int] = {}  # key -> block index
         self.idle: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, least recent first
         self.kept: OrderedDict[int, None] = OrderedDict()  # the same, let go by a session: evicted after idle's
-        self.tier = tier  # engine/host_tier.py HostTier, or None: evicted blocks are gone
+        self.tier = tier  # engine/kvcache/host_tier.py HostTier, or None: evicted blocks are gone
         self.hits = self.lookups = self.evictions = 0
 
     # ------------------------------------------------------------ counts

@@ -11,7 +11,7 @@ import numpy as np
 class Step:
     """Where one forward's tokens sit: either n tokens of one sequence at positions start..start+n
     (a prompt chunk, or a lone decode row), or a decode batch of n sequences with one token each,
-    row i at positions[i]. Each sequence's K/V rows are reached through its block table (engine/kv.py:
+    row i at positions[i]. Each sequence's K/V rows are reached through its block table (engine/kvcache/kv.py:
     position p is row p % block_size of block table[p // block_size]). On the GPU it also holds the
     device arrays the kernels read, so that a captured decode graph reads each step's positions and
     tables from memory; max_keys bounds a decode kernel's grid (a graph's bucket)."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from engine.backend import Backend
-from engine.gguf_model import ModelConfig, ModelLoadError
-from engine.kv import kv_row_bytes
-from engine.kv_types import resolve
+from engine.model.backend import Backend
+from engine.modelfile.gguf_model import ModelConfig, ModelLoadError
+from engine.kvcache.kv import kv_row_bytes
+from engine.core.kv_types import resolve
 
 MiB = 2**20
 RESERVE_BYTES = 1024 * MiB  # cuBLAS workspace, kernels, allocator slack
@@ -36,7 +36,7 @@ class MemoryPlan:
     snapshot_bytes: int  # host memory for parked reads moved out of the pool
     weights_bytes: int | None = None
     free_bytes: int | None = None
-    cache_ram_bytes: int = 0  # the host tier for evicted prefix blocks (engine/host_tier.py)
+    cache_ram_bytes: int = 0  # the host tier for evicted prefix blocks (engine/kvcache/host_tier.py)
 
     @property
     def tokens(self) -> int:

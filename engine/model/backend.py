@@ -1,6 +1,6 @@
 """The NumPy/CuPy switch. The only module that imports cupy; the rest is array code over `xp`.
 
-The forward pass (engine/model.py) is written once against the operations below. ArrayOps is
+The forward pass (engine/model/forward.py) is written once against the operations below. ArrayOps is
 plain float32 array code: the CPU path and the reference every GPU kernel is checked against.
 HalfCupyOps runs the same operations in half precision on the GPU through the kernels in
 engine/kernels/ (fp16 activations and KV cache; fp32 residual stream, norm statistics, softmax
@@ -13,10 +13,10 @@ from types import ModuleType
 
 import numpy as np
 
-from engine.kv_types import widened
-from engine.moe import route, run_experts
-from engine.quantized import QuantMatrix, Row8
-from engine.step import Step
+from engine.core.kv_types import widened
+from engine.model.moe import route, run_experts
+from engine.core.quantized import QuantMatrix, Row8
+from engine.core.step import Step
 
 KEY_TILE = 2048  # keys per attention tile on the CPU: scores never exceed (kv_heads, group*n, KEY_TILE)
 
@@ -161,7 +161,7 @@ class ArrayOps:
         return self.matmul(h, head)
 
     def mixture(self, h, router, experts, k: int, normalize: bool):
-        """A MoE feed-forward (engine/moe.py): h (n, dim), router (experts, dim) float32 -> (out (n, dim),
+        """A MoE feed-forward (engine/model/moe.py): h (n, dim), router (experts, dim) float32 -> (out (n, dim),
         chosen experts (n, k), their weights (n, k) float32)."""
         chosen, weights = route(h @ router.T, k, normalize)
         return run_experts(self, h, experts, chosen, weights), chosen, weights
@@ -170,7 +170,7 @@ class ArrayOps:
 class HalfCupyOps(ArrayOps):
     """The same operations on the GPU in half precision, each one kernel (engine/kernels/):
     cuBLAS GEMMs on the fp16 weights as stored, fused norm/RoPE/SwiGLU, flash attention. A weight
-    may be a QuantMatrix (engine/quantized.py): single rows read its blocks directly, a prompt
+    may be a QuantMatrix (engine/core/quantized.py): single rows read its blocks directly, a prompt
     chunk's GEMM reads it expanded to fp16 in a scratch buffer."""
 
     def __init__(self, cp: ModuleType):

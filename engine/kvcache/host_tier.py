@@ -2,7 +2,7 @@
 in host memory, so that a conversation that comes back after its blocks were needed elsewhere is
 copied back into the pool instead of read again.
 
-The pool (engine/blocks.py) hands the tier the blocks it evicts, before their rows are overwritten,
+The pool (engine/kvcache/block_pool.py) hands the tier the blocks it evicts, before their rows are overwritten,
 and asks it for the rest of a chain when its own cached blocks end. An entry is found by the same
 hash-chain key as in the pool, its tokens checked; it lives in one tier at a time (taken out when
 copied back, dropped when the pool registers the same key again). The least recently stored
@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from engine.kv_types import stack
+from engine.core.kv_types import stack
 
 
 @dataclass
@@ -46,7 +46,7 @@ class HostTier:
         self.stored = self.loaded = self.dropped = 0  # blocks: copied out, copied back, let go for room
 
     def store(self, blocks) -> None:
-        """Evicted pool blocks (engine/blocks.py Block: index, key, tokens, parent still set) copied
+        """Evicted pool blocks (engine/kvcache/block_pool.py Block: index, key, tokens, parent still set) copied
         out before their rows are reused; the oldest entries make room."""
         if not self.capacity or not blocks:
             return

@@ -41,7 +41,7 @@ class Sampler:
     def __init__(self, params: SamplingParams, prompt: tuple[int, ...], drawn: int = 0, constraint=None):
         """drawn: tokens already sampled by this request (a continuation after an engine restart);
         their draws are skipped so that a seeded stream continues where it was. constraint: the
-        request's grammar (engine/grammar.py), already past those tokens."""
+        request's grammar (engine/runner/grammar_mask.py), already past those tokens."""
         self.params, self.constraint = params, constraint
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
         self.rng = np.random.Generator(np.random.PCG64(seed % 2**64))
@@ -52,7 +52,7 @@ class Sampler:
     def sample(self, logits, xp=np, draws=None) -> int:
         """logits: (vocab,) float32 on the host (xp = numpy), or on the GPU (xp = cupy): there a
         temperature draw runs where the logits are (pick_sorted) and only the token comes back;
-        `draws` (engine/draw_graph.py) replays the penalties and the pick as a CUDA graph when the
+        `draws` (engine/runner/sampling_graph.py) replays the penalties and the pick as a CUDA graph when the
         logits are a decode graph's own buffer. The RNG stays on the host either way: one uniform
         per sampled token, fingerprinted with the parked state."""
         p = self.params
@@ -113,7 +113,7 @@ class Sampler:
 
 
 def allowed_tokens(xp, words, vocab: int):
-    """(vocab,) bool: bit t % 32 of words[t // 32], a grammar's mask (engine/grammar.py mask_words),
+    """(vocab,) bool: bit t % 32 of words[t // 32], a grammar's mask (engine/runner/grammar_mask.py mask_words),
     on the device or the host."""
     t = xp.arange(vocab, dtype=np.uint32)
     return ((words[t >> np.uint32(5)] >> (t & np.uint32(31))) & np.uint32(1)).astype(bool)
@@ -179,7 +179,7 @@ def pick_sorted(xp, scaled, u: float, p: SamplingParams) -> int:
 def draw_index(xp, scaled, u, p: SamplingParams):
     """pick_sorted's token as a 0-d array where the logits are, with no transfer and no host value
     read back: u may be a 0-d device array, so that the whole draw can be captured as a CUDA graph
-    (engine/draw_graph.py) and replayed with a new u."""
+    (engine/runner/sampling_graph.py) and replayed with a new u."""
     order = descending_order(scaled, xp)  # (vocab,) canonical order
     if p.top_k:
         order = order[: p.top_k]

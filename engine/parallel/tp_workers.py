@@ -4,7 +4,7 @@ keeps the K/V rows of its own heads in a pool of the same blocks as rank 0's, so
 the same on every rank. Rank 0's runner (TensorParallelRunner) does what ModelRunner does and sends
 each operation that touches the model or the cache to the workers first, over a pipe each, so that
 every rank runs the same forward passes in the same order; the two all-reduces of each layer meet
-there (ProcessGroup: the partials summed in rank order, as engine/tensor_parallel.py's ThreadGroup
+there (ProcessGroup: the partials summed in rank order, as engine/parallel/tensor_parallel.py's ThreadGroup
 adds them). Only rank 0 samples: every rank computes the same logits, and the workers skip them.
 
     rank 0 -> worker   ("pool", ctx, block_size, blocks, kv_type)  the KV pool, once rank 0 has sized it
@@ -17,7 +17,7 @@ adds them). Only rank 0 samples: every rank computes the same logits, and the wo
     either way         ("part", array) / ("total", array)          an all-reduce
     worker -> rank 0   ("ready",) after loading; ("error", text) instead of anything when it fails
 
-A worker is `python -m engine.tp_workers RANK WORLD FD`, its end of a socket pair as FD (a
+A worker is `python -m engine.parallel.tp_workers RANK WORLD FD`, its end of a socket pair as FD (a
 multiprocessing Connection: pickled messages); it gets its WorkerSpec first, runs its BLAS on its
 share of the cores, and exits when the pipe closes or the engine process dies, however it ended
 (Linux's parent-death signal). The pipes carry the partials, which is what the CPU needs; across
@@ -39,10 +39,10 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from engine.kv import KVCache, KVSnapshot
-from engine.lifetime import die_with_parent
-from engine.runner import ModelRunner
-from engine.tensor_parallel import rank_sum
+from engine.kvcache.kv import KVCache, KVSnapshot
+from engine.core.lifetime import die_with_parent
+from engine.runner.runner import ModelRunner
+from engine.parallel.tensor_parallel import rank_sum
 
 
 class WorkerError(RuntimeError):
@@ -54,7 +54,7 @@ class WorkerSpec:
     """What a worker needs to load its rank (the pool's size follows once rank 0 has planned it)."""
     path: str
     device: str
-    rope: object  # engine.rope.RopeOverride
+    rope: object  # engine.model.rope.RopeOverride
 
 
 def checked(message):
@@ -96,9 +96,9 @@ def worker_main(rank: int, world: int, conn) -> None:
     pipe closes."""
     try:
         spec: WorkerSpec = conn.recv()
-        from engine.backend import select_backend
-        from engine.gguf_model import load_model
-        from engine.model import LlamaModel
+        from engine.model.backend import select_backend
+        from engine.modelfile.gguf_model import load_model
+        from engine.model.forward import LlamaModel
 
         backend = select_backend(spec.device)
         cfg, weights, _ = load_model(spec.path, backend, rope=spec.rope, shard=(rank, world))
@@ -186,7 +186,7 @@ class TensorParallelRunner(ModelRunner):
         workers, conns = [], []
         for rank in range(1, world):
             mine, theirs = socket.socketpair()
-            worker = subprocess.Popen([sys.executable, "-m", "engine.tp_workers", str(rank), str(world),
+            worker = subprocess.Popen([sys.executable, "-m", "engine.parallel.tp_workers", str(rank), str(world),
                                        str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env,
                                       stdin=subprocess.DEVNULL)
             theirs.close()

@@ -1,5 +1,5 @@
 """Constrained decoding: a request's grammar as a mask over the vocabulary, applied before each pick
-(engine/sampler.py). llguidance does the work (a maintained grammar engine made for this: JSON
+(engine/runner/sampler.py). llguidance does the work (a maintained grammar engine made for this: JSON
 schemas, Lark grammars and regexes compiled against the tokenizer, the next-token mask computed
 in well under a millisecond); here it is only fed the GGUF's tokenizer and the sampled tokens.
 
@@ -13,7 +13,7 @@ import numpy as np
 import llguidance
 import llguidance.numpy as llnp
 
-from engine.sampler import allowed_tokens
+from engine.runner.sampler import allowed_tokens
 
 
 class GrammarTokenizer:

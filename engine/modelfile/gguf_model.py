@@ -1,4 +1,4 @@
-"""GGUF -> validated ModelConfig and dequantized weights (the file memory-mapped: engine/gguf_file.py)."""
+"""GGUF -> validated ModelConfig and dequantized weights (the file memory-mapped: engine/modelfile/gguf_file.py)."""
 from __future__ import annotations
 
 import sys
@@ -9,13 +9,13 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from engine.backend import Backend
-from engine.gguf_file import GGUFFile
+from engine.model.backend import Backend
+from engine.modelfile.gguf_file import GGUFFile
 from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
-from engine.moe import Experts, ExpertStack
-from engine.quantized import BLOCKS, HostRows, QuantMatrix, row_bytes, stack_rows
-from engine.rope import RopeOverride, RopeScaling
-from engine.rope import from_gguf as rope_from_gguf
+from engine.model.moe import Experts, ExpertStack
+from engine.core.quantized import BLOCKS, HostRows, QuantMatrix, row_bytes, stack_rows
+from engine.model.rope import RopeOverride, RopeScaling
+from engine.model.rope import from_gguf as rope_from_gguf
 
 # What differs between the supported families, as the forward pass reads it from ModelConfig:
 #   llama     Q/K rows stored with RoPE pairs adjacent (llama.cpp's "normal" RoPE), reordered at load
@@ -50,7 +50,7 @@ class ModelConfig:
     n_experts_used: int = 0  # experts each token is routed to
     expert_ffn_dim: int = 0
     expert_weights_norm: bool = False  # the chosen experts' weights rescaled to sum to 1
-    rope: RopeScaling = RopeScaling()  # long-context scaling of the rotation (engine/rope.py)
+    rope: RopeScaling = RopeScaling()  # long-context scaling of the rotation (engine/model/rope.py)
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHITECTURES:
@@ -87,7 +87,7 @@ class ModelConfig:
 @dataclass
 class LayerWeights:
     """Weights as GGUF stores them, (out_features, in_features): float32 on the CPU; on the GPU fp16,
-    or a QuantMatrix of the file's blocks (engine/quantized.py) for a quantized tensor."""
+    or a QuantMatrix of the file's blocks (engine/core/quantized.py) for a quantized tensor."""
 
     attn_norm: object  # (dim,) float32
     wqkv: object  # (q_dim + 2*kv_dim, dim): llama's q and k rows de-interleaved for half-split RoPE
@@ -99,7 +99,7 @@ class LayerWeights:
     q_norm: object = None  # (head_dim,) float32: qwen3's per-head norms
     k_norm: object = None
     router: object = None  # (n_experts, dim) float32: qwen3moe's gate
-    experts: Experts | None = None  # the stacked expert tensors (engine/moe.py)
+    experts: Experts | None = None  # the stacked expert tensors (engine/model/moe.py)
 
 
 @dataclass
@@ -148,7 +148,7 @@ def read_config(reader: GGUFFile) -> ModelConfig:
 
 def shard_range(n: int, shard: tuple[int, int]) -> tuple[int, int]:
     """Rank `rank`'s slice of n rows or columns split evenly over `world` ranks (shard = (rank, world)):
-    its heads' rows of Q, K or V, its hidden units (engine/tensor_parallel.py)."""
+    its heads' rows of Q, K or V, its hidden units (engine/parallel/tensor_parallel.py)."""
     rank, world = shard
     return rank * n // world, (rank + 1) * n // world
 
@@ -181,7 +181,7 @@ class WeightLoader:
 
     def __init__(self, reader: GGUFFile, cfg: ModelConfig, backend: Backend, keep_blocks: bool = True,
                  shard: tuple[int, int] | None = None):
-        """shard: (rank, world) to load only that rank's part of each split weight (engine/tensor_parallel.py
+        """shard: (rank, world) to load only that rank's part of each split weight (engine/parallel/tensor_parallel.py
         says which): the rest of the file's rows never reach the device."""
         self.tensors = {t.name: t for t in reader.tensors}
         self.cfg, self.backend, self.xp, self.shard = cfg, backend, backend.xp, shard
@@ -384,7 +384,7 @@ def load_model(path: str, backend: Backend, keep_blocks: bool = True, rope: Rope
     """keep_blocks: on the GPU, quantized weights stay in their GGUF blocks (else fp16). rope: the
     command line's rope scaling over the file's. reader: the file already opened (else opened here).
     shard: (rank, world) of tensor parallelism: that rank's config and weights only (shard_config, and
-    what engine/tensor_parallel.py's shard_weights makes of the whole, never loading the whole)."""
+    what engine/parallel/tensor_parallel.py's shard_weights makes of the whole, never loading the whole)."""
     reader = reader or GGUFFile(path, "r")
     cfg = read_config(reader)
     scaling, base = rope.apply(cfg.rope, cfg.rope_base)

@@ -1,5 +1,5 @@
 """A process that ends with the one that started it (Linux's parent-death signal): the engine's
-tensor-parallel workers (engine/tp_workers.py), and the servers the tests start (tests/harness.py,
+tensor-parallel workers (engine/parallel/tp_workers.py), and the servers the tests start (tests/harness.py,
 as their preexec_fn)."""
 from __future__ import annotations
 

@@ -8,11 +8,11 @@ give partial sums that one all-reduce per projection adds up.
                       summed over the ranks before the residual add
     embeddings, norms, the head: whole on every rank (the residual stream is the same everywhere)
 
-Each rank is a LlamaModel over a shard's config and weights with `reduce` set (engine/model.py
+Each rank is a LlamaModel over a shard's config and weights with `reduce` set (engine/model/forward.py
 calls it on both partials) and its own KV cache of its K/V heads. `ThreadGroup` runs the ranks of
 one process in threads and adds their partials in rank order, the same sum on every rank: the CPU
 and one-GPU check of the split against the whole model (tests/engine/test_tensor_parallel.py).
-Across processes (engine/tp_workers.py, `strata --tp N`) the same hook sends the partials over
+Across processes (engine/parallel/tp_workers.py, `strata --tp N`) the same hook sends the partials over
 pipes; across GPUs it would be an NCCL all-reduce, one process per GPU (issue 26: not yet run)."""
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from engine.backend import Backend
-from engine.gguf_model import ModelConfig, ModelLoadError, Weights, reserve_expansion, shard_config, shard_range
-from engine.kv import KVCache
-from engine.kv_types import array_module
-from engine.model import LlamaModel
-from engine.quantized import QuantMatrix, concat_rows
+from engine.model.backend import Backend
+from engine.modelfile.gguf_model import ModelConfig, ModelLoadError, Weights, reserve_expansion, shard_config, shard_range
+from engine.kvcache.kv import KVCache
+from engine.core.kv_types import array_module
+from engine.model.forward import LlamaModel
+from engine.core.quantized import QuantMatrix, concat_rows
 
 
 def rows(a, start: int, stop: int):
@@ -72,7 +72,7 @@ def shard_weights(cfg: ModelConfig, weights: Weights, rank: int, world: int) -> 
 def rank_sum(parts: list):
     """An all-reduce's total: the ranks' partials added in rank order, in fp32 whatever their type (an
     fp16 partial is rounded once, when the total is cast back, not at every addition), returned in
-    the partials' type. Every group (ThreadGroup, engine/tp_workers.py's ProcessGroup) sums with it."""
+    the partials' type. Every group (ThreadGroup, engine/parallel/tp_workers.py's ProcessGroup) sums with it."""
     total = parts[0].astype("float32")  # a copy, even when the parts are fp32 already
     for p in parts[1:]:
         total += p

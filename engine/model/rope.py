@@ -8,7 +8,7 @@
   value by where its wavelength falls against the original context ("NTK-by-parts"), and the
   rotation's magnitude multiplied by 1 + 0.1 ln(scale).
 
-The tables engine/model.py builds hold cos(pos * inv_freq) * mscale and sin(...) * mscale; every
+The tables engine/model/forward.py builds hold cos(pos * inv_freq) * mscale and sin(...) * mscale; every
 backend's RoPE (NumPy, the GPU's rope_store) reads them, so no kernel knows any of this.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.sequence import Sequence
+from engine.loop.sequence import Sequence
 
 
 def chunk_end(pos: int, total: int, chunk: int) -> int:

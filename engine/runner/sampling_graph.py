@@ -7,7 +7,7 @@ sampling parameters) gets the whole pick captured once as a graph: the penalties
 the logits, then the draw (or, at temperature 0, the argmax). What changes between tokens is set
 into device buffers before each replay: the uniform u, and the recent tokens with their counts
 (padded to the penalty window with a sink slot past the vocabulary). 8 bytes (the token) come
-back. A grammar's mask (engine/grammar.py: a bit a token, 4 KiB on a 128K vocabulary) is one more
+back. A grammar's mask (engine/runner/grammar_mask.py: a bit a token, 4 KiB on a 128K vocabulary) is one more
 such buffer, applied after the penalties, so a constrained pick stays on the device too. The logits
 buffer is a decode graph's own output, so its address is fixed. A pick the driver refuses to
 capture falls back to launching it (the same operations, the same token).
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.graph_pool import GraphMemoryError, graph_memory_pool
-from engine.sampler import SamplingParams, allowed_tokens, draw_index, penalize, scale
+from engine.runner.graph_pool import GraphMemoryError, graph_memory_pool
+from engine.runner.sampler import SamplingParams, allowed_tokens, draw_index, penalize, scale
 
 MAX_GRAPHS = 128  # captured picks kept (least recently used go): one per (row, parameter set) in use, so
 # that 64 sampling requests' rows of the decode graphs' shared logits do not evict each other every step
@@ -41,7 +41,7 @@ class DrawGraphs:
     def __init__(self, cp):
         self.cp = cp
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.pool = graph_memory_pool(cp)  # engine/graph_pool.py: never freed under the graphs
+        self.pool = graph_memory_pool(cp)  # engine/runner/graph_pool.py: never freed under the graphs
         self.graphs: OrderedDict[tuple, CapturedDraw] = OrderedDict()
         self.capturable = True
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.kv_types import array_module
+from engine.core.kv_types import array_module
 
 # GGUF type -> (values per block, bytes per block): the types whose blocks stay on the device
 BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),

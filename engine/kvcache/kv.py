@@ -1,4 +1,4 @@
-"""The KV cache: one pool of fixed-size blocks shared by every request (engine/blocks.py decides
+"""The KV cache: one pool of fixed-size blocks shared by every request (engine/kvcache/block_pool.py decides
 who holds which), and copies of a request's rows in host memory (a parked read or a paused
 decode moved out of the pool under memory pressure).
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.backend import Backend
-from engine.gguf_model import ModelConfig
-from engine.kv_types import Q8Array, resolve
+from engine.model.backend import Backend
+from engine.modelfile.gguf_model import ModelConfig
+from engine.core.kv_types import Q8Array, resolve
 
 DEFAULT_BLOCK = 64  # positions per block (engine/cli.py --kv-block; bench/HISTORY.md says why)
 
@@ -54,7 +54,7 @@ class KVCache:
     def __init__(self, cfg: ModelConfig, ctx: int, backend: Backend, block_size: int = DEFAULT_BLOCK,
                  blocks: int | None = None, kv_type: str = "auto"):
         self.backend, self.block_size = backend, block_size
-        self.type = resolve(kv_type, backend.weight_dtype)  # engine/kv_types.py
+        self.type = resolve(kv_type, backend.weight_dtype)  # engine/core/kv_types.py
         self.blocks = blocks if blocks is not None else -(-ctx // block_size)
         self.ctx = ctx  # the most positions one sequence may hold
         shape = (cfg.n_layers, self.blocks, cfg.n_kv_heads, block_size, cfg.head_dim)

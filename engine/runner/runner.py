@@ -8,17 +8,17 @@ from typing import Callable
 import numpy as np
 
 from engine import __version__
-from engine.backend import Backend
-from engine.decode_graph import GraphDecoder
-from engine.draw_graph import DrawGraphs
-from engine.graph_pool import GraphMemoryError
-from engine.gguf_model import ModelConfig, Weights
-from engine.blocks import BlockPool
-from engine.host_tier import HostTier
-from engine.kv import KVCache, KVSnapshot
-from engine.model import LlamaModel
-from engine.prefill import chunk_end
-from engine.sequence import Sequence
+from engine.model.backend import Backend
+from engine.runner.decode_graph import GraphDecoder
+from engine.runner.sampling_graph import DrawGraphs
+from engine.runner.graph_pool import GraphMemoryError
+from engine.modelfile.gguf_model import ModelConfig, Weights
+from engine.kvcache.block_pool import BlockPool
+from engine.kvcache.host_tier import HostTier
+from engine.kvcache.kv import KVCache, KVSnapshot
+from engine.model.forward import LlamaModel
+from engine.loop.park_policy import chunk_end
+from engine.loop.sequence import Sequence
 
 
 MAX_BATCH = 64  # rows of one decode forward (the flash-decoding counters hold 64 sequences); more go in several
@@ -37,12 +37,12 @@ class ModelRunner:
         tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
         graphs = cuda_graphs and backend.name == "gpu"
         # with decode graphs the pool's last block is kept out of the requests' reach: the padding
-        # rows of a graph's batch (engine/decode_graph.py) write their K/V rows there
+        # rows of a graph's batch (engine/runner/decode_graph.py) write their K/V rows there
         self.pool = BlockPool(self.kv.blocks - graphs, block_size, tier)
         self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.blocks - 1) if graphs else None
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
-        self.grammars = None  # engine/grammar.py GrammarTokenizer, set once the tokenizer is read
+        self.grammars = None  # engine/runner/grammar_mask.py GrammarTokenizer, set once the tokenizer is read
 
     def info(self) -> dict[str, str]:
         return {"model": self.cfg.name, "path": self.model_path, "arch": self.cfg.arch,
@@ -89,7 +89,7 @@ class ModelRunner:
         """The engine is stopping: end what the runner started (nothing here)."""
 
     def constraint(self, grammar: str):
-        """A request's grammar state (engine/grammar.py); ValueError if it does not compile."""
+        """A request's grammar state (engine/runner/grammar_mask.py); ValueError if it does not compile."""
         if self.grammars is None:
             raise ValueError("this engine has no tokenizer for grammars")
         try:
@@ -109,7 +109,7 @@ class ModelRunner:
     def sample(self, seq: Sequence) -> int:
         """The next token from the logits where they are (the GPU samples on the device). After a
         decode graph's replay a plain greedy pick is the argmax the graph computed, and a
-        temperature draw replays a captured draw (engine/draw_graph.py)."""
+        temperature draw replays a captured draw (engine/runner/sampling_graph.py)."""
         if seq.graph_row is not None:
             if seq.sampler.plain_greedy:
                 return self.decoder.greedy_token(seq.graph_row)

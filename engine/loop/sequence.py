@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.sampler import Sampler
+from engine.runner.sampler import Sampler
 
 
 @dataclass

@@ -21,7 +21,7 @@ class ExpertStack:
     ((experts*rows, row bytes) uint8, kept on the GPU as the file has them) or values ((experts*rows,
     cols): float32 on the CPU, fp16 on the GPU)."""
 
-    kind: str  # a GGUF block type (engine/quantized.py BLOCKS), "F16" or "F32"
+    kind: str  # a GGUF block type (engine/core/quantized.py BLOCKS), "F16" or "F32"
     data: object
     experts: int
     rows: int

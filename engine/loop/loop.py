@@ -11,7 +11,7 @@ decode steps, about every `interval_ms` (the layers per pause estimated from the
 chunk); the pauses change neither the chunk's arithmetic nor its boundaries. Control lines (GEN,
 STOP, YIELD, RESUME, CANCEL) are taken between rounds and after each chunk, before its PP.
 
-Memory is one pool of KV blocks (engine/blocks.py). A GEN is taken when blocks for its first chunk
+Memory is one pool of KV blocks (engine/kvcache/block_pool.py). A GEN is taken when blocks for its first chunk
 can be had (after what the prefix cache gives it); otherwise it is answered DEFER memory and the
 server keeps it queued. Every chunk and decode step first gets the blocks it writes; when none are
 free, in this order: unreferenced cached blocks are evicted (the pool does it), parked reads move
@@ -38,10 +38,10 @@ from typing import Callable, TextIO
 from protocol import messages as m
 from protocol.codec import ProtocolError, decode, encode
 
-from engine.grammar import GrammarError
-from engine.prefill import ParkPolicy, chunk_end
-from engine.sampler import Sampler, SamplingParams
-from engine.sequence import Sequence
+from engine.runner.grammar_mask import GrammarError
+from engine.loop.park_policy import ParkPolicy, chunk_end
+from engine.runner.sampler import Sampler, SamplingParams
+from engine.loop.sequence import Sequence
 
 _SAMPLING_KEYS = {f.name for f in fields(SamplingParams)}
 _EOF = object()
@@ -68,7 +68,7 @@ class EngineLoop:
         self.runner, self.policy, self.write = runner, policy, write
         self.caps, self.reuse, self.interval_ms = caps, reuse, interval_ms
         self.inbox: queue.Queue = queue.Queue()
-        self.pool = runner.pool  # engine/blocks.py BlockPool: every request's KV blocks
+        self.pool = runner.pool  # engine/kvcache/block_pool.py BlockPool: every request's KV blocks
         self.seqs: dict[int | None, Sequence] = {}  # every request in the engine, by id, in arrival order
         self.line: list[Sequence] = []  # reads in order: the first one reads the next chunk
         self.snapshots: dict[int, object] = {}  # spilled parked reads' rows (None: dropped, read again)

@@ -13,7 +13,7 @@ Everything a graph reads or writes sits at a fixed address: the tokens, position
 are device buffers set before each replay (each table padded to the bucket's blocks), the KV pool is
 the engine's, the logits and greedy picks go to one buffer shared by every graph (only one replay's
 are ever read), and the step's temporaries come from a memory pool of the graphs' own
-(engine/graph_pool.py: never given back while graphs exist), filled by an eager run of the same
+(engine/runner/graph_pool.py: never given back while graphs exist), filled by an eager run of the same
 step before capture, so that capture allocates nothing. The temporaries are shared by all graphs,
 so whatever must outlive another graph's replay (a step's inputs, the eager run's logits) is
 allocated outside that pool. The model code does not know graphs exist.
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.backend import Backend
-from engine.step import Step
-from engine.graph_pool import graph_memory_pool
-from engine.kv import KVCache
+from engine.model.backend import Backend
+from engine.core.step import Step
+from engine.runner.graph_pool import graph_memory_pool
+from engine.kvcache.kv import KVCache
 
 MIN_BUCKET = 1024
 
@@ -43,7 +43,7 @@ def bucket(pos: int, ctx: int) -> int:
     return min(size, ctx)
 
 
-BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)  # captured batch sizes (up to MAX_BATCH, engine/runner.py)
+BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)  # captured batch sizes (up to MAX_BATCH, engine/runner/runner.py)
 
 
 def padded_rows(rows: int) -> int:

@@ -8,12 +8,12 @@ from typing import Callable
 
 import numpy as np
 
-from engine.backend import Backend
-from engine.step import Step
-from engine.gguf_model import ModelConfig, Weights
-from engine.kv import KVCache, SequenceRows
-from engine.prefill import chunk_end
-from engine.rope import frequencies
+from engine.model.backend import Backend
+from engine.core.step import Step
+from engine.modelfile.gguf_model import ModelConfig, Weights
+from engine.kvcache.kv import KVCache, SequenceRows
+from engine.loop.park_policy import chunk_end
+from engine.model.rope import frequencies
 
 
 class LlamaModel:
@@ -22,7 +22,7 @@ class LlamaModel:
         self.inv_freq, self.rope_mscale = frequencies(cfg.head_dim, cfg.rope_base, cfg.rope)  # (half,), magnitude
         self.cos_table = self.sin_table = None  # (positions, 1, half) on the device, grown on demand
         self.route_log: list | None = None  # (layer, experts (n, k), weights (n, k)) per MoE layer, when a list
-        self.reduce: Callable | None = None  # tensor parallel (engine/tensor_parallel.py): the output projections'
+        self.reduce: Callable | None = None  # tensor parallel (engine/parallel/tensor_parallel.py): the output projections'
         # partial sums (n, dim) -> their sum over the ranks
 
     def forward(self, tokens: np.ndarray, start: int, kv: KVCache | SequenceRows, want_logits: bool,
@@ -82,7 +82,7 @@ class LlamaModel:
         return logits if step.batch else logits[0]
 
     def mixture(self, i: int, h, layer):
-        """Layer i's routed experts (engine/moe.py); the routes are recorded when route_log is a list."""
+        """Layer i's routed experts (engine/model/moe.py); the routes are recorded when route_log is a list."""
         delta, chosen, weights = self.ops.mixture(h, layer.router, layer.experts, self.cfg.n_experts_used,
                                                   self.cfg.expert_weights_norm)
         if self.route_log is not None:
@@ -102,7 +102,7 @@ class LlamaModel:
     def rope_tables(self, start: int, n: int):
         """cos, sin: (positions, 1, half) float32 tables covering [0, start+n), computed once (not
         per token: that was host trigonometry and, on a GPU, two copies a step); rope_store reads
-        the rows of its positions. Rope scaling is in them (engine/rope.py): the frequencies, and
+        the rows of its positions. Rope scaling is in them (engine/model/rope.py): the frequencies, and
         YaRN's magnitude on both."""
         if self.cos_table is None or start + n > len(self.cos_table):
             size = max(start + n, min(self.cfg.max_context, 1 << 17))

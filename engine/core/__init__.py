@@ -1,0 +1,2 @@
+"""The bottom layer: what every other layer of the engine shares (the step's metadata, the quantized
+block types, the KV cache's element types, the process's lifetime)."""

@@ -1,0 +1,1 @@
+"""KV memory: the block pool and prefix cache, the KV arrays, the host tier, how large it all is."""
