@@ -12,7 +12,7 @@ start at once (one thread and one connection each) and stream /v1/chat/completio
 numpy's default_rng(seed + i), so client i sends the same prompt in every phase (and later phases
 find the earlier phases' prompts in the prefix cache, as a real server would).
 
-Per phase (DESIGN.md's words): TTFT = the client's send to its first streamed content chunk
+Per phase (docs/DESIGN.md's words): TTFT = the client's send to its first streamed content chunk
 (p50/p95/max); the gap = time between consecutive content chunks of one stream, pooled over the
 clients (p50/p99/max; a chunk is normally one token); aggregate tokens/s = all completion tokens
 / (last end - first start); wall; failures (non-200, transport errors, error events, streams
@@ -52,7 +52,7 @@ from bench.sse_client import StreamRefused, stream_chunks  # noqa: E402
 from engine.core.lifetime import die_with_parent  # noqa: E402
 
 PATH = "/v1/chat/completions"
-# serve/engine_client.py's log lines when an engine dies and is started again
+# serve/engine_proc/engine_client.py's log lines when an engine dies and is started again
 RESTART_MARKS = ("engine exited unexpectedly", "restarting", "engine start failed")
 CAPTURE_MARK = "captured the decode step"  # engine/runner/decode_graph.py: a CUDA graph made while serving
 ERROR_MARKS = ("Error", "Traceback", "ERR")  # "ERR" also catches the log's ERROR level
@@ -118,14 +118,14 @@ def prompt_text(seed: int, index: int, words: int) -> str:
 
 
 def request_body(prompt: str, max_tokens: int) -> dict:
-    # include_usage: serve/openai_schema.py StreamOptions; the last chunk then carries the token counts
+    # include_usage: serve/api/openai_schema.py StreamOptions; the last chunk then carries the token counts
     return {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
 
 
 def read_event(event: dict, now: float, r: ClientResult) -> None:
     """Fold one streamed event into the client's result."""
-    if "error" in event:  # serve/routes.py stream_events: a failure after the 200
+    if "error" in event:  # serve/http/routes.py stream_events: a failure after the 200
         r.error = f"error event: {json.dumps(event['error'])[:300]}"
         return
     for choice in event.get("choices") or []:

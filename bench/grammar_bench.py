@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT))
 from engine.runner.grammar_mask import GrammarTokenizer  # noqa: E402
 from engine.modelfile.model_path import ModelNotFound, default_model_path  # noqa: E402
 from engine.modelfile.tokenizer import load_tokenizer  # noqa: E402
-from serve.chat import ToolPlan  # noqa: E402
-from serve.constraints import json_grammar, tool_grammar  # noqa: E402
-from serve.response_tools import build as build_tools  # noqa: E402
-from serve.tool_calls import FORMATS  # noqa: E402
+from serve.api.chat import ToolPlan  # noqa: E402
+from serve.api.constraints import json_grammar, tool_grammar  # noqa: E402
+from serve.api.response_tools import build as build_tools  # noqa: E402
+from serve.api.tool_calls import FORMATS  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tools"))
 from fetch_fixture import fixture_path  # noqa: E402

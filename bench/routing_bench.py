@@ -1,4 +1,4 @@
-"""The engine router (serve/engine_router.py) on an agent trace, CPU only: what one routing decision
+"""The engine router (serve/scheduling/engine_router.py) on an agent trace, CPU only: what one routing decision
 costs, and how much of each prompt's start the chosen engine had already read (its prefix-affinity
 hit rate), beside round-robin and random placement.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from serve.engine_router import PREFIX_BLOCK, EngineRouter, PrefixRecord, block_chain  # noqa: E402
+from serve.scheduling.engine_router import PREFIX_BLOCK, EngineRouter, PrefixRecord, block_chain  # noqa: E402
 
 
 class Engine:

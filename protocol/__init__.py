@@ -1,1 +1,1 @@
-"""The line protocol between strata-server and an engine process (see DESIGN.md)."""
+"""The line protocol between strata-server and an engine process (see docs/DESIGN.md)."""

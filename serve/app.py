@@ -6,19 +6,19 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from engine import __version__
-from serve.body_limit import BodyLimit, body_limit_bytes
+from serve.http.body_limit import BodyLimit, body_limit_bytes
 from serve.config import ServerSettings
-from serve.errors import install_error_handlers
-from serve.host_check import HostCheck, allowed_host_names
-from serve.origin_check import OriginCheck
-from serve.page import include_page
-from serve.prompt_fit import PromptFit
-from serve.routes import include_routes
+from serve.http.errors import install_error_handlers
+from serve.http.host_check import HostCheck, allowed_host_names
+from serve.http.origin_check import OriginCheck
+from serve.http.page import include_page
+from serve.api.prompt_fit import PromptFit
+from serve.http.routes import include_routes
 from serve.state import ServerState
 
 
 def create_app(settings: ServerSettings, tokenizer, model_ctx: int, launched: list | None = None) -> FastAPI:
-    """launched: engines already started for this app (serve/engine_launch.py), adopted at its start."""
+    """launched: engines already started for this app (serve/engine_proc/engine_launch.py), adopted at its start."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state = app.state.strata = ServerState(settings, tokenizer, model_ctx, launched)

@@ -159,7 +159,7 @@ def run(argv: list[str] | None) -> int:
     except (ValueError, ModelNotFound) as e:
         print(f"strata-server: {e}", file=sys.stderr)
         return 2
-    from serve.engine_launch import abandon, launch
+    from serve.engine_proc.engine_launch import abandon, launch
 
     # the engines load their model while this process imports the app and reads the tokenizer
     launched = [launch(settings.engine_command(), settings.engine_env(i)) for i in range(settings.engines)]
@@ -173,7 +173,7 @@ def serve_app(args: argparse.Namespace, settings: ServerSettings, launched: list
     from engine.modelfile.gguf_model import ModelLoadError
     from engine.modelfile.tokenizer import load_tokenizer_and_ctx
     from serve.app import create_app
-    from serve.sampling_defaults import sampling_defaults
+    from serve.api.sampling_defaults import sampling_defaults
 
     try:
         tokenizer, model_ctx = load_tokenizer_and_ctx(str(settings.model_path))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.model.rope import RopeOverride
-from serve.sampling_defaults import LLAMA_CPP
+from serve.api.sampling_defaults import LLAMA_CPP
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,9 @@ class ServerSettings:
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
     cors_origins: tuple[str, ...] = ()  # origins of other pages allowed to call this server ("*": any)
     rope: RopeOverride = RopeOverride()  # forwarded to the default engine: rope scaling over the file's
-    engines: int = 1  # engine processes behind the one queue (serve/engine_router.py)
+    engines: int = 1  # engine processes behind the one queue (serve/scheduling/engine_router.py)
     gpus: tuple[str, ...] | None = None  # one engine per GPU: CUDA_VISIBLE_DEVICES of each
-    # what a request samples with when it leaves a field out (serve/sampling_defaults.py fills it at start)
+    # what a request samples with when it leaves a field out (serve/api/sampling_defaults.py fills it at start)
     sampling: dict = field(default_factory=lambda: dict(LLAMA_CPP))
 
     def __post_init__(self):

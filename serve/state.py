@@ -6,24 +6,24 @@ import time
 
 from engine.runner.grammar_mask import GrammarTokenizer
 from serve.config import ServerSettings
-from serve.engine_client import EngineClient, EngineState
-from serve.engine_router import EngineRouter
-from serve.metrics import Metrics
-from serve.response_store import ResponseStore
-from serve.scheduler import Scheduler
+from serve.engine_proc.engine_client import EngineClient, EngineState
+from serve.scheduling.engine_router import EngineRouter
+from serve.scheduling.metrics import Metrics
+from serve.api.response_store import ResponseStore
+from serve.scheduling.scheduler import Scheduler
 
 
 class ServerState:
     def __init__(self, settings: ServerSettings, tokenizer, model_ctx: int, launched: list | None = None):
         """model_ctx: the context the default engine uses for this model without --ctx. launched:
-        the engines already started (serve/engine_launch.py), one per engine, or None."""
+        the engines already started (serve/engine_proc/engine_launch.py), one per engine, or None."""
         self.settings, self.tokenizer = settings, tokenizer
         self.grammar_tokenizer = GrammarTokenizer(tokenizer, tokenizer.vocab_size)  # built on first use
         self.started_at = int(time.time())
         self.fallback_ctx = settings.ctx or model_ctx  # until the engine's READY says
         self.metrics = Metrics()
         self.responses = ResponseStore()  # stored Responses API turns, for previous_response_id
-        self.event_streams = 0  # clients of /v1/events now (serve/events_api.py)
+        self.event_streams = 0  # clients of /v1/events now (serve/http/events_api.py)
         schedulers = [Scheduler(self.metrics, settings.preempt.enabled, settings.preempt.max_wait_s,
                                 settings.max_request_retries, frozenset({tokenizer.special.eos}),
                                 settings.preempt.aged_s) for _ in range(settings.engines)]

@@ -2,7 +2,7 @@
 
 A = a long prompt (default ~5,000 tokens) sent to /v1/completions; B = a short chat request sent
 `--b-delay` seconds later (streamed, so its first token is seen). For each arm the server is
-started fresh with the real engine, and the pair is repeated. Reported (DESIGN.md's words):
+started fresh with the real engine, and the pair is repeated. Reported (docs/DESIGN.md's words):
 B's queue wait (server timings), B's TTFT and completion (client clock, from B's send), A's wall,
 A's overhead = A's wall(on) - A's wall(off) - B's own service time (B alone), and the park copy
 cost (the snapshot copies, and A's time outside its own compute and its parked interval, on vs

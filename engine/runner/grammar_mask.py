@@ -3,7 +3,7 @@
 schemas, Lark grammars and regexes compiled against the tokenizer, the next-token mask computed
 in well under a millisecond); here it is only fed the GGUF's tokenizer and the sampled tokens.
 
-The grammar arrives on GEN as llguidance's own grammar text (serve/constraints.py writes it); the
+The grammar arrives on GEN as llguidance's own grammar text (serve/api/constraints.py writes it); the
 server has already validated it, so a grammar the engine cannot compile is an ERR, not a crash.
 """
 from __future__ import annotations

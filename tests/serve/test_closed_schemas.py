@@ -1,11 +1,11 @@
-"""A forced call's arguments take the declared properties only (serve/constraints.py `closed`, the
+"""A forced call's arguments take the declared properties only (serve/api/constraints.py `closed`, the
 rule of llama.cpp's common/json-schema.cpp): an object schema that lists properties and says nothing
 of additionalProperties is closed, at every depth; one that says allows what it says."""
 import json
 
 import llguidance
 
-from serve.constraints import closed
+from serve.api.constraints import closed
 from engine.runner.grammar_mask import GrammarTokenizer
 from engine.modelfile.tokenizer import load_tokenizer
 from engine.startup import resolve_model_path

@@ -13,12 +13,12 @@ import llguidance
 import openai
 import pytest
 
-from serve.chat import ToolPlan
-from serve.constraints import tool_grammar
-from serve.response_tools import build as build_tools
-from serve.responses_api import input_messages
-from serve.responses_schema import ResponsesRequest
-from serve.tool_calls import FORMATS
+from serve.api.chat import ToolPlan
+from serve.api.constraints import tool_grammar
+from serve.api.response_tools import build as build_tools
+from serve.http.responses_api import input_messages
+from serve.api.responses_schema import ResponsesRequest
+from serve.api.tool_calls import FORMATS
 from tests.harness import ROOT
 from tests.serve.test_messages_api import qwen3, server  # noqa: F401 (a fixture)
 

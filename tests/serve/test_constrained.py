@@ -1,4 +1,4 @@
-"""Constrained decoding on the real engine and the real default model (serve/constraints.py,
+"""Constrained decoding on the real engine and the real default model (serve/api/constraints.py,
 engine/runner/grammar_mask.py): json_schema outputs validate against their schema, tool_choice "required" or a
 named function always gives a parseable call whose arguments match the function's parameters, on
 both APIs; a bad schema is a 400, and the protocol carries a grammar the engine refuses as an ERR."""

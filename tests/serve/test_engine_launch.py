@@ -1,9 +1,9 @@
-"""Engines started before the server's start-up (serve/engine_launch.py): an adopted process speaks
+"""Engines started before the server's start-up (serve/engine_proc/engine_launch.py): an adopted process speaks
 through asyncio streams as a spawned one does, and one never adopted is ended."""
 import asyncio
 import sys
 
-from serve.engine_launch import AdoptedProcess, abandon, launch
+from serve.engine_proc.engine_launch import AdoptedProcess, abandon, launch
 
 ECHO = [sys.executable, "-c", "import sys\nfor line in sys.stdin: print(line.strip().upper(), flush=True)"]
 

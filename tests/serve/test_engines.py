@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from serve.engine_router import PrefixRecord, block_chain
+from serve.scheduling.engine_router import PrefixRecord, block_chain
 from tests.harness import ServerProcess, mock_engine_cmd
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"

@@ -1,4 +1,4 @@
-"""GET /v1/events, the live state stream (serve/events_api.py), against the real server over the mock
+"""GET /v1/events, the live state stream (serve/http/events_api.py), against the real server over the mock
 engine: the messages' schema, their rate, a parked read visible while a short request runs, a
 client leaving frees its stream, and the endpoint behind the same Host and API-key checks as the
 API, with no cross-origin access."""

@@ -5,7 +5,7 @@ import httpx
 import openai
 import pytest
 
-from serve.host_check import allowed_host_names, host_name
+from serve.http.host_check import allowed_host_names, host_name
 from tests.harness import ServerProcess, mock_engine_cmd
 
 PATHS = [("GET", "/health"), ("GET", "/status"), ("GET", "/metrics"), ("GET", "/v1/models"),

@@ -1,4 +1,4 @@
-"""serve/lark_regex.py: a regular Lark grammar as one regex. The regex (run by Python's re) must
+"""serve/api/lark_regex.py: a regular Lark grammar as one regex. The regex (run by Python's re) must
 accept exactly what the grammar accepts, as llguidance's own Lark parser reads the grammar (lark's
 parser refuses grammars with terminals that may be empty, which apply_patch's has), fed one byte per
 token by a byte-level tokenizer."""
@@ -13,7 +13,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve.lark_regex import NotRegular, lark_to_regex
+from serve.api.lark_regex import NotRegular, lark_to_regex
 from tests.harness import ROOT
 
 APPLY_PATCH = (ROOT / "tests/fixtures/apply_patch.lark").read_text()

@@ -12,9 +12,9 @@ import llguidance
 
 from engine.runner.grammar_mask import GrammarTokenizer
 from engine.modelfile.tokenizer import load_tokenizer
-from serve.chat import ToolPlan
-from serve.constraints import tool_grammar
-from serve.tool_calls import FORMATS, parse_all
+from serve.api.chat import ToolPlan
+from serve.api.constraints import tool_grammar
+from serve.api.tool_calls import FORMATS, parse_all
 from tests.harness import ROOT
 
 VOCAB = ROOT / "tests/fixtures/vocab/ggml-vocab-llama-bpe.gguf"

@@ -1,4 +1,4 @@
-"""/v1/messages, Anthropic's Messages API (serve/messages_api.py), with the real anthropic client
+"""/v1/messages, Anthropic's Messages API (serve/http/messages_api.py), with the real anthropic client
 against the server and a mock engine scripting the model's text: text and tool_use blocks whole and
 streamed (input_json_delta), a two-round tool loop with tool_result blocks, thinking blocks from a
 thinking model, count_tokens, x-api-key, ?beta=true, and errors in Anthropic's shape."""
@@ -134,8 +134,8 @@ def test_errors_take_anthropic_shape_and_the_next_request_works(qwen3):
 
 
 def test_a_per_request_billing_line_is_normalized_away_so_prefixes_stay_shared():
-    from serve.anthropic_schema import CountTokensRequest
-    from serve.messages_api import chat_request
+    from serve.api.anthropic_schema import CountTokensRequest
+    from serve.http.messages_api import chat_request
 
     def system_of(header: str) -> str:
         body = CountTokensRequest(model="any", messages=[{"role": "user", "content": "Hi"}], system=[

@@ -15,7 +15,7 @@ import anthropic
 import pytest
 
 from engine.modelfile.tokenizer import ChatTemplate
-from serve.messages_api import IMAGE_PLACEHOLDER, renders_mid_system
+from serve.http.messages_api import IMAGE_PLACEHOLDER, renders_mid_system
 from tests.harness import ROOT, ServerProcess, mock_engine_cmd
 
 # echo the prompt; the default vocabulary's <|endoftext|> (0) is in no prompt, unlike <|im_end|> (2)

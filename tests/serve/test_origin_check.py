@@ -1,4 +1,4 @@
-"""The page's files and the origin rule (serve/page.py, serve/origin_check.py) against the real server
+"""The page's files and the origin rule (serve/http/page.py, serve/http/origin_check.py) against the real server
 over the mock engine: the page and its files are served with a policy that loads nothing from
 elsewhere; a request from another page's origin (a preflight, or a simple POST that needs none) is
 refused unless --cors-origin names it; the Host check covers the page and its events."""
@@ -9,7 +9,7 @@ import subprocess
 import httpx
 import pytest
 
-from serve.origin_check import origin_key, same_origin
+from serve.http.origin_check import origin_key, same_origin
 from tests.harness import PY, ROOT, ServerProcess, mock_engine_cmd
 
 CHAT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}

@@ -1,4 +1,4 @@
-"""A thinking model's <think>...</think> split from its answer (serve/reasoning.py): any cut of the
+"""A thinking model's <think>...</think> split from its answer (serve/api/reasoning.py): any cut of the
 output into stream pieces gives the same reasoning and answer; through the server, reasoning_content
 beside content, streamed and not, or inline under --reasoning-format none."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import openai
 import pytest
 from hypothesis import given, strategies as st
 
-from serve.reasoning import CONTENT, REASONING, ReasoningSplitter, prompt_opens_thinking, split_all
+from serve.api.reasoning import CONTENT, REASONING, ReasoningSplitter, prompt_opens_thinking, split_all
 from tests.harness import ServerProcess
 from tests.serve.helpers import make_thinking_model, scripted_engine_cmd
 

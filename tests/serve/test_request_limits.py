@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
-from serve.body_limit import body_limit_bytes
+from serve.http.body_limit import body_limit_bytes
 from serve.cli import build_parser, settings_from_args
-from serve.prompt_fit import PromptFit
+from serve.api.prompt_fit import PromptFit
 from tests.harness import ServerProcess, mock_engine_cmd
 
 MIB = 1 << 20
@@ -120,7 +120,7 @@ TOOL = {"name": "get_weather", "description": "The weather in a city",
 
 def test_messages_and_responses_answer_with_their_prompts_prepared_in_threads(limited):
     """/v1/messages (whole, streamed, count_tokens) and /v1/responses (with a stored history) render
-    and encode in worker threads (serve/prompt_tokens.py): each shape still answers."""
+    and encode in worker threads (serve/api/prompt_tokens.py): each shape still answers."""
     url = limited.url + "/v1"
     turns = [{"role": "user", "content": "Weather in Paris?"},
              {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",

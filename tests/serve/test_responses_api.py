@@ -1,4 +1,4 @@
-"""/v1/responses, OpenAI's Responses API (serve/responses_api.py), with the real openai client against
+"""/v1/responses, OpenAI's Responses API (serve/http/responses_api.py), with the real openai client against
 the server and a mock engine scripting a thinking model's text (Qwen3's template): text, reasoning
 and function_call output items whole and streamed (the events in their order), a tool loop both as
 a stateless transcript (store: false, as Codex sends it) and through previous_response_id, a

@@ -1,4 +1,4 @@
-"""serve/sampling_defaults.py: a request that leaves a sampling field out gets the model's default
+"""serve/api/sampling_defaults.py: a request that leaves a sampling field out gets the model's default
 from its GGUF (general.sampling.*), else llama.cpp's, and the server's flags over both; a field the
 request gives wins. Checked on GGUF files written here with and without those keys, and on the
 engine-bound request the server builds."""
@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import gguf
 import pytest
 
-from serve import openai_schema as schema
+from serve.api import openai_schema as schema
 from serve.config import ServerSettings
-from serve.running import build_request
-from serve.sampling_defaults import LLAMA_CPP, sampling_defaults
+from serve.scheduling.running import build_request
+from serve.api.sampling_defaults import LLAMA_CPP, sampling_defaults
 
 
 def write_gguf(path, **sampling) -> str:

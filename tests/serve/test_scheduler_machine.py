@@ -17,16 +17,16 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import serve.scheduler as scheduler_module
+import serve.scheduling.scheduler as scheduler_module
 from engine.loop.loop import EngineLoop, engine_caps
 from engine.loop.park_policy import ParkPolicy
 from protocol import messages as m
 from protocol.codec import decode, encode
 from engine.loop.mock_engine import FakeRunner, build_parser
-from serve.engine_client import EngineInfo, EngineState
-from serve.metrics import Metrics
-from serve.request import EngineFailure, Phase, Request
-from serve.scheduler import Scheduler
+from serve.engine_proc.engine_client import EngineInfo, EngineState
+from serve.scheduling.metrics import Metrics
+from serve.scheduling.request import EngineFailure, Phase, Request
+from serve.scheduling.scheduler import Scheduler
 
 SLOTS, MAX_WAIT_S, MAX_RETRIES, BYTES_PER_TOKEN = 3, 5.0, 2, 1024
 HOST_BLOCKS = 6  # the host tier keeps six evicted blocks of 16 positions
@@ -35,7 +35,7 @@ POLICY = ParkPolicy(enabled=True, min_tokens=0, max_parks=3, budget_bytes=120 * 
 
 
 class Clock:
-    """Stands in for the time module in serve.scheduler: time passes only when a rule says so."""
+    """Stands in for the time module in serve.scheduling.scheduler: time passes only when a rule says so."""
 
     def __init__(self):
         self.now = 1000.0

@@ -1,8 +1,8 @@
-"""Stream events stay one line for every line splitter (serve/sse.py): text holding U+0085, U+2028 or
+"""Stream events stay one line for every line splitter (serve/http/sse.py): text holding U+0085, U+2028 or
 U+2029 (a model can emit them) is escaped in the JSON, and parses back to the same text."""
 import json
 
-from serve.sse import data_event, named_event
+from serve.http.sse import data_event, named_event
 
 TEXT = "one\x85two\u2028three\u2029four \u00e9\u4e2d"
 

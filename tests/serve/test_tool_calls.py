@@ -1,4 +1,4 @@
-"""Tool calls (serve/tool_calls.py, serve/chat.py): each family's native format parsed from any cut
+"""Tool calls (serve/api/tool_calls.py, serve/api/chat.py): each family's native format parsed from any cut
 of the output into stream pieces alike; through the server with the real openai client, a mock
 engine scripting each format's output: the same calls streamed and not, finish_reason tool_calls,
 a two-round tool loop with the results rendered by the model's template, a call cut off by
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, example, strategies as st
 
 from engine.modelfile.tokenizer import load_tokenizer
-from serve.tool_calls import FORMATS, ToolCallStream, format_for_template, parse_all
+from serve.api.tool_calls import FORMATS, ToolCallStream, format_for_template, parse_all
 from tests.harness import ROOT, ServerProcess, mock_engine_cmd
 
 TEMPLATES = ROOT / "tests/fixtures/templates"

@@ -1,0 +1,32 @@
+"""A request's prompt rendered and tokenized in a worker thread, never on the event loop.
+
+Rendering a long conversation through its template and tokenizing it take seconds for a large
+prompt (tokenizing 20 MB: 22 s on the CPU); on the event loop that would stall every other client,
+/health included. In a thread the loop stays free, provided the thread lets go of the GIL: Jinja's
+rendering is Python (it yields the GIL every few ms), and the tokenizer's encode goes through
+`tokenizers`' GIL-free batch call (engine/modelfile/tokenizer.py). The threads are asyncio's default
+executor's: a small request's rendering never queues behind a large one's (the body limit,
+serve/http/body_limit.py, bounds what any one can cost).
+"""
+from __future__ import annotations
+
+import asyncio
+
+from serve.api.chat import ToolPlan, render
+from serve.api.prompt_fit import PromptFit
+
+
+async def off_loop(fn, *args):
+    return await asyncio.to_thread(fn, *args)
+
+
+def text_tokens(state, fit: PromptFit, text: str) -> list[int]:
+    """The prompt's tokens; a text that cannot fit the context is refused before it is tokenized."""
+    fit.check(text, state.ctx)
+    return state.tokenizer.encode(text)
+
+
+def chat_tokens(state, fit: PromptFit, body, plan: ToolPlan) -> tuple[str, list[int]]:
+    """The chat request rendered by the model's template, and its tokens."""
+    text = render(state, body, plan)
+    return text, text_tokens(state, fit, text)

@@ -1,0 +1,33 @@
+"""What every route depends on: the server's state, the prompt-size check, the API key check, the
+headers of a server-sent event stream."""
+from __future__ import annotations
+
+import secrets
+
+from fastapi import Request as HTTPRequest
+
+from serve.http.errors import APIError
+from serve.api.prompt_fit import PromptFit
+from serve.state import ServerState
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def state_of(http: HTTPRequest) -> ServerState:
+    return http.app.state.strata
+
+
+def fit_of(http: HTTPRequest) -> PromptFit:
+    return http.app.state.prompt_fit
+
+
+def check_api_key(http: HTTPRequest) -> None:
+    """--api-key: as OpenAI clients send it (Authorization: Bearer) or Anthropic's (x-api-key)."""
+    key = state_of(http).settings.api_key
+    if key is None:
+        return
+    bearer = http.headers.get("authorization", "")
+    given = bearer[7:] if bearer.startswith("Bearer ") else http.headers.get("x-api-key")
+    if given is None or not secrets.compare_digest(given.encode(), key.encode()):
+        raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>, or x-api-key: <key>)",
+                       code="invalid_api_key")

@@ -1,0 +1,206 @@
+"""HTTP routes: OpenAI endpoints under /v1 (optional Bearer auth), health, status, metrics."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from fastapi import APIRouter, Depends, FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from serve.api import anthropic_schema
+from serve.http import messages_api
+from serve.http import responses_api
+from serve.api import responses_schema
+from serve.api import openai_schema as schema
+from serve.api.chat import ChatOutput, reasoning_opened, tool_plan
+from serve.api.constraints import grammar_for
+from serve.http.deps import SSE_HEADERS, check_api_key, fit_of, state_of
+from serve.http.errors import server_error
+from serve.scheduling.generation import Finished, GenerationError, KeepAlive, Piece
+from serve.api.prompt_fit import PromptFit
+from serve.api.prompt_tokens import chat_tokens, off_loop, text_tokens
+from serve.scheduling.request import Request
+from serve.scheduling.running import build_request, collect, events, session_of, until_disconnect
+from serve.http.sse import data_event as sse
+from serve.state import ServerState
+
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+ops = APIRouter()
+
+
+async def completion_prompt(state: ServerState, fit: PromptFit, body: schema.CompletionRequest) -> list[int]:
+    if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], int):
+        return list(body.prompt)
+    text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+    return await off_loop(text_tokens, state, fit, text)
+
+
+async def stream_events(state: ServerState, req: Request, on_piece: Callable[[str], list[dict]],
+                        on_finish: Callable[[Finished], list[dict]], first: list[dict]) -> AsyncIterator[str]:
+    for chunk in first:
+        yield sse(chunk)
+    try:
+        async for event in events(state, req):
+            if isinstance(event, KeepAlive):
+                yield ": keep-alive\n\n"
+            elif isinstance(event, Piece):
+                for chunk in on_piece(event.text):
+                    yield sse(chunk)
+            elif isinstance(event, Finished):
+                for chunk in on_finish(event):
+                    yield sse(chunk)
+                yield sse("[DONE]")
+                return
+    except GenerationError as e:
+        yield sse(server_error(e.status, str(e)).body())
+
+
+def run_stream(state, req, on_piece, on_finish, first: list[dict]) -> StreamingResponse:
+    return StreamingResponse(stream_events(state, req, on_piece, on_finish, first),
+                             media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def run_once(http: HTTPRequest, state: ServerState, req: Request, render) -> Response:
+    async def work():
+        try:
+            text, fin = await collect(state, req)
+        except GenerationError as e:
+            return server_error(e.status, str(e)).response()
+        return JSONResponse(render(text, fin))
+
+    return await until_disconnect(http, work())
+
+
+# ---------------------------------------------------------------- endpoints
+
+@dataclass(frozen=True)
+class Shape:
+    """How one endpoint renders its results: the whole body; a stream's start, its chunks for a
+    piece of text, and its last chunks."""
+
+    prefix: str
+    chunk_object: str
+    body: Callable[[str, str, str, Finished], dict]
+    pieces: Callable[[str, str, str], list[dict]]
+    last: Callable[[str, str, Finished], list[dict]]
+    first: Callable[[str, str], list[dict]]
+
+
+def chat_shape(opened: bool | None, plan) -> Shape:
+    """Chat bodies and chunks (serve/api/chat.py ChatOutput: reasoning and tool calls split from the
+    content; each stream keeps its own, as a tag may arrive cut across pieces)."""
+    stream = ChatOutput(opened, plan)
+
+    def pieces(rid: str, model: str, text: str) -> list[dict]:
+        return [schema.chat_chunk(rid, model, delta) for delta in stream.feed(text)]
+
+    def last(rid: str, model: str, f: Finished) -> list[dict]:
+        tail = [schema.chat_chunk(rid, model, d) for d in stream.feed("", end=True, stopped=f.finish_reason == "stop")]
+        return tail + [schema.chat_chunk(rid, model, {}, stream.finish_reason(f.finish_reason))]
+
+    def body(rid: str, model: str, text: str, f: Finished) -> dict:
+        whole = ChatOutput(opened, plan)
+        message = whole.message(text, f.finish_reason)
+        return schema.chat_body(rid, model, message, whole.finish_reason(f.finish_reason), f.prompt_tokens,
+                                f.completion_tokens, f.timings, f.cached_tokens)
+
+    return Shape("chatcmpl", "chat.completion.chunk", body=body, pieces=pieces, last=last,
+                 first=lambda rid, model: [schema.chat_chunk(rid, model, {"role": "assistant", "content": ""})])
+
+
+COMPLETION = Shape(
+    "cmpl", "text_completion",
+    body=lambda rid, model, text, f: schema.completion_body(rid, model, text, f.finish_reason, f.prompt_tokens,
+                                                            f.completion_tokens, f.timings, f.cached_tokens),
+    pieces=lambda rid, model, text: [schema.completion_chunk(rid, model, text)],
+    last=lambda rid, model, f: [schema.completion_chunk(rid, model, "", f.finish_reason)],
+    first=lambda rid, model: [])
+
+
+async def respond(http: HTTPRequest, state: ServerState, req: Request, body: schema.SamplingFields,
+                  shape: Shape) -> Response:
+    rid, model = f"{shape.prefix}-{req.id}", state.settings.model_name
+    if not body.stream:
+        return await run_once(http, state, req, lambda text, f: shape.body(rid, model, text, f))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def finish(f: Finished) -> list[dict]:
+        last = shape.last(rid, model, f)
+        last[-1] |= {"timings": f.timings}
+        return last + ([schema.usage_chunk(rid, model, shape.chunk_object, f.prompt_tokens, f.completion_tokens,
+                                           f.cached_tokens)]
+                       if include_usage else [])
+
+    return run_stream(state, req, lambda text: shape.pieces(rid, model, text), finish, shape.first(rid, model))
+
+
+@v1.post("/chat/completions")
+async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest):
+    state = state_of(http)
+    plan = tool_plan(state, body)
+    text, prompt = await off_loop(chat_tokens, state, fit_of(http), body, plan)
+    grammar = grammar_for(state, plan, body)
+    req = build_request(state, body, prompt, body.max_completion_tokens or body.max_tokens,
+                        grammar, session_of(http, body.prompt_cache_key))
+    return await respond(http, state, req, body, chat_shape(reasoning_opened(state, text), plan))
+
+
+@v1.post("/completions")
+async def completions(body: schema.CompletionRequest, http: HTTPRequest):
+    state = state_of(http)
+    req = build_request(state, body, await completion_prompt(state, fit_of(http), body), body.max_tokens,
+                        session=session_of(http, body.prompt_cache_key))
+    return await respond(http, state, req, body, COMPLETION)
+
+
+@v1.post("/messages")
+async def anthropic_messages(body: anthropic_schema.MessagesRequest, http: HTTPRequest):
+    """Anthropic's Messages API (`?beta=true`, as Claude Code sends it, is accepted and ignored)."""
+    return await messages_api.respond(http, state_of(http), body, fit_of(http))
+
+
+@v1.post("/responses")
+async def responses(body: responses_schema.ResponsesRequest, http: HTTPRequest):
+    """OpenAI's Responses API (Codex CLI's), over the chat machinery (serve/http/responses_api.py)."""
+    state = state_of(http)
+    return await responses_api.respond(http, state, state.responses, body, fit_of(http))
+
+
+@v1.post("/messages/count_tokens")
+async def anthropic_count_tokens(body: anthropic_schema.CountTokensRequest, http: HTTPRequest):
+    return await off_loop(messages_api.count_tokens, state_of(http), body)
+
+
+@v1.get("/models")
+async def models(http: HTTPRequest):
+    state = state_of(http)
+    return {"object": "list", "data": [{"id": state.settings.model_name, "object": "model",
+                                        "created": state.started_at, "owned_by": "strata"}]}
+
+
+@ops.get("/health")
+async def health(http: HTTPRequest):
+    state = state_of(http)
+    return JSONResponse({"status": state.health}, status_code=200 if state.ready else 503)
+
+
+@ops.get("/status")
+async def status(http: HTTPRequest):
+    state = state_of(http)
+    return state.scheduler.status() | {"engine": state.engine.state.value, "engine_info": state.engine.info.fields,
+                                       "event_streams": state.event_streams}
+
+
+@ops.get("/metrics")
+async def metrics(http: HTTPRequest):
+    return Response(state_of(http).metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def include_routes(app: FastAPI) -> None:
+    from serve.http.events_api import events  # they read this module's helpers
+    from serve.http.gateway_api import gateway
+
+    app.include_router(v1)
+    app.include_router(ops)
+    app.include_router(gateway)
+    app.include_router(events)

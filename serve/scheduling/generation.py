@@ -1,0 +1,103 @@
+"""Turn a request's engine events into text pieces: detokenization, stop strings, keep-alives."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from protocol import messages as m
+
+from serve.scheduling.metrics import Metrics
+from serve.scheduling.request import EngineFailure, Phase, Request
+from serve.scheduling.scheduler import Scheduler
+from serve.api.stop_strings import StopMatcher
+
+FINISH = {"stop": "stop", "length": "length", "cancel": "stop"}
+
+
+class GenerationError(RuntimeError):
+    def __init__(self, message: str, status: int = 503):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class KeepAlive:
+    """Nothing to say yet (queued or parked): a streaming response sends an SSE comment."""
+
+
+@dataclass
+class Piece:
+    text: str
+
+
+@dataclass
+class Finished:
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    timings: dict
+    stop_sequence: str | None = None  # the stop string that ended the output, if one did
+    cached_tokens: int = 0  # prompt tokens the prefix cache saved the engine from reading
+
+
+async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metrics,
+                   keepalive_s: float) -> AsyncIterator[KeepAlive | Piece | Finished]:
+    detok, stops = tokenizer.stream(), StopMatcher(req.stop)
+    finished = False
+    scheduler.submit(req)
+    try:
+        while True:
+            try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
+                async with asyncio.timeout(keepalive_s):  # that races with a token's arrival
+                    event = await req.events.get()
+            except TimeoutError:
+                yield KeepAlive()
+                continue
+            if isinstance(event, m.T):
+                text = stops.feed(detok.step(event.token))
+                if text:
+                    yield Piece(text)
+                if stops.hit:
+                    scheduler.abandon(req)  # STOP the engine; we have what we need
+                    finished = True
+                    yield _finish(req, "stop", metrics, stop_sequence=stops.matched)
+                    return
+            elif isinstance(event, m.Done):
+                finished = True
+                rest = stops.flush()
+                if rest:
+                    yield Piece(rest)
+                yield _finish(req, FINISH[event.finish], metrics, event)
+                return
+            elif isinstance(event, m.Err):
+                raise GenerationError(f"engine error: {event.message}", status=400)
+            elif isinstance(event, EngineFailure):
+                raise GenerationError(event.message, event.status)
+    except GenerationError:
+        finished = True
+        metrics.requests.labels("error").inc()
+        raise
+    finally:
+        if not finished:  # client gone (cancelled or closed): free the engine
+            metrics.requests.labels("cancelled").inc()
+            if req.phase is not Phase.DONE:
+                scheduler.abandon(req)
+
+
+def _finish(req: Request, reason: str, metrics: Metrics, done: m.Done | None = None,
+            stop_sequence: str | None = None) -> Finished:
+    metrics.requests.labels(reason).inc()
+    return Finished(reason, len(req.prompt), req.generated, timings(req, done), stop_sequence, req.cached)
+
+
+def timings(req: Request, done: m.Done | None) -> dict:
+    """Per-request figures in the words of docs/DESIGN.md (ms), returned with the response."""
+    ms = lambda s: None if s is None else round(s * 1000, 3)  # noqa: E731
+    out = {"queue_wait_ms": ms(req.queue_wait_s), "ttft_ms": ms(req.ttft_s), "parks": req.parks,
+           "parked_ms": ms(req.parked_s), "engine_restarts": req.restarts}
+    if done is not None:
+        out |= {"prompt_ms": round(done.prompt_ms, 3), "decode_ms": round(done.decode_ms, 3),
+                "park_copy_ms": float(done.extra.get("park_ms", 0)),
+                "shared_ms": float(done.extra.get("shared_ms", 0))}  # others' decode steps during its read
+    return out
