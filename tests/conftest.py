@@ -1,14 +1,25 @@
-import pytest
+import os
 
-from engine.modelfile.model_path import default_model_path
-from tests.harness import PY, EngineProcess, ServerProcess, mark_test_run, mock_engine_cmd, sweep
+# `make test` runs the suite in parallel workers (pytest-xdist): one BLAS thread a process, else
+# OpenBLAS's spinning threads starve the other processes on the cores (the 3-rank TP tests ran 10x
+# slower); set before NumPy loads, inherited by every server, engine and worker
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+from engine.modelfile.model_path import default_model_path  # noqa: E402
+from tests.harness import PY, EngineProcess, ServerProcess, mark_test_run, mock_engine_cmd, sweep  # noqa: E402
+
+pytest_plugins = ["tests.slowest_first"]
 
 
 def pytest_configure(config):
-    mark_test_run()  # every process the suite starts inherits the run's id (see tests/harness.py)
+    # every process the suite starts inherits the run's id (see tests/harness.py); an xdist worker's
+    # is its own, under the controller's, so that its sweep leaves the other workers' processes alone
+    mark_test_run(getattr(config, "workerinput", {}).get("workerid"))
 
 
-OUTLIVED: list[str] = []  # processes the session's finalizer had to end
+OUTLIVED: list[str] = []  # processes the session's finalizer had to end (the workers' too, on the controller)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -18,10 +29,19 @@ def no_process_outlives_the_run():
     OUTLIVED.extend(sweep())
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """On the xdist controller: what a worker's sweep ended counts as the run's."""
+    OUTLIVED.extend(getattr(node, "workeroutput", {}).get("outlived", []))
+
+
 @pytest.hookimpl(trylast=True)  # after the fixtures' teardown
 def pytest_sessionfinish(session, exitstatus):
     """A run that passed but left processes behind fails, naming them (an interrupted run's
-    leftovers are only ended)."""
+    leftovers are only ended). An xdist worker hands its list to the controller, which reports."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["outlived"] = list(OUTLIVED)
+        return
     if OUTLIVED and exitstatus == pytest.ExitCode.OK:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter:

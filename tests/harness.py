@@ -2,9 +2,12 @@
 
 Every process a test run starts carries STRATA_TEST_RUN=<the run's id> in its environment (set once
 in tests/conftest.py, inherited by servers' engines too), so that whatever a crashed or killed
-fixture left behind can be found and ended: `sweep()` at the session's end and at exit. A server
-is started in its own process group and asks the kernel for SIGTERM when the test process dies
-(engine/core/lifetime.py), which covers a pytest killed outright.
+fixture left behind can be found and ended: `sweep()` at the session's end and at exit. Under
+pytest-xdist each worker is a session of its own: its id is the run's with "/<worker>" added, so
+that a worker's sweep ends only its own processes, and the controller's (the whole run's id, a
+prefix of every worker's) ends all of them. A server is started in its own process group and asks
+the kernel for SIGTERM when the test process dies (engine/core/lifetime.py), which covers a
+pytest killed outright.
 """
 from __future__ import annotations
 
@@ -30,17 +33,22 @@ PY = sys.executable
 TEST_RUN_ENV = "STRATA_TEST_RUN"
 
 
-def mark_test_run() -> str:
-    """Give this process (and so every process it starts) the run's id; returns it."""
-    return os.environ.setdefault(TEST_RUN_ENV, f"{os.getpid()}-{time.time_ns()}")
+def mark_test_run(worker: str | None = None) -> str:
+    """Give this process (and so every process it starts) the run's id, the xdist worker's own
+    under the run's when `worker` is given; returns it."""
+    run = os.environ.setdefault(TEST_RUN_ENV, f"{os.getpid()}-{time.time_ns()}")
+    if worker:
+        os.environ[TEST_RUN_ENV] = run = f"{run}/{worker}"
+    return run
 
 
 def processes_of_this_run() -> list[int]:
-    """Live processes (other than this one) whose environment carries this run's id."""
+    """Live processes (other than this one) whose environment carries this run's id, or the id of a
+    worker under it."""
     run = os.environ.get(TEST_RUN_ENV)
     if not run:
         return []
-    needle = f"{TEST_RUN_ENV}={run}".encode() + b"\0"
+    needles = [f"{TEST_RUN_ENV}={run}{end}".encode() for end in ("\0", "/")]
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -50,7 +58,7 @@ def processes_of_this_run() -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if needle in environ and state != "Z":
+        if any(needle in environ for needle in needles) and state != "Z":
             found.append(int(entry.name))
     return found
 

@@ -66,7 +66,8 @@ def test_a_stream_cut_while_decoding_shows_each_token_once(server_factory, tmp_p
 
 
 def test_a_parked_read_and_the_request_decoding_beside_it_both_survive(server_factory, tmp_path):
-    server = fault_server(server_factory, tmp_path, "--die-while-parked", "--no-prompt-reuse")  # A reads cold again
+    # A reads cold again, 2 s of it (chunks of 0.05 s): B comes while it reads on a busy machine too
+    server = fault_server(server_factory, tmp_path, "--die-while-parked", "--no-prompt-reuse", "--chunk-s", "0.05")
     long_prompt = list(range(100, 100 + 2560))
     alone = [complete(server, 3, long_prompt).json()["choices"][0]["text"], complete(server, 200).json()]
     a = Background(complete, server, 3, long_prompt)

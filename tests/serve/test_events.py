@@ -11,6 +11,7 @@ import time
 import httpx
 
 from tests.harness import ServerProcess, mock_engine_cmd
+from tests.serve.test_scheduling import status, wait_for
 
 REQUEST_KEYS = {"id", "engine", "state", "prompt_tokens", "done", "generated", "priority", "parks", "in_host", "age_s"}
 
@@ -40,9 +41,9 @@ def test_schema_rate_and_a_parked_read_while_a_short_request_runs():
                 "model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": n}).json()
 
         watched = pool.submit(messages, server.url, 3.0, 5)
-        time.sleep(0.3)
+        wait_for(lambda: status(server)["event_streams"] == 1)
         long = pool.submit(chat, "read " * 3000, 4)  # ~47 chunks of 64: about 2.4 s of reading
-        time.sleep(0.6)
+        wait_for(lambda: (status(server)["prompt_progress"] or {}).get("done", 0) > 0)
         short = chat("a short question", 40)  # ~0.4 s of decoding: longer than two messages apart
         assert short["timings"]["queue_wait_ms"] < 1000
         assert long.result()["timings"]["parks"] >= 1
@@ -63,7 +64,7 @@ def test_schema_rate_and_a_parked_read_while_a_short_request_runs():
 
 def test_a_client_leaving_frees_its_stream_and_bad_rates_are_refused():
     with ServerProcess(engine_cmd=mock_engine_cmd()) as server:
-        assert len(messages(server.url, 0.6, hz=10)) >= 4
+        assert len(messages(server.url, 1.5, hz=10)) >= 4  # the window's slack for a busy machine
         deadline = time.monotonic() + 5
         while httpx.get(f"{server.url}/status").json()["event_streams"]:
             assert time.monotonic() < deadline, "the stream outlived its client"

@@ -26,38 +26,43 @@ def test_origins_compare_as_browsers_write_them():
     assert not same_origin("null", "http", "127.0.0.1:8080")
 
 
-def test_the_page_and_its_files():
-    with ServerProcess(engine_cmd=mock_engine_cmd()) as server:
-        page = httpx.get(server.url + "/")
-        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-        policy = page.headers["content-security-policy"]
-        assert "default-src 'none'" in policy and "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
-        assert "http" not in page.text.replace("http-equiv", "")  # nothing linked from another host
-        for path, kind in (("/ui/main.js", "javascript"), ("/ui/style.css", "text/css"), ("/ui/icon.svg", "svg")):
-            r = httpx.get(server.url + path)
-            assert r.status_code == 200 and kind in r.headers["content-type"], path
-        assert httpx.get(server.url + "/ui/nothing.js").status_code == 404
-        for path in ("/", "/ui/main.js", "/v1/events"):  # DNS rebinding: the page is behind the Host check too
-            r = httpx.get(server.url + path, headers={"Host": "evil.example"})
-            assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", path
+@pytest.fixture(scope="module")
+def server():
+    """One server with no --cors-origin, shared by the tests that only read from it."""
+    with ServerProcess(engine_cmd=mock_engine_cmd()) as s:
+        yield s
 
 
-def test_other_origins_are_refused_and_the_pages_own_is_not():
-    with ServerProcess(engine_cmd=mock_engine_cmd()) as server:
-        url = f"{server.url}/v1/chat/completions"
-        preflight = httpx.options(url, headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST",
-                                                "Access-Control-Request-Headers": "content-type"})
-        assert preflight.status_code == 403 and "access-control-allow-origin" not in preflight.headers
-        assert preflight.json()["error"]["code"] == "origin_not_allowed"
-        # a form's POST needs no preflight: it is refused before it reaches the model
-        simple = httpx.post(url, content=b'{"model": "m", "messages": []}',
-                            headers={"Origin": "https://evil.example", "Content-Type": "text/plain"})
-        assert simple.status_code == 403 and "--cors-origin https://evil.example" in simple.json()["error"]["message"]
-        events = httpx.get(f"{server.url}/v1/events", headers={"Origin": "http://localhost:3000"})
-        assert events.status_code == 403
-        own = httpx.post(url, json=CHAT, headers={"Origin": server.url})  # the page's own requests
-        assert own.status_code == 200 and "access-control-allow-origin" not in own.headers
-        assert httpx.post(url, json=CHAT).status_code == 200  # no Origin: not a browser page
+def test_the_page_and_its_files(server):
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert "http" not in page.text.replace("http-equiv", "")  # nothing linked from another host
+    for path, kind in (("/ui/main.js", "javascript"), ("/ui/style.css", "text/css"), ("/ui/icon.svg", "svg")):
+        r = httpx.get(server.url + path)
+        assert r.status_code == 200 and kind in r.headers["content-type"], path
+    assert httpx.get(server.url + "/ui/nothing.js").status_code == 404
+    for path in ("/", "/ui/main.js", "/v1/events"):  # DNS rebinding: the page is behind the Host check too
+        r = httpx.get(server.url + path, headers={"Host": "evil.example"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", path
+
+
+def test_other_origins_are_refused_and_the_pages_own_is_not(server):
+    url = f"{server.url}/v1/chat/completions"
+    preflight = httpx.options(url, headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST",
+                                            "Access-Control-Request-Headers": "content-type"})
+    assert preflight.status_code == 403 and "access-control-allow-origin" not in preflight.headers
+    assert preflight.json()["error"]["code"] == "origin_not_allowed"
+    # a form's POST needs no preflight: it is refused before it reaches the model
+    simple = httpx.post(url, content=b'{"model": "m", "messages": []}',
+                        headers={"Origin": "https://evil.example", "Content-Type": "text/plain"})
+    assert simple.status_code == 403 and "--cors-origin https://evil.example" in simple.json()["error"]["message"]
+    events = httpx.get(f"{server.url}/v1/events", headers={"Origin": "http://localhost:3000"})
+    assert events.status_code == 403
+    own = httpx.post(url, json=CHAT, headers={"Origin": server.url})  # the page's own requests
+    assert own.status_code == 200 and "access-control-allow-origin" not in own.headers
+    assert httpx.post(url, json=CHAT).status_code == 200  # no Origin: not a browser page
 
 
 def test_a_named_origin_is_allowed_with_cors_headers():

@@ -116,8 +116,10 @@ def test_the_live_view_shows_a_long_read_parked_while_the_pages_question_runs(tm
         ask(driver, "A short question while the long read runs")  # echoed: about 25 tokens, 0.8 s
         both = "return ['parked', 'decoding'].every(s => document.querySelector(`#request-rows tr[data-state=${s}]`))"
         wait_until(lambda: driver.execute_script(both), what="a parked read beside the decoding question")
-        parked = driver.find_element(By.CSS_SELECTOR, "#request-rows tr[data-state=parked] progress")
-        assert 0 < float(parked.get_attribute("value")) < float(parked.get_attribute("max"))  # its progress bar
+        # its progress bar, read in one call: the table is drawn again as the state streams in
+        value, most = driver.execute_script("const bar = document.querySelector('#request-rows tr[data-state=parked] "
+                                            "progress'); return [bar.getAttribute('value'), bar.getAttribute('max')]")
+        assert 0 < float(value) < float(most)
         wait_until(lambda: driver.find_elements(By.CSS_SELECTOR, "#timeline path.mark.park"), what="the park mark")
         shot = tmp_path / "page.png"
         driver.save_screenshot(str(shot))

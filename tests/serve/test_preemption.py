@@ -6,19 +6,30 @@ import threading
 import time
 
 import httpx
+import pytest
 
-from tests.harness import mock_engine_cmd
+from tests.harness import ServerProcess, mock_engine_cmd
 from tests.serve.helpers import Background, complete_tokens, metrics, post_and_leave
 from tests.serve.test_scheduling import status, wait_for
 
 LONG = 2560  # prompt tokens of A: 40 chunks of 64 at 0.05 s = 2 s of reading
 
 
-def preempt_server(server_factory, *engine_args, server_args=()):
+def preempt_cmd(*engine_args) -> str:
     """Preemption is on by default, in the server and in the engine: no flag needed. These cases
     send the same long prompt more than once and want each read cold: no prompt reuse."""
-    cmd = mock_engine_cmd("--chunk", "64", "--chunk-s", "0.05", "--token-s", "0.01", "--no-prompt-reuse", *engine_args)
-    return server_factory(engine_cmd=cmd, extra=list(server_args))
+    return mock_engine_cmd("--chunk", "64", "--chunk-s", "0.05", "--token-s", "0.01", "--no-prompt-reuse", *engine_args)
+
+
+def preempt_server(server_factory, *engine_args, server_args=()):
+    return server_factory(engine_cmd=preempt_cmd(*engine_args), extra=list(server_args))
+
+
+@pytest.fixture(scope="module")
+def preempting():
+    """preempt_server's default server, shared by the cases that count nothing over the server's life."""
+    with ServerProcess(engine_cmd=preempt_cmd()) as server:
+        yield server
 
 
 def start_a(server, max_tokens: int = 3) -> Background:
@@ -61,8 +72,8 @@ def test_a_queued_request_parks_the_read_and_runs_first(server_factory):
     assert m["strata_parked_requests"] == 0 and m["strata_park_duration_seconds_count"] == 1
 
 
-def test_status_shows_the_parked_request(server_factory):
-    server = preempt_server(server_factory)
+def test_status_shows_the_parked_request(preempting):
+    server = preempting
     a = start_a(server)
     b = Background(complete_tokens, server.url, 20, 100)  # ~1 s of decoding
     b.start()
@@ -79,7 +90,7 @@ def test_the_parked_read_waits_until_the_request_it_made_way_for_is_done(server_
     decodes on a quiet engine (its tokens do not wait for A's chunks), and A resumes at B's end."""
     server = preempt_server(server_factory, "--slots", "3")
     a = start_a(server)
-    b = Background(complete_tokens, server.url, 20, 60)  # 60 tokens at 0.01 s: 0.6 s of decoding
+    b = Background(complete_tokens, server.url, 20, 150)  # 150 tokens at 0.01 s: 1.5 s of decoding, watched
     b.start()
     # B goes in at once (a slot is free) and A parks at its next chunk boundary: watch from then on
     wait_for(lambda: status(server)["parked"] != [])
@@ -93,8 +104,8 @@ def test_the_parked_read_waits_until_the_request_it_made_way_for_is_done(server_
     assert b.get().status_code == 200 and a.get().json()["timings"]["parks"] == 1
 
 
-def test_waiters_run_in_fifo_order_before_the_parked_read(server_factory):
-    server = preempt_server(server_factory)
+def test_waiters_run_in_fifo_order_before_the_parked_read(preempting):
+    server = preempting
     a = Background(timed, complete_tokens, server.url, LONG, 3)
     a.start()
     wait_for(lambda: (status(server)["prompt_progress"] or {}).get("done", 0) > 0)
@@ -109,10 +120,11 @@ def test_waiters_run_in_fifo_order_before_the_parked_read(server_factory):
 
 
 def test_a_waiter_leaving_before_the_boundary_withdraws_the_park(server_factory):
-    server = server_factory(engine_cmd=mock_engine_cmd("--chunk", "64", "--chunk-s", "0.4"))
-    a = Background(complete_tokens, server.url, 640, 3)
+    server = server_factory(engine_cmd=mock_engine_cmd("--chunk", "64", "--chunk-s", "1.5"))
+    a = Background(complete_tokens, server.url, 256, 3)
     a.start()
-    wait_for(lambda: status(server)["busy"])
+    # the waiter comes as a chunk begins: 1.5 s to its boundary, to leave in and be noticed on a busy machine
+    wait_for(lambda: (status(server)["prompt_progress"] or {}).get("done", 0) >= 64)
     post_and_leave(server.url, after_s=0.05)
     assert a.get().status_code == 200
     m = metrics(server.url)
@@ -133,8 +145,8 @@ def test_a_queued_request_can_leave_before_its_turn(server_factory):
     assert metrics(server.url)["strata_queue_wait_seconds_count"] == 2  # A and B only
 
 
-def test_the_parked_request_can_be_cancelled_by_its_client(server_factory):
-    server = preempt_server(server_factory)
+def test_the_parked_request_can_be_cancelled_by_its_client(preempting):
+    server = preempting
     with httpx.stream("POST", server.url + "/v1/completions", timeout=30,
                       json={"prompt": list(range(100, 100 + LONG)), "max_tokens": 3, "stream": True}) as r:
         assert r.status_code == 200

@@ -139,7 +139,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.engine.state = EngineState.RESTARTING
         self.scheduler.on_engine_exit("the engine exited (test)")
         fresh = InProcessEngine(self.slots, self.kv_tokens)
-        self.engine.loop.loop, self.engine.out = fresh.loop, fresh.out
+        self.engine.loop, self.engine.out = fresh.loop, fresh.out
         self.engine.state = EngineState.READY
         self.scheduler.on_engine_ready()
 
@@ -156,18 +156,18 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def never_more_running_than_the_cap(self):
         assert len(self.scheduler.running) <= self.slots
-        assert sum(not s.parked for s in self.engine.loop.loop.seqs.values()) <= self.slots
+        assert sum(not s.parked for s in self.engine.loop.seqs.values()) <= self.slots
 
     @invariant()
     def the_pool_is_consistent(self):
-        loop = self.engine.loop.loop
+        loop = self.engine.loop
         loop.pool.check([seq.table for seq in loop.seqs.values()])
         for seq in loop.seqs.values():  # a request's blocks cover what it has read (unless moved out)
             assert seq.paused or seq.id in loop.snapshots or len(seq.table) * loop.pool.size >= seq.kv_len
 
     @invariant()
     def parked_bytes_within_the_budget_and_decode_never_parked(self):
-        loop = self.engine.loop.loop
+        loop = self.engine.loop
         assert sum(loop.reserved.values()) <= POLICY.budget_bytes
         assert len(loop.reserved) <= POLICY.max_parked
         assert all(s.reading and not s.generated for s in loop.seqs.values() if s.parked)
@@ -182,13 +182,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     def the_server_knows_which_parked_reads_hold_blocks(self):
         """INFO host=1 / host=0 follow a parked read's moves to host memory and back; checked when no
         line is in flight."""
-        if not self.engine.loop.loop.inbox.empty():
+        if not self.engine.loop.inbox.empty():
             return
-        engine_seqs = self.engine.loop.loop.seqs
+        engine_seqs = self.engine.loop.seqs
         for req in self.scheduler.parked:
             seq = engine_seqs.get(req.id)
             if seq is not None and seq.parked:
-                assert req.in_host == (seq.id in self.engine.loop.loop.snapshots), (req.in_host, seq.table)
+                assert req.in_host == (seq.id in self.engine.loop.snapshots), (req.in_host, seq.table)
 
     # ------------------------------------------------------------ the end
 
@@ -202,11 +202,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def check_answers(self):
         """Drain (time passing too), then every staying client's events: exactly one end."""
         s, quiet = self.scheduler, 0
-        while (s.waiting or s.running or s.parked or self.engine.loop.loop.busy) and quiet < 200:
+        while (s.waiting or s.running or s.parked or self.engine.loop.busy) and quiet < 200:
             quiet = 0 if self.engine.step_and_deliver(s) else quiet + 1  # 200 quiet rounds: 10 s past
             self.clock.now += 0.05
         assert not (s.waiting or s.running or s.parked), "the machine did not drain (a deadlock)"
-        assert not self.engine.loop.loop.seqs or all(x.parked is False for x in self.engine.loop.loop.seqs.values())
+        assert not self.engine.loop.seqs or all(x.parked is False for x in self.engine.loop.seqs.values())
         for req in self.requests:
             events = []
             while not req.events.empty():
@@ -300,7 +300,7 @@ def test_a_paused_request_comes_back_by_moving_a_parked_read_out():
     the blocks X needs to come back. New GENs are deferred while X is paused and the server will
     not RESUME P, so X must come back by moving P's rows out (as a chunk or a GEN would), not wait."""
     engine = InProcessEngine(slots=4, kv_tokens=96)  # six blocks of 16
-    loop = engine.loop.loop
+    loop = engine.loop
     engine.send(m.Gen(8, tuple(range(1000, 1090)), {"temperature": 0.0}, 1))  # P: 90 tokens
     engine.send(m.Gen(8, tuple(range(2000, 2040)), {"temperature": 0.0}, 2))  # X: 40 tokens
     loop.take_lines(block=False)

@@ -2,8 +2,9 @@
 import time
 
 import httpx
+import pytest
 
-from tests.harness import mock_engine_cmd
+from tests.harness import ServerProcess, mock_engine_cmd
 from tests.serve.helpers import Background, complete_tokens, metrics, post_and_leave
 
 SLOW = mock_engine_cmd("--chunk", "64", "--chunk-s", "0.05", "--token-s", "0.01")
@@ -22,8 +23,15 @@ def status(server) -> dict:
     return httpx.get(server.url + "/status").json()
 
 
-def test_requests_are_served_in_arrival_order(server_factory):
-    server = server_factory(engine_cmd=SLOW, extra=["--no-prefill-preempt"])
+@pytest.fixture(scope="module")
+def fifo():
+    """A strict-FIFO server, shared by the cases that count nothing over the server's life."""
+    with ServerProcess(engine_cmd=SLOW, extra=["--no-prefill-preempt"]) as server:
+        yield server
+
+
+def test_requests_are_served_in_arrival_order(fifo):
+    server = fifo
     finished = []
 
     def run(i):
@@ -70,8 +78,8 @@ def test_client_leaving_while_running_stops_the_engine(server_factory):
     assert complete_tokens(server.url, 10, 2).status_code == 200
 
 
-def test_non_streaming_client_leaving_while_running_frees_the_engine(server_factory):
-    server = server_factory(engine_cmd=SLOW, extra=["--no-prefill-preempt"])
+def test_non_streaming_client_leaving_while_running_frees_the_engine(fifo):
+    server = fifo
     try:
         httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3000}, timeout=0.5)
     except httpx.ReadTimeout:

@@ -248,6 +248,22 @@ def server(model: Path, output: str) -> ServerProcess:
                          extra=["--model", str(model)])
 
 
+@pytest.fixture(scope="module")
+def hermes(models):
+    """The Hermes-format server, answering OUTPUTS["hermes"]'s text, shared by the tests that ask it."""
+    with server(models["hermes"], OUTPUTS["hermes"][0]) as s:
+        yield s
+
+
+def server_for(fmt: str, models: dict, request: pytest.FixtureRequest) -> ServerProcess:
+    """A started server answering OUTPUTS[fmt]'s text: the shared one for Hermes, else one of its own."""
+    if fmt == "hermes":
+        return request.getfixturevalue("hermes")
+    s = server(models[fmt], OUTPUTS[fmt][0]).start()
+    request.addfinalizer(s.stop)
+    return s
+
+
 def calls_of(message) -> list[tuple[str, dict]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
 
@@ -271,71 +287,67 @@ def streamed(client, **args) -> tuple[str, list[tuple[str, dict]], str, list]:
 
 
 @pytest.mark.parametrize("fmt", sorted(OUTPUTS))
-def test_the_openai_client_gets_the_calls_streamed_and_not_and_loops_twice(models, fmt):
+def test_the_openai_client_gets_the_calls_streamed_and_not_and_loops_twice(models, fmt, request):
     text, content, calls = OUTPUTS[fmt]
-    with server(models[fmt], text).start() as s:
-        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
-        messages = [{"role": "system", "content": "You help with the weather."},
-                    {"role": "user", "content": "Weather in Paris for two days, and the time?"}]
-        args = dict(model="any", tools=[WEATHER, TIME], max_tokens=300)
-        whole = client.chat.completions.create(messages=messages, **args)
-        choice = whole.choices[0]
-        assert choice.finish_reason == "tool_calls"
-        assert calls_of(choice.message) == calls and (choice.message.content or "") == content
-        got_content, got_calls, finish, deltas = streamed(client, messages=messages, **args)
-        assert (got_content, got_calls, finish) == (content, calls, "tool_calls")
-        assert not any((d.content or "").count("tool_call") or "get_weather" in (d.content or "") for d in deltas)
-        # the tool loop, as agents run it: the calls and their results go back, the model answers again
-        for _ in range(2):
-            messages.append(choice.message.model_dump(exclude_none=True))
-            for call in choice.message.tool_calls:
-                messages.append({"role": "tool", "tool_call_id": call.id,
-                                 "content": json.dumps({"result": f"{call.function.name} ok"})})
-            again = client.chat.completions.create(messages=messages, **args)
-            assert again.usage.prompt_tokens > whole.usage.prompt_tokens  # the history is rendered
-            choice = again.choices[0]
-            assert calls_of(choice.message) == calls
-        single = client.chat.completions.create(messages=messages[:2], parallel_tool_calls=False, **args)
-        assert calls_of(single.choices[0].message) == calls[:1]
-        none = client.chat.completions.create(messages=messages[:2], tool_choice="none", **args)
-        assert none.choices[0].message.content == text and not none.choices[0].message.tool_calls
+    client = openai.OpenAI(base_url=server_for(fmt, models, request).url + "/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "system", "content": "You help with the weather."},
+                {"role": "user", "content": "Weather in Paris for two days, and the time?"}]
+    args = dict(model="any", tools=[WEATHER, TIME], max_tokens=300)
+    whole = client.chat.completions.create(messages=messages, **args)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert calls_of(choice.message) == calls and (choice.message.content or "") == content
+    got_content, got_calls, finish, deltas = streamed(client, messages=messages, **args)
+    assert (got_content, got_calls, finish) == (content, calls, "tool_calls")
+    assert not any((d.content or "").count("tool_call") or "get_weather" in (d.content or "") for d in deltas)
+    # the tool loop, as agents run it: the calls and their results go back, the model answers again
+    for _ in range(2):
+        messages.append(choice.message.model_dump(exclude_none=True))
+        for call in choice.message.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": json.dumps({"result": f"{call.function.name} ok"})})
+        again = client.chat.completions.create(messages=messages, **args)
+        assert again.usage.prompt_tokens > whole.usage.prompt_tokens  # the history is rendered
+        choice = again.choices[0]
+        assert calls_of(choice.message) == calls
+    single = client.chat.completions.create(messages=messages[:2], parallel_tool_calls=False, **args)
+    assert calls_of(single.choices[0].message) == calls[:1]
+    none = client.chat.completions.create(messages=messages[:2], tool_choice="none", **args)
+    assert none.choices[0].message.content == text and not none.choices[0].message.tool_calls
 
 
-def test_a_call_cut_off_by_max_tokens_ends_with_length_and_no_call(models):
-    text = OUTPUTS["hermes"][0]
-    with server(models["hermes"], text).start() as s:
-        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
-        args = dict(model="any", messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER, TIME],
-                    max_tokens=12)
-        whole = client.chat.completions.create(**args)
-        assert whole.choices[0].finish_reason == "length" and not whole.choices[0].message.tool_calls
-        assert "tool_call" not in (whole.choices[0].message.content or "")
-        content, calls, finish, _ = streamed(client, **args)
-        assert (calls, finish) == ([], "length") and content == (whole.choices[0].message.content or "")
+def test_a_call_cut_off_by_max_tokens_ends_with_length_and_no_call(hermes):
+    client = openai.OpenAI(base_url=hermes.url + "/v1", api_key="unused", max_retries=0)
+    args = dict(model="any", messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER, TIME],
+                max_tokens=12)
+    whole = client.chat.completions.create(**args)
+    assert whole.choices[0].finish_reason == "length" and not whole.choices[0].message.tool_calls
+    assert "tool_call" not in (whole.choices[0].message.content or "")
+    content, calls, finish, _ = streamed(client, **args)
+    assert (calls, finish) == ([], "length") and content == (whole.choices[0].message.content or "")
 
 
-def test_bad_tool_input_is_a_400_and_the_next_request_works(models):
-    with server(models["hermes"], OUTPUTS["hermes"][0]).start() as s:
-        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
-        user = [{"role": "user", "content": "Weather?"}]
-        bad = [
-            (dict(messages=user, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}),
-             "not among the tools"),
-            (dict(messages=user, tool_choice="required"), "no tools were given"),
-            (dict(messages=user + [{"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], tools=[WEATHER]),
-             "no assistant tool call before it"),
-            (dict(messages=user + [{"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
-                "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-                                   {"role": "tool", "tool_call_id": "call_9", "content": "sunny"}], tools=[WEATHER]),
-             "matches no call"),
-            (dict(messages=user + [{"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
-                "name": "get_weather", "arguments": "{not json"}}]}], tools=[WEATHER]), "not a JSON object"),
-            (dict(messages=user, tools=[WEATHER, WEATHER]), "unique"),
-            (dict(messages=user, tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools"),
-        ]
-        for body, message in bad:
-            with pytest.raises(openai.BadRequestError, match=message) as e:
-                client.chat.completions.create(model="any", max_tokens=20, **body)
-            assert e.value.body["type"] == "invalid_request_error"
-        ok = client.chat.completions.create(model="any", messages=user, tools=[WEATHER, TIME], max_tokens=300)
-        assert ok.choices[0].finish_reason == "tool_calls"
+def test_bad_tool_input_is_a_400_and_the_next_request_works(hermes):
+    client = openai.OpenAI(base_url=hermes.url + "/v1", api_key="unused", max_retries=0)
+    user = [{"role": "user", "content": "Weather?"}]
+    bad = [
+        (dict(messages=user, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}),
+         "not among the tools"),
+        (dict(messages=user, tool_choice="required"), "no tools were given"),
+        (dict(messages=user + [{"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], tools=[WEATHER]),
+         "no assistant tool call before it"),
+        (dict(messages=user + [{"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                               {"role": "tool", "tool_call_id": "call_9", "content": "sunny"}], tools=[WEATHER]),
+         "matches no call"),
+        (dict(messages=user + [{"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": "{not json"}}]}], tools=[WEATHER]), "not a JSON object"),
+        (dict(messages=user, tools=[WEATHER, WEATHER]), "unique"),
+        (dict(messages=user, tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools"),
+    ]
+    for body, message in bad:
+        with pytest.raises(openai.BadRequestError, match=message) as e:
+            client.chat.completions.create(model="any", max_tokens=20, **body)
+        assert e.value.body["type"] == "invalid_request_error"
+    ok = client.chat.completions.create(model="any", messages=user, tools=[WEATHER, TIME], max_tokens=300)
+    assert ok.choices[0].finish_reason == "tool_calls"
