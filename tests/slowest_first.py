@@ -1,0 +1,45 @@
+"""Test modules slowest first, by their seconds in the runs before (kept in pytest's cache): `make
+test`'s parallel workers (pytest-xdist, a module to a worker, --no-loadscope-reorder) then start the
+long modules at once and end together, instead of one worker reading a long module alone at the end.
+A first run, with nothing cached, keeps the collection's order."""
+import pytest
+
+KEY = "strata/module_seconds"
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+class SlowestFirst:
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.spent: dict[str, float] = {}  # this run's seconds by module (setup, call and teardown)
+        workerinput = getattr(config, "workerinput", None)
+        # xdist's workers must collect alike: they sort by what the controller read, once
+        self.before = workerinput.get(KEY, {}) if workerinput is not None else self.cached()
+
+    def cached(self) -> dict[str, float]:
+        cache = getattr(self.config, "cache", None)
+        return cache.get(KEY, {}) if cache else {}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        node.workerinput[KEY] = self.before
+
+    @pytest.hookimpl(trylast=True)  # after pytest's own ordering by fixtures: a stable sort keeps it within a module
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        items.sort(key=lambda item: -self.before.get(module_of(item.nodeid), 0.0))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        module = module_of(report.nodeid)
+        self.spent[module] = self.spent.get(module, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        cache = getattr(self.config, "cache", None)
+        if cache and not hasattr(self.config, "workerinput"):  # under xdist the controller has every report
+            cache.set(KEY, self.cached() | self.spent)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SlowestFirst(config), "slowest_first_order")
