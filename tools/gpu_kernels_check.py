@@ -144,7 +144,7 @@ def check_attention(k: GpuKernels) -> None:
 def check_decode_grid(k: GpuKernels) -> None:
     """A large decode batch: flash-decoding's blocks take several splits each (decode_blocks_x), and
     every output equals, bit for bit, the grid of one split a block (the same partials, merged alike)."""
-    import engine.kernels as kernels
+    from engine.kernels import attention_launch  # where decode_blocks_x reads DECODE_BLOCKS_PER_SM
 
     d, heads, kv_heads, block, ctx, seqs = 128, 32, 8, 64, 3000, 64
     kc, vc, table = paged(block, half_normal(kv_heads, ctx, d), half_normal(kv_heads, ctx, d))
@@ -152,11 +152,11 @@ def check_decode_grid(k: GpuKernels) -> None:
     q, kc, vc = cp.asarray(half_normal(seqs, heads, d)), cp.asarray(kc), cp.asarray(vc)
     step = k.batch_step([table] * seqs, starts, block=block)
     several = k.attention(q, kc, vc, step)
-    default, kernels.DECODE_BLOCKS_PER_SM = kernels.DECODE_BLOCKS_PER_SM, 1 << 30
+    default, attention_launch.DECODE_BLOCKS_PER_SM = attention_launch.DECODE_BLOCKS_PER_SM, 1 << 30
     try:
         alone = k.attention(q, kc, vc, step)
     finally:
-        kernels.DECODE_BLOCKS_PER_SM = default
+        attention_launch.DECODE_BLOCKS_PER_SM = default
     record("attention", f"{seqs} sequences, several splits a block = one", float((several != alone).mean()), 0.0)
 
 

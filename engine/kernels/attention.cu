@@ -290,7 +290,7 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
     // the sequence's length and block table are no kernel's output (set before the step): read, and the
     // warp's first block looked up, while the kernel that wrote q and this token's K/V row finishes
     const int heads = kv_heads * G, head0 = kvh * G, kv_len = pos0[s] + 1;
-    // keys a split reads, from this sequence's own length (decode_keys_per_block in kernels/__init__.py):
+    // keys a split reads, from this sequence's own length (decode_keys_per_block in kernels/attention_launch.py):
     // a sequence splits alike whatever the batch beside it and whichever graph bucket runs it
     const int per_block = 64 * max(1, (kv_len + DEC_SPLITS * 64 - 1) / (DEC_SPLITS * 64));
     const int* tbl = table + table_off[s];  // this sequence's block table (paged.cuh)

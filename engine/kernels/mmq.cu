@@ -4,7 +4,7 @@
 //     y (nb, m; rows ldy apart) = x (nb, k) @ W (m, k)^T: W in its GGUF blocks (blocks.cuh), x as
 //     Q8 units (q8.cuh; row b's units start at xq + b * k / 32). The output comes in tiles of 8 NT rows
 //     of x by 16 MMQ_MT weight rows; any grid of blocks (one a multiprocessor: mmq_grid in engine/
-//     kernels/__init__.py), MMQ_WARPS * 32 threads, dynamic shared memory mmq_smem_bytes(kind, NT).
+//     kernels/matvec_launch.py), MMQ_WARPS * 32 threads, dynamic shared memory mmq_smem_bytes(kind, NT).
 //
 // The integers: one mma.sync m16n8k32 u8 x s8 -> s32 gives the exact integer dot products of a
 // unit of 16 weight rows' unsigned bytes with 8 rows of x's int8 quants: the very integers the
@@ -48,20 +48,20 @@
 #include "pdl.cuh"
 
 #ifndef MMQ_WARPS
-#define MMQ_WARPS 16  // warps per block, each C = 32 / MMQ_WARPS chains (MMQ_THREADS / 32 in engine/kernels/__init__.py)
+#define MMQ_WARPS 16  // warps per block, each C = 32 / MMQ_WARPS chains (MMQ_THREADS / 32 in engine/kernels/matvec_launch.py)
 #endif
 #ifndef MMQ_MT
-#define MMQ_MT 2  // 16-row weight tiles a block takes (MMQ_MT in engine/kernels/__init__.py)
+#define MMQ_MT 2  // 16-row weight tiles a block takes (MMQ_MT in engine/kernels/matvec_launch.py)
 #endif
 #ifndef MMQ_STAGES
-#define MMQ_STAGES 4  // the most slabs in shared memory at once (MMQ_STAGES in engine/kernels/__init__.py)
+#define MMQ_STAGES 4  // the most slabs in shared memory at once (MMQ_STAGES in engine/kernels/matvec_launch.py)
 #endif
-constexpr int kSmemBudget = 227 * 1024;  // shared memory a block may take (MMQ_SMEM in engine/kernels/__init__.py)
+constexpr int kSmemBudget = 227 * 1024;  // shared memory a block may take (MMQ_SMEM in engine/kernels/matvec_launch.py)
 constexpr int kChains = 32 / MMQ_WARPS;  // chains a warp keeps
 constexpr int kSlab = 32;                // units a slab
 constexpr int kXStride = kSlab * 48 + 16;  // bytes of an x row's slab in shared memory (sizeof(Q8) = 48)
 
-// Bytes of a weight row's slab, and the room it takes in shared memory (mmq_smem_bytes in __init__.py).
+// Bytes of a weight row's slab, and the room it takes in shared memory (mmq_smem_bytes in matvec_launch.py).
 template <class T>
 struct Slab {
     static constexpr int BYTES = kSlab * 32 / T::QK * T::BYTES, STRIDE = (BYTES + 32 + 127) / 128 * 128 + 16;
@@ -143,7 +143,7 @@ __device__ __forceinline__ void copy_x(const Q8* __restrict__ xq, int units, int
     }
 }
 
-// A block's shared memory (mmq_smem_bytes in __init__.py): STAGES stages of STAGE bytes (a slab of its
+// A block's shared memory (mmq_smem_bytes in matvec_launch.py): STAGES stages of STAGE bytes (a slab of its
 // weight rows, then of its x rows), as many as fit (at most MMQ_STAGES), and room for the warps' sums
 // of OUTS outputs a lane at a time.
 template <class T, int NT>

@@ -24,7 +24,7 @@
 #include "pdl.cuh"
 
 #ifndef MMV_WARPS
-#define MMV_WARPS 4  // MMV_THREADS / 32 in engine/kernels/__init__.py
+#define MMV_WARPS 4  // MMV_THREADS / 32 in engine/kernels/matvec_launch.py
 #endif
 #ifndef MMV_UNROLL
 #define MMV_UNROLL 8  // chunks a warp has in flight (tools/mmv_check.py times the choices)

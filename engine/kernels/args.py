@@ -1,0 +1,21 @@
+"""Kernel arguments that several launchers pass alike: a null pointer, a KV block size as its
+exponent, a layer's K and V pools."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.core.kv_types import Q8Array
+
+NULL = np.uint64(0)  # a null pointer argument
+
+
+def log2(block: int) -> np.int32:
+    """A KV block size's exponent (block sizes are powers of two: engine/cli.py)."""
+    return np.int32(block.bit_length() - 1)
+
+
+def pool_args(k_cache, v_cache) -> tuple:
+    """A layer's K and V pools as the kernels take them: the values, then the q8_0 scales (null for fp16)."""
+    if isinstance(k_cache, Q8Array):
+        return k_cache.q, v_cache.q, k_cache.scale, v_cache.scale
+    return k_cache, v_cache, NULL, NULL

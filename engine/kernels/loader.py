@@ -1,0 +1,106 @@
+"""The kernels GpuKernels builds, by source file, and their loading: CuPy's modules of each file's
+parts (build.py) or, for the Hopper prompt attention, the sm_90a module (sm90.py); each kernel's
+shared-memory cap; the decode step's kernels wrapped for programmatic dependent launch (launch.py)."""
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+from engine.core.quantized import BLOCKS
+from engine.kernels import build, launch, moe_launch, sm90
+from engine.kernels.attention_launch import HEAD_DIMS, MAX_GROUP, PROMPT_ATTENTION, attention_smem_bytes
+from engine.kernels.dequant_launch import WEIGHT_KINDS
+from engine.kernels.matvec_launch import (MATVEC_PAIRS, MATVEC_STAGE_MAX, MAX_BATCH_ROWS, MMQ_TILES, MMV_TILE_ROWS,
+                                          mmq_smem_bytes)
+from engine.kernels.sources import OPTIONS, kernel_source
+
+
+def built_kernels() -> dict[str, tuple[str, ...]]:
+    """The kernels GpuKernels builds (compiled by CuPy), by source file."""
+    return {"norm_rope.cu": ("add_rms_norm", "rope_store", "norm_rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
+             "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
+                                            for family, suffix in (("dequant", ""), ("embed", ""))),
+                          *(f"matvec_{kind}_n{nb}{suffix}" for kind in BLOCKS
+                            for nb in range(1, MAX_BATCH_ROWS + 1) for suffix in ("", "_f32")),
+                          *(f"matvec2_{a}_{b}" for a, b in MATVEC_PAIRS)),
+             "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS), "widen_q8_0_blocks",
+                              *(f"flash_decode{kind}_d{d}_g{g}" for kind in ("", "_q8") for d in HEAD_DIMS
+                                for g in range(1, MAX_GROUP + 1))),
+             "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in MMV_TILE_ROWS for suffix in ("", "_f32")),
+             "mmq.cu": tuple(f"mmq_{kind}_t{nt}{suffix}" for kind in BLOCKS for nt in MMQ_TILES for suffix in ("", "_f32")),
+             "moe.cu": moe_launch.KERNELS}
+
+
+def find_function(modules, name: str):
+    """The kernel `name` from the first of a file's parts that has it (parts.cuh)."""
+    for module in modules[:-1]:
+        try:
+            return module.get_function(name)
+        except Exception:  # CuPy's error for a name this part does not hold: the next part
+            continue
+    return modules[-1].get_function(name)
+
+
+def is_dependent(kernel: str) -> bool:
+    """Whether a kernel waits for its producers in after_producer() (pdl.cuh) before it reads or
+    writes anything, so that a decode graph may launch it while the kernel before it runs: every
+    kernel of a decode step (tests/engine/test_kernel_sources.py checks their sources); not the
+    prompt chunks' attention."""
+    return not kernel.startswith("flash_attention")
+
+
+class KernelLoader:
+    """Mixed into GpuKernels, which sets what these read and fill: cp (CuPy), fn (kernel name ->
+    function)."""
+
+    cp: ModuleType
+    fn: dict
+
+    def load_modules(self, defines: tuple[str, ...]) -> None:
+        """Every kernel of built_kernels() into fn, from CuPy's modules of each file's parts (the parts
+        not yet in CuPy's cache compiled side by side first: build.prebuild)."""
+        cp = self.cp
+        sources = built_kernels()
+        build.prebuild(cp, sources, defines)  # a first start: every part compiled side by side
+        for source, kernels in sources.items():
+            parts = [build.module(cp, unit, defines) for unit in build.units([source])]
+            self.fn |= {name: find_function(parts, name) for name in kernels}
+        for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
+            self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
+
+    def load_sm90(self, defines: tuple[str, ...], wanted: str | None) -> str:
+        """The prompt-attention kernel to use: "sm90" once attention_sm90.cu is built (compute
+        capability 9.0 only), else "mma". A device that has it but cannot build it (an NVRTC older
+        than CUDA 12) says so and runs the mma.sync kernel."""
+        if wanted not in (None, *PROMPT_ATTENTION):
+            raise ValueError(f"prompt attention kernel {wanted!r}: choose one of {PROMPT_ATTENTION}")
+        if wanted == "mma" or not sm90.supported(self.cp):
+            if wanted == "sm90":
+                raise ValueError("the sm90 attention kernel needs a GPU of compute capability 9.0 (Hopper)")
+            return "mma"
+        names = tuple(f"flash_attention_sm90_d{d}" for d in HEAD_DIMS)
+        try:
+            built = sm90.Sm90Kernels(self.cp, kernel_source("attention_sm90.cu"), "attention_sm90.cu", names,
+                                     OPTIONS + tuple(f"-D{d}" for d in defines),
+                                     {f"flash_attention_sm90_d{d}": sm90.smem_bytes(d) for d in HEAD_DIMS})
+        except RuntimeError as e:
+            if wanted == "sm90":
+                raise
+            print(f"prompt attention: {e.args[0].splitlines()[0]}; using the mma.sync kernel", file=sys.stderr)
+            return "mma"
+        self.sm90_module = built  # kept: its functions live as long as it does
+        self.fn |= built.fn
+        return "sm90"
+
+    def prepare_functions(self, hopper: bool) -> None:
+        """Each kernel's cap on dynamic shared memory, and the decode step's kernels (is_dependent)
+        wrapped in launch.Kernel: a dependent launch while GpuKernels.dependent is set."""
+        mmq_smem_max = max(mmq_smem_bytes(kind, nt) for kind in BLOCKS for nt in MMQ_TILES)  # a cap: each launch
+        # asks for its kind's and tile's share
+        for name, fn in self.fn.items():
+            if name.startswith("matvec"):
+                fn.max_dynamic_shared_size_bytes = MATVEC_STAGE_MAX
+            if name.startswith("mmq") and hopper:
+                fn.max_dynamic_shared_size_bytes = mmq_smem_max
+            if is_dependent(name):
+                self.fn[name] = launch.Kernel(fn, self, fn.kernel.ptr)
