@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.runner.grammar_mask import GrammarTokenizer  # noqa: E402
+from engine.modelfile.grammar_tokenizer import GrammarTokenizer  # noqa: E402
 from engine.modelfile.model_path import ModelNotFound, default_model_path  # noqa: E402
 from engine.modelfile.tokenizer import load_tokenizer  # noqa: E402
 from serve.api.chat import ToolPlan  # noqa: E402

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from engine.model.backend import select_backend  # noqa: E402
 from engine.runner.decode_graph import GraphDecoder  # noqa: E402
-from engine.modelfile.gguf_model import load_model  # noqa: E402
+from engine.model.weights import load_model  # noqa: E402
 from engine.kvcache.kv import KVCache  # noqa: E402
 from engine.model.forward import LlamaModel  # noqa: E402
 from protocol import messages as m  # noqa: E402

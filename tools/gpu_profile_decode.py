@@ -36,7 +36,7 @@ def inner(a) -> None:
 
     from engine.model.backend import select_backend
     from engine.runner.decode_graph import GraphDecoder
-    from engine.modelfile.gguf_model import load_model
+    from engine.model.weights import load_model
     from engine.kvcache.kv import DEFAULT_BLOCK, KVCache
     from engine.model.forward import LlamaModel
 

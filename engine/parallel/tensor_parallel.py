@@ -22,7 +22,8 @@ from dataclasses import replace
 import numpy as np
 
 from engine.model.backend import Backend
-from engine.modelfile.gguf_model import ModelConfig, ModelLoadError, Weights, reserve_expansion, shard_config, shard_range
+from engine.modelfile.model_config import ModelConfig, ModelLoadError
+from engine.model.weights import Weights, reserve_expansion, shard_config, shard_range
 from engine.kvcache.kv import KVCache
 from engine.core.kv_types import array_module
 from engine.model.forward import LlamaModel

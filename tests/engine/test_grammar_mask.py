@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from engine.runner.sampling_graph import pick_on_device
-from engine.runner.grammar_mask import GrammarTokenizer
+from engine.modelfile.grammar_tokenizer import GrammarTokenizer
+from engine.runner.grammar_mask import Constraint
 from engine.runner.sampler import Sampler, SamplingParams, allowed_tokens
 from tests.engine.test_sampler import FakeDraws
 
@@ -18,7 +19,7 @@ def grammars(tokenizer):
 
 
 def test_the_device_unpacking_of_the_mask_is_the_hosts(grammars, tokenizer):
-    c = grammars.constraint(llguidance.LLMatcher.grammar_from_regex("(Lyon|Marseille) [0-9]+"))
+    c = Constraint(grammars, llguidance.LLMatcher.grammar_from_regex("(Lyon|Marseille) [0-9]+"))
     words = c.mask_words()
     host = np.unpackbits(words.view(np.uint8), bitorder="little")[: tokenizer.vocab_size].view(bool)
     assert 0 < host.sum() < 200  # a handful of tokens start "Lyon" or "Marseille"
@@ -35,8 +36,8 @@ def test_a_constrained_pick_on_the_device_is_the_hosts(grammars, tokenizer, para
     constrained answer (the mask changes at every token)."""
     grammar = llguidance.LLMatcher.grammar_from_regex("(Lyon|Marseille|Paris) is [a-z ]{3,20}\\.")
     rng = np.random.default_rng(1)
-    host = Sampler(params, (5, 9, 5), constraint=grammars.constraint(grammar))
-    device = Sampler(params, (5, 9, 5), constraint=grammars.constraint(grammar))
+    host = Sampler(params, (5, 9, 5), constraint=Constraint(grammars, grammar))
+    device = Sampler(params, (5, 9, 5), constraint=Constraint(grammars, grammar))
     for _ in range(12):
         logits = (rng.standard_normal(tokenizer.vocab_size) * 3).astype(np.float32)
         want = host.sample(logits)
@@ -54,7 +55,7 @@ def test_a_constrained_pick_on_the_device_is_the_hosts(grammars, tokenizer, para
 def test_after_a_decode_graph_a_constrained_pick_is_a_draw_graph_replay(grammars):
     """A constrained request no longer copies the logits to the host: the draw graph gets the mask."""
     draws = FakeDraws()
-    s = Sampler(SamplingParams(), (), constraint=grammars.constraint(llguidance.LLMatcher.grammar_from_regex("ab+")))
+    s = Sampler(SamplingParams(), (), constraint=Constraint(grammars, llguidance.LLMatcher.grammar_from_regex("ab+")))
     token = s.sample(np.zeros(grammars.vocab_size, np.float32), np, draws)
     assert draws.masks[-1] is not None and allowed_tokens(np, draws.masks[-1], grammars.vocab_size)[token]
     Sampler(SamplingParams(temperature=0.5), ()).sample(np.zeros(4, np.float32), np, draws)

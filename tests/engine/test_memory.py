@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.modelfile.gguf_model import ModelConfig, ModelLoadError
+from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.kvcache import sizing as memory
 from engine.kvcache.sizing import CPU_POOL_CONTEXTS, DEFAULT_SNAPSHOT_BYTES, plan_context
 

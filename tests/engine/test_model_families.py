@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine.model.backend import cpu_backend
-from engine.modelfile.gguf_model import load_model
+from engine.model.weights import load_model
 from engine.kvcache.kv import KVCache
 from engine.model.forward import LlamaModel
 from tests.harness import PY, ROOT, EngineProcess, remake_fixture_models

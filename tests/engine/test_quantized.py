@@ -13,7 +13,8 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from engine.model.backend import cpu_backend
-from engine.modelfile.gguf_model import TensorRows, WeightLoader, read_config
+from engine.model.weights import TensorRows, WeightLoader
+from engine.modelfile.model_config import read_config
 from engine.kernels import Q8_BYTES
 from engine.core.quantized import QuantMatrix, Row8, row_bytes, stack_rows
 

@@ -18,10 +18,11 @@ import pytest
 
 from engine.model.backend import cpu_backend
 from engine.cli import build_parser, config_from_args
-from engine.modelfile.gguf_model import load_model
+from engine.model.weights import load_model
 from engine.kvcache.kv import KVCache
 from engine.model.forward import LlamaModel
-from engine.model.rope import RopeOverride, RopeScaling, frequencies, yarn_range
+from engine.modelfile.rope_config import RopeOverride, RopeScaling
+from engine.model.rope import frequencies, yarn_range
 from serve.config import ServerSettings
 from tests.harness import ROOT, remake_fixture_models
 

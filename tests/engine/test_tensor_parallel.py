@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from engine.model.backend import cpu_backend
-from engine.modelfile.gguf_model import ModelLoadError, load_model
+from engine.modelfile.model_config import ModelLoadError
+from engine.model.weights import load_model
 from engine.kvcache.kv import KVCache
 from engine.model.forward import LlamaModel
 from engine.parallel.tensor_parallel import TensorParallelModel, rank_sum, shard_config
@@ -82,7 +83,8 @@ def blocks_and_dense(path: str):
     and dense float32 as the CPU does, stacked and reordered by the loader's own code."""
     from gguf import GGUFReader
 
-    from engine.modelfile.gguf_model import LayerWeights, TensorRows, WeightLoader, read_config
+    from engine.model.weights import LayerWeights, TensorRows, WeightLoader
+    from engine.modelfile.model_config import read_config
     from engine.core.quantized import stack_rows
 
     reader = GGUFReader(path)
@@ -107,7 +109,7 @@ def blocks_and_dense(path: str):
 def test_quantized_weights_split_as_their_values(which, world, model_path, tmp_path):
     """The split of weights kept in their blocks (rows of blocks; columns on block boundaries),
     dequantized, is the split of the dense weights: Q4_1 (the default model's layers) and Q4_K / Q6_K."""
-    from engine.modelfile.gguf_model import Weights
+    from engine.model.weights import Weights
     from engine.parallel.tensor_parallel import shard_weights
     from tests.engine.test_quantized import expand
 
@@ -129,7 +131,7 @@ def test_quantized_weights_split_as_their_values(which, world, model_path, tmp_p
 
 
 def test_a_column_split_inside_a_block_is_refused(tmp_path):
-    from engine.modelfile.gguf_model import Weights
+    from engine.model.weights import Weights
     from engine.parallel.tensor_parallel import shard_weights
 
     path = str(tmp_path / "q4_k.gguf")  # wo's 256 columns in one Q4_K block: two ranks would cut it

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from gguf import GGUFReader, GGUFWriter
 
-from engine.modelfile.gguf_model import ModelLoadError
+from engine.modelfile.model_config import ModelLoadError
 from engine.modelfile.tokenizer import GGUFTokenizer, load_tokenizer
 
 VOCAB = Path(__file__).parent.parent / "fixtures/vocab"

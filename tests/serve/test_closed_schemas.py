@@ -6,7 +6,7 @@ import json
 import llguidance
 
 from serve.api.constraints import closed
-from engine.runner.grammar_mask import GrammarTokenizer
+from engine.modelfile.grammar_tokenizer import GrammarTokenizer
 from engine.modelfile.tokenizer import load_tokenizer
 from engine.startup import resolve_model_path
 

@@ -86,7 +86,7 @@ def test_the_transcript_names_namespaced_calls_as_the_model_saw_them():
 
 @pytest.fixture(scope="module")
 def qwen_vocab():
-    from engine.runner.grammar_mask import GrammarTokenizer
+    from engine.modelfile.grammar_tokenizer import GrammarTokenizer
     from engine.modelfile.tokenizer import load_tokenizer
     model = fixture_path()
     assert model.is_file(), f"{model} is missing: `make fixture` fetches it (`make test` does so first)"

@@ -10,7 +10,7 @@ import json
 import gguf
 import llguidance
 
-from engine.runner.grammar_mask import GrammarTokenizer
+from engine.modelfile.grammar_tokenizer import GrammarTokenizer
 from engine.modelfile.tokenizer import load_tokenizer
 from serve.api.chat import ToolPlan
 from serve.api.constraints import tool_grammar

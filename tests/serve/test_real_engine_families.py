@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from engine.model.backend import cpu_backend
-from engine.modelfile.gguf_model import load_model
+from engine.model.weights import load_model
 from engine.kvcache.kv import KVCache
 from engine.model.forward import LlamaModel
 from engine.modelfile.tokenizer import load_tokenizer
