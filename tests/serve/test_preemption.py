@@ -210,8 +210,9 @@ def test_max_wait_lets_the_parked_read_go_ahead_of_a_stream_of_arrivals(server_f
         t.join()
     assert ra.status_code == 200
     assert a_done < stop_at - 1  # A did not wait for the stream to end
-    m = metrics(server.url)  # parked once, resumed ahead of the queue, then read to the end
-    assert m["strata_prefill_preemptions_total"] == 1 and m["strata_prefill_resumes_total"] == 1
+    m = metrics(server.url)  # parked (once, or again on a loaded machine), and every park resumed
+    assert m["strata_prefill_preemptions_total"] >= 1
+    assert m["strata_prefill_resumes_total"] == m["strata_prefill_preemptions_total"]
 
 
 def test_preempt_off_is_strict_fifo(server_factory):

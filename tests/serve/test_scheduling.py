@@ -50,8 +50,10 @@ def test_requests_are_served_in_arrival_order(fifo):
 
 
 def test_client_leaving_while_queued_never_reaches_the_engine(server_factory):
-    server = server_factory(engine_cmd=SLOW, extra=["--no-prefill-preempt"])
-    a = Background(complete_tokens, server.url, 1280, 2)  # ~1 s of prompt reading
+    # A reads for ~4 s, long past the other client's leaving even on a loaded machine
+    slower = mock_engine_cmd("--chunk", "64", "--chunk-s", "0.2", "--token-s", "0.01")
+    server = server_factory(engine_cmd=slower, extra=["--no-prefill-preempt"])
+    a = Background(complete_tokens, server.url, 1280, 2)
     a.start()
     wait_for(lambda: status(server)["busy"])
     post_and_leave(server.url, after_s=0.3)
