@@ -6,7 +6,7 @@ fixture left behind can be found and ended: `sweep()` at the session's end and a
 pytest-xdist each worker is a session of its own: its id is the run's with "/<worker>" added, so
 that a worker's sweep ends only its own processes, and the controller's (the whole run's id, a
 prefix of every worker's) ends all of them. A server is started in its own process group and asks
-the kernel for SIGTERM when the test process dies (engine/core/lifetime.py), which covers a
+the kernel for SIGTERM when the test process dies (engine/core/parent_death.py), which covers a
 pytest killed outright.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.core.lifetime import die_with_parent  # noqa: F401 - the servers' preexec_fn, and tests'
+from engine.core.parent_death import die_with_parent  # noqa: F401 - the servers' preexec_fn, and tests'
 from protocol.pipe_client import EnginePipe
 
 ROOT = Path(__file__).resolve().parent.parent

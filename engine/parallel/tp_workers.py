@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from engine.kvcache.kv import KVCache, KVSnapshot
-from engine.core.lifetime import die_with_parent
+from engine.core.parent_death import die_with_parent
 from engine.runner.runner import ModelRunner
 from engine.parallel.tensor_parallel import rank_sum
 

@@ -1,4 +1,4 @@
-"""The page's files and the origin rule (serve/http/page.py, serve/http/origin_check.py) against the real server
+"""The page's files and the origin rule (serve/http/web_page.py, serve/http/origin_check.py) against the real server
 over the mock engine: the page and its files are served with a policy that loads nothing from
 elsewhere; a request from another page's origin (a preflight, or a simple POST that needs none) is
 refused unless --cors-origin names it; the Host check covers the page and its events."""

@@ -1,4 +1,4 @@
-"""The web page at / (serve/http/page.py, serve/static/) in real browsers, Debian's Chromium and Firefox, against the
+"""The web page at / (serve/http/web_page.py, serve/static/) in real browsers, Debian's Chromium and Firefox, against the
 real server over the mock engine: it loads with no console errors, an answer streams in, stop
 cancels the request on the server, regenerate and the stored conversation, reasoning folded, the
 live view shows a long read parked while the page's own short question runs (its screenshot is the
