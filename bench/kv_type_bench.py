@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import machine  # noqa: E402
 from engine.model.backend import select_backend  # noqa: E402
-from engine.modelfile.gguf_model import load_model  # noqa: E402
+from engine.model.weights import load_model  # noqa: E402
 from engine.kvcache.kv import KVCache  # noqa: E402
 from engine.model.forward import LlamaModel  # noqa: E402
 from engine.modelfile.model_path import resolve_model_path  # noqa: E402

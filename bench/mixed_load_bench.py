@@ -26,9 +26,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from prefill_preempt_bench import long_prompt, send_a, send_b  # noqa: E402
+from bench.prefill_preempt_bench import long_prompt, send_a, send_b  # noqa: E402
 from tests.harness import ServerProcess  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Issue 21's table through HTTP, against any server of the OpenAI chat API: Strata or llama.cpp's
 llama-server, already running at --url, measured by this one client (run it once per server, the
-same flags, on the same machine; the device step `peers` in tools/device_gpu_run.sh does both).
+same flags, on the same machine; the device step `peers` in tools/device/gpu_run.sh does both).
 
     python bench/pool_bench.py --url http://127.0.0.1:8080 --label NAME [--cases hol,clients,subagents,kv]
         [--repeats 3] [--json FILE] [--tokenizer GGUF] [--server-flags "how the server was started"]
@@ -52,7 +52,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tools"))
 
 from engine_bench import machine, merge_result  # noqa: E402
 from mixed_load_bench import decode_stream  # noqa: E402

@@ -9,8 +9,8 @@ from engine.config import (DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_MA
                            EngineConfig)
 from engine.core.kv_types import KV_TYPES
 from engine.loop.park_policy import ParkPolicy
-from engine.model.rope import KINDS as ROPE_KINDS
-from engine.model.rope import RopeOverride
+from engine.modelfile.rope_config import add_rope_args, rope_from_args
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strata", description=__doc__)
@@ -38,19 +38,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_preempt_args(p)
     add_rope_args(p)
     return p
-
-
-def add_rope_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("rope scaling (default: the model file's)")
-    g.add_argument("--rope-scaling", choices=ROPE_KINDS, help="none, linear (position interpolation) or yarn")
-    g.add_argument("--rope-scale", type=float, metavar="N", help="the context's scaling factor: the rotation "
-                                                                 "frequencies are divided by N")
-    g.add_argument("--rope-freq-base", type=float, metavar="N", help="RoPE's base frequency")
-    g.add_argument("--yarn-orig-ctx", type=int, metavar="N", help="YaRN: the context the model was trained at")
-
-
-def rope_from_args(a: argparse.Namespace) -> RopeOverride:
-    return RopeOverride(a.rope_scaling, a.rope_scale, a.rope_freq_base, a.yarn_orig_ctx)
 
 
 def add_slots_arg(p: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from engine.loop.park_policy import ParkPolicy
-from engine.model.rope import RopeOverride
+from engine.modelfile.rope_config import RopeOverride
 
 # prompt tokens per chunk when --chunk is not given, by device: a chunk is also how long a newcomer
 # may wait behind a read that parks for it (bench/HISTORY.md, "The default chunk")
@@ -32,7 +32,7 @@ class EngineConfig:
     cache_ram_gib: float | None = None  # the host tier for evicted prefix blocks (None: engine/kvcache/sizing.py's default)
     prompt_reuse: bool = True  # the prefix cache: a prompt that starts as an earlier one reads only the rest
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
-    rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/model/rope.py)
+    rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/modelfile/rope_config.py)
     kv_type: str = "auto"  # the cache's element type (engine/core/kv_types.py)
     tp: int = 1  # tensor-parallel ranks, one process each (engine/parallel/tp_workers.py)
 

@@ -9,14 +9,15 @@ from dataclasses import replace
 from engine.model.backend import select_backend
 from engine.config import EngineConfig
 from engine.modelfile.gguf_file import GGUFFile, GGUFFormatError
-from engine.modelfile.gguf_model import ModelLoadError, load_model
+from engine.modelfile.model_config import ModelLoadError
+from engine.model.weights import load_model
 from engine.loop.loop import run_loop
 from engine.kvcache.sizing import plan_context
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
 from engine.runner.runner import ModelRunner
 from engine.parallel.tp_workers import TensorParallelRunner, WorkerSpec
-from engine.runner.grammar_mask import GrammarTokenizer
+from engine.modelfile.grammar_tokenizer import GrammarTokenizer
 from engine.core.kv_types import check_kv_type
 from engine.modelfile.tokenizer import GGUFTokenizer
 

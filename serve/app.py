@@ -11,7 +11,7 @@ from serve.config import ServerSettings
 from serve.http.errors import install_error_handlers
 from serve.http.host_check import HostCheck, allowed_host_names
 from serve.http.origin_check import OriginCheck
-from serve.http.page import include_page
+from serve.http.web_page import include_page
 from serve.api.prompt_fit import PromptFit
 from serve.http.routes import include_routes
 from serve.state import ServerState

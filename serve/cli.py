@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import uvicorn
 
-from engine.cli import add_rope_args, rope_from_args
+from engine.modelfile.rope_config import add_rope_args, rope_from_args
 from engine.config import WEIGHT_FORMS
 from engine.core.kv_types import KV_TYPES
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
@@ -170,7 +170,7 @@ def run(argv: list[str] | None) -> int:
 
 
 def serve_app(args: argparse.Namespace, settings: ServerSettings, launched: list) -> int:
-    from engine.modelfile.gguf_model import ModelLoadError
+    from engine.modelfile.model_config import ModelLoadError
     from engine.modelfile.tokenizer import load_tokenizer_and_ctx
     from serve.app import create_app
     from serve.api.sampling_defaults import sampling_defaults

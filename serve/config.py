@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.model.rope import RopeOverride
+from engine.modelfile.rope_config import RopeOverride
 from serve.api.sampling_defaults import LLAMA_CPP
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from engine.runner.grammar_mask import GrammarTokenizer
+from engine.modelfile.grammar_tokenizer import GrammarTokenizer
 from serve.config import ServerSettings
 from serve.engine_proc.engine_client import EngineClient, EngineState
 from serve.scheduling.engine_router import EngineRouter

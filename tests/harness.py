@@ -6,7 +6,7 @@ fixture left behind can be found and ended: `sweep()` at the session's end and a
 pytest-xdist each worker is a session of its own: its id is the run's with "/<worker>" added, so
 that a worker's sweep ends only its own processes, and the controller's (the whole run's id, a
 prefix of every worker's) ends all of them. A server is started in its own process group and asks
-the kernel for SIGTERM when the test process dies (engine/core/lifetime.py), which covers a
+the kernel for SIGTERM when the test process dies (engine/core/parent_death.py), which covers a
 pytest killed outright.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.core.lifetime import die_with_parent  # noqa: F401 - the servers' preexec_fn, and tests'
+from engine.core.parent_death import die_with_parent  # noqa: F401 - the servers' preexec_fn, and tests'
 from protocol.pipe_client import EnginePipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ def remake_fixture_models(folder: Path, fixture: dict, tool: str) -> dict[str, P
     paths = {}
     for name, spec in fixture.items():
         path = folder / f"{name}.gguf"
-        subprocess.run([PY, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), *spec["args"]], check=True,
+        subprocess.run([PY, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), *spec["args"]], check=True,
                        capture_output=True)
         assert hashlib.sha256(path.read_bytes()).hexdigest() == spec["sha256"], (
             f"{name}: the synthetic GGUF differs from the fixture's; remake it ({tool})")

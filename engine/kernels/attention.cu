@@ -8,7 +8,7 @@
 // K/V head are packed into the rows of one tile (row r = token r / group, head r % group), so a
 // K/V tile is loaded once for all of them. Scores live in registers only; one pass over K/V.
 //
-// Measured on an H200 (tools/gpu_kernels_check.py): 145-153 TFLOP/s on a 2048-token chunk with no
+// Measured on an H200 (tools/device/gpu_kernels_check.py): 145-153 TFLOP/s on a 2048-token chunk with no
 // prefix, 215-227 at depths of 14K-63K: about 30% of the 720-758 cuBLAS reaches on the same card
 // (mma.sync; a wgmma/TMA kernel is what would close the gap).
 //

@@ -24,7 +24,7 @@
 // share of the outputs). Every addition is the matvec's addition
 // of the same two values (a + b and b + a are the same float), so each output has the matvec's bits;
 // nothing depends on nb, NT, MMQ_WARPS, MMQ_MT, MMQ_STAGES or the rows beside it. NumPy reference:
-// dequantize(W) @ quantize_q8(x); the matvec itself (tools/mmq_check.py).
+// dequantize(W) @ quantize_q8(x); the matvec itself (tools/device/mmq_check.py).
 //
 // The bytes: a slab of a tile's weight rows (each row's 32 units are contiguous: 4 K-quant
 // super-blocks, or 32 blocks) and of its x rows (32 Q8 units each) are copied into shared memory by

@@ -19,7 +19,7 @@
 // (B). The k slots of the two mmas are a permutation of the chunk's 32 positions (slots 2c, 2c+1,
 // 2c+8, 2c+9 of the first mma are halves 8c .. 8c + 3, of the second 8c + 4 .. 8c + 7), the same
 // for A and B, so each mma sums the products of matching positions: a dot product in a fixed order.
-// NumPy reference: x @ W.T (tools/gpu_kernels_check.py).
+// NumPy reference: x @ W.T (tools/device/gpu_kernels_check.py).
 #include "mma.cuh"
 #include "pdl.cuh"
 
@@ -27,7 +27,7 @@
 #define MMV_WARPS 4  // MMV_THREADS / 32 in engine/kernels/matvec_launch.py
 #endif
 #ifndef MMV_UNROLL
-#define MMV_UNROLL 8  // chunks a warp has in flight (tools/mmv_check.py times the choices)
+#define MMV_UNROLL 8  // chunks a warp has in flight (tools/device/mmv_check.py times the choices)
 #endif
 
 __device__ __forceinline__ void store_out(float* y, size_t i, float v) { y[i] = v; }
@@ -42,7 +42,7 @@ __host__ __device__ constexpr int mmv_unroll() { return NT >= 8 ? 2 : NT >= 4 ? 
 #define MMV_PREFETCH 2048  // bytes of each weight row a block asks L2 for before it waits for x (pdl.cuh)
 #endif
 #ifndef MMV_WIDE_G
-#define MMV_WIDE_G 2  // 16-row tiles of W a block takes at 4 and 8 n-tiles: a knob for tools/mmv_check.py
+#define MMV_WIDE_G 2  // 16-row tiles of W a block takes at 4 and 8 n-tiles: a knob for tools/device/mmv_check.py
 #endif
 // Tiles of 16 weight rows a block (and each of its warps) takes: a wide batch's x fragments, loaded
 // once per chunk, serve G tiles (half the x traffic from L2 at G = 2); a narrow one keeps one tile

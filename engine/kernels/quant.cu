@@ -13,7 +13,7 @@
 //                                             the same for one row of x against two stacked parts of
 //                                              types TA and TB in one launch
 // (fp16 weights against a decode batch: mmv.cu, on the tensor cores)
-// NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/gpu_kernels_check.py).
+// NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/device/gpu_kernels_check.py).
 #include "blocks.cuh"
 #include "matvec.cuh"
 #include "parts.cuh"
@@ -29,7 +29,7 @@
 #define MV_WIDE_FROM 8  // a launch of more rows of x than this ...
 #endif
 #ifndef MV_WIDE_ROWS
-#define MV_WIDE_ROWS MV_ROWS  // ... gives each warp this many weight rows: a knob for tools/matvec_wide_times.py
+#define MV_WIDE_ROWS MV_ROWS  // ... gives each warp this many weight rows: a knob for tools/profiling/matvec_wide_times.py
 #endif                        // (4 and 8 were slower on the 8B shapes' big matrices); the launcher assumes MV_ROWS
 
 // One thread per unit: out row r = source row ids[r] (or r), values [32 s, 32 s + 32).

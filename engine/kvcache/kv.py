@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.model.backend import Backend
-from engine.modelfile.gguf_model import ModelConfig
+from engine.modelfile.model_config import ModelConfig
 from engine.core.kv_types import Q8Array, resolve
 
 DEFAULT_BLOCK = 64  # positions per block (engine/cli.py --kv-block; bench/HISTORY.md says why)

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from engine.model.backend import Backend
-from engine.modelfile.gguf_model import ModelConfig, ModelLoadError
+from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.kvcache.kv import kv_row_bytes
 from engine.core.kv_types import resolve
 

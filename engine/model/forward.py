@@ -10,7 +10,8 @@ import numpy as np
 
 from engine.model.backend import Backend
 from engine.core.step import Step
-from engine.modelfile.gguf_model import ModelConfig, Weights
+from engine.modelfile.model_config import ModelConfig
+from engine.model.weights import Weights
 from engine.kvcache.kv import KVCache, SequenceRows
 from engine.loop.park_policy import chunk_end
 from engine.model.rope import frequencies

@@ -13,7 +13,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from engine.modelfile.gguf_file import GGUFFile
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from engine.modelfile.gguf_model import ModelLoadError, field_value, read_config
+from engine.modelfile.model_config import ModelLoadError, field_value, read_config
 
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED_TOKEN_TYPE = 4

@@ -11,7 +11,7 @@ give partial sums that one all-reduce per projection adds up.
 Each rank is a LlamaModel over a shard's config and weights with `reduce` set (engine/model/forward.py
 calls it on both partials) and its own KV cache of its K/V heads. `ThreadGroup` runs the ranks of
 one process in threads and adds their partials in rank order, the same sum on every rank: the CPU
-and one-GPU check of the split against the whole model (tests/engine/test_tensor_parallel.py).
+and one-GPU check of the split against the whole model (tests/engine/parallel/test_tensor_parallel.py).
 Across processes (engine/parallel/tp_workers.py, `strata --tp N`) the same hook sends the partials over
 pipes; across GPUs it would be an NCCL all-reduce, one process per GPU (issue 26: not yet run)."""
 from __future__ import annotations
@@ -22,7 +22,8 @@ from dataclasses import replace
 import numpy as np
 
 from engine.model.backend import Backend
-from engine.modelfile.gguf_model import ModelConfig, ModelLoadError, Weights, reserve_expansion, shard_config, shard_range
+from engine.modelfile.model_config import ModelConfig, ModelLoadError
+from engine.model.weights import Weights, reserve_expansion, shard_config, shard_range
 from engine.kvcache.kv import KVCache
 from engine.core.kv_types import array_module
 from engine.model.forward import LlamaModel

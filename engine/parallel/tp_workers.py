@@ -1,5 +1,5 @@
 """Tensor parallelism across processes: the engine process is rank 0 and starts one worker process
-per other rank. Each rank loads only its shard of the model (gguf_model.load_model(shard=...)) and
+per other rank. Each rank loads only its shard of the model (engine/model/weights.py load_model(shard=...)) and
 keeps the K/V rows of its own heads in a pool of the same blocks as rank 0's, so a block table means
 the same on every rank. Rank 0's runner (TensorParallelRunner) does what ModelRunner does and sends
 each operation that touches the model or the cache to the workers first, over a pipe each, so that
@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from engine.kvcache.kv import KVCache, KVSnapshot
-from engine.core.lifetime import die_with_parent
+from engine.core.parent_death import die_with_parent
 from engine.runner.runner import ModelRunner
 from engine.parallel.tensor_parallel import rank_sum
 
@@ -97,7 +97,7 @@ def worker_main(rank: int, world: int, conn) -> None:
     try:
         spec: WorkerSpec = conn.recv()
         from engine.model.backend import select_backend
-        from engine.modelfile.gguf_model import load_model
+        from engine.model.weights import load_model
         from engine.model.forward import LlamaModel
 
         backend = select_backend(spec.device)

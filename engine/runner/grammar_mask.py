@@ -13,32 +13,15 @@ import numpy as np
 import llguidance
 import llguidance.numpy as llnp
 
+from engine.modelfile.grammar_tokenizer import GrammarTokenizer
 from engine.runner.sampler import allowed_tokens
-
-
-class GrammarTokenizer:
-    """llguidance's view of the model's tokenizer, built once on first use (~0.3 s for a 49K
-    vocabulary) from the tokenizers.Tokenizer the GGUF's vocabulary and merges make."""
-
-    def __init__(self, tokenizer, vocab_size: int):
-        self.source, self.vocab_size = tokenizer, vocab_size
-        self._built = None
-
-    @property
-    def lltokenizer(self):
-        if self._built is None:
-            tk = self.source
-            self._built = llguidance.LLTokenizer(tk.tk.to_str(), n_vocab=self.vocab_size, eos_token=tk.special.eos)
-        return self._built
-
-    def constraint(self, grammar: str) -> "Constraint":
-        return Constraint(self.lltokenizer, grammar, self.vocab_size)
 
 
 class Constraint:
     """One request's grammar state: restrict(logits) before each pick, accept(token) after it."""
 
-    def __init__(self, lltokenizer, grammar: str, vocab_size: int):
+    def __init__(self, grammars: GrammarTokenizer, grammar: str):
+        lltokenizer, vocab_size = grammars.lltokenizer, grammars.vocab_size
         self.matcher = llguidance.LLMatcher(lltokenizer, grammar)
         if self.matcher.is_error():
             raise ValueError(f"grammar: {self.matcher.get_error()}")

@@ -10,9 +10,11 @@ import numpy as np
 from engine import __version__
 from engine.model.backend import Backend
 from engine.runner.decode_graph import GraphDecoder
+from engine.runner.grammar_mask import Constraint
 from engine.runner.sampling_graph import DrawGraphs
 from engine.runner.graph_pool import GraphMemoryError
-from engine.modelfile.gguf_model import ModelConfig, Weights
+from engine.modelfile.model_config import ModelConfig
+from engine.model.weights import Weights
 from engine.kvcache.block_pool import BlockPool
 from engine.kvcache.host_tier import HostTier
 from engine.kvcache.kv import KVCache, KVSnapshot
@@ -42,7 +44,7 @@ class ModelRunner:
         self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.blocks - 1) if graphs else None
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
-        self.grammars = None  # engine/runner/grammar_mask.py GrammarTokenizer, set once the tokenizer is read
+        self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
 
     def info(self) -> dict[str, str]:
         return {"model": self.cfg.name, "path": self.model_path, "arch": self.cfg.arch,
@@ -93,7 +95,7 @@ class ModelRunner:
         if self.grammars is None:
             raise ValueError("this engine has no tokenizer for grammars")
         try:
-            return self.grammars.constraint(grammar)
+            return Constraint(self.grammars, grammar)
         except Exception as e:  # whatever llguidance raises on a grammar it cannot take: an ERR, not a crash
             raise ValueError(f"grammar: {e}") from None
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from engine.model.backend import cpu_backend
-from engine.modelfile.gguf_model import load_model
+from engine.model.weights import load_model
 from engine.kvcache.kv import KVCache
 from engine.model.forward import LlamaModel
 

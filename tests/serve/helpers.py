@@ -76,7 +76,7 @@ def make_thinking_model(folder: Path) -> Path:
     """A tiny model file whose chat template is Qwen3's, a thinking model's (the server reads its
     tokenizer and template; a mock engine answers)."""
     path = folder / "qwen3-tiny.gguf"
-    subprocess.run([sys.executable, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), "--arch", "qwen3",
+    subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--arch", "qwen3",
                     "--layers", "1", "--dim", "64", "--ffn", "64", "--heads", "1", "--kv-heads", "1", "--ctx", "512",
                     "--type", "F32", "--chat-template", str(ROOT / "tests/fixtures/templates/Qwen-Qwen3-0.6B.jinja")],
                    check=True, capture_output=True)

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from engine.model.backend import cpu_backend
-from engine.modelfile.gguf_model import load_model
+from engine.model.weights import load_model
 from engine.kvcache.kv import KVCache
 from engine.model.forward import LlamaModel
 from engine.modelfile.tokenizer import load_tokenizer
@@ -22,7 +22,7 @@ PROMPT = [9745, 198, 378, 28518, 216, 260, 216, 3201, 9649, 4521, 17, 99]
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("moe") / "qwen3moe-tiny.gguf"
-    subprocess.run([sys.executable, str(ROOT / "tools/make_synthetic_gguf.py"), str(path), "--arch", "qwen3moe",
+    subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--arch", "qwen3moe",
                     "--layers", "2", "--dim", "128", "--heads", "4", "--kv-heads", "2", "--head-dim", "64",
                     "--experts", "8", "--experts-used", "2", "--expert-ffn", "64", "--ctx", "512", "--type", "Q8_0",
                     "--seed", "5", "--chat-template", str(ROOT / "tests/fixtures/templates/Qwen-Qwen3-0.6B.jinja")],

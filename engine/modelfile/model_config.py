@@ -1,0 +1,114 @@
+"""A GGUF's model: its architecture's shapes and settings read from the file's metadata, validated
+(ModelConfig), and the error a file that cannot be served raises. Everything here reads the file's header
+only (engine/modelfile/gguf_file.py); the weights are read by engine/model/weights.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.modelfile.gguf_file import GGUFFile
+from engine.modelfile.rope_config import RopeScaling
+from engine.modelfile.rope_config import from_gguf as rope_from_gguf
+
+# What differs between the supported families, as the forward pass reads it from ModelConfig:
+#   llama     Q/K rows stored with RoPE pairs adjacent (llama.cpp's "normal" RoPE), reordered at load
+#   qwen2     bias on Q, K and V; RoPE on halves (NEOX) as stored
+#   qwen3     RMSNorm per head on Q and K, no bias; head width from attention.key_length
+#   qwen3moe  qwen3's attention; a routed mixture of experts in place of the feed-forward
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
+MAX_DEFAULT_CTX = 8192  # without --ctx, the model's trained context, capped here (KV memory)
+
+class ModelLoadError(RuntimeError):
+    """The file cannot be served: unsupported architecture, tensor type, or missing tensor."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    name: str
+    n_layers: int
+    dim: int
+    ffn_dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+    rope_base: float
+    norm_eps: float
+    qkv_bias: bool = False  # qwen2: Q, K and V projections carry a bias
+    qk_norm: bool = False  # qwen3: RMSNorm over each head of Q and K before RoPE
+    rope_pairs_adjacent: bool = True  # llama's files: Q/K rows reordered at load so RoPE rotates halves
+    n_experts: int = 0  # qwen3moe: experts per layer (0: a dense feed-forward)
+    n_experts_used: int = 0  # experts each token is routed to
+    expert_ffn_dim: int = 0
+    expert_weights_norm: bool = False  # the chosen experts' weights rescaled to sum to 1
+    rope: RopeScaling = RopeScaling()  # long-context scaling of the rotation (engine/modelfile/rope_config.py)
+
+    def __post_init__(self):
+        if self.arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(f"unsupported architecture {self.arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        if self.n_heads % self.n_kv_heads or self.head_dim % 2:
+            raise ModelLoadError(f"inconsistent head shapes: dim={self.dim} heads={self.n_heads} "
+                                 f"kv_heads={self.n_kv_heads} head_dim={self.head_dim}")
+        if self.n_experts and not 0 < self.n_experts_used <= self.n_experts:
+            raise ModelLoadError(f"{self.n_experts_used} experts used of {self.n_experts}")
+
+    @property
+    def max_context(self) -> int:
+        """The context the model serves: its trained one, or what linear / YaRN scaling stretches
+        the original to (Qwen2.5's files say 32,768 and scale it 4x)."""
+        if self.rope.kind != "none" and self.rope.scale > 1:
+            return max(self.context_length, int(self.rope.original_ctx * self.rope.scale))
+        return self.context_length
+
+    @property
+    def default_ctx(self) -> int:
+        return min(self.max_context, MAX_DEFAULT_CTX)
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the attention's query (and output projection input): heads x head width, which
+        need not be the model width (Qwen3-30B-A3B: 32 x 128 over 2048)."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
+def field_value(reader: GGUFFile, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def read_config(reader: GGUFFile) -> ModelConfig:
+    arch = field_value(reader, "general.architecture", "?")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    g = lambda k, d=None: field_value(reader, f"{arch}.{k}", d)  # noqa: E731
+    n_heads = int(g("attention.head_count"))
+    dim = int(g("embedding_length"))
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    head_dim = int(g("attention.key_length", g("rope.dimension_count", dim // n_heads)))
+    moe = arch == "qwen3moe"
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    context = int(g("context_length"))
+    try:
+        rope = rope_from_gguf(g, None if freqs is None else np.asarray(freqs.data, dtype=np.float32).reshape(-1), context)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+    return ModelConfig(
+        arch=arch, name=str(field_value(reader, "general.name", "unnamed")),
+        n_layers=int(g("block_count")), dim=dim, ffn_dim=int(g("feed_forward_length", 0)),
+        n_heads=n_heads, n_kv_heads=int(g("attention.head_count_kv", n_heads)),
+        head_dim=head_dim, vocab_size=int(g("vocab_size", vocab)),
+        context_length=context, rope_base=float(g("rope.freq_base", 10000.0)),
+        norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
+        qkv_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "qwen3moe"), rope_pairs_adjacent=arch == "llama",
+        n_experts=int(g("expert_count", 0)) if moe else 0, n_experts_used=int(g("expert_used_count", 0)) if moe else 0,
+        expert_ffn_dim=int(g("expert_feed_forward_length", 0)) if moe else 0,
+        expert_weights_norm=bool(g("expert_weights_norm", True)) if moe else False,
+        rope=rope,
+    )

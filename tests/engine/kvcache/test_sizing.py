@@ -1,0 +1,96 @@
+"""The memory plan: on a GPU the pool of KV blocks takes what the weights leave, park snapshots go
+to host memory; a --ctx or --kv-tokens that does not fit is refused with the numbers. (A stand-in
+device reports its memory.)"""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from engine.modelfile.model_config import ModelConfig, ModelLoadError
+from engine.kvcache import sizing as memory
+from engine.kvcache.sizing import CPU_POOL_CONTEXTS, DEFAULT_SNAPSHOT_BYTES, plan_context
+
+GiB = 2**30
+LLAMA3_8B = ModelConfig(arch="llama", name="8b", n_layers=32, dim=4096, ffn_dim=14336, n_heads=32, n_kv_heads=8,
+                        head_dim=128, vocab_size=128256, context_length=131072, rope_base=5e5, norm_eps=1e-5)
+
+
+def device(free_gib: float, weights_gib: float = 15.0):
+    pool = SimpleNamespace(used_bytes=lambda: int(weights_gib * GiB))
+    return SimpleNamespace(weight_dtype=np.float16, free_bytes=lambda: int(free_gib * GiB),
+                           xp=SimpleNamespace(get_default_memory_pool=lambda: pool))
+
+
+@pytest.fixture(autouse=True)
+def host_with_256_gib(monkeypatch):
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 256 * GiB)
+
+
+def test_a_large_gpu_pools_what_the_weights_leave_and_a_request_may_hold_the_trained_context():
+    plan = plan_context(LLAMA3_8B, device(120), None, 2048, None)
+    assert plan.ctx == 131072 and plan.block == 64
+    room = 120 * GiB - memory.scratch_bytes(LLAMA3_8B, 2048) - memory.RESERVE_BYTES
+    assert plan.kv_bytes == room // (128 * 1024 * 64) * 64 * 128 * 1024  # whole blocks of 128 KiB a position
+    assert plan.tokens > 6 * 131072  # many requests share it: nothing is reserved per request
+    assert plan.snapshot_bytes == 131072 * 128 * 1024  # in host memory: any read can park
+    assert plan.info()["weights_mib"] == "15360"
+
+
+def test_a_smaller_gpu_caps_a_request_at_the_pool():
+    plan = plan_context(LLAMA3_8B, device(10), None, 2048, None)
+    assert plan.ctx < 131072 and plan.ctx <= plan.tokens and plan.kv_bytes < 9 * GiB
+
+
+def test_a_ctx_or_pool_that_does_not_fit_is_refused_with_the_numbers():
+    with pytest.raises(ModelLoadError, match="--ctx 131072 is larger than the KV pool that fits"):
+        plan_context(LLAMA3_8B, device(10), 131072, 2048, None)
+    with pytest.raises(ModelLoadError) as e:
+        plan_context(LLAMA3_8B, device(10), None, 2048, None, pool_tokens=131072)
+    message = str(e.value)
+    assert "--kv-tokens 131072 does not fit" in message and "16.0 GiB" in message and "10.0 GiB are free" in message
+    assert "at most --kv-tokens" in message
+    assert plan_context(LLAMA3_8B, device(40), None, 2048, None, pool_tokens=8192).tokens == 8192
+
+
+def test_an_explicit_snapshot_budget_is_kept_and_the_default_is_capped_by_host_memory(monkeypatch):
+    plan = plan_context(LLAMA3_8B, device(40), None, 2048, 4 * GiB)
+    assert plan.snapshot_bytes == 4 * GiB and plan.ctx == 131072
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 8 * GiB)
+    assert plan_context(LLAMA3_8B, device(40), None, 2048, None).snapshot_bytes == 4 * GiB
+
+
+def test_on_the_cpu_the_context_is_the_models_capped_and_snapshots_get_two_gib():
+    cpu = SimpleNamespace(weight_dtype=np.float32, free_bytes=lambda: None)
+    plan = plan_context(LLAMA3_8B, cpu, None, 256, None)
+    assert plan.ctx == 8192 and plan.snapshot_bytes == DEFAULT_SNAPSHOT_BYTES
+    assert plan.tokens == CPU_POOL_CONTEXTS * 8192
+    assert plan_context(LLAMA3_8B, cpu, 20000, 256, None).ctx == 20000
+    with pytest.raises(ModelLoadError, match="larger than the KV pool"):
+        plan_context(LLAMA3_8B, cpu, 20000, 256, None, pool_tokens=1024)
+
+
+def test_the_host_tier_gets_eight_gib_beside_a_gpu_a_quarter_of_a_small_host_and_none_on_the_cpu(monkeypatch):
+    assert plan_context(LLAMA3_8B, device(40), None, 2048, None).cache_ram_bytes == 8 * GiB
+    assert plan_context(LLAMA3_8B, device(40), None, 2048, None, cache_ram_bytes=GiB).cache_ram_bytes == GiB
+    cpu = SimpleNamespace(weight_dtype=np.float32, free_bytes=lambda: None)
+    assert plan_context(LLAMA3_8B, cpu, None, 256, None).cache_ram_bytes == 0
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 16 * GiB)
+    assert plan_context(LLAMA3_8B, device(40), None, 2048, None).cache_ram_bytes == 4 * GiB
+
+
+def test_an_8_bit_cache_on_an_h200_plans_a_million_token_request():
+    """The issue's plan: the 8B shape's weights (4.6 GiB in Q4_K_M) on an H200 (about 134 GiB free
+    after them), --kv-type q8_0 and --ctx 1048576. The pool takes 68 KiB a position (0.53x fp16's
+    128 KiB) and beside it the fp16 rows a prompt chunk's attention reads widened: one layer's K and
+    V of the longest request (4 GiB at 1M)."""
+    h200 = device(134.5, weights_gib=4.6)
+    plan = plan_context(LLAMA3_8B, h200, 1 << 20, 2048, None, kv_type="q8_0")
+    assert plan.ctx == 1 << 20 and plan.tokens >= 1 << 20
+    assert plan.kv_bytes // plan.tokens == 32 * 2 * 8 * 128 * 34 // 32  # 69,632 bytes a position
+    widened = (1 << 20) * 2 * 8 * 128 * 2
+    room = int(134.5 * GiB) - memory.scratch_bytes(LLAMA3_8B, 2048) - widened - memory.RESERVE_BYTES
+    assert plan.tokens == room // (69632 * 64) * 64
+    smaller = device(90, weights_gib=4.6)  # where 1M positions of fp16 (128 GiB) cannot fit, q8_0's 68 GiB do
+    assert plan_context(LLAMA3_8B, smaller, 1 << 20, 2048, None, kv_type="q8_0").ctx == 1 << 20
+    with pytest.raises(ModelLoadError, match="larger than the KV pool that fits"):
+        plan_context(LLAMA3_8B, smaller, 1 << 20, 2048, None, kv_type="f16")

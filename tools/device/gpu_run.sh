@@ -1,0 +1,562 @@
+#!/usr/bin/env bash
+# The GPU runs of this project, on the device machine (see /work/.library/device): one call runs the
+# steps named on the command line, in order, and leaves results under $OUT.
+#
+#   bash tools/device/gpu_run.sh kernels synth bench parity hol real
+#
+# kernels  tools/device/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention speed
+# sm90     the wgmma prompt attention (attention_sm90.cu) against NumPy alone (fast); on failure, again with
+#          V's descriptor offsets swapped (V_LBO_IS_PANEL=0)
+# longread bench/engine_bench.py prompt reads of 65,536 and 131,072 tokens, 8B shape in Q4_K_M, chunk 2048,
+#          with STRATA_PROMPT_ATTENTION=sm90 and =mma (KINDS, SIZES override) -> $OUT/long_read.json
+# profile  tools/profiling/gpu_profile_decode.py: one decode-graph replay of the 8B shape in Q4_K_M (and PROFILE_MODELS) under
+#          ncu, each kernel's time and DRAM bytes against the replay's time -> $OUT/decode_profile.json;
+#          PROFILE_ROWS="1 16 64" profiles batch steps too
+# mmqround a change to mmq.cu in one call: tools/device/mmq_check.py (every kind bit for bit, Q4_K and Q6_K times), the 8B
+#          step's profile at 64 rows, pdl_check (logits, greedy = eager), one request at 512, 16 and 64 requests
+# detail   ncu's full sections (warp stalls, pipes, the SASS with its samples) for the kernels matching DETAIL_RE
+#          (mmq) of the 8B Q4_K_M step at DETAIL_ROWS (64) rows -> $OUT/detail_<rows>rows_{details,source}.txt, and
+#          tools/profiling/ncu_source_summary.py's instructions and stalls by opcode and code region -> _summary.txt
+# decode   issue 23's round in one call (about 6 minutes once the 8B file exists): the kernel checks a decode
+#          step's kernels have (weights, norm_rope, attention, fused_q8), the paged batch checks (135M shape),
+#          tools/device/pdl_check.py on the 8B, 135M and 4-layer MoE shapes (same bits, greedy = eager, replay times),
+#          the 8B step's profile at 1 and 64 rows, bench/engine_bench.py decode at 512 and 32K context, and
+#          aggregate decode at 1, 16, 64 requests; each part under its own time limit
+# attn32k  the 8B Q4_K_M step at 32,768 context, f16 and q8_0 cache, under ncu, and flash decoding's full sections
+#          (stalls, SASS) with each -> $OUT/decode_profile_32k.json, $OUT/<kv>/detail_1rows_*.txt (and $OUT/f16_512/)
+# a3b      issue 23's MoE figures in one call (Qwen3-30B-A3B shape, Q4_K_M): decode at 512 context, the step's
+#          kernels under ncu, aggregate decode at 1, 16, 64 requests
+# long32k  issue 23's 32K target: the 8B shape in Q4_K_M decoding at 512 and 32,768 context, with the f16 and the
+#          q8_0 cache -> $OUT/engine_gpu_32k.json
+# moedecode a MoE decode step's rows in one launch per kernel (issue 23): the moe kernel checks (a batch's rows
+#          equal to each row alone, bit for bit) and times, tools/device/pdl_check.py and aggregate decode at 1-64 requests
+#          on the 4-layer MoE shape; with .device/base/engine (`git archive REV engine | tar -x -C .device/base`)
+#          the same aggregate decode on that engine, for a before/after in one call
+# times    tools/profiling/decode_kernel_times.py: each decode kernel's GPU time per launch
+# grammar  tools/device/gpu_grammar_check.py: constrained decoding (regex, JSON schema) on the GPU
+# grammarcost bench/grammar_bench.py --gpu: the mask per token with the logits on the GPU (masked there: the mask goes to the device)
+# moetimes tools/profiling/moe_decode_times.py: each kernel of a Qwen3-30B-A3B decode step, GPU time per launch
+# families tools/device/gpu_families_check.py: qwen2, qwen3, qwen3moe and rope scaling on the GPU against the
+#          reference fixtures; needs .device/smol_tok.gguf, the default model's tokenizer alone (1.7 MB:
+#          tools/fixtures/make_synthetic_gguf.py OUT --vocab-only), for the fixtures' synthetic files to come out the same
+# synth    synthetic GGUFs in /tmp/m: the Llama-3-8B shape (F16) and the SmolLM2-135M shape (Q4_1)
+# small    bench/engine_bench.py on the 135M shape -> $OUT/engine_gpu.json (load, prefill, decode, profile)
+# bench    the same on the 8B F16 shape
+# synthq   the Llama-3-8B shape in Q4_K_M (Q4_K, with Q6_K for attn_v, ffn_down and the head)
+# benchq   bench/engine_bench.py on it, quantized weights and --weights fp16 -> $OUT/engine_gpu.json
+# big      the Llama-3-70B shape in Q4_K_M (~45 GB, made in /tmp/m after the others are removed):
+#          load on one H200 and decode -> $OUT/engine_gpu.json
+# paged    the KV pool on the GPU, 135M shape: park/resume parity (tools/checks/prefill_preempt_test.py), a prefix
+#          reused from another request equal to a cold read, batches equal to solo runs; KV_TYPE=q8_0 runs
+#          them on the 8-bit cache (results named _q8_0)
+# long     tools/checks/long_context_run.py on the 8B shape in Q4_K_M with --kv-type q8_0: the 1M-token plan, a
+#          262,144-token request read, parked half-way and resumed (parity), decode at that depth
+# prefetch flash-decoding's DEC_PREFETCH variants side by side (tools/device/gpu_kernels_check.py --block-sweep 64
+#          --define DEC_PREFETCH=0|1, twice each), after the kernel checks of the default (no timings)
+# depth    decode at a 131,072-token context beside 512, f16 and q8_0 caches (tools/checks/long_context_run.py --no-park)
+# startup  bench/startup_time.py: the server as a user starts it on the 8B shape in Q4_K_M, to /health 200, 3 times
+# startupq the same on the Qwen3-8B shape in Q4_K_M with Qwen2.5's 151,665-token vocabulary; needs
+#          .device/qwen_tok.gguf (tools/fixtures/make_synthetic_gguf.py OUT --preset qwen3-8b --vocab-only --tokenizer
+#          the Qwen2.5-Coder fixture)
+# longhttp_strata  bench/long_read_http.py: a 97,000- and a 130,000-token request through HTTP to
+#          `python3 -m serve --model FILE` (8B shape, Q4_K_M) -> $OUT/long_read_http_strata.json
+# longhttp_llama   the same to `llama-server -m FILE -ngl 99 -fa on -c 132000` (built first, as peers_build)
+# tp       tools/checks/tp_check.py: tensor parallel's split (2 ranks, one process) against the whole 8B Q4_K_M model
+#          on one GPU: logits and greedy tokens (issue 26's check before two GPUs are lent)
+# chunkbench bench/chunk_default_bench.py on the 8B shape in Q4_K_M: the server as a user starts it per
+#          --chunk (256..4096), a 97K-token request's time, a newcomer's wait behind a 32K read, start-up
+# parity   tools/checks/prefill_preempt_test.py --device gpu on the 8B shape
+# parityq  the same on the 8B shape in Q4_K_M (with the read beside three decoders, pausing per layer)
+# hol      bench/prefill_preempt_bench.py on the 8B shape, A = 46,832 tokens, B 2 s in
+# moe      a 4-layer qwen3moe of Qwen3-30B-A3B's layer shape (Q4_K_M): park/resume parity on the GPU
+# bench8q  the Llama-3-8B and Qwen3-8B shapes in Q4_K_M side by side (bench/engine_bench.py: prompt
+#          reads at 4,096 and 16,384 tokens, decode at 512 and 16K context)
+# bencha3b the same on the Qwen3-30B-A3B shape in Q4_K_M
+# batch    bench/batch_decode_bench.py: aggregate decode at 1, 2, 4, 8, 16 requests in slots, and each
+#          request's tokens equal to its solo run's (batch invariance), on the 135M shape (Q4_1) and
+#          the Llama-3-8B shape in F16 and Q4_K_M -> $OUT/batch_decode_gpu.json
+# mmv      tools/device/mmv_check.py: the tensor-core fp16 matvec against NumPy, batch invariance, its time
+# mmq      tools/device/mmq_check.py: the int8 tensor-core quantized matvec: every row equal to the dp4a matvec's
+#          row alone (bit for bit), NumPy, its time beside the dp4a kernels at 1-64 rows, the block's knobs
+# batchf16 the batch step on the 8B F16 shape only (batchq: on the Q4_K_M one); BATCHES=1,4,16,64 sets the sizes
+# wide     tools/profiling/matvec_wide_times.py: quantized launches of 16 rows with 2, 4, 8 weight rows a warp
+# agent    bench/agent_reuse_bench.py on the 8B shape (Q4_K_M): a 10-turn conversation growing to 16K
+#          tokens, time to first token with prompt reuse and without -> $OUT/agent_reuse_gpu.json
+# mixed    bench/mixed_load_bench.py on the 8B shape (Q4_K_M): A reads 46,832 tokens while 4 clients
+#          decode, B (short) arrives 2 s in -> $OUT/mixed_load_gpu.json
+# real     the real default model: tools/device/gpu_check.py and parity. The model (94 MiB) is larger than
+#          one call may carry (64 MiB): an earlier call on the same warm machine carries
+#          .device/part00 (`split -n 2 -d MODEL .device/part`) and runs `bash tools/device/gpu_run.sh
+#          stash`; the call with `real` carries .device/part01.
+# peers_strata  issue 21's table through HTTP (bench/pool_bench.py: B beside A and 4/16/64 decoders, 64
+#          clients at once, 16 sub-agents sharing a 5.9K-token system prompt, KV held by finished
+#          conversations) against Strata started as a user starts it (`python3 -m serve --model FILE`) on
+#          the Llama-3-8B shape in Q4_K_M with the Llama-3.1 chat template -> $OUT/pool_strata.json
+# qpart    one part of the Qwen2.5-Coder-0.5B fixture per call (.device/q/partNN from `split -b 50M -d -a 2`),
+#          gathered in /tmp/q on the warm machine; qpeers_strata, qpeers_llama: llama.cpp's server test scripts
+#          (bench/peer_scripts.py) against Strata and llama-server on it -> $OUT/peer_scripts_*_h200.json (issue 22)
+# peers_build   llama.cpp's llama-server (CUDA, sm_90) built from .device/llama.tgz in /tmp/llama (about
+#          4 minutes on 16 cores; skipped when built; a build cut short by the call's end resumes)
+# peers_llama   the same client against `llama-server -m FILE -ngl 99 -fa on -np 66 -kvu -c 262144` (built
+#          first if need be) -> $OUT/pool_llama.json. 66 slots: 64 decoders + A + B each get a slot at
+#          once (fewer, and A and B wait for a decoder to finish: the slot count measured, not the
+#          server); one unified KV buffer (-kvu) shared by all slots, 256K positions (32 GiB), so any
+#          slot can hold A (46.9K) while 64 others decode: 66 separate slots of 50K would need 3.3M
+#          positions (412 GiB). Strata's pool takes what its weights leave of the GPU.
+#          Both steps stop their bench by 560 s into the call (partial JSON is kept); PEERS_CASES and
+#          PEERS_REPEATS override the cases (hol,clients,subagents,kv) and the repeats (3).
+#          .device/llama.tgz: the llama-cpp-python sdist's vendor/llama.cpp, packed as ../shared/PEERS.md says.
+#
+# coldstart  issue 42: the server's first start with CuPy's kernel cache emptied (the kernels compiled in parts on
+#          every core, engine/kernels/build.py), then two warm starts -> $OUT/startup_cold_h200.json
+# graphseq tools/device/decode_graph_sequence_check.py on the 8B shape: decode graphs through batches growing to 1, 63, 64,
+#          65, 128, 256 rows and back, each row against its solo decode; graphseqbase: the same on the engine before
+#          the fix (.device/base, `git archive REV engine serve protocol | tar -x -C .device/base` plus this tool, at
+#          tools/device/, and bench/clients_bench.py); graphseqmem: on the 135M shape under compute-sanitizer's memcheck
+# clients  bench/clients_bench.py: the server as a user starts it, 1, 16, 64, 128, 256 streaming clients (300-word
+#          prompts, 256 tokens), gaps between tokens, restarts, texts against solo runs; clientsbase: on .device/base
+# Python packages the device image lacks travel as wheels in .whl/ (gguf, fastapi and their needs): made here by
+# tools/device/setup.sh (with .device/tok.gguf).
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  # the wheels for this interpreter (.whl/ may hold several Python versions' builds)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    --find-links .whl $(ls .whl | sed 's/-[0-9].*//' | sort -u)
+  export PYTHONPATH=/tmp/site
+elif [ -d /tmp/site ]; then  # installed by an earlier call on this warm machine
+  export PYTHONPATH=/tmp/site
+fi
+mkdir -p /tmp/m /tmp/sm
+M8=/tmp/m/llama3-8b-f16.gguf
+MS=/tmp/m/smollm2-135m-q4_1.gguf
+MQ=/tmp/m/llama3-8b-q4_k_m.gguf
+M70=/tmp/m/llama3-70b-q4_k_m.gguf
+MQ3=/tmp/m/qwen3-8b-q4_k_m.gguf
+MQ3Q=/tmp/m/qwen3-8b-q4_k_m-qwen-vocab.gguf  # with Qwen2.5's 151,665-token vocabulary (.device/qwen_tok.gguf)
+MQA=/tmp/m/qwen3-30b-a3b-q4_k_m.gguf
+MQS=/tmp/m/qwen3moe-4layer-q4_k_m.gguf
+MQC=/tmp/m/llama3-8b-q4_k_m-chat.gguf  # the 8B shape in Q4_K_M with a chat template (servers render chats)
+LLAMA=/tmp/llama
+MQW=/tmp/q/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf  # the real-model fixture (issue 22), carried in parts
+quiet() { grep --line-buffered -v "loading weights" || true; }
+synth_mq() {  # the Llama-3-8B shape in Q4_K_M, made once per machine
+  [ -f $MQ ] || python3 tools/fixtures/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+}
+
+synth_ms() {  # the SmolLM2-135M shape in Q4_1, made once per machine, with a chat template (whichever step makes it:
+  # .device/tok.gguf may be a vocabulary without one, and the paged checks' engines render chats)
+  [ -f $MS ] || python3 tools/fixtures/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf \
+    --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
+}
+
+synth_a3b() {  # the Qwen3-30B-A3B shape in Q4_K_M, made once per machine
+  [ -f $MQA ] || python3 tools/fixtures/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+}
+
+synth_moe_small() {  # a 4-layer Qwen3-MoE shape in Q4_K_M (128 experts, 8 used), made once per machine
+  [ -f $MQS ] || python3 tools/fixtures/make_synthetic_gguf.py $MQS --arch qwen3moe --layers 4 --dim 2048 --ffn 6144 \
+    --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --ctx 8192 \
+    --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+}
+
+# peers: one server on :8080 at a time, bench/pool_bench.py against it, then the server stopped
+healthy() { python3 -c "import httpx, sys; sys.exit(httpx.get('http://127.0.0.1:8080/health', timeout=2).status_code != 200)" 2>/dev/null; }
+start_server() {  # NAME COMMAND...: the server in the background, SERVER_PID set once /health answers (else 1)
+  local name=$1 waited=0
+  shift
+  "$@" > /tmp/server_$name.log 2>&1 &
+  SERVER_PID=$!
+  until healthy; do
+    if ! kill -0 $SERVER_PID 2>/dev/null || [ $waited -ge 600 ]; then
+      echo "$name did not start"; tail -30 /tmp/server_$name.log; kill -9 $SERVER_PID 2>/dev/null || true; return 1
+    fi
+    sleep 1; waited=$((waited + 1))
+  done
+  echo "$name ready after ~${waited} s ($SECONDS s into the call): $*"
+}
+stop_server() {  # NAME: SIGINT, then SIGKILL to the server and its children after 30 s
+  local children
+  children=$(pgrep -P $SERVER_PID | tr '\n' ' ' || true)
+  kill -INT $SERVER_PID 2>/dev/null || true
+  for _ in $(seq 30); do kill -0 $SERVER_PID 2>/dev/null || break; sleep 1; done
+  kill -9 $SERVER_PID $children 2>/dev/null || true
+  wait $SERVER_PID 2>/dev/null || true
+  echo "--- $1 server log, last lines"; tail -5 /tmp/server_$1.log
+}
+serve_and_bench() {  # NAME JSON VERSION COMMAND...
+  local name=$1 json=$2 version=$3
+  shift 3
+  start_server $name "$@" || return 0
+  if [ $SECONDS -gt 500 ]; then
+    echo "no time left in this call for the bench"
+  else timeout -k 10 $((560 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label $name \
+    --server-flags "$*" --server-version "$version" --tokenizer $MQC --repeats ${PEERS_REPEATS:-3} --cases ${PEERS_CASES:-hol,clients,subagents,kv} \
+    --json "$OUT/$json" || echo "POOL BENCH ($name) FAILED OR CUT SHORT"
+  fi
+  stop_server $name
+}
+qwen_fixture() {  # the fixture from the parts earlier calls left in /tmp/q, its SHA-256 checked
+  [ -f $MQW ] || cat /tmp/q/part?? > $MQW
+  echo "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32  $MQW" | sha256sum -c - \
+    || { rm -f $MQW; ls -la /tmp/q; return 1; }
+}
+serve_and_scripts() {  # NAME JSON COMMAND...: llama.cpp's URL test scripts against a server (bench/peer_scripts.py)
+  local name=$1 json=$2
+  shift 2
+  start_server $name "$@" || return 0
+  timeout -k 10 $((570 - SECONDS)) python3 bench/peer_scripts.py --scripts $LLAMA/scripts --port 8080 --label "$name: $*" \
+    --limit-s ${SCRIPT_LIMIT_S:-170} --out "$OUT/$json" || echo "PEER SCRIPTS ($name) CUT SHORT"
+  stop_server $name
+}
+build_llama() {
+  [ -x $LLAMA/build/bin/llama-server ] && return 0
+  [ -f $LLAMA/CMakeLists.txt ] || { mkdir -p $LLAMA && tar -xzf .device/llama.tgz -C $LLAMA; }
+  [ -f $LLAMA/build/build.ninja ] || cmake -S $LLAMA -B $LLAMA/build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
+    -DCMAKE_BUILD_TYPE=Release > /tmp/llama_cmake.log 2>&1 || { tail -20 /tmp/llama_cmake.log; return 0; }
+  [ $SECONDS -lt 540 ] || { echo "no time left in this call for the llama.cpp build"; return 0; }
+  timeout -k 10 $((580 - SECONDS)) cmake --build $LLAMA/build --target llama-server -j 16 > /tmp/llama_build.log 2>&1 \
+    || { echo "llama-server build failed or cut short (it resumes on the next call)"; tail -5 /tmp/llama_build.log; }
+}
+ncu_detail() {  # DIR ROWS ARGS...: ncu's full sections and SASS for the kernels gpu_profile_decode.py's --detail
+  # (in ARGS) matches, into DIR/detail_<ROWS>rows_*.txt, and ncu_source_summary.py's digest of them
+  local dir=$1 rows=$2
+  shift 2
+  mkdir -p "$dir"
+  timeout 300 python3 tools/profiling/gpu_profile_decode.py --rows $rows --detail-out "$dir" "$@" 2>&1 | tail -5 \
+    || echo "DETAIL FAILED ($rows rows: $*)"
+  python3 tools/profiling/ncu_source_summary.py "$dir/detail_${rows}rows_source.txt" > "$dir/detail_${rows}rows_summary.txt" \
+    && sed -n 1,30p "$dir/detail_${rows}rows_summary.txt"
+}
+chat_model() {
+  [ -f $MQC ] || python3 tools/fixtures/make_synthetic_gguf.py $MQC --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf \
+    --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
+}
+
+for step in "$@"; do
+  echo "=== $step ($(date +%T))"
+  case $step in
+    stash)
+      cp .device/part00 /tmp/sm/part00 ;;
+    kernels)
+      python3 tools/device/gpu_kernels_check.py --json "$OUT/kernels.json" || echo "KERNEL CHECKS FAILED" ;;
+    sm90)  # the wgmma prompt attention's checks alone; when they fail, again with V's descriptor offsets swapped
+      python3 tools/device/gpu_kernels_check.py --only attention,q8_cache --no-speed --json "$OUT/sm90_check.json" \
+        | grep -v "^ok " || { echo "SM90 CHECKS FAILED; V_LBO_IS_PANEL=0:"
+        python3 tools/device/gpu_kernels_check.py --only attention --no-speed --define V_LBO_IS_PANEL=0 | grep -v "^ok "; } ;;
+    longread)  # prompt reads of 65,536 and 131,072 tokens (8B shape, Q4_K_M, chunk 2048): wgmma beside mma.sync attention
+      synth_mq
+      for kind in ${KINDS:-sm90 mma}; do
+        STRATA_PROMPT_ATTENTION=$kind python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 \
+          --sizes ${SIZES:-65536,131072} --repeats 2 --decode-steps 0 --label llama3-8b-q4_k_m-$kind \
+          --json "$OUT/long_read.json" 2>&1 | grep -E "prefill_|prompt_attention|Error|error" || true
+      done ;;
+    pdl)  # decode graphs with and without programmatic dependent launch: same bits, replay times (issue 23)
+      synth_mq
+      synth_ms
+      synth_moe_small
+      for m in $MQ $MS $MQS ${PDL_MODELS:-}; do
+        python3 tools/device/pdl_check.py --model $m --json "$OUT/pdl_check.json" 2>&1 | quiet || echo "PDL CHECK FAILED ($m)"
+      done ;;
+    profile)
+      synth_mq
+      for m in $MQ ${PROFILE_MODELS:-}; do
+        for rows in ${PROFILE_ROWS:-1}; do
+          python3 tools/profiling/gpu_profile_decode.py --model $m --rows $rows --json "$OUT/decode_profile.json" 2>&1 | quiet \
+            || echo "PROFILE FAILED ($m, $rows rows)"
+        done
+      done ;;
+    mmqround)  # a change to mmq.cu checked and measured in one call (about 4 minutes with the 8B file made)
+      synth_mq
+      timeout 120 python3 tools/device/mmq_check.py --no-knobs --time-kinds Q4_K,Q6_K --json "$OUT/mmq_check.json" 2>&1 \
+        | grep -v "checked:" | cut -c1-600 || echo "MMQ CHECK FAILED"
+      timeout 60 python3 tools/profiling/gpu_profile_decode.py --model $MQ --rows 64 --json "$OUT/decode_profile.json" 2>&1 | sed -n 1,9p \
+        || echo "PROFILE FAILED"
+      timeout 50 python3 tools/device/pdl_check.py --model $MQ --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1
+      timeout 60 python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
+        --decode-contexts 512 --label llama3-8b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | grep decode_at
+      timeout 70 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 --repeats 1 \
+        --batches 16,64 --label llama3-8b-shape-q4_k_m --json "$OUT/batch_decode_gpu.json" 2>&1 | grep "requests:" ;;
+    detail)  # DETAIL_RE (mmq), DETAIL_ROWS (64): ncu's full sections for those kernels of the 8B step
+      synth_mq
+      for rows in ${DETAIL_ROWS:-64}; do
+        ncu_detail "$OUT" $rows --model $MQ --detail "${DETAIL_RE:-mmq}"
+      done ;;
+    attn32k)  # the 8B Q4_K_M step at 32,768 context with either cache under ncu, and flash decoding's full sections
+      synth_mq
+      for kv in f16 q8_0; do
+        timeout 150 python3 tools/profiling/gpu_profile_decode.py --model $MQ --context 32768 --kv-type $kv --label 32k-$kv \
+          --json "$OUT/decode_profile_32k.json" 2>&1 | sed -n 1,8p || echo "PROFILE FAILED ($kv)"
+        ncu_detail "$OUT/$kv" 1 --model $MQ --context 32768 --kv-type $kv --detail flash_decode --detail-count 2
+      done
+      # and at 512 keys, where the kernel is latency: 10 us a layer, 13% of the step
+      ncu_detail "$OUT/f16_512" 1 --model $MQ --context 512 --detail flash_decode --detail-count 2 ;;
+    decode)
+      synth_mq
+      synth_ms
+      synth_moe_small
+      timeout 200 python3 tools/device/gpu_kernels_check.py --only weights,norm_rope,attention,fused_q8 --no-speed \
+        --json "$OUT/kernels_decode.json" | grep -v "^ok " || echo "KERNEL CHECKS FAILED OR CUT SHORT"
+      timeout 100 python3 tools/checks/paged_check.py --model $MS --device gpu --json "$OUT/paged_check_gpu.json" 2>&1 | quiet \
+        | tail -6 || echo "PAGED CHECK FAILED"
+      for m in $MQ $MS $MQS; do
+        timeout 90 python3 tools/device/pdl_check.py --model $m --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1 \
+          || echo "PDL CHECK FAILED ($m)"
+      done
+      for rows in 1 64; do
+        timeout 120 python3 tools/profiling/gpu_profile_decode.py --model $MQ --rows $rows --json "$OUT/decode_profile.json" \
+          > /tmp/profile_$rows.txt 2>&1 || echo "PROFILE FAILED ($rows rows)"
+        head -14 /tmp/profile_$rows.txt
+      done
+      timeout 90 python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
+        --decode-contexts 512,32768 --label llama3-8b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | grep decode_at
+      timeout 120 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 --repeats 1 \
+        --batches 1,16,64 --label llama3-8b-shape-q4_k_m --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet | tail -4 ;;
+    moecheck)  # the MoE kernels' checks alone (route, experts, a batch's rows against each alone)
+      timeout 150 python3 tools/device/gpu_kernels_check.py --only moe --no-speed --json "$OUT/kernels_moe.json" | grep -v "^ok " \
+        || echo "MOE CHECKS FAILED OR CUT SHORT" ;;
+    moedecode)
+      synth_moe_small
+      timeout 240 python3 tools/device/gpu_kernels_check.py --only moe --json "$OUT/kernels_moe.json" | grep -v "^ok " \
+        || echo "MOE CHECKS FAILED OR CUT SHORT"
+      timeout 90 python3 tools/device/pdl_check.py --model $MQS --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1 \
+        || echo "PDL CHECK FAILED ($MQS)"
+      moe_batch() {  # DIR TAG: aggregate decode on the 4-layer MoE shape with the engine in DIR
+        (cd $1 && timeout 150 python3 bench/batch_decode_bench.py --model $MQS --device gpu --context 512 --steps 32 \
+          --repeats 3 --batches 1,4,16,64 --label qwen3moe-4layer-q4_k_m$2 --json "$OUT/batch_decode_gpu_moe.json" 2>&1 \
+          | quiet | tail -5) || echo "MOE BATCH FAILED ($2)"
+      }
+      if [ -d .device/base/engine ]; then
+        rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
+          && cp -r .device/base/engine /tmp/base/engine && moe_batch /tmp/base -before
+      fi
+      moe_batch . "" ;;
+    times)
+      python3 tools/profiling/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;
+    grammar)  # constrained decoding through the GPU sampler path (a small synthetic model, graphs on)
+      [ -f /tmp/m/small-q8.gguf ] || python3 tools/fixtures/make_synthetic_gguf.py /tmp/m/small-q8.gguf --preset smollm2-135m \
+        --type Q8_0 --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 tools/device/gpu_grammar_check.py --model /tmp/m/small-q8.gguf --json "$OUT/gpu_grammar.json" 2>&1 | quiet ;;
+    grammarcost)  # the grammar mask per token with the logits on the GPU (Qwen2 vocabulary; issue 22)
+      python3 -c "import llguidance; print(\"llguidance\", llguidance.__version__)"
+      python3 bench/grammar_bench.py --gpu --json "$OUT/grammar_gpu_h200.json" || echo "GRAMMAR BENCH FAILED" ;;
+    moetimes)
+      python3 tools/profiling/moe_decode_times.py --json "$OUT/moe_decode_times.json" ;;
+    families)  # the default model's vocabulary alone (.device/smol_tok.gguf), so that the fixtures' files come out the same
+      python3 tools/device/gpu_families_check.py --tokenizer .device/smol_tok.gguf --json "$OUT/gpu_families.json" 2>&1 | quiet ;;
+    synth)
+      [ -f $M8 ] || python3 tools/fixtures/make_synthetic_gguf.py $M8 --preset llama3-8b --type F16 --tokenizer .device/tok.gguf 2>&1 | tail -2
+      synth_ms ;;
+    small)
+      synth_ms
+      python3 bench/engine_bench.py --model $MS --device gpu --chunk 2048 --sizes 2048,8192 --repeats 5 \
+        --decode-steps 128 --decode-contexts 512,4096 --profile-depth 6144 --label smollm2-135m-shape-q4_1 \
+        --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
+    bench)
+      python3 bench/engine_bench.py --model $M8 --device gpu --chunk 2048 --sizes 4096,16384,65536 --repeats 3 \
+        --decode-steps 64 --decode-contexts 512,16384,46832 --profile-depth 14336 --label llama3-8b-shape-f16 \
+        --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
+    synthq)
+      synth_mq ;;
+    benchq)
+      for form in quantized fp16; do
+        python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
+          --decode-steps 64 --decode-contexts 512,16384 --profile-depth 14336 --weights $form \
+          --label llama3-8b-shape-q4_k_m-$form --json "$OUT/engine_gpu.json" 2>&1 | quiet
+      done ;;
+    big)
+      rm -f $M8 $MQ
+      [ -f $M70 ] || python3 tools/fixtures/make_synthetic_gguf.py $M70 --preset llama3-70b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+      python3 bench/engine_bench.py --model $M70 --device gpu --chunk 2048 --sizes 4096 --repeats 2 \
+        --decode-steps 32 --decode-contexts 512 --label llama3-70b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
+    paged)
+      synth_ms
+      kv=${KV_TYPE:-auto}; tag=${KV_TYPE:+_$KV_TYPE}
+      python3 tools/checks/prefill_preempt_test.py --model $MS --device gpu --chunk 256 --prompt-tokens 3000 \
+        --engine-args "--kv-type $kv" --json "$OUT/preempt_parity_gpu_135m_paged$tag.json" 2>&1 | quiet || echo "PAGED PARITY FAILED"
+      python3 tools/checks/paged_check.py --model $MS --device gpu --engine-args "--kv-type $kv" \
+        --json "$OUT/paged_check_gpu$tag.json" 2>&1 | quiet || echo "PAGED CHECK FAILED" ;;
+    long)
+      synth_mq
+      python3 tools/checks/long_context_run.py --model $MQ --kv-type q8_0 --ctx 1048576 --prompt-tokens 262144 --chunk 2048 \
+        --json "$OUT/long_context_q8_0_h200.json" 2>&1 | quiet || echo "LONG CONTEXT RUN FAILED" ;;
+    prefetch)
+      python3 tools/device/gpu_kernels_check.py --no-speed --json "$OUT/kernels_checks.json" | tail -1
+      for p in 0 1 0 1; do
+        python3 tools/device/gpu_kernels_check.py --block-sweep 64 --define DEC_PREFETCH=$p --json "$OUT/sweep_p$p.json" \
+          | grep -o "decode_depth[0-9]*\(_q8\)\?_us=[0-9.]*" | tr '\n' ' '; echo " (DEC_PREFETCH=$p)"
+      done ;;
+    depth)
+      synth_mq
+      for kv in f16 q8_0; do
+        python3 tools/checks/long_context_run.py --model $MQ --kv-type $kv --ctx 133120 --prompt-tokens 131072 --chunk 2048 \
+          --max-new 64 --no-park --json "$OUT/decode_depth_${kv}_h200.json" 2>&1 | quiet || echo "DEPTH RUN FAILED"
+      done ;;
+    startup)
+      synth_mq
+      python3 bench/startup_time.py --model $MQ --repeats 3 --json "$OUT/startup_h200.json" ;;
+    startupq)  # the same on a 150K-vocabulary model: the Qwen3-8B shape in Q4_K_M with Qwen2.5's tokenizer (.device/qwen_tok.gguf)
+      [ -f $MQ3Q ] || python3 tools/fixtures/make_synthetic_gguf.py $MQ3Q --preset qwen3-8b --type Q4_K_M --tokenizer .device/qwen_tok.gguf 2>&1 | tail -1
+      python3 bench/startup_time.py --model $MQ3Q --repeats 3 --json "$OUT/startup_qwen_h200.json" ;;
+    longhttp_strata)  # a 97,000- and a 130,000-token request through HTTP, the server as a user starts it
+      synth_mq
+      python3 bench/long_read_http.py --server "strata=python3 -m serve --model $MQ --port 8080" \
+        --json "$OUT/long_read_http_strata.json" || echo "LONG READ (STRATA) FAILED" ;;
+    longhttp_llama)  # the same requests to llama-server on the same file (built first if need be)
+      build_llama
+      python3 bench/long_read_http.py --server "llama.cpp=$LLAMA/build/bin/llama-server -m $MQ -ngl 99 -fa on -c 132000 --port 8080" \
+        --json "$OUT/long_read_http_llama.json" || echo "LONG READ (LLAMA.CPP) FAILED" ;;
+    tp)  # tensor parallel's split on one GPU: 2 ranks of the 8B shape in Q4_K_M (blocks kept) against the whole model
+      synth_mq
+      python3 tools/checks/tp_check.py --model $MQ --device gpu --world 2 --json "$OUT/tp_check_h200.json" 2>&1 | quiet \
+        || echo "TP CHECK FAILED" ;;
+    chunkbench)
+      synth_mq
+      python3 bench/chunk_default_bench.py --model $MQ --deadline-s $((540 - SECONDS)) --chunks ${CHUNKS:-256,512,1024,2048,4096} \
+        --json "$OUT/chunk_default_h200.json" 2>&1 | quiet || echo "CHUNK BENCH FAILED OR CUT SHORT"
+      grep -h "strata: loaded" /tmp/chunk_bench_server_*.log || true ;;
+    parity)
+      python3 tools/checks/prefill_preempt_test.py --model $M8 --device gpu --chunk 256 --prompt-tokens 3000 \
+        --json "$OUT/preempt_parity_gpu_8b.json" 2>&1 | quiet ;;
+    parityq)
+      synth_mq
+      python3 tools/checks/prefill_preempt_test.py --model $MQ --device gpu --chunk 256 --prompt-tokens 3000 \
+        --json "$OUT/preempt_parity_gpu_8b_q4_k_m.json" 2>&1 | quiet ;;
+    hol)
+      STRATA_MODEL=$M8 python3 bench/prefill_preempt_bench.py --device gpu --chunk 2048 --a-tokens 46832 \
+        --b-delay 2 --repeats 3 --out "$OUT" 2>&1 | quiet ;;
+    moe)
+      synth_moe_small
+      python3 tools/checks/prefill_preempt_test.py --model $MQS --device gpu --chunk 256 --prompt-tokens 3000 \
+        --json "$OUT/preempt_parity_gpu_qwen3moe.json" 2>&1 | quiet ;;
+    bench8q)  # the 8B shapes side by side
+      for m in "$MQ llama3-8b q4_k_m" "$MQ3 qwen3-8b q4_k_m"; do
+        set -- $m
+        [ -f $1 ] || python3 tools/fixtures/make_synthetic_gguf.py $1 --preset $2 --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+        python3 bench/engine_bench.py --model $1 --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
+          --decode-steps 64 --decode-contexts 512,16384 --label $2-shape-$3 --json "$OUT/engine_gpu.json" 2>&1 | quiet
+      done ;;
+    a3b)  # issue 23's MoE figures in one call: the Qwen3-30B-A3B shape's decode at 512 context, its step under ncu
+      # (each kernel's time and bytes) and aggregate decode at 1, 16, 64 requests
+      synth_a3b
+      # (the first run on a fresh machine compiles the kernels: minutes, not seconds)
+      timeout 300 python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 2048 --repeats 3 --decode-steps 64 \
+        --decode-contexts 512 --label qwen3-30b-a3b-shape-q4_k_m --json "$OUT/engine_gpu_a3b.json" 2>&1 | grep decode_at \
+        || echo "A3B BENCH FAILED OR CUT SHORT"
+      timeout 150 python3 tools/profiling/gpu_profile_decode.py --model $MQA --rows 1 --json "$OUT/decode_profile_a3b.json" 2>&1 \
+        | sed -n 1,16p || echo "PROFILE FAILED"  # (sed reads to the end: head's early close failed the pipe)
+      timeout 150 python3 bench/batch_decode_bench.py --model $MQA --device gpu --context 512 --steps 32 --repeats 1 \
+        --batches 1,16,64 --label qwen3-30b-a3b-shape-q4_k_m --json "$OUT/batch_decode_a3b.json" 2>&1 | quiet | tail -4 ;;
+    long32k)  # issue 23's 32K target with either cache: the 8B shape in Q4_K_M decoding at 512 and 32,768 context
+      synth_mq
+      for kv in f16 q8_0; do
+        timeout 120 python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 2048 --repeats 3 \
+          --decode-steps 64 --decode-contexts 512,32768 --kv-type $kv --label llama3-8b-shape-q4_k_m-kv-$kv \
+          --json "$OUT/engine_gpu_32k.json" 2>&1 | grep decode_at || echo "BENCH FAILED ($kv)"
+      done ;;
+    bencha3b)
+      synth_a3b
+      python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
+        --decode-steps 64 --decode-contexts 512,16384 --profile-depth 2048 --label qwen3-30b-a3b-shape-q4_k_m \
+        --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
+    batch)
+      synth_ms
+      python3 bench/batch_decode_bench.py --model $MS --device gpu --context 512 --steps 32 --repeats 3 \
+        --label smollm2-135m-shape-q4_1 --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet || echo "BATCH CHECK FAILED"
+      for m in "$MQ q4_k_m Q4_K_M" "$M8 f16 F16"; do
+        set -- $m
+        [ -f $1 ] || python3 tools/fixtures/make_synthetic_gguf.py $1 --preset llama3-8b --type $3 --tokenizer .device/tok.gguf 2>&1 | tail -1
+        python3 bench/batch_decode_bench.py --model $1 --device gpu --context 512 --steps 32 --repeats 3 \
+          --label llama3-8b-shape-$2 --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet || echo "BATCH CHECK FAILED"
+      done ;;
+    mmv)
+      python3 tools/device/mmv_check.py --json "$OUT/mmv_check.json" || echo "MMV CHECK FAILED" ;;
+    mmq)
+      python3 tools/device/mmq_check.py --json "$OUT/mmq_check.json" || echo "MMQ CHECK FAILED" ;;
+    batchf16|batchq)  # FROM="1 65": each run with STRATA_MMQ_FROM at that value (mmq.cu from that many rows)
+      if [ $step = batchf16 ]; then set -- $M8 F16 f16; else set -- $MQ Q4_K_M q4_k_m; fi
+      [ -f $1 ] || python3 tools/fixtures/make_synthetic_gguf.py $1 --preset llama3-8b --type $2 --tokenizer .device/tok.gguf 2>&1 | tail -1
+      for from in ${FROM:-default}; do
+        if [ $from = default ]; then suffix=""; else suffix="-mmq-from-$from"; fi
+        (if [ $from != default ]; then export STRATA_MMQ_FROM=$from; fi
+         python3 bench/batch_decode_bench.py --model $1 --device gpu --context 512 --steps 32 \
+           --repeats ${REPEATS:-3} --batches ${BATCHES:-1,2,4,8,16} --label llama3-8b-shape-$3$suffix \
+           --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet) || echo "BATCH CHECK FAILED ($from)"
+      done ;;
+    wide)
+      python3 tools/profiling/matvec_wide_times.py --json "$OUT/matvec_wide.json" || echo "WIDE CHECK FAILED" ;;
+    agent)
+      synth_mq
+      python3 bench/agent_reuse_bench.py --model $MQ --device gpu --turns 10 --final 16384 --chunk 2048 --answer 16 \
+        --label llama3-8b-shape-q4_k_m --json "$OUT/agent_reuse_gpu.json" 2>&1 | quiet ;;
+    mixed)
+      synth_mq
+      STRATA_MODEL=$MQ python3 bench/mixed_load_bench.py --device gpu --a-tokens 46832 --decoders 4 --b-delay 2 \
+        --chunk 2048 --repeats 2 --json "$OUT/mixed_load_gpu.json" 2>&1 | quiet ;;
+    real)
+      cat /tmp/sm/part00 .device/part01 > /tmp/sm/model.gguf
+      python3 tools/device/gpu_check.py --model /tmp/sm/model.gguf --out "$OUT/gpu_check.json" 2>&1 | quiet
+      python3 tools/checks/prefill_preempt_test.py --model /tmp/sm/model.gguf --device gpu --chunk 256 \
+        --prompt-tokens 3000 --json "$OUT/preempt_parity_gpu.json" 2>&1 | quiet ;;
+    peers_strata)
+      chat_model
+      serve_and_bench strata pool_strata.json "strata $(python3 -c 'import engine; print(engine.__version__)' 2>/dev/null)" \
+        python3 -m serve --model $MQC ;;
+    qpart)  # parts of the Qwen2.5 fixture (469 MiB; a call carries 64 MiB): .device/q/partNN, kept in /tmp/q
+      mkdir -p /tmp/q && cp .device/q/part* /tmp/q/ && ls /tmp/q | tr '\n' ' ' && du -sh /tmp/q ;;
+    qpeers_strata)  # llama.cpp's three server test scripts against Strata on the fixture, as a user starts it
+      qwen_fixture && serve_and_scripts strata peer_scripts_strata_h200.json python3 -m serve --model $MQW ;;
+    qpeers_llama)  # the same against llama-server on the same file (built first if need be)
+      build_llama
+      qwen_fixture && [ -x $LLAMA/build/bin/llama-server ] && serve_and_scripts llama.cpp peer_scripts_llama_h200.json \
+        $LLAMA/build/bin/llama-server -m $MQW -ngl 99 --jinja --port 8080 ;;
+    peers_build)
+      build_llama
+      ls -la $LLAMA/build/bin/llama-server 2>/dev/null || true ;;
+    peers_llama)
+      build_llama
+      chat_model
+      if [ -x $LLAMA/build/bin/llama-server ]; then
+        serve_and_bench llama.cpp pool_llama.json "llama.cpp vendored in llama-cpp-python 0.3.36 (.device/llama.tgz)" \
+          $LLAMA/build/bin/llama-server -m $MQC -ngl 99 -fa on -np 66 -kvu \
+          -c 262144 --port 8080
+      fi ;;
+    coldstart)  # issue 42: the server's first start on a fresh machine (CuPy's kernel cache emptied), then two more
+      chat_model
+      rm -rf ~/.cupy/kernel_cache
+      python3 bench/startup_time.py --model $MQC --repeats 3 --json "$OUT/startup_cold_h200.json"
+      grep -h "compil" /tmp/startup_time_0.log | head -40 ;;
+    graphseq)  # issue 42: decode graphs through batches growing to the largest size and back (the engine's own
+      # runner and memory plan, the 8B shape), every row against its solo decode
+      chat_model
+      timeout ${SEQ_LIMIT:-240} python3 tools/device/decode_graph_sequence_check.py $MQC --rows ${SEQ_ROWS:-1,63,64,65,128,256} \
+        --steps ${SEQ_STEPS:-40} --json "$OUT/graphseq_8b.json" 2>&1 | grep -v "loading weights" | tail -${SEQ_TAIL:-12} \
+        || echo "GRAPH SEQUENCE CHECK FAILED" ;;
+    graphseqbase)  # the same check on the engine before issue 42's fix (.device/base: engine/ of that commit and
+      # this tool): it failed there, as the server did at 64 clients
+      chat_model
+      (cd .device/base && timeout ${SEQ_LIMIT:-240} python3 tools/device/decode_graph_sequence_check.py $MQC \
+        --rows ${SEQ_ROWS:-1,63,64,65,128,256} --steps ${SEQ_STEPS:-40} 2>&1 | grep -v "loading weights" | tail -12) \
+        || echo "GRAPH SEQUENCE CHECK FAILED (base)" ;;
+    graphseqmem)  # the sequence check on the 135M shape under compute-sanitizer's memcheck
+      synth_ms
+      # (a pool of 32K positions: the sanitizer's own allocations take room the engine's plan does not know of;
+      # API errors not reported: a kernel looked up in a part that lacks it, engine/kernels find_function)
+      timeout ${MEM_LIMIT:-300} compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 30 \
+        python3 tools/device/decode_graph_sequence_check.py $MS --rows ${MEM_ROWS:-1,63,64,65,128,256} --steps ${MEM_STEPS:-10} \
+        --solo 1 --kv-tokens 32768 > "$OUT/memcheck.log" 2>&1 && echo "memcheck: no errors" || echo "MEMCHECK RUN FAILED"
+      grep -v "loading weights" "$OUT/memcheck.log" | head -${MEM_HEAD:-60}; tail -5 "$OUT/memcheck.log" ;;
+    clients)  # issue 42: the server as a user starts it (defaults), 1..256 streaming clients, texts against solo runs
+      chat_model
+      timeout ${CLIENTS_LIMIT:-420} python3 bench/clients_bench.py --model $MQC --clients ${CLIENTS:-1,16,64,128,256} \
+        --words 300 --max-tokens 256 --solo 8 --log "$OUT/clients_server.log" --json "$OUT/clients_h200.json" \
+        || echo "CLIENTS BENCH FAILED" ;;
+    clientsbase)  # the same on the server and engine before issue 42's fix (.device/base)
+      chat_model
+      (cd .device/base && timeout ${CLIENTS_LIMIT:-300} python3 bench/clients_bench.py --model $MQC \
+        --clients ${CLIENTS_BASE:-16,64} --words 300 --max-tokens 256 --solo 0 --log "$OUT/clients_base_server.log" \
+        --json "$OUT/clients_base_h200.json") || echo "CLIENTS BENCH FAILED (base)" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
