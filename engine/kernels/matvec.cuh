@@ -4,7 +4,7 @@
 // loads are contiguous runs of a row. The dot products accumulate into per-lane partials, summed
 // across the warp by reduce_store.
 #pragma once
-#include "blocks.cuh"
+#include "quant_blocks.cuh"
 
 #ifndef MV_WARPS
 #define MV_WARPS 4  // warps per block

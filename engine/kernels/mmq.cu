@@ -1,7 +1,7 @@
 // Quantized weights against a decode batch on the int8 tensor cores, equal bit for bit to the dp4a
 // matvec (quant.cu matvec_<T>_n<NB>) at every batch size:
 //   mmq_<T>_t<NT>[_f32](w, xq, y, m, k, ldy, nb)
-//     y (nb, m; rows ldy apart) = x (nb, k) @ W (m, k)^T: W in its GGUF blocks (blocks.cuh), x as
+//     y (nb, m; rows ldy apart) = x (nb, k) @ W (m, k)^T: W in its GGUF blocks (quant_blocks.cuh), x as
 //     Q8 units (q8.cuh; row b's units start at xq + b * k / 32). The output comes in tiles of 8 NT rows
 //     of x by 16 MMQ_MT weight rows; any grid of blocks (one a multiprocessor: mmq_grid in engine/
 //     kernels/matvec_launch.py), MMQ_WARPS * 32 threads, dynamic shared memory mmq_smem_bytes(kind, NT).
@@ -41,7 +41,7 @@
 // holds weight rows g and g + 8, bytes 4c..4c+3 of each half (a Pair's lo for half 0, hi for half 1:
 // one k16 mma a half, or both in one k32); B holds x's row g, the same bytes; the output holds rows g
 // and g + 8 for x's rows 2c, 2c + 1.
-#include "blocks.cuh"
+#include "quant_blocks.cuh"
 #include "copy.cuh"
 #include "matvec.cuh"
 #include "parts.cuh"

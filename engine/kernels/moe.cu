@@ -24,7 +24,7 @@
 // token's values are computed by the same code in the same order as when it is alone, so a row's
 // output does not depend on the batch beside it.
 #include "block_sum.cuh"
-#include "blocks.cuh"
+#include "quant_blocks.cuh"
 #include "matvec.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"

@@ -1,4 +1,4 @@
-// Weights in their GGUF block layout (ggml-common.h, decoded by blocks.cuh), read on the GPU. The kernels:
+// Weights in their GGUF block layout (ggml-common.h, decoded by quant_blocks.cuh), read on the GPU. The kernels:
 //   dequant_<T>(src, y, units, cols)          blocks -> fp16 (rows, cols): load time with
 //                                              --weights fp16, and a prompt chunk's GEMM scratch
 //   embed_<T>(src, ids, y, units, cols)       rows ids[r] -> fp32 (n, cols): the token embedding
@@ -14,7 +14,7 @@
 //                                              types TA and TB in one launch
 // (fp16 weights against a decode batch: mmv.cu, on the tensor cores)
 // NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/device/gpu_kernels_check.py).
-#include "blocks.cuh"
+#include "quant_blocks.cuh"
 #include "matvec.cuh"
 #include "parts.cuh"
 #include "pdl.cuh"

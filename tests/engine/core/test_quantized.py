@@ -136,7 +136,7 @@ def test_flash_decoding_blocks_take_every_split_once():
 def test_kernel_sources_carry_their_headers():
     """CuPy caches compiled modules by their source text: a header must be pasted in, not included,
     so that changing it recompiles every kernel file that uses it; each header once, however many
-    of the file's headers include it (moe.cu reaches q8.cuh through blocks.cuh and matvec.cuh)."""
+    of the file's headers include it (moe.cu reaches q8.cuh through quant_blocks.cuh and matvec.cuh)."""
     from engine.kernels import KERNEL_DIR, kernel_source
 
     for name in ("quant.cu", "norm_rope.cu", "attention.cu", "moe.cu"):
