@@ -4,7 +4,7 @@ with it: each request's greedy tokens decoded in a batch equal its tokens decode
     python bench/batch_decode_bench.py [--model PATH] [--device cpu|gpu] [--batches 1,2,4,8,16]
         [--context 512] [--steps 64] [--repeats 3] [--weights quantized|fp16] [--label NAME --json FILE]
 
-Runs the engine's runner in process as the engine loop drives it (engine/loop/loop.py): every sequence
+Runs the engine's runner in process as the engine loop drives it (engine/loop/rounds.py): every sequence
 reads its own prompt into its own KV blocks, then each step samples every sequence's token where its
 logits are and runs one batched forward for all of them (a CUDA graph replay per batch size on the
 GPU). Reports, per batch size, aggregate tok/s (tokens of all sequences per second, median of

@@ -1,4 +1,4 @@
-"""A protocol-level mock engine: the real engine loop (engine/loop/loop.py) over a fake model.
+"""A protocol-level mock engine: the real engine loop (engine/loop/) over a fake model.
 
 Same lines as `strata --serve`, no weights: prompt chunks and decode steps (of one request or a
 batch of them) take configurable time, output is the prompt echoed back or a scripted token list,
@@ -29,8 +29,9 @@ from engine.kvcache.block_pool import BlockPool
 from engine.cli import add_preempt_args, add_slots_arg, policy_from_args
 from engine.config import default_block
 from engine.kvcache.host_tier import HostTier
-from engine.loop.loop import EngineLoop, Writer, engine_caps
+from engine.loop.loop import EngineLoop, engine_caps
 from engine.loop.park_policy import chunk_end
+from engine.loop.protocol_io import Writer
 from engine.loop.sequence import Sequence
 
 FAULT_EXIT_CODE = 3

@@ -156,21 +156,22 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def never_more_running_than_the_cap(self):
         assert len(self.scheduler.running) <= self.slots
-        assert sum(not s.parked for s in self.engine.loop.seqs.values()) <= self.slots
+        assert sum(not s.parked for s in self.engine.loop.requests.seqs.values()) <= self.slots
 
     @invariant()
     def the_pool_is_consistent(self):
         loop = self.engine.loop
-        loop.pool.check([seq.table for seq in loop.seqs.values()])
-        for seq in loop.seqs.values():  # a request's blocks cover what it has read (unless moved out)
-            assert seq.paused or seq.id in loop.snapshots or len(seq.table) * loop.pool.size >= seq.kv_len
+        seqs, memory = loop.requests.seqs, loop.memory
+        memory.pool.check([seq.table for seq in seqs.values()])
+        for seq in seqs.values():  # a request's blocks cover what it has read (unless moved out)
+            assert seq.paused or seq.id in memory.snapshots or len(seq.table) * memory.pool.size >= seq.kv_len
 
     @invariant()
     def parked_bytes_within_the_budget_and_decode_never_parked(self):
         loop = self.engine.loop
-        assert sum(loop.reserved.values()) <= POLICY.budget_bytes
-        assert len(loop.reserved) <= POLICY.max_parked
-        assert all(s.reading and not s.generated for s in loop.seqs.values() if s.parked)
+        assert sum(loop.parking.reserved.values()) <= POLICY.budget_bytes
+        assert len(loop.parking.reserved) <= POLICY.max_parked
+        assert all(s.reading and not s.generated for s in loop.requests.seqs.values() if s.parked)
 
     def no_read_postponed_too_long_beside_a_free_slot(self):
         """After the engine's lines of a round have been handled (the scheduler acts on lines, not
@@ -184,11 +185,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         line is in flight."""
         if not self.engine.loop.inbox.empty():
             return
-        engine_seqs = self.engine.loop.seqs
+        engine_seqs = self.engine.loop.requests.seqs
         for req in self.scheduler.parked:
             seq = engine_seqs.get(req.id)
             if seq is not None and seq.parked:
-                assert req.in_host == (seq.id in self.engine.loop.snapshots), (req.in_host, seq.table)
+                assert req.in_host == (seq.id in self.engine.loop.memory.snapshots), (req.in_host, seq.table)
 
     # ------------------------------------------------------------ the end
 
@@ -206,7 +207,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             quiet = 0 if self.engine.step_and_deliver(s) else quiet + 1  # 200 quiet rounds: 10 s past
             self.clock.now += 0.05
         assert not (s.waiting or s.running or s.parked), "the machine did not drain (a deadlock)"
-        assert not self.engine.loop.seqs or all(x.parked is False for x in self.engine.loop.seqs.values())
+        engine_seqs = self.engine.loop.requests.seqs
+        assert not engine_seqs or all(x.parked is False for x in engine_seqs.values())
         for req in self.requests:
             events = []
             while not req.events.empty():
@@ -304,17 +306,18 @@ def test_a_paused_request_comes_back_by_moving_a_parked_read_out():
     engine.send(m.Gen(8, tuple(range(1000, 1090)), {"temperature": 0.0}, 1))  # P: 90 tokens
     engine.send(m.Gen(8, tuple(range(2000, 2040)), {"temperature": 0.0}, 2))  # X: 40 tokens
     loop.take_lines(block=False)
-    p, x = loop.seqs[1], loop.seqs[2]
+    requests, rounds, memory, parking = loop.requests, loop.rounds, loop.memory, loop.parking
+    p, x = requests.seqs[1], requests.seqs[2]
     for _ in range(3):
-        loop.read_next(loop.next_reader())  # P reads three chunks
-    loop.try_park(p)
+        rounds.read_next(requests.next_reader())  # P reads three chunks
+    parking.try_park(p)
     for _ in range(3):
-        loop.read_next(loop.next_reader())  # X reads its prompt and draws its first token
-    loop.pause(x)
-    loop.resume(p.id)
-    loop.read_next(loop.next_reader())  # P's fourth chunk
-    loop.try_park(p)  # P holds four blocks of six; X needs three to come back
-    assert p.parked and len(p.table) == 4 and x.paused and loop.pool.available < 3
+        rounds.read_next(requests.next_reader())  # X reads its prompt and draws its first token
+    memory.pause(x)
+    parking.resume(p.id)
+    rounds.read_next(requests.next_reader())  # P's fourth chunk
+    parking.try_park(p)  # P holds four blocks of six; X needs three to come back
+    assert p.parked and len(p.table) == 4 and x.paused and memory.pool.available < 3
     loop.round()
-    assert not x.paused and p.id in loop.snapshots and not p.table  # P's rows went to host memory
-    loop.pool.check([s.table for s in loop.seqs.values()])
+    assert not x.paused and p.id in memory.snapshots and not p.table  # P's rows went to host memory
+    memory.pool.check([s.table for s in requests.seqs.values()])
