@@ -24,12 +24,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_bench import machine, merge_result  # noqa: E402
-from engine.model.backend import select_backend  # noqa: E402
+from engine.ops.backend import select_backend  # noqa: E402
 from engine.model.weights import load_model  # noqa: E402
 from engine.modelfile.model_path import resolve_model_path  # noqa: E402
 from engine.runner.runner import ModelRunner  # noqa: E402
 from engine.runner.sampler import Sampler, SamplingParams  # noqa: E402
-from engine.loop.sequence import Sequence  # noqa: E402
+from engine.runner.sequence import Sequence  # noqa: E402
 
 
 def read_prompts(runner: ModelRunner, count: int, context: int, vocab: int) -> list[Sequence]:

@@ -11,10 +11,10 @@ from typing import Callable
 from protocol import messages as m
 
 from engine.loop.memory import Memory
-from engine.loop.park_policy import chunk_end
+from engine.core.chunks import chunk_end
 from engine.loop.parking import Parking
 from engine.loop.request_table import RequestTable
-from engine.loop.sequence import Sequence
+from engine.runner.sequence import Sequence
 from engine.runner.sampler import Sampler, SamplingParams
 
 _SAMPLING_KEYS = {f.name for f in fields(SamplingParams)}

@@ -24,7 +24,7 @@ from engine.loop.parking import Parking
 from engine.loop.protocol_io import Inbox, LogOnce, Writer
 from engine.loop.request_table import RequestTable
 from engine.loop.rounds import Rounds
-from engine.loop.sequence import Sequence
+from engine.runner.sequence import Sequence
 
 
 class EngineLoop:

@@ -15,9 +15,9 @@ from typing import Callable
 
 from protocol import messages as m
 
-from engine.loop.park_policy import chunk_end
+from engine.core.chunks import chunk_end
 from engine.loop.request_table import RequestTable
-from engine.loop.sequence import Sequence
+from engine.runner.sequence import Sequence
 
 
 def timed_copy(seq: Sequence, copy, *args):

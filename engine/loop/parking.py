@@ -15,7 +15,7 @@ from protocol import messages as m
 from engine.loop.memory import Memory
 from engine.loop.park_policy import ParkPolicy
 from engine.loop.request_table import RequestTable
-from engine.loop.sequence import Sequence
+from engine.runner.sequence import Sequence
 
 
 class Parking:

@@ -2,7 +2,7 @@
 chunk is running. A table the loop's parts share; each request's own state is its Sequence."""
 from __future__ import annotations
 
-from engine.loop.sequence import Sequence
+from engine.runner.sequence import Sequence
 
 
 class RequestTable:

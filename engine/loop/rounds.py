@@ -20,11 +20,11 @@ from protocol import messages as m
 
 from engine.loop.admission import Admission
 from engine.loop.memory import Memory
-from engine.loop.park_policy import chunk_end
+from engine.core.chunks import chunk_end
 from engine.loop.parking import Parking
 from engine.loop.protocol_io import Inbox
 from engine.loop.request_table import RequestTable
-from engine.loop.sequence import Sequence
+from engine.runner.sequence import Sequence
 from engine.runner.grammar_mask import GrammarError
 
 

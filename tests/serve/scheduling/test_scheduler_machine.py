@@ -22,7 +22,7 @@ from engine.loop.loop import EngineLoop, engine_caps
 from engine.loop.park_policy import ParkPolicy
 from protocol import messages as m
 from protocol.codec import decode, encode
-from engine.loop.mock_engine import FakeRunner, build_parser
+from engine.mock_engine import FakeRunner, build_parser
 from serve.engine_proc.engine_client import EngineInfo, EngineState
 from serve.scheduling.metrics import Metrics
 from serve.scheduling.request import EngineFailure, Phase, Request
