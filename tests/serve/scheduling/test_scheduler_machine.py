@@ -17,7 +17,6 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import serve.scheduling.scheduler as scheduler_module
 from engine.loop.loop import EngineLoop, engine_caps
 from engine.loop.park_policy import ParkPolicy
 from protocol import messages as m
@@ -35,7 +34,7 @@ POLICY = ParkPolicy(enabled=True, min_tokens=0, max_parks=3, budget_bytes=120 * 
 
 
 class Clock:
-    """Stands in for the time module in serve.scheduling.scheduler: time passes only when a rule says so."""
+    """The scheduler's clock (its `clock`): time passes only when a rule says so."""
 
     def __init__(self):
         self.now = 1000.0
@@ -86,21 +85,16 @@ class SchedulerMachine(RuleBasedStateMachine):
     @initialize()
     def start(self):
         self.clock = Clock()
-        self.real_time, scheduler_module.time = scheduler_module.time, self.clock
         self.scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
-                                   eos_ids=frozenset({2}), aged_s=1.0)
+                                   eos_ids=frozenset({2}), aged_s=1.0, clock=self.clock.monotonic)
         self.scheduler.engine = self.engine = InProcessEngine(self.slots, self.kv_tokens)
         self.requests: list[Request] = []
         self.left: set[int] = set()
         self.deaths = 0
 
     def teardown(self):
-        try:
-            if hasattr(self, "scheduler"):
-                self.check_answers()
-        finally:
-            if hasattr(self, "real_time"):
-                scheduler_module.time = self.real_time
+        if hasattr(self, "scheduler"):
+            self.check_answers()
 
     # ------------------------------------------------------------ rules
 
@@ -150,7 +144,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         s = self.scheduler
         places = [r.id for r in list(s.waiting) + s.running + s.parked]
         assert len(places) == len(set(places))
-        assert set(r.id for r in s.line) <= set(r.id for r in s.running)
+        assert set(r.id for r in s.places.line) <= set(r.id for r in s.running)
         assert all(r.phase is Phase.PARKED for r in s.parked) and all(r.phase is Phase.QUEUED for r in s.waiting)
 
     @invariant()
@@ -178,7 +172,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         on a timer), a parked read postponed past max-wait does not wait beside a free slot."""
         s = self.scheduler
         if s.parked and len(s.running) < self.slots and s.engine.ready and not s.memory_full:
-            assert not s._postponed_too_long(s.parked[0])
+            assert not s.admission.postponed_too_long(s.parked[0])
 
     def the_server_knows_which_parked_reads_hold_blocks(self):
         """INFO host=1 / host=0 follow a parked read's moves to host memory and back; checked when no
@@ -274,27 +268,23 @@ def test_a_request_deferred_for_memory_goes_in_when_the_read_holding_it_parks():
     scheduler offers A a park for B, A parks, and nothing else runs. A parked read's blocks can be
     moved out, so the park must let B in: waiting for a DONE would wait forever."""
     clock = Clock()
-    real_time, scheduler_module.time = scheduler_module.time, clock
-    try:
-        scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
-                              eos_ids=frozenset({2}), aged_s=1.0)
-        scheduler.engine = engine = RecordingEngine()
-        a = Request(list(range(1000, 1900)), 4, {"temperature": 0.0}, arrived=clock.now)
-        scheduler.submit(a)
-        scheduler.on_message(m.PP(256, 900, 10.0, 25600.0, a.id))
-        b = Request(list(range(3000, 3100)), 4, {"temperature": 0.0}, arrived=clock.now)
-        scheduler.submit(b)
-        assert [x.id for x in engine.sent if isinstance(x, m.Gen)] == [a.id, b.id]
-        scheduler.on_message(m.Defer("memory", b.id))
-        assert scheduler.memory_full and b in scheduler.waiting
-        clock.now += 2.0  # B is old enough for A to make way
-        scheduler.on_message(m.PP(512, 900, 10.0, 25600.0, a.id))
-        assert any(isinstance(x, m.Yield) and x.id == a.id for x in engine.sent)
-        scheduler.on_message(m.Suspended(512, 900, a.id))
-        assert isinstance(engine.sent[-1], m.Gen) and engine.sent[-1].id == b.id, engine.sent
-        assert not scheduler.memory_full and b in scheduler.running
-    finally:
-        scheduler_module.time = real_time
+    scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
+                          eos_ids=frozenset({2}), aged_s=1.0, clock=clock.monotonic)
+    scheduler.engine = engine = RecordingEngine()
+    a = Request(list(range(1000, 1900)), 4, {"temperature": 0.0}, arrived=clock.now)
+    scheduler.submit(a)
+    scheduler.on_message(m.PP(256, 900, 10.0, 25600.0, a.id))
+    b = Request(list(range(3000, 3100)), 4, {"temperature": 0.0}, arrived=clock.now)
+    scheduler.submit(b)
+    assert [x.id for x in engine.sent if isinstance(x, m.Gen)] == [a.id, b.id]
+    scheduler.on_message(m.Defer("memory", b.id))
+    assert scheduler.memory_full and b in scheduler.waiting
+    clock.now += 2.0  # B is old enough for A to make way
+    scheduler.on_message(m.PP(512, 900, 10.0, 25600.0, a.id))
+    assert any(isinstance(x, m.Yield) and x.id == a.id for x in engine.sent)
+    scheduler.on_message(m.Suspended(512, 900, a.id))
+    assert isinstance(engine.sent[-1], m.Gen) and engine.sent[-1].id == b.id, engine.sent
+    assert not scheduler.memory_full and b in scheduler.running
 
 
 def test_a_paused_request_comes_back_by_moving_a_parked_read_out():
