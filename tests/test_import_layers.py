@@ -11,6 +11,9 @@ PACKAGES = ("protocol", "engine", "serve")  # bottom to top: each may import tho
 # the engine's folders, bottom to top: each may import those before it; the modules at engine/'s root
 # (the programs: cli, config, startup, terminal, mock_engine) sit above them all
 ENGINE_LAYERS = ("core", "modelfile", "kernels", "ops", "kvcache", "model", "runner", "parallel", "loop")
+# the server's layers, bottom to top: its folders and, between them, two modules at its root (the
+# settings, and the state every route reads); app.py, cli.py and __main__.py sit above them all
+SERVE_LAYERS = ("api", "engine_proc", "scheduling", "config", "state", "http")
 # what serve/ may import of the engine: its package (the version), its configuration, and the bottom
 # layers that read model files and name core types, never the engine's machinery
 ENGINE_FACE = ("engine", "engine.config", "engine.core", "engine.modelfile")
@@ -128,6 +131,13 @@ def test_the_engines_folders_import_only_downwards():
     assert {name.split(".")[1] for name in graph if name.startswith("engine.") and
             (ROOT / "engine" / name.split(".")[1]).is_dir()} == set(ENGINE_LAYERS)  # every folder placed
     assert upward_imports(graph, "engine", ENGINE_LAYERS) == []
+
+
+def test_the_servers_layers_import_only_downwards():
+    graph = import_graph()
+    assert {name.split(".")[1] for name in graph if name.startswith("serve.") and
+            (ROOT / "serve" / name.split(".")[1]).is_dir()} <= set(SERVE_LAYERS)  # every folder placed
+    assert upward_imports(graph, "serve", SERVE_LAYERS) == []
 
 
 def test_serve_reaches_the_engine_only_through_its_face():
