@@ -16,6 +16,7 @@ import sys
 from typing import Callable, TextIO
 
 from protocol import messages as m
+from protocol.codec import verb
 
 from engine.loop.admission import Admission
 from engine.loop.memory import Memory
@@ -88,7 +89,7 @@ class EngineLoop:
             else:
                 self.admission.finish(seq, "cancel")
         else:
-            self.write(m.Err(f"unexpected {type(msg).__name__.upper()} line for an engine", msg.id))
+            self.write(m.Err(f"unexpected {verb(msg)} line for an engine", msg.id))
 
     def stop(self, seq: Sequence) -> None:
         """STOP: the request ends with `cancel` (after the PP of a chunk that has just run)."""

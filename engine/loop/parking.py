@@ -74,4 +74,4 @@ class Parking:
 
     def write_fingerprint(self, seq: Sequence, stage: str) -> None:
         if seq.fingerprints:
-            self.write(m.FP(stage, seq.pos, self.runner.fingerprint(seq), seq.id))
+            self.write(m.Fingerprint(stage, seq.pos, self.runner.fingerprint(seq), seq.id))

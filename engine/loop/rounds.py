@@ -96,7 +96,7 @@ class Rounds:
             self.admission.drop(seq, f"constrained decoding failed: {e}")
             return False
         seq.generated.append(token)
-        self.write(m.T(token, seq.id))
+        self.write(m.Token(token, seq.id))
         if token in seq.stop_ids:
             self.admission.finish(seq, "stop")
             return False
@@ -134,7 +134,7 @@ class Rounds:
         self.memory.pool.register(seq.table, seq.prompt, seq.pos // chunk * chunk)  # its whole chunks, shareable now
         self.take_lines()  # lines that arrived during this chunk, before its PP
         self.requests.in_chunk = None
-        self.write(m.PP(seq.pos, seq.total, ms, (seq.pos - before) / max(ms, 1e-6) * 1000, seq.id))
+        self.write(m.PromptProgress(seq.pos, seq.total, ms, (seq.pos - before) / max(ms, 1e-6) * 1000, seq.id))
         if seq.finish is not None:  # a STOP came during the chunk
             self.admission.finish(seq, seq.finish)
         elif not seq.reading:

@@ -63,7 +63,7 @@ class EngineLines:
         self.places.put_back(req)
         self.admission.memory_full = True
 
-    def _on_pp(self, req: Request, msg: m.PP) -> None:
+    def _on_pp(self, req: Request, msg: m.PromptProgress) -> None:
         if req.first_chunk_at is None:  # the first chunk started msg.ms before this line
             req.first_chunk_at = self.clock() - msg.ms / 1000
             self.metrics.observe_queue_wait(req.queue_wait_s)
@@ -77,7 +77,7 @@ class EngineLines:
         if self.places.line:
             self.admission.offer_boundary()
 
-    def _on_token(self, req: Request, msg: m.T) -> None:
+    def _on_token(self, req: Request, msg: m.Token) -> None:
         if req.first_token_at is None:
             req.first_token_at = self.clock()
             self.metrics.ttft.observe(req.ttft_s)
@@ -109,5 +109,5 @@ class EngineLines:
         self.admission.dispatch()
         self.admission.offer_boundary()
 
-    _HANDLERS = {m.Info: _on_info, m.PP: _on_pp, m.T: _on_token, m.Suspended: _on_suspended, m.Decline: _on_decline,
+    _HANDLERS = {m.Info: _on_info, m.PromptProgress: _on_pp, m.Token: _on_token, m.Suspended: _on_suspended, m.Decline: _on_decline,
                  m.Defer: _on_defer, m.Done: on_end, m.Err: on_end}

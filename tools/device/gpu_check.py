@@ -111,7 +111,7 @@ def engine_process_on_gpu(model_path: str) -> dict:
     tokens, done = [], None
     while done is None:
         msg = decode(proc.stdout.readline())
-        if isinstance(msg, m.T):
+        if isinstance(msg, m.Token):
             tokens.append(msg.token)
         elif isinstance(msg, (m.Done, m.Err)):
             done = msg

@@ -211,7 +211,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 continue
             ends = [e for e in events if isinstance(e, (m.Done, m.Err, EngineFailure))]
             assert len(ends) == 1, (req.id, ends)
-            tokens = [e.token for e in events if isinstance(e, m.T)]
+            tokens = [e.token for e in events if isinstance(e, m.Token)]
             if isinstance(ends[0], EngineFailure):
                 assert req.deaths_running >= MAX_RETRIES, ends[0]  # a poison request, after its deaths
             else:
@@ -273,14 +273,14 @@ def test_a_request_deferred_for_memory_goes_in_when_the_read_holding_it_parks():
     scheduler.engine = engine = RecordingEngine()
     a = Request(list(range(1000, 1900)), 4, {"temperature": 0.0}, arrived=clock.now)
     scheduler.submit(a)
-    scheduler.on_message(m.PP(256, 900, 10.0, 25600.0, a.id))
+    scheduler.on_message(m.PromptProgress(256, 900, 10.0, 25600.0, a.id))
     b = Request(list(range(3000, 3100)), 4, {"temperature": 0.0}, arrived=clock.now)
     scheduler.submit(b)
     assert [x.id for x in engine.sent if isinstance(x, m.Gen)] == [a.id, b.id]
     scheduler.on_message(m.Defer("memory", b.id))
     assert scheduler.memory_full and b in scheduler.waiting
     clock.now += 2.0  # B is old enough for A to make way
-    scheduler.on_message(m.PP(512, 900, 10.0, 25600.0, a.id))
+    scheduler.on_message(m.PromptProgress(512, 900, 10.0, 25600.0, a.id))
     assert any(isinstance(x, m.Yield) and x.id == a.id for x in engine.sent)
     scheduler.on_message(m.Suspended(512, 900, a.id))
     assert isinstance(engine.sent[-1], m.Gen) and engine.sent[-1].id == b.id, engine.sent
