@@ -30,11 +30,11 @@ def ttft(engine: EngineProcess, ident: int, prompt: tuple[int, ...], answer: int
     """(seconds from GEN to the first T, tokens reused, the answer's tokens)."""
     began = time.perf_counter()
     engine.send(m.Gen(answer, prompt, {"temperature": 0.0, "seed": 0, "reuse": reuse}, ident))
-    seen = engine.read_until(m.T, ident=ident)
+    seen = engine.read_until(m.Token, ident=ident)
     first = time.perf_counter() - began
     seen += engine.read_until(m.Done, ident=ident)
     cached = next(int(x.fields["cached"]) for x in seen if isinstance(x, m.Info) and "cached" in x.fields)
-    return first, cached, tuple(x.token for x in seen if isinstance(x, m.T))
+    return first, cached, tuple(x.token for x in seen if isinstance(x, m.Token))
 
 
 def run(a: argparse.Namespace) -> dict:

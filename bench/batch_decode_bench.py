@@ -4,7 +4,7 @@ with it: each request's greedy tokens decoded in a batch equal its tokens decode
     python bench/batch_decode_bench.py [--model PATH] [--device cpu|gpu] [--batches 1,2,4,8,16]
         [--context 512] [--steps 64] [--repeats 3] [--weights quantized|fp16] [--label NAME --json FILE]
 
-Runs the engine's runner in process as the engine loop drives it (engine/loop/loop.py): every sequence
+Runs the engine's runner in process as the engine loop drives it (engine/loop/rounds.py): every sequence
 reads its own prompt into its own KV blocks, then each step samples every sequence's token where its
 logits are and runs one batched forward for all of them (a CUDA graph replay per batch size on the
 GPU). Reports, per batch size, aggregate tok/s (tokens of all sequences per second, median of
@@ -24,12 +24,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_bench import machine, merge_result  # noqa: E402
-from engine.model.backend import select_backend  # noqa: E402
+from engine.ops.backend import select_backend  # noqa: E402
 from engine.model.weights import load_model  # noqa: E402
 from engine.modelfile.model_path import resolve_model_path  # noqa: E402
 from engine.runner.runner import ModelRunner  # noqa: E402
 from engine.runner.sampler import Sampler, SamplingParams  # noqa: E402
-from engine.loop.sequence import Sequence  # noqa: E402
+from engine.runner.sequence import Sequence  # noqa: E402
 
 
 def read_prompts(runner: ModelRunner, count: int, context: int, vocab: int) -> list[Sequence]:

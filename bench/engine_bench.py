@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.model.backend import Backend, select_backend  # noqa: E402
+from engine.ops.backend import Backend, select_backend  # noqa: E402
 from engine.runner.decode_graph import GraphDecoder  # noqa: E402
 from engine.runner.sampling_graph import DrawGraphs  # noqa: E402
 from engine.model.weights import load_model  # noqa: E402

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import machine  # noqa: E402
-from engine.model.backend import select_backend  # noqa: E402
+from engine.ops.backend import select_backend  # noqa: E402
 from engine.model.weights import load_model  # noqa: E402
 from engine.kvcache.kv import KVCache  # noqa: E402
 from engine.model.forward import LlamaModel  # noqa: E402

@@ -6,7 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from engine.model.backend import select_backend
+from engine.ops.backend import select_backend
 from engine.config import EngineConfig
 from engine.modelfile.gguf_file import GGUFFile, GGUFFormatError
 from engine.modelfile.model_config import ModelLoadError

@@ -17,7 +17,7 @@ class TerminalSink:
         self.stream, self.done = tokenizer.stream(), None
 
     def __call__(self, msg: m.Message) -> None:
-        if isinstance(msg, m.T):
+        if isinstance(msg, m.Token):
             print(self.stream.step(msg.token), end="", flush=True)
         elif isinstance(msg, (m.Done, m.Err)):
             self.done = msg

@@ -144,6 +144,11 @@ def encode(msg: m.Message) -> str:
     return body if msg.id is None else f"{body} id={msg.id}"
 
 
+def verb(msg: m.Message) -> str:
+    """The line's first word, its type on the wire (PP for a PromptProgress, T for a Token...)."""
+    return encode(msg).split(" ", 1)[0]
+
+
 _ENCODERS = {
     m.Gen: lambda g: " ".join(["GEN", str(g.max_new), *format_kv(g.params), ",".join(map(str, g.tokens))]),
     m.Stop: lambda _: "STOP",
@@ -153,12 +158,12 @@ _ENCODERS = {
     m.Quit: lambda _: "QUIT",
     m.Info: lambda i: " ".join(["INFO", *format_kv(i.fields)]),
     m.Ready: lambda r: " ".join(["READY", str(r.ctx), *r.caps]),
-    m.PP: lambda p: f"PP {p.done} {p.total} {format_number(p.ms)} {format_number(p.tok_s)}",
-    m.T: lambda t: f"T {t.token}",
+    m.PromptProgress: lambda p: f"PP {p.done} {p.total} {format_number(p.ms)} {format_number(p.tok_s)}",
+    m.Token: lambda t: f"T {t.token}",
     m.Suspended: lambda s: f"SUSPENDED {s.done} {s.total}",
     m.Decline: lambda d: f"DECLINE {d.reason} {d.done} {d.total}",
     m.Defer: lambda d: f"DEFER {d.reason}",
-    m.FP: lambda f: f"FP {f.stage} {f.pos} {f.digest}",
+    m.Fingerprint: lambda f: f"FP {f.stage} {f.pos} {f.digest}",
     m.Done: lambda d: " ".join(
         ["DONE", str(d.generated), str(d.prompt_tokens), format_number(d.prompt_ms),
          format_number(d.decode_ms), d.finish, *format_kv(d.extra)]),
@@ -231,7 +236,7 @@ def _ready(p, i):
 
 def _pp(p, i):
     _fields(p, 4, "PP")
-    return m.PP(parse_int(p[0], "done"), parse_int(p[1], "total"), parse_float(p[2], "ms"),
+    return m.PromptProgress(parse_int(p[0], "done"), parse_int(p[1], "total"), parse_float(p[2], "ms"),
                 parse_float(p[3], "tok/s"), i)
 
 
@@ -239,7 +244,7 @@ def _fp(p, i):
     _fields(p, 3, "FP")
     if not re.fullmatch(r"[0-9a-f]+", p[2]):
         raise ValueError(f"bad digest {p[2]!r}")
-    return m.FP(parse_word(p[0], "stage", m.FP_STAGES), parse_int(p[1], "pos"), p[2], i)
+    return m.Fingerprint(parse_word(p[0], "stage", m.FINGERPRINT_STAGES), parse_int(p[1], "pos"), p[2], i)
 
 
 def _bare(cls, verb):
@@ -266,7 +271,7 @@ _DECODERS = {
     "INFO": lambda p, i: m.Info(parse_kv(p), i),
     "READY": _ready,
     "PP": _pp,
-    "T": lambda p, i: m.T(parse_int(_fields(p, 1, "T")[0], "token"), i),
+    "T": lambda p, i: m.Token(parse_int(_fields(p, 1, "T")[0], "token"), i),
     "SUSPENDED": lambda p, i: m.Suspended(parse_int(_fields(p, 2, "SUSPENDED")[0], "done"),
                                           parse_int(p[1], "total"), i),
     "DECLINE": lambda p, i: m.Decline(parse_word(_fields(p, 3, "DECLINE")[0], "reason"),

@@ -1,7 +1,8 @@
 """One frozen dataclass per line type of the engine protocol.
 
 Server -> engine: Gen, Stop, Yield, Resume, Cancel, Quit.
-Engine -> server: Info, Ready, PP, T, Suspended, Decline, Defer, FP, Done, Err.
+Engine -> server: Info, Ready, PromptProgress (PP on the wire), Token (T), Suspended, Decline, Defer,
+Fingerprint (FP), Done, Err.
 `id` is None for a line without the ` id=N` suffix.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ GEN_KEYS: dict[str, type] = {
 }
 
 FINISH_REASONS = ("stop", "length", "cancel")
-FP_STAGES = ("park", "resume", "done")
+FINGERPRINT_STAGES = ("park", "resume", "done")
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,9 @@ class Ready:
 
 
 @dataclass(frozen=True)
-class PP:
+class PromptProgress:
+    """PP: a chunk of the prompt read, `done` of `total` tokens, the chunk's time and rate."""
+
     done: int
     total: int
     ms: float
@@ -88,7 +91,9 @@ class PP:
 
 
 @dataclass(frozen=True)
-class T:
+class Token:
+    """T: one generated token."""
+
     token: int
     id: int | None = None
 
@@ -123,7 +128,7 @@ DEFER_REASONS = ("memory", "busy")
 
 
 @dataclass(frozen=True)
-class FP:
+class Fingerprint:
     """State fingerprint: a hash of everything the rest of the request reads."""
 
     stage: str
@@ -149,5 +154,5 @@ class Err:
     id: int | None = None
 
 
-Message = (Gen | Stop | Yield | Resume | Cancel | Quit | Info | Ready | PP | T | Suspended | Decline | Defer | FP | Done
-           | Err)
+Message = (Gen | Stop | Yield | Resume | Cancel | Quit | Info | Ready | PromptProgress | Token | Suspended | Decline
+           | Defer | Fingerprint | Done | Err)

@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from engine import __version__
 from serve.http.body_limit import BodyLimit, body_limit_bytes
 from serve.config import ServerSettings
-from serve.http.errors import install_error_handlers
+from serve.http.error_handlers import install_error_handlers
 from serve.http.host_check import HostCheck, allowed_host_names
 from serve.http.origin_check import OriginCheck
 from serve.http.web_page import include_page

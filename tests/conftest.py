@@ -90,7 +90,7 @@ def engine_factory():
     started = []
 
     def start(*args: str, mock: bool = False) -> EngineProcess:
-        module = "engine.loop.mock_engine" if mock else "engine"
+        module = "engine.mock_engine" if mock else "engine"
         engine = EngineProcess([PY, "-m", module, "--serve", *args])
         started.append(engine)
         return engine

@@ -117,7 +117,7 @@ def remake_fixture_models(folder: Path, fixture: dict, tool: str) -> dict[str, P
 
 
 def mock_engine_cmd(*args: str) -> str:
-    return " ".join([PY, "-m", "engine.loop.mock_engine", *args])
+    return " ".join([PY, "-m", "engine.mock_engine", *args])
 
 
 @dataclass

@@ -8,6 +8,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("protocol", "engine", "serve")  # bottom to top: each may import those before it
+# the engine's folders, bottom to top: each may import those before it; the modules at engine/'s root
+# (the programs: cli, config, startup, terminal, mock_engine) sit above them all
+ENGINE_LAYERS = ("core", "modelfile", "kernels", "ops", "kvcache", "model", "runner", "parallel", "loop")
+# the server's layers, bottom to top: its folders and, between them, two modules at its root (the
+# settings, and the state every route reads); app.py, cli.py and __main__.py sit above them all
+SERVE_LAYERS = ("api", "engine_proc", "scheduling", "config", "state", "http")
+# what serve/ may import of the engine: its package (the version), its configuration, and the bottom
+# layers that read model files and name core types, never the engine's machinery
+ENGINE_FACE = ("engine", "engine.config", "engine.core", "engine.modelfile")
 
 
 def project_modules() -> dict[str, Path]:
@@ -92,6 +101,57 @@ def test_packages_import_only_downwards():
     upward = [(name, target) for name, targets in import_graph().items() for target in targets
               if PACKAGES.index(target.split(".")[0]) > PACKAGES.index(name.split(".")[0])]
     assert upward == []
+
+
+def layer_of(name: str, package: str, layers: tuple[str, ...]) -> int | None:
+    """A module's place among its package's layers: the index of its folder, len(layers) for a module
+    at the package's root (above every folder), None for the package itself or another package."""
+    parts = name.split(".")
+    if parts[0] != package or len(parts) == 1:
+        return None
+    return layers.index(parts[1]) if parts[1] in layers else len(layers)
+
+
+def upward_imports(graph: dict[str, set[str]], package: str, layers: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Imports from a folder of `package` into a folder above it or into the package's root modules."""
+    found = []
+    for name, targets in graph.items():
+        here = layer_of(name, package, layers)
+        if here is None or here == len(layers):
+            continue
+        for target in targets:
+            there = layer_of(target, package, layers)
+            if there is not None and there > here:
+                found.append((name, target))
+    return sorted(found)
+
+
+def test_the_engines_folders_import_only_downwards():
+    graph = import_graph()
+    assert {name.split(".")[1] for name in graph if name.startswith("engine.") and
+            (ROOT / "engine" / name.split(".")[1]).is_dir()} == set(ENGINE_LAYERS)  # every folder placed
+    assert upward_imports(graph, "engine", ENGINE_LAYERS) == []
+
+
+def test_the_servers_layers_import_only_downwards():
+    graph = import_graph()
+    assert {name.split(".")[1] for name in graph if name.startswith("serve.") and
+            (ROOT / "serve" / name.split(".")[1]).is_dir()} <= set(SERVE_LAYERS)  # every folder placed
+    assert upward_imports(graph, "serve", SERVE_LAYERS) == []
+
+
+def test_serve_reaches_the_engine_only_through_its_face():
+    reached = {(name, target) for name, targets in import_graph().items() if name.split(".")[0] == "serve"
+               for target in targets if target.split(".")[0] == "engine"}
+    outside = [(name, target) for name, target in reached
+               if not any(target == face or target.startswith(face + ".") for face in ENGINE_FACE)]
+    assert reached and sorted(outside) == []
+
+
+def test_an_upward_import_is_found():
+    graph = {"engine.core.step": {"engine.loop.loop"}, "engine.loop.loop": {"engine.core.step"},
+             "engine.cli": {"engine.loop.loop"}}
+    assert upward_imports(graph, "engine", ENGINE_LAYERS) == [("engine.core.step", "engine.loop.loop")]
 
 
 def test_the_cycle_finder_finds_a_cycle():

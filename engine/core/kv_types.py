@@ -85,7 +85,7 @@ class Q8Array:
 
 
 def array_module(array):
-    """numpy, or cupy for a device array (cupy is then already imported, by engine/model/backend.py)."""
+    """numpy, or cupy for a device array (cupy is then already imported, by engine/ops/backend.py)."""
     cupy = sys.modules.get("cupy")
     return np if cupy is None else cupy.get_array_module(array)
 

@@ -1,6 +1,6 @@
 """Thin launchers for the CUDA kernels in this folder (one .cu file per family), compiled at first
-use by CuPy (NVRTC). CuPy is handed in by engine/model/backend.py, the only module that imports it.
-Every kernel has a NumPy reference (engine/model/backend.py ArrayOps, gguf.quants.dequantize) that
+use by CuPy (NVRTC). CuPy is handed in by engine/ops/backend.py, the only module that imports it.
+Every kernel has a NumPy reference (engine/ops/backend.py ArrayOps, gguf.quants.dequantize) that
 tools/device/gpu_kernels_check.py compares it with on the GPU.
 
 GpuKernels is composed of one part a job, each in its own module, the launchers beside their family's

@@ -1,7 +1,7 @@
 """Launchers of the mixture-of-experts kernels (moe.cu): routing on the device, a decode row's
 chosen experts read in their blocks, a prompt chunk's rows grouped by expert for tensor-core
 GEMMs. Nothing here waits for the GPU or reads a device value on the host, so a decode step of a
-MoE model is captured in one graph like any other. NumPy reference: engine/model/moe.py."""
+MoE model is captured in one graph like any other. NumPy reference: engine/ops/moe.py."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS
-from engine.model.moe import Experts, ExpertStack
+from engine.core.experts import Experts, ExpertStack
 from engine.core.quantized import Row8
 
 MAX_EXPERTS, MAX_USED = 256, 32  # MAX_EXPERTS in moe.cu (8 router values a lane); one lane per choice

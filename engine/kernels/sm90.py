@@ -34,7 +34,7 @@ def cache_dir() -> Path:
 
 
 def nvrtc_binding(cp: ModuleType) -> ModuleType:
-    """CuPy's NVRTC binding (cp: engine/model/backend.py's): cupy.cuda.nvrtc, or where CuPy 14 keeps it."""
+    """CuPy's NVRTC binding (cp: engine/ops/backend.py's): cupy.cuda.nvrtc, or where CuPy 14 keeps it."""
     for name in (f"{cp.__name__}.cuda.nvrtc", "cupy_backends.cuda.libs.nvrtc"):
         try:
             return importlib.import_module(name)

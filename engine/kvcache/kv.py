@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.model.backend import Backend
+from engine.ops.backend import Backend
 from engine.modelfile.model_config import ModelConfig
 from engine.core.kv_types import Q8Array, resolve
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from engine.model.backend import Backend
+from engine.ops.backend import Backend
 from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.kvcache.kv import kv_row_bytes
 from engine.core.kv_types import resolve

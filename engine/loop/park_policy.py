@@ -1,14 +1,9 @@
-"""Absolute chunk boundaries and the gates a park must pass."""
+"""The gates a park must pass (the chunk boundaries it parks at: engine/core/chunks.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.loop.sequence import Sequence
-
-
-def chunk_end(pos: int, total: int, chunk: int) -> int:
-    """Chunk k covers [k*chunk, (k+1)*chunk): a read resumed at a boundary runs the same shapes."""
-    return min((pos // chunk + 1) * chunk, total)
+from engine.runner.sequence import Sequence
 
 
 @dataclass(frozen=True)

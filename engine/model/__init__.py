@@ -1,1 +1,2 @@
-"""The forward pass: the model per family over the NumPy/CuPy array operations, rope, the MoE math."""
+"""The model: its weights read from a GGUF onto a backend (weights.py), the forward pass per family over
+engine/ops (forward.py), RoPE's frequencies (rope.py)."""

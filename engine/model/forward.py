@@ -8,12 +8,12 @@ from typing import Callable
 
 import numpy as np
 
-from engine.model.backend import Backend
+from engine.ops.backend import Backend
 from engine.core.step import Step
 from engine.modelfile.model_config import ModelConfig
 from engine.model.weights import Weights
 from engine.kvcache.kv import KVCache, SequenceRows
-from engine.loop.park_policy import chunk_end
+from engine.core.chunks import chunk_end
 from engine.model.rope import frequencies
 
 
@@ -83,7 +83,7 @@ class LlamaModel:
         return logits if step.batch else logits[0]
 
     def mixture(self, i: int, h, layer):
-        """Layer i's routed experts (engine/model/moe.py); the routes are recorded when route_log is a list."""
+        """Layer i's routed experts (engine/ops/moe.py); the routes are recorded when route_log is a list."""
         delta, chosen, weights = self.ops.mixture(h, layer.router, layer.experts, self.cfg.n_experts_used,
                                                   self.cfg.expert_weights_norm)
         if self.route_log is not None:

@@ -12,8 +12,8 @@ from gguf.quants import dequantize
 
 from engine.core.quantized import BLOCKS, HostRows, QuantMatrix, row_bytes, stack_rows
 from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
-from engine.model.backend import Backend
-from engine.model.moe import Experts, ExpertStack
+from engine.ops.backend import Backend
+from engine.core.experts import Experts, ExpertStack
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import ModelConfig, ModelLoadError, read_config
 from engine.modelfile.rope_config import RopeOverride
@@ -34,7 +34,7 @@ class LayerWeights:
     q_norm: object = None  # (head_dim,) float32: qwen3's per-head norms
     k_norm: object = None
     router: object = None  # (n_experts, dim) float32: qwen3moe's gate
-    experts: Experts | None = None  # the stacked expert tensors (engine/model/moe.py)
+    experts: Experts | None = None  # the stacked expert tensors (engine/ops/moe.py)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from engine.model.backend import Backend
+from engine.ops.backend import Backend
 from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.model.weights import Weights, reserve_expansion, shard_config, shard_range
 from engine.kvcache.kv import KVCache

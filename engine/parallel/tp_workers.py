@@ -96,7 +96,7 @@ def worker_main(rank: int, world: int, conn) -> None:
     pipe closes."""
     try:
         spec: WorkerSpec = conn.recv()
-        from engine.model.backend import select_backend
+        from engine.ops.backend import select_backend
         from engine.model.weights import load_model
         from engine.model.forward import LlamaModel
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.model.backend import Backend
+from engine.ops.backend import Backend
 from engine.core.step import Step
 from engine.runner.graph_pool import graph_memory_pool
 from engine.kvcache.kv import KVCache

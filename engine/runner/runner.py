@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 
 from engine import __version__
-from engine.model.backend import Backend
+from engine.ops.backend import Backend
 from engine.runner.decode_graph import GraphDecoder
 from engine.runner.grammar_mask import Constraint
 from engine.runner.sampling_graph import DrawGraphs
@@ -19,8 +19,8 @@ from engine.kvcache.block_pool import BlockPool
 from engine.kvcache.host_tier import HostTier
 from engine.kvcache.kv import KVCache, KVSnapshot
 from engine.model.forward import LlamaModel
-from engine.loop.park_policy import chunk_end
-from engine.loop.sequence import Sequence
+from engine.core.chunks import chunk_end
+from engine.runner.sequence import Sequence
 
 
 MAX_BATCH = 64  # rows of one decode forward (the flash-decoding counters hold 64 sequences); more go in several

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 
 from serve.api import openai_schema as schema
-from serve.http.errors import APIError
+from serve.api.errors import APIError
 from serve.api.reasoning import CONTENT, REASONING, ReasoningSplitter, prompt_opens_thinking
 from serve.api.tool_calls import FORMATS, ToolCall, ToolCallStream, ToolFormat, format_for_template
 

@@ -11,7 +11,7 @@ import llguidance
 
 from serve.api import openai_schema as schema
 from serve.api.chat import ToolPlan
-from serve.http.errors import APIError
+from serve.api.errors import APIError
 
 JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: a small model cannot wander off in blanks
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tokenizers.pre_tokenizers import ByteLevel
 
-from serve.http.errors import prompt_too_long
+from serve.api.errors import prompt_too_long
 
 # byte-level BPE spells each byte of text as one of these 256 characters (GPT-2's byte-to-char map)
 BYTE_LEVEL_CHARS = frozenset(ByteLevel.alphabet())

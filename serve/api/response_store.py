@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from serve.http.errors import APIError
+from serve.api.errors import APIError
 
 STORE_SIZE = 1000
 

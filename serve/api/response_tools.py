@@ -20,7 +20,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-from serve.http.errors import APIError
+from serve.api.errors import APIError
 from serve.api.lark_regex import NotRegular, lark_to_regex
 
 log = logging.getLogger("strata.responses")

@@ -29,7 +29,7 @@ class ResponsesRequest(BaseModel):
     text: dict | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
     reasoning: dict | None = None
     metadata: dict | None = None
-    prompt_cache_key: str | None = None  # the client's session (Codex: its conversation): serve/scheduling/running.py session_of
+    prompt_cache_key: str | None = None  # the client's session (Codex: its conversation): serve/http/run_request.py session_of
     priority: int = 0
 
 

@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Callable
 
 from protocol import messages as m
-from protocol.codec import ProtocolError, decode, encode
+from protocol.codec import ProtocolError, decode, encode, verb
 from serve.engine_proc.engine_launch import AdoptedProcess, abandon, launch
 
 log = logging.getLogger("strata.engine")
@@ -113,7 +113,7 @@ class EngineClient:
                 info.ctx, info.caps = msg.ctx, msg.caps
                 return info
             else:
-                log.warning("ignoring %s before READY", type(msg).__name__)
+                log.warning("ignoring %s before READY", verb(msg))
 
     async def _read_lines(self, proc) -> None:
         while True:
@@ -174,4 +174,4 @@ class EngineClient:
             stdin.write((encode(msg) + "\n").encode())
         except (BrokenPipeError, ConnectionResetError, RuntimeError):
             if not self.stopping:
-                log.warning("engine stdin closed while sending %s", type(msg).__name__)
+                log.warning("engine stdin closed while sending %s", verb(msg))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from serve.http.errors import MIB, BodyTooLarge
+from serve.http.error_handlers import MIB, BodyTooLarge
 
 # The default limit, from the context: a context's worth of prompt as JSON, with room. Prose is about
 # 4 bytes a token; JSON's escapes (\n, \", and \uXXXX, 6 bytes for a non-ASCII character that is
@@ -66,7 +66,7 @@ class BodyLimit:
 
     def counted(self, receive):
         """receive, raising BodyTooLarge once the body read so far is over the limit. It is raised inside
-        the route's reading of the body, where the app's handler answers it (serve/http/errors.py)."""
+        the route's reading of the body, where the app's handler answers it (serve/api/errors.py)."""
         read = 0
 
         async def receive_counted():

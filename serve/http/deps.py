@@ -6,7 +6,7 @@ import secrets
 
 from fastapi import Request as HTTPRequest
 
-from serve.http.errors import APIError
+from serve.api.errors import APIError
 from serve.api.prompt_fit import PromptFit
 from serve.state import ServerState
 

@@ -24,7 +24,7 @@ import time
 from fastapi import APIRouter, Depends, Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 
-from serve.http.errors import APIError
+from serve.api.errors import APIError
 from serve.http.deps import SSE_HEADERS, check_api_key, state_of
 
 events = APIRouter()

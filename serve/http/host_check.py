@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 
-from serve.http.errors import APIError
+from serve.api.errors import APIError
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 

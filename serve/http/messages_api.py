@@ -20,12 +20,12 @@ from serve.api import anthropic_schema as schema
 from serve.api import openai_schema as oai
 from serve.api.chat import ChatOutput, reasoning_opened, render, tool_plan
 from serve.api.constraints import grammar_for
-from serve.http.errors import APIError
+from serve.api.errors import APIError
 from serve.scheduling.generation import Finished, GenerationError, KeepAlive
 from serve.api.prompt_fit import PromptFit
 from serve.api.prompt_tokens import off_loop, text_tokens
 from serve.api.reasoning import CONTENT, REASONING
-from serve.scheduling.running import build_request, collect, deltas, session_of, until_disconnect
+from serve.http.run_request import build_request, collect, deltas, session_of, until_disconnect
 from serve.http.sse import named_event as event
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

@@ -13,7 +13,7 @@ import logging
 
 from starlette.middleware.cors import CORSMiddleware
 
-from serve.http.errors import APIError
+from serve.api.errors import APIError
 
 log = logging.getLogger("strata.http")
 

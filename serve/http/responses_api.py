@@ -22,12 +22,12 @@ from serve.api import openai_schema as oai
 from serve.api import responses_schema as schema
 from serve.api.chat import ChatOutput, reasoning_opened, tool_plan
 from serve.api.constraints import grammar_for
-from serve.http.errors import APIError, server_error
+from serve.api.errors import APIError, server_error
 from serve.scheduling.generation import Finished, GenerationError, KeepAlive
 from serve.api.prompt_fit import PromptFit
 from serve.api.prompt_tokens import chat_tokens, off_loop
 from serve.api.reasoning import CONTENT, REASONING
-from serve.scheduling.running import build_request, collect, deltas, session_of, until_disconnect
+from serve.http.run_request import build_request, collect, deltas, session_of, until_disconnect
 from serve.api.response_store import ResponseStore
 from serve.api.response_tools import ToolMap, build as build_tools, custom_text, flat_name
 from serve.http.sse import named_event

@@ -15,12 +15,12 @@ from serve.api import openai_schema as schema
 from serve.api.chat import ChatOutput, reasoning_opened, tool_plan
 from serve.api.constraints import grammar_for
 from serve.http.deps import SSE_HEADERS, check_api_key, fit_of, state_of
-from serve.http.errors import server_error
+from serve.api.errors import server_error
 from serve.scheduling.generation import Finished, GenerationError, KeepAlive, Piece
 from serve.api.prompt_fit import PromptFit
 from serve.api.prompt_tokens import chat_tokens, off_loop, text_tokens
 from serve.scheduling.request import Request
-from serve.scheduling.running import build_request, collect, events, session_of, until_disconnect
+from serve.http.run_request import build_request, collect, events, session_of, until_disconnect
 from serve.http.sse import data_event as sse
 from serve.state import ServerState
 

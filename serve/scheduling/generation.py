@@ -54,7 +54,7 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
             except TimeoutError:
                 yield KeepAlive()
                 continue
-            if isinstance(event, m.T):
+            if isinstance(event, m.Token):
                 text = stops.feed(detok.step(event.token))
                 if text:
                     yield Piece(text)

@@ -32,8 +32,8 @@ def test_info_names_model_device_and_chunk(engine):
 def test_gen_reads_in_absolute_chunks_then_answers_paris(engine, tokenizer):
     engine.send(m.Gen(20, FRANCE, {"temperature": 0.0}, 1))
     got = engine.read_until(m.Done, ident=1)
-    assert [p.done for p in got if isinstance(p, m.PP)] == [16, 32, 37]
-    tokens = [t.token for t in got if isinstance(t, m.T)]
+    assert [p.done for p in got if isinstance(p, m.PromptProgress)] == [16, 32, 37]
+    tokens = [t.token for t in got if isinstance(t, m.Token)]
     assert tokenizer.decode(tokens) == "The capital of France is Paris."
     done = got[-1]
     assert (done.finish, done.generated, done.prompt_tokens) == ("stop", len(tokens), 37)
@@ -43,13 +43,13 @@ def test_seeded_sampling_repeats_exactly(engine):
     runs = []
     for ident in (2, 3):
         engine.send(m.Gen(12, FRANCE, {"temperature": 0.9, "seed": 1234}, ident))
-        runs.append([t.token for t in engine.read_until(m.Done, ident=ident) if isinstance(t, m.T)])
+        runs.append([t.token for t in engine.read_until(m.Done, ident=ident) if isinstance(t, m.Token)])
     assert runs[0] == runs[1] and runs[0]
 
 
 def test_stop_between_tokens(engine):
     engine.send(m.Gen(500, FRANCE, {"temperature": 1.0, "seed": 1, "stop": (99999,)}, 4))
-    engine.read_until(m.T, ident=4)
+    engine.read_until(m.Token, ident=4)
     engine.send(m.Stop(4))
     done = engine.read_until(m.Done, ident=4)[-1]
     assert done.finish in ("cancel", "stop") and done.generated < 500
@@ -63,7 +63,7 @@ def test_a_grammar_on_gen_constrains_the_tokens(engine, tokenizer):
     grammar = llguidance.LLMatcher.grammar_from_regex("(Lyon|Marseille)")
     engine.send(m.Gen(20, FRANCE, {"temperature": 0.0, "grammar": grammar}, 11))
     got = engine.read_until(m.Done, ident=11)
-    text = tokenizer.decode([t.token for t in got if isinstance(t, m.T)])
+    text = tokenizer.decode([t.token for t in got if isinstance(t, m.Token)])
     assert text in ("Lyon", "Marseille") and got[-1].finish == "stop"
 
 
@@ -86,7 +86,7 @@ def test_bad_lines_get_err_naming_the_problem_and_serving_goes_on(engine, tokeni
     engine.send(m.Gen(5, FRANCE, {"grammar": '{"grammars": [{"lark_grammar": "start: ("}]}'}, 10))
     assert err().message.startswith("grammar")
     engine.send(m.Gen(20, FRANCE, {}, 9))
-    tokens = [t.token for t in engine.read_until(m.Done, ident=9) if isinstance(t, m.T)]
+    tokens = [t.token for t in engine.read_until(m.Done, ident=9) if isinstance(t, m.Token)]
     assert "Paris" in tokenizer.decode(tokens)
 
 
@@ -130,7 +130,7 @@ def test_a_reused_start_gives_the_tokens_and_state_of_a_cold_read(engine):
         engine.send(m.Gen(12, turn, {"temperature": 0.0, "seed": 0, "fp": 1, "reuse": reuse}, ident))
         got = engine.read_until(m.Done, ident=ident)
         info = next(x for x in got if isinstance(x, m.Info) and "cached" in x.fields)  # not the pool's report
-        runs[reuse] = (int(info.fields["cached"]), [x.token for x in got if isinstance(x, m.T)], got[-1].extra["fp"])
+        runs[reuse] = (int(info.fields["cached"]), [x.token for x in got if isinstance(x, m.Token)], got[-1].extra["fp"])
     assert runs[1][0] == 32 and runs[0][0] == 0  # FRANCE's 37 tokens hold two whole chunks of 16
     assert runs[1][1:] == runs[0][1:]
 
@@ -148,18 +148,18 @@ def test_a_read_that_pauses_for_decode_steps_gives_the_tokens_and_state_of_a_str
     def run_alone(ident: int, tokens: tuple, n: int):
         e.send(m.Gen(n, tokens, params, ident))
         got = e.read_until(m.Done, ident=ident)
-        return [x.token for x in got if isinstance(x, m.T)], got[-1].extra["fp"]
+        return [x.token for x in got if isinstance(x, m.Token)], got[-1].extra["fp"]
 
     alone = {"read": run_alone(1, long_prompt, 6), "decoder": run_alone(2, FRANCE, 60)}
     e.send(m.Gen(60, FRANCE, params, 3))
-    seen = e.read_until(m.T, ident=3)
+    seen = e.read_until(m.Token, ident=3)
     e.send(m.Gen(6, long_prompt, params, 4))
     seen += e.read_until(m.Done, ident=4)
     if not any(isinstance(x, m.Done) and x.id == 3 for x in seen):
         seen += e.read_until(m.Done, ident=3)
-    gen, first_pp = (next(i for i, x in enumerate(seen) if isinstance(x, kind) and x.id == 4) for kind in (m.Info, m.PP))
-    assert sum(isinstance(x, m.T) and x.id == 3 for x in seen[gen:first_pp]) > 2  # its first chunk paused
-    together = {k: ([x.token for x in seen if isinstance(x, m.T) and x.id == i],
+    gen, first_pp = (next(i for i, x in enumerate(seen) if isinstance(x, kind) and x.id == 4) for kind in (m.Info, m.PromptProgress))
+    assert sum(isinstance(x, m.Token) and x.id == 3 for x in seen[gen:first_pp]) > 2  # its first chunk paused
+    together = {k: ([x.token for x in seen if isinstance(x, m.Token) and x.id == i],
                     next(x for x in seen if isinstance(x, m.Done) and x.id == i).extra["fp"])
                 for k, i in (("read", 4), ("decoder", 3))}
     assert together == alone

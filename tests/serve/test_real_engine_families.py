@@ -9,7 +9,7 @@ import numpy as np
 import openai
 import pytest
 
-from engine.model.backend import cpu_backend
+from engine.ops.backend import cpu_backend
 from engine.model.weights import load_model
 from engine.kvcache.kv import KVCache
 from engine.model.forward import LlamaModel

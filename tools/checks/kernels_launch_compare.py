@@ -26,7 +26,7 @@ import engine.kernels as new_kernels  # noqa: E402
 from engine.core.kv_types import Q8Array  # noqa: E402
 from engine.core.quantized import BLOCKS, QuantMatrix, QuantPart, Row8, row_bytes  # noqa: E402
 from engine.kernels import build, launch, moe_launch, sm90  # noqa: E402
-from engine.model.moe import Experts, ExpertStack  # noqa: E402
+from engine.core.experts import Experts, ExpertStack  # noqa: E402
 
 OLD_REV = "9eac495"  # the last commit with GpuKernels whole in engine/kernels/__init__.py
 LOG: list = []  # launches, in order

@@ -55,7 +55,7 @@ def answer(e: EnginePipe, ident: int) -> tuple[list[int], m.Done, dict]:
             continue
         if isinstance(msg, m.Info):
             info |= msg.fields
-        elif isinstance(msg, m.T):
+        elif isinstance(msg, m.Token):
             tokens.append(msg.token)
         elif isinstance(msg, m.Done):
             return tokens, msg, info
@@ -71,7 +71,7 @@ def run_all(e: EnginePipe, gens: list[m.Gen]) -> dict[int, tuple[list[int], m.Do
             raise RuntimeError(f"request {msg.id}: {msg.message}")
         if isinstance(msg, m.Defer):
             raise RuntimeError(f"request {msg.id} deferred ({msg.reason}) by an engine with room")
-        if isinstance(msg, m.T):
+        if isinstance(msg, m.Token):
             tokens[msg.id].append(msg.token)
         elif isinstance(msg, m.Done):
             out[msg.id] = (tokens[msg.id], msg)
@@ -104,7 +104,7 @@ def check_reuse(a, report: list) -> None:
     # rows of a batch need not be bit-equal to a lone step's on the CPU: BLAS is not batch-invariant)
     d_prompt = prompt(4, 2 * c + 7, vocab)
     e.send(m.Gen(8 * a.max_new, d_prompt, params, 4))
-    while not isinstance(msg := e.read(), m.T) or msg.id != 4:
+    while not isinstance(msg := e.read(), m.Token) or msg.id != 4:
         pass
     e_prompt = prompt(5, 3 * c + 1, vocab, d_prompt)
     e.send(m.Gen(1, e_prompt, params, 5))
@@ -113,7 +113,7 @@ def check_reuse(a, report: list) -> None:
         msg = e.read()
         if isinstance(msg, m.Info) and msg.id == 5 and "cached" in msg.fields:
             got["cached"] = int(msg.fields["cached"])
-        elif isinstance(msg, m.T) and msg.id == 5:
+        elif isinstance(msg, m.Token) and msg.id == 5:
             tokens_e.append(msg.token)
         elif isinstance(msg, m.Done) and msg.id in (4, 5):
             got[msg.id] = msg
@@ -184,7 +184,7 @@ def check_batch_and_pressure(a, report: list) -> None:
             retry.append(next(g for g in gens if g.id == msg.id))
         elif isinstance(msg, m.Info) and msg.fields.get("paused") == "1":
             paused += 1
-        elif isinstance(msg, m.T):
+        elif isinstance(msg, m.Token):
             tokens[msg.id].append(msg.token)
         elif isinstance(msg, m.Done):
             out[msg.id] = msg

@@ -25,7 +25,7 @@ class Outcome:
 
 
 def tokens_of(lines: list[m.Message], ident: int) -> list[int]:
-    return [x.token for x in lines if isinstance(x, m.T) and x.id == ident]
+    return [x.token for x in lines if isinstance(x, m.Token) and x.id == ident]
 
 
 def gen(prompt, max_new: int, params: dict, ident: int) -> m.Gen:
@@ -52,8 +52,8 @@ def read_to_boundary_and_park(engine: EnginePipe, chunk: int, boundary: int, see
     ending there is being read), then record the park."""
     target = boundary * chunk
     while True:
-        done = max([x.done for x in seen if isinstance(x, m.PP) and x.id == A] +
-                   [x.pos for x in seen if isinstance(x, m.FP) and x.id == A] or [0])
+        done = max([x.done for x in seen if isinstance(x, m.PromptProgress) and x.id == A] +
+                   [x.pos for x in seen if isinstance(x, m.Fingerprint) and x.id == A] or [0])
         if done >= target - chunk:
             break
         seen.append(engine.read())
@@ -68,21 +68,21 @@ def read_to_boundary_and_park(engine: EnginePipe, chunk: int, boundary: int, see
         engine.read_until(m.Done, ident=A)
         raise AssertionError(f"parked at {suspended.done}, wanted {target}: {got}")
     outcome.parks.append(suspended.done)
-    outcome.park_fps.append(next(x.digest for x in got if isinstance(x, m.FP) and x.stage == "park"))
+    outcome.park_fps.append(next(x.digest for x in got if isinstance(x, m.Fingerprint) and x.stage == "park"))
 
 
 def run_interim(engine: EnginePipe, prompt, decode_tokens: int, params: dict) -> list[int]:
     """Request B while A is parked. decode_tokens=0: B is stopped after its first prompt chunk."""
     engine.send(gen(prompt, max(decode_tokens, 1), params, B))
     if decode_tokens == 0:
-        engine.read_until(m.PP, ident=B)
+        engine.read_until(m.PromptProgress, ident=B)
         engine.send(m.Stop(B))
     return tokens_of(engine.read_until(m.Done, ident=B), B)
 
 
 def resume(engine: EnginePipe, seen: list[m.Message], outcome: Outcome) -> None:
     engine.send(m.Resume(A))
-    got = engine.read_until(m.FP, ident=A)
+    got = engine.read_until(m.Fingerprint, ident=A)
     seen += got
     outcome.resume_fps.append(got[-1].digest)
 
@@ -112,7 +112,7 @@ def cancel_while_parked(engine: EnginePipe, prompt, params: dict, chunk: int) ->
 def yield_during_decode(engine: EnginePipe, prompt, max_new: int, params: dict) -> tuple[Outcome, list]:
     """A YIELD offered after the first token must be ignored: decode never parks."""
     engine.send(gen(prompt, max_new, params, A))
-    seen = engine.read_until(m.T, ident=A)
+    seen = engine.read_until(m.Token, ident=A)
     engine.send(m.Yield())
     outcome = finish_a(engine, seen, Outcome([], ""))
     return outcome, [x for x in seen if isinstance(x, (m.Suspended, m.Decline))]
@@ -128,15 +128,15 @@ def read_beside_decoders(engine: EnginePipe, prompt, max_new: int, params: dict,
     for i, ident in enumerate(idents):
         engine.send(gen(interim, decode_tokens, {**params, "seed": 100 + i}, ident))
     for ident in idents:
-        seen += engine.read_until(m.T, ident=ident)
+        seen += engine.read_until(m.Token, ident=ident)
     engine.send(gen(prompt, max_new, params, A))
     outcome = finish_a(engine, seen, Outcome([], ""))
     for ident in idents:
         if not any(isinstance(x, m.Done) and x.id == ident for x in seen):
             seen += engine.read_until(m.Done, ident=ident)
     start = next(i for i, x in enumerate(seen) if isinstance(x, m.Info) and x.id == A)
-    first_pp = next(i for i, x in enumerate(seen) if isinstance(x, m.PP) and x.id == A)
-    inside = sum(isinstance(x, m.T) and x.id in idents for x in seen[start:first_pp])
+    first_pp = next(i for i, x in enumerate(seen) if isinstance(x, m.PromptProgress) and x.id == A)
+    inside = sum(isinstance(x, m.Token) and x.id in idents for x in seen[start:first_pp])
     return outcome, {ident: tokens_of(seen, ident) for ident in idents}, inside
 
 

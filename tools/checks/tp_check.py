@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.model.backend import select_backend  # noqa: E402
+from engine.ops.backend import select_backend  # noqa: E402
 from engine.model.weights import load_model  # noqa: E402
 from engine.kvcache.kv import KVCache  # noqa: E402
 from engine.model.forward import LlamaModel  # noqa: E402

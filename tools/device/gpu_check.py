@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from engine.model.backend import select_backend  # noqa: E402
+from engine.ops.backend import select_backend  # noqa: E402
 from engine.runner.decode_graph import GraphDecoder  # noqa: E402
 from engine.model.weights import load_model  # noqa: E402
 from engine.kvcache.kv import KVCache  # noqa: E402
@@ -111,7 +111,7 @@ def engine_process_on_gpu(model_path: str) -> dict:
     tokens, done = [], None
     while done is None:
         msg = decode(proc.stdout.readline())
-        if isinstance(msg, m.T):
+        if isinstance(msg, m.Token):
             tokens.append(msg.token)
         elif isinstance(msg, (m.Done, m.Err)):
             done = msg

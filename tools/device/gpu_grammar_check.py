@@ -44,7 +44,7 @@ def main() -> int:
         tokens = []
         while True:
             msg = decode(proc.stdout.readline().rstrip("\n"))
-            if isinstance(msg, m.T):
+            if isinstance(msg, m.Token):
                 tokens.append(msg.token)
             elif isinstance(msg, (m.Done, m.Err)):
                 assert isinstance(msg, m.Done), msg

@@ -8,7 +8,7 @@ that are not multiples of the tile, prefixes that end mid-tile; prompt chunks th
 kernel the device has: the wgmma one and the mma.sync one on Hopper), add+RMSNorm, RoPE+KV write,
 SwiGLU; for every GGUF weight type the load-time expansion, the embedding gather and the matvec
 that reads the blocks, against the gguf package; the MoE routing and expert kernels against
-engine/model/moe.py; the GPU sampler against the host's. Inputs are fresh random data; outputs are poisoned (NaN) before each run, so an
+engine/ops/moe.py; the GPU sampler against the host's. Inputs are fresh random data; outputs are poisoned (NaN) before each run, so an
 unwritten element fails. Error is ||gpu - ref|| / ||ref|| with the reference in float32 on the
 fp16-rounded inputs. Speed: cuBLAS fp16 GEMM on the 8B shapes (the ceiling the prefill runs
 against), the attention kernel's TFLOP/s at depth, a sampler draw's wall time; per-kernel decode
@@ -33,7 +33,7 @@ import cupy as cp  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 
-from engine.model.backend import ArrayOps, Step  # noqa: E402
+from engine.ops.backend import ArrayOps, Step  # noqa: E402
 from engine.kvcache.kv import DEFAULT_BLOCK  # noqa: E402
 from engine.kernels import DEQUANT, MATVEC_PAIRS, GpuKernels  # noqa: E402
 from engine.core.kv_types import Q8Array, dequantize_q8_0, quantize_q8_0  # noqa: E402
@@ -353,7 +353,7 @@ def check_weights(k: GpuKernels) -> None:
 def expert_stacks(kind: str, count: int, dim: int, ffn: int):
     """Random gate, up and down expert stacks of a GGUF type (or "gate,up,down" types): (on the GPU
     in their blocks, float32 reference)."""
-    from engine.model.moe import Experts, ExpertStack
+    from engine.core.experts import Experts, ExpertStack
 
     gpu, ref = [], []
     kinds = kind.split(",") if "," in kind else [kind] * 3
@@ -365,12 +365,12 @@ def expert_stacks(kind: str, count: int, dim: int, ffn: int):
 
 
 def check_moe(k: GpuKernels) -> None:
-    """The MoE kernels (moe.cu) against engine/model/moe.py: the router's choices (exactly) and weights, by
+    """The MoE kernels (moe.cu) against engine/ops/moe.py: the router's choices (exactly) and weights, by
     the prompt path's two launches and by a decode step's one; a decode step's rows through their
     chosen experts (x in 8 bits, twice: before gate/up and before down), all in one launch per kernel,
     each row equal bit for bit to its decode alone; a prompt chunk grouped by expert through the tiled
     GEMMs; per weight type, chunks of odd sizes."""
-    from engine.model.moe import route, run_experts
+    from engine.ops.moe import route, run_experts
     from engine.core.quantized import Row8
 
     cases = [(kind, 16, 4, 512, 256) for kind in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16")]

@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.model.backend import select_backend  # noqa: E402
+from engine.ops.backend import select_backend  # noqa: E402
 from engine.runner.decode_graph import GraphDecoder  # noqa: E402
 from engine.model.weights import load_model  # noqa: E402
 from engine.kvcache.kv import KVCache  # noqa: E402

@@ -34,7 +34,7 @@ def inner(a) -> None:
     import cupy as cp
     import numpy as np
 
-    from engine.model.backend import select_backend
+    from engine.ops.backend import select_backend
     from engine.runner.decode_graph import GraphDecoder
     from engine.model.weights import load_model
     from engine.kvcache.kv import DEFAULT_BLOCK, KVCache

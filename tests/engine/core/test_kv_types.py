@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from engine.model.backend import Step, select_backend
+from engine.ops.backend import Step, select_backend
 from engine.core.kv_types import Q8_GROUP, Q8Array, check_kv_type, dequantize_q8_0, quantize_q8_0, stack
 from tests.harness import PY, ROOT, EngineProcess
 from tools.checks import paged_check

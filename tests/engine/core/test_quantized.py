@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from engine.model.backend import cpu_backend
+from engine.ops.backend import cpu_backend
 from engine.model.weights import TensorRows, WeightLoader
 from engine.modelfile.model_config import read_config
 from engine.kernels import Q8_BYTES

@@ -5,6 +5,7 @@ and pauses when memory runs short, the prefix cache across finished, running and
 import time
 
 from protocol import messages as m
+from protocol.codec import verb
 
 
 def gen(n_prompt: int, ident: int, max_new: int = 4, first: int = 10, **params) -> m.Gen:
@@ -34,19 +35,19 @@ def test_requests_decode_together_and_a_read_runs_between_their_steps(engine_fac
     assert e.info["max_running"] == "3" and e.info["kv_block"] == "4"
     e.send(gen(4, 1, max_new=30))
     e.send(gen(4, 2, max_new=30, first=50))
-    seen = e.read_until(m.T, ident=2)
+    seen = e.read_until(m.Token, ident=2)
     e.send(gen(40, 3, max_new=2, first=90))  # a read of 10 chunks while 1 and 2 decode
     seen += lines_until_done(e, {1, 2, 3})
     held = {x.id: int(x.fields["blocks"]) for x in seen if isinstance(x, m.Info) and "blocks" in x.fields}
     assert held == {1: 1, 2: 1, 3: 1}  # a request is given the blocks of its first chunk only
-    order = [(type(x).__name__, x.id) for x in seen if isinstance(x, (m.T, m.PP))]
+    order = [(verb(x), x.id) for x in seen if isinstance(x, (m.Token, m.PromptProgress))]
     steps = [i for i, item in enumerate(order) if item == ("T", 1)]
     reads_between = [order[i + 1 : j].count(("PP", 3)) for i, j in zip(steps, steps[1:])]
     # a round reads while the decoders have waited less than --decode-interval-ms (50): chunks of 20 ms,
     # so one or two between two steps, never three; and 2 steps beside 1 every time
     assert max(reads_between) in (1, 2) and sum(reads_between) == 10, reads_between
     assert all(order[i + 1 : j].count(("T", 2)) == 1 for i, j in zip(steps, steps[1:]))
-    tokens = {i: [x.token for x in seen if isinstance(x, m.T) and x.id == i] for i in (1, 2)}
+    tokens = {i: [x.token for x in seen if isinstance(x, m.Token) and x.id == i] for i in (1, 2)}
     assert tokens[1][:4] == [10, 11, 12, 13] and tokens[2][:4] == [50, 51, 52, 53]  # each its own answer
 
 
@@ -82,8 +83,8 @@ def test_a_gen_whose_blocks_cannot_be_had_is_deferred_then_taken(engine_factory)
     Tokens of half a second leave the others time to arrive while it decodes."""
     e = start(engine_factory, "--max-running", "4", "--kv-tokens", "32", "--no-prompt-reuse", "--token-s", "0.5")
     e.send(gen(24, 1, max_new=6))
-    e.read_until(m.T, ident=1)
-    e.read_until(m.T, ident=1)  # its seventh block is held
+    e.read_until(m.Token, ident=1)
+    e.read_until(m.Token, ident=1)  # its seventh block is held
     e.send(gen(4, 2, first=500))
     e.send(gen(12, 3, first=600))  # 3 blocks: only one is left
     seen = e.read_until(m.Defer, ident=3)
@@ -98,7 +99,7 @@ def test_parks_keep_their_blocks_and_several_can_be_parked(engine_factory):
     e = start(engine_factory, "--max-running", "3")
     for ident in (1, 2):
         e.send(gen(60, ident, first=10 * ident))
-        e.read_until(m.PP, ident=ident)
+        e.read_until(m.PromptProgress, ident=ident)
         e.send(m.Yield(ident))
         e.read_until(m.Suspended, ident=ident)
     e.send(gen(8, 3, first=500))  # memory to spare: nothing moves
@@ -113,15 +114,15 @@ def test_parks_keep_their_blocks_and_several_can_be_parked(engine_factory):
 def test_short_memory_moves_the_parked_read_to_host_memory_and_back_unchanged(engine_factory):
     e = start(engine_factory, "--max-running", "2", "--kv-tokens", "64", "--no-prompt-reuse")
     e.send(gen(60, 1, fp=1))
-    e.read_until(m.PP, ident=1)
-    e.read_until(m.PP, ident=1)
+    e.read_until(m.PromptProgress, ident=1)
+    e.read_until(m.PromptProgress, ident=1)
     e.send(m.Yield(1))
-    park_fp = next(x for x in e.read_until(m.Suspended, ident=1) if isinstance(x, m.FP)).digest
+    park_fp = next(x for x in e.read_until(m.Suspended, ident=1) if isinstance(x, m.Fingerprint)).digest
     e.send(gen(56, 2, first=500))  # 14 blocks: the parked read's must go
     seen = e.read_until(m.Done, ident=2)
     assert any(isinstance(x, m.Info) and x.id == 1 and x.fields.get("host") == "1" for x in seen)
     e.send(m.Resume(1))
-    resumed = e.read_until(m.FP, ident=1)[-1]
+    resumed = e.read_until(m.Fingerprint, ident=1)[-1]
     assert resumed.digest == park_fp  # brought back exactly
     done = e.read_until(m.Done, ident=1)[-1]
     assert done.finish == "length" and float(done.extra["park_ms"]) >= 0.0
@@ -137,7 +138,7 @@ def test_short_memory_pauses_the_newest_decoder_and_brings_it_back_first(engine_
     seen = lines_until_done(e, {1, 2})
     pauses = [x for x in seen if isinstance(x, m.Info) and "paused" in x.fields and x.id is not None]
     assert [(x.id, x.fields["paused"]) for x in pauses][:2] == [(2, "1"), (2, "0")]
-    tokens = {i: [x.token for x in seen if isinstance(x, m.T) and x.id == i] for i in (1, 2)}
+    tokens = {i: [x.token for x in seen if isinstance(x, m.Token) and x.id == i] for i in (1, 2)}
     assert tokens[1] == [10 + i % 8 for i in range(24)] and tokens[2] == [100 + i % 8 for i in range(24)]
 
 
@@ -151,21 +152,21 @@ def test_the_prefix_cache_serves_finished_running_and_parked_requests(engine_fac
     seen = e.read_until(m.Done, ident=2)
     info = next(x for x in seen if isinstance(x, m.Info) and x.id == 2)
     assert info.fields["cached"] == "28"  # 30 cached, rounded down to the chunk of 4
-    assert [x.done for x in seen if isinstance(x, m.PP)][0] == 32  # reading went on from 28
+    assert [x.done for x in seen if isinstance(x, m.PromptProgress)][0] == 32  # reading went on from 28
     assert seen[-1].extra["cached"] == "28"
     e.send(m.Gen(4, first.tokens, {"reuse": 0}, 3))  # reuse=0: read from the start
     assert e.read_until(m.Done, ident=3)[-1].extra["cached"] == "0"
     # a request still decoding shares its prompt's whole chunks
     e.send(gen(40, 4, max_new=200, first=300))
-    e.read_until(m.T, ident=4)
+    e.read_until(m.Token, ident=4)
     e.send(gen(44, 5, first=300))
     assert next(x for x in e.read_until(m.Done, ident=5) if isinstance(x, m.Info) and x.id == 5).fields["cached"] == "40"
     e.send(m.Stop(4))
     e.read_until(m.Done, ident=4)
     # and so does a parked read, for what it has read
     e.send(gen(80, 6, first=1000))
-    e.read_until(m.PP, ident=6)
-    e.read_until(m.PP, ident=6)
+    e.read_until(m.PromptProgress, ident=6)
+    e.read_until(m.PromptProgress, ident=6)
     e.send(m.Yield(6))
     done = e.read_until(m.Suspended, ident=6)[-1].done
     e.send(gen(90, 7, first=1000))
@@ -190,12 +191,12 @@ def test_a_long_chunk_pauses_between_layers_for_the_decoding_requests(engine_fac
     def tokens_between_reads(*args: str) -> list[int]:
         e = start(engine_factory, "--max-running", "2", "--chunk-s", "0.32", "--layers", "8", "--token-s", "0.005", *args)
         e.send(gen(4, 1, max_new=200))
-        e.read_until(m.T, ident=1)
+        e.read_until(m.Token, ident=1)
         e.send(gen(16, 2, max_new=1, first=90))  # four chunks
         seen = e.read_until(m.Done, ident=2)
         e.send(m.Stop(1))
         assert float(seen[-1].extra["shared_ms"]) > 0  # the read waited for the decoder's steps
-        order = [(type(x).__name__, x.id) for x in seen if isinstance(x, (m.T, m.PP))]
+        order = [(verb(x), x.id) for x in seen if isinstance(x, (m.Token, m.PromptProgress))]
         reads = [i for i, (kind, ident) in enumerate(order) if kind == "PP" and ident == 2]
         return [sum(1 for kind, ident in order[i + 1 : j] if (kind, ident) == ("T", 1)) for i, j in zip(reads, reads[1:])]
 

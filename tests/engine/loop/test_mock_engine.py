@@ -13,8 +13,8 @@ def test_handshake_then_chunks_tokens_and_done(engine_factory):
     assert e.handshake() == m.Ready(8192, ("stop", "preempt"))  # preemption is on by default
     e.send(gen(10, 3, 1))
     got = e.read_until(m.Done)
-    assert [(x.done, x.total) for x in got if isinstance(x, m.PP)] == [(4, 10), (8, 10), (10, 10)]
-    assert [x.token for x in got if isinstance(x, m.T)] == [10, 11, 12]  # the prompt echoed
+    assert [(x.done, x.total) for x in got if isinstance(x, m.PromptProgress)] == [(4, 10), (8, 10), (10, 10)]
+    assert [x.token for x in got if isinstance(x, m.Token)] == [10, 11, 12]  # the prompt echoed
     assert got[-1].finish == "length" and got[-1].generated == 3 and got[-1].id == 1
 
 
@@ -23,7 +23,7 @@ def test_scripted_output_stops_at_eos(engine_factory):
     e.handshake()
     e.send(gen(3, 10, 5))
     got = e.read_until(m.Done)
-    assert [x.token for x in got if isinstance(x, m.T)] == [7, 8, 2]
+    assert [x.token for x in got if isinstance(x, m.Token)] == [7, 8, 2]
     assert got[-1].finish == "stop"
 
 
@@ -56,10 +56,10 @@ def test_park_and_resume_when_preempt_is_on(engine_factory):
     e.read()
     e.send(m.Yield())
     got = e.read_until(m.Suspended)
-    parked = next(x for x in got if isinstance(x, m.FP))
+    parked = next(x for x in got if isinstance(x, m.Fingerprint))
     e.send(m.Resume(1))
     got = e.read_until(m.Done)
-    resumed = next(x for x in got if isinstance(x, m.FP))
+    resumed = next(x for x in got if isinstance(x, m.Fingerprint))
     assert (resumed.stage, resumed.digest) == ("resume", parked.digest)
     assert got[-1].extra["parks"] == "1"
 
@@ -68,7 +68,7 @@ def test_fault_die_at_chunk(engine_factory):
     e = engine_factory("--chunk", "4", "--die-at-chunk", "2", mock=True)
     e.handshake()
     e.send(gen(20, 2, 1))
-    e.read_until(m.PP)
+    e.read_until(m.PromptProgress)
     try:
         e.read()
         raise AssertionError("the engine should have died")
@@ -115,10 +115,10 @@ def test_a_continuation_goes_on_with_the_same_tokens(engine_factory):
     e = engine_factory("--chunk", "4", mock=True)
     e.handshake()
     e.send(gen(6, 8, 1))
-    whole = [x.token for x in e.read_until(m.Done) if isinstance(x, m.T)]
+    whole = [x.token for x in e.read_until(m.Done) if isinstance(x, m.Token)]
     prompt = tuple(range(10, 16))
     e.send(m.Gen(5, prompt + tuple(whole[:3]), {"drawn": 3}, 2))
-    assert [x.token for x in e.read_until(m.Done) if isinstance(x, m.T)] == whole[3:]
+    assert [x.token for x in e.read_until(m.Done) if isinstance(x, m.Token)] == whole[3:]
 
 
 def test_fault_die_at_gen_answers_nothing(engine_factory):

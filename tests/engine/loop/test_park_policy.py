@@ -92,6 +92,6 @@ def test_a_failed_move_out_makes_the_parked_read_read_again(engine_factory):
     assert e.read_until(m.Done, ident=2)[-1].finish == "length"
     e.send(m.Resume(1))
     seen = e.read_until(m.Done, ident=1)
-    assert [x.done for x in seen if isinstance(x, m.PP)][0] == 4  # from the start again
+    assert [x.done for x in seen if isinstance(x, m.PromptProgress)][0] == 4  # from the start again
     assert seen[-1].finish == "length" and seen[-1].generated == 2
     assert any("moving a parked read out failed" in line for line in e.stderr)

@@ -72,7 +72,7 @@ def test_decode_never_yields(engine, reference):
 
 def test_the_final_partial_chunk_is_not_a_park_point(engine):
     engine.send(sc.gen(PROMPT[:40], 2, {}, sc.A))  # chunks [0, 32) and [32, 40)
-    engine.read_until(m.PP, ident=sc.A)
+    engine.read_until(m.PromptProgress, ident=sc.A)
     engine.send(m.Yield())  # offered during the last chunk: the read ends, nothing parks
     got = engine.read_until(m.Done, ident=sc.A)
     assert not [x for x in got if isinstance(x, m.Suspended)]

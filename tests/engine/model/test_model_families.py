@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.model.backend import cpu_backend
+from engine.ops.backend import cpu_backend
 from engine.model.weights import load_model
 from engine.kvcache.kv import KVCache
 from engine.model.forward import LlamaModel
@@ -110,10 +110,10 @@ def test_a_qwen3moe_read_parked_and_resumed_gives_the_uninterrupted_tokens_and_s
             engine.send(m.Yield())
             seen = engine.read_until(m.Suspended, ident=sc.A)
             parked_at = seen[-1].done
-            park_fp = next(x.digest for x in seen if isinstance(x, m.FP) and x.stage == "park")
+            park_fp = next(x.digest for x in seen if isinstance(x, m.Fingerprint) and x.stage == "park")
             sc.run_interim(engine, FIXTURE["qwen3moe"]["cases"][0]["ids"], 3, params)  # B uses the experts too
             engine.send(m.Resume(sc.A))
-            seen += engine.read_until(m.FP, ident=sc.A)
+            seen += engine.read_until(m.Fingerprint, ident=sc.A)
             assert 0 < parked_at < len(prompt) and parked_at % chunk == 0
             assert seen[-1].digest == park_fp  # the restore put back exactly what was parked
             out = sc.finish_a(engine, seen, sc.Outcome([], ""))

@@ -59,7 +59,7 @@ def test_other_chunk_sizes_agree_within_tolerance(loaded, chunk):
 
 def test_attention_tiles_over_long_contexts_agree(loaded, monkeypatch):
     """More keys than one tile: the online softmax over tiles equals one big tile."""
-    import engine.model.backend as backend_module
+    import engine.ops.backend as backend_module
 
     ids = np.asarray((CASES[3]["ids"] * 3)[:1200])
     one_tile = loaded.logits_after(ids, 512, ctx=2048)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.model.backend import cpu_backend
+from engine.ops.backend import cpu_backend
 from engine.cli import build_parser, config_from_args
 from engine.model.weights import load_model
 from engine.kvcache.kv import KVCache

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from engine.model.backend import cpu_backend
+from engine.ops.backend import cpu_backend
 from engine.modelfile.model_config import ModelLoadError
 from engine.model.weights import load_model
 from engine.kvcache.kv import KVCache

@@ -17,10 +17,10 @@ def test_a_token_the_grammar_refuses_is_an_err_and_the_next_request_runs(engine_
     text_only = llguidance.LLMatcher.grammar_from_lark('start: "<tool_call>\\n" "{}"\n')
     engine.send(m.Gen(8, (9707, 11, 1879), {"temperature": 0.0, "grammar": text_only}, 1))
     lines = engine.read_until(m.Err, ident=1)
-    assert not any(isinstance(x, m.T) for x in lines)
+    assert not any(isinstance(x, m.Token) for x in lines)
     assert "refused by the grammar" in lines[-1].message
     both = llguidance.LLMatcher.grammar_from_lark('start: ("<tool_call>" | <[151657]>) "\\n" "{}"\n')
     engine.send(m.Gen(8, (9707, 11, 1879), {"temperature": 0.0, "grammar": both}, 2))
     lines = engine.read_until(m.Done, ident=2)
-    tokens = [x.token for x in lines if isinstance(x, m.T)]
+    tokens = [x.token for x in lines if isinstance(x, m.Token)]
     assert tokens[0] in (151657, 27) and lines[-1].finish == "stop"  # the token, or the text from "<" on

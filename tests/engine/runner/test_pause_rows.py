@@ -8,7 +8,7 @@ from engine.config import EngineConfig
 from engine.loop.park_policy import ParkPolicy
 from engine.runner.runner import ModelRunner
 from engine.runner.sampler import Sampler, SamplingParams
-from engine.loop.sequence import Sequence
+from engine.runner.sequence import Sequence
 
 BLOCK = 16
 

@@ -13,7 +13,7 @@ import pytest
 
 from serve.api import openai_schema as schema
 from serve.config import ServerSettings
-from serve.scheduling.running import build_request
+from serve.http.run_request import build_request
 from serve.api.sampling_defaults import LLAMA_CPP, sampling_defaults
 
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import serve.scheduling.scheduler as scheduler_module
 from engine.loop.loop import EngineLoop, engine_caps
 from engine.loop.park_policy import ParkPolicy
 from protocol import messages as m
 from protocol.codec import decode, encode
-from engine.loop.mock_engine import FakeRunner, build_parser
+from engine.mock_engine import FakeRunner, build_parser
 from serve.engine_proc.engine_client import EngineInfo, EngineState
 from serve.scheduling.metrics import Metrics
 from serve.scheduling.request import EngineFailure, Phase, Request
@@ -35,7 +34,7 @@ POLICY = ParkPolicy(enabled=True, min_tokens=0, max_parks=3, budget_bytes=120 * 
 
 
 class Clock:
-    """Stands in for the time module in serve.scheduling.scheduler: time passes only when a rule says so."""
+    """The scheduler's clock (its `clock`): time passes only when a rule says so."""
 
     def __init__(self):
         self.now = 1000.0
@@ -86,21 +85,16 @@ class SchedulerMachine(RuleBasedStateMachine):
     @initialize()
     def start(self):
         self.clock = Clock()
-        self.real_time, scheduler_module.time = scheduler_module.time, self.clock
         self.scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
-                                   eos_ids=frozenset({2}), aged_s=1.0)
+                                   eos_ids=frozenset({2}), aged_s=1.0, clock=self.clock.monotonic)
         self.scheduler.engine = self.engine = InProcessEngine(self.slots, self.kv_tokens)
         self.requests: list[Request] = []
         self.left: set[int] = set()
         self.deaths = 0
 
     def teardown(self):
-        try:
-            if hasattr(self, "scheduler"):
-                self.check_answers()
-        finally:
-            if hasattr(self, "real_time"):
-                scheduler_module.time = self.real_time
+        if hasattr(self, "scheduler"):
+            self.check_answers()
 
     # ------------------------------------------------------------ rules
 
@@ -150,45 +144,46 @@ class SchedulerMachine(RuleBasedStateMachine):
         s = self.scheduler
         places = [r.id for r in list(s.waiting) + s.running + s.parked]
         assert len(places) == len(set(places))
-        assert set(r.id for r in s.line) <= set(r.id for r in s.running)
+        assert set(r.id for r in s.places.line) <= set(r.id for r in s.running)
         assert all(r.phase is Phase.PARKED for r in s.parked) and all(r.phase is Phase.QUEUED for r in s.waiting)
 
     @invariant()
     def never_more_running_than_the_cap(self):
         assert len(self.scheduler.running) <= self.slots
-        assert sum(not s.parked for s in self.engine.loop.seqs.values()) <= self.slots
+        assert sum(not s.parked for s in self.engine.loop.requests.seqs.values()) <= self.slots
 
     @invariant()
     def the_pool_is_consistent(self):
         loop = self.engine.loop
-        loop.pool.check([seq.table for seq in loop.seqs.values()])
-        for seq in loop.seqs.values():  # a request's blocks cover what it has read (unless moved out)
-            assert seq.paused or seq.id in loop.snapshots or len(seq.table) * loop.pool.size >= seq.kv_len
+        seqs, memory = loop.requests.seqs, loop.memory
+        memory.pool.check([seq.table for seq in seqs.values()])
+        for seq in seqs.values():  # a request's blocks cover what it has read (unless moved out)
+            assert seq.paused or seq.id in memory.snapshots or len(seq.table) * memory.pool.size >= seq.kv_len
 
     @invariant()
     def parked_bytes_within_the_budget_and_decode_never_parked(self):
         loop = self.engine.loop
-        assert sum(loop.reserved.values()) <= POLICY.budget_bytes
-        assert len(loop.reserved) <= POLICY.max_parked
-        assert all(s.reading and not s.generated for s in loop.seqs.values() if s.parked)
+        assert sum(loop.parking.reserved.values()) <= POLICY.budget_bytes
+        assert len(loop.parking.reserved) <= POLICY.max_parked
+        assert all(s.reading and not s.generated for s in loop.requests.seqs.values() if s.parked)
 
     def no_read_postponed_too_long_beside_a_free_slot(self):
         """After the engine's lines of a round have been handled (the scheduler acts on lines, not
         on a timer), a parked read postponed past max-wait does not wait beside a free slot."""
         s = self.scheduler
         if s.parked and len(s.running) < self.slots and s.engine.ready and not s.memory_full:
-            assert not s._postponed_too_long(s.parked[0])
+            assert not s.admission.postponed_too_long(s.parked[0])
 
     def the_server_knows_which_parked_reads_hold_blocks(self):
         """INFO host=1 / host=0 follow a parked read's moves to host memory and back; checked when no
         line is in flight."""
         if not self.engine.loop.inbox.empty():
             return
-        engine_seqs = self.engine.loop.seqs
+        engine_seqs = self.engine.loop.requests.seqs
         for req in self.scheduler.parked:
             seq = engine_seqs.get(req.id)
             if seq is not None and seq.parked:
-                assert req.in_host == (seq.id in self.engine.loop.snapshots), (req.in_host, seq.table)
+                assert req.in_host == (seq.id in self.engine.loop.memory.snapshots), (req.in_host, seq.table)
 
     # ------------------------------------------------------------ the end
 
@@ -206,7 +201,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             quiet = 0 if self.engine.step_and_deliver(s) else quiet + 1  # 200 quiet rounds: 10 s past
             self.clock.now += 0.05
         assert not (s.waiting or s.running or s.parked), "the machine did not drain (a deadlock)"
-        assert not self.engine.loop.seqs or all(x.parked is False for x in self.engine.loop.seqs.values())
+        engine_seqs = self.engine.loop.requests.seqs
+        assert not engine_seqs or all(x.parked is False for x in engine_seqs.values())
         for req in self.requests:
             events = []
             while not req.events.empty():
@@ -215,7 +211,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 continue
             ends = [e for e in events if isinstance(e, (m.Done, m.Err, EngineFailure))]
             assert len(ends) == 1, (req.id, ends)
-            tokens = [e.token for e in events if isinstance(e, m.T)]
+            tokens = [e.token for e in events if isinstance(e, m.Token)]
             if isinstance(ends[0], EngineFailure):
                 assert req.deaths_running >= MAX_RETRIES, ends[0]  # a poison request, after its deaths
             else:
@@ -272,27 +268,23 @@ def test_a_request_deferred_for_memory_goes_in_when_the_read_holding_it_parks():
     scheduler offers A a park for B, A parks, and nothing else runs. A parked read's blocks can be
     moved out, so the park must let B in: waiting for a DONE would wait forever."""
     clock = Clock()
-    real_time, scheduler_module.time = scheduler_module.time, clock
-    try:
-        scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
-                              eos_ids=frozenset({2}), aged_s=1.0)
-        scheduler.engine = engine = RecordingEngine()
-        a = Request(list(range(1000, 1900)), 4, {"temperature": 0.0}, arrived=clock.now)
-        scheduler.submit(a)
-        scheduler.on_message(m.PP(256, 900, 10.0, 25600.0, a.id))
-        b = Request(list(range(3000, 3100)), 4, {"temperature": 0.0}, arrived=clock.now)
-        scheduler.submit(b)
-        assert [x.id for x in engine.sent if isinstance(x, m.Gen)] == [a.id, b.id]
-        scheduler.on_message(m.Defer("memory", b.id))
-        assert scheduler.memory_full and b in scheduler.waiting
-        clock.now += 2.0  # B is old enough for A to make way
-        scheduler.on_message(m.PP(512, 900, 10.0, 25600.0, a.id))
-        assert any(isinstance(x, m.Yield) and x.id == a.id for x in engine.sent)
-        scheduler.on_message(m.Suspended(512, 900, a.id))
-        assert isinstance(engine.sent[-1], m.Gen) and engine.sent[-1].id == b.id, engine.sent
-        assert not scheduler.memory_full and b in scheduler.running
-    finally:
-        scheduler_module.time = real_time
+    scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
+                          eos_ids=frozenset({2}), aged_s=1.0, clock=clock.monotonic)
+    scheduler.engine = engine = RecordingEngine()
+    a = Request(list(range(1000, 1900)), 4, {"temperature": 0.0}, arrived=clock.now)
+    scheduler.submit(a)
+    scheduler.on_message(m.PromptProgress(256, 900, 10.0, 25600.0, a.id))
+    b = Request(list(range(3000, 3100)), 4, {"temperature": 0.0}, arrived=clock.now)
+    scheduler.submit(b)
+    assert [x.id for x in engine.sent if isinstance(x, m.Gen)] == [a.id, b.id]
+    scheduler.on_message(m.Defer("memory", b.id))
+    assert scheduler.memory_full and b in scheduler.waiting
+    clock.now += 2.0  # B is old enough for A to make way
+    scheduler.on_message(m.PromptProgress(512, 900, 10.0, 25600.0, a.id))
+    assert any(isinstance(x, m.Yield) and x.id == a.id for x in engine.sent)
+    scheduler.on_message(m.Suspended(512, 900, a.id))
+    assert isinstance(engine.sent[-1], m.Gen) and engine.sent[-1].id == b.id, engine.sent
+    assert not scheduler.memory_full and b in scheduler.running
 
 
 def test_a_paused_request_comes_back_by_moving_a_parked_read_out():
@@ -304,17 +296,18 @@ def test_a_paused_request_comes_back_by_moving_a_parked_read_out():
     engine.send(m.Gen(8, tuple(range(1000, 1090)), {"temperature": 0.0}, 1))  # P: 90 tokens
     engine.send(m.Gen(8, tuple(range(2000, 2040)), {"temperature": 0.0}, 2))  # X: 40 tokens
     loop.take_lines(block=False)
-    p, x = loop.seqs[1], loop.seqs[2]
+    requests, rounds, memory, parking = loop.requests, loop.rounds, loop.memory, loop.parking
+    p, x = requests.seqs[1], requests.seqs[2]
     for _ in range(3):
-        loop.read_next(loop.next_reader())  # P reads three chunks
-    loop.try_park(p)
+        rounds.read_next(requests.next_reader())  # P reads three chunks
+    parking.try_park(p)
     for _ in range(3):
-        loop.read_next(loop.next_reader())  # X reads its prompt and draws its first token
-    loop.pause(x)
-    loop.resume(p.id)
-    loop.read_next(loop.next_reader())  # P's fourth chunk
-    loop.try_park(p)  # P holds four blocks of six; X needs three to come back
-    assert p.parked and len(p.table) == 4 and x.paused and loop.pool.available < 3
+        rounds.read_next(requests.next_reader())  # X reads its prompt and draws its first token
+    memory.pause(x)
+    parking.resume(p.id)
+    rounds.read_next(requests.next_reader())  # P's fourth chunk
+    parking.try_park(p)  # P holds four blocks of six; X needs three to come back
+    assert p.parked and len(p.table) == 4 and x.paused and memory.pool.available < 3
     loop.round()
-    assert not x.paused and p.id in loop.snapshots and not p.table  # P's rows went to host memory
-    loop.pool.check([s.table for s in loop.seqs.values()])
+    assert not x.paused and p.id in memory.snapshots and not p.table  # P's rows went to host memory
+    memory.pool.check([s.table for s in requests.seqs.values()])

@@ -14,7 +14,7 @@ from types import ModuleType
 import numpy as np
 
 from engine.core.kv_types import widened
-from engine.model.moe import route, run_experts
+from engine.ops.moe import route, run_experts
 from engine.core.quantized import QuantMatrix, Row8
 from engine.core.step import Step
 
@@ -161,7 +161,7 @@ class ArrayOps:
         return self.matmul(h, head)
 
     def mixture(self, h, router, experts, k: int, normalize: bool):
-        """A MoE feed-forward (engine/model/moe.py): h (n, dim), router (experts, dim) float32 -> (out (n, dim),
+        """A MoE feed-forward (engine/ops/moe.py): h (n, dim), router (experts, dim) float32 -> (out (n, dim),
         chosen experts (n, k), their weights (n, k) float32)."""
         chosen, weights = route(h @ router.T, k, normalize)
         return run_experts(self, h, experts, chosen, weights), chosen, weights

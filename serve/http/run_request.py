@@ -10,7 +10,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response
 
 from serve.api import openai_schema as schema
-from serve.http.errors import APIError, QueueFull
+from serve.api.errors import APIError, QueueFull
 from serve.scheduling.generation import Finished, GenerationError, Piece, generate
 from serve.scheduling.request import Request
 from serve.state import ServerState

@@ -1,4 +1,4 @@
-"""A protocol-level mock engine: the real engine loop (engine/loop/loop.py) over a fake model.
+"""A protocol-level mock engine: the real engine loop (engine/loop/) over a fake model.
 
 Same lines as `strata --serve`, no weights: prompt chunks and decode steps (of one request or a
 batch of them) take configurable time, output is the prompt echoed back or a scripted token list,
@@ -6,7 +6,7 @@ and faults can be injected. With --max-running N, up to N requests are in the en
 strata, over a pool of --kv-tokens in blocks of --kv-block (bookkeeping only: memory pressure,
 the prefix cache, DEFER and pauses behave as in strata).
 
-    python -m engine.loop.mock_engine [--max-running 1] [--kv-tokens T] [--kv-block B] [--no-prompt-reuse] [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
+    python -m engine.mock_engine [--max-running 1] [--kv-tokens T] [--kv-block B] [--no-prompt-reuse] [--chunk 64] [--chunk-s 0.01] [--token-s 0.005]
         [--layers 1] [--decode-interval-ms 50] [--script 1,2,3] [--no-prefill-preempt] [--die-at-chunk K] [--die-at-gen K]
         [--die-after-tokens K] [--die-while-parked] [--poison-token T] [--faults-once PATH]
         [--malformed-at-chunk K] [--fail-snapshot] [--no-preempt-cap] [--start-delay S]
@@ -29,9 +29,10 @@ from engine.kvcache.block_pool import BlockPool
 from engine.cli import add_preempt_args, add_slots_arg, policy_from_args
 from engine.config import default_block
 from engine.kvcache.host_tier import HostTier
-from engine.loop.loop import EngineLoop, Writer, engine_caps
-from engine.loop.park_policy import chunk_end
-from engine.loop.sequence import Sequence
+from engine.loop.loop import EngineLoop, engine_caps
+from engine.core.chunks import chunk_end
+from engine.loop.protocol_io import Writer
+from engine.runner.sequence import Sequence
 
 FAULT_EXIT_CODE = 3
 
@@ -149,7 +150,7 @@ class FakeRunner:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine.loop.mock_engine", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m engine.mock_engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--serve", action="store_true", help="accepted for symmetry with strata")
     p.add_argument("--ctx", type=int, default=8192)

@@ -1,6 +1,6 @@
 """A mixture-of-experts feed-forward (qwen3moe): each token's router picks its top-k experts, and
-the layer's output is their outputs weighted by the router's probabilities. The weights' layout
-and the NumPy path, which is the reference the GPU kernels (engine/kernels/moe.cu) are checked
+the layer's output is their outputs weighted by the router's probabilities. The NumPy path (the
+weights' layout is engine/core/experts.py), which is the reference the GPU kernels (engine/kernels/moe.cu) are checked
 against.
 
 Routing (as Qwen3-MoE and llama.cpp do it): probabilities = softmax of the router logits over all
@@ -9,34 +9,9 @@ rescaled to sum to 1 when the model says so (expert_weights_norm).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-
-@dataclass(frozen=True)
-class ExpertStack:
-    """One of a layer's stacked expert tensors (ffn_{gate,up,down}_exps) as GGUF stores it: expert
-    e's (rows, cols) matrix is rows e*rows .. (e+1)*rows of `data`, which holds blocks of one type
-    ((experts*rows, row bytes) uint8, kept on the GPU as the file has them) or values ((experts*rows,
-    cols): float32 on the CPU, fp16 on the GPU)."""
-
-    kind: str  # a GGUF block type (engine/core/quantized.py BLOCKS), "F16" or "F32"
-    data: object
-    experts: int
-    rows: int
-    cols: int
-
-    def expert(self, e: int):
-        """Expert e's matrix (rows, cols), of a stack of values."""
-        return self.data[e * self.rows : (e + 1) * self.rows]
-
-
-@dataclass(frozen=True)
-class Experts:
-    gate: ExpertStack  # (experts, expert_ffn, dim)
-    up: ExpertStack  # (experts, expert_ffn, dim)
-    down: ExpertStack  # (experts, dim, expert_ffn)
+from engine.core.experts import Experts
 
 
 def route(logits: np.ndarray, k: int, normalize: bool):

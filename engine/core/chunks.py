@@ -1,0 +1,10 @@
+"""Absolute chunks, the rule a prompt read's exactness rests on: chunk k of a prompt covers positions
+[k*chunk, (k+1)*chunk), whatever was read before, so a read resumed at a boundary, or one that starts
+after a cached prefix, runs the same shapes in the same order as the uninterrupted read (docs/DESIGN.md,
+"Exactness")."""
+from __future__ import annotations
+
+
+def chunk_end(pos: int, total: int, chunk: int) -> int:
+    """Chunk k covers [k*chunk, (k+1)*chunk): a read resumed at a boundary runs the same shapes."""
+    return min((pos // chunk + 1) * chunk, total)

@@ -1,0 +1,114 @@
+"""Requests into the engine and out of it: a GEN checked and built into a Sequence, taken when
+blocks for its first chunk can be had (after what the prefix cache gives it) or else answered DEFER
+memory (the server keeps it queued); a request ended with DONE, or with ERR when nothing else can be
+done for it, and everything it held given back."""
+from __future__ import annotations
+
+import time
+from dataclasses import fields
+from typing import Callable
+
+from protocol import messages as m
+
+from engine.loop.memory import Memory
+from engine.core.chunks import chunk_end
+from engine.loop.parking import Parking
+from engine.loop.request_table import RequestTable
+from engine.runner.sequence import Sequence
+from engine.runner.sampler import Sampler, SamplingParams
+
+_SAMPLING_KEYS = {f.name for f in fields(SamplingParams)}
+
+
+class Admission:
+    def __init__(self, runner, requests: RequestTable, memory: Memory, parking: Parking,
+                 write: Callable[[m.Message], None], reuse: bool = True):
+        self.runner, self.requests, self.memory, self.parking = runner, requests, memory, parking
+        self.write, self.reuse = write, reuse
+        self.pool = runner.pool
+
+    def admit(self, gen: m.Gen) -> None:
+        try:
+            seq = self.build_sequence(gen)
+        except ValueError as e:
+            self.write(m.Err(str(e), gen.id))
+            return
+        if self.requests.held() >= self.runner.max_running:
+            self.write(m.Defer("busy", gen.id))  # the server's cap is the engine's: it sent one too many
+            return
+        if self.memory.paused or not self.place(seq, reuse=self.reuse and bool(gen.params.get("reuse", 1))):
+            self.write(m.Defer("memory", gen.id))  # the server keeps it queued and sends it again
+            return
+        self.requests.add(seq)
+        self.write(m.Info({"cached": str(seq.cached), "from_host": str(seq.from_host), "blocks": str(len(seq.table))},
+                          seq.id))
+        self.memory.report_pool()
+
+    def build_sequence(self, gen: m.Gen) -> Sequence:
+        if gen.id in self.requests.seqs:
+            raise ValueError(f"id {gen.id} is already in the engine" if gen.id is not None else
+                             "busy: a request without an id is running")
+        if len(gen.tokens) >= self.runner.ctx:
+            raise ValueError(f"prompt of {len(gen.tokens)} tokens does not fit the context of {self.runner.ctx}")
+        bad = [t for t in gen.tokens if t >= self.runner.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.runner.vocab_size}")
+        if gen.max_new < 1:
+            raise ValueError("max_new must be >= 1")
+        drawn = gen.params.get("drawn", 0)
+        if not 0 <= drawn < len(gen.tokens):
+            raise ValueError(f"drawn={drawn} must be >= 0 and shorter than the prompt")
+        params = {k: v for k, v in gen.params.items() if k in _SAMPLING_KEYS}
+        sampling = SamplingParams(**params)
+        constraint = None
+        if "grammar" in gen.params:
+            constraint = self.runner.constraint(gen.params["grammar"])
+            for token in gen.tokens[len(gen.tokens) - drawn:]:  # a continuation's tokens so far
+                constraint.accept(token)
+        return Sequence(
+            id=gen.id, prompt=gen.tokens, max_new=min(gen.max_new, self.runner.ctx - len(gen.tokens)),
+            sampler=Sampler(sampling, gen.tokens, drawn, constraint),
+            stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
+            fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, session=gen.params.get("session"))
+
+    def place(self, seq: Sequence, reuse: bool) -> bool:
+        """Blocks for `seq` up to the end of its first chunk: a cached prefix first (rounded down to
+        a chunk boundary, short of the prompt's last token), then new ones, moving parked reads out
+        if need be. False (nothing held) if they cannot be had."""
+        chunk, size = self.runner.chunk, self.pool.size
+        if reuse:
+            limit = (seq.total - 1) // chunk * chunk
+            loaded = self.pool.tier.loaded if self.pool.tier is not None else 0
+            seq.table = self.pool.lookup(seq.prompt, limit, align=chunk // size)
+            seq.pos = seq.cached = len(seq.table) * size
+            if self.pool.tier is not None:
+                seq.from_host = (self.pool.tier.loaded - loaded) * size
+        if self.memory.get_blocks(seq, chunk_end(seq.pos, seq.total, chunk), pause_others=False):
+            return True
+        self.memory.release(seq)
+        seq.pos = seq.cached = seq.from_host = 0
+        return False
+
+    # ------------------------------------------------------------ out
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """DONE: the request ends (stop, length, cancel); its blocks, snapshots and reservation go back."""
+        seq.finish = reason
+        if seq.decode_started is not None:
+            seq.decode_ms = (time.perf_counter() - seq.decode_started) * 1000
+        extra = {"parks": str(seq.parks), "park_ms": f"{seq.park_ms:.3f}", "cached": str(seq.cached),
+                 "shared_ms": f"{seq.shared_ms:.3f}"}
+        if seq.fingerprints and (seq.table or not seq.kv_len):
+            extra["fp"] = self.runner.fingerprint(seq)
+        self.write(m.Done(len(seq.generated), seq.total, seq.prompt_ms, seq.decode_ms, reason, extra, seq.id))
+        self.requests.remove(seq)
+        self.memory.forget(seq)
+        self.parking.forget(seq)
+        self.memory.release(seq)
+        self.memory.report_pool()
+
+    def drop(self, seq: Sequence, message: str) -> None:
+        """End a request with an ERR (nothing else can be done for it); its blocks go back."""
+        self.write(m.Err(message, seq.id))
+        self.requests.remove(seq)
+        self.memory.release(seq)

@@ -1,0 +1,142 @@
+"""KV blocks under pressure: every chunk and decode step first gets the blocks it writes.
+
+Memory is one pool of KV blocks (engine/kvcache/block_pool.py). When none are free, in this order:
+unreferenced cached blocks are evicted (the pool does it), parked reads move to host memory (oldest
+park first), then the newest other request holding blocks is paused into host memory, to be brought
+back first (before any new GEN is taken) and bit-exact: its rows are copied back, not recomputed.
+The oldest request can therefore always go on, and one request always fits (the context is at most
+the pool). If moving a parked read out fails, its rows are dropped and it reads again from its start
+when resumed (the same tokens: chunks are absolute).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from protocol import messages as m
+
+from engine.core.chunks import chunk_end
+from engine.loop.request_table import RequestTable
+from engine.runner.sequence import Sequence
+
+
+def timed_copy(seq: Sequence, copy, *args):
+    """A snapshot copy (out or back in); its time is the park's cost, reported in DONE."""
+    started = time.perf_counter()
+    result = copy(seq, *args)
+    seq.park_ms += (time.perf_counter() - started) * 1000
+    return result
+
+
+class Memory:
+    def __init__(self, runner, requests: RequestTable, write: Callable[[m.Message], None],
+                 log_once: Callable[[str, str], None]):
+        self.runner, self.requests, self.write, self.log_once = runner, requests, write, log_once
+        self.pool = runner.pool  # engine/kvcache/block_pool.py BlockPool: every request's KV blocks
+        self.snapshots: dict[int, object] = {}  # spilled parked reads' rows (None: dropped, read again)
+        self.paused: list[Sequence] = []  # moved to host memory under pressure, brought back first
+        self.pause_snapshots: dict[int, object] = {}
+        self.pauses_total = 0
+
+    def get_blocks(self, seq: Sequence, positions: int, pause_others: bool = True) -> bool:
+        """Grow seq's table to cover `positions`: evicting cached blocks, then moving parked reads
+        out, then (pause_others) pausing the newest requests newer than seq that hold blocks. False
+        if that does not free enough (seq's table unchanged): seq is then the newest that needs
+        room, and the caller pauses it (or, for a GEN, defers it)."""
+        while not self.pool.can_grow(seq.table, positions):
+            parked = [s for s in self.requests.seqs.values() if s.parked and s.table and s is not seq]
+            if parked:
+                self.move_out(min(parked, key=lambda s: s.parked_seq))
+                continue
+            newer = self.requests.newer(seq)
+            in_chunk = self.requests.in_chunk
+            victims = [s for s in newer if s.table and not s.parked and s is not in_chunk] if pause_others else []
+            if not victims:
+                return False
+            self.pause(victims[-1])
+        self.pool.grow(seq.table, positions)
+        return True
+
+    def release(self, seq: Sequence) -> None:
+        """seq's blocks back to the pool (a session's stay cached longer)."""
+        self.pool.release(seq.table, kept=seq.session is not None)
+
+    # ------------------------------------------------------------ parked reads out and back in
+
+    def move_out(self, seq: Sequence) -> None:
+        """A parked read's rows to host memory (within the budget its park reserved); its blocks go
+        back to the pool (its whole chunks stay cached while nobody needs the room)."""
+        try:
+            self.snapshots[seq.id] = timed_copy(seq, self.runner.spill)
+        except Exception as e:  # MemoryError, CuPy's OutOfMemoryError, ...: it will read again
+            self.log_once("snapshot_failed", f"moving a parked read out failed ({type(e).__name__}: {e}); "
+                                             "it will read its prompt again when resumed")
+            self.write(m.Decline("snapshot_failed", seq.pos, seq.total, seq.id))
+            self.snapshots[seq.id] = None
+        self.release(seq)
+        self.write(m.Info({"host": "1"}, seq.id))  # in host memory now
+
+    def moved_out(self, seq: Sequence) -> bool:
+        return seq.id in self.snapshots
+
+    def move_in(self, seq: Sequence) -> bool:
+        """A moved-out parked read back into blocks of the pool, its rows copied back (or, dropped,
+        its read starting again: the same chunks). False if the blocks cannot be had now."""
+        snap = self.snapshots[seq.id]
+        rows = 0 if snap is None else seq.pos
+        if self.paused or not self.get_blocks(seq, max(rows, chunk_end(rows, seq.total, self.runner.chunk)),
+                                              pause_others=False):
+            return False
+        del self.snapshots[seq.id]
+        if snap is None:
+            seq.pos = 0  # its rows were dropped: the read starts again (the same chunks)
+        else:
+            timed_copy(seq, self.runner.restore, snap)
+        self.write(m.Info({"host": "0"}, seq.id))
+        return True
+
+    # ------------------------------------------------------------ running requests paused and brought back
+
+    def pause(self, seq: Sequence) -> None:
+        """Memory pressure: a running request's rows to host memory and its blocks to the pool; it
+        comes back first, its rows copied back (bit-exact: nothing is recomputed)."""
+        self.pause_snapshots[seq.id] = timed_copy(seq, self.runner.spill)
+        self.runner.set_aside(seq)  # logits not yet drawn from (a decoder paused between its steps)
+        self.release(seq)
+        seq.paused = True
+        self.paused.append(seq)
+        self.pauses_total += 1
+        self.log_once("paused", "KV memory is full: pausing the newest request into host memory "
+                                "(it resumes first, unchanged)")
+        self.write(m.Info({"paused": "1"}, seq.id))
+
+    def bring_back(self) -> None:
+        """Paused requests back into the pool, in the order they were paused, while blocks allow
+        (parked reads move out for them: otherwise a paused request waiting behind a parked read
+        would wait for a RESUME the server cannot send while the engine defers everything)."""
+        while self.paused:
+            seq = self.paused[0]  # room for its rows and for what it does next (its next chunk, or a step)
+            need = chunk_end(seq.pos, seq.total, self.runner.chunk) if seq.reading else seq.rows + 1
+            if not self.get_blocks(seq, max(need, 1), pause_others=False):
+                return
+            timed_copy(seq, self.runner.restore, self.pause_snapshots.pop(seq.id))
+            seq.paused = False
+            self.paused.pop(0)
+            self.write(m.Info({"paused": "0"}, seq.id))
+
+    def forget(self, seq: Sequence) -> None:
+        """A finished request: its snapshots dropped, and its place among the paused."""
+        self.snapshots.pop(seq.id, None)
+        self.pause_snapshots.pop(seq.id, None)
+        if seq in self.paused:
+            self.paused.remove(seq)
+
+    def report_pool(self) -> None:
+        """The pool's state for the server's /status and /metrics (an INFO line without an id)."""
+        pool = self.pool
+        fields = {"used": pool.used, "cached": len(pool.cached), "free": len(pool.free), "idle": len(pool.idle),
+                  "kept": len(pool.kept),
+                  "evictions": pool.evictions, "paused": len(self.paused), "pauses": self.pauses_total}
+        if pool.tier is not None:
+            fields |= pool.tier.status()
+        self.write(m.Info({f"pool_{k}": str(v) for k, v in fields.items()}))

@@ -1,0 +1,46 @@
+"""The requests in the engine: every one by id in arrival order, the reads in line, the read whose
+chunk is running. A table the loop's parts share; each request's own state is its Sequence."""
+from __future__ import annotations
+
+from engine.runner.sequence import Sequence
+
+
+class RequestTable:
+    def __init__(self):
+        self.seqs: dict[int | None, Sequence] = {}  # every request in the engine, by id, in arrival order
+        self.line: list[Sequence] = []  # reads in order: the first one reads the next chunk
+        self.in_chunk: Sequence | None = None  # the read whose chunk runs or has run and whose PP is not out yet
+
+    def add(self, seq: Sequence) -> None:
+        """A new request: last in arrival order and last in line."""
+        self.seqs[seq.id] = seq
+        self.line.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        self.seqs.pop(seq.id, None)
+        if seq in self.line:
+            self.line.remove(seq)
+
+    @property
+    def busy(self) -> bool:
+        """Some request reads or decodes (parked ones wait for a RESUME)."""
+        return any(not s.parked for s in self.seqs.values())
+
+    def held(self) -> int:
+        """Requests that hold a place in the engine (reading, decoding or paused; not parked)."""
+        return sum(1 for s in self.seqs.values() if not s.parked)
+
+    def decoding(self) -> list[Sequence]:
+        return [s for s in self.seqs.values() if s.decoding]
+
+    def any_decoding(self) -> bool:
+        return any(s.decoding for s in self.seqs.values())
+
+    def next_reader(self) -> Sequence | None:
+        """The first read in line that is not paused: it reads the next chunk."""
+        return next((s for s in self.line if not s.paused), None)
+
+    def newer(self, seq: Sequence) -> list[Sequence]:
+        """The requests that arrived after `seq`, oldest first (none if seq is not in the engine)."""
+        order = list(self.seqs.values())  # arrival order
+        return order[order.index(seq) + 1 :] if seq in order else []

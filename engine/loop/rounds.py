@@ -1,0 +1,171 @@
+"""What one round runs: a decode step for every decoding request, then prompt chunks, and the
+tokens drawn and written out.
+
+A round is one decode step for every decoding request together (one pass over the weights), then
+prompt chunks of the reads in line (the first one's, then the next one's) while the decoders have
+waited less than `interval_ms` (at least one chunk), so that a long read never stops the others
+from decoding, reads get the time the interval allows, and a read's chunks stay at absolute
+boundaries. A request's first token is drawn right after its last chunk. A chunk deep in a long
+read takes longer than a decoding client should wait for its next token, so it pauses between
+layers for further decode steps, about every `interval_ms` (the layers per pause estimated from the
+read's last chunk); the pauses change neither the chunk's arithmetic nor its boundaries. Control
+lines are taken after the decode step and after each chunk, before its PP.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from protocol import messages as m
+
+from engine.loop.admission import Admission
+from engine.loop.memory import Memory
+from engine.core.chunks import chunk_end
+from engine.loop.parking import Parking
+from engine.loop.protocol_io import Inbox
+from engine.loop.request_table import RequestTable
+from engine.runner.sequence import Sequence
+from engine.runner.grammar_mask import GrammarError
+
+
+class Rounds:
+    def __init__(self, runner, requests: RequestTable, memory: Memory, parking: Parking, admission: Admission,
+                 write: Callable[[m.Message], None], inbox: Inbox, control: Callable[[m.Message], None],
+                 interval_ms: float = 0.0):
+        self.runner, self.requests, self.memory, self.parking = runner, requests, memory, parking
+        self.admission, self.write, self.interval_ms = admission, write, interval_ms
+        self.inbox, self.control = inbox, control
+        self.chunk_ms: float | None = None  # the latest chunk's own time (any read), without its pauses
+        self.paused_ms = 0.0  # decode steps run in the pauses of the current chunk
+
+    def take_lines(self) -> None:
+        """The control lines that arrived meanwhile, handled without waiting."""
+        self.inbox.take(self.control, block=False)
+
+    def round(self) -> None:
+        self.memory.bring_back()
+        decoding = self.requests.decoding()
+        if decoding:
+            started = time.perf_counter()
+            self.decode_step(decoding)
+            if self.requests.line:  # the read in front waited for it
+                self.requests.line[0].shared_ms += (time.perf_counter() - started) * 1000
+            self.take_lines()
+        started, reader = time.perf_counter(), self.requests.next_reader()
+        while reader is not None and self.read_next(reader) and not self.inbox.gone:
+            reader = self.requests.next_reader()
+            if reader is None or not self.requests.any_decoding():
+                break  # nobody waits for a step: the next round reads on (taking control lines first)
+            if (time.perf_counter() - started) * 1000 + (reader.chunk_ms or self.chunk_ms or 0.0) > self.interval_ms:
+                break  # the decoders have waited about interval_ms: their step comes first
+
+    # ------------------------------------------------------------ decode
+
+    def decode_step(self, seqs: list[Sequence]) -> None:
+        """Each decoding request's next token from its logits, then one batched forward for those
+        that go on (each with a block for its new row; a request that cannot have one is paused)."""
+        going = []
+        now = time.perf_counter()
+        for seq in seqs:
+            if seq.paused:  # paused by an earlier row's need in this step
+                continue
+            # (a request whose token is drawn and not yet through the model, unstepped: its first, drawn
+            # right after its prompt, or one paused after its draw, goes straight to its forward)
+            if seq.unstepped or self.draw(seq, now):
+                going.append(seq)
+        for seq in list(going):  # oldest first: a newer one gives its blocks up first
+            if not seq.paused and not self.memory.get_blocks(seq, seq.kv_len + 1):
+                self.memory.pause(seq)
+        going = [s for s in going if not s.paused]
+        for batch in range(0, len(going), self.runner.max_batch):
+            rows = going[batch : batch + self.runner.max_batch]
+            self.runner.decode_batch(rows)
+            for seq in rows:
+                seq.unstepped = False
+                if batch + self.runner.max_batch < len(going):  # the next batch's replay reuses the buffers
+                    self.runner.set_aside(seq)
+
+    def draw(self, seq: Sequence, now: float) -> bool:
+        """The request's next token from its logits, written out; False if that ends it."""
+        if seq.decode_started is None:
+            seq.decode_started = now
+        token = self.runner.sample(seq)
+        try:
+            seq.sampler.accept(token)
+        except GrammarError as e:
+            self.admission.drop(seq, f"constrained decoding failed: {e}")
+            return False
+        seq.generated.append(token)
+        self.write(m.Token(token, seq.id))
+        if token in seq.stop_ids:
+            self.admission.finish(seq, "stop")
+            return False
+        if len(seq.generated) >= seq.max_new:
+            self.admission.finish(seq, "length")
+            return False
+        seq.unstepped = True
+        return True
+
+    # ------------------------------------------------------------ prompt chunks
+
+    def read_next(self, reader: Sequence) -> bool:
+        """One prompt chunk of `reader` (its blocks had first); False if it could not be read."""
+        if self.memory.get_blocks(reader, chunk_end(reader.pos, reader.total, self.runner.chunk)):
+            self.read_chunk(reader)
+            return True
+        if any(s.table for s in self.requests.seqs.values() if s is not reader) or self.memory.paused:
+            self.memory.pause(reader)  # the newest needing room gives its own up, so that older ones go on
+        else:  # alone and still short of room: the pool is smaller than one request (a bug, not a wait)
+            pool = self.memory.pool
+            self.admission.drop(reader, f"the KV pool ({pool.total} blocks of {pool.size}) cannot hold "
+                                        f"this request's next chunk")
+        return False
+
+    def read_chunk(self, seq: Sequence) -> None:
+        started = time.perf_counter()
+        before = seq.pos
+        self.requests.in_chunk, self.paused_ms = seq, 0.0
+        self.runner.read_prompt_chunk(seq, self.pauses(seq))
+        ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
+        self.chunk_ms = seq.chunk_ms = ms - self.paused_ms
+        seq.prompt_ms += seq.chunk_ms
+        seq.shared_ms += self.paused_ms
+        chunk = self.runner.chunk
+        self.memory.pool.register(seq.table, seq.prompt, seq.pos // chunk * chunk)  # its whole chunks, shareable now
+        self.take_lines()  # lines that arrived during this chunk, before its PP
+        self.requests.in_chunk = None
+        self.write(m.PromptProgress(seq.pos, seq.total, ms, (seq.pos - before) / max(ms, 1e-6) * 1000, seq.id))
+        if seq.finish is not None:  # a STOP came during the chunk
+            self.admission.finish(seq, seq.finish)
+        elif not seq.reading:
+            self.requests.line.remove(seq)
+            seq.yield_wanted = False  # decode never parks
+            self.draw(seq, time.perf_counter())  # its first token now, not after the next decode step
+        elif seq.yield_wanted:
+            self.parking.try_park(seq)
+
+    def pauses(self, seq: Sequence) -> Callable[[int], None] | None:
+        """The chunk's pauses between layers (None: it runs straight through): every `every` layers,
+        a decode step for the requests decoding then, so that each waits about interval_ms for its
+        next token. The chunk's time is estimated by the read's last chunk, else the latest chunk
+        of any read (a first chunk is the shallowest: its estimate errs long, pausing more)."""
+        estimate, layers = seq.chunk_ms or self.chunk_ms, self.runner.layers
+        if not (self.interval_ms and estimate and self.requests.any_decoding()):
+            return None
+        every = max(1, int(layers * self.interval_ms / estimate))
+        if every >= layers:
+            return None
+
+        def pause(layer: int) -> None:
+            if (layer + 1) % every:
+                return
+            decoding = self.requests.decoding()
+            if not decoding:
+                return
+            self.runner.synchronize()  # the layers so far are done: what follows is the step's own time
+            started = time.perf_counter()
+            self.decode_step(decoding)
+            self.runner.synchronize()
+            self.paused_ms += (time.perf_counter() - started) * 1000
+
+        return pause
