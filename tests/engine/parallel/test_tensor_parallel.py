@@ -78,13 +78,12 @@ def test_a_split_that_does_not_divide_is_refused(model_path):
 def blocks_and_dense(path: str):
     """The first layer's weights twice: in GGUF blocks as the GPU keeps them (QuantMatrix on the host)
     and dense float32 as the CPU does, stacked and reordered by the loader's own code."""
-    from gguf import GGUFReader
-
     from engine.model.weights import LayerWeights, TensorRows, WeightLoader
+    from engine.modelfile.gguf_file import GGUFFile  # the engine's reader (gguf.GGUFReader's values, ~10x faster)
     from engine.modelfile.model_config import read_config
     from engine.core.quantized import stack_rows
 
-    reader = GGUFReader(path)
+    reader = GGUFFile(path)
     cfg = read_config(reader)
     loader = WeightLoader(reader, cfg, cpu_backend())
     p = "blk.0."
