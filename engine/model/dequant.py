@@ -20,9 +20,18 @@ def scale(blocks: np.ndarray, at: int) -> np.ndarray:
     return blocks[:, at:at + 2].view(np.float16).astype(F32)
 
 
+def times(d: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """d * q in float32, q's integers widened inside the multiply (exact, as .astype(float32) is, and
+    ~4x faster than a separate astype pass from 8-bit integers)."""
+    return np.multiply(d, q, dtype=F32)
+
+
 def nibbles(qs: np.ndarray) -> np.ndarray:
     """(n, ..., k) bytes -> (n, ..., 2, k): their low nibbles, then their high ones."""
-    return np.stack((qs & 15, qs >> 4), axis=-2)
+    out = np.empty((*qs.shape[:-1], 2, qs.shape[-1]), np.uint8)
+    np.bitwise_and(qs, 15, out=out[..., 0, :])
+    np.right_shift(qs, 4, out=out[..., 1, :])
+    return out
 
 
 def bits(qh: np.ndarray) -> np.ndarray:
@@ -31,13 +40,13 @@ def bits(qh: np.ndarray) -> np.ndarray:
 
 
 def q4_0(b: np.ndarray) -> np.ndarray:  # d (2) | 16 bytes of nibbles: d * (q - 8)
-    q = nibbles(b[:, 2:18]).reshape(len(b), 32).astype(np.int8) - np.int8(8)
-    return scale(b, 0) * q.astype(F32)
+    q = nibbles(b[:, 2:18]).reshape(len(b), 32).view(np.int8) - np.int8(8)
+    return times(scale(b, 0), q)
 
 
 def q4_1(b: np.ndarray) -> np.ndarray:  # d (2) | m (2) | 16 bytes of nibbles: d * q + m
-    q = nibbles(b[:, 4:20]).reshape(len(b), 32).astype(F32)
-    return scale(b, 0) * q + scale(b, 2)
+    out = times(scale(b, 0), nibbles(b[:, 4:20]).reshape(len(b), 32))
+    return np.add(out, scale(b, 2), out=out)
 
 
 def high_bits(qh: np.ndarray) -> np.ndarray:
@@ -46,17 +55,17 @@ def high_bits(qh: np.ndarray) -> np.ndarray:
 
 
 def q5_0(b: np.ndarray) -> np.ndarray:  # d (2) | qh (4) | 16 bytes of nibbles: d * (q - 16)
-    q = (nibbles(b[:, 6:22]).reshape(len(b), 32) | high_bits(b[:, 2:6])).astype(np.int8) - np.int8(16)
-    return scale(b, 0) * q.astype(F32)
+    q = (nibbles(b[:, 6:22]).reshape(len(b), 32) | high_bits(b[:, 2:6])).view(np.int8) - np.int8(16)
+    return times(scale(b, 0), q)
 
 
 def q5_1(b: np.ndarray) -> np.ndarray:  # d (2) | m (2) | qh (4) | 16 bytes of nibbles: d * q + m
-    q = (nibbles(b[:, 8:24]).reshape(len(b), 32) | high_bits(b[:, 4:8])).astype(F32)
-    return scale(b, 0) * q + scale(b, 2)
+    out = times(scale(b, 0), nibbles(b[:, 8:24]).reshape(len(b), 32) | high_bits(b[:, 4:8]))
+    return np.add(out, scale(b, 2), out=out)
 
 
 def q8_0(b: np.ndarray) -> np.ndarray:  # d (2) | 32 int8: q * d
-    return b[:, 2:34].view(np.int8).astype(F32) * scale(b, 0)
+    return times(b[:, 2:34].view(np.int8), scale(b, 0))
 
 
 def k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -67,17 +76,20 @@ def k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc.astype(F32)[:, :, None], mn.astype(F32)[:, :, None]
 
 
-def q4_k(b: np.ndarray) -> np.ndarray:  # d | dmin | scales (12) | 128 bytes of nibbles: d sc * q - dmin m
+def k_values(b: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Q4_K's and Q5_K's values from their (n, 8, 32) quants: d sc * q - dmin m."""
     sc, mn = k_scales(b[:, 4:16])
-    q = nibbles(b[:, 16:144].reshape(len(b), 4, 32)).reshape(len(b), 8, 32).astype(F32)
-    return ((scale(b, 0)[:, :, None] * sc) * q - scale(b, 2)[:, :, None] * mn).reshape(len(b), 256)
+    out = times(scale(b, 0)[:, :, None] * sc, q)
+    return np.subtract(out, scale(b, 2)[:, :, None] * mn, out=out).reshape(len(b), 256)
+
+
+def q4_k(b: np.ndarray) -> np.ndarray:  # d | dmin | scales (12) | 128 bytes of nibbles
+    return k_values(b, nibbles(b[:, 16:144].reshape(len(b), 4, 32)).reshape(len(b), 8, 32))
 
 
 def q5_k(b: np.ndarray) -> np.ndarray:  # d | dmin | scales (12) | qh (32) | 128 bytes of nibbles
-    sc, mn = k_scales(b[:, 4:16])
     low = nibbles(b[:, 48:176].reshape(len(b), 4, 32)).reshape(len(b), 8, 32)
-    q = (low | (bits(b[:, 16:48]) << np.uint8(4))).astype(F32)
-    return ((scale(b, 0)[:, :, None] * sc) * q - scale(b, 2)[:, :, None] * mn).reshape(len(b), 256)
+    return k_values(b, low | (bits(b[:, 16:48]) << np.uint8(4)))
 
 
 def q6_k(b: np.ndarray) -> np.ndarray:  # ql (128) | qh (64) | 16 int8 scales | d: d sc * (q - 32)
@@ -85,8 +97,8 @@ def q6_k(b: np.ndarray) -> np.ndarray:  # ql (128) | qh (64) | 16 int8 scales | 
     d = (scale(b, 208) * b[:, 192:208].view(np.int8).astype(F32))[:, :, None]  # (n, 16, 1)
     low = nibbles(b[:, 0:128].reshape(n, 2, 64)).reshape(n, 8, 32)
     qh = b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
-    q = (low | ((qh & np.uint8(3)).reshape(n, 8, 32) << np.uint8(4))).astype(np.int8) - np.int8(32)
-    return (d * q.reshape(n, 16, 16).astype(F32)).reshape(n, 256)
+    q = (low | ((qh & np.uint8(3)).reshape(n, 8, 32) << np.uint8(4))).view(np.int8) - np.int8(32)
+    return times(d, q.reshape(n, 16, 16)).reshape(n, 256)
 
 
 # GGUF type -> (values per block, bytes per block, its expansion)
