@@ -114,6 +114,9 @@ def dequantize_into(raw: np.ndarray, kind: str, out: np.ndarray, cols: tuple[int
         out[...] = values if cols is None else values[:, cols[0]:cols[1]]
         return
     size, nbytes, expand = EXPAND[kind]
+    if cols is not None:  # only the blocks holding the columns (a tensor-parallel shard's) are expanded
+        first, end = cols[0] // size, -(-cols[1] // size)
+        raw, cols = raw[:, first * nbytes:end * nbytes], (cols[0] - first * size, cols[1] - first * size)
     width = raw.shape[1] // nbytes * size
     step = max(1, CHUNK_VALUES // width)
     for r in range(0, len(raw), step):
