@@ -8,12 +8,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from engine.core.quantized import BLOCKS, HostRows, QuantMatrix, row_bytes, stack_rows
 from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
-from engine.ops.backend import Backend
 from engine.core.experts import Experts, ExpertStack
+from engine.model.dequant import dequantize, dequantize_into
+from engine.ops.backend import Backend
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import ModelConfig, ModelLoadError, read_config
 from engine.modelfile.rope_config import RopeOverride
@@ -125,11 +125,10 @@ class WeightLoader:
         when any piece has them, else dense."""
         if self.keep_blocks and any(r.tensor.tensor_type.name in BLOCKS for r in pieces):
             return stack_rows([r.host_rows() for r in pieces], self.xp.asarray)
+        if self.backend.name == "cpu":
+            return host_matrix(pieces)
         parts = [r.dense(self) for r in pieces]
-        whole = parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
-        if self.backend.name == "cpu":  # (out, in) kept column-major: x @ w.T is then a plain GEMM of two
-            whole = np.asfortranarray(whole)  # row-major operands, which OpenBLAS runs ~1.4x faster for
-        return whole  # a decode batch of a few rows (and as fast for one row or a prompt chunk)
+        return parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
 
     def vector(self, name: str, part: tuple[int, int] | None = None):
         t = self.tensor(name)
@@ -198,6 +197,18 @@ def reserve_expansion(backend: Backend, layers) -> None:
         backend.kernels.reserve_scratch(max(expanded))
 
 
+def host_matrix(pieces: list["TensorRows"]) -> np.ndarray:
+    """The CPU's weight: the pieces' float32 rows stacked, (out, in) kept column-major: x @ w.T is then a
+    plain GEMM of two row-major operands, which OpenBLAS runs ~1.4x faster for a decode batch of a few
+    rows (and as fast for one row or a prompt chunk). Each piece is expanded straight into its rows."""
+    out = np.empty((sum(r.n_rows for r in pieces), pieces[0].n_cols), np.float32, order="F")
+    start = 0
+    for r in pieces:
+        r.expand_into(out[start:start + r.n_rows])
+        start += r.n_rows
+    return out
+
+
 @dataclass(frozen=True)
 class TensorRows:
     """A tensor seen as a (rows, cols) matrix (a stacked (experts, out, in) one as all its rows),
@@ -217,6 +228,10 @@ class TensorRows:
     @property
     def n_cols(self) -> int:
         return int(self.tensor.shape[0]) if self.cols is None else self.cols[1] - self.cols[0]
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.raw()) if self.rows is None else self.rows[1] - self.rows[0]
 
     def selected(self, w, blocks: bool = False):
         """w, this tensor's (reordered) rows -> the shard's rows and columns (of blocks: their bytes)."""
@@ -244,9 +259,19 @@ class TensorRows:
         if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             return raw.astype(np.float32)
         try:
-            return dequantize(raw, t.tensor_type).astype(np.float32, copy=False).reshape(len(raw), -1)
+            return dequantize(raw, t.tensor_type.name)
         except NotImplementedError as e:
             raise ModelLoadError(f"unsupported tensor type {t.tensor_type.name} in {t.name}") from e
+
+    def expand_into(self, out: np.ndarray) -> None:
+        """The shard's float32 (rows, cols) written into out: a quantized tensor's rows picked (and
+        reordered) as blocks, then expanded (the values are the same: a row's values are its blocks')."""
+        kind = self.tensor.tensor_type.name
+        if kind not in BLOCKS:
+            out[...] = self.selected(self.reorder(self.values()))
+            return
+        raw = self.reorder(self.raw())
+        dequantize_into(raw if self.rows is None else raw[self.rows[0]:self.rows[1]], kind, out, self.cols)
 
     def reorder(self, w):
         return deinterleave_heads(w, self.heads) if self.heads else w

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.ops.backend import cpu_backend
 from engine.model.weights import TensorRows, WeightLoader
+from engine.modelfile.gguf_file import GGUFFile  # the engine's reader (gguf.GGUFReader's values, ~10x faster)
 from engine.modelfile.model_config import read_config
 from engine.kernels import Q8_BYTES
 from engine.core.quantized import QuantMatrix, Row8, row_bytes, stack_rows
@@ -40,7 +41,7 @@ def q4_k_m(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("which", ["default", "q4_k_m"])
 def test_stacked_blocks_equal_the_dense_matrices(which, q4_k_m, model_path):
-    reader = GGUFReader(q4_k_m if which == "q4_k_m" else str(model_path))
+    reader = GGUFFile(q4_k_m if which == "q4_k_m" else str(model_path))
     cfg = read_config(reader)
     loader = WeightLoader(reader, cfg, cpu_backend())
     p = "blk.0."
@@ -63,7 +64,7 @@ def test_stacked_blocks_equal_the_dense_matrices(which, q4_k_m, model_path):
 
 def test_quantized_matrix_bytes_are_the_files(q4_k_m):
     """Kept blocks take the file's bytes: no expansion hides in the loader."""
-    reader = GGUFReader(q4_k_m)
+    reader = GGUFFile(q4_k_m)
     loader = WeightLoader(reader, read_config(reader), cpu_backend())
     t = loader.tensor("blk.0.ffn_gate.weight")
     m = stack_rows([TensorRows(t).host_rows()], np.asarray)

@@ -78,13 +78,12 @@ def test_a_split_that_does_not_divide_is_refused(model_path):
 def blocks_and_dense(path: str):
     """The first layer's weights twice: in GGUF blocks as the GPU keeps them (QuantMatrix on the host)
     and dense float32 as the CPU does, stacked and reordered by the loader's own code."""
-    from gguf import GGUFReader
-
     from engine.model.weights import LayerWeights, TensorRows, WeightLoader
+    from engine.modelfile.gguf_file import GGUFFile  # the engine's reader (gguf.GGUFReader's values, ~10x faster)
     from engine.modelfile.model_config import read_config
     from engine.core.quantized import stack_rows
 
-    reader = GGUFReader(path)
+    reader = GGUFFile(path)
     cfg = read_config(reader)
     loader = WeightLoader(reader, cfg, cpu_backend())
     p = "blk.0."
@@ -151,10 +150,15 @@ class HostGpu:
 
         @staticmethod
         def dequantize(raw, kind: str, shape: tuple[int, int]):
-            from gguf import GGMLQuantizationType
-            from gguf.quants import dequantize
+            from engine.model.dequant import dequantize  # gguf's values bit for bit (test_dequant.py), ~5x faster
 
-            return dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[kind]).astype(np.float16).reshape(shape)
+            return dequantize(np.ascontiguousarray(raw), kind).astype(np.float16).reshape(shape)
+
+
+def assert_equal_arrays(a: np.ndarray, b: np.ndarray, where: str) -> None:
+    """np.testing.assert_array_equal's verdict, its slow element-wise report only when they differ."""
+    if not np.array_equal(a, b, equal_nan=True):
+        np.testing.assert_array_equal(a, b, err_msg=where)
 
 
 def assert_same_weights(a, b, where: str) -> None:
@@ -167,7 +171,7 @@ def assert_same_weights(a, b, where: str) -> None:
         assert isinstance(b, QuantMatrix) and a.cols == b.cols, where
         assert [(p.kind, p.rows) for p in a.parts] == [(p.kind, p.rows) for p in b.parts], where
         for pa, pb in zip(a.parts, b.parts):
-            np.testing.assert_array_equal(pa.data, pb.data, err_msg=where)
+            assert_equal_arrays(pa.data, pb.data, where)
     elif isinstance(a, list):
         assert len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b)):
@@ -178,7 +182,7 @@ def assert_same_weights(a, b, where: str) -> None:
     elif a is None or isinstance(a, (int, float, str, bool)):
         assert a == b, where
     else:
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=where)
+        assert_equal_arrays(np.asarray(a), np.asarray(b), where)
 
 
 @pytest.mark.parametrize("which, world, backend", [("default", 3, "cpu"), ("default", 3, "blocks"),
