@@ -2,7 +2,7 @@
 // on the device and every later kernel reads the chosen experts from device memory, so a decode
 // step stays one captured graph. Experts stay as GGUF stacks them: expert e's rows of a stacked
 // tensor (ffn_{gate,up,down}_exps) are rows e*m .. e*m + m, in blocks of one type (or fp16).
-// NumPy reference: engine/moe.py (route, run_experts), checked by tools/device/gpu_kernels_check.py.
+// NumPy reference: engine/ops/moe.py (route, run_experts), checked by tools/device/gpu_kernels_check.py.
 //
 //   router_logits(w, x, out, E, dim)     out (n, E) fp32 = x (n, dim) fp16 . w (E, dim) fp32
 //   moe_route(logits, ids, wts, E, k, norm)   per token: softmax over the E experts, the k most

@@ -13,7 +13,7 @@
 //                                             the same for one row of x against two stacked parts of
 //                                              types TA and TB in one launch
 // (fp16 weights against a decode batch: mmv.cu, on the tensor cores)
-// NumPy reference: gguf.quants.dequantize, engine.quantized.quantize_q8 (tools/device/gpu_kernels_check.py).
+// NumPy reference: gguf.quants.dequantize, engine.core.quantized.quantize_q8 (tools/device/gpu_kernels_check.py).
 #include "quant_blocks.cuh"
 #include "matvec.cuh"
 #include "parts.cuh"

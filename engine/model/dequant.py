@@ -106,11 +106,16 @@ EXPAND = {"Q4_0": (32, 18, q4_0), "Q4_1": (32, 20, q4_1), "Q5_0": (32, 22, q5_0)
           "Q8_0": (32, 34, q8_0), "Q4_K": (256, 144, q4_k), "Q5_K": (256, 176, q5_k), "Q6_K": (256, 210, q6_k)}
 
 
+def gguf_values(raw: np.ndarray, kind: str) -> np.ndarray:
+    """(rows, row bytes) of a type this module lacks -> (rows, cols) float32, by the `gguf` package."""
+    return gguf_dequantize(raw, GGMLQuantizationType[kind]).astype(F32, copy=False).reshape(len(raw), -1)
+
+
 def dequantize_into(raw: np.ndarray, kind: str, out: np.ndarray, cols: tuple[int, int] | None = None) -> None:
     """raw: (rows, row bytes) of one type's blocks -> out (rows, columns lo..hi of cols, or all), any
     memory order. Types this module lacks are the `gguf` package's (F32, F16, BF16, the rare ones)."""
     if kind not in EXPAND:
-        values = gguf_dequantize(raw, GGMLQuantizationType[kind]).astype(F32, copy=False).reshape(len(raw), -1)
+        values = gguf_values(raw, kind)
         out[...] = values if cols is None else values[:, cols[0]:cols[1]]
         return
     size, nbytes, expand = EXPAND[kind]
@@ -127,9 +132,9 @@ def dequantize_into(raw: np.ndarray, kind: str, out: np.ndarray, cols: tuple[int
 
 def dequantize(raw: np.ndarray, kind: str) -> np.ndarray:
     """(rows, row bytes) -> (rows, cols) float32, C order."""
-    size, nbytes, _ = EXPAND.get(kind, (None, None, None))
-    if size is None:
-        return gguf_dequantize(raw, GGMLQuantizationType[kind]).astype(F32, copy=False).reshape(len(raw), -1)
+    if kind not in EXPAND:
+        return gguf_values(raw, kind)
+    size, nbytes, _ = EXPAND[kind]
     out = np.empty((len(raw), raw.shape[1] // nbytes * size), F32)
     dequantize_into(raw, kind, out)
     return out
