@@ -9,7 +9,8 @@ from dataclasses import replace
 from engine.ops.backend import select_backend
 from engine.config import EngineConfig
 from engine.modelfile.gguf_file import GGUFFile, GGUFFormatError
-from engine.modelfile.model_config import ModelLoadError
+from engine.modelfile.model_config import ModelLoadError, read_config
+from engine.kernels.model_parts import ModelKernels
 from engine.model.weights import load_model
 from engine.loop.loop import run_loop
 from engine.kvcache.sizing import plan_context
@@ -35,13 +36,14 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     def lap(stage: str) -> None:
         stages[stage] = time.monotonic() - started - sum(stages.values())
 
-    backend = select_backend(config.device)
-    lap("backend")  # on a GPU: the kernels, compiled on a first start (engine/kernels/build.py), else from the cache
+    reader = GGUFFile(str(path), "r")
+    backend = select_backend(config.device, ModelKernels.of(read_config(reader), reader))
+    lap("backend")  # on a GPU: the model's kernels, compiled on a first start (engine/kernels/build.py), else from
+    # the cache
     config = config.for_device(backend.name)
     log(f"loading {path} on {backend.device_name}")
 
     workers, conns = start_workers(config, str(path), backend.name)  # loading their shards beside this one
-    reader = GGUFFile(str(path), "r")
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as beside:
         building = beside.submit(GGUFTokenizer, reader)  # the vocabulary is read while the weights load
         cfg, weights, _ = load_model(str(path), backend, keep_blocks=config.weights == "quantized", rope=config.rope,

@@ -27,6 +27,7 @@ from engine.kernels.dequant_launch import DEQUANT, WEIGHT_KINDS, DequantLauncher
 from engine.kernels.device_steps import DeviceSteps
 from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS, Q8_BYTES, THREADS, blocks
 from engine.kernels.loader import KernelLoader, built_kernels, find_function, is_dependent
+from engine.kernels.model_parts import ModelKernels
 from engine.kernels.matvec_launch import (
     MATVEC_PAIRS, MATVEC_SOLO_ROWS, MATVEC_STAGE_MATRIX, MATVEC_STAGE_MAX, MAX_BATCH_ROWS, MMQ_FROM, MMQ_MT, MMQ_SMEM,
     MMQ_STAGES, MMQ_THREADS, MMQ_TILES, MMV_THREADS, MMV_TILE_ROWS, MatvecLaunchers, matvec_rows, matvec_stage,
@@ -35,7 +36,7 @@ from engine.kernels.norm_rope_launch import NORM_MAX_WIDTH, NormRopeLaunchers
 from engine.kernels.sources import KERNEL_DIR, OPTIONS, kernel_source
 
 __all__ = [  # what the house imports from here (tools' and tests' too), wherever it is defined
-    "GpuKernels", "build", "launch", "moe_launch", "sm90",
+    "GpuKernels", "ModelKernels", "build", "launch", "moe_launch", "sm90",
     # sources.py, loader.py
     "KERNEL_DIR", "OPTIONS", "kernel_source", "built_kernels", "find_function", "is_dependent",
     # limits.py, args.py
@@ -58,14 +59,17 @@ class GpuKernels(KernelLoader, DeviceSteps, NormRopeLaunchers, ArgmaxLauncher, A
     share is set here: cp, fn, the paths a launch may take (prompt_attention, dependent, stage, pairs,
     mmq_from), the device's multiprocessors (sms), flash-decoding's counters and the scratch."""
 
-    def __init__(self, cp: ModuleType, defines: tuple[str, ...] = (), prompt_attention: str | None = None):
+    def __init__(self, cp: ModuleType, defines: tuple[str, ...] = (), prompt_attention: str | None = None,
+                 model: ModelKernels | None = None):
         """defines: NAME=VALUE macros for every kernel file (a tool's way to time a kernel's variants).
         prompt_attention: "sm90" or "mma" (PROMPT_ATTENTION; default $STRATA_PROMPT_ATTENTION, else sm90
-        where the device has it)."""
+        where the device has it). model: the kernels built first are those it needs (model_parts.py),
+        the others at their first use; every kernel without it."""
         self.cp = cp
-        self.fn = {}  # kernel name -> RawKernel, looked up once (not per launch)
-        self.load_modules(defines)
-        self.prompt_attention = self.load_sm90(defines, prompt_attention or os.environ.get("STRATA_PROMPT_ATTENTION"))
+        wanted = prompt_attention or os.environ.get("STRATA_PROMPT_ATTENTION")
+        self.load_modules(defines, model, sm90_wanted=wanted != "mma")  # fn: kernel name -> RawKernel, looked up
+        # once (not per launch)
+        self.prompt_attention = self.load_sm90(defines, wanted)
         # programmatic dependent launch (launch.py) while `dependent` is set: a decode graph's capture
         # sets it to `pdl` (compute capability 9.0 and later, unless $STRATA_PDL is 0)
         hopper = int(cp.cuda.Device().compute_capability) >= 90

@@ -2,7 +2,7 @@
 machine with an NVIDIA GPU, so that the first start finds them built: engine/kernels/build.py)."""
 import sys
 
-from engine.kernels import build, built_kernels
+from engine.kernels import build, built_kernels, sm90
 
 
 def main() -> int:
@@ -13,7 +13,7 @@ def main() -> int:
     except Exception as e:  # no CuPy or no GPU: nothing to build, the engine runs on NumPy
         build.log(f"no GPU kernels to build ({type(e).__name__}: {e})")
         return 0
-    build.prebuild(cp, built_kernels())
+    build.prebuild(cp, build.units(built_kernels()) + ([build.SM90] if sm90.supported(cp) else []))
     return 0
 
 

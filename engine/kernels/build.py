@@ -3,9 +3,10 @@ CuPy, whose disk cache (~/.cupy/kernel_cache, $CUPY_CACHE_DIR) keeps the result 
 
 A first start on a fresh machine used to compile the files one after another in the engine (about 100 s
 on an H200 host, the server silent all the while). Here the parts not yet in the cache are compiled by
-worker processes side by side, one a core, with a line of progress as each finishes; then the engine
-loads every part from the cache. `make setup` runs the same on a machine with an NVIDIA GPU
-(`python -m engine.kernels`), so that the first `make serve` finds them built.
+worker processes side by side, one a core, with a line of progress as each finishes, the Hopper prompt
+attention's cubin among them (SM90, cached by sm90.py); then the engine loads every part from the cache.
+The engine asks only for the parts its model needs (model_parts.py). `make setup` builds every part on a
+machine with an NVIDIA GPU (`python -m engine.kernels`), so that the first `make serve` finds them built.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from types import ModuleType
 
+from engine.kernels import sm90
 from engine.kernels.sources import OPTIONS, kernel_source
 
 PARTS = {"quant.cu": 8, "mmq.cu": 8, "attention.cu": 4}  # IN_PART lines in each file (the rest: one part)
@@ -40,6 +42,9 @@ class Unit:
         return self.source if self.parts == 1 else f"{self.source} part {self.part + 1}/{self.parts}"
 
 
+SM90 = Unit("attention_sm90.cu")  # compiled for sm_90a into sm90.py's cache, not CuPy's
+
+
 def units(sources) -> list[Unit]:
     """Every compilation of these kernel files, the slowest (most parts' files) first."""
     ordered = sorted(sources, key=lambda s: -PARTS.get(s, 1))
@@ -52,24 +57,30 @@ def module(cp: ModuleType, unit: Unit, defines: tuple[str, ...]):
 
 
 def compile_unit(unit: Unit, defines: tuple[str, ...]) -> float:
-    """A worker's job: the unit compiled into CuPy's disk cache; returns the seconds it took."""
+    """A worker's job: the unit compiled into CuPy's disk cache (SM90: into sm90.py's); returns the
+    seconds it took."""
     import cupy as cp
 
     began = time.monotonic()
-    module(cp, unit, defines).compile()
+    if unit == SM90:
+        try:
+            sm90.cubin(cp, kernel_source(unit.source), unit.source, unit.options(defines))
+        except RuntimeError:  # an NVRTC older than CUDA 12: the engine's load_sm90 says so, and runs mma.sync
+            pass
+    else:
+        module(cp, unit, defines).compile()
     return time.monotonic() - began
 
 
-def stamp_path(cp: ModuleType, sources, defines: tuple[str, ...]) -> Path:
-    """A file in CuPy's cache folder named after everything a build depends on (the sources as
-    compiled, the options, the device's architecture, CuPy's and the CUDA runtime's versions): there,
-    every unit of this build is in the cache."""
+def stamp_path(cp: ModuleType, unit: Unit, defines: tuple[str, ...]) -> Path:
+    """A file in CuPy's cache folder named after everything a unit's build depends on (its source as
+    compiled, the options, the device's architecture, CuPy's and the CUDA runtime's versions): there, the
+    unit is in the cache (CuPy's, or sm90.py's for SM90)."""
     h = hashlib.sha256()
     arch = cp.cuda.Device().compute_capability
     h.update(f"{cp.__version__} {cp.cuda.runtime.runtimeGetVersion()} {arch} {defines}".encode())
-    for unit in units(sources):
-        h.update(kernel_source(unit.source).encode())
-        h.update(" ".join(unit.options(defines)).encode())
+    h.update(kernel_source(unit.source).encode())
+    h.update(" ".join(unit.options(defines)).encode())
     folder = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
     return folder / f"strata-{h.hexdigest()[:20]}.built"
 
@@ -78,13 +89,13 @@ def log(text: str) -> None:
     print(f"strata: {text}", file=sys.stderr, flush=True)
 
 
-def prebuild(cp: ModuleType, sources, defines: tuple[str, ...] = (), workers: int | None = None) -> None:
-    """Every unit of these files in CuPy's cache, compiled side by side unless this build's stamp
-    says they are there already (then nothing is done: a later start pays nothing)."""
-    stamp = stamp_path(cp, sources, defines)
-    if stamp.exists():
+def prebuild(cp: ModuleType, todo: list[Unit], defines: tuple[str, ...] = (), workers: int | None = None) -> None:
+    """These units in the cache, those whose stamp is missing compiled side by side (none: nothing is
+    done, and a later start pays nothing; a build cut short keeps the units it finished)."""
+    stamps = {unit: stamp_path(cp, unit, defines) for unit in todo}
+    todo = [unit for unit in todo if not stamps[unit].exists()]
+    if not todo:
         return
-    todo = units(sources)
     workers = min(len(todo), workers or os.cpu_count() or 1)
     log(f"compiling the GPU kernels for this device: {len(todo)} parts on {workers} cores "
         "(once; later starts read them from the cache)")
@@ -92,9 +103,9 @@ def prebuild(cp: ModuleType, sources, defines: tuple[str, ...] = (), workers: in
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         jobs = {pool.submit(compile_unit, unit, defines): unit for unit in todo}
         for done, job in enumerate(as_completed(jobs), 1):
-            seconds = job.result()
-            log(f"  compiled {jobs[job].describe()} in {seconds:.1f} s ({done}/{len(todo)}, "
+            seconds, unit = job.result(), jobs[job]
+            stamps[unit].parent.mkdir(parents=True, exist_ok=True)
+            stamps[unit].write_text(f"{unit.describe()} compiled in {seconds:.1f} s\n")
+            log(f"  compiled {unit.describe()} in {seconds:.1f} s ({done}/{len(todo)}, "
                 f"{time.monotonic() - began:.0f} s so far)")
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(f"{len(todo)} parts compiled in {time.monotonic() - began:.1f} s\n")
     log(f"GPU kernels compiled in {time.monotonic() - began:.1f} s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from engine.core.quantized import BLOCKS
 from engine.kernels import build, launch, moe_launch, sm90
@@ -13,6 +14,9 @@ from engine.kernels.dequant_launch import WEIGHT_KINDS
 from engine.kernels.matvec_launch import (MATVEC_PAIRS, MATVEC_STAGE_MAX, MAX_BATCH_ROWS, MMQ_TILES, MMV_TILE_ROWS,
                                           mmq_smem_bytes)
 from engine.kernels.sources import OPTIONS, kernel_source
+
+if TYPE_CHECKING:
+    from engine.kernels.model_parts import ModelKernels
 
 
 def built_kernels() -> dict[str, tuple[str, ...]]:
@@ -32,13 +36,28 @@ def built_kernels() -> dict[str, tuple[str, ...]]:
 
 
 def find_function(modules, name: str):
-    """The kernel `name` from the first of a file's parts that has it (parts.cuh)."""
-    for module in modules[:-1]:
+    """The kernel `name` from the first of a file's parts that has it (parts.cuh); None if none has."""
+    for module in modules:
         try:
             return module.get_function(name)
         except Exception:  # CuPy's error for a name this part does not hold: the next part
             continue
-    return modules[-1].get_function(name)
+    return None
+
+
+class KernelTable(dict):
+    """Kernel name -> function. A name not loaded (a part the model was not expected to need) is built
+    and loaded at its first use by `load_rest`, then found like the others."""
+
+    def __init__(self, load_rest):
+        super().__init__()
+        self.load_rest = load_rest
+
+    def __missing__(self, name: str):
+        self.load_rest(name)
+        if name not in self:
+            raise KeyError(f"no kernel {name!r} in engine/kernels")
+        return dict.__getitem__(self, name)
 
 
 def is_dependent(kernel: str) -> bool:
@@ -50,23 +69,41 @@ def is_dependent(kernel: str) -> bool:
 
 
 class KernelLoader:
-    """Mixed into GpuKernels, which sets what these read and fill: cp (CuPy), fn (kernel name ->
-    function)."""
+    """Mixed into GpuKernels, which sets what these read: cp (CuPy). Fills fn (kernel name -> function)."""
 
     cp: ModuleType
-    fn: dict
+    fn: KernelTable
 
-    def load_modules(self, defines: tuple[str, ...]) -> None:
-        """Every kernel of built_kernels() into fn, from CuPy's modules of each file's parts (the parts
-        not yet in CuPy's cache compiled side by side first: build.prebuild)."""
-        cp = self.cp
-        sources = built_kernels()
-        build.prebuild(cp, sources, defines)  # a first start: every part compiled side by side
-        for source, kernels in sources.items():
-            parts = [build.module(cp, unit, defines) for unit in build.units([source])]
-            self.fn |= {name: find_function(parts, name) for name in kernels}
-        for d in HEAD_DIMS:  # more than the default 48 KiB of dynamic shared memory
-            self.fn[f"flash_attention_d{d}"].max_dynamic_shared_size_bytes = attention_smem_bytes(d)
+    def load_modules(self, defines: tuple[str, ...], model: ModelKernels | None = None, sm90_wanted: bool = True
+                     ) -> None:
+        """The kernels of built_kernels() that `model` needs (model_parts.py; every kernel without one) into
+        fn, from CuPy's modules of each file's parts; the parts not yet in the cache compiled side by side
+        first (build.prebuild), with the sm_90a prompt attention's cubin where sm90_wanted and the device
+        has it."""
+        self.defines, self.loaded, self.hopper = defines, set(), None
+        self.fn = KernelTable(self.load_rest)
+        todo = [unit for unit in build.units(built_kernels()) if model is None or model.wants(unit)]
+        extra = [build.SM90] if sm90_wanted and sm90.supported(self.cp) else []
+        build.prebuild(self.cp, todo + extra, defines)  # a first start: every part compiled side by side
+        self.load_units(todo)
+
+    def load_units(self, todo: list[build.Unit]) -> None:
+        """Each kernel the units hold into fn (prepared, once prepare_functions has run)."""
+        for source, kernels in built_kernels().items():
+            parts = [build.module(self.cp, unit, self.defines) for unit in todo if unit.source == source]
+            for name in kernels if parts else ():
+                if name not in self.fn and (found := find_function(parts, name)) is not None:
+                    self.fn[name] = found if self.hopper is None else self.prepared(name, found)
+        self.loaded |= set(todo)
+
+    def load_rest(self, name: str) -> None:
+        """The parts not yet loaded, compiled (side by side) and loaded: `name` was asked for and is in none
+        of the model's parts (model_parts.py did not foresee it; said in the log)."""
+        rest = [unit for unit in build.units(built_kernels()) if unit not in self.loaded]
+        if rest:
+            build.log(f"kernel {name} is outside the parts built for this model: loading the other {len(rest)}")
+            build.prebuild(self.cp, rest, self.defines)
+            self.load_units(rest)
 
     def load_sm90(self, defines: tuple[str, ...], wanted: str | None) -> str:
         """The prompt-attention kernel to use: "sm90" once attention_sm90.cu is built (compute
@@ -93,14 +130,18 @@ class KernelLoader:
         return "sm90"
 
     def prepare_functions(self, hopper: bool) -> None:
-        """Each kernel's cap on dynamic shared memory, and the decode step's kernels (is_dependent)
-        wrapped in launch.Kernel: a dependent launch while GpuKernels.dependent is set."""
-        mmq_smem_max = max(mmq_smem_bytes(kind, nt) for kind in BLOCKS for nt in MMQ_TILES)  # a cap: each launch
-        # asks for its kind's and tile's share
-        for name, fn in self.fn.items():
-            if name.startswith("matvec"):
-                fn.max_dynamic_shared_size_bytes = MATVEC_STAGE_MAX
-            if name.startswith("mmq") and hopper:
-                fn.max_dynamic_shared_size_bytes = mmq_smem_max
-            if is_dependent(name):
-                self.fn[name] = launch.Kernel(fn, self, fn.kernel.ptr)
+        """Every kernel loaded so far prepared (and those load_rest adds later, as they come)."""
+        self.hopper = hopper
+        for name, fn in list(self.fn.items()):
+            self.fn[name] = self.prepared(name, fn)
+
+    def prepared(self, name: str, fn):
+        """A kernel's cap on dynamic shared memory set; a decode step's kernel (is_dependent) wrapped in
+        launch.Kernel: a dependent launch while GpuKernels.dependent is set."""
+        if name.startswith("matvec"):
+            fn.max_dynamic_shared_size_bytes = MATVEC_STAGE_MAX
+        if name.startswith("mmq") and self.hopper:  # a cap: each launch asks for its kind's and tile's share
+            fn.max_dynamic_shared_size_bytes = max(mmq_smem_bytes(kind, nt) for kind in BLOCKS for nt in MMQ_TILES)
+        if name in (f"flash_attention_d{d}" for d in HEAD_DIMS):  # over the default 48 KiB of dynamic shared memory
+            fn.max_dynamic_shared_size_bytes = attention_smem_bytes(int(name.rsplit("_d", 1)[1]))
+        return launch.Kernel(fn, self, fn.kernel.ptr) if is_dependent(name) else fn

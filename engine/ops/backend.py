@@ -17,6 +17,7 @@ from engine.core.kv_types import widened
 from engine.ops.moe import route, run_experts
 from engine.core.quantized import QuantMatrix, Row8
 from engine.core.step import Step
+from engine.kernels.model_parts import ModelKernels
 
 KEY_TILE = 2048  # keys per attention tile on the CPU: scores never exceed (kv_heads, group*n, KEY_TILE)
 
@@ -173,11 +174,12 @@ class HalfCupyOps(ArrayOps):
     may be a QuantMatrix (engine/core/quantized.py): single rows read its blocks directly, a prompt
     chunk's GEMM reads it expanded to fp16 in a scratch buffer."""
 
-    def __init__(self, cp: ModuleType):
+    def __init__(self, cp: ModuleType, model: ModelKernels | None = None):
+        """model: the kernels built first are those it needs (engine/kernels/model_parts.py); all without."""
         super().__init__(cp)
         from engine.kernels import GpuKernels
 
-        self.kernels = GpuKernels(cp)
+        self.kernels = GpuKernels(cp, model=model)
         self.decoding = False
 
     def step(self, n: int, start: int, table=None) -> Step:
@@ -273,21 +275,22 @@ def cpu_backend() -> Backend:
     return Backend("cpu", np, np.float32, "cpu (numpy)", ArrayOps(np))
 
 
-def gpu_backend() -> Backend:
+def gpu_backend(model: ModelKernels | None = None) -> Backend:
     import cupy as cp  # optional extra: pip install .[gpu]
 
     cp.cuda.runtime.getDeviceCount()  # raises without a driver or a device
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    return Backend("gpu", cp, cp.float16, name, HalfCupyOps(cp))
+    return Backend("gpu", cp, cp.float16, name, HalfCupyOps(cp, model))
 
 
-def select_backend(device: str) -> Backend:
-    """device: auto | cpu | gpu. `auto` falls back to NumPy with one line on stderr."""
+def select_backend(device: str, model: ModelKernels | None = None) -> Backend:
+    """device: auto | cpu | gpu. `auto` falls back to NumPy with one line on stderr. model: on a GPU, the
+    kernels built first are those this model needs (every kernel without it)."""
     if device == "cpu":
         return cpu_backend()
     try:
-        return gpu_backend()
+        return gpu_backend(model)
     except Exception as e:  # ImportError, CUDARuntimeError, ...
         if device == "gpu":
             raise RuntimeError(f"--device gpu requested but CuPy/CUDA is unavailable: {e}") from e

@@ -524,7 +524,7 @@ for step in "$@"; do
       fi ;;
     coldstart)  # issue 42: the server's first start on a fresh machine (CuPy's kernel cache emptied), then two more
       chat_model
-      rm -rf ~/.cupy/kernel_cache
+      rm -rf ~/.cupy/kernel_cache ~/.cache/strata/kernels
       python3 bench/startup_time.py --model $MQC --repeats 3 --json "$OUT/startup_cold_h200.json"
       grep -h "compil" /tmp/startup_time_0.log | head -40 ;;
     graphseq)  # issue 42: decode graphs through batches growing to the largest size and back (the engine's own

@@ -1,0 +1,143 @@
+"""model_parts.py's layout against the CUDA sources: every kernel a model's steps ask for lies in the parts
+a first start builds for it. Each part is preprocessed as NVRTC sees it (-DPARTS, -DPART) by the C
+preprocessor, and its extern "C" kernels read from the result; the loader then takes the model's parts,
+and a kernel outside them is built and loaded when first asked for."""
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from engine.core.quantized import BLOCKS
+from engine.kernels import build, built_kernels, kernel_source
+from engine.kernels.loader import KernelLoader
+from engine.kernels.model_parts import ModelKernels
+from engine.modelfile.gguf_file import GGUFFile
+from engine.modelfile.model_config import read_config
+
+MODELS = {  # name -> what decides its kernels
+    "llama3-8b Q4_K_M": ModelKernels(frozenset({"Q4_K", "Q6_K"}), 128, 4),
+    "qwen2.5-0.5b Q8_0": ModelKernels(frozenset({"Q8_0"}), 64, 7),
+    "qwen3-30b-a3b Q4_K_M": ModelKernels(frozenset({"Q4_K", "Q6_K"}), 128, 8, moe=True),
+    "smollm2 F16": ModelKernels(frozenset({"F16"}), 64, 3),
+    "a BF16 file": ModelKernels(frozenset({"BF16"}), 128, 1),
+    "every kind": ModelKernels(frozenset({*BLOCKS, "F16", "BF16"}), 64, 8),
+}
+
+
+def first_built(model: ModelKernels) -> list[build.Unit]:
+    return [unit for unit in build.units(built_kernels()) if model.wants(unit)]
+
+
+def without_launch_bounds(text: str) -> str:
+    while (at := text.find("__launch_bounds__")) >= 0:
+        depth, end = 0, text.index("(", at)
+        for end in range(end, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        text = text[:at] + text[end + 1:]
+    return text
+
+
+@functools.cache
+def defined(unit: build.Unit) -> frozenset[str]:
+    """The kernels one compilation holds: its source preprocessed with its -D options."""
+    source = "\n".join(line for line in kernel_source(unit.source).splitlines() if not line.startswith("#include <"))
+    defines = [o for o in unit.options(()) if o.startswith("-D")]
+    text = subprocess.run(["cpp", "-P", *defines], input=source, capture_output=True, text=True, check=True).stdout
+    return frozenset(re.findall(r'extern "C"\s+__global__\s+void\s+(\w+)\s*\(', without_launch_bounds(text)))
+
+
+def asked_for(model: ModelKernels) -> set[str]:
+    """The kernels a model's steps launch, by their names (the launchers' naming, read independently)."""
+    kinds = model.kinds
+    names = set()
+    for source, kernels in built_kernels().items():
+        for name in kernels:
+            if source == "moe.cu":
+                ok = model.moe
+            elif m := re.fullmatch(r"flash_decode(?:_q8)?_d(\d+)_g(\d+)", name):
+                ok = (int(m[1]), int(m[2])) == (model.head_dim, model.group)
+            elif m := re.fullmatch(r"flash_attention_d(\d+)", name):
+                ok = int(m[1]) == model.head_dim
+            elif m := re.fullmatch(r"matvec2_(\w+)_(Q6_K)", name):
+                ok = {m[1], m[2]} <= kinds
+            elif m := re.fullmatch(r"(?:matvec|mmq|dequant|embed)_([A-Z]\w*?\d(?:_[01K])?)(?:_[nt]\d+)?(?:_f32)?", name):
+                ok = m[1] in kinds
+            else:  # quantize_q8, dequant_BF16, widen_q8_0_blocks, norm/rope, argmax, the fp16 mmv: every model's
+                ok = True
+            if ok:
+                names.add(name)
+    return names
+
+
+def test_the_kernel_names_are_read_for_every_kind():
+    every = asked_for(MODELS["every kind"])
+    assert {"matvec_Q4_K_n16_f32", "mmq_Q5_1_t4", "dequant_F16", "embed_Q6_K", "matvec2_Q4_K_Q6_K",
+            "flash_decode_q8_d64_g8", "flash_attention_d64"} <= every
+    assert "flash_decode_d128_g8" not in every and "router_route" not in every
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_models_parts_hold_every_kernel_it_asks_for(name):
+    model = MODELS[name]
+    held = set().union(*(defined(unit) for unit in first_built(model)))
+    missing = asked_for(model) - held
+    assert not missing, f"{name}: {sorted(missing)[:10]} in none of {[u.describe() for u in first_built(model)]}"
+
+
+def test_every_part_of_every_file_holds_what_built_kernels_lists():
+    """The layout's other half: together the parts hold every kernel (none lost between parts)."""
+    every = set().union(*(defined(unit) for unit in build.units(built_kernels())))
+    listed = {name for names in built_kernels().values() for name in names}
+    assert listed <= every, sorted(listed - every)[:10]
+
+
+def test_a_first_start_builds_a_third_of_the_parts_for_the_8b_shape():
+    units = first_built(MODELS["llama3-8b Q4_K_M"])
+    assert [u.describe() for u in units] == [
+        "quant.cu part 6/8", "quant.cu part 8/8", "mmq.cu part 6/8", "mmq.cu part 8/8", "attention.cu part 3/4",
+        "norm_rope.cu", "argmax.cu", "mmv.cu"]
+    assert len(build.units(built_kernels())) == 24
+
+
+def test_the_default_models_file_gives_its_kinds_head_size_and_group(model_path):
+    reader = GGUFFile(model_path, "r")
+    model = ModelKernels.of(read_config(reader), reader)
+    assert model == ModelKernels(frozenset({"Q4_1", "Q8_0"}), 64, 3, moe=False)
+
+
+class PreprocessedModule:
+    """CuPy's RawModule as far as the loader uses it, the kernels it holds read by the preprocessor."""
+
+    def __init__(self, unit: build.Unit):
+        self.kernels = defined(unit)
+
+    def get_function(self, name: str):
+        if name not in self.kernels:
+            raise LookupError(name)
+        return SimpleNamespace(name=name, kernel=SimpleNamespace(ptr=0))
+
+
+def test_a_kernel_outside_the_models_parts_is_loaded_at_its_first_use(monkeypatch):
+    built = []
+    monkeypatch.setattr(build, "prebuild", lambda cp, todo, defines: built.append(list(todo)))
+    monkeypatch.setattr(build, "module", lambda cp, unit, defines: PreprocessedModule(unit))
+    loader = KernelLoader()
+    loader.cp = SimpleNamespace(cuda=SimpleNamespace(Device=lambda: SimpleNamespace(compute_capability="80")))
+    model = MODELS["llama3-8b Q4_K_M"]
+    loader.load_modules((), model)
+    loader.prepare_functions(hopper=False)
+    assert built == [first_built(model)]
+    listed = {name for names in built_kernels().values() for name in names}
+    assert asked_for(model) <= set(loader.fn) == set().union(*map(defined, first_built(model))) & listed
+    assert loader.fn["flash_decode_d128_g4"].name == "flash_decode_d128_g4"  # a decode kernel, wrapped
+    assert "matvec_Q8_0_n1" not in loader.fn
+    assert loader.fn["matvec_Q8_0_n1"].name == "matvec_Q8_0_n1"  # built with the rest, then found
+    assert len(built) == 2 and set(built[1]) == set(build.units(built_kernels())) - set(first_built(model))
+    with pytest.raises(KeyError, match="no kernel 'matvec_Q9_9_n1'"):
+        loader.fn["matvec_Q9_9_n1"]
