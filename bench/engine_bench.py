@@ -141,7 +141,7 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
     greedy, sampled = Sampler(SamplingParams(), ()), Sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=1), ())
     draws = DrawGraphs(cp)
     graphed = Sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=1), ())
-    graphed.sample(entry.logits[0], cp, draws)  # captured before timing
+    graphed.sample(graphs.logits[0], cp, draws)  # captured before timing
     times: dict[str, list[float]] = {"replay": [], "greedy_from_graph": [], "sample_greedy": [], "sample_top_p": [],
                                      "sample_top_p_graph": [],
                                      "whole_step": [],
@@ -155,15 +155,15 @@ def decode_breakdown(model: LlamaModel, kv: KVCache, context: int, steps: int, g
         b.record(graphs.stream)
         b.synchronize()
         t1 = time.perf_counter()
-        int(entry.argmax.get()[0])
+        int(graphs.argmax.get()[0])
         t_greedy = time.perf_counter()
-        greedy.sample(entry.logits[0], cp)
+        greedy.sample(graphs.logits[0], cp)
         t2 = time.perf_counter()
-        sampled.sample(entry.logits[0], cp)
+        sampled.sample(graphs.logits[0], cp)
         t3 = time.perf_counter()
-        graphed.sample(entry.logits[0], cp, draws)
+        graphed.sample(graphs.logits[0], cp, draws)
         t_graph = time.perf_counter()
-        logits = cp.asnumpy(entry.logits[0])
+        logits = cp.asnumpy(graphs.logits[0])
         t4 = time.perf_counter()
         sampled.sample(logits)
         t5 = time.perf_counter()
