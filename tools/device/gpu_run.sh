@@ -541,12 +541,13 @@ for step in "$@"; do
         || echo "GRAPH SEQUENCE CHECK FAILED (base)" ;;
     graphseqmem)  # the sequence check on the 135M shape under compute-sanitizer's memcheck
       synth_ms
+      rows=${MEM_ROWS:-1,63,64,65,128,256}
       # (a pool of 32K positions: the sanitizer's own allocations take room the engine's plan does not know of;
       # API errors not reported: a kernel looked up in a part that lacks it, engine/kernels find_function)
       timeout ${MEM_LIMIT:-300} compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 30 \
-        python3 tools/device/decode_graph_sequence_check.py $MS --rows ${MEM_ROWS:-1,63,64,65,128,256} --steps ${MEM_STEPS:-10} \
-        --solo 1 --kv-tokens 32768 > "$OUT/memcheck.log" 2>&1 && echo "memcheck: no errors" || echo "MEMCHECK RUN FAILED"
-      grep -v "loading weights" "$OUT/memcheck.log" | head -${MEM_HEAD:-60}; tail -5 "$OUT/memcheck.log" ;;
+        python3 tools/device/decode_graph_sequence_check.py $MS --rows $rows --steps ${MEM_STEPS:-10} \
+        --solo 1 --kv-tokens 32768 > "$OUT/memcheck_${rows//,/_}.log" 2>&1 && echo "memcheck: no errors" || echo "MEMCHECK RUN FAILED"
+      grep -v "loading weights" "$OUT/memcheck_${rows//,/_}.log" | head -${MEM_HEAD:-60}; tail -5 "$OUT/memcheck_${rows//,/_}.log" ;;
     clients)  # issue 42: the server as a user starts it (defaults), 1..256 streaming clients, texts against solo runs
       chat_model
       timeout ${CLIENTS_LIMIT:-420} python3 bench/clients_bench.py --model $MQC --clients ${CLIENTS:-1,16,64,128,256} \
