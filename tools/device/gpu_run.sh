@@ -85,9 +85,9 @@
 # mixed    bench/mixed_load_bench.py on the 8B shape (Q4_K_M): A reads 46,832 tokens while 4 clients
 #          decode, B (short) arrives 2 s in -> $OUT/mixed_load_gpu.json
 # real     the real default model: tools/device/gpu_check.py and parity. The model (94 MiB) is larger than
-#          one call may carry (64 MiB): an earlier call on the same warm machine carries
-#          .device/part00 (`split -n 2 -d MODEL .device/part`) and runs `bash tools/device/gpu_run.sh
-#          stash`; the call with `real` carries .device/part01.
+#          one call may carry (64 MiB, the tree and .whl included): earlier calls on the same warm
+#          machine carry .device/part00, part01 (`split -n 3 -d MODEL .device/part`), one each, and run
+#          `bash tools/device/gpu_run.sh stash`; the call with `real` carries the last part.
 # peers_strata  issue 21's table through HTTP (bench/pool_bench.py: B beside A and 4/16/64 decoders, 64
 #          clients at once, 16 sub-agents sharing a 5.9K-token system prompt, KV held by finished
 #          conversations) against Strata started as a user starts it (`python3 -m serve --model FILE`) on
@@ -237,8 +237,8 @@ chat_model() {
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
   case $step in
-    stash)
-      cp .device/part00 /tmp/sm/part00 ;;
+    stash)  # the parts of the default model this call carries (.device/partNN; a call carries 64 MiB), kept for `real`
+      cp .device/part* /tmp/sm/ && ls /tmp/sm ;;
     kernels)
       python3 tools/device/gpu_kernels_check.py --json "$OUT/kernels.json" || echo "KERNEL CHECKS FAILED" ;;
     sm90)  # the wgmma prompt attention's checks alone; when they fail, again with V's descriptor offsets swapped
@@ -495,7 +495,7 @@ for step in "$@"; do
       STRATA_MODEL=$MQ python3 bench/mixed_load_bench.py --device gpu --a-tokens 46832 --decoders 4 --b-delay 2 \
         --chunk 2048 --repeats 2 --json "$OUT/mixed_load_gpu.json" 2>&1 | quiet ;;
     real)
-      cat /tmp/sm/part00 .device/part01 > /tmp/sm/model.gguf
+      cp .device/part* /tmp/sm/ && cat /tmp/sm/part* > /tmp/sm/model.gguf
       python3 tools/device/gpu_check.py --model /tmp/sm/model.gguf --out "$OUT/gpu_check.json" 2>&1 | quiet
       python3 tools/checks/prefill_preempt_test.py --model /tmp/sm/model.gguf --device gpu --chunk 256 \
         --prompt-tokens 3000 --json "$OUT/preempt_parity_gpu.json" 2>&1 | quiet ;;
