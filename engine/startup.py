@@ -38,8 +38,8 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
 
     reader = GGUFFile(str(path), "r")
     backend = select_backend(config.device, ModelKernels.of(read_config(reader), reader))
-    lap("backend")  # on a GPU: the model's kernels, compiled on a first start (engine/kernels/build.py), else from
-    # the cache
+    lap("backend")  # on a GPU, the model's kernels are compiled from here on, beside the weights' upload, on a
+    # first start (engine/kernels/build.py), else read from the cache
     config = config.for_device(backend.name)
     log(f"loading {path} on {backend.device_name}")
 
@@ -52,6 +52,9 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         lap("weights")
         tokenizer = building.result()
     lap("tokenizer after the weights")
+    if backend.name == "gpu":
+        backend.ready()
+        lap("kernels after the weights")
     check_kv_type(config.kv_type, backend.name, cfg.head_dim)
     plan = plan_context(cfg, backend, config.ctx, config.chunk,
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,

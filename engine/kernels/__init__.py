@@ -67,9 +67,8 @@ class GpuKernels(KernelLoader, DeviceSteps, NormRopeLaunchers, ArgmaxLauncher, A
         the others at their first use; every kernel without it."""
         self.cp = cp
         wanted = prompt_attention or os.environ.get("STRATA_PROMPT_ATTENTION")
-        self.load_modules(defines, model, sm90_wanted=wanted != "mma")  # fn: kernel name -> RawKernel, looked up
-        # once (not per launch)
-        self.prompt_attention = self.load_sm90(defines, wanted)
+        self.load_modules(defines, model, wanted)  # fn: kernel name -> RawKernel, looked up once (not per
+        # launch), filled by ready(): the kernels are built while the caller loads the weights
         # programmatic dependent launch (launch.py) while `dependent` is set: a decode graph's capture
         # sets it to `pdl` (compute capability 9.0 and later, unless $STRATA_PDL is 0)
         hopper = int(cp.cuda.Device().compute_capability) >= 90
@@ -83,7 +82,6 @@ class GpuKernels(KernelLoader, DeviceSteps, NormRopeLaunchers, ArgmaxLauncher, A
         # the int8 tensor-core batches (mmq.cu) take up to 227 KiB of shared memory a block: Hopper's
         self.mmq_from = int(os.environ.get("STRATA_MMQ_FROM", MMQ_FROM)) if hopper else sys.maxsize
         self.sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-        self.prepare_functions(hopper)
         # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
         # with the default allocator, never in a graphs' pool: every captured graph keeps their address
         self.counters = cp.zeros(COUNTER_SEQUENCES * MAX_COUNTER_HEADS, dtype=cp.int32)

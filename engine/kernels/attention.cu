@@ -164,10 +164,12 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
                              int block_log2, float scale_log2) {                                               \
         flash_attention<D>(q, k, v, out, q_start, pos0, table, table_off, heads, kv_heads, block_log2, scale_log2); \
     }
+// Parts (parts.cuh): 9 per head size, in HEAD_DIMS' order: its prompt kernel first, then its decoding kernels of
+// 1..8 query heads per K/V head one group a part (a model launches one group's: engine/kernels/model_parts.py)
 #if IN_PART(0)
 FLASH_ATTENTION(64)
 #endif
-#if IN_PART(2)
+#if IN_PART(9)
 FLASH_ATTENTION(128)
 #endif
 
@@ -488,19 +490,53 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
 #define FLASH_DECODE(D, G)                                          \
     FLASH_DECODE_KIND(flash_decode_d##D##_g##G, D, G, false)        \
     FLASH_DECODE_KIND(flash_decode_q8_d##D##_g##G, D, G, true)
-#define FLASH_DECODE_GROUPS_1_4(D) FLASH_DECODE(D, 1) FLASH_DECODE(D, 2) FLASH_DECODE(D, 3) FLASH_DECODE(D, 4)
-#define FLASH_DECODE_GROUPS_5_8(D) FLASH_DECODE(D, 5) FLASH_DECODE(D, 6) FLASH_DECODE(D, 7) FLASH_DECODE(D, 8)
-#if IN_PART(0)
-FLASH_DECODE_GROUPS_1_4(64)
-#endif
 #if IN_PART(1)
-FLASH_DECODE_GROUPS_5_8(64)
+FLASH_DECODE(64, 1)
 #endif
 #if IN_PART(2)
-FLASH_DECODE_GROUPS_1_4(128)
+FLASH_DECODE(64, 2)
 #endif
 #if IN_PART(3)
-FLASH_DECODE_GROUPS_5_8(128)
+FLASH_DECODE(64, 3)
+#endif
+#if IN_PART(4)
+FLASH_DECODE(64, 4)
+#endif
+#if IN_PART(5)
+FLASH_DECODE(64, 5)
+#endif
+#if IN_PART(6)
+FLASH_DECODE(64, 6)
+#endif
+#if IN_PART(7)
+FLASH_DECODE(64, 7)
+#endif
+#if IN_PART(8)
+FLASH_DECODE(64, 8)
+#endif
+#if IN_PART(10)
+FLASH_DECODE(128, 1)
+#endif
+#if IN_PART(11)
+FLASH_DECODE(128, 2)
+#endif
+#if IN_PART(12)
+FLASH_DECODE(128, 3)
+#endif
+#if IN_PART(13)
+FLASH_DECODE(128, 4)
+#endif
+#if IN_PART(14)
+FLASH_DECODE(128, 5)
+#endif
+#if IN_PART(15)
+FLASH_DECODE(128, 6)
+#endif
+#if IN_PART(16)
+FLASH_DECODE(128, 7)
+#endif
+#if IN_PART(17)
+FLASH_DECODE(128, 8)
 #endif
 
 // ---------------------------------------------------------------- a q8_0 pool's rows widened for a prompt chunk

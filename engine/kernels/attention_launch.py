@@ -46,6 +46,14 @@ def decode_splits(keys: int) -> int:
     return min(DECODE_SPLITS, math.ceil(keys / 64))
 
 
+def decode_group(group: int) -> tuple[int, int]:
+    """(the heads a decoding block takes, blocks per K/V head) for `group` query heads per K/V head: more
+    than 4 heads a block spill registers, so an even group over 4 runs as two blocks of half of it. The
+    block's heads name the kernel (flash_decode_d<D>_g<heads>)."""
+    kv_div = 2 if group > 4 and group % 2 == 0 else 1
+    return group // kv_div, kv_div
+
+
 def decode_blocks_x(splits: int, seqs: int, blocks_y: int, sms: int) -> int:
     """Blocks per (sequence, K/V head group) of a flash-decoding grid of `splits` splits: one a split
     while the grid has up to DECODE_BLOCKS_PER_SM blocks a multiprocessor; beyond, each block takes
@@ -127,8 +135,8 @@ class AttentionLaunchers:
         group = heads // kv_heads
         if group > MAX_GROUP:
             raise ValueError(f"{group} query heads per K/V head (at most {MAX_GROUP} supported)")
-        kv_div = 2 if group > 4 and group % 2 == 0 else 1  # 8 heads a block spill registers: two blocks of 4
-        group, blocks_y = group // kv_div, kv_heads * kv_div
+        group, kv_div = decode_group(group)
+        blocks_y = kv_heads * kv_div
         keys = step.max_keys or (max(step.positions) + 1 if step.batch else step.start + 1)
         splits = decode_splits(keys)
         part_o = cp.empty((seqs, heads, splits, d), dtype=cp.float32)

@@ -4,6 +4,7 @@ shared-memory cap; the decode step's kernels wrapped for programmatic dependent 
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -74,18 +75,46 @@ class KernelLoader:
     cp: ModuleType
     fn: KernelTable
 
-    def load_modules(self, defines: tuple[str, ...], model: ModelKernels | None = None, sm90_wanted: bool = True
-                     ) -> None:
-        """The kernels of built_kernels() that `model` needs (model_parts.py; every kernel without one) into
-        fn, from CuPy's modules of each file's parts; the parts not yet in the cache compiled side by side
-        first (build.prebuild), with the sm_90a prompt attention's cubin where sm90_wanted and the device
-        has it."""
+    def load_modules(self, defines: tuple[str, ...], model: ModelKernels | None = None,
+                     prompt_attention: str | None = None) -> None:
+        """Starts building the kernels of built_kernels() that `model` needs (model_parts.py; every kernel
+        without one) and returns: the parts not yet in the cache are compiled side by side (build.prebuild),
+        with the sm_90a prompt attention's cubin unless prompt_attention is "mma", in a thread, while the
+        caller goes on (a first start uploads the weights meanwhile). ready() waits for the build and loads
+        the kernels into fn; a kernel asked for before then waits there too (KernelTable)."""
+        if prompt_attention not in (None, *PROMPT_ATTENTION):
+            raise ValueError(f"prompt attention kernel {prompt_attention!r}: choose one of {PROMPT_ATTENTION}")
         self.defines, self.loaded, self.hopper = defines, set(), None
         self.fn = KernelTable(self.load_rest)
         todo = [unit for unit in build.units(built_kernels()) if model is None or model.wants(unit)]
-        extra = [build.SM90] if sm90_wanted and sm90.supported(self.cp) else []
-        build.prebuild(self.cp, todo + extra, defines)  # a first start: every part compiled side by side
+        extra = [build.SM90] if prompt_attention != "mma" and sm90.supported(self.cp) else []
+        builder = ThreadPoolExecutor(1, thread_name_prefix="kernel-build")
+        self.building = builder.submit(build.prebuild, self.cp, todo + extra, defines)
+        builder.shutdown(wait=False)  # its thread ends with the build
+        self.pending = (todo, prompt_attention)
+
+    def ready(self) -> None:
+        """The build load_modules started finished (its error raised here) and its kernels in fn, prepared;
+        the prompt attention chosen. Once; later calls return at once."""
+        if self.pending is None:
+            return
+        todo, wanted = self.pending
+        self.building.result()
+        self.pending = None
         self.load_units(todo)
+        self._prompt_attention = self.load_sm90(self.defines, wanted)
+        self.prepare_functions(int(self.cp.cuda.Device().compute_capability) >= 90)
+
+    @property
+    def prompt_attention(self) -> str:
+        """ "sm90" or "mma": the prompt chunks' attention kernel (load_sm90), known once ready()."""
+        self.ready()
+        return self._prompt_attention
+
+    @prompt_attention.setter
+    def prompt_attention(self, kind: str) -> None:  # a tool's way to time or check the other kernel
+        self.ready()
+        self._prompt_attention = kind
 
     def load_units(self, todo: list[build.Unit]) -> None:
         """Each kernel the units hold into fn (prepared, once prepare_functions has run)."""
@@ -98,7 +127,12 @@ class KernelLoader:
 
     def load_rest(self, name: str) -> None:
         """The parts not yet loaded, compiled (side by side) and loaded: `name` was asked for and is in none
-        of the model's parts (model_parts.py did not foresee it; said in the log)."""
+        of the model's parts (model_parts.py did not foresee it; said in the log). Asked for before ready():
+        ready() first, which loads the model's parts."""
+        if self.pending is not None:
+            self.ready()
+            if name in self.fn:
+                return
         rest = [unit for unit in build.units(built_kernels()) if unit not in self.loaded]
         if rest:
             build.log(f"kernel {name} is outside the parts built for this model: loading the other {len(rest)}")
@@ -109,8 +143,6 @@ class KernelLoader:
         """The prompt-attention kernel to use: "sm90" once attention_sm90.cu is built (compute
         capability 9.0 only), else "mma". A device that has it but cannot build it (an NVRTC older
         than CUDA 12) says so and runs the mma.sync kernel."""
-        if wanted not in (None, *PROMPT_ATTENTION):
-            raise ValueError(f"prompt attention kernel {wanted!r}: choose one of {PROMPT_ATTENTION}")
         if wanted == "mma" or not sm90.supported(self.cp):
             if wanted == "sm90":
                 raise ValueError("the sm90 attention kernel needs a GPU of compute capability 9.0 (Hopper)")

@@ -1,8 +1,9 @@
 """Which compilations (build.Unit) a model needs: the parts of quant.cu and mmq.cu that hold its weights'
-kinds, the part of attention.cu that holds its head size and grouping, moe.cu only for a mixture of
-experts. A first start compiles these alone (8 of 24 parts for a Llama-3-8B in Q4_K_M), so that it waits
-for one round of compilations side by side, not two; a kernel outside them is built when first asked for
-(engine/kernels/loader.py's load_rest), which a model's own steps never do.
+kinds, the parts of attention.cu that hold its head size's prompt kernel and its grouping's decoding
+kernels, moe.cu only for a mixture of experts. A first start compiles these alone (11 of 46 parts for a
+Llama-3-8B in Q4_K_M), each short, so that it waits for one round of short compilations side by side; a
+kernel outside them is built when first asked for (engine/kernels/loader.py's load_rest), which a model's
+own steps never do.
 
 The parts' contents are fixed by the IN_PART(j) lines of the .cu files (parts.cuh); the layout below
 mirrors them, and tests/engine/kernels/test_model_parts.py checks it against the preprocessed sources."""
@@ -11,14 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.quantized import BLOCKS
-from engine.kernels.attention_launch import HEAD_DIMS
+from engine.kernels.attention_launch import HEAD_DIMS, MAX_GROUP, decode_group
 from engine.kernels.build import PARTS, Unit
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import ModelConfig
 
-KIND_PART = {kind: i for i, kind in enumerate(BLOCKS)}  # quant.cu and mmq.cu: part i holds BLOCKS' i-th kind
-FP16_PART = len(BLOCKS) - 1  # quant.cu: the F16 weights' dequant_ and embed_ kernels share the last part
-GROUPS_PER_PART = 4  # attention.cu: a head size's flash_decode kernels for groups 1-4 in one part, 5-8 the next
+KIND_PART = {kind: i for i, kind in enumerate(BLOCKS)}  # mmq.cu: part i holds BLOCKS' i-th kind; quant.cu: parts
+# 2i (its matvecs of 1-8 rows, dequant_, embed_, its pair with Q6_K) and 2i + 1 (its matvecs of 9-16 rows)
+FP16_PART = 2 * len(BLOCKS) - 1  # quant.cu: the F16 weights' dequant_ and embed_ kernels share the last part
+HEAD_DIM_PARTS = 1 + MAX_GROUP  # attention.cu: per head size, a part for its prompt kernel, then one per group
 ALWAYS = ("norm_rope.cu", "argmax.cu", "mmv.cu")  # small, and every model's (mmv: its fp16 matrices)
 
 
@@ -43,14 +45,15 @@ class ModelKernels:
         wanted = {source: {0} for source in ALWAYS}
         # quant.cu: the kinds' parts; the last for fp16 matrices (and for a model with no quantized kind: every
         # part has quantize_q8 and dequant_BF16)
-        wanted["quant.cu"] = quantized | ({FP16_PART} if self.kinds - KIND_PART.keys() or not quantized else set())
+        wanted["quant.cu"] = ({part for i in quantized for part in (2 * i, 2 * i + 1)}
+                              | ({FP16_PART} if self.kinds - KIND_PART.keys() or not quantized else set()))
         if quantized:
             wanted["mmq.cu"] = quantized
         if self.moe:
             wanted["moe.cu"] = {0}
-        if self.head_dim in HEAD_DIMS:  # the prompt kernel sits in the groups 1-4 part
-            first = 2 * HEAD_DIMS.index(self.head_dim)
-            wanted["attention.cu"] = {first} | ({first + 1} if self.group > GROUPS_PER_PART else set())
+        if self.head_dim in HEAD_DIMS and 1 <= self.group <= MAX_GROUP:
+            first = HEAD_DIM_PARTS * HEAD_DIMS.index(self.head_dim)
+            wanted["attention.cu"] = {first, first + decode_group(self.group)[0]}
         else:  # a head size no kernel has: every part, and the launcher says what is missing
             wanted["attention.cu"] = set(range(PARTS["attention.cu"]))
         return wanted

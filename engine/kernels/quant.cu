@@ -133,60 +133,72 @@ __device__ __forceinline__ void matvec_q8_pair(const u8* __restrict__ wa, const 
         matvec_##T##_n##NB##_f32(const u8* w, const Q8* xq, float* y, int m, int k, int ldy, int stage) {           \
         matvec_q8<T, NB>(w, xq, y, m, k, ldy, stage);                                                               \
     }
-#define MATVEC_Q8(T)                                                                                                \
+// Each kind's kernels in two parts (parts.cuh), so that a first start's compilations are short and many: part
+// 2i holds the i-th kind's dequant/embed kernels, its pair with Q6_K and its matvecs of 1-8 rows, part 2i + 1
+// its matvecs of 9-16 rows (engine/kernels/model_parts.py mirrors this layout).
+#define MATVEC_Q8_FEW(T)                                                                                            \
     WEIGHT_KERNELS(T)                                                                                               \
     MATVEC_Q8_NB(T, 1) MATVEC_Q8_NB(T, 2) MATVEC_Q8_NB(T, 3) MATVEC_Q8_NB(T, 4) MATVEC_Q8_NB(T, 5)                  \
-    MATVEC_Q8_NB(T, 6) MATVEC_Q8_NB(T, 7) MATVEC_Q8_NB(T, 8) MATVEC_Q8_NB(T, 9) MATVEC_Q8_NB(T, 10)                 \
-    MATVEC_Q8_NB(T, 11) MATVEC_Q8_NB(T, 12) MATVEC_Q8_NB(T, 13) MATVEC_Q8_NB(T, 14) MATVEC_Q8_NB(T, 15)             \
-    MATVEC_Q8_NB(T, 16)
+    MATVEC_Q8_NB(T, 6) MATVEC_Q8_NB(T, 7) MATVEC_Q8_NB(T, 8)
+#define MATVEC_Q8_MANY(T)                                                                                           \
+    MATVEC_Q8_NB(T, 9) MATVEC_Q8_NB(T, 10) MATVEC_Q8_NB(T, 11) MATVEC_Q8_NB(T, 12) MATVEC_Q8_NB(T, 13)              \
+    MATVEC_Q8_NB(T, 14) MATVEC_Q8_NB(T, 15) MATVEC_Q8_NB(T, 16)
 
 #if IN_PART(0)
-MATVEC_Q8(Q4_0)
-#endif
-#if IN_PART(1)
-MATVEC_Q8(Q4_1)
-#endif
-#if IN_PART(2)
-MATVEC_Q8(Q5_0)
-#endif
-#if IN_PART(3)
-MATVEC_Q8(Q5_1)
-#endif
-#if IN_PART(4)
-MATVEC_Q8(Q8_0)
-#endif
-#if IN_PART(5)
-MATVEC_Q8(Q4_K)
-#endif
-#if IN_PART(6)
-MATVEC_Q8(Q5_K)
-#endif
-#if IN_PART(7)
-MATVEC_Q8(Q6_K)
-#endif
-#if IN_PART(7)
-WEIGHT_KERNELS(F16)
-#endif
-#if IN_PART(0)
+MATVEC_Q8_FEW(Q4_0)
 MATVEC_PAIR(Q4_0, Q6_K)
 #endif
 #if IN_PART(1)
-MATVEC_PAIR(Q4_1, Q6_K)
+MATVEC_Q8_MANY(Q4_0)
 #endif
 #if IN_PART(2)
-MATVEC_PAIR(Q5_0, Q6_K)
+MATVEC_Q8_FEW(Q4_1)
+MATVEC_PAIR(Q4_1, Q6_K)
 #endif
 #if IN_PART(3)
-MATVEC_PAIR(Q5_1, Q6_K)
+MATVEC_Q8_MANY(Q4_1)
 #endif
 #if IN_PART(4)
-MATVEC_PAIR(Q8_0, Q6_K)
+MATVEC_Q8_FEW(Q5_0)
+MATVEC_PAIR(Q5_0, Q6_K)
 #endif
 #if IN_PART(5)
-MATVEC_PAIR(Q4_K, Q6_K)
+MATVEC_Q8_MANY(Q5_0)
 #endif
 #if IN_PART(6)
+MATVEC_Q8_FEW(Q5_1)
+MATVEC_PAIR(Q5_1, Q6_K)
+#endif
+#if IN_PART(7)
+MATVEC_Q8_MANY(Q5_1)
+#endif
+#if IN_PART(8)
+MATVEC_Q8_FEW(Q8_0)
+MATVEC_PAIR(Q8_0, Q6_K)
+#endif
+#if IN_PART(9)
+MATVEC_Q8_MANY(Q8_0)
+#endif
+#if IN_PART(10)
+MATVEC_Q8_FEW(Q4_K)
+MATVEC_PAIR(Q4_K, Q6_K)
+#endif
+#if IN_PART(11)
+MATVEC_Q8_MANY(Q4_K)
+#endif
+#if IN_PART(12)
+MATVEC_Q8_FEW(Q5_K)
 MATVEC_PAIR(Q5_K, Q6_K)
+#endif
+#if IN_PART(13)
+MATVEC_Q8_MANY(Q5_K)
+#endif
+#if IN_PART(14)
+MATVEC_Q8_FEW(Q6_K)
+#endif
+#if IN_PART(15)
+MATVEC_Q8_MANY(Q6_K)
+WEIGHT_KERNELS(F16)
 #endif
 
 // BF16 -> fp16 at load (a bf16 is the high half of an fp32). n = values.

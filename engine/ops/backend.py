@@ -29,6 +29,9 @@ class ArrayOps:
         self.xp = xp
         self._bias: dict[int, object] = {}
 
+    def ready(self) -> None:
+        """Waits for whatever the ops build in the background at start (the GPU's kernels); none here."""
+
     def step(self, n: int, start: int, table=None) -> Step:
         return Step(n, start, (table,))
 
@@ -182,6 +185,9 @@ class HalfCupyOps(ArrayOps):
         self.kernels = GpuKernels(cp, model=model)
         self.decoding = False
 
+    def ready(self) -> None:
+        self.kernels.ready()  # the kernels, compiled beside the weights' upload on a first start
+
     def step(self, n: int, start: int, table=None) -> Step:
         return self.kernels.step(n, start, table)
 
@@ -254,6 +260,10 @@ class Backend:
 
     def to_host(self, arr) -> np.ndarray:
         return arr if self.xp is np else self.xp.asnumpy(arr)
+
+    def ready(self) -> None:
+        """Every kernel built and loaded (on a GPU's first start they compile while the weights load)."""
+        self.ops.ready()
 
     def synchronize(self) -> None:
         if self.xp is not np:

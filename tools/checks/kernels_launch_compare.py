@@ -29,8 +29,9 @@ from engine.kernels import build, launch, moe_launch, sm90  # noqa: E402
 from engine.core.experts import Experts, ExpertStack  # noqa: E402
 
 OLD_REV = "9eac495"  # the last commit with GpuKernels whole in engine/kernels/__init__.py
-LOADER_STATE = ("hopper", "defines", "loaded")  # the loader's own bookkeeping since issue 42 (kernels built per
-# model, the rest at first use: engine/kernels/loader.py), not the launchers' state
+LOADER_STATE = ("hopper", "defines", "loaded", "building", "pending")  # the loader's own bookkeeping since issue
+# 42 (kernels built per model in a thread beside the weights' upload, the rest at first use: engine/kernels/loader.py),
+# not the launchers' state; prompt_attention is a property over _prompt_attention (known once the build is loaded)
 LOG: list = []  # launches, in order
 ALLOCS: list = []  # (start, end, label) of every device array of a run
 HANDLES: dict = {}  # a recorded kernel's handle -> its name
@@ -250,9 +251,9 @@ def run(cls, cp) -> dict:
     results = drive(k, d)
     return {"launches at start": made, "launches": list(LOG), "results": results,
             "functions": [(n, type(f).__name__, f.max_dynamic_shared_size_bytes) for n, f in k.fn.items()],
-            "state": [(n, v) for n, v in vars(k).items() if isinstance(v, (bool, int, str, type(None)))
-                      and n not in LOADER_STATE],
-            "attributes": sorted(set(vars(k)) - set(LOADER_STATE))}
+            "state": sorted((n.lstrip("_"), v) for n, v in vars(k).items()
+                            if isinstance(v, (bool, int, str, type(None))) and n not in LOADER_STATE),
+            "attributes": sorted({n.lstrip("_") for n in vars(k)} - set(LOADER_STATE))}
 
 
 def main() -> int:
