@@ -30,15 +30,24 @@ from engine.startup import build_runner  # noqa: E402
 class Rows:
     """The sequences of one run: each with a block table, a position and its next token."""
 
-    def __init__(self, runner, count: int, rng: np.random.Generator, steps: int):
+    def __init__(self, runner, count: int, rng: np.random.Generator, steps: int, reads: int = 0):
+        """reads: 0, every sequence's prompt read; else only the first `reads` are, and sequence i past them
+        takes a copy of sequence i % reads's blocks (its own next token still: under a sanitizer, whose
+        cost is per launch, 128 prompts' reads alone take minutes)."""
         self.runner, self.tables, self.positions, self.tokens = runner, [], [], []
-        vocab = runner.vocab_size
+        vocab, copies = runner.vocab_size, []
         for i in range(count):
             # most prompts short; every eighth crosses into the 2,048-key graphs' bucket
             length = int(rng.integers(1030, 1100)) if i % 8 == 7 else int(rng.integers(8, 120))
+            if reads and i >= reads:
+                length = self.positions[i % reads]
             table = runner.pool.allocate(runner.pool.blocks_for(length + steps + 1))
-            prompt = rng.integers(0, vocab, size=length, dtype=np.int64)
-            runner.forward(prompt, 0, table, want_logits=False)
+            if reads and i >= reads:
+                runner.kv.restore(table, copies[i % reads])
+            else:
+                runner.forward(rng.integers(0, vocab, size=length, dtype=np.int64), 0, table, want_logits=False)
+                if reads:
+                    copies.append(runner.kv.snapshot(table, length))
             self.tables.append(table)
             self.positions.append(length)
             self.tokens.append(int(rng.integers(0, vocab)))
@@ -64,9 +73,9 @@ def walk(count: int, steps: int, rng: np.random.Generator) -> list[int]:
     return sizes
 
 
-def run_size(runner, count: int, steps: int, seed: int, solo_checks: int) -> dict:
+def run_size(runner, count: int, steps: int, seed: int, solo_checks: int, reads: int = 0) -> dict:
     cp, rng = runner.backend.xp, np.random.default_rng(seed)
-    rows = Rows(runner, count, rng, steps)
+    rows = Rows(runner, count, rng, steps, reads)
     mismatches, sizes, began = [], walk(count, steps, rng), time.perf_counter()
     try:
         for step, n in enumerate(sizes):
@@ -100,6 +109,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--solo", type=int, default=2, help="rows of each step checked against their solo decode")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reads", type=int, default=0, help="prompts read (the other sequences copy their blocks; 0: all)")
     p.add_argument("--json")
     a, engine_args = p.parse_known_args()
     runner, _, _ = build_runner(config_from_args(build_parser().parse_args(["--model", a.model, *engine_args])))
@@ -108,7 +118,7 @@ def main() -> int:
         return 2
     results = []
     for count in (int(r) for r in a.rows.split(",")):
-        results.append(run_size(runner, count, a.steps, a.seed + count, a.solo))
+        results.append(run_size(runner, count, a.steps, a.seed + count, a.solo, a.reads))
         r = results[-1]
         print(f"{count} sequences: {r['steps']} steps in {r['seconds']} s, {len(r['graphs'])} graphs, "
               f"{len(r['mismatches'])} rows unlike their solo run", flush=True)

@@ -545,12 +545,13 @@ for step in "$@"; do
       # (a pool of 32K positions: the sanitizer's own allocations take room the engine's plan does not know of;
       # API errors not reported: a kernel looked up in a part that lacks it, engine/kernels find_function).
       # The kernels compiled first, outside the sanitizer; the prompt reads' GEMMs and attention (cuBLAS,
-      # flash_attention, dequant_) left unchecked: instrumented, 128 rows' prompts took more than 400 s
+      # flash_attention, dequant_) left unchecked, and 8 prompts read, the other sequences copies of their
+      # blocks (--reads): 128 prompts' reads under the sanitizer took more than 400 s
       python3 tools/device/decode_graph_sequence_check.py $MS --rows 1 --steps 2 --solo 1 --kv-tokens 32768 2>&1 | tail -1
       timeout ${MEM_LIMIT:-300} compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 30 \
         --kernel-name-exclude "regex=${MEM_EXCLUDE:-gemm|xmma|cutlass|flash_attention|dequant_}" \
         python3 tools/device/decode_graph_sequence_check.py $MS --rows $rows --steps ${MEM_STEPS:-10} \
-        --solo 1 --kv-tokens 32768 > "$OUT/memcheck_${rows//,/_}.log" 2>&1 && echo "memcheck: no errors" || echo "MEMCHECK RUN FAILED"
+        --solo 1 --reads ${MEM_READS:-8} --kv-tokens 32768 > "$OUT/memcheck_${rows//,/_}.log" 2>&1 && echo "memcheck: no errors" || echo "MEMCHECK RUN FAILED"
       grep -v "loading weights" "$OUT/memcheck_${rows//,/_}.log" | head -${MEM_HEAD:-60}; tail -5 "$OUT/memcheck_${rows//,/_}.log" ;;
     clients)  # issue 42: the server as a user starts it (defaults), 1..256 streaming clients, texts against solo runs
       chat_model
