@@ -551,7 +551,7 @@ for step in "$@"; do
       timeout ${MEM_LIMIT:-300} compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 30 \
         --kernel-name-exclude "regex=${MEM_EXCLUDE:-gemm|xmma|cutlass|flash_attention|dequant_}" \
         python3 tools/device/decode_graph_sequence_check.py $MS --rows $rows --steps ${MEM_STEPS:-10} \
-        --solo 1 --reads ${MEM_READS:-8} --kv-tokens 32768 > "$OUT/memcheck_${rows//,/_}.log" 2>&1 && echo "memcheck: no errors" || echo "MEMCHECK RUN FAILED"
+        --solo 1 --reads ${MEM_READS:-8} --kv-tokens ${MEM_KV:-131072} > "$OUT/memcheck_${rows//,/_}.log" 2>&1 && echo "memcheck: no errors" || echo "MEMCHECK RUN FAILED"
       grep -v "loading weights" "$OUT/memcheck_${rows//,/_}.log" | head -${MEM_HEAD:-60}; tail -5 "$OUT/memcheck_${rows//,/_}.log" ;;
     clients)  # issue 42: the server as a user starts it (defaults), 1..256 streaming clients, texts against solo runs
       chat_model
