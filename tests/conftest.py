@@ -1,9 +1,17 @@
 import os
+import shutil
+import tempfile
 
 # `make test` runs the suite in parallel workers (pytest-xdist): one BLAS thread a process, else
 # OpenBLAS's spinning threads starve the other processes on the cores (the 3-rank TP tests ran 10x
 # slower); set before NumPy loads, inherited by every server, engine and worker
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# the CPU engines' expanded weights, written by the run's first start of each model and mapped by every later
+# one (engine/model/expanded_cache.py): the expansion was most of an engine's start, and the suite starts
+# about 200; a folder of this run's (the controller's, inherited by the workers), removed at its end
+OWN_WEIGHT_CACHE = None if "STRATA_CPU_WEIGHT_CACHE" in os.environ else tempfile.mkdtemp(prefix="strata-test-weights-")
+if OWN_WEIGHT_CACHE:
+    os.environ["STRATA_CPU_WEIGHT_CACHE"] = OWN_WEIGHT_CACHE
 
 import pytest  # noqa: E402
 
@@ -11,6 +19,11 @@ from engine.modelfile.model_path import default_model_path  # noqa: E402
 from tests.harness import PY, EngineProcess, ServerProcess, mark_test_run, mock_engine_cmd, sweep  # noqa: E402
 
 pytest_plugins = ["tests.slowest_first"]
+
+
+def pytest_unconfigure(config):
+    if OWN_WEIGHT_CACHE:
+        shutil.rmtree(OWN_WEIGHT_CACHE, ignore_errors=True)
 
 
 def pytest_configure(config):

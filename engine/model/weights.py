@@ -14,6 +14,7 @@ from engine.kernels import DEQUANT  # the GGUF types the device expands itself (
 from engine.core.experts import Experts, ExpertStack
 from engine.model.dequant import dequantize, dequantize_into
 from engine.ops.backend import Backend
+from engine.model.expanded_cache import ExpandedCache
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import ModelConfig, ModelLoadError, read_config
 from engine.modelfile.rope_config import RopeOverride
@@ -88,6 +89,7 @@ class WeightLoader:
         self.total_bytes = sum(int(t.n_bytes) for t in reader.tensors)
         self.done_bytes, self.started = 0, time.monotonic()
         self.reported = self.started
+        self.expanded = ExpandedCache.from_env(reader.path, shard) if backend.name == "cpu" else None
 
     def tensor(self, name: str):
         if name not in self.tensors:
@@ -126,7 +128,7 @@ class WeightLoader:
         if self.keep_blocks and any(r.tensor.tensor_type.name in BLOCKS for r in pieces):
             return stack_rows([r.host_rows() for r in pieces], self.xp.asarray)
         if self.backend.name == "cpu":
-            return host_matrix(pieces)
+            return self.expanded.matrix(pieces, host_matrix) if self.expanded else host_matrix(pieces)
         parts = [r.dense(self) for r in pieces]
         return parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 
+from engine.modelfile.tokenizer import TooManyTokens
 from serve.api.chat import ToolPlan, render
+from serve.api.errors import prompt_too_long
 from serve.api.prompt_fit import PromptFit
 
 
@@ -21,9 +23,13 @@ async def off_loop(fn, *args):
 
 
 def text_tokens(state, fit: PromptFit, text: str) -> list[int]:
-    """The prompt's tokens; a text that cannot fit the context is refused before it is tokenized."""
+    """The prompt's tokens; a text that cannot fit the context is refused before it is tokenized, one that
+    does not fit once tokenized before its tokens become a list."""
     fit.check(text, state.ctx)
-    return state.tokenizer.encode(text)
+    try:
+        return state.tokenizer.encode(text, limit=state.ctx - 1)
+    except TooManyTokens as e:
+        raise prompt_too_long(e.tokens, state.ctx) from None
 
 
 def chat_tokens(state, fit: PromptFit, body, plan: ToolPlan) -> tuple[str, list[int]]:

@@ -272,7 +272,7 @@ def warn_omitted(omitted: list[str]) -> None:
 
 def count_tokens(state, body: schema.CountTokensRequest) -> dict:
     _, _, text, _ = prepared(state, body)
-    return {"input_tokens": len(state.tokenizer.encode(text))}
+    return {"input_tokens": state.tokenizer.count(text)}
 
 
 def signature(thinking: str) -> str:

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.modelfile.tokenizer import TooManyTokens
+
 FIXTURE = json.loads((Path(__file__).parents[2] / "fixtures/tokenizer_golden.json").read_text())
 
 
@@ -47,3 +49,14 @@ def test_streamed_detokenization_never_emits_broken_utf8(tokenizer, text):
 def test_streamed_detokenization_skips_special_tokens(tokenizer):
     stream = tokenizer.stream()
     assert "".join(stream.step(t) for t in tokenizer.encode("Hi<|im_end|>")) == "Hi"
+
+
+@pytest.mark.parametrize("case", FIXTURE["cases"][:6], ids=[repr(c["text"][:20]) for c in FIXTURE["cases"][:6]])
+def test_a_limit_refuses_a_longer_text_with_its_count_and_count_agrees(tokenizer, case):
+    ids = tokenizer.encode(case["text"])
+    assert tokenizer.count(case["text"]) == len(ids)
+    assert tokenizer.encode(case["text"], limit=len(ids)) == ids
+    if ids:
+        with pytest.raises(TooManyTokens) as refused:
+            tokenizer.encode(case["text"], limit=len(ids) - 1)
+        assert refused.value.tokens == len(ids)

@@ -1,0 +1,42 @@
+"""The CPU's expanded weights kept on disk (engine/model/expanded_cache.py): a later load maps the files the
+first wrote, its values bit for bit the expansion's; a shard is its own file; a folder that cannot be written
+is said once and the load goes on without it."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.model.expanded_cache import ENV
+from engine.model.weights import load_model
+from engine.ops.backend import select_backend
+
+
+def matrices(weights) -> list[np.ndarray]:
+    layer = weights.layers[0]
+    return [weights.tok_embd, layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
+
+
+def test_a_later_load_maps_what_the_first_wrote_bit_for_bit(model_path, tmp_path, monkeypatch):
+    backend = select_backend("cpu")
+    monkeypatch.delenv(ENV, raising=False)
+    _, expanded, _ = load_model(model_path, backend)
+    monkeypatch.setenv(ENV, str(tmp_path))
+    _, first, _ = load_model(model_path, backend)
+    written = sorted(tmp_path.rglob("*.npy"))
+    _, later, _ = load_model(model_path, backend)
+    assert len(written) == 1 + 4 * len(expanded.layers)  # the embedding, and 4 stacked matrices a layer
+    assert not any(isinstance(m, np.memmap) for m in matrices(first))
+    for want, mapped in zip(matrices(expanded), matrices(later)):
+        assert isinstance(mapped, np.memmap) and not mapped.flags.writeable
+        assert mapped.flags.f_contiguous == want.flags.f_contiguous and np.array_equal(mapped, want)
+    _, shard, _ = load_model(model_path, backend, shard=(1, 3))
+    assert len(list(tmp_path.rglob("*.npy"))) > len(written)  # a shard's matrices are files of their own
+    assert shard.layers[0].w_down.shape[1] == expanded.layers[0].w_down.shape[1] // 3
+
+
+def test_a_folder_that_cannot_be_written_is_said_and_the_load_goes_on(model_path, tmp_path, monkeypatch, capsys):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv(ENV, str(blocked))
+    _, weights, _ = load_model(model_path, select_backend("cpu"))
+    said = [line for line in capsys.readouterr().err.splitlines() if "expanded weights are not kept" in line]
+    assert len(said) == 1 and weights.layers[-1].w_down.shape[0] > 0
