@@ -1,17 +1,32 @@
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # `make test` runs the suite in parallel workers (pytest-xdist): one BLAS thread a process, else
 # OpenBLAS's spinning threads starve the other processes on the cores (the 3-rank TP tests ran 10x
 # slower); set before NumPy loads, inherited by every server, engine and worker
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-# the CPU engines' expanded weights, written by the run's first start of each model and mapped by every later
-# one (engine/model/expanded_cache.py): the expansion was most of an engine's start, and the suite starts
-# about 200; a folder of this run's (the controller's, inherited by the workers), removed at its end
-OWN_WEIGHT_CACHE = None if "STRATA_CPU_WEIGHT_CACHE" in os.environ else tempfile.mkdtemp(prefix="strata-test-weights-")
-if OWN_WEIGHT_CACHE:
-    os.environ["STRATA_CPU_WEIGHT_CACHE"] = OWN_WEIGHT_CACHE
+# A folder of this run's (the controller's, inherited by the workers), removed at its end: the servers' logs
+# (tests/harness.py), and the CPU engines' expanded weights, written by the run's first start of each model
+# and mapped by every later one (engine/model/expanded_cache.py: the expansion was most of an engine's start,
+# and the suite starts about 200)
+RUN_DIR = None if "STRATA_TEST_RUN_DIR" in os.environ else tempfile.mkdtemp(prefix="strata-test-")
+
+
+def remove_killed_runs_folders() -> None:
+    """The folders of runs killed before their end (their owner process gone): the weights are large."""
+    for folder in Path(tempfile.gettempdir()).glob("strata-test-*"):
+        owner = folder / "owner"
+        if folder.is_dir() and owner.exists() and not Path(f"/proc/{owner.read_text().strip()}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+if RUN_DIR:
+    remove_killed_runs_folders()
+    (Path(RUN_DIR) / "owner").write_text(str(os.getpid()))
+    os.environ["STRATA_TEST_RUN_DIR"] = RUN_DIR
+    os.environ.setdefault("STRATA_CPU_WEIGHT_CACHE", os.path.join(RUN_DIR, "weights"))
 
 import pytest  # noqa: E402
 
@@ -22,8 +37,8 @@ pytest_plugins = ["tests.slowest_first"]
 
 
 def pytest_unconfigure(config):
-    if OWN_WEIGHT_CACHE:
-        shutil.rmtree(OWN_WEIGHT_CACHE, ignore_errors=True)
+    if RUN_DIR:
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
 
 
 def pytest_configure(config):

@@ -143,7 +143,9 @@ class ServerProcess:
             cmd += ["--engine-cmd", self.engine_cmd]
         if self.api_key:
             cmd += ["--api-key", self.api_key]
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"strata-server-{self.port}.log"
+        # in the run's folder (tests/conftest.py), which its end removes
+        self.log_path = Path(os.environ.get("STRATA_TEST_RUN_DIR") or os.environ.get("TMPDIR", "/tmp")) / \
+            f"strata-server-{self.port}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True, preexec_fn=die_with_parent)

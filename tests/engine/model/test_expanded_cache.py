@@ -1,4 +1,4 @@
-"""The CPU's expanded weights kept on disk (engine/model/expanded_cache.py): a later load maps the files the
+"""The CPU's expanded weights kept on disk (engine/model/expanded_cache.py): a later load reads the files the
 first wrote, its values bit for bit the expansion's; a shard is its own file; a folder that cannot be written
 is said once and the load goes on without it."""
 from __future__ import annotations
@@ -15,19 +15,26 @@ def matrices(weights) -> list[np.ndarray]:
     return [weights.tok_embd, layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
 
 
-def test_a_later_load_maps_what_the_first_wrote_bit_for_bit(model_path, tmp_path, monkeypatch):
+def test_a_later_load_reads_what_the_first_wrote_bit_for_bit(model_path, tmp_path, monkeypatch):
     backend = select_backend("cpu")
     monkeypatch.delenv(ENV, raising=False)
     _, expanded, _ = load_model(model_path, backend)
     monkeypatch.setenv(ENV, str(tmp_path))
-    _, first, _ = load_model(model_path, backend)
+    load_model(model_path, backend)
     written = sorted(tmp_path.rglob("*.npy"))
-    _, later, _ = load_model(model_path, backend)
     assert len(written) == 1 + 4 * len(expanded.layers)  # the embedding, and 4 stacked matrices a layer
-    assert not any(isinstance(m, np.memmap) for m in matrices(first))
-    for want, mapped in zip(matrices(expanded), matrices(later)):
-        assert isinstance(mapped, np.memmap) and not mapped.flags.writeable
-        assert mapped.flags.f_contiguous == want.flags.f_contiguous and np.array_equal(mapped, want)
+    for path in written:  # what a later load reads is the files' (a changed file would show)
+        values = np.load(path)
+        values[0, 0] = np.float32(7.0)
+        np.save(path, values)
+    _, later, _ = load_model(model_path, backend)
+    for want, read in zip(matrices(expanded), matrices(later)):
+        assert read.flags.f_contiguous == want.flags.f_contiguous and read.dtype == want.dtype
+        assert read[0, 0] == 7.0 and np.array_equal(read[1:], want[1:]) and np.array_equal(read[0, 1:], want[0, 1:])
+    for path in written:
+        path.unlink()
+    _, again, _ = load_model(model_path, backend)  # the files gone: expanded again, bit for bit
+    assert all(np.array_equal(a, b) for a, b in zip(matrices(again), matrices(expanded)))
     _, shard, _ = load_model(model_path, backend, shard=(1, 3))
     assert len(list(tmp_path.rglob("*.npy"))) > len(written)  # a shard's matrices are files of their own
     assert shard.layers[0].w_down.shape[1] == expanded.layers[0].w_down.shape[1] // 3

@@ -63,8 +63,10 @@ def test_chat_streams_stops_regenerates_and_keeps_the_conversation():
         assert driver.find_element(By.ID, "model").text == model
         ask(driver, "Hello there, how are you today?")  # the mock engine echoes the prompt: 20 tokens here
         lengths = set()
+        # the end: its finish, then the stream's usage chunk (after the finish_reason's) fills in the stats
         wait_until(lambda: lengths.add(len((answers(driver) or [{}])[0].get("content", ""))) or
-                   answers(driver)[0]["finish"] == "stop", what="the answer's end")
+                   answers(driver)[0]["finish"] == "stop" and "tokens" in answers(driver)[0]["stats"],
+                   what="the answer's end")
         assert len(lengths - {0}) >= 3  # it grew while streaming, not all at once
         first = answers(driver)[0]
         assert "20 tokens" in first["stats"] and "tok/s" in first["stats"]
@@ -244,7 +246,8 @@ def test_in_firefox_the_chat_streams_and_the_live_view_shows_the_parked_read():
         firefox.type("Hello from Firefox", "ENTER")
         lengths = set()
         wait_until(lambda: lengths.add(len((firefox.run(ANSWERS_JS) or [{}])[0].get("content", ""))) or
-                   firefox.run(ANSWERS_JS)[0]["finish"] == "stop", what="the answer's end")
+                   firefox.run(ANSWERS_JS)[0]["finish"] == "stop" and "tokens" in firefox.run(ANSWERS_JS)[0]["stats"],
+                   what="the answer's end (and its stats, filled by the usage chunk after the finish)")
         assert len(lengths - {0}) >= 3 and "20 tokens" in firefox.run(ANSWERS_JS)[0]["stats"]
 
         long = threading.Thread(target=httpx.post, args=(f"{server.url}/v1/chat/completions",), kwargs=dict(
