@@ -37,12 +37,12 @@ class Rows:
         self.runner, self.tables, self.positions, self.tokens = runner, [], [], []
         vocab, copies = runner.vocab_size, []
         for i in range(count):
+            copied = bool(reads) and i >= reads
             # most prompts short; every eighth crosses into the 2,048-key graphs' bucket
-            length = int(rng.integers(1030, 1100)) if i % 8 == 7 else int(rng.integers(8, 120))
-            if reads and i >= reads:
-                length = self.positions[i % reads]
+            length = (self.positions[i % reads] if copied else
+                      int(rng.integers(1030, 1100)) if i % 8 == 7 else int(rng.integers(8, 120)))
             table = runner.pool.allocate(runner.pool.blocks_for(length + steps + 1))
-            if reads and i >= reads:
+            if copied:
                 runner.kv.restore(table, copies[i % reads])
             else:
                 runner.forward(rng.integers(0, vocab, size=length, dtype=np.int64), 0, table, want_logits=False)
