@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from engine.kernels.model_parts import ModelKernels
 
 
+MMQ_SMEM_CAP = max(mmq_smem_bytes(kind, nt) for kind in BLOCKS for nt in MMQ_TILES)  # any mmq kernel's
+ATTENTION_SMEM = {f"flash_attention_d{d}": attention_smem_bytes(d) for d in HEAD_DIMS}  # the prompt kernels'
+
+
 def built_kernels() -> dict[str, tuple[str, ...]]:
     """The kernels GpuKernels builds (compiled by CuPy), by source file."""
     return {"norm_rope.cu": ("add_rms_norm", "rope_store", "norm_rope_store", "silu_mul"), "argmax.cu": ("argmax_first",),
@@ -173,7 +177,7 @@ class KernelLoader:
         if name.startswith("matvec"):
             fn.max_dynamic_shared_size_bytes = MATVEC_STAGE_MAX
         if name.startswith("mmq") and self.hopper:  # a cap: each launch asks for its kind's and tile's share
-            fn.max_dynamic_shared_size_bytes = max(mmq_smem_bytes(kind, nt) for kind in BLOCKS for nt in MMQ_TILES)
-        if name in (f"flash_attention_d{d}" for d in HEAD_DIMS):  # over the default 48 KiB of dynamic shared memory
-            fn.max_dynamic_shared_size_bytes = attention_smem_bytes(int(name.rsplit("_d", 1)[1]))
+            fn.max_dynamic_shared_size_bytes = MMQ_SMEM_CAP
+        if name in ATTENTION_SMEM:  # over the default 48 KiB of dynamic shared memory
+            fn.max_dynamic_shared_size_bytes = ATTENTION_SMEM[name]
         return launch.Kernel(fn, self, fn.kernel.ptr) if is_dependent(name) else fn

@@ -10,6 +10,7 @@ mirrors them, and tests/engine/kernels/test_model_parts.py checks it against the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from engine.core.quantized import BLOCKS
 from engine.kernels.attention_launch import HEAD_DIMS, MAX_GROUP, decode_group
@@ -39,6 +40,7 @@ class ModelKernels:
         kinds = frozenset(t.tensor_type.name for t in reader.tensors if len(t.shape) >= 2)
         return cls(kinds, cfg.head_dim, max(1, cfg.n_heads // max(1, cfg.n_kv_heads)), cfg.n_experts > 0)
 
+    @cached_property
     def parts(self) -> dict[str, set[int]]:
         """Each kernel file this model needs -> the parts of it (0 for a file built whole)."""
         quantized = {KIND_PART[k] for k in self.kinds if k in KIND_PART}
@@ -60,4 +62,4 @@ class ModelKernels:
 
     def wants(self, unit: Unit) -> bool:
         """Whether a first start builds this compilation for this model."""
-        return unit.part in self.parts().get(unit.source, ())
+        return unit.part in self.parts.get(unit.source, ())
