@@ -1,11 +1,12 @@
-"""The CPU's expanded weights kept on disk, for the next start of the same model to map instead of expand.
+"""The CPU's expanded weights kept on disk, for the next start of the same model to read instead of expand.
 
 On the CPU every matrix is expanded from its GGUF blocks to float32 at load (engine/model/weights.py
 host_matrix): about a second for the default model, most of an engine's start. With
 $STRATA_CPU_WEIGHT_CACHE set to a folder, each expanded matrix is written there once (a `.npy`, its
-column-major layout kept) and later starts read it (from the page cache, mostly: a copy, not the expansion's
-arithmetic). Read, not mapped: NumPy's own arrays get transparent huge pages, a file's mapping does not, and
-the decode steps' GEMVs over 4 KiB pages ran ~25% slower. The values are the expansion's, bit for bit. Off by default: the folder takes 4 bytes a weight (8x a 4-bit file).
+column-major layout kept) and later starts read it (from the page cache, mostly: a copy, not the
+expansion's arithmetic). Read, not mapped: NumPy's own arrays get transparent huge pages, a file's mapping
+does not, and the decode steps' GEMVs over 4 KiB pages ran ~25% slower. The values are the expansion's,
+bit for bit. Off by default: the folder takes 4 bytes a weight (8x a 4-bit file).
 A file is named after what its values depend on: the model file (its path, size and modification
 time), the tensors and their de-interleaving, a tensor-parallel shard's ranges, and this format's
 version; a new file is written beside, then renamed into place, so that engines starting together never
@@ -40,12 +41,13 @@ class ExpandedCache:
         return cls(folder, model_path, shard) if folder else None
 
     def matrix(self, pieces: list, expand: Callable[[list], np.ndarray]) -> np.ndarray:
-        """pieces (weights.TensorRows) stacked by expand, or read from the file an earlier start wrote; a failed write (a full disk) is said once and the start goes on without the cache."""
+        """pieces (weights.TensorRows) stacked by expand, or read from the file an earlier start wrote; a
+        failed write (a full disk) is said once and the start goes on without the cache."""
         spec = "|".join(f"{p.tensor.name}:{p.heads}:{p.rows}:{p.cols}" for p in pieces)
         path = self.folder / f"{hashlib.sha256(spec.encode()).hexdigest()[:24]}.npy"
         try:
             return np.load(path)
-        except (FileNotFoundError, ValueError, OSError):
+        except (OSError, ValueError):  # none yet, or unreadable: expanded again
             pass
         values = expand(pieces)
         if self.writable:

@@ -104,24 +104,25 @@ class GGUFTokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None, limit: int | None = None) -> list[int]:
         """Special tokens written in the text (e.g. <|im_start|>) become their ids, as in llama.cpp.
-        Through `tokenizers`' batch call, which lets go of the GIL while it works (its one-text encode
-        holds it throughout, stalling the server's event loop even from a worker thread), and without
-        the offsets nobody reads (building them holds the GIL again). limit: a text of more tokens raises
-        TooManyTokens with its count, before its ids become a Python list (which holds the GIL: ~50 ms
-        for 670K tokens on an idle core)."""
-        encoding = self.tk.encode_batch_fast([text], add_special_tokens=False)[0]
-        bos = [self.special.bos] if (self.special.add_bos if add_bos is None else add_bos) and \
-            self.special.bos is not None else []
+        limit: a text of more tokens raises TooManyTokens with its count, before its ids become a Python
+        list (which holds the GIL: ~50 ms for 670K tokens on an idle core)."""
+        bos, encoding = self._encoded(text, add_bos)
         if limit is not None and len(bos) + len(encoding) > limit:
             raise TooManyTokens(len(bos) + len(encoding))
         return bos + encoding.ids
 
     def count(self, text: str, add_bos: bool | None = None) -> int:
         """The number of tokens encode would give, without their ids as a list."""
-        try:
-            return len(self.encode(text, add_bos, limit=0))
-        except TooManyTokens as e:
-            return e.tokens
+        bos, encoding = self._encoded(text, add_bos)
+        return len(bos) + len(encoding)
+
+    def _encoded(self, text: str, add_bos: bool | None):
+        """([bos] or [], the text's Encoding). Through `tokenizers`' batch call, which lets go of the GIL
+        while it works (its one-text encode holds it throughout, stalling the server's event loop even from
+        a worker thread), and without the offsets nobody reads (building them holds the GIL again)."""
+        wanted = self.special.add_bos if add_bos is None else add_bos
+        bos = [self.special.bos] if wanted and self.special.bos is not None else []
+        return bos, self.tk.encode_batch_fast([text], add_special_tokens=False)[0]
 
     def decode(self, ids: list[int]) -> str:
         return self.tk.decode(ids, skip_special_tokens=True)
