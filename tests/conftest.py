@@ -9,7 +9,7 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # A folder of this run's (the controller's, inherited by the workers), removed at its end: the servers' logs
 # (tests/harness.py), and the CPU engines' expanded weights, written by the run's first start of each model
-# and mapped by every later one (engine/model/expanded_cache.py: the expansion was most of an engine's start,
+# and read by every later one (engine/model/expanded_cache.py: the expansion was most of an engine's start,
 # and the suite starts about 200)
 RUN_DIR = None if "STRATA_TEST_RUN_DIR" in os.environ else tempfile.mkdtemp(prefix="strata-test-")
 
