@@ -124,7 +124,12 @@ class HostRows:
 
 def stack_rows(pieces: list[HostRows], upload) -> QuantMatrix:
     """Stack tensors' rows (QKV, gate-up) into one matrix: adjacent pieces of one type become one
-    part (one kernel launch, joined on the host by concat_rows); `upload` moves a host array to the device."""
-    host = concat_rows([QuantMatrix((QuantPart(p.kind, p.data, int(p.data.shape[0])),), p.cols) for p in pieces])
-    return QuantMatrix(tuple(QuantPart(p.kind, upload(np.ascontiguousarray(p.data)), p.rows) for p in host.parts),
-                       host.cols)
+    part (one kernel launch); upload(arrays) -> the arrays' rows stacked on the device (one array)."""
+    groups: list[list[HostRows]] = []
+    for p in pieces:
+        if groups and groups[-1][0].kind == p.kind:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return QuantMatrix(tuple(QuantPart(g[0].kind, upload([p.data for p in g]), sum(int(p.data.shape[0]) for p in g))
+                             for g in groups), pieces[0].cols)

@@ -126,7 +126,7 @@ class WeightLoader:
         """Tensors stacked by rows, in the backend's weight form: the file's blocks kept on the GPU
         when any piece has them, else dense."""
         if self.keep_blocks and any(r.tensor.tensor_type.name in BLOCKS for r in pieces):
-            return stack_rows([r.host_rows() for r in pieces], self.xp.asarray)
+            return stack_rows([r.host_rows() for r in pieces], self.backend.upload_rows)
         if self.backend.name == "cpu":
             return self.expanded.matrix(pieces, host_matrix) if self.expanded else host_matrix(pieces)
         parts = [r.dense(self) for r in pieces]
@@ -174,7 +174,7 @@ class WeightLoader:
         t = self.tensor(name)
         whole, kind = TensorRows(t), t.tensor_type.name
         if self.keep_blocks and kind in BLOCKS:
-            data = self.xp.asarray(np.ascontiguousarray(whole.raw()))
+            data = self.backend.upload_rows([whole.raw()])
         else:
             data, kind = whole.dense(self), "F32" if self.backend.name == "cpu" else "F16"
         self.progress(t)
@@ -186,6 +186,7 @@ class WeightLoader:
         layers = [self.layer(i) for i in range(self.cfg.n_layers)]
         out_norm = self.vector("output_norm.weight")
         head = self.matrix("output.weight") if "output.weight" in self.tensors else embd
+        self.backend.finish_uploads()
         reserve_expansion(self.backend, layers)
         return Weights(embd, layers, out_norm, head)
 
@@ -296,7 +297,7 @@ class TensorRows:
         if self.sharded:  # only the shard's bytes cross the bus: its rows picked (and reordered) on the host
             raw = np.ascontiguousarray(self.selected(self.reorder(raw), kind in BLOCKS))
         if kind == "F16":
-            w = loader.xp.asarray(raw)
+            w = loader.backend.upload_rows([raw])
         elif kind in DEQUANT:
             w = loader.backend.kernels.dequantize(raw, kind, (len(raw), self.n_cols))
         else:  # F32 and rare types

@@ -15,6 +15,7 @@ import numpy as np
 
 from engine.core.kv_types import widened
 from engine.ops.moe import route, run_experts
+from engine.ops.upload import PinnedUpload
 from engine.core.quantized import QuantMatrix, Row8
 from engine.core.step import Step
 from engine.kernels.model_parts import ModelKernels
@@ -254,9 +255,22 @@ class Backend:
     weight_dtype: type  # weights, activations and KV: float32 on the CPU, float16 on the GPU
     device_name: str
     ops: ArrayOps
+    uploader: PinnedUpload | None = None  # the GPU's weights upload (engine/ops/upload.py)
 
     def asarray(self, host: np.ndarray, dtype=None):
         return self.xp.asarray(host, dtype=dtype or host.dtype)
+
+    def upload_rows(self, pieces: list[np.ndarray]):
+        """Host arrays of one dtype and trailing shape -> their rows stacked, one array on the backend
+        (on a GPU through pinned buffers; `finish_uploads` when the weights are all sent)."""
+        if self.uploader is not None:
+            return self.uploader(pieces)
+        return self.xp.asarray(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
+
+    def finish_uploads(self) -> None:
+        """Every upload landed; the staging buffers freed."""
+        if self.uploader is not None:
+            self.uploader.close()
 
     def to_host(self, arr) -> np.ndarray:
         return arr if self.xp is np else self.xp.asnumpy(arr)
@@ -291,7 +305,7 @@ def gpu_backend(model: ModelKernels | None = None) -> Backend:
     cp.cuda.runtime.getDeviceCount()  # raises without a driver or a device
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    return Backend("gpu", cp, cp.float16, name, HalfCupyOps(cp, model))
+    return Backend("gpu", cp, cp.float16, name, HalfCupyOps(cp, model), PinnedUpload(cp))
 
 
 def select_backend(device: str, model: ModelKernels | None = None) -> Backend:

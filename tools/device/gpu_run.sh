@@ -109,6 +109,8 @@
 #
 # coldstart  issue 42: the server's first start with CuPy's kernel cache emptied (the kernels compiled in parts on
 #          every core, engine/kernels/build.py), then two warm starts -> $OUT/startup_cold_h200.json
+# upload   tools/device/upload_check.py: the 8B Q4_K_M weights loaded through pinned buffers and by cupy.asarray,
+#          alternating (UPLOAD_THREADS, 2,4,8), seconds and every weight equal -> $OUT/upload_h200.json
 # graphseq tools/device/decode_graph_sequence_check.py on the 8B shape: decode graphs through batches growing to 1, 63, 64,
 #          65, 128, 256 rows and back, each row against its solo decode; graphseqbase: the same on the engine before
 #          the fix (.device/base, `git archive REV engine serve protocol | tar -x -C .device/base` plus this tool, at
@@ -527,6 +529,10 @@ for step in "$@"; do
       rm -rf ~/.cupy/kernel_cache ~/.cache/strata/kernels
       python3 bench/startup_time.py --model $MQC --repeats 3 --json "$OUT/startup_cold_h200.json"
       grep -h "compil" /tmp/startup_time_0.log | head -40 ;;
+    upload)  # the weights' upload through pinned buffers against cupy.asarray: times, every byte equal
+      chat_model
+      python3 tools/device/upload_check.py --model $MQC --threads ${UPLOAD_THREADS:-2,4,8} --json "$OUT/upload_h200.json" \
+        | tail -25 || echo "UPLOAD CHECK FAILED" ;;
     graphseq)  # issue 42: decode graphs through batches growing to the largest size and back (the engine's own
       # runner and memory plan, the 8B shape), every row against its solo decode
       chat_model

@@ -52,7 +52,7 @@ def test_stacked_blocks_equal_the_dense_matrices(which, q4_k_m, model_path):
     kinds = set()
     for names, heads in stacks.values():
         ts = [loader.tensor(n) for n in names]
-        blocks = stack_rows([TensorRows(t, heads=h).host_rows() for t, h in zip(ts, heads)], np.asarray)
+        blocks = stack_rows([TensorRows(t, heads=h).host_rows() for t, h in zip(ts, heads)], np.concatenate)
         dense = np.concatenate([TensorRows(t, heads=h).dense(loader) for t, h in zip(ts, heads)])
         assert blocks.shape == dense.shape
         np.testing.assert_array_equal(expand(blocks), dense)
@@ -67,7 +67,7 @@ def test_quantized_matrix_bytes_are_the_files(q4_k_m):
     reader = GGUFFile(q4_k_m)
     loader = WeightLoader(reader, read_config(reader), cpu_backend())
     t = loader.tensor("blk.0.ffn_gate.weight")
-    m = stack_rows([TensorRows(t).host_rows()], np.asarray)
+    m = stack_rows([TensorRows(t).host_rows()], np.concatenate)
     assert m.nbytes == int(t.n_bytes) and m.parts[0].kind == "Q4_K"
 
 

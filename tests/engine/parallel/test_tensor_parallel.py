@@ -95,7 +95,7 @@ def blocks_and_dense(path: str):
         fields = {}
         for field, pieces in stacks.items():
             rows = [TensorRows(loader.tensor(f"{p}{name}.weight"), heads=heads) for name, heads in pieces]
-            fields[field] = (stack_rows([r.host_rows() for r in rows], np.asarray) if form == "blocks"
+            fields[field] = (stack_rows([r.host_rows() for r in rows], np.concatenate) if form == "blocks"
                              else np.concatenate([r.dense(loader) for r in rows]))
         forms[form] = LayerWeights(attn_norm=None, ffn_norm=None, **fields)
     return cfg, forms
@@ -138,21 +138,28 @@ def test_a_column_split_inside_a_block_is_refused(tmp_path):
         shard_weights(cfg, Weights(None, [forms["blocks"]], None, None), 0, 2)
 
 
-class HostGpu:
-    """The loader's GPU paths over NumPy arrays (no device): quantized weights kept in their blocks,
-    or expanded to fp16 as --weights fp16 does (gguf's dequantization for the device's kernel)."""
-    name, xp = "gpu", np
+class HostKernels:
+    """The kernels the loader calls, over NumPy arrays (no device)."""
 
-    class kernels:  # noqa: N801 - the backend attribute the loader calls
-        @staticmethod
-        def reserve_scratch(values: int) -> None:
-            pass
+    @staticmethod
+    def reserve_scratch(values: int) -> None:
+        pass
 
-        @staticmethod
-        def dequantize(raw, kind: str, shape: tuple[int, int]):
-            from engine.model.dequant import dequantize  # gguf's values bit for bit (test_dequant.py), ~5x faster
+    @staticmethod
+    def dequantize(raw, kind: str, shape: tuple[int, int]):
+        from engine.model.dequant import dequantize  # gguf's values bit for bit (test_dequant.py), ~5x faster
 
-            return dequantize(np.ascontiguousarray(raw), kind).astype(np.float16).reshape(shape)
+        return dequantize(np.ascontiguousarray(raw), kind).astype(np.float16).reshape(shape)
+
+
+def host_gpu():
+    """The loader's GPU paths over NumPy arrays: quantized weights kept in their blocks, or expanded to
+    fp16 as --weights fp16 does (gguf's dequantization for the device's kernel)."""
+    from types import SimpleNamespace
+
+    from engine.ops.backend import Backend
+
+    return Backend("gpu", np, np.float16, "numpy standing in for a gpu", SimpleNamespace(kernels=HostKernels))
 
 
 def assert_equal_arrays(a: np.ndarray, b: np.ndarray, where: str) -> None:
@@ -198,7 +205,7 @@ def test_a_shard_loaded_alone_is_the_split_of_the_whole(which, world, backend, m
     if which == "q4_k_m":
         make_synthetic([path, "--layers", "2", "--dim", "512", "--ffn", "1024", "--heads", "4", "--kv-heads", "2",
                         "--ctx", "256", "--type", "Q4_K_M"])
-    device, blocks = (cpu_backend(), True) if backend == "cpu" else (HostGpu(), backend == "blocks")
+    device, blocks = (cpu_backend(), True) if backend == "cpu" else (host_gpu(), backend == "blocks")
     cfg, whole, _ = load_model(path, device, keep_blocks=blocks)
     for rank in range(world):
         part_cfg, part, _ = load_model(path, device, keep_blocks=blocks, shard=(rank, world))
