@@ -88,8 +88,8 @@ def warm_and_cold(e: EnginePipe, a, prompt_tokens, params: dict, ident: int) -> 
     return warm == cold and warm_done.extra["fp"] == cold_done.extra["fp"], info
 
 
-def check_reuse(a, report: list) -> None:
-    e = engine(a)
+def check_reuse(a, report: list, roomy) -> None:
+    e = roomy()
     vocab, c = int(e.info["vocab"]), a.chunk
     shared = prompt(1, 3 * c + c // 2, vocab)  # the agent's system prompt: 3.5 chunks
     params = {"fp": 1, "seed": 7}
@@ -109,7 +109,7 @@ def check_reuse(a, report: list) -> None:
     e_prompt = prompt(5, 3 * c + 1, vocab, d_prompt)
     e.send(m.Gen(1, e_prompt, params, 5))
     got, tokens_e = {}, []
-    while 4 not in got or 5 not in got:  # E and D finish in either order
+    while 4 not in got or 5 not in got:  # E and D finish in either order; D is cancelled once E is done
         msg = e.read()
         if isinstance(msg, m.Info) and msg.id == 5 and "cached" in msg.fields:
             got["cached"] = int(msg.fields["cached"])
@@ -117,6 +117,8 @@ def check_reuse(a, report: list) -> None:
             tokens_e.append(msg.token)
         elif isinstance(msg, m.Done) and msg.id in (4, 5):
             got[msg.id] = msg
+            if msg.id == 5 and 4 not in got:
+                e.send(m.Stop(4))  # its decode steps beside E's read were the point
     e.send(m.Gen(1, e_prompt, params | {"reuse": 0}, 6))
     cold, cold_done, _ = answer(e, 6)
     report.append({"check": "reuse from a request still decoding", "cached": got["cached"],
@@ -135,10 +137,9 @@ def check_reuse(a, report: list) -> None:
     answer(e, 7)
     report.append({"check": "reuse from a parked read", "cached": int(info.get("cached", 0)),
                    "ok": same and int(info["cached"]) == c})
-    e.close()
 
 
-def check_host_tier(a, report: list) -> None:
+def check_host_tier(a, report: list, roomy) -> None:
     """A pool of six chunks with a host tier: H's cached chunks are evicted by a request that needs
     the whole pool, copied to host memory, and copied back when H's prompt comes again."""
     c = a.chunk
@@ -157,9 +158,9 @@ def check_host_tier(a, report: list) -> None:
     e.close()
 
 
-def check_batch_and_pressure(a, report: list) -> None:
+def check_batch_and_pressure(a, report: list, roomy) -> None:
     solo = {}
-    e = engine(a, "--kv-tokens", "32768")  # room for everyone (and for a sanitizer's own memory)
+    e = roomy()
     vocab = int(e.info["vocab"])
     gens = [m.Gen(a.max_new, prompt(100 + i, a.chunk // 2 + 37 * i, vocab), {"seed": 1}, 10 + i) for i in range(a.batch)]
     for g in gens:
@@ -167,7 +168,6 @@ def check_batch_and_pressure(a, report: list) -> None:
     together = run_all(e, gens)
     report.append({"check": f"{a.batch} requests decoding together equal their solo runs",
                    "ok": all(together[g.id][0] == solo[g.id] for g in gens)})
-    e.close()
     # a pool of one request's worth: the others are deferred (the check sends them again once one has
     # ended), and those in flight pause each other when their answers grow
     need = -(-(max(len(g.tokens) for g in gens) + a.max_new) // a.chunk) * a.chunk  # one request's worth
@@ -212,15 +212,29 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     report: list[dict] = []
     checks = {"reuse": check_reuse, "host": check_host_tier, "pressure": check_batch_and_pressure}
+    shared: list[EnginePipe] = []
+
+    def roomy() -> EnginePipe:
+        """The engine the reuse and batch checks share, started once: room for everyone (and for a
+        sanitizer's own memory)."""
+        if not shared:
+            shared.append(engine(a, "--kv-tokens", "32768"))
+        return shared[0]
+
     for check in [checks[a.only]] if a.only else checks.values():
         done = len(report)
         try:
-            check(a, report)
+            check(a, report, roomy)
         except (EOFError, RuntimeError) as e:  # the engine died or refused: its own words, whole
             said = [line for pipe in STARTED for line in pipe.stderr if line.startswith("strata:")]
             report.append({"check": check.__name__, "ok": False, "error": str(e)[-6000:], "engine_said": said[-40:]})
+            for pipe in shared:  # a later check starts its own
+                pipe.close()
+            shared.clear()
         for row in report[done:]:
             print(("ok   " if row["ok"] else "FAIL ") + json.dumps(row), flush=True)
+    for e in shared:
+        e.close()
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
     return 0 if all(r["ok"] for r in report) else 1

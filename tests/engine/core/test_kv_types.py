@@ -98,7 +98,7 @@ def test_types_the_backend_cannot_hold_are_refused_clearly():
 
 CHUNK = 32
 CASES = json.loads((ROOT / "tests/fixtures/logits_golden.json").read_text())["cases"]
-PROMPT = CASES[3]["ids"][:230] + CASES[0]["ids"]  # 267 tokens: 8 full chunks and a partial one
+PROMPT = CASES[3]["ids"][:166] + CASES[0]["ids"]  # 203 tokens: 6 full chunks and a partial one
 GREEDY = {"temperature": 0.0, "seed": 0}
 
 
@@ -118,7 +118,7 @@ def test_a_parked_read_resumes_exactly_with_each_cache_type(kv_type):
 def test_the_pool_keeps_every_answer_exact_with_a_q8_0_cache(tmp_path):
     """tools/checks/paged_check.py's checks (tests/engine/kvcache/test_kv_pool_real.py runs them on the default type)."""
     out = tmp_path / "report.json"
-    code = paged_check.main(["--device", "cpu", "--chunk", "32", "--max-new", "16", "--batch", "6",
+    code = paged_check.main(["--device", "cpu", "--chunk", "32", "--max-new", "8", "--batch", "6",
                              "--engine-args", "--kv-type q8_0", "--json", str(out)])
     report = json.loads(out.read_text())
     assert code == 0 and len(report) == 6 and all(row["ok"] for row in report), json.dumps(report, indent=1)[-4000:]

@@ -11,7 +11,7 @@ from tools.checks import preempt_scenarios as sc
 
 CHUNK = 32
 CASES = json.loads((Path(__file__).parents[2] / "fixtures/logits_golden.json").read_text())["cases"]
-PROMPT = CASES[3]["ids"][:230] + CASES[0]["ids"]  # 267 tokens: 8 full chunks and a partial one
+PROMPT = CASES[3]["ids"][:166] + CASES[0]["ids"]  # 203 tokens: 6 full chunks and a partial one
 INTERIM = CASES[1]["ids"]
 SAMPLING = {"greedy": {"temperature": 0.0, "seed": 0},  # a seed pins the RNG state the fingerprint hashes
             "seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 1234, "repeat_penalty": 1.1}}

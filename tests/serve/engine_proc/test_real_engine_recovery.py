@@ -10,7 +10,7 @@ from tests.harness import ServerProcess
 from tests.serve.helpers import Background, metrics, sse_chunks
 from tests.serve.scheduling.test_scheduling import status, wait_for
 
-LONG = "The keeper climbed the stairs of the lighthouse at dusk and lit the lamp. " * 80  # ~1,300 tokens
+LONG = "The keeper climbed the stairs of the lighthouse at dusk and lit the lamp. " * 45  # ~730 tokens: 3 chunks
 SHORT = "Name three rivers of Europe."
 
 

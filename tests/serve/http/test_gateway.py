@@ -178,7 +178,7 @@ def test_a_server_killed_mid_stream_fails_only_its_stream_and_the_router_stops_s
     a, b = ServerProcess(engine_cmd=LONG_ANSWERS).start(), ServerProcess(engine_cmd=LONG_ANSWERS).start()
     try:
         with router(a, b, policy="round_robin") as url, httpx.Client(timeout=60) as client:
-            body = {"model": MODEL, "messages": [{"role": "user", "content": "a long answer"}], "max_tokens": 400,
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "a long answer"}], "max_tokens": 120,
                     "stream": True}
             before = requests_served(b)  # (the router may have sent a probe of its own)
             with client.stream("POST", f"{url}/v1/chat/completions", json=body) as one, \
