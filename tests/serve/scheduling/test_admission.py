@@ -28,7 +28,7 @@ def server():
         yield s
 
 
-def ask(client: openai.OpenAI, messages: list[dict], max_tokens: int = 24):
+def ask(client: openai.OpenAI, messages: list[dict], max_tokens: int = 16):
     return client.chat.completions.create(model="any", messages=messages, max_tokens=max_tokens, temperature=0)
 
 
@@ -71,7 +71,7 @@ def test_a_newcomer_starts_while_everyone_else_decodes(server):
     def decoder(i: int) -> None:
         # counting goes on: a greedy continuation of it does not stop before max_tokens
         stream = client.completions.create(model="any", prompt=f"{i}, " + ", ".join(str(n) for n in range(i + 1, i + 9)),
-                                           max_tokens=120, temperature=0, stream=True)
+                                           max_tokens=64, temperature=0, stream=True)
         started, finish = False, None
         for chunk in stream:
             if not started and chunk.choices and chunk.choices[0].text:
