@@ -170,14 +170,16 @@ def run(argv: list[str] | None) -> int:
 
 
 def serve_app(args: argparse.Namespace, settings: ServerSettings, launched: list) -> int:
-    from engine.modelfile.model_config import ModelLoadError
-    from engine.modelfile.tokenizer import load_tokenizer_and_ctx
+    from engine.modelfile.gguf_file import GGUFFile
+    from engine.modelfile.model_config import ModelLoadError, read_config
+    from engine.modelfile.tokenizer import GGUFTokenizer
     from serve.app import create_app
     from serve.api.sampling_defaults import sampling_defaults
 
     try:
-        tokenizer, model_ctx = load_tokenizer_and_ctx(str(settings.model_path))
-        settings = replace(settings, sampling=sampling_defaults(settings.model_path, {
+        reader = GGUFFile(str(settings.model_path), "r")  # read once: the vocabulary is ~100K strings
+        tokenizer, model_ctx = GGUFTokenizer(reader), read_config(reader).default_ctx
+        settings = replace(settings, sampling=sampling_defaults(reader, {
             k: getattr(args, f"default_{k}") for k in ("temperature", "top_k", "top_p", "min_p")}))
     except (ModelLoadError, ValueError) as e:
         print(f"strata-server: {e}", file=sys.stderr)

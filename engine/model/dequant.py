@@ -13,6 +13,8 @@ from gguf.quants import dequantize as gguf_dequantize
 
 F32 = np.float32
 CHUNK_VALUES = 1 << 17  # values expanded at a time: a chunk's temporaries stay in the cache
+MIN_ROWS = 64  # but rows of at least this many: the CPU's weights are column-major (host_matrix), so a chunk's
+# rows are written as runs of this many floats per column (16 rows: 0.75 GB/s; 64: 1.8 GB/s)
 
 
 def scale(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -123,7 +125,7 @@ def dequantize_into(raw: np.ndarray, kind: str, out: np.ndarray, cols: tuple[int
         first, end = cols[0] // size, -(-cols[1] // size)
         raw, cols = raw[:, first * nbytes:end * nbytes], (cols[0] - first * size, cols[1] - first * size)
     width = raw.shape[1] // nbytes * size
-    step = max(1, CHUNK_VALUES // width)
+    step = max(MIN_ROWS, CHUNK_VALUES // width)
     for r in range(0, len(raw), step):
         chunk = np.ascontiguousarray(raw[r:r + step])  # (n, row bytes)
         values = expand(chunk.reshape(-1, nbytes)).reshape(len(chunk), width)

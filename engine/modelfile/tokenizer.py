@@ -13,7 +13,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from engine.modelfile.gguf_file import GGUFFile
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from engine.modelfile.model_config import ModelLoadError, field_value, read_config
+from engine.modelfile.model_config import ModelLoadError, field_value
 
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED_TOKEN_TYPE = 4
@@ -195,9 +195,3 @@ CHATML_FALLBACK = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['co
 
 def load_tokenizer(path: str) -> GGUFTokenizer:
     return GGUFTokenizer(GGUFFile(path, "r"))
-
-
-def load_tokenizer_and_ctx(path: str) -> tuple[GGUFTokenizer, int]:
-    """The tokenizer and the context the engine uses by default, from one read of the file."""
-    reader = GGUFFile(path, "r")
-    return GGUFTokenizer(reader), read_config(reader).default_ctx

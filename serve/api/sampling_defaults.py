@@ -26,7 +26,7 @@ def model_defaults(reader: GGUFFile) -> dict[str, float]:
     return out
 
 
-def sampling_defaults(model_path, flags: dict[str, float | None]) -> dict[str, float]:
-    """flags: the server's --temp / --top-k / --top-p / --min-p (None: not given)."""
+def sampling_defaults(reader: GGUFFile, flags: dict[str, float | None]) -> dict[str, float]:
+    """reader: the model's file; flags: the server's --temp / --top-k / --top-p / --min-p (None: not given)."""
     given = {k: v for k, v in flags.items() if v is not None}
-    return LLAMA_CPP | model_defaults(GGUFFile(str(model_path), "r")) | given
+    return LLAMA_CPP | model_defaults(reader) | given

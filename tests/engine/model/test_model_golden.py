@@ -61,8 +61,8 @@ def test_attention_tiles_over_long_contexts_agree(loaded, monkeypatch):
     """More keys than one tile: the online softmax over tiles equals one big tile."""
     import engine.ops.backend as backend_module
 
-    ids = np.asarray((CASES[3]["ids"] * 3)[:1200])
-    one_tile = loaded.logits_after(ids, 512, ctx=2048)
-    monkeypatch.setattr(backend_module, "KEY_TILE", 256)
-    tiled = loaded.logits_after(ids, 512, ctx=2048)
+    ids = np.asarray((CASES[3]["ids"] * 2)[:600])  # the second chunk's queries see 600 keys: 5 tiles of 128
+    one_tile = loaded.logits_after(ids, 512, ctx=1024)
+    monkeypatch.setattr(backend_module, "KEY_TILE", 128)
+    tiled = loaded.logits_after(ids, 512, ctx=1024)
     assert np.max(np.abs(one_tile - tiled)) < 1e-3

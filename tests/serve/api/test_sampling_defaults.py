@@ -14,6 +14,7 @@ import pytest
 from serve.api import openai_schema as schema
 from serve.config import ServerSettings
 from serve.http.run_request import build_request
+from engine.modelfile.gguf_file import GGUFFile
 from serve.api.sampling_defaults import LLAMA_CPP, sampling_defaults
 
 
@@ -29,9 +30,9 @@ def write_gguf(path, **sampling) -> str:
 
 def test_the_model_s_own_defaults_then_llama_cpp_s_then_the_flags(tmp_path):
     plain = write_gguf(tmp_path / "plain.gguf")
-    assert sampling_defaults(plain, {}) == LLAMA_CPP
+    assert sampling_defaults(GGUFFile(plain, "r"), {}) == LLAMA_CPP
     tuned = write_gguf(tmp_path / "tuned.gguf", temp=0.6, top_k=20)
-    got = sampling_defaults(tuned, {"temperature": None, "top_p": 0.8})
+    got = sampling_defaults(GGUFFile(tuned, "r"), {"temperature": None, "top_p": 0.8})
     assert got["temperature"] == pytest.approx(0.6) and got["top_k"] == 20
     assert (got["top_p"], got["min_p"]) == (0.8, LLAMA_CPP["min_p"])
 
