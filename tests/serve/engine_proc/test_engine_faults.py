@@ -16,7 +16,7 @@ def test_malformed_engine_line_fails_the_request_with_502_and_serving_goes_on(se
 
 def test_health_is_503_while_the_engine_starts(server_factory):
     # a start slow enough that a busy machine (make test's parallel workers) still asks within it
-    server = server_factory(engine_cmd=mock_engine_cmd("--start-delay", "8"), wait_ready=False)
+    server = server_factory(engine_cmd=mock_engine_cmd("--start-delay", "4"), wait_ready=False)
     r = httpx.get(server.url + "/health")
     assert r.status_code == 503 and r.json()["status"] == "starting"
     queued = Background(complete_tokens, server.url, 10, 2)  # waits for the engine, then runs

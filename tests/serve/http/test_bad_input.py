@@ -84,8 +84,8 @@ def test_a_full_queue_refuses_at_once_429_for_openai_and_529_for_anthropic(serve
 
     from tests.serve.scheduling.test_scheduling import status, wait_for
 
-    # each request holds the engine 3 s: the refusals are asked for within it on a busy machine too
-    server = server_factory(engine_cmd=mock_engine_cmd("--max-running", "1", "--chunk-s", "3"),
+    # each request holds the engine 2 s: the refusals are asked for within it on a busy machine too
+    server = server_factory(engine_cmd=mock_engine_cmd("--max-running", "1", "--chunk-s", "2"),
                             extra=["--max-queue", "1"])
     answers = []
     first = threading.Thread(target=lambda: answers.append(chat(server.url, "one", max_tokens=2).status_code))

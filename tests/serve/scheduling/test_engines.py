@@ -46,11 +46,11 @@ def test_the_prefix_record_matches_whole_leading_blocks():
 
 
 def test_two_numpy_engines_answer_as_one_and_keep_an_agents_turns_together():
-    system = "You are a careful assistant who answers in one short sentence. " * 30  # > a chunk (256 tokens)
-    with ServerProcess(extra=["--device", "cpu"]) as one:
+    system = "You are a careful assistant who answers in one short sentence. " * 12  # > two chunks of 64
+    with ServerProcess(extra=["--device", "cpu", "--chunk", "64"]) as one:
         alone = [chat(one.url, f"What is {n} + {n}?", system=system)["choices"][0]["message"]["content"]
                  for n in range(3)]
-    with ServerProcess(extra=["--device", "cpu", "--engines", "2"]) as two:
+    with ServerProcess(extra=["--device", "cpu", "--chunk", "64", "--engines", "2"]) as two:
         status = httpx.get(f"{two.url}/status").json()
         assert len(status["engines"]) == 2 and all(e["engine"] == "ready" for e in status["engines"])
         routed = [chat(two.url, f"What is {n} + {n}?", system=system)["choices"][0]["message"]["content"]
@@ -64,10 +64,13 @@ def test_two_numpy_engines_answer_as_one_and_keep_an_agents_turns_together():
         assert loads["dp_rank_count"] == 2 and [r["dp_rank"] for r in loads["loads"]] == [0, 1]
 
 
+LONG_TOKENS = 150  # 3 s at 0.02 s a token: busy long after the short request's 5 tokens
+
+
 def test_a_busy_engine_is_avoided():
     cmd = mock_engine_cmd("--token-s", "0.02", "--script", "28,29,30")
     with ServerProcess(engine_cmd=cmd, extra=["--engines", "2"]) as server, cf.ThreadPoolExecutor(2) as pool:
-        long = pool.submit(chat, server.url, "a long answer", 300)
+        long = pool.submit(chat, server.url, "a long answer", LONG_TOKENS)
         deadline = time.monotonic() + 10
         while sum(per_engine(server.url, "busy")) == 0:
             assert time.monotonic() < deadline
@@ -77,7 +80,7 @@ def test_a_busy_engine_is_avoided():
         assert short["usage"]["completion_tokens"] == 5
         assert lookups(server.url)[1 - busy] == 1  # the short one ran on the idle engine
         assert not long.done()  # beside the long one, not after it
-        assert long.result()["usage"]["completion_tokens"] == 300
+        assert long.result()["usage"]["completion_tokens"] == LONG_TOKENS
 
 
 def test_killing_one_engine_loses_no_request():
