@@ -52,17 +52,20 @@ class KVCache:
     (tools and tests drive the model with one sequence: `kv` then stands for its rows)."""
 
     def __init__(self, cfg: ModelConfig, ctx: int, backend: Backend, block_size: int = DEFAULT_BLOCK,
-                 blocks: int | None = None, kv_type: str = "auto"):
+                 blocks: int | None = None, kv_type: str = "auto", spare: int = 0):
+        """blocks: those requests may hold (None: one sequence's ctx); spare: that many more past them,
+        no request's (a decode graph's padding rows write there: engine/runner/decode_graph.py)."""
         self.backend, self.block_size = backend, block_size
         self.type = resolve(kv_type, backend.weight_dtype)  # engine/core/kv_types.py
-        self.blocks = blocks if blocks is not None else -(-ctx // block_size)
+        self.usable = blocks if blocks is not None else -(-ctx // block_size)
+        self.blocks = self.usable + spare
         self.ctx = ctx  # the most positions one sequence may hold
         shape = (cfg.n_layers, self.blocks, cfg.n_kv_heads, block_size, cfg.head_dim)
         # zeros: on the CPU pages are touched only when written
         self.keys, self.values = self.type.zeros(shape, backend.xp), self.type.zeros(shape, backend.xp)
         self.row_bytes = kv_row_bytes(cfg, backend, kv_type)
         self.block_bytes = self.row_bytes * block_size
-        self.whole = np.arange(min(self.blocks, self.blocks_for(ctx)), dtype=np.int32)  # the lone sequence's table
+        self.whole = np.arange(min(self.usable, self.blocks_for(ctx)), dtype=np.int32)  # the lone sequence's table
 
     def rows(self, *tables) -> SequenceRows:
         """The rows of the sequences with these block tables (lists or arrays of block indices)."""

@@ -36,13 +36,12 @@ class ModelRunner:
         self.memory = memory or {}
         self.model = LlamaModel(cfg, weights, backend)
         graphs = cuda_graphs and backend.name == "gpu"
-        pool_blocks = blocks if blocks is not None else -(-ctx // block_size)  # what the memory plan promised
-        # with decode graphs the cache holds one block more than the pool, out of the requests' reach: the
-        # padding rows of a graph's batch (engine/runner/decode_graph.py) write their K/V rows there
-        self.kv = KVCache(cfg, ctx, backend, block_size, pool_blocks + graphs, kv_type)
+        # with decode graphs a spare block past the pool the memory plan promised: the padding rows of a
+        # graph's batch write their K/V rows there
+        self.kv = KVCache(cfg, ctx, backend, block_size, blocks, kv_type, spare=int(graphs))
         tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
-        self.pool = BlockPool(pool_blocks, block_size, tier)
-        self.decoder = GraphDecoder(self.model, self.kv, backend, pool_blocks) if graphs else None
+        self.pool = BlockPool(self.kv.usable, block_size, tier)
+        self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable) if graphs else None
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
