@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.config import (DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_MAX_RUNNING, MAX_BLOCK, WEIGHT_FORMS,
-                           EngineConfig)
-from engine.core.kv_types import KV_TYPES
-from engine.loop.park_policy import ParkPolicy
-from engine.modelfile.rope_config import add_rope_args, rope_from_args
+from engine.ops.blas_order import prefer_row_invariant_blas
+
+prefer_row_invariant_blas()  # before NumPy loads (the imports below load it); inherited by the TP workers
+
+from engine.config import (DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_MAX_RUNNING, MAX_BLOCK,  # noqa: E402
+                           WEIGHT_FORMS, EngineConfig)
+from engine.core.kv_types import KV_TYPES  # noqa: E402
+from engine.loop.park_policy import ParkPolicy  # noqa: E402
+from engine.modelfile.rope_config import add_rope_args, rope_from_args  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +66,9 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
                    help="while a long prompt is read, the decoding requests get a step about this often: a "
                         "chunk that takes longer pauses between layers for them (default "
                         f"{DEFAULT_DECODE_INTERVAL_MS:g}; 0: a step per chunk)")
+    p.add_argument("--step-tokens", type=int,
+                   help="prompt tokens one step may read from several requests at once, each up to a chunk, where "
+                        "the kernels' rows do not depend on the step's shape (the CPU's; default: two chunks)")
 
 
 def add_preempt_args(p: argparse.ArgumentParser) -> None:
@@ -91,7 +98,7 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
                         cache_ram_gib=a.cache_ram_gib,
                         decode_interval_ms=a.decode_interval_ms, rope=rope_from_args(a), kv_type=a.kv_type,
-                        tp=a.tp)
+                        tp=a.tp, step_tokens=a.step_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,6 @@ from engine.cli import add_preempt_args, add_slots_arg, policy_from_args
 from engine.config import default_block
 from engine.kvcache.host_tier import HostTier
 from engine.loop.loop import EngineLoop, engine_caps
-from engine.core.chunks import chunk_end
 from engine.loop.protocol_io import Writer
 from engine.runner.sequence import Sequence
 
@@ -57,6 +56,7 @@ class FakeRunner:
         self.eos_ids = frozenset({a.eos})
         self.script = tuple(int(t) for t in a.script.split(",")) if a.script else None
         self.chunks_read = self.gens_started = self.tokens_written = 0
+        self.shape_free = a.shape_free  # reads share a step (engine/loop/rounds.py), as on a row-invariant backend
 
     def constraint(self, grammar: str):
         raise ValueError("the mock engine applies no grammars")
@@ -81,14 +81,16 @@ class FakeRunner:
     def synchronize(self) -> None:
         pass
 
-    def read_prompt_chunk(self, seq: Sequence, between=None) -> None:
-        """A chunk's time in `layers` equal parts, `between(i)` after each but the last."""
-        if seq.pos == 0:
-            self.gens_started += 1
-            if self.gens_started == self.a.die_at_gen:  # the GEN is taken but never answered
-                self.die()
-            if self.a.poison_token in seq.prompt:
-                self.die(once=False)
+    def read_prompts(self, pieces: list[tuple[Sequence, int]], between=None) -> None:
+        """A step's time (a chunk's, whatever the reads in it) in `layers` equal parts, `between(i)`
+        after each but the last."""
+        for seq, _ in pieces:
+            if seq.pos == 0:
+                self.gens_started += 1
+                if self.gens_started == self.a.die_at_gen:  # the GEN is taken but never answered
+                    self.die()
+                if self.a.poison_token in seq.prompt:
+                    self.die(once=False)
         for layer in range(self.layers):
             time.sleep(self.a.chunk_s / self.layers)
             if between is not None and layer + 1 < self.layers:
@@ -98,9 +100,10 @@ class FakeRunner:
             self.die()
         if self.chunks_read == self.a.malformed_at_chunk:
             self.write_raw("PP this-is-not-a-number")
-        seq.pos = chunk_end(seq.pos, seq.total, self.chunk)
-        if not seq.reading:
-            seq.logits = self.one_hot(self.scripted(seq, 0))
+        for seq, end in pieces:
+            seq.pos = end
+            if not seq.reading:
+                seq.logits = self.one_hot(self.scripted(seq, 0))
 
     def decode_batch(self, seqs: list[Sequence]) -> None:
         """One step for the whole batch: it takes a token's time, whatever the batch size."""
@@ -177,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--malformed-at-chunk", type=int, default=0, help="print a malformed line at chunk K")
     f.add_argument("--no-preempt-cap", action="store_true", help="omit `preempt` from READY")
     f.add_argument("--start-delay", type=float, default=0.0, help="seconds before INFO/READY")
+    p.add_argument("--shape-free", action="store_true",
+                   help="reads share a step and end anywhere, as where the kernels' rows do not depend on the step")
     add_slots_arg(p)
     add_preempt_args(p)
     p.set_defaults(prefill_preempt_min_tokens=0, max_running=1)
@@ -190,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     caps = ("stop",) if args.no_preempt_cap else engine_caps(policy)
     write = Writer(sys.stdout)
     EngineLoop(FakeRunner(args, write.raw), policy, write, caps, args.prompt_reuse,
-               args.decode_interval_ms).serve(sys.stdin)
+               args.decode_interval_ms, args.step_tokens).serve(sys.stdin)
     return 0
 
 

@@ -113,7 +113,7 @@ def serve(config: EngineConfig) -> int:
     gc.freeze()  # what start-up built lives as long as the process: the collector no longer walks it (a full
     # collection walked the vocabulary's lists, ~45 ms on an idle core, a stalled step)
     try:
-        run_loop(runner, policy, config.prompt_reuse, config.decode_interval_ms)
+        run_loop(runner, policy, config.prompt_reuse, config.decode_interval_ms, config.step_tokens)
     finally:
         runner.close()
     return 0

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-interval-ms", type=float,
                    help="while a long prompt is read, decoding requests get a step about this often (forwarded to "
                         "the default engine; default: the engine's, 50)")
+    p.add_argument("--step-tokens", type=int,
+                   help="prompt tokens one engine step may read from several requests at once (forwarded to the "
+                        "default engine; default: the engine's, two chunks)")
     g = p.add_argument_group("prefill preemption")
     g.add_argument("--prefill-preempt", action=argparse.BooleanOptionalAction, default=True,
                    help="park a long prompt read at a chunk boundary while a short request runs "
@@ -113,7 +116,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         shutdown_grace_s=a.shutdown_grace_s,
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
         kv_block=a.kv_block, kv_type=a.kv_type, tp=a.tp, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
-        decode_interval_ms=a.decode_interval_ms, allowed_hosts=host_list(a.allowed_hosts),
+        decode_interval_ms=a.decode_interval_ms, step_tokens=a.step_tokens, allowed_hosts=host_list(a.allowed_hosts),
         cors_origins=origin_list(a.cors_origin), rope=rope_from_args(a),
         **engines_from_args(a))
 

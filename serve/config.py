@@ -60,6 +60,7 @@ class ServerSettings:
     prompt_reuse: bool = True  # forwarded to the default engine
     cache_ram_gib: float | None = None  # forwarded to the default engine: its host tier (None: the engine's default)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
+    step_tokens: int | None = None  # forwarded to the default engine: prompt rows a step may take (None: its default)
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
     cors_origins: tuple[str, ...] = ()  # origins of other pages allowed to call this server ("*": any)
     rope: RopeOverride = RopeOverride()  # forwarded to the default engine: rope scaling over the file's
@@ -89,6 +90,8 @@ class ServerSettings:
             raise ValueError(f"--cache-ram must be >= 0 GiB, got {self.cache_ram_gib:g}")
         if self.decode_interval_ms is not None and self.decode_interval_ms < 0:
             raise ValueError(f"--decode-interval-ms must be >= 0, got {self.decode_interval_ms}")
+        if self.step_tokens is not None and self.step_tokens < 1:
+            raise ValueError(f"--step-tokens must be >= 1, got {self.step_tokens}")
         bad = [f"{k} {v}" for k, v in self.sampling.items() if v < 0 or (k in ("top_p", "min_p") and v > 1)
                or (k == "top_p" and v == 0)]
         if bad:
@@ -124,6 +127,7 @@ class ServerSettings:
         cmd += [] if self.prompt_reuse else ["--no-prompt-reuse"]
         cmd += [] if self.cache_ram_gib is None else ["--cache-ram", f"{self.cache_ram_gib:g}"]
         cmd += [] if self.decode_interval_ms is None else ["--decode-interval-ms", f"{self.decode_interval_ms:g}"]
+        cmd += [] if self.step_tokens is None else ["--step-tokens", str(self.step_tokens)]
         return cmd + self.preempt.engine_args() + self.rope.engine_args()
 
 

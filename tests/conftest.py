@@ -7,6 +7,11 @@ from pathlib import Path
 # OpenBLAS's spinning threads starve the other processes on the cores (the 3-rank TP tests ran 10x
 # slower); set before NumPy loads, inherited by every server, engine and worker
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# and the BLAS kernels the engine asks for, so that the runners the tests build in this process compute
+# rows as the engine processes do
+from engine.ops.blas_order import prefer_row_invariant_blas  # noqa: E402
+
+prefer_row_invariant_blas()
 # A folder of this run's (the controller's, inherited by the workers), removed at its end: the servers' logs
 # (tests/harness.py), and the CPU engines' expanded weights, written by the run's first start of each model
 # and read by every later one (engine/model/expanded_cache.py: the expansion was most of an engine's start,

@@ -10,8 +10,9 @@ import numpy as np
 @dataclass
 class Step:
     """Where one forward's tokens sit: either n tokens of one sequence at positions start..start+n
-    (a prompt chunk, or a lone decode row), or a decode batch of n sequences with one token each,
-    row i at positions[i]. Each sequence's K/V rows are reached through its block table (engine/kvcache/kv.py:
+    (a prompt chunk, or a lone decode row), or prompt rows of several sequences one after another
+    (spans: each one's (start, n), a shape-free backend's reads sharing a step), or a decode batch of
+    n sequences with one token each, row i at positions[i]. Each sequence's K/V rows are reached through its block table (engine/kvcache/kv.py:
     position p is row p % block_size of block table[p // block_size]). On the GPU it also holds the
     device arrays the kernels read, so that a captured decode graph reads each step's positions and
     tables from memory; max_keys bounds a decode kernel's grid (a graph's bucket)."""
@@ -26,6 +27,7 @@ class Step:
     table_off: object = None  # (sequences,) int32: where each sequence's table starts in `table`
     max_keys: int | None = None
     held: tuple | None = None  # a prompt step over a q8_0 pool: its widened blocks' tables (GpuKernels.widened_tables)
+    spans: tuple[tuple[int, int], ...] | None = None  # prompt rows of sequences: each one's (start, n)
 
     @property
     def batch(self) -> bool:
@@ -33,8 +35,27 @@ class Step:
 
     @property
     def decode(self) -> bool:
-        """One token per sequence: the memory-bound path (matvecs, flash-decoding)."""
-        return self.batch or self.n == 1
+        """One token per sequence: the memory-bound path (matvecs, flash-decoding). Prompt rows given
+        as spans are prompt rows, one or many."""
+        return self.batch or (self.n == 1 and self.spans is None)
+
+    def spans_or_one(self) -> tuple[tuple[int, int], ...]:
+        """Each sequence's (start, n) of a prompt step."""
+        return self.spans if self.spans is not None else ((self.start, self.n),)
+
+    def row_ranges(self) -> list[tuple[int, int]]:
+        """Each sequence's rows [lo, hi) of a prompt step."""
+        out, lo = [], 0
+        for _, n in self.spans_or_one():
+            out.append((lo, lo + n))
+            lo += n
+        return out
+
+    def row_positions(self) -> np.ndarray:
+        """(n,) each row's position."""
+        if self.batch:
+            return np.asarray(self.positions)
+        return np.concatenate([np.arange(start, start + n) for start, n in self.spans_or_one()])
 
     def set_position(self, pos: int) -> None:
         """A graph's step: the position its next replay reads."""

@@ -72,14 +72,16 @@ class Admission:
             fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, session=gen.params.get("session"))
 
     def place(self, seq: Sequence, reuse: bool) -> bool:
-        """Blocks for `seq` up to the end of its first chunk: a cached prefix first (rounded down to
-        a chunk boundary, short of the prompt's last token), then new ones, moving parked reads out
-        if need be. False (nothing held) if they cannot be had."""
+        """Blocks for `seq` up to the end of its first chunk: a cached prefix first (whole blocks when
+        rows are the same in any step, else rounded down to a chunk boundary; short of the prompt's
+        last token), then new ones, moving parked reads out if need be. False (nothing held) if they
+        cannot be had."""
         chunk, size = self.runner.chunk, self.pool.size
         if reuse:
-            limit = (seq.total - 1) // chunk * chunk
+            unit = size if self.runner.shape_free else chunk
+            limit = (seq.total - 1) // unit * unit
             loaded = self.pool.tier.loaded if self.pool.tier is not None else 0
-            seq.table = self.pool.lookup(seq.prompt, limit, align=chunk // size)
+            seq.table = self.pool.lookup(seq.prompt, limit, align=unit // size)
             seq.pos = seq.cached = len(seq.table) * size
             if self.pool.tier is not None:
                 seq.from_host = (self.pool.tier.loaded - loaded) * size

@@ -30,7 +30,8 @@ from engine.runner.sequence import Sequence
 
 class EngineLoop:
     def __init__(self, runner, policy: ParkPolicy, write: Callable[[m.Message], None],
-                 caps: tuple[str, ...] = ("stop",), reuse: bool = True, interval_ms: float = 0.0):
+                 caps: tuple[str, ...] = ("stop",), reuse: bool = True, interval_ms: float = 0.0,
+                 step_tokens: int | None = None):
         self.runner, self.write, self.caps = runner, write, caps
         self.inbox = Inbox()
         self.requests = RequestTable()
@@ -39,7 +40,7 @@ class EngineLoop:
         self.parking = Parking(runner, policy, self.requests, self.memory, write, log_once)
         self.admission = Admission(runner, self.requests, self.memory, self.parking, write, reuse)
         self.rounds = Rounds(runner, self.requests, self.memory, self.parking, self.admission, write,
-                             self.inbox, self.control, interval_ms)
+                             self.inbox, self.control, interval_ms, step_tokens)
         self.quitting = False  # QUIT: finish what runs, then exit
 
     def serve(self, stdin: TextIO) -> None:
@@ -93,7 +94,7 @@ class EngineLoop:
 
     def stop(self, seq: Sequence) -> None:
         """STOP: the request ends with `cancel` (after the PP of a chunk that has just run)."""
-        if seq is self.requests.in_chunk:
+        if seq in self.requests.in_step:
             seq.finish = "cancel"
         else:
             self.admission.finish(seq, "cancel")
@@ -103,5 +104,7 @@ def engine_caps(policy: ParkPolicy) -> tuple[str, ...]:
     return ("stop", "preempt") if policy.enabled else ("stop",)
 
 
-def run_loop(runner, policy: ParkPolicy, reuse: bool = True, interval_ms: float = 0.0) -> None:
-    EngineLoop(runner, policy, Writer(sys.stdout), engine_caps(policy), reuse, interval_ms).serve(sys.stdin)
+def run_loop(runner, policy: ParkPolicy, reuse: bool = True, interval_ms: float = 0.0,
+             step_tokens: int | None = None) -> None:
+    EngineLoop(runner, policy, Writer(sys.stdout), engine_caps(policy), reuse, interval_ms,
+               step_tokens).serve(sys.stdin)

@@ -49,8 +49,8 @@ class Memory:
                 self.move_out(min(parked, key=lambda s: s.parked_seq))
                 continue
             newer = self.requests.newer(seq)
-            in_chunk = self.requests.in_chunk
-            victims = [s for s in newer if s.table and not s.parked and s is not in_chunk] if pause_others else []
+            in_step = self.requests.in_step
+            victims = [s for s in newer if s.table and not s.parked and s not in in_step] if pause_others else []
             if not victims:
                 return False
             self.pause(victims[-1])

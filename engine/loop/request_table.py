@@ -9,7 +9,7 @@ class RequestTable:
     def __init__(self):
         self.seqs: dict[int | None, Sequence] = {}  # every request in the engine, by id, in arrival order
         self.line: list[Sequence] = []  # reads in order: the first one reads the next chunk
-        self.in_chunk: Sequence | None = None  # the read whose chunk runs or has run and whose PP is not out yet
+        self.in_step: list[Sequence] = []  # the reads whose chunks run or have run and whose PPs are not out yet
 
     def add(self, seq: Sequence) -> None:
         """A new request: last in arrival order and last in line."""
@@ -39,6 +39,10 @@ class RequestTable:
     def next_reader(self) -> Sequence | None:
         """The first read in line that is not paused: it reads the next chunk."""
         return next((s for s in self.line if not s.paused), None)
+
+    def readers(self) -> list[Sequence]:
+        """The reads in line that are not paused, in line order."""
+        return [s for s in self.line if not s.paused]
 
     def newer(self, seq: Sequence) -> list[Sequence]:
         """The requests that arrived after `seq`, oldest first (none if seq is not in the engine)."""

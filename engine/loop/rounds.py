@@ -1,15 +1,19 @@
-"""What one round runs: a decode step for every decoding request, then prompt chunks, and the
+"""What one round runs: a decode step for every decoding request, then prompt steps, and the
 tokens drawn and written out.
 
 A round is one decode step for every decoding request together (one pass over the weights), then
-prompt chunks of the reads in line (the first one's, then the next one's) while the decoders have
-waited less than `interval_ms` (at least one chunk), so that a long read never stops the others
-from decoding, reads get the time the interval allows, and a read's chunks stay at absolute
-boundaries. A request's first token is drawn right after its last chunk. A chunk deep in a long
-read takes longer than a decoding client should wait for its next token, so it pauses between
-layers for further decode steps, about every `interval_ms` (the layers per pause estimated from the
-read's last chunk); the pauses change neither the chunk's arithmetic nor its boundaries. Control
-lines are taken after the decode step and after each chunk, before its PP.
+prompt steps while the decoders have waited less than `interval_ms` (at least one step), so that a
+long read never stops the others from decoding and reads get the time the interval allows. What a
+prompt step reads depends on the runner (engine/runner/runner.py, shape_free):
+- with kernels whose rows do not depend on the step's shape, the reads in line share the step: the
+  first one reads up to a chunk, the ones behind it fill what is left of `step_tokens` (a short
+  newcomer's read goes with the long one's instead of waiting for a park), each ending anywhere;
+- else one read a step, its next chunk at absolute boundaries (engine/core/chunks.py).
+A request's first token is drawn right after its prompt's last row. A step deep in a long read takes
+longer than a decoding client should wait for its next token, so it pauses between layers for further
+decode steps, about every `interval_ms` (the layers per pause estimated from the last prompt step);
+the pauses change neither the step's arithmetic nor its rows. Control lines are taken after the decode
+step and after each prompt step, before its PPs.
 """
 from __future__ import annotations
 
@@ -31,11 +35,12 @@ from engine.runner.grammar_mask import GrammarError
 class Rounds:
     def __init__(self, runner, requests: RequestTable, memory: Memory, parking: Parking, admission: Admission,
                  write: Callable[[m.Message], None], inbox: Inbox, control: Callable[[m.Message], None],
-                 interval_ms: float = 0.0):
+                 interval_ms: float = 0.0, step_tokens: int | None = None):
         self.runner, self.requests, self.memory, self.parking = runner, requests, memory, parking
         self.admission, self.write, self.interval_ms = admission, write, interval_ms
+        self.step_tokens = step_tokens or 2 * runner.chunk  # prompt rows a step may take (shape_free)
         self.inbox, self.control = inbox, control
-        self.chunk_ms: float | None = None  # the latest chunk's own time (any read), without its pauses
+        self.chunk_ms: float | None = None  # the latest prompt step's own time, without its pauses
         self.paused_ms = 0.0  # decode steps run in the pauses of the current chunk
 
     def take_lines(self) -> None:
@@ -51,10 +56,11 @@ class Rounds:
             if self.requests.line:  # the read in front waited for it
                 self.requests.line[0].shared_ms += (time.perf_counter() - started) * 1000
             self.take_lines()
-        started, reader = time.perf_counter(), self.requests.next_reader()
-        while reader is not None and self.read_next(reader) and not self.inbox.gone:
+        started = time.perf_counter()
+        while (pieces := self.plan_reads()) and not self.inbox.gone:
+            self.read_step(pieces)
             reader = self.requests.next_reader()
-            if reader is None or not self.requests.any_decoding():
+            if self.inbox.gone or reader is None or not self.requests.any_decoding():
                 break  # nobody waits for a step: the next round reads on (taking control lines first)
             if (time.perf_counter() - started) * 1000 + (reader.chunk_ms or self.chunk_ms or 0.0) > self.interval_ms:
                 break  # the decoders have waited about interval_ms: their step comes first
@@ -108,47 +114,80 @@ class Rounds:
 
     # ------------------------------------------------------------ prompt chunks
 
-    def read_next(self, reader: Sequence) -> bool:
-        """One prompt chunk of `reader` (its blocks had first); False if it could not be read."""
-        if self.memory.get_blocks(reader, chunk_end(reader.pos, reader.total, self.runner.chunk)):
-            self.read_chunk(reader)
-            return True
+    def plan_reads(self) -> list[tuple[Sequence, int]]:
+        """The next prompt step: (read, the position its rows end at) for the first read in line and,
+        when rows may share a step, the reads behind it while step_tokens allows, each with its
+        blocks had first. Empty if nobody reads (or the first read could not have its blocks)."""
+        readers = self.requests.readers()
+        if not readers:
+            return []
+        first, budget = readers[0], self.step_tokens
+        end = self.piece_end(first, budget)
+        if not self.memory.get_blocks(first, end):
+            self.short_of_blocks(first)
+            return []
+        pieces = [(first, end)]
+        left = budget - (end - first.pos)
+        for seq in readers[1:] if self.runner.shape_free else ():
+            if left <= 0:
+                break
+            end = self.piece_end(seq, left)
+            if not self.memory.get_blocks(seq, end, pause_others=False):
+                break  # a read behind the first waits for room rather than take it from others
+            pieces.append((seq, end))
+            left -= end - seq.pos
+        return pieces
+
+    def piece_end(self, seq: Sequence, left: int) -> int:
+        """Where seq's rows in the next step end: up to a chunk (of `left` rows at most) when rows may
+        share a step, else its next absolute chunk."""
+        chunk = self.runner.chunk
+        if self.runner.shape_free:
+            return min(seq.total, seq.pos + min(chunk, left))
+        return chunk_end(seq.pos, seq.total, chunk)
+
+    def short_of_blocks(self, reader: Sequence) -> None:
+        """The first read in line cannot have the blocks of its next rows."""
         if any(s.table for s in self.requests.seqs.values() if s is not reader) or self.memory.paused:
             self.memory.pause(reader)  # the newest needing room gives its own up, so that older ones go on
         else:  # alone and still short of room: the pool is smaller than one request (a bug, not a wait)
             pool = self.memory.pool
             self.admission.drop(reader, f"the KV pool ({pool.total} blocks of {pool.size}) cannot hold "
                                         f"this request's next chunk")
-        return False
 
-    def read_chunk(self, seq: Sequence) -> None:
+    def read_step(self, pieces: list[tuple[Sequence, int]]) -> None:
+        """One prompt step over `pieces`; then each read's PP, and its first token, park or end."""
         started = time.perf_counter()
-        before = seq.pos
-        self.requests.in_chunk, self.paused_ms = seq, 0.0
-        self.runner.read_prompt_chunk(seq, self.pauses(seq))
+        before = [seq.pos for seq, _ in pieces]
+        self.requests.in_step, self.paused_ms = [seq for seq, _ in pieces], 0.0
+        self.runner.read_prompts(pieces, self.pauses(pieces[0][0]))
         ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
-        self.chunk_ms = seq.chunk_ms = ms - self.paused_ms
-        seq.prompt_ms += seq.chunk_ms
-        seq.shared_ms += self.paused_ms
-        chunk = self.runner.chunk
-        self.memory.pool.register(seq.table, seq.prompt, seq.pos // chunk * chunk)  # its whole chunks, shareable now
-        self.take_lines()  # lines that arrived during this chunk, before its PP
-        self.requests.in_chunk = None
-        self.write(m.PromptProgress(seq.pos, seq.total, ms, (seq.pos - before) / max(ms, 1e-6) * 1000, seq.id))
-        if seq.finish is not None:  # a STOP came during the chunk
-            self.admission.finish(seq, seq.finish)
-        elif not seq.reading:
-            self.requests.line.remove(seq)
-            seq.yield_wanted = False  # decode never parks
-            self.draw(seq, time.perf_counter())  # its first token now, not after the next decode step
-        elif seq.yield_wanted:
-            self.parking.try_park(seq)
+        self.chunk_ms = ms - self.paused_ms
+        size = self.memory.pool.size if self.runner.shape_free else self.runner.chunk
+        for seq, _ in pieces:
+            seq.chunk_ms = self.chunk_ms
+            seq.prompt_ms += self.chunk_ms
+            seq.shared_ms += self.paused_ms
+            self.memory.pool.register(seq.table, seq.prompt, seq.pos // size * size)  # shareable now: its
+            # whole blocks (rows that are the same in any step), else its whole chunks
+        self.take_lines()  # lines that arrived during this step, before its PPs
+        self.requests.in_step = []
+        for (seq, _), pos in zip(pieces, before):
+            self.write(m.PromptProgress(seq.pos, seq.total, ms, (seq.pos - pos) / max(ms, 1e-6) * 1000, seq.id))
+            if seq.finish is not None:  # a STOP came during the step
+                self.admission.finish(seq, seq.finish)
+            elif not seq.reading:
+                self.requests.line.remove(seq)
+                seq.yield_wanted = False  # decode never parks
+                self.draw(seq, time.perf_counter())  # its first token now, not after the next decode step
+            elif seq.yield_wanted:
+                self.parking.try_park(seq)
 
     def pauses(self, seq: Sequence) -> Callable[[int], None] | None:
-        """The chunk's pauses between layers (None: it runs straight through): every `every` layers,
-        a decode step for the requests decoding then, so that each waits about interval_ms for its
-        next token. The chunk's time is estimated by the read's last chunk, else the latest chunk
-        of any read (a first chunk is the shallowest: its estimate errs long, pausing more)."""
+        """The prompt step's pauses between layers (None: it runs straight through): every `every`
+        layers, a decode step for the requests decoding then, so that each waits about interval_ms
+        for its next token. The step's time is estimated by the first read's last step, else the
+        latest prompt step (a first chunk is the shallowest: its estimate errs long, pausing more)."""
         estimate, layers = seq.chunk_ms or self.chunk_ms, self.runner.layers
         if not (self.interval_ms and estimate and self.requests.any_decoding()):
             return None

@@ -39,6 +39,18 @@ class LlamaModel:
         logits = self.forward_on_device(tokens, step, rows, want_logits, between)
         return logits if logits is None or on_device else self.backend.to_host(logits)
 
+    def forward_reads(self, reads, kv: KVCache, between: Callable[[int], None] | None = None):
+        """Prompt rows of several sequences in one pass (a shape-free backend's step: each row's
+        result is what it would be alone): reads[i] = (tokens (n_i,), start_i, block table_i,
+        want_logits_i). Writes their K/V rows. Returns logits (wanted, vocab) float32 on the device,
+        one row per read that wants them, in order (None if none does)."""
+        rows = kv.rows(*(table for _, _, table, _ in reads))
+        step = self.ops.reads_step(tuple((start, len(tokens)) for tokens, start, _, _ in reads), rows.tables)
+        ends = np.cumsum([len(tokens) for tokens, _, _, _ in reads]) - 1
+        wanted = [int(end) for end, (*_, want) in zip(ends, reads) if want]
+        tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t, _, _, _ in reads])
+        return self.forward_on_device(tokens, step, rows, bool(wanted), between, logit_rows=wanted)
+
     def forward_batch(self, tokens, tables, positions, kv: KVCache):
         """A decode step of several sequences at once: tokens (n,), row i the next token of the
         sequence whose block table is tables[i], at positions[i]. One pass over the weights for all
@@ -48,14 +60,14 @@ class LlamaModel:
         return self.forward_on_device(tokens, step, rows, True)
 
     def forward_on_device(self, tokens, step: Step, kv: SequenceRows, want_logits: bool,
-                          between: Callable[[int], None] | None = None):
+                          between: Callable[[int], None] | None = None, logit_rows: list[int] | None = None):
         """The forward pass proper; tokens may already be on the device and `step` may carry
         device-side positions (a captured decode graph). Returns device logits, (vocab,) for one
-        sequence, (n, vocab) for a decode batch, or None."""
+        sequence, (n, vocab) for a decode batch, (len(logit_rows), vocab) for those rows, or None."""
         ops, eps = self.ops, self.cfg.norm_eps
         ops.begin(step)
         x = ops.embed(self.w.tok_embd, tokens)  # (n, dim) fp32 residual stream
-        cos, sin = self.rope_tables(step.start, step.n)
+        cos, sin = self.rope_tables(0 if step.batch else max(start + n for start, n in step.spans_or_one()))
         delta = None  # the previous layer's feed-forward output, added at the next norm
         for i, layer in enumerate(self.w.layers):
             h = ops.add_rms_norm(x, delta, layer.attn_norm, eps)  # (n, dim)
@@ -77,10 +89,13 @@ class LlamaModel:
                 ops.begin(step)  # a decode step in between began its own
         if not want_logits:
             return None
-        rows = slice(None) if step.batch else slice(-1, None)  # every row of a batch, else the last position
+        if logit_rows is not None:  # the chosen rows (each read's last)
+            rows = self.backend.xp.asarray(np.asarray(logit_rows, dtype=np.int64))
+        else:  # every row of a batch, else the last position
+            rows = slice(None) if step.batch else slice(-1, None)
         last = ops.add_rms_norm(x[rows], delta[rows], self.w.out_norm, eps)  # (rows, dim)
         logits = ops.logits(last, self.w.head)  # (rows, vocab) float32
-        return logits if step.batch else logits[0]
+        return logits if step.batch or logit_rows is not None else logits[0]
 
     def mixture(self, i: int, h, layer):
         """Layer i's routed experts (engine/ops/moe.py); the routes are recorded when route_log is a list."""
@@ -100,13 +115,13 @@ class LlamaModel:
             start = end
         return logits
 
-    def rope_tables(self, start: int, n: int):
-        """cos, sin: (positions, 1, half) float32 tables covering [0, start+n), computed once (not
+    def rope_tables(self, end: int):
+        """cos, sin: (positions, 1, half) float32 tables covering [0, end), computed once (not
         per token: that was host trigonometry and, on a GPU, two copies a step); rope_store reads
         the rows of its positions. Rope scaling is in them (engine/model/rope.py): the frequencies, and
         YaRN's magnitude on both."""
-        if self.cos_table is None or start + n > len(self.cos_table):
-            size = max(start + n, min(self.cfg.max_context, 1 << 17))
+        if self.cos_table is None or end > len(self.cos_table):
+            size = max(end, min(self.cfg.max_context, 1 << 17))
             angles = np.outer(np.arange(size, dtype=np.float64), self.inv_freq)  # (size, half)
             scale = self.rope_mscale
             self.cos_table = self.backend.xp.asarray((np.cos(angles) * scale).astype(np.float32))[:, None, :]

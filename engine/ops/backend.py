@@ -20,15 +20,21 @@ from engine.core.quantized import QuantMatrix, Row8
 from engine.core.step import Step
 from engine.kernels.model_parts import ModelKernels
 
-KEY_TILE = 2048  # keys per attention tile on the CPU: scores never exceed (kv_heads, group*n, KEY_TILE)
+KEY_TILE = 256  # keys per attention tile on the CPU, at absolute multiples, the last one padded: a row's sums
+# never depend on where its chunk starts or ends (scores never exceed (kv_heads, group*n, KEY_TILE))
 
 
 class ArrayOps:
-    """Weights are stored as GGUF has them, (out_features, in_features)."""
+    """Weights are stored as GGUF has them, (out_features, in_features).
+
+    Every row is computed as it would be in any other step (engine/ops/blas_order.py says when the
+    BLAS allows it): a decode step's rows by one matrix-vector product each (its order depends on k
+    alone), a prompt step's rows by one matrix product of at least two rows (a lone row padded), and
+    attention over key tiles at absolute positions."""
 
     def __init__(self, xp: ModuleType):
         self.xp = xp
-        self._bias: dict[int, object] = {}
+        self.decoding = False  # the step's rows are decode rows (one token of each sequence)
 
     def ready(self) -> None:
         """Waits for whatever the ops build in the background at start (the GPU's kernels); none here."""
@@ -36,21 +42,32 @@ class ArrayOps:
     def step(self, n: int, start: int, table=None) -> Step:
         return Step(n, start, (table,))
 
+    def reads_step(self, spans: tuple[tuple[int, int], ...], tables) -> Step:
+        """Prompt rows of several sequences in one step: sequence i's spans[i] = (start, n) positions,
+        its rows through tables[i]; its rows follow the previous sequence's."""
+        return Step(sum(n for _, n in spans), spans[0][0], tuple(tables), spans=tuple(spans))
+
     def batch_step(self, tables, positions: tuple[int, ...]) -> Step:
         """A decode batch: row i is a sequence's next token at positions[i], its rows in the blocks
         of tables[i]."""
         return Step(len(tables), -1, tuple(tables), tuple(positions))
 
     def begin(self, step: Step) -> None:
-        """A forward over `step` starts (the GPU picks its decode or prompt kernels by it)."""
+        """A forward over `step` starts (decode rows and prompt rows take different products)."""
+        self.decoding = step.decode
 
     def embed(self, table, tokens):
         """table: (vocab, dim), tokens: (n,) -> the fp32 residual stream (n, dim)."""
         return table[self.xp.asarray(tokens)].astype(self.xp.float32)
 
     def matmul(self, x, w):
-        """x: (n, k), w: (m, k) -> (n, m)."""
-        return x @ w.T
+        """x: (n, k), w: (m, k) -> (n, m). Decode rows one matrix-vector product each; prompt rows one
+        product of at least two rows (BLAS sends a single row to its matrix-vector kernel)."""
+        if self.decoding:
+            if len(x) == 1:
+                return x @ w.T
+            return self.xp.concatenate([x[i : i + 1] @ w.T for i in range(len(x))])
+        return rows_product(self.xp, x, w.T)
 
     def add_rms_norm(self, x, delta, weight, eps: float):
         """x += delta (when given; the residual add), then rms_norm(x) * weight."""
@@ -88,15 +105,16 @@ class ArrayOps:
         if norms is not None:
             qkv = self.head_rms_norm(qkv, *norms[:2], qkv.shape[1] // d - 2 * kv_heads, kv_heads, norms[2])
         n = qkv.shape[0]
-        at = np.asarray(step.positions) if step.batch else np.arange(step.start, step.start + n)  # (n,)
+        at = step.row_positions()  # (n,)
         cos, sin = cos_table[at], sin_table[at]  # (n, 1, d/2)
         heads = qkv.shape[1] // d - 2 * kv_heads
         qkv = qkv.reshape(n, heads + 2 * kv_heads, d)
         k_new, v_new = self.rope(qkv[:, heads : heads + kv_heads], cos, sin), qkv[:, heads + kv_heads :]
         if step.batch:  # each row's block through its own table
             block = np.asarray([t[p // size] for t, p in zip(step.tables, at)], dtype=np.int64)  # (n,)
-        else:  # one table for the whole chunk: one vectorized lookup, not a Python loop per token
-            block = np.asarray(step.tables[0], dtype=np.int64)[at // size]  # (n,)
+        else:  # one table a sequence: one vectorized lookup each, not a Python loop per token
+            block = np.concatenate([np.asarray(table, dtype=np.int64)[at[lo:hi] // size]
+                                    for table, (lo, hi) in zip(step.tables, step.row_ranges())])  # (n,)
         k_cache[block, :, at % size] = k_new  # (n, kv_heads, d) rows at (block_i, :, offset_i)
         v_cache[block, :, at % size] = v_new
         return self.rope(qkv[:, :heads], cos, sin)
@@ -109,51 +127,53 @@ class ArrayOps:
         return blocks.transpose(1, 0, 2, 3).reshape(cache.shape[1], -1, cache.shape[3])[:, :end]
 
     def attention(self, q, k_cache, v_cache, step: Step):
-        """q: (n, heads, d) at positions start..start+n; k_cache/v_cache: a layer's pool, the
-        sequence's rows 0..start+n filled (through its block table). Causal, GQA, online softmax
-        over key tiles. Returns (n, heads*d). A decode batch: each row against its own rows
-        0..positions[i]."""
+        """q: (n, heads, d), each sequence's rows at its positions; k_cache/v_cache: a layer's pool,
+        each sequence's rows 0..its last position filled (through its block table). Causal, GQA.
+        Returns (n, heads*d). A decode batch: each row against its own rows 0..positions[i]."""
         if step.batch:
-            return self.xp.concatenate([
-                self.attention(q[i : i + 1], k_cache, v_cache, Step(1, p, (t,)))
-                for i, (t, p) in enumerate(zip(step.tables, step.positions))])
-        xp, start = self.xp, step.start
+            return self.xp.concatenate([self.sequence_attention(q[i : i + 1], k_cache, v_cache, p, t)
+                                        for i, (t, p) in enumerate(zip(step.tables, step.positions))])
+        return self.xp.concatenate([self.sequence_attention(q[lo:hi], k_cache, v_cache, start, table)
+                                    for table, (start, _), (lo, hi) in zip(step.tables, step.spans_or_one(),
+                                                                           step.row_ranges())])
+
+    def sequence_attention(self, q, k_cache, v_cache, start: int, table):
+        """One sequence's n query rows at positions start..start+n against its keys 0..start+n:
+        online softmax over tiles of KEY_TILE keys cut at absolute multiples of KEY_TILE, the last
+        one padded (score -inf, value 0), so that every product and sum has the same length
+        whichever chunk the row is in; a tile past a row's position adds exact zeros to it."""
+        xp = self.xp
         n, heads, d = q.shape
         kv_heads = k_cache.shape[1]
         group, end = heads // kv_heads, start + n
-        keys = self.sequence_rows(k_cache, step.tables[0], end)  # (kv_heads, end, d)
-        values = self.sequence_rows(v_cache, step.tables[0], end)
-        bias = self.causal_bias(n)
+        keys = self.sequence_rows(k_cache, table, end)  # (kv_heads, end, d)
+        values = self.sequence_rows(v_cache, table, end)
         # heads h = kv*group + g share kv head `kv`: (kv_heads, group*n, d), rows ordered (g, i)
         qg = q.reshape(n, kv_heads, group, d).transpose(1, 2, 0, 3)
         qg = (qg * np.float32(1.0 / np.sqrt(d))).reshape(kv_heads, group * n, d)
+        rows = group * n
+        if rows == 1:  # a product of one row is BLAS's matrix-vector kernel: two rows, the second ignored
+            qg = xp.concatenate([qg, qg], axis=1)
+        at = xp.asarray(np.tile(np.arange(start, end), group))[:, None]  # (rows, 1) each row's position
         best = acc = norm = None
         for t0 in range(0, end, KEY_TILE):
-            t1 = min(t0 + KEY_TILE, end)
-            s = qg @ keys[:, t0:t1].transpose(0, 2, 1)  # (kv_heads, group*n, tile)
-            if t1 > start + 1:  # tile reaches the diagonal: mask keys after each query
-                lo = max(start, t0)  # keys of the chunk itself start here; earlier keys are all visible
-                part = s.reshape(kv_heads, group, n, t1 - t0)[..., lo - t0 :]
-                xp.add(part, bias[:, lo - start : t1 - start], out=part)
+            k_tile, v_tile = padded_tile(xp, keys, t0), padded_tile(xp, values, t0)  # (kv_heads, KEY_TILE, d)
+            s = qg @ k_tile.transpose(0, 2, 1)  # (kv_heads, rows, KEY_TILE)
+            if t0 + KEY_TILE - 1 > start:  # keys after some row's position (the diagonal, or the padding)
+                s[:, :rows][:, (xp.arange(t0, t0 + KEY_TILE)[None, :] > at)] = -np.inf
             tile_max = s.max(axis=-1, keepdims=True)
             new_best = tile_max if best is None else xp.maximum(best, tile_max)
             xp.subtract(s, new_best, out=s)
             p = xp.exp(s, out=s)  # unnormalized probabilities, in place
             if best is None:
-                acc, norm = p @ values[:, t0:t1], p.sum(axis=-1, keepdims=True)
+                acc, norm = p @ v_tile, p.sum(axis=-1, keepdims=True)
             else:
                 corr = xp.exp(best - new_best)
-                acc = acc * corr + p @ values[:, t0:t1]
+                acc = acc * corr + p @ v_tile
                 norm = norm * corr + p.sum(axis=-1, keepdims=True)
             best = new_best
-        out = (acc / norm).reshape(kv_heads, group, n, d)  # (kv, g, n, d)
+        out = (acc[:, :rows] / norm[:, :rows]).reshape(kv_heads, group, n, d)  # (kv, g, n, d)
         return out.transpose(2, 0, 1, 3).reshape(n, heads * d)
-
-    def causal_bias(self, n: int):
-        """(n, n) float32 over the chunk's own keys: 0 where key <= query, -inf after it."""
-        if n not in self._bias:
-            self._bias = {n: self.xp.asarray(np.triu(np.full((n, n), -np.inf, dtype=np.float32), k=1))}
-        return self._bias[n]
 
     def silu_mul(self, gate_up):
         """gate_up: (n, 2*ffn) = [gate | up] -> silu(gate) * up: (n, ffn)."""
@@ -168,7 +188,7 @@ class ArrayOps:
     def mixture(self, h, router, experts, k: int, normalize: bool):
         """A MoE feed-forward (engine/ops/moe.py): h (n, dim), router (experts, dim) float32 -> (out (n, dim),
         chosen experts (n, k), their weights (n, k) float32)."""
-        chosen, weights = route(h @ router.T, k, normalize)
+        chosen, weights = route(self.matmul(h, router), k, normalize)
         return run_experts(self, h, experts, chosen, weights), chosen, weights
 
 
@@ -191,6 +211,10 @@ class HalfCupyOps(ArrayOps):
 
     def step(self, n: int, start: int, table=None) -> Step:
         return self.kernels.step(n, start, table)
+
+    def reads_step(self, spans, tables) -> Step:
+        raise NotImplementedError("prompt rows of several sequences in one step need row-invariant prompt "
+                                  "GEMMs on the GPU (cuBLAS picks its order by shape)")
 
     def batch_step(self, tables, positions: tuple[int, ...]) -> Step:
         return self.kernels.batch_step(tables, positions)
@@ -246,6 +270,24 @@ class HalfCupyOps(ArrayOps):
         if isinstance(h, Row8):
             return self.kernels.matvec(head, h.values, q8=h.q8)
         return self.kernels.matvec(head, h)
+
+
+def rows_product(xp, x, wt):
+    """x (n, k) @ wt (k, m) as a matrix product of at least two rows: a lone row goes with a copy
+    of itself, since BLAS gives one row to its matrix-vector kernel, which orders its sums otherwise."""
+    if len(x) != 1:
+        return x @ wt
+    return (xp.concatenate([x, x]) @ wt)[:1]
+
+
+def padded_tile(xp, rows, t0: int):
+    """rows (heads, end, d) -> rows t0..t0+KEY_TILE (heads, KEY_TILE, d), zeros past `end`."""
+    tile = rows[:, t0 : t0 + KEY_TILE]
+    if tile.shape[1] == KEY_TILE:
+        return tile
+    out = xp.zeros((rows.shape[0], KEY_TILE, rows.shape[2]), dtype=rows.dtype)
+    out[:, : tile.shape[1]] = tile
+    return out
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,10 @@ class TensorParallelRunner(ModelRunner):
         for conn in self.conns:
             conn.send(message)
 
+    def rows_invariant(self) -> bool:
+        """The ranks read one sequence a step (their protocol carries one chunk)."""
+        return False
+
     def forward(self, tokens, start: int, table, want_logits: bool, between=None):
         self.send("forward", tokens, start, np.asarray(table, dtype=np.int32), between is not None)
         if between is None:

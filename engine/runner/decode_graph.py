@@ -67,7 +67,7 @@ class GraphDecoder:
     def __init__(self, model, kv: KVCache, backend: Backend, pad_block: int | None = None):
         cp = backend.xp
         self.model, self.kv, self.backend, self.cp, self.pad_block = model, kv, backend, cp, pad_block
-        model.rope_tables(0, kv.ctx)  # sized once: a capture must not grow them
+        model.rope_tables(kv.ctx)  # sized once: a capture must not grow them
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = graph_memory_pool(cp)
         self.captured: dict[tuple[int, int], CapturedStep] = {}

@@ -45,6 +45,9 @@ class ModelRunner:
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
+        # every row's result is the same in any step (engine/ops/blas_order.py; checked by warm_up): reads
+        # may share a step, end anywhere, and a cached prefix be reused at any block
+        self.shape_free = False
 
     def info(self) -> dict[str, str]:
         return {"model": self.cfg.name, "path": self.model_path, "arch": self.cfg.arch,
@@ -64,6 +67,29 @@ class ModelRunner:
         self.decode_logits([0], [table], [8])  # the one-row decode graph (other batch sizes: at first use)
         self.backend.synchronize()
         self.pool.release(table)
+        self.shape_free = self.rows_invariant()
+
+    def rows_invariant(self) -> bool:
+        """Whether this backend computes every row as it would in any other step: on the CPU if the
+        BLAS does (checked on the model's own matrices), on the GPU not yet (cuBLAS's prompt GEMMs)."""
+        if self.backend.name != "cpu":
+            return False
+        from engine.ops.backend import KEY_TILE
+        from engine.ops.blas_order import rows_invariant
+
+        w = self.model.w
+        layer = w.layers[0]
+        if layer.experts is None:
+            mats = [layer.w_gate_up, layer.w_down]
+        else:
+            mats = [layer.router] + [part.expert(0) for part in (layer.experts.gate, layer.experts.up,
+                                                                  layer.experts.down)]
+        mats = [m[:4096] for m in (layer.wqkv, layer.wo, *mats, w.head)]  # the head's first rows do
+        if not rows_invariant(mats, self.cfg.head_dim, KEY_TILE):
+            print("strata: this CPU's BLAS orders a row's sums by the product's shape: reads take a step "
+                  "each and prefixes are reused at whole chunks", file=sys.stderr, flush=True)
+            return False
+        return True
 
     @property
     def layers(self) -> int:
@@ -72,12 +98,28 @@ class ModelRunner:
     def read_prompt_chunk(self, seq: Sequence, between: Callable[[int], None] | None = None) -> None:
         """The sequence's next prompt chunk; `between(i)` after each layer i but the last (see
         LlamaModel.forward)."""
-        end = chunk_end(seq.pos, seq.total, self.chunk)
-        tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)
-        seq.logits = self.forward(tokens, seq.pos, seq.table, end == seq.total, between)
-        seq.graph_row = None
+        self.read_prompts([(seq, chunk_end(seq.pos, seq.total, self.chunk))], between)
+
+    def read_prompts(self, pieces: list[tuple[Sequence, int]], between: Callable[[int], None] | None = None) -> None:
+        """Each sequence's prompt from its position to the end given, in one forward (several only
+        when shape_free); a sequence that reaches its prompt's end gets its logits."""
+        if self.shape_free:
+            reads = [(np.asarray(seq.prompt[seq.pos : end], dtype=np.int64), seq.pos, seq.table, end == seq.total)
+                     for seq, end in pieces]
+            logits = self.model.forward_reads(reads, self.kv, between)
+            wanting = [seq for seq, end in pieces if end == seq.total]
+        else:
+            (seq, end), = pieces  # one read a step: its chunk at absolute boundaries
+            tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)
+            logits = self.forward(tokens, seq.pos, seq.table, end == seq.total, between)
+            wanting = [seq] if end == seq.total else []
+            logits = None if logits is None else logits[None]
+        for seq, _ in pieces:
+            seq.logits = logits[wanting.index(seq)] if seq in wanting else None
+            seq.graph_row = None
         self.backend.synchronize()  # a chunk is done when its PP says so: GPU launches are asynchronous,
-        seq.pos = end  # and a host running chunks ahead would make a park wait for all of them
+        for seq, end in pieces:  # and a host running chunks ahead would make a park wait for all of them
+            seq.pos = end
 
     def forward(self, tokens, start: int, table, want_logits: bool, between: Callable[[int], None] | None = None):
         """The model over `tokens` at positions start.. of the sequence whose blocks `table` lists
