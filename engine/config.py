@@ -32,7 +32,7 @@ class EngineConfig:
     cache_ram_gib: float | None = None  # the host tier for evicted prefix blocks (None: engine/kvcache/sizing.py's default)
     prompt_reuse: bool = True  # the prefix cache: a prompt that starts as an earlier one reads only the rest
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
-    step_tokens: int | None = None  # prompt rows a step may take from several reads (None: 2 chunks; engine/loop/rounds.py)
+    step_tokens: int | None = None  # prompt rows a step may take from several reads (None: step_budget's default)
     rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/modelfile/rope_config.py)
     kv_type: str = "auto"  # the cache's element type (engine/core/kv_types.py)
     tp: int = 1  # tensor-parallel ranks, one process each (engine/parallel/tp_workers.py)

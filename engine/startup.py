@@ -14,6 +14,7 @@ from engine.modelfile.model_config import ModelLoadError, read_config
 from engine.kernels.model_parts import ModelKernels
 from engine.model.weights import load_model
 from engine.loop.loop import run_loop
+from engine.core.chunks import step_budget
 from engine.kvcache.sizing import plan_context
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
@@ -57,7 +58,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         backend.ready()
         lap("kernels after the weights")
     check_kv_type(config.kv_type, backend.name, cfg.head_dim)
-    plan = plan_context(cfg, backend, config.ctx, config.chunk,
+    plan = plan_context(cfg, backend, config.ctx, step_budget(config.step_tokens, config.chunk),
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type)
     args = (cfg, weights, backend, plan.ctx, config.chunk, tokenizer.end_ids, str(path),
@@ -113,7 +114,8 @@ def serve(config: EngineConfig) -> int:
     gc.freeze()  # what start-up built lives as long as the process: the collector no longer walks it (a full
     # collection walked the vocabulary's lists, ~45 ms on an idle core, a stalled step)
     try:
-        run_loop(runner, policy, config.prompt_reuse, config.decode_interval_ms, config.step_tokens)
+        run_loop(runner, policy, config.prompt_reuse, config.decode_interval_ms,
+                 step_budget(config.step_tokens, config.chunk))
     finally:
         runner.close()
     return 0

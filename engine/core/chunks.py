@@ -8,3 +8,9 @@ from __future__ import annotations
 def chunk_end(pos: int, total: int, chunk: int) -> int:
     """Chunk k covers [k*chunk, (k+1)*chunk): a read resumed at a boundary runs the same shapes."""
     return min((pos // chunk + 1) * chunk, total)
+
+
+def step_budget(step_tokens: int | None, chunk: int) -> int:
+    """Prompt rows one step may take from several reads where rows do not depend on the step
+    (--step-tokens; default two chunks: a newcomer's read goes beside a long read's chunk)."""
+    return step_tokens or 2 * chunk

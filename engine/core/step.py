@@ -28,6 +28,8 @@ class Step:
     max_keys: int | None = None
     held: tuple | None = None  # a prompt step over a q8_0 pool: its widened blocks' tables (GpuKernels.widened_tables)
     spans: tuple[tuple[int, int], ...] | None = None  # prompt rows of sequences: each one's (start, n)
+    row_pos0: object = None  # (n,) int32 with spans, on the GPU: each row's position
+    row_table_off: object = None  # (n,) int32 with spans, on the GPU: where each row's table starts in `table`
 
     @property
     def batch(self) -> bool:

@@ -92,24 +92,29 @@ class AttentionLaunchers:
             held, table, table_off = self.widened_tables(step, block)
             k_cache, v_cache = self.widen_q8_0(k_cache, held), self.widen_q8_0(v_cache, held)
         out = cp.empty((n, heads, d), dtype=cp.float16)
-        rows = n * (heads // kv_heads)
+        spans = step.spans_or_one()
+        rows = max(count for _, count in spans) * (heads // kv_heads)  # the longest sequence's rows
         if self.prompt_attention == "sm90":
             name, per_block, threads, smem = f"flash_attention_sm90_d{d}", sm90.ROWS, sm90.THREADS, sm90.smem_bytes(d)
         else:
             name, per_block, threads, smem = f"flash_attention_d{d}", ATTENTION_ROWS, 128, attention_smem_bytes(d)
-        self.fn[name]((math.ceil(rows / per_block), kv_heads, 1), (threads,),
+        self.fn[name]((math.ceil(rows / per_block), kv_heads, len(spans)), (threads,),
                       (q, k_cache, v_cache, out, step.q_start, step.pos0, table, table_off, np.int32(heads),
                        np.int32(kv_heads), log2(block), np.float32(math.log2(math.e) / math.sqrt(d))), shared_mem=smem)
         return out.reshape(n, heads * d)
 
     def widened_tables(self, step: Step, block: int) -> tuple:
-        """A prompt step over a q8_0 pool: the blocks that hold its sequence's keys (rows
-        0..start+n), and the table and offset the kernel reads them by once widened (the identity),
-        on the device; made once per forward (every layer's chunk reads the same blocks)."""
+        """A prompt step over a q8_0 pool: the blocks that hold its sequences' keys (each one's rows
+        0..start+n), and the tables and offsets the kernel reads them by once widened (the identity,
+        one sequence's after another's), on the device; made once per forward (every layer's step
+        reads the same blocks)."""
         if step.held is None:
             cp = self.cp
-            held = cp.asarray(step.tables[0][: -(-(step.start + step.n) // block)].astype(np.int32))
-            step.held = (held, cp.arange(held.size, dtype=cp.int32), cp.zeros(1, dtype=cp.int32))
+            parts = [np.asarray(table[: -(-(start + n) // block)], dtype=np.int32)
+                     for table, (start, n) in zip(step.tables, step.spans_or_one())]
+            offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])[:-1]]).astype(np.int32)
+            held = cp.asarray(np.concatenate(parts))
+            step.held = (held, cp.arange(held.size, dtype=cp.int32), cp.asarray(offsets))
         return step.held
 
     def widen_q8_0(self, pool: Q8Array, held):

@@ -34,6 +34,23 @@ class DeviceSteps:
         step.set_rows(tables, positions)
         return step
 
+    def reads_step(self, spans: tuple[tuple[int, int], ...], tables) -> Step:
+        """Prompt rows of several sequences (spans: each one's (start, n)), one after another: per
+        sequence its first query row, first position and table (prompt attention's grid has a
+        sequence a z), and per row its position and table (RoPE and the K/V write take each row as
+        a decode batch's row)."""
+        cp = self.cp
+        counts = np.asarray([n for _, n in spans], dtype=np.int32)
+        q_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        offsets = np.concatenate([[0], np.cumsum([len(t) for t in tables])[:-1]]).astype(np.int32)
+        positions = np.concatenate([np.arange(start, start + n) for start, n in spans]).astype(np.int32)
+        step = Step(int(q_start[-1]), spans[0][0], tuple(tables), spans=tuple(spans), q_start=cp.asarray(q_start),
+                    pos0=cp.asarray(np.asarray([start for start, _ in spans], dtype=np.int32)),
+                    table=cp.asarray(np.concatenate([np.asarray(t, dtype=np.int32) for t in tables])),
+                    table_off=cp.asarray(offsets))
+        step.row_pos0, step.row_table_off = cp.asarray(positions), cp.asarray(np.repeat(offsets, counts))
+        return step
+
     def device_step(self, n: int, start: int, table: np.ndarray, max_keys: int | None = None) -> Step:
         cp = self.cp
         return Step(n, start, (table,), q_start=cp.asarray(np.array([0, n], dtype=np.int32)),

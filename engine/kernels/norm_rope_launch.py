@@ -47,8 +47,12 @@ class NormRopeLaunchers:
         n = qkv.shape[0]
         heads = qkv.shape[1] // d - 2 * kv_heads
         q = self.cp.empty((n, heads, d), dtype=self.cp.float16)
-        common = (qkv, q, *pool_args(k_cache, v_cache), cos_table, sin_table, step.pos0, step.table, step.table_off,
-                  np.int32(n if step.batch else 1))
+        if step.row_pos0 is not None:  # several sequences' prompt rows: each row as a decode batch's
+            pos0, table_off, seqs = step.row_pos0, step.row_table_off, n
+        else:
+            pos0, table_off, seqs = step.pos0, step.table_off, n if step.batch else 1
+        common = (qkv, q, *pool_args(k_cache, v_cache), cos_table, sin_table, pos0, step.table, table_off,
+                  np.int32(seqs))
         if norms is None:
             total = n * (heads + 2 * kv_heads) * (d // 2)
             self.fn["rope_store"](blocks(total), (THREADS,), (*common, np.int32(n), np.int32(heads),

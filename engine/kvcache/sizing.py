@@ -21,7 +21,7 @@ HOST_SHARE_FOR_CACHE = 4  # ... a quarter of the host's memory
 
 
 def scratch_bytes(cfg: ModelConfig, chunk: int) -> int:
-    """Activations of one prompt chunk, twice over for the allocator's sake: the fp32 residual,
+    """Activations of one prompt step of `chunk` rows, twice over for the allocator's sake: the fp32 residual,
     fp16 norms, projections, attention output and the feed-forward's widest tensors."""
     per_token = cfg.dim * (4 + 2 * 6) + cfg.kv_dim * 4 + cfg.ffn_dim * 2 * 3
     return 2 * chunk * per_token + cfg.vocab_size * 4
@@ -57,7 +57,7 @@ def host_memory_bytes() -> int:
         return 16 << 30
 
 
-def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chunk: int,
+def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step_rows: int,
                  snapshot_bytes: int | None, block: int = 64, pool_tokens: int | None = None,
                  cache_ram_bytes: int | None = None, kv_type: str = "auto") -> MemoryPlan:
     """The pool of KV blocks, the most one request may hold, and the park snapshots' budget (None:
@@ -84,7 +84,7 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, chun
                           snapshot_bytes if snapshot_bytes is not None else DEFAULT_SNAPSHOT_BYTES,
                           cache_ram_bytes=cache_ram_bytes)
     weights = int(backend.xp.get_default_memory_pool().used_bytes())
-    scratch = scratch_bytes(cfg, chunk)
+    scratch = scratch_bytes(cfg, step_rows)  # a prompt step's rows (engine/config.py step_budget)
     room = free - scratch - RESERVE_BYTES
     fits = max(0, room // (row * block))  # blocks
     if resolve(kv_type, backend.weight_dtype).dtype is None:

@@ -24,7 +24,7 @@ from protocol import messages as m
 
 from engine.loop.admission import Admission
 from engine.loop.memory import Memory
-from engine.core.chunks import chunk_end
+from engine.core.chunks import chunk_end, step_budget
 from engine.loop.parking import Parking
 from engine.loop.protocol_io import Inbox
 from engine.loop.request_table import RequestTable
@@ -38,7 +38,7 @@ class Rounds:
                  interval_ms: float = 0.0, step_tokens: int | None = None):
         self.runner, self.requests, self.memory, self.parking = runner, requests, memory, parking
         self.admission, self.write, self.interval_ms = admission, write, interval_ms
-        self.step_tokens = step_tokens or 2 * runner.chunk  # prompt rows a step may take (shape_free)
+        self.step_tokens = step_budget(step_tokens, runner.chunk)  # prompt rows a step may take (shape_free)
         self.inbox, self.control = inbox, control
         self.chunk_ms: float | None = None  # the latest prompt step's own time, without its pauses
         self.paused_ms = 0.0  # decode steps run in the pauses of the current chunk
@@ -126,15 +126,18 @@ class Rounds:
         if not self.memory.get_blocks(first, end):
             self.short_of_blocks(first)
             return []
-        pieces = [(first, end)]
+        pieces, keys = [(first, end)], end
         left = budget - (end - first.pos)
         for seq in readers[1:] if self.runner.shape_free else ():
             if left <= 0:
                 break
             end = self.piece_end(seq, left)
+            if self.runner.step_keys is not None and keys + end > self.runner.step_keys:
+                break  # the step's keys would not fit the scratch its attention widens them into
             if not self.memory.get_blocks(seq, end, pause_others=False):
                 break  # a read behind the first waits for room rather than take it from others
             pieces.append((seq, end))
+            keys += end
             left -= end - seq.pos
         return pieces
 

@@ -213,8 +213,7 @@ class HalfCupyOps(ArrayOps):
         return self.kernels.step(n, start, table)
 
     def reads_step(self, spans, tables) -> Step:
-        raise NotImplementedError("prompt rows of several sequences in one step need row-invariant prompt "
-                                  "GEMMs on the GPU (cuBLAS picks its order by shape)")
+        return self.kernels.reads_step(spans, tables)
 
     def batch_step(self, tables, positions: tuple[int, ...]) -> Step:
         return self.kernels.batch_step(tables, positions)

@@ -21,15 +21,33 @@ CORETYPE = "Sandybridge"  # OpenBLAS's kernels whose sgemm rows do not depend on
 
 
 def prefer_row_invariant_blas(environ=os.environ) -> None:
-    """Ask OpenBLAS for the row-invariant kernels (unless the environment names a core already);
-    must run before NumPy is first imported in the process, and is inherited by its children."""
+    """Ask OpenBLAS for the row-invariant kernels (unless the environment names a core already), and
+    cuBLAS for no workspace: without one it never splits a GEMM's k by the row count (with one, the
+    8B shape's wo and ffn_down rows changed bits below 41 and 331 rows; without, no row of 1 to 4096
+    did, at the same speed: bench/results/prompt_gemm_probe_h200.json). Must run before NumPy and
+    CuPy are first imported in the process; inherited by its children."""
     environ.setdefault("OPENBLAS_CORETYPE", CORETYPE)
+    environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+
+
+def same_rows(products, rows: int, sizes=(2, 3, 5, 13)) -> bool:
+    """Whether each product (part: a slice of `rows` input rows -> their output rows, stacked along
+    the second-to-last axis) gives every row of a part of `sizes` rows, at offsets 0, 1 and the end,
+    the bits it has in the product of all `rows`. NumPy or CuPy arrays."""
+    for product in products:
+        whole = product(slice(None))
+        lead = (slice(None),) * (whole.ndim - 2)
+        for n in sizes:
+            for offset in (0, 1, rows - n):
+                part = slice(offset, offset + n)
+                if not bool((product(part) == whole[(*lead, part)]).all()):
+                    return False
+    return True
 
 
 def rows_invariant(weights, head_dim: int, key_tile: int, rows: int = 24) -> bool:
-    """Whether every row of x @ w.T, for 2 to `rows` rows at any offset, equals the same row inside
-    the product of all `rows`, for each of `weights` (the model's matrices, (n, k): OpenBLAS's order
-    depends on k, and on n through whether it threads), and the same for attention's stacked
+    """The CPU's check: same_rows for x @ w.T over each of `weights` (the model's matrices, (n, k):
+    OpenBLAS's order depends on k, and on n through whether it threads), and for attention's stacked
     products over `key_tile` keys of `head_dim` values. Tens of milliseconds at start."""
     import numpy as np
 
@@ -41,12 +59,4 @@ def rows_invariant(weights, head_dim: int, key_tile: int, rows: int = 24) -> boo
     q = rng.standard_normal((2, rows, head_dim), dtype=np.float32)
     cases = [(lambda part, w=w, x=x: x[part] @ w.T) for w, x in products]
     cases += [lambda part: q[:, part] @ keys, lambda part: probs[:, part] @ values]
-    for case in cases:
-        whole = case(slice(None))
-        axis = whole.ndim - 2  # the rows' axis
-        for n in (2, 3, 5, 13):
-            for offset in (0, 1, rows - n):
-                part = slice(offset, offset + n)
-                if not np.array_equal(case(part), whole[(slice(None),) * axis + (part,)]):
-                    return False
-    return True
+    return same_rows(cases, rows)

@@ -20,6 +20,7 @@ from engine.kvcache.host_tier import HostTier
 from engine.kvcache.kv import KVCache, KVSnapshot
 from engine.model.forward import LlamaModel
 from engine.core.chunks import chunk_end
+from engine.runner.row_check import rows_invariant
 from engine.runner.sequence import Sequence
 
 
@@ -48,6 +49,9 @@ class ModelRunner:
         # every row's result is the same in any step (engine/ops/blas_order.py; checked by warm_up): reads
         # may share a step, end anywhere, and a cached prefix be reused at any block
         self.shape_free = False
+        # keys one prompt step may hold in all (None: no limit): a q8_0 pool's prompt attention on the GPU
+        # widens its sequences' rows to fp16 in a scratch the memory plan sized for one request's context
+        self.step_keys = ctx if backend.name == "gpu" and self.kv.type.name == "q8_0" else None
 
     def info(self) -> dict[str, str]:
         return {"model": self.cfg.name, "path": self.model_path, "arch": self.cfg.arch,
@@ -56,6 +60,7 @@ class ModelRunner:
                 "kv_blocks": str(self.pool.total), "kv_block": str(self.pool.size),
                 "kv_block_bytes": str(self.kv.block_bytes), "kv_type": self.kv.type.name,
                 "cache_ram_blocks": str(self.pool.tier.capacity if self.pool.tier else 0),
+                "shape_free": str(int(self.shape_free)),
                 "version": __version__} | self.memory
 
     def warm_up(self) -> None:
@@ -70,26 +75,13 @@ class ModelRunner:
         self.shape_free = self.rows_invariant()
 
     def rows_invariant(self) -> bool:
-        """Whether this backend computes every row as it would in any other step: on the CPU if the
-        BLAS does (checked on the model's own matrices), on the GPU not yet (cuBLAS's prompt GEMMs)."""
-        if self.backend.name != "cpu":
-            return False
-        from engine.ops.backend import KEY_TILE
-        from engine.ops.blas_order import rows_invariant
-
-        w = self.model.w
-        layer = w.layers[0]
-        if layer.experts is None:
-            mats = [layer.w_gate_up, layer.w_down]
-        else:
-            mats = [layer.router] + [part.expert(0) for part in (layer.experts.gate, layer.experts.up,
-                                                                  layer.experts.down)]
-        mats = [m[:4096] for m in (layer.wqkv, layer.wo, *mats, w.head)]  # the head's first rows do
-        if not rows_invariant(mats, self.cfg.head_dim, KEY_TILE):
-            print("strata: this CPU's BLAS orders a row's sums by the product's shape: reads take a step "
-                  "each and prefixes are reused at whole chunks", file=sys.stderr, flush=True)
-            return False
-        return True
+        """Whether this backend computes every row as it would in any other step (checked on the
+        model's own matrices: engine/runner/row_check.py)."""
+        if rows_invariant(self.model, self.backend):
+            return True
+        print("strata: this device's matrix products order a row's sums by the product's shape: reads take "
+              "a step each and prefixes are reused at whole chunks", file=sys.stderr, flush=True)
+        return False
 
     @property
     def layers(self) -> int:

@@ -78,6 +78,12 @@
 # mmv      tools/device/mmv_check.py: the tensor-core fp16 matvec against NumPy, batch invariance, its time
 # mmq      tools/device/mmq_check.py: the int8 tensor-core quantized matvec: every row equal to the dp4a matvec's
 #          row alone (bit for bit), NumPy, its time beside the dp4a kernels at 1-64 rows, the block's knobs
+# gemmprobe tools/device/prompt_gemm_probe.py (issue 44): whether cuBLAS's prompt GEMM rows depend on the step's rows
+#          (M, offset; default, CUBLAS_WORKSPACE_CONFIG=:0:0, pedantic), fixed slices and batched forms with their
+#          times, mmq.cu against expand + cuBLAS at 64-4096 rows -> $OUT/prompt_gemm_probe.json (PROBE_ARGS: its flags)
+# shared   tools/device/shared_steps_check.py (issue 44): the start-up check (runner.shape_free), a read cut anywhere,
+#          reads sharing steps and a decode row after them, bit for bit, on the 135M shape (Q4_1), the 8B shape in
+#          Q4_K_M and the 4-layer Qwen3-MoE shape, f16 and q8_0 caches -> $OUT/shared_steps_h200.json
 # batchf16 the batch step on the 8B F16 shape only (batchq: on the Q4_K_M one); BATCHES=1,4,16,64 sets the sizes
 # wide     tools/profiling/matvec_wide_times.py: quantized launches of 16 rows with 2, 4, 8 weight rows a warp
 # agent    bench/agent_reuse_bench.py on the 8B shape (Q4_K_M): a 10-turn conversation growing to 16K
@@ -476,6 +482,12 @@ for step in "$@"; do
       python3 tools/device/mmv_check.py --json "$OUT/mmv_check.json" || echo "MMV CHECK FAILED" ;;
     mmq)
       python3 tools/device/mmq_check.py --json "$OUT/mmq_check.json" || echo "MMQ CHECK FAILED" ;;
+    shared)
+      synth_ms; synth_mq; synth_moe_small
+      python3 tools/device/shared_steps_check.py $MS $MQ $MQS --json "$OUT/shared_steps_h200.json" 2>&1 | quiet \
+        || echo "SHARED STEPS CHECK FAILED" ;;
+    gemmprobe)
+      python3 tools/device/prompt_gemm_probe.py --json "$OUT/prompt_gemm_probe.json" ${PROBE_ARGS:-} || echo "GEMM PROBE FAILED" ;;
     batchf16|batchq)  # FROM="1 65": each run with STRATA_MMQ_FROM at that value (mmq.cu from that many rows)
       if [ $step = batchf16 ]; then set -- $M8 F16 f16; else set -- $MQ Q4_K_M q4_k_m; fi
       [ -f $1 ] || python3 tools/fixtures/make_synthetic_gguf.py $1 --preset llama3-8b --type $2 --tokenizer .device/tok.gguf 2>&1 | tail -1
