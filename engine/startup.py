@@ -115,7 +115,7 @@ def serve(config: EngineConfig) -> int:
     # collection walked the vocabulary's lists, ~45 ms on an idle core, a stalled step)
     try:
         run_loop(runner, policy, config.prompt_reuse, config.decode_interval_ms,
-                 step_budget(config.step_tokens, config.chunk))
+                 step_budget(config.step_tokens, runner.chunk))  # (config.chunk: None when the device's default)
     finally:
         runner.close()
     return 0
