@@ -163,3 +163,17 @@ def test_a_read_that_pauses_for_decode_steps_gives_the_tokens_and_state_of_a_str
                     next(x for x in seen if isinstance(x, m.Done) and x.id == i).extra["fp"])
                 for k, i in (("read", 4), ("decoder", 3))}
     assert together == alone
+
+
+def test_the_engine_with_its_defaults_reads_in_shared_steps_and_answers(tokenizer):
+    """No --chunk, as the server starts it: the CPU's default chunk, and the start-up check finds rows
+    that do not depend on the step (INFO shape_free), so reads share steps."""
+    e = EngineProcess([PY, "-m", "engine", "--serve", "--device", "cpu", "--ctx", "1024"])
+    try:
+        e.handshake()
+        assert e.info["chunk"] == "256" and e.info["shape_free"] == "1"
+        e.send(m.Gen(20, FRANCE, {"temperature": 0.0}, 1))
+        got = e.read_until(m.Done, ident=1)
+        assert tokenizer.decode([t.token for t in got if isinstance(t, m.Token)]) == "The capital of France is Paris."
+    finally:
+        assert e.close() == 0
