@@ -67,7 +67,7 @@ class FakeRunner:
                 "max_running": str(self.max_running), "kv_blocks": str(self.pool.total),
                 "kv_block": str(self.pool.size), "kv_block_bytes": str(self.pool.size * self.a.bytes_per_token),
                 "cache_ram_blocks": str(self.pool.tier.capacity if self.pool.tier else 0),
-                "version": "mock"}
+                "shape_free": str(int(self.shape_free)), "version": "mock"}
 
     def die(self, once: bool = True) -> None:
         """Exit like a crash. With --faults-once PATH, a one-shot fault fires in the first process

@@ -11,7 +11,10 @@ Preemption off: reads run in that order, strict FIFO.
 Preemption on: while the read in front goes on, every PP is answered with a boundary offer (YIELD
 id=N) when a later request is worth a park: a waiter in the queue or a read behind it in the
 engine, of the same or a higher class (a lower class never preempts a higher one), whose own read
-is shorter than what the front read has left, or which has waited aged_s. The parked read keeps its
+is shorter than what the front read has left, or which has waited aged_s. An engine whose reads share
+a step (INFO shape_free=1: the engine fills each prompt step from every read in its line) is offered a
+park for a waiter only: a read behind the front one already reads beside it, and parking the front read
+would only hold it back until the others finish. The parked read keeps its
 blocks (the engine moves it to host memory only when memory runs short). It resumes once the
 requests it made way for (the reads behind it when it parked, and every request that went in while
 it was parked) have finished and no waiter of its class or above remains, so the short request runs
@@ -46,6 +49,11 @@ class Admission:
     @property
     def preempt(self) -> bool:
         return self.preempt_wanted and self.engine is not None and "preempt" in self.engine.info.caps
+
+    @property
+    def shared_steps(self) -> bool:
+        """The engine's reads share its prompt steps (INFO shape_free=1)."""
+        return self.engine is not None and self.engine.info.fields.get("shape_free") == "1"
 
     @property
     def max_running(self) -> int:
@@ -108,7 +116,7 @@ class Admission:
         Repeated after every PP, since a declined offer is consumed. The later one is a waiter in
         the queue or a read behind it in the engine, of the same or a higher class, whose own read
         is shorter than what the front read has left, or which has waited aged_s (in the queue, or
-        in the engine's line since it went in)."""
+        in the engine's line since it went in: not where reads share a step)."""
         line = self.places.line
         if not (self.preempt and line):
             return
@@ -116,7 +124,9 @@ class Admission:
         if head.protected or not head.reading:
             return
         now = self.clock()
-        candidates = [(r, now - r.arrived) for r in self.places.waiting] + [(r, now - r.lined_at) for r in line[1:]]
+        candidates = [(r, now - r.arrived) for r in self.places.waiting]
+        if not self.shared_steps:  # else the reads behind the front one read beside it already
+            candidates += [(r, now - r.lined_at) for r in line[1:]]
         if not candidates:
             return
         nxt, waited = min(candidates, key=lambda c: (c[0].priority, c[0].arrived))

@@ -47,13 +47,16 @@ class InProcessEngine:
     """What the scheduler sees of an engine (EngineClient's surface), over an EngineLoop run in
     process: sent lines go to the loop's inbox, its lines are collected for the scheduler."""
 
-    def __init__(self, slots: int, kv_tokens: int):
+    def __init__(self, slots: int, kv_tokens: int, shape_free: bool = False):
+        """shape_free: reads share the engine's steps (the mock's --shape-free, 40 rows a step)."""
         self.state, self.failure, self.out = EngineState.READY, "", []
-        self.info = EngineInfo(ctx=kv_tokens, caps=engine_caps(POLICY), fields={"max_running": str(slots)})
         args = build_parser().parse_args(["--max-running", str(slots), "--kv-tokens", str(kv_tokens), "--chunk", "16",
                                           "--chunk-s", "0", "--token-s", "0", "--bytes-per-token", str(BYTES_PER_TOKEN),
-                                          "--cache-ram", str(HOST_BLOCKS * 16 * BYTES_PER_TOKEN / 2**30)])
-        self.loop = EngineLoop(FakeRunner(args, lambda line: None), POLICY, self.out.append, self.info.caps)
+                                          "--cache-ram", str(HOST_BLOCKS * 16 * BYTES_PER_TOKEN / 2**30),
+                                          "--step-tokens", "40"] + (["--shape-free"] if shape_free else []))
+        runner = FakeRunner(args, lambda line: None)
+        self.info = EngineInfo(ctx=kv_tokens, caps=engine_caps(POLICY), fields=runner.info())
+        self.loop = EngineLoop(runner, POLICY, self.out.append, self.info.caps, step_tokens=args.step_tokens)
 
     @property
     def ready(self) -> bool:
@@ -81,13 +84,14 @@ class InProcessEngine:
 class SchedulerMachine(RuleBasedStateMachine):
     slots = SLOTS
     kv_tokens = 256  # four requests of up to 90 + 12 tokens do not all fit: DEFER, moves out, pauses
+    shape_free = False  # the engine's reads share its steps (SharedStepsMachine)
 
     @initialize()
     def start(self):
         self.clock = Clock()
         self.scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
                                    eos_ids=frozenset({2}), aged_s=1.0, clock=self.clock.monotonic)
-        self.scheduler.engine = self.engine = InProcessEngine(self.slots, self.kv_tokens)
+        self.scheduler.engine = self.engine = InProcessEngine(self.slots, self.kv_tokens, self.shape_free)
         self.requests: list[Request] = []
         self.left: set[int] = set()
         self.deaths = 0
@@ -224,6 +228,17 @@ TestScheduler.settings = settings(max_examples=100, stateful_step_count=50, dead
                                   suppress_health_check=list(HealthCheck))
 
 
+class SharedStepsMachine(SchedulerMachine):
+    """The same machine over an engine whose reads share its steps (pieces of any length, prefixes
+    reused to the block), which the scheduler then parks only for waiters."""
+    shape_free = True
+
+
+TestSharedSteps = SharedStepsMachine.TestCase
+TestSharedSteps.settings = settings(max_examples=50, stateful_step_count=50, deadline=None,
+                                    suppress_health_check=list(HealthCheck))
+
+
 def test_long_long_short_in_a_small_pool_drains():
     """The case that deadlocked upstream: two long reads and a short request, one running at a time,
     over a pool of 96 tokens. A reads, B and C wait until B is old enough to make A park; waiters go
@@ -311,3 +326,26 @@ def test_a_paused_request_comes_back_by_moving_a_parked_read_out():
     loop.round()
     assert not x.paused and p.id in memory.snapshots and not p.table  # P's rows went to host memory
     memory.pool.check([s.table for s in requests.seqs.values()])
+
+
+def test_where_reads_share_a_step_only_a_waiter_is_worth_a_park():
+    """An engine that says shape_free reads every request in its line in the same steps: a shorter read
+    behind the front one is no reason to park it (it would only wait for the others to finish); a
+    short waiter the engine has no room for still is."""
+    for shared, offered in (("0", True), ("1", False)):
+        clock = Clock()
+        scheduler = Scheduler(Metrics(), preempt=True, max_wait_s=MAX_WAIT_S, max_retries=MAX_RETRIES,
+                              eos_ids=frozenset({2}), aged_s=1.0, clock=clock.monotonic)
+        scheduler.engine = engine = RecordingEngine()
+        engine.info.fields["shape_free"] = shared
+        a = Request(list(range(1000, 1900)), 4, {"temperature": 0.0}, arrived=clock.now)
+        b = Request(list(range(3000, 3100)), 4, {"temperature": 0.0}, arrived=clock.now)
+        scheduler.submit(a)
+        scheduler.submit(b)  # in the engine, behind A: 100 tokens against A's 900
+        scheduler.on_message(m.PromptProgress(256, 900, 10.0, 25600.0, a.id))
+        assert any(isinstance(x, m.Yield) for x in engine.sent) == offered, shared
+    engine.sent.clear()
+    for i in range(3):  # the engine is full (max_running 4): the next short request waits in the queue
+        scheduler.submit(Request(list(range(5000 + 100 * i, 5090 + 100 * i)), 4, {}, arrived=clock.now))
+    scheduler.on_message(m.PromptProgress(512, 900, 10.0, 25600.0, a.id))
+    assert any(isinstance(x, m.Yield) and x.id == a.id for x in engine.sent)
