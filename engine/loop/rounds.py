@@ -28,6 +28,7 @@ from engine.core.chunks import chunk_end, step_budget
 from engine.loop.parking import Parking
 from engine.loop.protocol_io import Inbox
 from engine.loop.request_table import RequestTable
+from engine.loop.step_trace import StepTrace
 from engine.runner.sequence import Sequence
 from engine.runner.grammar_mask import GrammarError
 
@@ -42,6 +43,7 @@ class Rounds:
         self.inbox, self.control = inbox, control
         self.chunk_ms: float | None = None  # the latest prompt step's own time, without its pauses
         self.paused_ms = 0.0  # decode steps run in the pauses of the current chunk
+        self.trace = StepTrace()  # a line per step on stderr with $STRATA_STEP_TRACE
 
     def take_lines(self) -> None:
         """The control lines that arrived meanwhile, handled without waiting."""
@@ -85,7 +87,9 @@ class Rounds:
         going = [s for s in going if not s.paused]
         for batch in range(0, len(going), self.runner.max_batch):
             rows = going[batch : batch + self.runner.max_batch]
+            started = time.perf_counter()
             self.runner.decode_batch(rows)
+            self.trace.step("decode", started, rows=len(rows))
             for seq in rows:
                 seq.unstepped = False
                 if batch + self.runner.max_batch < len(going):  # the next batch's replay reuses the buffers
@@ -166,6 +170,9 @@ class Rounds:
         self.runner.read_prompts(pieces, self.pauses(pieces[0][0]))
         ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
         self.chunk_ms = ms - self.paused_ms
+        self.trace.step("prompt", started, rows=sum(end - pos for (_, end), pos in zip(pieces, before)),
+                        reads=[[seq.id, pos, end] for (seq, end), pos in zip(pieces, before)],
+                        paused_ms=round(self.paused_ms, 2))
         size = self.memory.pool.size if self.runner.shape_free else self.runner.chunk
         for seq, _ in pieces:
             seq.chunk_ms = self.chunk_ms
