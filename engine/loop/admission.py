@@ -106,8 +106,26 @@ class Admission:
         self.requests.remove(seq)
         self.memory.forget(seq)
         self.parking.forget(seq)
+        if self.settles(seq, reason):
+            self.requests.settle(seq)
+            return
         self.memory.release(seq)
         self.memory.report_pool()
+
+    def settles(self, seq: Sequence, reason: str) -> bool:
+        """Where rows do not depend on the step, an answer's rows are read again as prompt rows once
+        its DONE is out (its decode rows were made by the decode path, whose bits differ), so that its
+        whole blocks can be registered: an agent's next turn, its prompt this one's plus the answer,
+        then reuses the answer too, with the tokens a cold read would give. The read goes last in line
+        (it takes what the steps leave), its blocks are given back when it is done, and it is the first
+        thing dropped when memory runs short. seq becomes that read: its prompt the answer's tokens
+        but the newest (whose row was never written)."""
+        if not (self.reuse and self.runner.shape_free and reason in ("stop", "length") and seq.table
+                and not seq.paused and len(seq.generated) > 1):
+            return False
+        seq.prompt = seq.prompt + tuple(seq.generated[:-1])
+        seq.settling = True
+        return True
 
     def drop(self, seq: Sequence, message: str) -> None:
         """End a request with an ERR (nothing else can be done for it); its blocks go back."""

@@ -44,6 +44,10 @@ class Memory:
         if that does not free enough (seq's table unchanged): seq is then the newest that needs
         room, and the caller pauses it (or, for a GEN, defers it)."""
         while not self.pool.can_grow(seq.table, positions):
+            settling = [s for s in self.requests.line if s.settling and s is not seq and s not in self.requests.in_step]
+            if settling:  # an answer read again for sharing: worth least (not one whose step writes its rows now)
+                self.drop_settling(settling[-1])
+                continue
             parked = [s for s in self.requests.seqs.values() if s.parked and s.table and s is not seq]
             if parked:
                 self.move_out(min(parked, key=lambda s: s.parked_seq))
@@ -56,6 +60,13 @@ class Memory:
             self.pause(victims[-1])
         self.pool.grow(seq.table, positions)
         return True
+
+    def drop_settling(self, seq: Sequence) -> None:
+        """A finished request's answer, read again for sharing, is let go (what is registered stays); the
+        pool's state goes to the server (its DONE reported the blocks still held)."""
+        self.requests.line.remove(seq)
+        self.release(seq)
+        self.report_pool()
 
     def release(self, seq: Sequence) -> None:
         """seq's blocks back to the pool (a session's stay cached longer)."""

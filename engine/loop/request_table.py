@@ -21,10 +21,16 @@ class RequestTable:
         if seq in self.line:
             self.line.remove(seq)
 
+    def settle(self, seq: Sequence) -> None:
+        """A finished request whose answer is read again (engine/loop/admission.py, settles): last in line,
+        no longer among the requests (its id is free, it holds no place)."""
+        self.seqs.pop(seq.id, None)
+        self.line.append(seq)
+
     @property
     def busy(self) -> bool:
-        """Some request reads or decodes (parked ones wait for a RESUME)."""
-        return any(not s.parked for s in self.seqs.values())
+        """Some request reads or decodes (parked ones wait for a RESUME), or an answer is read again."""
+        return any(not s.parked for s in self.seqs.values()) or any(s.settling for s in self.line)
 
     def held(self) -> int:
         """Requests that hold a place in the engine (reading, decoding or paused; not parked)."""

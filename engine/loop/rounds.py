@@ -131,18 +131,24 @@ class Rounds:
             self.short_of_blocks(first)
             return []
         pieces, keys = [(first, end)], end
+        self.requests.in_step = [first]  # the reads chosen: the blocks had for the next ones never come from them
         left = budget - (end - first.pos)
-        for seq in readers[1:] if self.runner.shape_free else ():
+        for seq in self.requests.readers()[1:] if self.runner.shape_free else ():  # (as the first's blocks left them:
+            # room for it may have paused a newer read, or dropped an answer read again)
             if left <= 0:
                 break
+            if seq not in self.requests.line or seq.paused:
+                continue  # let go by a companion's blocks (an answer read again) in this loop
             end = self.piece_end(seq, left)
             if self.runner.step_keys is not None and keys + end > self.runner.step_keys:
                 break  # the step's keys would not fit the scratch its attention widens them into
             if not self.memory.get_blocks(seq, end, pause_others=False):
                 break  # a read behind the first waits for room rather than take it from others
             pieces.append((seq, end))
+            self.requests.in_step.append(seq)
             keys += end
             left -= end - seq.pos
+        self.requests.in_step = []
         return pieces
 
     def piece_end(self, seq: Sequence, left: int) -> int:
@@ -175,6 +181,11 @@ class Rounds:
                         paused_ms=round(self.paused_ms, 2))
         size = self.memory.pool.size if self.runner.shape_free else self.runner.chunk
         for seq, _ in pieces:
+            if seq.settling:  # an answer read again: its whole blocks shared, its blocks back once done
+                self.memory.pool.register(seq.table, seq.prompt, seq.pos // size * size)
+                if not seq.reading:
+                    self.memory.drop_settling(seq)
+                continue
             seq.chunk_ms = self.chunk_ms
             seq.prompt_ms += self.chunk_ms
             seq.shared_ms += self.paused_ms
@@ -183,6 +194,8 @@ class Rounds:
         self.take_lines()  # lines that arrived during this step, before its PPs
         self.requests.in_step = []
         for (seq, _), pos in zip(pieces, before):
+            if seq.settling:
+                continue
             self.write(m.PromptProgress(seq.pos, seq.total, ms, (seq.pos - pos) / max(ms, 1e-6) * 1000, seq.id))
             if seq.finish is not None:  # a STOP came during the step
                 self.admission.finish(seq, seq.finish)

@@ -96,10 +96,10 @@ class ModelRunner:
         """Each sequence's prompt from its position to the end given, in one forward (several only
         when shape_free); a sequence that reaches its prompt's end gets its logits."""
         if self.shape_free:
-            reads = [(np.asarray(seq.prompt[seq.pos : end], dtype=np.int64), seq.pos, seq.table, end == seq.total)
+            wanting = [seq for seq, end in pieces if end == seq.total and not seq.settling]
+            reads = [(np.asarray(seq.prompt[seq.pos : end], dtype=np.int64), seq.pos, seq.table, seq in wanting)
                      for seq, end in pieces]
             logits = self.model.forward_reads(reads, self.kv, between)
-            wanting = [seq for seq, end in pieces if end == seq.total]
         else:
             (seq, end), = pieces  # one read a step: its chunk at absolute boundaries
             tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)

@@ -75,3 +75,20 @@ def test_a_cached_prefix_ending_at_any_block_gives_the_cold_tokens(engine, alone
         assert got[-1].extra["cached"] == str(cached)
         assert sc.tokens_of(got, sc.A) == alone[sampling].tokens, cached
         assert got[-1].extra["fp"] == alone[sampling].done_fp, cached
+
+
+@pytest.mark.parametrize("sampling", SAMPLING)
+def test_the_next_turn_reuses_the_answer_and_gives_the_cold_tokens(engine, sampling):
+    """An answer's rows are read again once it is done and registered, so that a next turn whose
+    prompt is the first one's plus the answer reuses past the first prompt, with a cold read's tokens."""
+    params = SAMPLING[sampling]
+    run(engine, 20, FLUSH, 1, params, reuse=False)
+    answer = sc.tokens_of(run(engine, 30, PROMPT, 40, params, reuse=True), 30)
+    assert len(answer) == 40
+    run(engine, 31, SHORT, 1, params, reuse=False)  # read in a step beside the answer's: that read is done too
+    turn = PROMPT + answer[:39] + SHORT
+    warm = run(engine, 32, turn, MAX_NEW, params, reuse=True)
+    assert warm[-1].extra["cached"] == str((len(PROMPT) + 39) // BLOCK * BLOCK)  # 128: past the prompt's 96
+    cold = run(engine, 33, turn, MAX_NEW, params, reuse=False)
+    assert sc.tokens_of(warm, 32) == sc.tokens_of(cold, 33)
+    assert warm[-1].extra["fp"] == cold[-1].extra["fp"]
