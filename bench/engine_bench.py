@@ -21,9 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.ops.blas_order import prefer_row_invariant_blas  # noqa: E402
+
+prefer_row_invariant_blas()  # the BLAS settings the engine process runs with, before NumPy and CuPy load
+
+import numpy as np  # noqa: E402
 
 from engine.ops.backend import Backend, select_backend  # noqa: E402
 from engine.runner.decode_graph import GraphDecoder  # noqa: E402

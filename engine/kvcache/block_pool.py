@@ -14,9 +14,11 @@ first is empty: an agent's prefix outlives a burst of one-off requests. With a h
 a chain that ends in the pool may go on there: those blocks are copied back into new pool blocks
 instead of read again.
 
-Only rows written by prompt-chunk reads at absolute chunk boundaries are registered (a decode
-step's rows, or a last partial chunk's, come from other shapes), and reuse is rounded down to a
-chunk boundary, so that a reused start is bit-identical to a cold read of it.
+Only rows written by prompt reads are registered (a decode step's rows come from other kernels; an
+answer is registered once read again as prompt rows, engine/loop/admission.py), so that a reused start
+is bit-identical to a cold read of it: where a row's result does not depend on the step (the runner's
+shape_free) whole blocks are registered and reused; elsewhere whole absolute chunks (the caller's
+`upto` and `align`).
 """
 from __future__ import annotations
 
