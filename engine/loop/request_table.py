@@ -43,12 +43,14 @@ class RequestTable:
         return any(s.decoding for s in self.seqs.values())
 
     def next_reader(self) -> Sequence | None:
-        """The first read in line that is not paused: it reads the next chunk."""
-        return next((s for s in self.line if not s.paused), None)
+        """The first of readers(): it reads the next chunk."""
+        readers = self.readers()
+        return readers[0] if readers else None
 
     def readers(self) -> list[Sequence]:
-        """The reads in line that are not paused, in line order."""
-        return [s for s in self.line if not s.paused]
+        """The reads in line that are not paused, in line order, the answers read again after every
+        request's (they take what the steps leave, and never move a request's chunks)."""
+        return sorted((s for s in self.line if not s.paused), key=lambda s: s.settling)
 
     def newer(self, seq: Sequence) -> list[Sequence]:
         """The requests that arrived after `seq`, oldest first (none if seq is not in the engine)."""

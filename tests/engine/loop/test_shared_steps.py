@@ -16,18 +16,30 @@ CASES = json.loads((Path(__file__).parents[2] / "fixtures/logits_golden.json").r
 PROMPT = (CASES[3]["ids"] + CASES[0]["ids"])[:100]  # 6 whole blocks and a part
 LONG = (CASES[1]["ids"] * 4)[:200]  # a read of four chunks beside A's
 SHORT = CASES[2]["ids"][:12]
-FLUSH = list(range(1000, 1500))  # tokens no other prompt has: their blocks evict every cached one
+FLUSH = list(range(1000, 1200))  # tokens no other prompt has: their blocks evict every cached one of a small pool
 SAMPLING = {"greedy": {"temperature": 0.0, "seed": 0},
             "seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 1234, "repeat_penalty": 1.1}}
 MAX_NEW = 8
 
 
+def start(tokens: int) -> EngineProcess:
+    e = EngineProcess([PY, "-m", "engine", "--serve", "--device", "cpu", "--ctx", str(tokens), "--kv-tokens",
+                       str(tokens), "--chunk", str(CHUNK), "--kv-block", str(BLOCK), "--max-running", "8"])
+    e.handshake()
+    return e
+
+
 @pytest.fixture(scope="module")
 def engine():
-    # a pool of 32 blocks of 16: the flush request takes every block, evicting what the cache held
-    e = EngineProcess([PY, "-m", "engine", "--serve", "--device", "cpu", "--ctx", "512", "--kv-tokens", "512",
-                       "--chunk", str(CHUNK), "--kv-block", str(BLOCK), "--max-running", "8"])
-    e.handshake()
+    e = start(512)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A pool of 13 blocks of 16: the flush request takes every block, evicting what the cache held."""
+    e = start(208)
     yield e
     e.close()
 
@@ -66,12 +78,13 @@ def test_a_request_beside_reads_and_decoders_gives_its_tokens_alone(engine, alon
 
 
 @pytest.mark.parametrize("sampling", SAMPLING)
-def test_a_cached_prefix_ending_at_any_block_gives_the_cold_tokens(engine, alone, sampling):
+def test_a_cached_prefix_ending_at_any_block_gives_the_cold_tokens(small, alone, sampling):
+    """(The reference was read by the other engine, its pool laid out otherwise: the same bits.)"""
     params = SAMPLING[sampling]
     for cached in range(BLOCK, len(PROMPT), BLOCK):
-        run(engine, 20, FLUSH, 1, params, reuse=False)
-        run(engine, 21, PROMPT[:cached] + SHORT, 1, params, reuse=False)  # its whole blocks are registered
-        got = run(engine, sc.A, PROMPT, MAX_NEW, params, reuse=True)
+        run(small, 20, FLUSH, 1, params, reuse=False)
+        run(small, 21, PROMPT[:cached] + SHORT, 1, params, reuse=False)  # its whole blocks are registered
+        got = run(small, sc.A, PROMPT, MAX_NEW, params, reuse=True)
         assert got[-1].extra["cached"] == str(cached)
         assert sc.tokens_of(got, sc.A) == alone[sampling].tokens, cached
         assert got[-1].extra["fp"] == alone[sampling].done_fp, cached
@@ -82,7 +95,6 @@ def test_the_next_turn_reuses_the_answer_and_gives_the_cold_tokens(engine, sampl
     """An answer's rows are read again once it is done and registered, so that a next turn whose
     prompt is the first one's plus the answer reuses past the first prompt, with a cold read's tokens."""
     params = SAMPLING[sampling]
-    run(engine, 20, FLUSH, 1, params, reuse=False)
     answer = sc.tokens_of(run(engine, 30, PROMPT, 40, params, reuse=True), 30)
     assert len(answer) == 40
     run(engine, 31, SHORT, 1, params, reuse=False)  # read in a step beside the answer's: that read is done too
