@@ -81,6 +81,7 @@ class Admission:
             unit = size if self.runner.shape_free else chunk
             limit = (seq.total - 1) // unit * unit
             loaded = self.pool.tier.loaded if self.pool.tier is not None else 0
+            self.memory.free_settling(self.pool.blocks_for(seq.total + 1))  # the host tier's blocks need room
             seq.table = self.pool.lookup(seq.prompt, limit, align=unit // size)
             seq.pos = seq.cached = len(seq.table) * size
             if self.pool.tier is not None:
@@ -118,12 +119,14 @@ class Admission:
         whole blocks can be registered: an agent's next turn, its prompt this one's plus the answer,
         then reuses the answer too, with the tokens a cold read would give. The read goes last in line
         (it takes what the steps leave), its blocks are given back when it is done, and it is the first
-        thing dropped when memory runs short. seq becomes that read: its prompt the answer's tokens
-        but the newest (whose row was never written)."""
+        thing dropped when memory runs short. seq becomes that read: its prompt grown by the answer's
+        tokens up to the last block they fill (only whole blocks are shared; the newest token's row
+        was never written); none if they fill none."""
+        upto = (seq.total + len(seq.generated) - 1) // self.pool.size * self.pool.size
         if not (self.reuse and self.runner.shape_free and reason in ("stop", "length") and seq.table
-                and not seq.paused and len(seq.generated) > 1):
+                and not seq.paused and upto > seq.total):
             return False
-        seq.prompt = seq.prompt + tuple(seq.generated[:-1])
+        seq.prompt = seq.prompt + tuple(seq.generated[: upto - seq.total])
         seq.settling = True
         return True
 

@@ -61,6 +61,15 @@ class Memory:
         self.pool.grow(seq.table, positions)
         return True
 
+    def free_settling(self, blocks: int) -> None:
+        """Answers read again let go, newest first, until `blocks` blocks are available (or none is
+        left): a new request's prefix lookup counts only what is available."""
+        while self.pool.available < blocks:
+            settling = [s for s in self.requests.line if s.settling and s not in self.requests.in_step]
+            if not settling:
+                return
+            self.drop_settling(settling[-1])
+
     def drop_settling(self, seq: Sequence) -> None:
         """A finished request's answer, read again for sharing, is let go (what is registered stays); the
         pool's state goes to the server (its DONE reported the blocks still held)."""
