@@ -2,11 +2,12 @@
 llama-server, already running at --url, measured by this one client (run it once per server, the
 same flags, on the same machine; the device step `peers` in tools/device/gpu_run.sh does both).
 
-    python bench/pool_bench.py --url http://127.0.0.1:8080 --label NAME [--cases hol,clients,subagents,kv]
+    python bench/pool_bench.py --url http://127.0.0.1:8080 --label NAME [--cases hol,clients,subagents,agent,kv]
         [--repeats 3] [--json FILE] [--tokenizer GGUF] [--server-flags "how the server was started"]
         [--a-tokens 46900] [--decoders 4,16,64] [--decode-tokens 1500] [--b-delay 2]
         [--clients 64] [--client-words 300] [--client-tokens 256]
         [--agents 16] [--system-tokens 5900] [--tail-tokens 300] [--agent-answer 16]
+        [--turns 20] [--loop-context 30000] [--tool-tokens 200] [--turn-answer 100]
         [--conversations 4] [--conversation-tokens 500]
 
 Cases (each repeated --repeats times; medians are reported beside every run's figures):
@@ -23,6 +24,10 @@ Cases (each repeated --repeats times; medians are reported beside every run's fi
   (the agent), then --agents requests at once with the same system prompt and their own tails.
   TTFT p50 / max and usage.prompt_tokens_details.cached_tokens (llama.cpp: also timings.cache_n).
   A fresh system prompt each repeat, so the agent really is the first to read it.
+- agent: one agent's loop of --turns turns, the conversation growing to about --loop-context tokens:
+  each turn re-sends it with the previous answer (--turn-answer tokens, ignore_eos) and a tool
+  result (--tool-tokens) appended. TTFT of the first turn, p50 / max of the later ones, and the
+  tokens each reused. A fresh conversation each repeat.
 - kv (Strata only: GET /status's "kv", the engine's pool as it last reported it, at a GEN or a DONE):
   before, the report with the most blocks in use while --conversations requests of about
   --conversation-tokens tokens each (80% prompt, 20% answer) run, and after they have finished:
@@ -58,7 +63,7 @@ from mixed_load_bench import decode_stream  # noqa: E402
 from prefill_preempt_bench import long_prompt, send_a, send_b  # noqa: E402
 from sse_client import StreamRefused, stream_chunks  # noqa: E402
 
-CASES = ("hol", "clients", "subagents", "kv")
+CASES = ("hol", "clients", "subagents", "agent", "kv")
 # bench/subagent_bench.py's words: that module imports openai, which the device image lacks
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
          "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -130,11 +135,12 @@ def chat(url: str, messages: list[dict], max_tokens: int, temperature: float = 0
     body |= {"seed": seed} if seed is not None else {}
     body |= {"ignore_eos": True} if ignore_eos else {}
     out = {"sent": time.monotonic(), "first": None, "last": None, "done": None, "usage": None, "timings": None,
-           "error": None, "chunks": 0}
+           "error": None, "chunks": 0, "text": ""}
     try:
         for chunk in stream_chunks(url, "/v1/chat/completions", body, TIMEOUT_S):
             delta = chunk["choices"][0].get("delta", {}) if chunk.get("choices") else {}
             if delta.get("content") or delta.get("reasoning_content"):
+                out["text"] += delta.get("content") or ""
                 now = time.monotonic()
                 out["first"] = out["first"] or now
                 out["last"], out["chunks"] = now, out["chunks"] + 1
@@ -345,6 +351,43 @@ def case_subagents(url: str, a: argparse.Namespace, tokenizer, log) -> dict:
     return out
 
 
+# ---------------------------------------------------------------- agent: one conversation's turns
+
+def agent_run(url: str, a: argparse.Namespace, tokenizer, rep: int) -> dict:
+    """One agent's loop: a first prompt of --loop-context tokens less what the turns add, then --turns
+    turns, each the conversation so far re-sent with the previous answer (--turn-answer tokens, as the
+    server wrote it) and a tool result of --tool-tokens tokens appended. TTFT per turn."""
+    rng = np.random.default_rng(3000 + rep)
+    first = a.loop_context - a.turns * (a.tool_tokens + a.turn_answer)
+    messages = [{"role": "system", "content": text_of_tokens(tokenizer, rng, first)},
+                {"role": "user", "content": "Begin the task. " + text_of_tokens(tokenizer, rng, a.tool_tokens)}]
+    turns = []
+    for turn in range(1, a.turns + 1):
+        r = chat(url, messages, a.turn_answer, ignore_eos=True)
+        turns.append({"turn": turn, "ttft_s": round((r["first"] or r["done"]) - r["sent"], 3), **cached(r),
+                      "error": r["error"]})
+        messages += [{"role": "assistant", "content": r["text"]},
+                     {"role": "user", "content": "Tool result: " + text_of_tokens(tokenizer, rng, a.tool_tokens)}]
+    later = [t["ttft_s"] for t in turns[1:]]
+    return {"first_turn_ttft_s": turns[0]["ttft_s"], "later_ttft_p50_s": round(statistics.median(later), 3),
+            "later_ttft_max_s": max(later), "last_prompt_tokens": turns[-1]["prompt_tokens"],
+            "later_cached_min": min(t["cached_tokens"] or 0 for t in turns[1:]),
+            "errors": sorted({t["error"] for t in turns if t["error"]}), "turns": turns}
+
+
+def case_agent(url: str, a: argparse.Namespace, tokenizer, log) -> dict:
+    runs = []
+    for rep in range(a.repeats):
+        runs.append(agent_run(url, a, tokenizer, rep))
+        log(f"agent run {rep + 1}: " + json.dumps({k: v for k, v in runs[-1].items() if k != "turns"}))
+    out = {"turns": a.turns, "loop_context": a.loop_context, "tool_tokens": a.tool_tokens,
+           "turn_answer": a.turn_answer, "median": medians(runs), "runs": runs}
+    m = out["median"]
+    log(f"agent: first turn TTFT {m['first_turn_ttft_s']} s; later turns p50 {m['later_ttft_p50_s']} s "
+        f"max {m['later_ttft_max_s']} s ({m['last_prompt_tokens']} tokens at the last)")
+    return out
+
+
 # ---------------------------------------------------------------- kv: what finished conversations hold
 
 def kv_bytes(kv: dict) -> dict:
@@ -429,6 +472,10 @@ def main() -> int:
     p.add_argument("--system-tokens", type=int, default=5900)
     p.add_argument("--tail-tokens", type=int, default=300)
     p.add_argument("--agent-answer", type=int, default=16)
+    p.add_argument("--turns", type=int, default=20, help="agent: the loop's turns")
+    p.add_argument("--loop-context", type=int, default=30000, help="agent: the conversation's tokens at the last turn")
+    p.add_argument("--tool-tokens", type=int, default=200, help="agent: each turn's tool result")
+    p.add_argument("--turn-answer", type=int, default=100, help="agent: each turn's answer")
     p.add_argument("--conversations", type=int, default=4)
     p.add_argument("--conversation-tokens", type=int, default=500)
     a = p.parse_args()
@@ -464,7 +511,7 @@ def main() -> int:
     save()
     if not a.no_warm_up:
         warm_up(url, a, log)
-    order = [c for c in ("kv", "hol", "clients", "subagents") if c in cases]  # kv first: the pool is clean
+    order = [c for c in ("kv", "hol", "clients", "subagents", "agent") if c in cases]  # kv first: the pool is clean
     for case in order:
         t0 = time.monotonic()
         if case == "hol":
@@ -474,6 +521,8 @@ def main() -> int:
             result["cases"]["clients"] = case_clients(url, a, log)
         elif case == "subagents":
             result["cases"]["subagents"] = case_subagents(url, a, tokenizer, log)
+        elif case == "agent":
+            result["cases"]["agent"] = case_agent(url, a, tokenizer, log)
         else:
             result["cases"]["kv"] = case_kv(url, a, tokenizer, facts, log)
         result["cases"][case]["case_s"] = round(time.monotonic() - t0, 1)

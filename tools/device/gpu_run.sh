@@ -98,7 +98,8 @@
 #          `bash tools/device/gpu_run.sh stash`; the call with `real` carries the last part.
 # peers_strata  issue 21's table through HTTP (bench/pool_bench.py: B beside A and 4/16/64 decoders, 64
 #          clients at once, 16 sub-agents sharing a 5.9K-token system prompt, KV held by finished
-#          conversations) against Strata started as a user starts it (`python3 -m serve --model FILE`) on
+#          conversations; with PEERS_CASES=agent, issue 44's agent loop: 20 turns growing to 30K tokens) against
+#          Strata started as a user starts it (`python3 -m serve --model FILE`) on
 #          the Llama-3-8B shape in Q4_K_M with the Llama-3.1 chat template -> $OUT/pool_strata.json
 # qpart    one part of the Qwen2.5-Coder-0.5B fixture per call (.device/q/partNN from `split -b 50M -d -a 2`),
 #          gathered in /tmp/q on the warm machine; qpeers_strata, qpeers_llama: llama.cpp's server test scripts
@@ -112,7 +113,7 @@
 #          slot can hold A (46.9K) while 64 others decode: 66 separate slots of 50K would need 3.3M
 #          positions (412 GiB). Strata's pool takes what its weights leave of the GPU.
 #          Both steps stop their bench by 560 s into the call (partial JSON is kept); PEERS_CASES and
-#          PEERS_REPEATS override the cases (hol,clients,subagents,kv) and the repeats (3).
+#          PEERS_REPEATS override the cases (hol,clients,subagents,kv; agent too) and the repeats (3).
 #          .device/llama.tgz: the llama-cpp-python sdist's vendor/llama.cpp, packed as ../shared/PEERS.md says.
 #
 # coldstart  issue 42: the server's first start with CuPy's kernel cache emptied (the kernels compiled in parts on
