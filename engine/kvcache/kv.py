@@ -35,16 +35,18 @@ class KVSnapshot:
 class SequenceRows:
     """What the forward pass indexes by layer: k[i], v[i] are layer i's pool (blocks, kv_heads,
     block_size, d); `tables` are the block tables of the sequences of the forward (one for a
-    prompt chunk, one per row for a decode batch)."""
+    prompt chunk, one per row for a decode batch); a hybrid model's `states` are theirs too, in the
+    same order (engine/kvcache/recurrent.py)."""
 
-    k: object  # (layers, blocks, kv_heads, block_size, d)
+    k: object  # (attention layers, blocks, kv_heads, block_size, d)
     v: object
     tables: tuple[np.ndarray, ...]  # each (blocks of that sequence,) int32
+    states: tuple = ()  # each sequence's SequenceState (a hybrid model's), or none
 
 
 def kv_row_bytes(cfg: ModelConfig, backend: Backend, kv_type: str = "auto") -> int:
     """Bytes of K and V for one position over all layers."""
-    return round(2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * resolve(kv_type, backend.weight_dtype).value_bytes)
+    return round(2 * cfg.kv_layers * cfg.n_kv_heads * cfg.head_dim * resolve(kv_type, backend.weight_dtype).value_bytes)
 
 
 class KVCache:
@@ -60,16 +62,17 @@ class KVCache:
         self.usable = blocks if blocks is not None else -(-ctx // block_size)
         self.blocks = self.usable + spare
         self.ctx = ctx  # the most positions one sequence may hold
-        shape = (cfg.n_layers, self.blocks, cfg.n_kv_heads, block_size, cfg.head_dim)
+        shape = (cfg.kv_layers, self.blocks, cfg.n_kv_heads, block_size, cfg.head_dim)
         # zeros: on the CPU pages are touched only when written
         self.keys, self.values = self.type.zeros(shape, backend.xp), self.type.zeros(shape, backend.xp)
         self.row_bytes = kv_row_bytes(cfg, backend, kv_type)
         self.block_bytes = self.row_bytes * block_size
         self.whole = np.arange(min(self.usable, self.blocks_for(ctx)), dtype=np.int32)  # the lone sequence's table
 
-    def rows(self, *tables) -> SequenceRows:
-        """The rows of the sequences with these block tables (lists or arrays of block indices)."""
-        return SequenceRows(self.keys, self.values, tuple(np.asarray(t, dtype=np.int32) for t in tables))
+    def rows(self, *tables, states: tuple = ()) -> SequenceRows:
+        """The rows of the sequences with these block tables (lists or arrays of block indices), and
+        their recurrent states (a hybrid model's)."""
+        return SequenceRows(self.keys, self.values, tuple(np.asarray(t, dtype=np.int32) for t in tables), tuple(states))
 
     def as_rows(self) -> SequenceRows:
         return self.rows(self.whole)

@@ -77,7 +77,8 @@ class Admission:
         last token), then new ones, moving parked reads out if need be. False (nothing held) if they
         cannot be had."""
         chunk, size = self.runner.chunk, self.pool.size
-        if reuse:
+        if reuse and self.runner.recurrent is None:  # (a hybrid model's prefix needs its recurrent state
+            # there too, which is not kept yet: it reads its whole prompt)
             unit = size if self.runner.shape_free else chunk
             limit = (seq.total - 1) // unit * unit
             loaded = self.pool.tier.loaded if self.pool.tier is not None else 0
@@ -123,7 +124,8 @@ class Admission:
         tokens up to the last block they fill (only whole blocks are shared; the newest token's row
         was never written); none if they fill none."""
         upto = (seq.total + len(seq.generated) - 1) // self.pool.size * self.pool.size
-        if not (self.reuse and self.runner.shape_free and reason in ("stop", "length") and seq.table
+        if not (self.reuse and self.runner.shape_free and self.runner.recurrent is None
+                and reason in ("stop", "length") and seq.table
                 and not seq.paused and upto > seq.total):
             return False
         seq.prompt = seq.prompt + tuple(seq.generated[: upto - seq.total])

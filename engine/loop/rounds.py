@@ -29,6 +29,7 @@ from engine.loop.parking import Parking
 from engine.loop.protocol_io import Inbox
 from engine.loop.request_table import RequestTable
 from engine.loop.step_trace import StepTrace
+from engine.ops.delta_rule import CHUNK as STATE_CHUNK
 from engine.runner.sequence import Sequence
 from engine.runner.grammar_mask import GrammarError
 
@@ -140,6 +141,8 @@ class Rounds:
             if seq not in self.requests.line or seq.paused:
                 continue  # let go by a companion's blocks (an answer read again) in this loop
             end = self.piece_end(seq, left)
+            if end <= seq.pos:
+                continue  # too few rows left in the step for this read's next piece
             if self.runner.step_keys is not None and keys + end > self.runner.step_keys:
                 break  # the step's keys would not fit the scratch its attention widens them into
             if not self.memory.get_blocks(seq, end, pause_others=False):
@@ -156,7 +159,10 @@ class Rounds:
         share a step, else its next absolute chunk."""
         chunk = self.runner.chunk
         if self.runner.shape_free:
-            return min(seq.total, seq.pos + min(chunk, left))
+            end = min(seq.total, seq.pos + min(chunk, left))
+            if self.runner.recurrent is not None and end < seq.total:  # a hybrid's reads end at the delta
+                end = max(seq.pos, end // STATE_CHUNK * STATE_CHUNK)  # rule's chunk boundaries (or its prompt's end)
+            return end
         return chunk_end(seq.pos, seq.total, chunk)
 
     def short_of_blocks(self, reader: Sequence) -> None:

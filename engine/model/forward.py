@@ -11,7 +11,7 @@ import numpy as np
 from engine.ops.backend import Backend
 from engine.core.step import Step
 from engine.modelfile.model_config import ModelConfig
-from engine.model.weights import Weights
+from engine.model.layer_weights import Weights
 from engine.kvcache.kv import KVCache, SequenceRows
 from engine.core.chunks import chunk_end
 from engine.model.rope import frequencies
@@ -39,23 +39,25 @@ class LlamaModel:
         logits = self.forward_on_device(tokens, step, rows, want_logits, between)
         return logits if logits is None or on_device else self.backend.to_host(logits)
 
-    def forward_reads(self, reads, kv: KVCache, between: Callable[[int], None] | None = None):
+    def forward_reads(self, reads, kv: KVCache, between: Callable[[int], None] | None = None, states: tuple = ()):
         """Prompt rows of several sequences in one pass (a shape-free backend's step: each row's
         result is what it would be alone): reads[i] = (tokens (n_i,), start_i, block table_i,
-        want_logits_i). Writes their K/V rows. Returns logits (wanted, vocab) float32 on the device,
-        one row per read that wants them, in order (None if none does)."""
-        rows = kv.rows(*(table for _, _, table, _ in reads))
+        want_logits_i). Writes their K/V rows (and advances their recurrent `states`, a hybrid's).
+        Returns logits (wanted, vocab) float32 on the device, one row per read that wants them, in order
+        (None if none does)."""
+        rows = kv.rows(*(table for _, _, table, _ in reads), states=states)
         step = self.ops.reads_step(tuple((start, len(tokens)) for tokens, start, _, _ in reads), rows.tables)
         ends = np.cumsum([len(tokens) for tokens, _, _, _ in reads]) - 1
         wanted = [int(end) for end, (*_, want) in zip(ends, reads) if want]
         tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t, _, _, _ in reads])
         return self.forward_on_device(tokens, step, rows, bool(wanted), between, logit_rows=wanted)
 
-    def forward_batch(self, tokens, tables, positions, kv: KVCache):
+    def forward_batch(self, tokens, tables, positions, kv: KVCache, states: tuple = ()):
         """A decode step of several sequences at once: tokens (n,), row i the next token of the
-        sequence whose block table is tables[i], at positions[i]. One pass over the weights for all
-        of them, attention over each one's own rows. Returns logits (n, vocab) float32 on the device."""
-        rows = kv.rows(*tables)
+        sequence whose block table is tables[i] (and recurrent state states[i], a hybrid's), at
+        positions[i]. One pass over the weights for all of them, attention over each one's own rows.
+        Returns logits (n, vocab) float32 on the device."""
+        rows = kv.rows(*tables, states=states)
         step = self.ops.batch_step(rows.tables, tuple(positions))
         return self.forward_on_device(tokens, step, rows, True)
 
@@ -87,6 +89,13 @@ class LlamaModel:
             if between is not None and i + 1 < len(self.w.layers):
                 between(i)
                 ops.begin(step)  # a decode step in between began its own
+        return self.final_logits(x, delta, step, want_logits, logit_rows)
+
+    def final_logits(self, x, delta, step: Step, want_logits: bool, logit_rows: list[int] | None):
+        """The last layer's output added, the final norm and the head over the rows wanted: (vocab,) for
+        a sequence's last position, (n, vocab) for a decode batch, (len(logit_rows), vocab) for those
+        rows; None if none is wanted."""
+        ops, eps = self.ops, self.cfg.norm_eps
         if not want_logits:
             return None
         if logit_rows is not None:  # the chosen rows (each read's last)

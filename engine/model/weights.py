@@ -12,38 +12,14 @@ from gguf import GGMLQuantizationType
 from engine.core.quantized import BLOCKS, HostRows, QuantMatrix, row_bytes, stack_rows
 from engine.kernels import DEQUANT  # the GGUF types the device expands itself (no CuPy import)
 from engine.core.experts import Experts, ExpertStack
+from engine.model.hybrid_weights import hybrid_layer
+from engine.model.layer_weights import LayerWeights, Weights
 from engine.model.dequant import dequantize, dequantize_into
 from engine.ops.backend import Backend
 from engine.model.expanded_cache import ExpandedCache
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import ModelConfig, ModelLoadError, read_config
 from engine.modelfile.rope_config import RopeOverride
-
-
-@dataclass
-class LayerWeights:
-    """Weights as GGUF stores them, (out_features, in_features): float32 on the CPU; on the GPU fp16,
-    or a QuantMatrix of the file's blocks (engine/core/quantized.py) for a quantized tensor."""
-
-    attn_norm: object  # (dim,) float32
-    wqkv: object  # (q_dim + 2*kv_dim, dim): llama's q and k rows de-interleaved for half-split RoPE
-    wo: object  # (dim, q_dim)
-    ffn_norm: object  # (dim,) float32
-    w_gate_up: object = None  # (2*ffn_dim, dim); None in a MoE layer
-    w_down: object = None  # (dim, ffn_dim)
-    bqkv: object = None  # (q_dim + 2*kv_dim,) qwen2's Q, K and V biases
-    q_norm: object = None  # (head_dim,) float32: qwen3's per-head norms
-    k_norm: object = None
-    router: object = None  # (n_experts, dim) float32: qwen3moe's gate
-    experts: Experts | None = None  # the stacked expert tensors (engine/ops/moe.py)
-
-
-@dataclass
-class Weights:
-    tok_embd: object  # (vocab, dim)
-    layers: list[LayerWeights]
-    out_norm: object  # (dim,) float32
-    head: object  # (vocab, dim); tok_embd itself when tied
 
 
 def shard_range(n: int, shard: tuple[int, int]) -> tuple[int, int]:
@@ -55,8 +31,9 @@ def shard_range(n: int, shard: tuple[int, int]) -> tuple[int, int]:
 
 def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
     """One rank's config: heads, K/V heads and the feed-forward's width divided by `world`."""
-    if cfg.n_experts:
-        raise ModelLoadError(f"tensor parallel: {cfg.arch}'s routed experts are not split (dense layers only)")
+    if cfg.n_experts or cfg.hybrid:
+        raise ModelLoadError(f"tensor parallel: {cfg.arch}'s routed experts or linear-attention layers are not split "
+                             "(dense Llama-family layers only)")
     for what, n in (("query heads", cfg.n_heads), ("K/V heads", cfg.n_kv_heads), ("feed-forward width", cfg.ffn_dim)):
         if n % world:
             raise ModelLoadError(f"tensor parallel over {world}: the model's {n} {what} do not split evenly")
@@ -146,6 +123,8 @@ class WeightLoader:
 
     def layer(self, i: int) -> LayerWeights:
         c, p = self.cfg, f"blk.{i}."
+        if c.hybrid is not None:
+            return hybrid_layer(self, i)
         pairs = (c.n_heads, c.n_kv_heads, None) if c.rope_pairs_adjacent else (None, None, None)
         heads = [self.part(c.q_dim), self.part(c.kv_dim), self.part(c.kv_dim)]  # a shard's heads (Megatron's split)
         wqkv = self.matrices([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], list(pairs), heads)

@@ -16,11 +16,48 @@ from engine.modelfile.rope_config import from_gguf as rope_from_gguf
 #   qwen2     bias on Q, K and V; RoPE on halves (NEOX) as stored
 #   qwen3     RMSNorm per head on Q and K, no bias; head width from attention.key_length
 #   qwen3moe  qwen3's attention; a routed mixture of experts in place of the feed-forward
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
+#   qwen3next, qwen35, qwen35moe  hybrids (HybridConfig): Gated DeltaNet layers and, every
+#             full_attention_interval layers, gated attention with RoPE on part of each head; qwen3next
+#             and qwen35moe route experts beside a shared expert, qwen35 has a dense feed-forward
+HYBRID_ARCHITECTURES = ("qwen3next", "qwen35", "qwen35moe")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", *HYBRID_ARCHITECTURES)
 MAX_DEFAULT_CTX = 8192  # without --ctx, the model's trained context, capped here (KV memory)
 
 class ModelLoadError(RuntimeError):
     """The file cannot be served: unsupported architecture, tensor type, or missing tensor."""
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """A hybrid model's linear-attention shapes and its layer schedule (GGUF's ssm.* keys)."""
+
+    n_layers: int
+    interval: int  # every interval-th layer (the last of each run) is full attention
+    conv_kernel: int  # the causal convolution's width
+    k_heads: int  # q / k heads of the delta rule (ssm.group_count)
+    v_heads: int  # value heads (ssm.time_step_rank); each k head serves v_heads / k_heads of them
+    dk: int  # q / k head width (ssm.state_size)
+    dv: int  # value head width (ssm.inner_size / v_heads)
+    rope_dim: int  # the rotated part of each full-attention head (rope.dimension_count)
+    shared_ffn_dim: int = 0  # the shared expert's width (0: none)
+    l2_eps: float = 1e-6  # q and k's L2 normalization, as the references
+
+    def __post_init__(self):
+        if self.interval < 1 or self.v_heads % self.k_heads or self.rope_dim % 2 or self.conv_kernel < 1:
+            raise ModelLoadError(f"inconsistent linear-attention shapes: {self}")
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return [i for i in range(self.n_layers) if (i + 1) % self.interval == 0]
+
+    @property
+    def linear_layers(self) -> list[int]:
+        return [i for i in range(self.n_layers) if (i + 1) % self.interval]
+
+    @property
+    def channels(self) -> int:
+        """The convolution's channels: q, k and v of every head."""
+        return 2 * self.k_heads * self.dk + self.v_heads * self.dv
 
 
 @dataclass(frozen=True)
@@ -45,6 +82,7 @@ class ModelConfig:
     expert_ffn_dim: int = 0
     expert_weights_norm: bool = False  # the chosen experts' weights rescaled to sum to 1
     rope: RopeScaling = RopeScaling()  # long-context scaling of the rotation (engine/modelfile/rope_config.py)
+    hybrid: HybridConfig | None = None  # qwen3next, qwen35, qwen35moe
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHITECTURES:
@@ -77,6 +115,11 @@ class ModelConfig:
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
 
+    @property
+    def kv_layers(self) -> int:
+        """Layers with K/V rows: all of them, or a hybrid's full-attention ones."""
+        return self.n_layers if self.hybrid is None else len(self.hybrid.attention_layers)
+
 
 def field_value(reader: GGUFFile, key: str, default=None):
     f = reader.fields.get(key)
@@ -92,7 +135,7 @@ def read_config(reader: GGUFFile) -> ModelConfig:
     dim = int(g("embedding_length"))
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     head_dim = int(g("attention.key_length", g("rope.dimension_count", dim // n_heads)))
-    moe = arch == "qwen3moe"
+    moe = arch in ("qwen3moe", "qwen3next", "qwen35moe")
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     context = int(g("context_length"))
     try:
@@ -106,9 +149,23 @@ def read_config(reader: GGUFFile) -> ModelConfig:
         head_dim=head_dim, vocab_size=int(g("vocab_size", vocab)),
         context_length=context, rope_base=float(g("rope.freq_base", 10000.0)),
         norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
-        qkv_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "qwen3moe"), rope_pairs_adjacent=arch == "llama",
+        qkv_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "qwen3moe", *HYBRID_ARCHITECTURES),
+        rope_pairs_adjacent=arch == "llama",
         n_experts=int(g("expert_count", 0)) if moe else 0, n_experts_used=int(g("expert_used_count", 0)) if moe else 0,
         expert_ffn_dim=int(g("expert_feed_forward_length", 0)) if moe else 0,
         expert_weights_norm=bool(g("expert_weights_norm", True)) if moe else False,
-        rope=rope,
+        rope=rope, hybrid=read_hybrid(g, int(g("block_count")), head_dim) if arch in HYBRID_ARCHITECTURES else None,
     )
+
+
+def read_hybrid(g, n_layers: int, head_dim: int) -> HybridConfig:
+    """A hybrid's HybridConfig from its `<arch>.*` keys (g reads one)."""
+    try:
+        v_heads = int(g("ssm.time_step_rank"))
+        return HybridConfig(
+            n_layers=n_layers, interval=int(g("full_attention_interval", 4)), conv_kernel=int(g("ssm.conv_kernel")),
+            k_heads=int(g("ssm.group_count")), v_heads=v_heads, dk=int(g("ssm.state_size")),
+            dv=int(g("ssm.inner_size")) // v_heads, rope_dim=int(g("rope.dimension_count", head_dim)),
+            shared_ffn_dim=int(g("expert_shared_feed_forward_length", 0)))
+    except TypeError:  # a key missing: int(None)
+        raise ModelLoadError("a hybrid model's file lacks one of its ssm.* keys") from None

@@ -101,7 +101,7 @@ class ArrayOps:
         the step's sequence written through its block table (K rotated); for a decode batch, row i
         at positions[i] through tables[i]. norms: (q_weight, k_weight, eps) when each Q and K head
         is RMS-normalized first (Qwen3). Returns q rotated: (n, heads, d)."""
-        kv_heads, size, d = k_cache.shape[-3:]
+        kv_heads, d = k_cache.shape[-3], k_cache.shape[-1]
         if norms is not None:
             qkv = self.head_rms_norm(qkv, *norms[:2], qkv.shape[1] // d - 2 * kv_heads, kv_heads, norms[2])
         n = qkv.shape[0]
@@ -109,7 +109,16 @@ class ArrayOps:
         cos, sin = cos_table[at], sin_table[at]  # (n, 1, d/2)
         heads = qkv.shape[1] // d - 2 * kv_heads
         qkv = qkv.reshape(n, heads + 2 * kv_heads, d)
-        k_new, v_new = self.rope(qkv[:, heads : heads + kv_heads], cos, sin), qkv[:, heads + kv_heads :]
+        self.store_rows(self.rope(qkv[:, heads : heads + kv_heads], cos, sin), qkv[:, heads + kv_heads :],
+                        k_cache, v_cache, step)
+        return self.rope(qkv[:, :heads], cos, sin)
+
+    @staticmethod
+    def store_rows(k_new, v_new, k_cache, v_cache, step: Step) -> None:
+        """k_new, v_new: (n, kv_heads, d), the step's rows -> a layer's pool (blocks, kv_heads, block_size,
+        d), each at its position through its sequence's block table."""
+        size = k_cache.shape[-2]
+        at = step.row_positions()  # (n,)
         if step.batch:  # each row's block through its own table
             block = np.asarray([t[p // size] for t, p in zip(step.tables, at)], dtype=np.int64)  # (n,)
         else:  # one table a sequence: one vectorized lookup each, not a Python loop per token
@@ -117,7 +126,6 @@ class ArrayOps:
                                     for table, (lo, hi) in zip(step.tables, step.row_ranges())])  # (n,)
         k_cache[block, :, at % size] = k_new  # (n, kv_heads, d) rows at (block_i, :, offset_i)
         v_cache[block, :, at % size] = v_new
-        return self.rope(qkv[:, :heads], cos, sin)
 
     @staticmethod
     def sequence_rows(cache, table, end: int):

@@ -230,7 +230,8 @@ class TensorParallelRunner(ModelRunner):
         """The ranks read one sequence a step (their protocol carries one chunk)."""
         return False
 
-    def forward(self, tokens, start: int, table, want_logits: bool, between=None):
+    def forward(self, tokens, start: int, table, want_logits: bool, between=None, state=None):
+        """(state: a hybrid's, which tensor parallel refuses: engine/model/weights.py shard_config.)"""
         self.send("forward", tokens, start, np.asarray(table, dtype=np.int32), between is not None)
         if between is None:
             return super().forward(tokens, start, table, want_logits)
@@ -241,7 +242,7 @@ class TensorParallelRunner(ModelRunner):
 
         return super().forward(tokens, start, table, want_logits, paused)
 
-    def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int]):
+    def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
         self.send("decode", np.asarray(tokens, dtype=np.int64), [np.asarray(t, dtype=np.int32) for t in tables],
                   list(positions))
         return super().decode_logits(tokens, tables, positions)

@@ -19,7 +19,9 @@ GPU_ROWS, GPU_SIZES = 512, (1, 2, 3, 5, 13, 40, 100, 333)
 
 def rows_invariant(model: LlamaModel, backend: Backend) -> bool:
     layer = model.w.layers[0]
-    dense = [layer.wqkv, layer.wo] + ([layer.w_gate_up, layer.w_down] if layer.experts is None else [])
+    linear = [layer.linear.w_in, layer.linear.w_out] if layer.linear is not None else []  # a hybrid's first layer
+    # (its delta rule's products have one shape whatever the step: engine/ops/delta_rule.py)
+    dense = [w for w in (layer.wqkv, layer.wo, *linear, layer.w_gate_up, layer.w_down) if w is not None]
     if backend.name == "cpu":
         mats = dense if layer.experts is None else dense + [layer.router] + [
             part.expert(0) for part in (layer.experts.gate, layer.experts.up, layer.experts.down)]

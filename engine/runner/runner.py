@@ -14,11 +14,15 @@ from engine.runner.grammar_mask import Constraint
 from engine.runner.sampling_graph import DrawGraphs
 from engine.runner.graph_pool import GraphMemoryError
 from engine.modelfile.model_config import ModelConfig
-from engine.model.weights import Weights
+from engine.model.layer_weights import Weights
 from engine.kvcache.block_pool import BlockPool
 from engine.kvcache.host_tier import HostTier
 from engine.kvcache.kv import KVCache, KVSnapshot
 from engine.model.forward import LlamaModel
+from engine.model.hybrid import HybridModel
+from engine.kvcache.recurrent import RecurrentState, SequenceState
+from engine.ops.delta_rule import CHUNK as STATE_CHUNK
+from engine.modelfile.model_config import ModelLoadError
 from engine.core.chunks import chunk_end
 from engine.runner.row_check import rows_invariant
 from engine.runner.sequence import Sequence
@@ -35,7 +39,8 @@ class ModelRunner:
         self.cfg, self.backend, self.ctx, self.chunk = cfg, backend, ctx, chunk
         self.max_running, self.max_batch = max_running, MAX_BATCH
         self.memory = memory or {}
-        self.model = LlamaModel(cfg, weights, backend)
+        self.model = (HybridModel if cfg.hybrid else LlamaModel)(cfg, weights, backend)
+        self.recurrent = self.zero_state(cfg, backend, chunk)  # a hybrid's fresh recurrent state, else None
         graphs = cuda_graphs and backend.name == "gpu"
         # with decode graphs a spare block past the pool the memory plan promised: the padding rows of a
         # graph's batch write their K/V rows there
@@ -53,6 +58,24 @@ class ModelRunner:
         # widens its sequences' rows to fp16 in a scratch the memory plan sized for one request's context
         self.step_keys = ctx if backend.name == "gpu" and self.kv.type.name == "q8_0" else None
 
+    @staticmethod
+    def zero_state(cfg: ModelConfig, backend: Backend, chunk: int) -> RecurrentState | None:
+        """A hybrid model's recurrent state at position 0 (engine/kvcache/recurrent.py); None for others."""
+        h = cfg.hybrid
+        if h is None:
+            return None
+        if backend.name != "cpu":
+            raise ModelLoadError(f"{cfg.arch} runs on the CPU only in this version (--device cpu)")
+        if chunk % STATE_CHUNK:
+            raise ModelLoadError(f"{cfg.arch}: --chunk must be a multiple of {STATE_CHUNK} (the delta rule's chunks)")
+        return RecurrentState.zeros(len(h.linear_layers), h.conv_kernel, h.channels, h.v_heads, h.dk, h.dv)
+
+    def state_of(self, seq: Sequence) -> SequenceState | None:
+        """seq's recurrent state (made at its first read), a hybrid model's; None for others."""
+        if self.recurrent is not None and seq.state is None:
+            seq.state = SequenceState.fresh(self.recurrent)
+        return seq.state
+
     def info(self) -> dict[str, str]:
         return {"model": self.cfg.name, "path": self.model_path, "arch": self.cfg.arch,
                 "ctx": str(self.ctx), "chunk": str(self.chunk), "device": self.backend.device_name,
@@ -68,8 +91,10 @@ class ModelRunner:
         (page faults on the weights, BLAS/CuPy initialization, kernel compilation, the first
         decode graph's capture)."""
         table = self.pool.allocate(self.pool.blocks_for(9))  # 8 prompt positions and a decode step's
-        self.forward(np.zeros(8, dtype=np.int64), 0, table, want_logits=True)
-        self.decode_logits([0], [table], [8])  # the one-row decode graph (other batch sizes: at first use)
+        state = None if self.recurrent is None else SequenceState.fresh(self.recurrent)
+        self.forward(np.zeros(8, dtype=np.int64), 0, table, want_logits=True, state=state)
+        self.decode_logits([0], [table], [8], [state] if state else ())  # the one-row decode graph (other
+        # batch sizes: at first use)
         self.backend.synchronize()
         self.pool.release(table)
         self.shape_free = self.rows_invariant()
@@ -94,16 +119,21 @@ class ModelRunner:
 
     def read_prompts(self, pieces: list[tuple[Sequence, int]], between: Callable[[int], None] | None = None) -> None:
         """Each sequence's prompt from its position to the end given, in one forward (several only
-        when shape_free); a sequence that reaches its prompt's end gets its logits."""
+        when shape_free); a sequence that reaches its prompt's end gets its logits. A hybrid's read
+        starts at its state's mark (the rows after it are read again, to the same bits)."""
+        states = [self.state_of(seq) for seq, _ in pieces] if self.recurrent is not None else []
+        for seq, state in zip((seq for seq, _ in pieces), states):
+            seq.pos = state.rewind()
+        starts = [seq.pos for seq, _ in pieces]
         if self.shape_free:
             wanting = [seq for seq, end in pieces if end == seq.total and not seq.settling]
             reads = [(np.asarray(seq.prompt[seq.pos : end], dtype=np.int64), seq.pos, seq.table, seq in wanting)
                      for seq, end in pieces]
-            logits = self.model.forward_reads(reads, self.kv, between)
+            logits = self.model.forward_reads(reads, self.kv, between, states=tuple(states))
         else:
             (seq, end), = pieces  # one read a step: its chunk at absolute boundaries
             tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)
-            logits = self.forward(tokens, seq.pos, seq.table, end == seq.total, between)
+            logits = self.forward(tokens, seq.pos, seq.table, end == seq.total, between, seq.state)
             wanting = [seq] if end == seq.total else []
             logits = None if logits is None else logits[None]
         for seq, _ in pieces:
@@ -112,11 +142,16 @@ class ModelRunner:
         self.backend.synchronize()  # a chunk is done when its PP says so: GPU launches are asynchronous,
         for seq, end in pieces:  # and a host running chunks ahead would make a park wait for all of them
             seq.pos = end
+        for state, (_, end), start in zip(states, pieces, starts):
+            state.read(start, end - start)
 
-    def forward(self, tokens, start: int, table, want_logits: bool, between: Callable[[int], None] | None = None):
+    def forward(self, tokens, start: int, table, want_logits: bool, between: Callable[[int], None] | None = None,
+                state: SequenceState | None = None):
         """The model over `tokens` at positions start.. of the sequence whose blocks `table` lists
-        (LlamaModel.forward): its K/V rows written, the last position's logits left on the device."""
-        return self.model.forward(tokens, start, self.kv.rows(table), want_logits, on_device=True, between=between)
+        (LlamaModel.forward), from its recurrent state (a hybrid's: at its mark, which the caller moves
+        on): its K/V rows written, the last position's logits left on the device."""
+        rows = self.kv.rows(table, states=() if state is None else (state,))
+        return self.model.forward(tokens, start, rows, want_logits, on_device=True, between=between)
 
     def synchronize(self) -> None:
         self.backend.synchronize()
@@ -136,8 +171,11 @@ class ModelRunner:
     def decode_batch(self, seqs: list[Sequence]) -> None:
         """One decode step for every sequence in `seqs` (each with a block for its new row): their
         newest tokens go through the model together, one pass over the weights; each gets its logits."""
+        states = [self.state_of(s) for s in seqs] if self.recurrent is not None else []
         logits = self.decode_logits([s.generated[-1] for s in seqs], [s.table for s in seqs],
-                                    [s.kv_len for s in seqs])
+                                    [s.kv_len for s in seqs], states)
+        for state in states:
+            state.decoded()
         graph = self.decoder is not None and self.decoder.owns(logits[0])
         for i, seq in enumerate(seqs):
             seq.logits, seq.graph_row = logits[i], i if graph else None
@@ -152,9 +190,10 @@ class ModelRunner:
             return seq.sampler.sample(seq.logits, self.backend.xp, self.draws)
         return seq.sampler.sample(seq.logits, self.backend.xp)
 
-    def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int]):
+    def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
         """Logits (rows, vocab) after each row's token at its position, its rows in the blocks of its
-        table, on the backend's device: a graph replay on the GPU (valid until the next replay), else eager."""
+        table (and its recurrent state, a hybrid's), on the backend's device: a graph replay on the GPU
+        (valid until the next replay), else eager."""
         if self.decoder is not None:
             try:
                 return self.decoder.decode(tokens, tables, positions)
@@ -165,7 +204,7 @@ class ModelRunner:
                 print(f"strata: CUDA graph decode unavailable ({type(e).__name__}: {e}); decoding eagerly",
                       file=sys.stderr, flush=True)
                 self.decoder = None
-        return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv)
+        return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv, tuple(states))
 
     def set_aside(self, seq: Sequence) -> None:
         """A request leaves the running set (paused for memory) with logits still to draw from: they
@@ -174,6 +213,7 @@ class ModelRunner:
             seq.logits, seq.graph_row = seq.logits.copy(), None
 
     def snapshot_nbytes(self, seq: Sequence) -> int:
+        """What a park's rows take in host memory (a hybrid's recurrent state stays with the request)."""
         return self.kv.snapshot_nbytes(seq.pos)
 
     def park(self, seq: Sequence) -> None:
@@ -195,5 +235,7 @@ class ModelRunner:
         h = hashlib.blake2b(digest_size=16)
         h.update(self.kv.digest(seq.table, seq.kv_len))
         h.update(seq.kv_len.to_bytes(8, "little"))
+        if seq.state is not None:  # a hybrid's recurrent state after its last position
+            h.update(self.backend.to_host(seq.state.now.conv).tobytes() + self.backend.to_host(seq.state.now.ssm).tobytes())
         h.update(seq.sampler.state_digest())
         return h.hexdigest()

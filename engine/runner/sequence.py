@@ -29,6 +29,7 @@ class Sequence:
     parked: bool = False  # parked at a chunk boundary: its rows stay in its blocks until moved out
     paused: bool = False  # moved to host memory under memory pressure; brought back first
     unstepped: bool = False  # its newest token is drawn but not yet through the model (logits are stale)
+    state: object = None  # a hybrid model's recurrent state (engine/kvcache/recurrent.py SequenceState)
     settling: bool = False  # DONE is out: its answer's rows are read again as prompt rows, to be shared
     parked_seq: int = 0  # when it parked (a counter): the longest parked spills first
     parks: int = 0

@@ -1,0 +1,74 @@
+"""A hybrid model's recurrent state (Qwen3-Next, Qwen3.5: engine/model/hybrid.py): per request and
+linear-attention layer, the convolution's window and the delta rule's matrix, float32 as the
+references keep them.
+
+Exactness: a prompt's positions go through the delta rule in chunks at absolute multiples of
+CHUNK (engine/ops/delta_rule.py), so a read must start at such a boundary, from the state there.
+SequenceState keeps two states: `now`, after the last position through the model (read or decoded:
+what the next decode row continues), and `mark`, at the last chunk boundary a read reached (what
+the next read continues from; reading again the rows from the mark to where `now` is gives the same
+bits). A park keeps both (they are the request's, like its KV rows)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.ops.delta_rule import CHUNK
+
+
+@dataclass
+class RecurrentState:
+    conv: np.ndarray  # (linear layers, kernel-1, channels) float32: the convolution's last inputs
+    ssm: np.ndarray  # (linear layers, heads, dk, dv) float32: the delta rule's matrices
+
+    @classmethod
+    def zeros(cls, layers: int, kernel: int, channels: int, heads: int, dk: int, dv: int, xp=np) -> RecurrentState:
+        return cls(xp.zeros((layers, kernel - 1, channels), np.float32), xp.zeros((layers, heads, dk, dv), np.float32))
+
+    def copy(self) -> RecurrentState:
+        return RecurrentState(self.conv.copy(), self.ssm.copy())
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.conv.nbytes + self.ssm.nbytes)
+
+    def equals(self, other: RecurrentState) -> bool:
+        return bool((self.conv == other.conv).all() and (self.ssm == other.ssm).all())
+
+
+@dataclass
+class SequenceState:
+    now: RecurrentState  # after position `now_at` - 1
+    mark: RecurrentState  # after position `mark_at` - 1, a multiple of CHUNK: where a read starts
+    now_at: int = 0
+    mark_at: int = 0
+
+    @classmethod
+    def fresh(cls, zeros: RecurrentState) -> SequenceState:
+        return cls(zeros.copy(), zeros.copy())
+
+    def rewind(self) -> int:
+        """Before a read: `now` back to the mark (the rows after it are read again, to the same bits).
+        Returns the position the read starts at."""
+        if self.now_at != self.mark_at:
+            self.now, self.now_at = self.mark.copy(), self.mark_at
+        return self.mark_at
+
+    def next_mark(self, start: int, n: int) -> int:
+        """A read of n positions from `start` (the mark): the last chunk boundary it reaches, where the
+        forward copies each layer's state into `mark` (start itself if it reaches none)."""
+        assert start == self.mark_at == self.now_at and start % CHUNK == 0, (start, self.mark_at, self.now_at)
+        return start + n // CHUNK * CHUNK
+
+    def read(self, start: int, n: int) -> None:
+        """The forward read n positions from `start`: `now` is after them, `mark` at next_mark's boundary."""
+        self.now_at, self.mark_at = start + n, self.next_mark(start, n)
+
+    def decoded(self) -> None:
+        """A decode row went through the model: `now` is one position further (the mark stays)."""
+        self.now_at += 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.now.nbytes + self.mark.nbytes
