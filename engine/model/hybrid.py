@@ -123,13 +123,14 @@ class HybridModel(LlamaModel):
 
     def heads(self, conv):
         """The convolution's output (n, channels) -> q (n, nv, dk) normalized and scaled, k (n, nv, dk)
-        normalized (each k head repeated for its value heads), v (n, nv, dv)."""
+        normalized (each k head given to its value heads: HybridConfig.tiled), v (n, nv, dv)."""
         hy, n = self.cfg.hybrid, len(conv)
         q, k, v = np.split(conv, np.cumsum([hy.k_heads * hy.dk, hy.k_heads * hy.dk]), axis=1)
         q = dr.l2_normalize(q.reshape(n, hy.k_heads, hy.dk), hy.l2_eps) * F32(hy.dk ** -0.5)
         k = dr.l2_normalize(k.reshape(n, hy.k_heads, hy.dk), hy.l2_eps)
         repeat = hy.v_heads // hy.k_heads
-        return np.repeat(q, repeat, axis=1), np.repeat(k, repeat, axis=1), v.reshape(n, hy.v_heads, hy.dv)
+        spread = (lambda x: np.tile(x, (1, repeat, 1))) if hy.tiled else (lambda x: np.repeat(x, repeat, axis=1))
+        return spread(q), spread(k), v.reshape(n, hy.v_heads, hy.dv)
 
 
 def head_norm(x, weight, eps: float):

@@ -1,13 +1,15 @@
 """A hybrid model's layers from its GGUF (qwen3next, qwen35, qwen35moe: engine/model/hybrid.py), into
 the forward pass's layouts. On the CPU only for now (float32 values; the GPU refuses these files).
 
-As llama.cpp's converter writes them:
-- a Gated DeltaNet layer: qwen3next's `ssm_in` (transformers' in_proj_qkvz) holds, per k head,
-  [q (dk) | k (dk) | v (r*dv) | z (r*dv)] with r = v_heads / k_heads, and `ssm_ba` per k head [b (r) | a (r)];
-  newer files and qwen35 give `attn_qkv` ([q | k | v], the convolution's channel order), `attn_gate` (z)
-  and `ssm_beta` / `ssm_alpha` (or `ssm_ba`). `ssm_conv1d` (channels, kernel), `ssm_a` = -exp(A_log),
-  `ssm_dt` (the dt bias), `ssm_norm` (the gated norm's weight), `ssm_out`;
-- a gated attention layer: `attn_q` holds, per head, [q (d) | gate (d)].
+As llama.cpp's converter writes them (its conversion/qwen.py):
+- a Gated DeltaNet layer: `attn_qkv` ([q | k | v], the convolution's channel order) and `attn_gate` (z),
+  split from transformers' in_proj_qkvz (older qwen3next files keep it whole as `ssm_in`: per k head
+  [q (dk) | k (dk) | v (r*dv) | z (r*dv)], r = v_heads / k_heads); qwen3next's `ssm_ba` per k head
+  [b (r) | a (r)], qwen35's `ssm_beta` and `ssm_alpha`; `ssm_conv1d` (channels, kernel), `ssm_a` =
+  -exp(A_log), `ssm_dt.bias`, `ssm_norm` (the gated norm's weight, as trained), `ssm_out`. qwen35's value
+  heads are tiled (HybridConfig.tiled), qwen3next's grouped;
+- a gated attention layer: `attn_q` holds, per head, [q (d) | gate (d)];
+- the other RMSNorm weights are stored with transformers' 1 + w already added.
 Both become one matrix per layer whose rows the forward splits: [q | k | v | z | b | a] and
 [q | gate | k | v]."""
 from __future__ import annotations

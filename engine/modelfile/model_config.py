@@ -40,6 +40,8 @@ class HybridConfig:
     dv: int  # value head width (ssm.inner_size / v_heads)
     rope_dim: int  # the rotated part of each full-attention head (rope.dimension_count)
     shared_ffn_dim: int = 0  # the shared expert's width (0: none)
+    tiled: bool = False  # value head j's k head is j % k_heads (qwen35's files, reordered for ggml's
+    # broadcast), else j // (v_heads / k_heads) (qwen3next's, grouped as transformers has them)
     l2_eps: float = 1e-6  # q and k's L2 normalization, as the references
 
     def __post_init__(self):
@@ -154,11 +156,11 @@ def read_config(reader: GGUFFile) -> ModelConfig:
         n_experts=int(g("expert_count", 0)) if moe else 0, n_experts_used=int(g("expert_used_count", 0)) if moe else 0,
         expert_ffn_dim=int(g("expert_feed_forward_length", 0)) if moe else 0,
         expert_weights_norm=bool(g("expert_weights_norm", True)) if moe else False,
-        rope=rope, hybrid=read_hybrid(g, int(g("block_count")), head_dim) if arch in HYBRID_ARCHITECTURES else None,
+        rope=rope, hybrid=read_hybrid(g, arch, int(g("block_count")), head_dim) if arch in HYBRID_ARCHITECTURES else None,
     )
 
 
-def read_hybrid(g, n_layers: int, head_dim: int) -> HybridConfig:
+def read_hybrid(g, arch: str, n_layers: int, head_dim: int) -> HybridConfig:
     """A hybrid's HybridConfig from its `<arch>.*` keys (g reads one)."""
     try:
         v_heads = int(g("ssm.time_step_rank"))
@@ -166,6 +168,6 @@ def read_hybrid(g, n_layers: int, head_dim: int) -> HybridConfig:
             n_layers=n_layers, interval=int(g("full_attention_interval", 4)), conv_kernel=int(g("ssm.conv_kernel")),
             k_heads=int(g("ssm.group_count")), v_heads=v_heads, dk=int(g("ssm.state_size")),
             dv=int(g("ssm.inner_size")) // v_heads, rope_dim=int(g("rope.dimension_count", head_dim)),
-            shared_ffn_dim=int(g("expert_shared_feed_forward_length", 0)))
+            shared_ffn_dim=int(g("expert_shared_feed_forward_length", 0)), tiled=arch != "qwen3next")
     except TypeError:  # a key missing: int(None)
         raise ModelLoadError("a hybrid model's file lacks one of its ssm.* keys") from None
