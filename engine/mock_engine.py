@@ -57,7 +57,7 @@ class FakeRunner:
         self.script = tuple(int(t) for t in a.script.split(",")) if a.script else None
         self.chunks_read = self.gens_started = self.tokens_written = 0
         self.shape_free = a.shape_free  # reads share a step (engine/loop/rounds.py), as on a row-invariant backend
-        self.recurrent = None  # no hybrid model's state (engine/runner/runner.py)
+        self.recurrent = self.state_cache = None  # no hybrid model's state (engine/runner/runner.py)
         self.step_keys = None
 
     def constraint(self, grammar: str):

@@ -48,6 +48,12 @@ class SequenceState:
     def fresh(cls, zeros: RecurrentState) -> SequenceState:
         return cls(zeros.copy(), zeros.copy())
 
+    @classmethod
+    def at(cls, state: RecurrentState, pos: int) -> SequenceState:
+        """A read that starts at `pos` (a chunk boundary) from a kept `state` (copied): a cached prefix."""
+        assert pos % CHUNK == 0, pos
+        return cls(state.copy(), state.copy(), pos, pos)
+
     def rewind(self) -> int:
         """Before a read: `now` back to the mark (the rows after it are read again, to the same bits).
         Returns the position the read starts at."""

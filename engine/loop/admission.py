@@ -14,6 +14,7 @@ from engine.loop.memory import Memory
 from engine.core.chunks import chunk_end
 from engine.loop.parking import Parking
 from engine.loop.request_table import RequestTable
+from engine.kvcache.recurrent import SequenceState
 from engine.runner.sequence import Sequence
 from engine.runner.sampler import Sampler, SamplingParams
 
@@ -77,13 +78,14 @@ class Admission:
         last token), then new ones, moving parked reads out if need be. False (nothing held) if they
         cannot be had."""
         chunk, size = self.runner.chunk, self.pool.size
-        if reuse and self.runner.recurrent is None:  # (a hybrid model's prefix needs its recurrent state
-            # there too, which is not kept yet: it reads its whole prompt)
+        if reuse:
             unit = size if self.runner.shape_free else chunk
             limit = (seq.total - 1) // unit * unit
             loaded = self.pool.tier.loaded if self.pool.tier is not None else 0
             self.memory.free_settling(self.pool.blocks_for(seq.total + 1))  # the host tier's blocks need room
             seq.table = self.pool.lookup(seq.prompt, limit, align=unit // size)
+            if self.runner.state_cache is not None:  # a hybrid: only as far as a recurrent state is kept
+                self.resume_state(seq)
             seq.pos = seq.cached = len(seq.table) * size
             if self.pool.tier is not None:
                 seq.from_host = (self.pool.tier.loaded - loaded) * size
@@ -91,7 +93,16 @@ class Admission:
             return True
         self.memory.release(seq)
         seq.pos = seq.cached = seq.from_host = 0
+        seq.state = None  # (a hybrid's state at its cached prefix)
         return False
+
+    def resume_state(self, seq: Sequence) -> None:
+        """A hybrid's cached prefix cut back to the last block after which its recurrent state is kept
+        (engine/kvcache/state_cache.py), seq's state that one; none kept: no prefix."""
+        blocks, state = self.runner.state_cache.resume(seq.prompt, len(seq.table))
+        self.pool.release(seq.table[blocks:])  # (release empties the list it is given)
+        del seq.table[blocks:]
+        seq.state = SequenceState.at(state, blocks * self.pool.size) if state is not None else None
 
     # ------------------------------------------------------------ out
 
@@ -124,8 +135,7 @@ class Admission:
         tokens up to the last block they fill (only whole blocks are shared; the newest token's row
         was never written); none if they fill none."""
         upto = (seq.total + len(seq.generated) - 1) // self.pool.size * self.pool.size
-        if not (self.reuse and self.runner.shape_free and self.runner.recurrent is None
-                and reason in ("stop", "length") and seq.table
+        if not (self.reuse and self.runner.shape_free and reason in ("stop", "length") and seq.table
                 and not seq.paused and upto > seq.total):
             return False
         seq.prompt = seq.prompt + tuple(seq.generated[: upto - seq.total])

@@ -187,6 +187,8 @@ class Rounds:
                         paused_ms=round(self.paused_ms, 2))
         size = self.memory.pool.size if self.runner.shape_free else self.runner.chunk
         for seq, _ in pieces:
+            if seq.state is not None and self.runner.state_cache is not None:  # a hybrid's state at its mark,
+                self.runner.state_cache.keep(seq.prompt, seq.state.mark_at, seq.state.mark)  # for its prefix
             if seq.settling:  # an answer read again: its whole blocks shared, its blocks back once done
                 self.memory.pool.register(seq.table, seq.prompt, seq.pos // size * size)
                 if not seq.reading:

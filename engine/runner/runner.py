@@ -21,6 +21,7 @@ from engine.kvcache.kv import KVCache, KVSnapshot
 from engine.model.forward import LlamaModel
 from engine.model.hybrid import HybridModel
 from engine.kvcache.recurrent import RecurrentState, SequenceState
+from engine.kvcache.state_cache import StateCache
 from engine.ops.delta_rule import CHUNK as STATE_CHUNK
 from engine.modelfile.model_config import ModelLoadError
 from engine.core.chunks import chunk_end
@@ -47,6 +48,8 @@ class ModelRunner:
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks, kv_type, spare=int(graphs))
         tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
         self.pool = BlockPool(self.kv.usable, block_size, tier)
+        self.state_cache = StateCache(block_size) if self.recurrent is not None else None  # a hybrid's states at
+        # cached prefixes' block boundaries
         self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable) if graphs else None
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path

@@ -113,7 +113,7 @@ def engine(model_file):
 
 @pytest.mark.parametrize("sampling", SAMPLING)
 def test_a_request_alone_beside_others_and_parked_gives_the_same_tokens(engine, sampling):
-    params = SAMPLING[sampling]
+    params = {**SAMPLING[sampling], "reuse": 0}
     alone = sc.uninterrupted(engine, PROMPT, 8, params)
     assert len(alone.tokens) == 8
     engine.send(sc.gen(SHORT, 20, {**params, "seed": 5}, 10))  # decoding while the others read
@@ -127,7 +127,27 @@ def test_a_request_alone_beside_others_and_parked_gives_the_same_tokens(engine, 
             assert isinstance(seen[-1], m.Done), seen[-1]
             done.add(seen[-1].id)
     assert sc.tokens_of(seen, sc.A) == alone.tokens
-    a_done = next(x for x in seen if isinstance(x, m.Done) and x.id == sc.A)
-    assert a_done.extra["cached"] == "0"  # a hybrid reads its whole prompt (its prefix states are not kept yet)
     parked = sc.parked(engine, PROMPT, 8, params, CHUNK, [1, 2], OTHER[:70], 3)
     assert parked.tokens == alone.tokens and parked.parks == [64, 128]
+
+
+def run(engine, ident: int, prompt, max_new: int, params: dict, reuse: bool) -> list[m.Message]:
+    engine.send(m.Gen(max_new, tuple(prompt), {**params, "fp": 1, "reuse": int(reuse)}, ident))
+    return engine.read_until(m.Done, ident=ident)
+
+
+@pytest.mark.parametrize("sampling", SAMPLING)
+def test_a_cached_prefix_and_the_previous_answer_are_reused_with_the_cold_tokens(engine, sampling):
+    """A hybrid's prefix is reused up to the last block boundary whose recurrent state is kept: a read's
+    marks (each prompt step's end), and the last whole block of an answer read again once it is done."""
+    params = SAMPLING[sampling]
+    tail = list(range(2000, 2030))
+    answer = sc.tokens_of(run(engine, 30, PROMPT, 60, params, reuse=True), 30)
+    assert len(answer) == 60
+    run(engine, 31, SHORT, 1, params, reuse=False)  # read beside the answer's read again: that one is done too
+    for ident, prompt, cached in ((32, PROMPT + tail, 128), (34, PROMPT + answer[:59] + tail, 192)):
+        warm = run(engine, ident, prompt, 8, params, reuse=True)
+        assert warm[-1].extra["cached"] == str(cached)  # 128: the prompt's marks; 192: past it, into the answer
+        cold = run(engine, ident + 1, prompt, 8, params, reuse=False)
+        assert sc.tokens_of(warm, ident) == sc.tokens_of(cold, ident + 1)
+        assert warm[-1].extra["fp"] == cold[-1].extra["fp"]
