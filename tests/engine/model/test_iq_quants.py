@@ -1,0 +1,49 @@
+"""The IQ quant types on the CPU (issue 45): a hybrid file whose matrices are IQ blocks (random grid indices,
+signs and sub-scales: tools/fixtures/make_synthetic_gguf.py) loads, each layer matrix holds gguf-py's
+dequantization of its tensor's blocks (the reference arithmetic) in the forward pass's layout, and a
+prompt read gives finite logits."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from engine.kvcache.recurrent import SequenceState
+from engine.model.weights import load_model
+from engine.ops.backend import cpu_backend
+from engine.runner.runner import ModelRunner
+
+ROOT = Path(__file__).resolve().parents[3]
+TYPES = ("IQ1_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS")
+SHAPE = ["--arch", "qwen3next", "--layers", "2", "--dim", "256", "--heads", "2", "--kv-heads", "1", "--head-dim", "128",
+         "--experts", "2", "--experts-used", "1", "--expert-ffn", "256", "--shared-ffn", "256", "--interval", "2",
+         "--rope-dim", "32", "--conv-kernel", "4", "--linear-k-heads", "2", "--linear-v-heads", "4", "--linear-dk", "64",
+         "--linear-dv", "64", "--ctx", "1024", "--tied"]
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_an_iq_file_loads_as_gguf_dequantizes_it_and_reads(kind, tmp_path):
+    path = tmp_path / f"{kind}.gguf"
+    subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), *SHAPE,
+                    "--type", kind], check=True, capture_output=True)
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+
+    def values(name):
+        t = tensors[name]
+        assert t.tensor_type == GGMLQuantizationType[kind], (name, t.tensor_type)
+        return dequantize(np.asarray(t.data), t.tensor_type).reshape(-1, int(t.shape[0]))
+
+    backend = cpu_backend()
+    cfg, weights, _ = load_model(str(path), backend)
+    linear, attention = weights.layers[0], weights.layers[1]
+    assert np.array_equal(linear.linear.w_in[: 2 * 2 * 64 + 4 * 64], values("blk.0.attn_qkv.weight"))
+    assert np.array_equal(linear.linear.w_out, values("blk.0.ssm_out.weight"))
+    assert np.array_equal(attention.wo, values("blk.1.attn_output.weight"))
+    assert np.array_equal(weights.tok_embd, values("token_embd.weight"))
+    runner = ModelRunner(cfg, weights, backend, ctx=256, chunk=64, eos_ids=frozenset())
+    state = SequenceState.fresh(runner.recurrent)
+    logits = np.array(runner.forward(np.arange(100, 170), 0, list(range(2)), True, state=state))
+    assert logits.shape == (cfg.vocab_size,) and np.isfinite(logits).all() and logits.std() > 0
