@@ -53,3 +53,28 @@ def test_a_qwen3moe_model_serves_what_it_computes(model):
                                               extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         assert chat.choices[0].finish_reason in ("stop", "length") and chat.usage.completion_tokens <= 4
         assert [m.id for m in client.models.list().data] == ["qwen3moe-tiny"]
+
+
+HYBRID = ROOT / "tests/fixtures/hybrid"
+
+
+@pytest.mark.parametrize("family", ["qwen3next", "qwen35moe"])
+def test_a_hybrid_model_serves_transformers_greedy_tokens_and_reuses_a_conversation(family):
+    """The tiny Qwen3-Next / Qwen3.5-MoE conversions of tests/fixtures/hybrid served as a user would: the
+    greedy text transformers computed, and a conversation's next turn reads only what is new."""
+    golden = __import__("json").loads((HYBRID / "hybrid_golden.json").read_text())["models"][family]
+    case = next(c for c in golden["cases"] if len(c["ids"]) > 100)
+    path = HYBRID / golden["file"]
+    with ServerProcess(extra=["--model", str(path), "--device", "cpu", "--ctx", "1024"]) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        r = client.completions.create(model=family, prompt=case["ids"], temperature=0, max_tokens=8,
+                                      extra_body={"ignore_eos": True})
+        assert r.choices[0].text == load_tokenizer(str(path)).decode(case["greedy"][: r.usage.completion_tokens])
+        assert r.usage.completion_tokens == 8 or r.choices[0].finish_reason == "stop"
+        messages = [{"role": "user", "content": "Tell me about the lighthouse keeper. " * 12}]
+        first = client.chat.completions.create(model=family, messages=messages, max_tokens=16, temperature=0)
+        messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "And then?"}]
+        second = client.chat.completions.create(model=family, messages=messages, max_tokens=4, temperature=0)
+        reused = second.usage.prompt_tokens_details.cached_tokens
+        assert reused >= first.usage.prompt_tokens // 64 * 64 > 0, (reused, first.usage.prompt_tokens)
