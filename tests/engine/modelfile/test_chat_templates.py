@@ -41,6 +41,17 @@ def test_qwen3_drops_earlier_turns_reasoning_from_the_history():
     assert "hmm" not in text and "<|im_start|>assistant\nHello!<|im_end|>" in text
 
 
+def test_qwen35_leaves_its_thought_open_unless_thinking_is_off():
+    """Qwen3.5 (and the hybrids' templates after it) writes the opening <think> itself: the answer starts
+    as reasoning (serve/api/reasoning.py reads it so)."""
+    t = template("Qwen-Qwen3.5-4B.jinja", QWEN)
+    assert t.thinks
+    assert t.render(HISTORY) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                                 "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+                                 "<|im_start|>assistant\n<think>\n")
+    assert t.render(HISTORY, {"enable_thinking": False}).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
 def test_qwen25_gives_its_own_default_system_prompt():
     t = template("Qwen-Qwen2.5-7B-Instruct.jinja", QWEN)
     text = t.render([{"role": "user", "content": "Hi"}])

@@ -66,6 +66,7 @@ def test_templates_choose_their_format():
     assert format_for_template((TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()).name == "hermes"
     assert format_for_template((TEMPLATES / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text()).name == "llama3"
     assert format_for_template(XML_TEMPLATE + "<tool_call>").name == "qwen3-coder"
+    assert format_for_template((TEMPLATES / "Qwen-Qwen3.5-4B.jinja").read_text()).name == "qwen3-coder"
     assert format_for_template("{{ messages }}").name == "generic"
 
 
