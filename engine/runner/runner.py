@@ -87,6 +87,8 @@ class ModelRunner:
                 "kv_block_bytes": str(self.kv.block_bytes), "kv_type": self.kv.type.name,
                 "cache_ram_blocks": str(self.pool.tier.capacity if self.pool.tier else 0),
                 "shape_free": str(int(self.shape_free)),
+                "state_bytes": str(0 if self.recurrent is None else 2 * self.recurrent.nbytes),  # a hybrid's
+                # recurrent state a request (now and mark)
                 "version": __version__} | self.memory
 
     def warm_up(self) -> None:
