@@ -9,8 +9,8 @@ from engine.ops.blas_order import prefer_row_invariant_blas
 
 prefer_row_invariant_blas()  # before NumPy loads (the imports below load it); inherited by the TP workers
 
-from engine.config import (DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_MAX_RUNNING, MAX_BLOCK,  # noqa: E402
-                           WEIGHT_FORMS, EngineConfig)
+from engine.config import (DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_DRAFT_MAX,  # noqa: E402
+                           DEFAULT_MAX_RUNNING, MAX_BLOCK, SPECULATIVE, WEIGHT_FORMS, EngineConfig)
 from engine.core.kv_types import KV_TYPES  # noqa: E402
 from engine.loop.park_policy import ParkPolicy  # noqa: E402
 from engine.modelfile.rope_config import add_rope_args, rope_from_args  # noqa: E402
@@ -66,6 +66,12 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
                    help="while a long prompt is read, the decoding requests get a step about this often: a "
                         "chunk that takes longer pauses between layers for them (default "
                         f"{DEFAULT_DECODE_INTERVAL_MS:g}; 0: a step per chunk)")
+    p.add_argument("--speculative", choices=SPECULATIVE, default="off",
+                   help="speculative decoding for greedy requests: ngram drafts tokens from the request's own "
+                        "context and checks them in its decode step (the text is the same; on the CPU only in this "
+                        "version; default: off)")
+    p.add_argument("--draft-max", type=int, default=DEFAULT_DRAFT_MAX,
+                   help=f"the most tokens a draft proposes at a step (default {DEFAULT_DRAFT_MAX})")
     p.add_argument("--step-tokens", type=int,
                    help="prompt tokens one step may read from several requests at once, each up to a chunk, where "
                         "the kernels' rows do not depend on the step's shape (the CPU's; default: two chunks)")
@@ -98,7 +104,7 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
                         cache_ram_gib=a.cache_ram_gib,
                         decode_interval_ms=a.decode_interval_ms, rope=rope_from_args(a), kv_type=a.kv_type,
-                        tp=a.tp, step_tokens=a.step_tokens)
+                        tp=a.tp, step_tokens=a.step_tokens, speculative=a.speculative, draft_max=a.draft_max)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,8 @@ DEFAULT_CHUNK = {"cpu": 256, "gpu": 2048}
 DEFAULT_MAX_RUNNING = 256
 MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kvcache/kv.py, bench/HISTORY.md)
 DEFAULT_DECODE_INTERVAL_MS = 50.0
+SPECULATIVE = ("off", "ngram")
+DEFAULT_DRAFT_MAX = 8
 WEIGHT_FORMS = ("quantized", "fp16")
 
 
@@ -36,6 +38,8 @@ class EngineConfig:
     rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/modelfile/rope_config.py)
     kv_type: str = "auto"  # the cache's element type (engine/core/kv_types.py)
     tp: int = 1  # tensor-parallel ranks, one process each (engine/parallel/tp_workers.py)
+    speculative: str = "off"  # speculative decoding's drafter: off | ngram (engine/runner/ngram_draft.py)
+    draft_max: int = DEFAULT_DRAFT_MAX  # the most tokens a request's draft proposes at a step
 
     def __post_init__(self):
         if self.chunk is not None and self.chunk < 1:
@@ -50,6 +54,9 @@ class EngineConfig:
             raise ValueError("--max-running must be >= 1")
         if self.tp < 1:
             raise ValueError(f"--tp must be >= 1, got {self.tp}")
+        if self.speculative not in SPECULATIVE or not 1 <= self.draft_max <= 32:
+            raise ValueError(f"--speculative is one of {', '.join(SPECULATIVE)} and --draft-max 1..32, got "
+                             f"{self.speculative} and {self.draft_max}")
         if self.chunk is None:  # checked again once the device's default is set
             return
         block = self.block

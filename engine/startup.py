@@ -67,6 +67,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     runner = ModelRunner(*args) if config.tp == 1 else TensorParallelRunner(*args, world=config.tp, workers=workers,
                                                                              conns=conns)
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
+    runner.draft_max = config.draft_max if config.speculative == "ngram" and runner.speculates else 0
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     lap("pool")
     runner.warm_up()

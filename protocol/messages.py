@@ -27,6 +27,7 @@ GEN_KEYS: dict[str, type] = {
     "grammar": str,  # the output must match this grammar (llguidance's grammar text, escaped)
     "reuse": int,  # 0 = read the whole prompt even if a slot kept its start (default 1: reuse it)
     "session": str,  # the client's session (a prompt_cache_key): its cached prefix outlives one-off requests'
+    "spec": int,  # 0 = no speculative decoding for this request (default 1: as the engine's --speculative says)
 }
 
 FINISH_REASONS = ("stop", "length", "cancel")

@@ -61,6 +61,8 @@ class ServerSettings:
     cache_ram_gib: float | None = None  # forwarded to the default engine: its host tier (None: the engine's default)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
     step_tokens: int | None = None  # forwarded to the default engine: prompt rows a step may take (None: its default)
+    speculative: str | None = None  # forwarded to the default engine: its drafter (off | ngram; None: its default)
+    draft_max: int | None = None  # forwarded to the default engine: a draft's most tokens
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
     cors_origins: tuple[str, ...] = ()  # origins of other pages allowed to call this server ("*": any)
     rope: RopeOverride = RopeOverride()  # forwarded to the default engine: rope scaling over the file's
@@ -128,6 +130,8 @@ class ServerSettings:
         cmd += [] if self.cache_ram_gib is None else ["--cache-ram", f"{self.cache_ram_gib:g}"]
         cmd += [] if self.decode_interval_ms is None else ["--decode-interval-ms", f"{self.decode_interval_ms:g}"]
         cmd += [] if self.step_tokens is None else ["--step-tokens", str(self.step_tokens)]
+        cmd += [] if self.speculative is None else ["--speculative", self.speculative]
+        cmd += [] if self.draft_max is None else ["--draft-max", str(self.draft_max)]
         return cmd + self.preempt.engine_args() + self.rope.engine_args()
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.ops.delta_rule import CHUNK
 
 
@@ -33,8 +34,26 @@ class RecurrentState:
     def nbytes(self) -> int:
         return int(self.conv.nbytes + self.ssm.nbytes)
 
+    def digest(self) -> bytes:
+        """Its bytes (a request's fingerprint), from wherever they are."""
+        host = lambda a: a if isinstance(a, np.ndarray) else a.get()  # noqa: E731
+        return host(self.conv).tobytes() + host(self.ssm).tobytes()
+
     def equals(self, other: RecurrentState) -> bool:
         return bool((self.conv == other.conv).all() and (self.ssm == other.ssm).all())
+
+
+def zero_state(cfg: ModelConfig, device: str, chunk: int) -> RecurrentState | None:
+    """A hybrid model's recurrent state at position 0; None for other models. Refuses what this version
+    cannot run: a hybrid on the GPU, a chunk that is not a whole number of the delta rule's chunks."""
+    h = cfg.hybrid
+    if h is None:
+        return None
+    if device != "cpu":
+        raise ModelLoadError(f"{cfg.arch} runs on the CPU only in this version (--device cpu)")
+    if chunk % CHUNK:
+        raise ModelLoadError(f"{cfg.arch}: --chunk must be a multiple of {CHUNK} (the delta rule's chunks)")
+    return RecurrentState.zeros(len(h.linear_layers), h.conv_kernel, h.channels, h.v_heads, h.dk, h.dv)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from engine.core.chunks import chunk_end
 from engine.loop.parking import Parking
 from engine.loop.request_table import RequestTable
 from engine.kvcache.recurrent import SequenceState
+from engine.runner.ngram_draft import NgramDrafter
 from engine.runner.sequence import Sequence
 from engine.runner.sampler import Sampler, SamplingParams
 
@@ -66,11 +67,13 @@ class Admission:
             constraint = self.runner.constraint(gen.params["grammar"])
             for token in gen.tokens[len(gen.tokens) - drawn:]:  # a continuation's tokens so far
                 constraint.accept(token)
+        speculate = self.runner.draft_max and sampling.temperature == 0 and gen.params.get("spec", 1)
         return Sequence(
             id=gen.id, prompt=gen.tokens, max_new=min(gen.max_new, self.runner.ctx - len(gen.tokens)),
             sampler=Sampler(sampling, gen.tokens, drawn, constraint),
             stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
-            fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, session=gen.params.get("session"))
+            fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, session=gen.params.get("session"),
+            drafter=NgramDrafter(gen.tokens, self.runner.draft_max) if speculate else None)
 
     def place(self, seq: Sequence, reuse: bool) -> bool:
         """Blocks for `seq` up to the end of its first chunk: a cached prefix first (whole blocks when
@@ -113,6 +116,8 @@ class Admission:
             seq.decode_ms = (time.perf_counter() - seq.decode_started) * 1000
         extra = {"parks": str(seq.parks), "park_ms": f"{seq.park_ms:.3f}", "cached": str(seq.cached),
                  "shared_ms": f"{seq.shared_ms:.3f}"}
+        if seq.drafter is not None:  # speculative decoding: tokens drafted and accepted
+            extra |= {"drafted": str(seq.drafter.drafted), "accepted": str(seq.drafter.accepted)}
         if seq.fingerprints and (seq.table or not seq.kv_len):
             extra["fp"] = self.runner.fingerprint(seq)
         self.write(m.Done(len(seq.generated), seq.total, seq.prompt_ms, seq.decode_ms, reason, extra, seq.id))

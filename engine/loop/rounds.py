@@ -23,6 +23,7 @@ from typing import Callable
 from protocol import messages as m
 
 from engine.loop.admission import Admission
+from engine.loop.decode_steps import DecodeSteps
 from engine.loop.memory import Memory
 from engine.core.chunks import chunk_end, step_budget
 from engine.loop.parking import Parking
@@ -31,7 +32,6 @@ from engine.loop.request_table import RequestTable
 from engine.loop.step_trace import StepTrace
 from engine.ops.delta_rule import CHUNK as STATE_CHUNK
 from engine.runner.sequence import Sequence
-from engine.runner.grammar_mask import GrammarError
 
 
 class Rounds:
@@ -45,6 +45,8 @@ class Rounds:
         self.chunk_ms: float | None = None  # the latest prompt step's own time, without its pauses
         self.paused_ms = 0.0  # decode steps run in the pauses of the current chunk
         self.trace = StepTrace()  # a line per step on stderr with $STRATA_STEP_TRACE
+        self.decoding = DecodeSteps(runner, memory, admission, write, self.trace)
+        self.decode_step, self.draw = self.decoding.step, self.decoding.draw
 
     def take_lines(self) -> None:
         """The control lines that arrived meanwhile, handled without waiting."""
@@ -67,55 +69,6 @@ class Rounds:
                 break  # nobody waits for a step: the next round reads on (taking control lines first)
             if (time.perf_counter() - started) * 1000 + (reader.chunk_ms or self.chunk_ms or 0.0) > self.interval_ms:
                 break  # the decoders have waited about interval_ms: their step comes first
-
-    # ------------------------------------------------------------ decode
-
-    def decode_step(self, seqs: list[Sequence]) -> None:
-        """Each decoding request's next token from its logits, then one batched forward for those
-        that go on (each with a block for its new row; a request that cannot have one is paused)."""
-        going = []
-        now = time.perf_counter()
-        for seq in seqs:
-            if seq.paused:  # paused by an earlier row's need in this step
-                continue
-            # (a request whose token is drawn and not yet through the model, unstepped: its first, drawn
-            # right after its prompt, or one paused after its draw, goes straight to its forward)
-            if seq.unstepped or self.draw(seq, now):
-                going.append(seq)
-        for seq in list(going):  # oldest first: a newer one gives its blocks up first
-            if not seq.paused and not self.memory.get_blocks(seq, seq.kv_len + 1):
-                self.memory.pause(seq)
-        going = [s for s in going if not s.paused]
-        for batch in range(0, len(going), self.runner.max_batch):
-            rows = going[batch : batch + self.runner.max_batch]
-            started = time.perf_counter()
-            self.runner.decode_batch(rows)
-            self.trace.step("decode", started, rows=len(rows))
-            for seq in rows:
-                seq.unstepped = False
-                if batch + self.runner.max_batch < len(going):  # the next batch's replay reuses the buffers
-                    self.runner.set_aside(seq)
-
-    def draw(self, seq: Sequence, now: float) -> bool:
-        """The request's next token from its logits, written out; False if that ends it."""
-        if seq.decode_started is None:
-            seq.decode_started = now
-        token = self.runner.sample(seq)
-        try:
-            seq.sampler.accept(token)
-        except GrammarError as e:
-            self.admission.drop(seq, f"constrained decoding failed: {e}")
-            return False
-        seq.generated.append(token)
-        self.write(m.Token(token, seq.id))
-        if token in seq.stop_ids:
-            self.admission.finish(seq, "stop")
-            return False
-        if len(seq.generated) >= seq.max_new:
-            self.admission.finish(seq, "length")
-            return False
-        seq.unstepped = True
-        return True
 
     # ------------------------------------------------------------ prompt chunks
 

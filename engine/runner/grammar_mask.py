@@ -62,3 +62,14 @@ class Constraint:
 
 class GrammarError(ValueError):
     """The grammar's state broke on a token its own mask allowed."""
+
+
+def compile_constraint(grammars, grammar: str) -> "Constraint":
+    """A request's grammar state over the engine's tokenizer (`grammars`, None without one); ValueError
+    if it does not compile."""
+    if grammars is None:
+        raise ValueError("this engine has no tokenizer for grammars")
+    try:
+        return Constraint(grammars, grammar)
+    except Exception as e:  # whatever llguidance raises on a grammar it cannot take: an ERR, not a crash
+        raise ValueError(f"grammar: {e}") from None

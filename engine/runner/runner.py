@@ -10,7 +10,7 @@ import numpy as np
 from engine import __version__
 from engine.ops.backend import Backend
 from engine.runner.decode_graph import GraphDecoder
-from engine.runner.grammar_mask import Constraint
+from engine.runner.grammar_mask import compile_constraint
 from engine.runner.sampling_graph import DrawGraphs
 from engine.runner.graph_pool import GraphMemoryError
 from engine.modelfile.model_config import ModelConfig
@@ -20,10 +20,8 @@ from engine.kvcache.host_tier import HostTier
 from engine.kvcache.kv import KVCache, KVSnapshot
 from engine.model.forward import LlamaModel
 from engine.model.hybrid import HybridModel
-from engine.kvcache.recurrent import RecurrentState, SequenceState
+from engine.kvcache.recurrent import SequenceState, zero_state
 from engine.kvcache.state_cache import StateCache
-from engine.ops.delta_rule import CHUNK as STATE_CHUNK
-from engine.modelfile.model_config import ModelLoadError
 from engine.core.chunks import chunk_end
 from engine.runner.row_check import rows_invariant
 from engine.runner.sequence import Sequence
@@ -41,37 +39,27 @@ class ModelRunner:
         self.max_running, self.max_batch = max_running, MAX_BATCH
         self.memory = memory or {}
         self.model = (HybridModel if cfg.hybrid else LlamaModel)(cfg, weights, backend)
-        self.recurrent = self.zero_state(cfg, backend, chunk)  # a hybrid's fresh recurrent state, else None
+        self.recurrent = zero_state(cfg, backend.name, chunk)  # a hybrid's fresh recurrent state, else None
         graphs = cuda_graphs and backend.name == "gpu"
         # with decode graphs a spare block past the pool the memory plan promised: the padding rows of a
         # graph's batch write their K/V rows there
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks, kv_type, spare=int(graphs))
         tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
         self.pool = BlockPool(self.kv.usable, block_size, tier)
-        self.state_cache = StateCache(block_size) if self.recurrent is not None else None  # a hybrid's states at
-        # cached prefixes' block boundaries
+        self.state_cache = StateCache(block_size) if self.recurrent is not None else None  # a hybrid's, at prefixes
         self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable) if graphs else None
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
+        self.draft_max = 0  # speculative decoding: the most tokens a greedy request's draft proposes (0: off),
+        # on the CPU only (the GPU's decode graphs take a row a sequence until a device check), not for a hybrid
+        self.speculates = backend.name == "cpu" and self.recurrent is None  # (whose state would need rolling back)
         # every row's result is the same in any step (engine/ops/blas_order.py; checked by warm_up): reads
         # may share a step, end anywhere, and a cached prefix be reused at any block
         self.shape_free = False
         # keys one prompt step may hold in all (None: no limit): a q8_0 pool's prompt attention on the GPU
         # widens its sequences' rows to fp16 in a scratch the memory plan sized for one request's context
         self.step_keys = ctx if backend.name == "gpu" and self.kv.type.name == "q8_0" else None
-
-    @staticmethod
-    def zero_state(cfg: ModelConfig, backend: Backend, chunk: int) -> RecurrentState | None:
-        """A hybrid model's recurrent state at position 0 (engine/kvcache/recurrent.py); None for others."""
-        h = cfg.hybrid
-        if h is None:
-            return None
-        if backend.name != "cpu":
-            raise ModelLoadError(f"{cfg.arch} runs on the CPU only in this version (--device cpu)")
-        if chunk % STATE_CHUNK:
-            raise ModelLoadError(f"{cfg.arch}: --chunk must be a multiple of {STATE_CHUNK} (the delta rule's chunks)")
-        return RecurrentState.zeros(len(h.linear_layers), h.conv_kernel, h.channels, h.v_heads, h.dk, h.dv)
 
     def state_of(self, seq: Sequence) -> SequenceState | None:
         """seq's recurrent state (made at its first read), a hybrid model's; None for others."""
@@ -166,24 +154,22 @@ class ModelRunner:
 
     def constraint(self, grammar: str):
         """A request's grammar state (engine/runner/grammar_mask.py); ValueError if it does not compile."""
-        if self.grammars is None:
-            raise ValueError("this engine has no tokenizer for grammars")
-        try:
-            return Constraint(self.grammars, grammar)
-        except Exception as e:  # whatever llguidance raises on a grammar it cannot take: an ERR, not a crash
-            raise ValueError(f"grammar: {e}") from None
+        return compile_constraint(self.grammars, grammar)
 
     def decode_batch(self, seqs: list[Sequence]) -> None:
-        """One decode step for every sequence in `seqs` (each with a block for its new row): their
-        newest tokens go through the model together, one pass over the weights; each gets its logits."""
+        """One decode step for every sequence in `seqs` (each with blocks for its new rows): their
+        newest tokens go through the model together, one pass over the weights; each gets its logits.
+        A sequence's drafts (speculative decoding) go as decode rows of their own after its newest token's
+        (the same bits as one-token steps); their logits are kept in order (draft_logits)."""
         states = [self.state_of(s) for s in seqs] if self.recurrent is not None else []
-        logits = self.decode_logits([s.generated[-1] for s in seqs], [s.table for s in seqs],
-                                    [s.kv_len for s in seqs], states)
+        tokens, tables, positions, first = decode_rows(seqs)
+        logits = self.decode_logits(tokens, tables, positions, states)
         for state in states:
             state.decoded()
         graph = self.decoder is not None and self.decoder.owns(logits[0])
-        for i, seq in enumerate(seqs):
+        for i, seq in zip(first, seqs):
             seq.logits, seq.graph_row = logits[i], i if graph else None
+            seq.draft_logits = [logits[i + 1 + j] for j in range(len(seq.drafts))]
 
     def sample(self, seq: Sequence) -> int:
         """The next token from the logits where they are (the GPU samples on the device). After a
@@ -241,6 +227,19 @@ class ModelRunner:
         h.update(self.kv.digest(seq.table, seq.kv_len))
         h.update(seq.kv_len.to_bytes(8, "little"))
         if seq.state is not None:  # a hybrid's recurrent state after its last position
-            h.update(self.backend.to_host(seq.state.now.conv).tobytes() + self.backend.to_host(seq.state.now.ssm).tobytes())
+            h.update(seq.state.now.digest())
         h.update(seq.sampler.state_digest())
         return h.hexdigest()
+
+
+def decode_rows(seqs: list[Sequence]) -> tuple[list[int], list, list[int], list[int]]:
+    """A decode step's rows: each sequence's newest token, then its drafts at the positions after it ->
+    (tokens, tables, positions, each sequence's first row)."""
+    tokens, tables, positions, first = [], [], [], []
+    for s in seqs:
+        first.append(len(tokens))
+        for i, token in enumerate([s.generated[-1], *s.drafts]):
+            tokens.append(token)
+            tables.append(s.table)
+            positions.append(s.kv_len + i)
+    return tokens, tables, positions, first

@@ -30,6 +30,9 @@ class Sequence:
     paused: bool = False  # moved to host memory under memory pressure; brought back first
     unstepped: bool = False  # its newest token is drawn but not yet through the model (logits are stale)
     state: object = None  # a hybrid model's recurrent state (engine/kvcache/recurrent.py SequenceState)
+    drafter: object = None  # speculative decoding's drafts (engine/runner/ngram_draft.py NgramDrafter), or none
+    drafts: list[int] = field(default_factory=list)  # tokens whose rows went through the last forward after the newest
+    draft_logits: list = field(default_factory=list)  # the logits after each of them: drafts[i]'s row
     settling: bool = False  # DONE is out: its answer's rows are read again as prompt rows, to be shared
     parked_seq: int = 0  # when it parked (a counter): the longest parked spills first
     parks: int = 0

@@ -105,6 +105,8 @@ class EngineLines:
         self.places.unpark(req)
         if isinstance(msg, m.Done) and req.restarts:
             self.metrics.engine_death_requests.labels("recovered").inc()
+        if isinstance(msg, m.Done) and "drafted" in msg.extra:  # speculative decoding's counts
+            self.metrics.observe_speculation(int(msg.extra["drafted"]), int(msg.extra["accepted"]))
         self.places.end(req)
         self.admission.dispatch()
         self.admission.offer_boundary()

@@ -100,4 +100,6 @@ def timings(req: Request, done: m.Done | None) -> dict:
         out |= {"prompt_ms": round(done.prompt_ms, 3), "decode_ms": round(done.decode_ms, 3),
                 "park_copy_ms": float(done.extra.get("park_ms", 0)),
                 "shared_ms": float(done.extra.get("shared_ms", 0))}  # others' decode steps during its read
+        if "drafted" in done.extra:  # speculative decoding: tokens drafted, and those the model confirmed
+            out |= {"drafted_tokens": int(done.extra["drafted"]), "accepted_tokens": int(done.extra["accepted"])}
     return out

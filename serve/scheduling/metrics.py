@@ -50,6 +50,10 @@ class Metrics:
                                         "for memory and none has ended since", registry=r)
         self.deferred = Counter("strata_deferred", "GEN or RESUME lines the engine deferred, by reason", ["reason"],
                                 registry=r)
+        self.spec_drafted = Counter("strata_spec_drafted_tokens", "Tokens drafted by speculative decoding",
+                                    registry=r)
+        self.spec_accepted = Counter("strata_spec_accepted_tokens", "Drafted tokens the model's own tokens "
+                                     "confirmed (each one a decode step saved)", registry=r)
         self.reuse_lookups = Counter("strata_prompt_reuse_lookups", "Requests that looked in the prefix cache",
                                      registry=r)
         self.reuse_hits = Counter("strata_prompt_reuse_hits", "Requests that found their prompt's start cached",
@@ -94,6 +98,11 @@ class Metrics:
         self.vllm_running.set_function(lambda: load_counts(scheduler)[0])
         self.vllm_waiting.set_function(lambda: load_counts(scheduler)[1])
         self.vllm_kv_usage.set_function(lambda: kv("used") / kv("kv_blocks") if kv("kv_blocks") else 0.0)
+
+    def observe_speculation(self, drafted: int, accepted: int) -> None:
+        """One request's drafted and accepted tokens (its DONE)."""
+        self.spec_drafted.inc(drafted)
+        self.spec_accepted.inc(accepted)
 
     def observe_prompt_reuse(self, cached: int, from_host: int = 0) -> None:
         """One request's prefix-cache lookup (its INFO after GEN); /status's prefix_cache counts the

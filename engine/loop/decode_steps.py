@@ -1,0 +1,102 @@
+"""A decode step: each decoding request's next token drawn from its logits, then one batched forward for
+those that go on (engine/loop/rounds.py runs it once a round, and in a long read's pauses). With
+speculative decoding (engine/runner/ngram_draft.py) a request's drafted tokens go through the same
+forward as rows after its newest token, each a decode row like any other; a draft is kept while the
+token drawn from the row before it is the draft itself, so the tokens are those one-token steps give."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from protocol import messages as m
+
+from engine.loop.admission import Admission
+from engine.loop.memory import Memory
+from engine.loop.step_trace import StepTrace
+from engine.runner.grammar_mask import GrammarError
+from engine.runner.sequence import Sequence
+
+
+class DecodeSteps:
+    def __init__(self, runner, memory: Memory, admission: Admission, write: Callable[[m.Message], None],
+                 trace: StepTrace):
+        self.runner, self.memory, self.admission, self.write, self.trace = runner, memory, admission, write, trace
+
+    def step(self, seqs: list[Sequence]) -> None:
+        """Each decoding request's next token from its logits, then one batched forward for those
+        that go on (each with a block for its new row; a request that cannot have one is paused)."""
+        going = []
+        now = time.perf_counter()
+        for seq in seqs:
+            if seq.paused:  # paused by an earlier row's need in this step
+                continue
+            # (a request whose token is drawn and not yet through the model, unstepped: its first, drawn
+            # right after its prompt, or one paused after its draw, goes straight to its forward)
+            if seq.unstepped or self.draw(seq, now):
+                going.append(seq)
+        for seq in list(going):  # oldest first: a newer one gives its blocks up first
+            if not seq.paused and not self.memory.get_blocks(seq, seq.kv_len + 1):
+                self.memory.pause(seq)
+            elif not seq.paused:  # speculative decoding: drafts after the newest token, in free blocks only
+                seq.drafts = self.drafts(seq)  # (never at the cost of a cached prefix or another request)
+                pool = self.memory.pool
+                if pool.blocks_for(seq.kv_len + 1 + len(seq.drafts)) - len(seq.table) > len(pool.free):
+                    seq.drafts = []
+                pool.grow(seq.table, seq.kv_len + 1 + len(seq.drafts))
+        going = [s for s in going if not s.paused]
+        for batch in range(0, len(going), self.runner.max_batch):
+            rows = going[batch : batch + self.runner.max_batch]
+            started = time.perf_counter()
+            self.runner.decode_batch(rows)
+            self.trace.step("decode", started, rows=len(rows))
+            for seq in rows:
+                seq.unstepped = False
+                if batch + self.runner.max_batch < len(going):  # the next batch's replay reuses the buffers
+                    self.runner.set_aside(seq)
+
+    def drafts(self, seq: Sequence) -> list[int]:
+        """The tokens seq's drafter proposes after its newest (none without one), as many as its
+        answer and context may still take."""
+        if seq.drafter is None:
+            return []
+        room = min(seq.max_new - len(seq.generated), self.runner.ctx - seq.kv_len - 1)
+        return seq.drafter.propose()[: max(0, room)]
+
+    def draw(self, seq: Sequence, now: float) -> bool:
+        """The request's next token from its logits, written out; False if that ends it. After a step
+        with drafts, while the token drawn is the next draft, that draft's row was the token's own: the
+        next token is drawn from its logits, and so on (the tokens are those one-token steps give)."""
+        if seq.decode_started is None:
+            seq.decode_started = now
+        drafts, accepted, going = seq.drafts[: len(seq.draft_logits)], 0, True
+        while True:
+            token = self.runner.sample(seq)
+            going = self.emit(seq, token)
+            if not (going and accepted < len(drafts) and token == drafts[accepted]):
+                break
+            seq.logits, accepted = seq.draft_logits[accepted], accepted + 1
+        if seq.drafter is not None:
+            if drafts:
+                seq.drafter.verified(len(drafts), accepted)
+            seq.drafter.extend(seq.generated[len(seq.generated) - accepted - 1 :])
+        seq.drafts, seq.draft_logits = [], []
+        if going:
+            seq.unstepped = True
+        return going
+
+    def emit(self, seq: Sequence, token: int) -> bool:
+        """A drawn token accepted by the request's sampler and written out; False if that ends it."""
+        try:
+            seq.sampler.accept(token)
+        except GrammarError as e:
+            self.admission.drop(seq, f"constrained decoding failed: {e}")
+            return False
+        seq.generated.append(token)
+        self.write(m.Token(token, seq.id))
+        if token in seq.stop_ids:
+            self.admission.finish(seq, "stop")
+            return False
+        if len(seq.generated) >= seq.max_new:
+            self.admission.finish(seq, "length")
+            return False
+        return True

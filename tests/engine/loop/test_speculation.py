@@ -1,0 +1,67 @@
+"""Speculative decoding with n-gram drafts (engine/loop/decode_steps.py) on the real engine process and the
+default model: a greedy request's tokens and final state are the same with and without drafts (a
+draft's row is a decode row like any other), alone, beside other decoders, and with a repetition
+penalty; the drafted and accepted counts come with its DONE; sampled requests do not draft."""
+import pytest
+
+from engine.modelfile.model_path import default_model_path
+from engine.modelfile.tokenizer import load_tokenizer
+from protocol import messages as m
+from tests.harness import PY, EngineProcess
+from tools.checks import preempt_scenarios as sc
+
+PASSAGE = ("def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n"
+           "    return 2 * (width + height)\n")
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = EngineProcess([PY, "-m", "engine", "--serve", "--device", "cpu", "--ctx", "1024", "--speculative", "ngram",
+                       "--draft-max", "6"])
+    e.handshake()
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def rewrite():
+    """A request to repeat a short file: its answer quotes its prompt."""
+    tok = load_tokenizer(str(default_model_path()))
+    return tuple(tok.encode(f"<|im_start|>user\nCopy this code exactly:\n{PASSAGE}<|im_end|>\n<|im_start|>assistant\n"
+                            f"{PASSAGE[:20]}"))
+
+
+def run(engine, ident: int, prompt, params: dict, spec: int) -> list[m.Message]:
+    engine.send(m.Gen(MAX_NEW, tuple(prompt), {**params, "fp": 1, "reuse": 0, "spec": spec}, ident))
+    return engine.read_until(m.Done, ident=ident)
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0.0, "seed": 0}, {"temperature": 0.0, "seed": 0, "repeat_penalty": 1.05}],
+                         ids=["greedy", "penalized"])
+def test_drafts_change_no_token_and_are_counted(engine, rewrite, params):
+    plain, drafted = run(engine, 1, rewrite, params, 0), run(engine, 2, rewrite, params, 1)
+    assert sc.tokens_of(drafted, 2) == sc.tokens_of(plain, 1)
+    assert drafted[-1].extra["fp"] == plain[-1].extra["fp"]
+    assert "drafted" not in plain[-1].extra
+    drafted_n, accepted_n = int(drafted[-1].extra["drafted"]), int(drafted[-1].extra["accepted"])
+    assert 0 < accepted_n <= drafted_n  # (a mild penalty: the answer still copies the prompt)
+
+
+def test_drafts_beside_other_decoders_change_no_token(engine, rewrite):
+    greedy = {"temperature": 0.0}
+    alone = sc.tokens_of(run(engine, 3, rewrite, greedy, 1), 3)
+    other = sc.tokens_of(run(engine, 4, rewrite[:30], greedy, 0), 4)
+    engine.send(m.Gen(MAX_NEW, rewrite[:30], {**greedy, "reuse": 0, "spec": 0}, 5))
+    engine.send(m.Gen(MAX_NEW, rewrite, {**greedy, "reuse": 0, "spec": 1}, 6))
+    seen, done = [], set()
+    while len(done) < 2:
+        seen.append(engine.read())
+        if isinstance(seen[-1], m.Done):
+            done.add(seen[-1].id)
+    assert sc.tokens_of(seen, 6) == alone and sc.tokens_of(seen, 5) == other
+
+
+def test_a_sampled_request_does_not_draft(engine, rewrite):
+    done = run(engine, 7, rewrite, {"temperature": 0.8, "seed": 3}, 1)[-1]
+    assert "drafted" not in done.extra and done.generated > 0

@@ -1,0 +1,31 @@
+"""Speculative decoding as a user turns it on (`--speculative ngram`): through the API a greedy answer
+is the text of a server without it, its timings say what was drafted and accepted, and /metrics counts
+them (strata_spec_drafted_tokens_total, strata_spec_accepted_tokens_total)."""
+import httpx
+
+from tests.harness import ServerProcess
+from tests.serve.helpers import metrics
+
+CODE = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n"
+PROMPT = f"Copy this code exactly:\n{CODE}\nHere it is:\n{CODE[:30]}"
+
+
+def complete(server) -> dict:
+    r = httpx.post(server.url + "/v1/completions", timeout=120,
+                   json={"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "seed": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_drafts_leave_the_text_as_it_was_and_are_counted():
+    with ServerProcess(extra=["--device", "cpu", "--ctx", "1024"]) as plain:
+        want = complete(plain)["choices"][0]["text"]
+        assert "strata_spec_drafted_tokens_total" in metrics(plain.url)  # the counter exists, at 0
+    with ServerProcess(extra=["--device", "cpu", "--ctx", "1024", "--speculative", "ngram"]) as server:
+        got = complete(server)
+        assert got["choices"][0]["text"] == want
+        timings = got["timings"]
+        assert 0 < timings["accepted_tokens"] <= timings["drafted_tokens"]
+        counts = metrics(server.url)
+        assert counts["strata_spec_drafted_tokens_total"] == timings["drafted_tokens"]
+        assert counts["strata_spec_accepted_tokens_total"] == timings["accepted_tokens"]
