@@ -140,13 +140,16 @@ def read_config(reader: GGUFFile) -> ModelConfig:
     moe = arch in ("qwen3moe", "qwen3next", "qwen35moe")
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     context = int(g("context_length"))
+    # a file converted with its MTP (multi-token prediction) layers counts them in block_count, after the
+    # model's own: they are not part of the forward pass (speculative decoding's, not run in this version)
+    n_layers = int(g("block_count")) - int(g("nextn_predict_layers", 0))
     try:
         rope = rope_from_gguf(g, None if freqs is None else np.asarray(freqs.data, dtype=np.float32).reshape(-1), context)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
     return ModelConfig(
         arch=arch, name=str(field_value(reader, "general.name", "unnamed")),
-        n_layers=int(g("block_count")), dim=dim, ffn_dim=int(g("feed_forward_length", 0)),
+        n_layers=n_layers, dim=dim, ffn_dim=int(g("feed_forward_length", 0)),
         n_heads=n_heads, n_kv_heads=int(g("attention.head_count_kv", n_heads)),
         head_dim=head_dim, vocab_size=int(g("vocab_size", vocab)),
         context_length=context, rope_base=float(g("rope.freq_base", 10000.0)),
@@ -156,7 +159,7 @@ def read_config(reader: GGUFFile) -> ModelConfig:
         n_experts=int(g("expert_count", 0)) if moe else 0, n_experts_used=int(g("expert_used_count", 0)) if moe else 0,
         expert_ffn_dim=int(g("expert_feed_forward_length", 0)) if moe else 0,
         expert_weights_norm=bool(g("expert_weights_norm", True)) if moe else False,
-        rope=rope, hybrid=read_hybrid(g, arch, int(g("block_count")), head_dim) if arch in HYBRID_ARCHITECTURES else None,
+        rope=rope, hybrid=read_hybrid(g, arch, n_layers, head_dim) if arch in HYBRID_ARCHITECTURES else None,
     )
 
 

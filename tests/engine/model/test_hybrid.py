@@ -151,3 +151,13 @@ def test_a_cached_prefix_and_the_previous_answer_are_reused_with_the_cold_tokens
         cold = run(engine, ident + 1, prompt, 8, params, reuse=False)
         assert sc.tokens_of(warm, ident) == sc.tokens_of(cold, ident + 1)
         assert warm[-1].extra["fp"] == cold[-1].extra["fp"]
+
+
+def test_mtp_layers_counted_in_the_file_are_not_run(tmp_path):
+    """A file converted with its MTP layers (llama.cpp's default) counts them in block_count and names them
+    in nextn_predict_layers: the model's own layers are the others."""
+    path = tmp_path / "mtp.gguf"
+    subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--arch", "qwen35",
+                    *SHAPE, "--mtp-layers", "1"], check=True, capture_output=True)
+    cfg, weights, _ = load_model(str(path), cpu_backend())
+    assert cfg.n_layers == 4 and len(weights.layers) == 4 and cfg.hybrid.attention_layers == [1, 3]
