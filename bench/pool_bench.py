@@ -299,13 +299,19 @@ def clients_run(url: str, a: argparse.Namespace, rep: int) -> dict:
             "prompt_tokens_p50": pct([(r["usage"] or {}).get("prompt_tokens", 0) for r in rs], 50)}
 
 
-def case_clients(url: str, a: argparse.Namespace, log) -> dict:
+def repeated(name: str, run, a: argparse.Namespace, log, settings: dict, shown=lambda r: r) -> dict:
+    """run(rep) for each of --repeats, each run's figures logged (what `shown` keeps of them): the case's
+    settings, the runs' medians and the runs."""
     runs = []
     for rep in range(a.repeats):
-        runs.append(clients_run(url, a, rep))
-        log(f"clients run {rep + 1}: " + json.dumps(runs[-1]))
-    out = {"clients": a.clients, "client_words": a.client_words, "client_tokens": a.client_tokens,
-           "median": medians(runs), "runs": runs}
+        runs.append(run(rep))
+        log(f"{name} run {rep + 1}: " + json.dumps(shown(runs[-1])))
+    return {**settings, "median": medians(runs), "runs": runs}
+
+
+def case_clients(url: str, a: argparse.Namespace, log) -> dict:
+    out = repeated("clients", lambda rep: clients_run(url, a, rep), a, log,
+                   {"clients": a.clients, "client_words": a.client_words, "client_tokens": a.client_tokens})
     m = out["median"]
     log(f"clients: TTFT p50 {m['ttft_p50_s']} s p99 {m['ttft_p99_s']} s; {m['aggregate_tok_s']} tok/s aggregate, "
         f"{m['decode_tok_s']} decode")
@@ -339,12 +345,9 @@ def subagents_run(url: str, a: argparse.Namespace, tokenizer, rep: int) -> dict:
 
 
 def case_subagents(url: str, a: argparse.Namespace, tokenizer, log) -> dict:
-    runs = []
-    for rep in range(a.repeats):
-        runs.append(subagents_run(url, a, tokenizer, rep))
-        log(f"subagents run {rep + 1}: " + json.dumps(runs[-1]))
-    out = {"agents": a.agents, "system_tokens": a.system_tokens, "tail_tokens": a.tail_tokens,
-           "answer_tokens": a.agent_answer, "median": medians(runs), "runs": runs}
+    out = repeated("subagents", lambda rep: subagents_run(url, a, tokenizer, rep), a, log,
+                   {"agents": a.agents, "system_tokens": a.system_tokens, "tail_tokens": a.tail_tokens,
+                    "answer_tokens": a.agent_answer})
     m = out["median"]
     log(f"subagents: TTFT p50 {m['ttft_p50_s']} s max {m['ttft_max_s']} s; cached {m['cached_tokens_min']}.."
         f"{m['cached_tokens_max']} (system prompt {m['system_tokens']} tokens)")
@@ -376,12 +379,9 @@ def agent_run(url: str, a: argparse.Namespace, tokenizer, rep: int) -> dict:
 
 
 def case_agent(url: str, a: argparse.Namespace, tokenizer, log) -> dict:
-    runs = []
-    for rep in range(a.repeats):
-        runs.append(agent_run(url, a, tokenizer, rep))
-        log(f"agent run {rep + 1}: " + json.dumps({k: v for k, v in runs[-1].items() if k != "turns"}))
-    out = {"turns": a.turns, "loop_context": a.loop_context, "tool_tokens": a.tool_tokens,
-           "turn_answer": a.turn_answer, "median": medians(runs), "runs": runs}
+    out = repeated("agent", lambda rep: agent_run(url, a, tokenizer, rep), a, log,
+                   {"turns": a.turns, "loop_context": a.loop_context, "tool_tokens": a.tool_tokens,
+                    "turn_answer": a.turn_answer}, shown=lambda r: {k: v for k, v in r.items() if k != "turns"})
     m = out["median"]
     log(f"agent: first turn TTFT {m['first_turn_ttft_s']} s; later turns p50 {m['later_ttft_p50_s']} s "
         f"max {m['later_ttft_max_s']} s ({m['last_prompt_tokens']} tokens at the last)")
