@@ -1,10 +1,11 @@
-"""The IQ quant types on the CPU (issue 45): a hybrid file whose matrices are IQ blocks (random grid indices,
-signs and sub-scales: tools/fixtures/make_synthetic_gguf.py) loads, each layer matrix holds gguf-py's
-dequantization of its tensor's blocks (the reference arithmetic) in the forward pass's layout, and a
-prompt read gives finite logits."""
+"""The IQ quant types on the CPU (issue 45): the engine's weights of each IQ type's blocks (random grid
+indices, signs and sub-scales, as tools/fixtures/make_synthetic_gguf.py writes them) are gguf-py's
+dequantization (the reference arithmetic); and a hybrid file of the common types (IQ3_S, IQ4_XS) loads
+with each layer matrix so, in the forward pass's layout, and a prompt read gives finite logits."""
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,9 +13,10 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from engine.kvcache.recurrent import SequenceState
-from engine.model.weights import load_model
+from engine.model.weights import TensorRows, load_model
 from engine.ops.backend import cpu_backend
 from engine.runner.runner import ModelRunner
+from tools.fixtures.make_synthetic_gguf import random_blocks
 
 ROOT = Path(__file__).resolve().parents[3]
 TYPES = ("IQ1_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS")
@@ -25,6 +27,16 @@ SHAPE = ["--arch", "qwen3next", "--layers", "2", "--dim", "256", "--heads", "2",
 
 
 @pytest.mark.parametrize("kind", TYPES)
+def test_each_iq_type_s_rows_are_gguf_s_values(kind):
+    """A matrix of 3 rows of 512 values of random blocks, through the loader's rows (TensorRows.values)."""
+    qtype = GGMLQuantizationType[kind]
+    raw = random_blocks(np.random.default_rng(1), qtype, 3, 512, 0.02)
+    tensor = SimpleNamespace(name="w", tensor_type=qtype, data=raw, shape=(512, 3))
+    want = dequantize(raw.reshape(-1), qtype).reshape(3, 512)
+    assert np.array_equal(TensorRows(tensor).values(), want) and np.isfinite(want).all() and want.std() > 0
+
+
+@pytest.mark.parametrize("kind", ["IQ3_S", "IQ4_XS"])
 def test_an_iq_file_loads_as_gguf_dequantizes_it_and_reads(kind, tmp_path):
     path = tmp_path / f"{kind}.gguf"
     subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), *SHAPE,
