@@ -46,13 +46,17 @@ class EnginePipe:
                 return msg
 
     def read_until(self, *types, ident: int | None = None) -> list[m.Message]:
-        """Read lines up to and including the first of `types` (for `ident` if given)."""
+        """Read lines up to and including the first of `types` (for `ident` if given). An ERR for
+        `ident` when no ERR is awaited ends the wait at once (the request is over: what was awaited
+        would never come)."""
         got = []
         while True:
             msg = self.read()
             got.append(msg)
             if isinstance(msg, types) and (ident is None or msg.id == ident):
                 return got
+            if isinstance(msg, m.Err) and ident is not None and msg.id == ident and m.Err not in types:
+                raise RuntimeError(f"the engine refused request {ident}: {msg.message}")
 
     def close(self, timeout_s: float = 20) -> int:
         if self.proc.poll() is None:

@@ -85,6 +85,9 @@ def test_bad_lines_get_err_naming_the_problem_and_serving_goes_on(engine, tokeni
     assert "unknown verb" in err().message
     engine.send(m.Gen(5, FRANCE, {"grammar": '{"grammars": [{"lark_grammar": "start: ("}]}'}, 10))
     assert err().message.startswith("grammar")
+    engine.send("GEN 5 warp=9 1,2,3 id=11")  # a client waiting for this request's DONE learns at once
+    with pytest.raises(RuntimeError, match="request 11: unknown GEN key 'warp'"):
+        engine.read_until(m.Done, ident=11)
     engine.send(m.Gen(20, FRANCE, {}, 9))
     tokens = [t.token for t in engine.read_until(m.Done, ident=9) if isinstance(t, m.Token)]
     assert "Paris" in tokenizer.decode(tokens)
