@@ -173,11 +173,11 @@ class BlockPool:
             self.hits += 1
         return found
 
-    def register(self, table: list[int], prompt, upto: int) -> None:
+    def register(self, table: list[int], prompt, upto: int) -> list[bytes]:
         """The table's blocks below `upto` (a multiple of the block size) hold rows a prompt-chunk
         read wrote in full: make them findable. A block whose key another block already holds
-        stays unregistered (it is freed with its table)."""
-        parent = ROOT_KEY
+        stays unregistered (it is freed with its table). Returns their chain's keys, in order."""
+        parent, keys = ROOT_KEY, []
         for i in range(min(upto // self.size, len(table))):
             block = self.blocks[table[i]]
             tokens = tuple(prompt[i * self.size : (i + 1) * self.size])
@@ -191,6 +191,8 @@ class BlockPool:
                 parent = key
             else:
                 parent = block.key
+            keys.append(parent)
+        return keys
 
     def _ref(self, index: int) -> None:
         block = self.blocks[index]

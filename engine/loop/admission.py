@@ -102,7 +102,7 @@ class Admission:
     def resume_state(self, seq: Sequence) -> None:
         """A hybrid's cached prefix cut back to the last block after which its recurrent state is kept
         (engine/kvcache/state_cache.py), seq's state that one; none kept: no prefix."""
-        blocks, state = self.runner.state_cache.resume(seq.prompt, len(seq.table))
+        blocks, state = self.runner.state_cache.resume([self.pool.blocks[i].key for i in seq.table])
         self.pool.release(seq.table[blocks:])  # (release empties the list it is given)
         del seq.table[blocks:]
         seq.state = SequenceState.at(state, blocks * self.pool.size) if state is not None else None

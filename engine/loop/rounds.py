@@ -139,19 +139,17 @@ class Rounds:
                         reads=[[seq.id, pos, end] for (seq, end), pos in zip(pieces, before)],
                         paused_ms=round(self.paused_ms, 2))
         size = self.memory.pool.size if self.runner.shape_free else self.runner.chunk
-        for seq, _ in pieces:
-            if seq.state is not None and self.runner.state_cache is not None:  # a hybrid's state at its mark,
-                self.runner.state_cache.keep(seq.prompt, seq.state.mark_at, seq.state.mark)  # for its prefix
+        for seq, _ in pieces:  # shareable now: whole blocks (rows that are the same in any step), else whole chunks
+            keys = self.memory.pool.register(seq.table, seq.prompt, seq.pos // size * size)
+            if seq.state is not None:  # a hybrid's recurrent state at its mark, for its prefix
+                self.runner.state_cache.keep(keys, seq.state.mark_at, seq.state.mark)
             if seq.settling:  # an answer read again: its whole blocks shared, its blocks back once done
-                self.memory.pool.register(seq.table, seq.prompt, seq.pos // size * size)
                 if not seq.reading:
                     self.memory.drop_settling(seq)
                 continue
             seq.chunk_ms = self.chunk_ms
             seq.prompt_ms += self.chunk_ms
             seq.shared_ms += self.paused_ms
-            self.memory.pool.register(seq.table, seq.prompt, seq.pos // size * size)  # shareable now: its
-            # whole blocks (rows that are the same in any step), else its whole chunks
         self.take_lines()  # lines that arrived during this step, before its PPs
         self.requests.in_step = []
         for (seq, _), pos in zip(pieces, before):
