@@ -24,15 +24,12 @@ class NgramDrafter:
     def extend(self, tokens) -> None:
         """Tokens appended to the context (the prompt, then each accepted or sampled token)."""
         for token in tokens:
+            # the n-grams that end just before this token are indexed now, with it as what followed them
+            # (the context's own tail is not: a lookup wants an earlier occurrence)
+            at = len(self.context)  # this token's position
+            for n in range(MIN_N, min(MAX_N, at) + 1):
+                self.ends[tuple(self.context[at - n : at])] = at
             self.context.append(int(token))
-            end = len(self.context)
-            for n in range(MIN_N, MAX_N + 1):
-                if end >= n:
-                    # the n-gram ending here is indexed only once a newer one would be looked up: the
-                    # lookup wants an earlier occurrence than the context's own end
-                    if end > n:
-                        prev = tuple(self.context[end - 1 - n : end - 1])
-                        self.ends[prev] = end - 1
 
     def propose(self) -> list[int]:
         """Up to k tokens that followed the latest earlier occurrence of the context's longest matching
