@@ -37,12 +37,9 @@ class DecodeSteps:
         for seq in list(going):  # oldest first: a newer one gives its blocks up first
             if not seq.paused and not self.memory.get_blocks(seq, seq.kv_len + 1):
                 self.memory.pause(seq)
-            elif not seq.paused:  # speculative decoding: drafts after the newest token, in free blocks only
-                seq.drafts = self.drafts(seq)  # (never at the cost of a cached prefix or another request)
-                pool = self.memory.pool
-                if pool.blocks_for(seq.kv_len + 1 + len(seq.drafts)) - len(seq.table) > len(pool.free):
-                    seq.drafts = []
-                pool.grow(seq.table, seq.kv_len + 1 + len(seq.drafts))
+            elif not seq.paused and (drafts := self.drafts(seq)):  # speculative decoding: drafts after the
+                if self.memory.grow_from_free(seq, seq.kv_len + 1 + len(drafts)):  # newest token, in free blocks
+                    seq.drafts = drafts  # only (never at the cost of a cached prefix or another request)
         going = [s for s in going if not s.paused]
         for batch in range(0, len(going), self.runner.max_batch):
             rows = going[batch : batch + self.runner.max_batch]

@@ -44,8 +44,8 @@ class Memory:
         if that does not free enough (seq's table unchanged): seq is then the newest that needs
         room, and the caller pauses it (or, for a GEN, defers it)."""
         while not self.pool.can_grow(seq.table, positions):
-            settling = [s for s in self.requests.line if s.settling and s is not seq and s not in self.requests.in_step]
-            if settling:  # an answer read again for sharing: worth least (not one whose step writes its rows now)
+            settling = self.droppable_settling(but=seq)
+            if settling:  # an answer read again for sharing: worth least
                 self.drop_settling(settling[-1])
                 continue
             parked = [s for s in self.requests.seqs.values() if s.parked and s.table and s is not seq]
@@ -61,11 +61,23 @@ class Memory:
         self.pool.grow(seq.table, positions)
         return True
 
+    def grow_from_free(self, seq: Sequence, positions: int) -> bool:
+        """seq's table grown to cover `positions` from free blocks alone (no cached block evicted, nobody
+        moved or paused); False, the table unchanged, if there are too few."""
+        if self.pool.blocks_for(positions) - len(seq.table) > len(self.pool.free):
+            return False
+        self.pool.grow(seq.table, positions)
+        return True
+
+    def droppable_settling(self, but: Sequence | None = None) -> list[Sequence]:
+        """The answers read again that may be let go (not one whose step writes its rows now), oldest first."""
+        return [s for s in self.requests.line if s.settling and s is not but and s not in self.requests.in_step]
+
     def free_settling(self, blocks: int) -> None:
         """Answers read again let go, newest first, until `blocks` blocks are available (or none is
         left): a new request's prefix lookup counts only what is available."""
         while self.pool.available < blocks:
-            settling = [s for s in self.requests.line if s.settling and s not in self.requests.in_step]
+            settling = self.droppable_settling()
             if not settling:
                 return
             self.drop_settling(settling[-1])

@@ -30,7 +30,7 @@ class Parking:
         """YIELD: the named read (or the first in line) parks at its next chunk boundary."""
         line = [s for s in self.requests.line if not s.settling]  # (an answer read again is no request's)
         target = self.requests.seqs.get(ident) if ident is not None else (line[0] if line else None)
-        if target is not None and target.reading and not target.parked and not target.settling:
+        if target is not None and target.reading and not target.parked:
             target.yield_wanted = True  # honoured at its next chunk boundary; decode never parks
 
     def try_park(self, seq: Sequence) -> None:
