@@ -93,7 +93,3 @@ class SequenceState:
     def decoded(self) -> None:
         """A decode row went through the model: `now` is one position further (the mark stays)."""
         self.now_at += 1
-
-    @property
-    def nbytes(self) -> int:
-        return self.now.nbytes + self.mark.nbytes

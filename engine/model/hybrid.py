@@ -110,7 +110,7 @@ class HybridModel(LlamaModel):
                 out[r] = dr.step(state.now.ssm[j], q[0], k[0], v[0], g[r], beta[r])
         else:  # prompt rows of each sequence, from its mark to its last chunk boundary, then the rest
             for (start, count), (lo, hi), state in zip(step.spans_or_one(), step.row_ranges(), states):
-                whole = count // dr.CHUNK * dr.CHUNK
+                whole = state.next_mark(start, count) - start  # the rows up to the read's last chunk boundary
                 for a0, a1 in ((lo, lo + whole), (lo + whole, hi)):
                     if a1 > a0:
                         conv, state.now.conv[j] = dr.causal_conv(mixed[a0:a1], state.now.conv[j], lw.conv)
@@ -118,7 +118,8 @@ class HybridModel(LlamaModel):
                         out[a0:a1] = dr.read(state.now.ssm[j], q, k, v, g[a0:a1], beta[a0:a1])
                     if a0 == lo and whole:  # the last boundary reached: the next read starts there
                         state.mark.conv[j], state.mark.ssm[j] = state.now.conv[j], state.now.ssm[j]
-        normed = head_norm(out, lw.norm, self.cfg.norm_eps) * (z.reshape(n, nv, dv) * sigmoid(z.reshape(n, nv, dv)))
+        z = z.reshape(n, nv, dv)
+        normed = head_norm(out, lw.norm, self.cfg.norm_eps) * (z * sigmoid(z))  # the gated norm
         return self.ops.matmul(normed.reshape(n, nv * dv).astype(F32), lw.w_out)
 
     def heads(self, conv):
