@@ -38,24 +38,20 @@ def linear_attention(loader, p: str) -> LinearAttentionWeights:
     h = loader.cfg.hybrid
     r = h.v_heads // h.k_heads
     names = loader.tensors
-    if p + "ssm_in.weight" in names:
-        q, k, v, z = grouped_rows(loader.matrix(p + "ssm_in.weight"), h.k_heads, [h.dk, h.dk, r * h.dv, r * h.dv])
-    elif p + "attn_qkv.weight" in names:
-        q, k, v = np.split(loader.matrix(p + "attn_qkv.weight"), np.cumsum([h.k_heads * h.dk, h.k_heads * h.dk]))
-        z = loader.matrix(p + "attn_gate.weight")
+    if p + "ssm_in.weight" in names:  # [q | k | v | z] from per-k-head groups
+        rows = grouped_rows(loader.matrix(p + "ssm_in.weight"), h.k_heads, [h.dk, h.dk, r * h.dv, r * h.dv])
+    else:  # [q | k | v] and z as they are
+        rows = [loader.matrices([p + "attn_qkv.weight", p + "attn_gate.weight"], [None, None])]
+    if p + "ssm_ba.weight" in names:  # [b | a] from per-k-head groups
+        rows += grouped_rows(loader.matrix(p + "ssm_ba.weight"), h.k_heads, [r, r])
     else:
-        raise ModelLoadError(f"missing tensor {p}ssm_in.weight (or {p}attn_qkv.weight)")
-    if p + "ssm_ba.weight" in names:
-        b, a = grouped_rows(loader.matrix(p + "ssm_ba.weight"), h.k_heads, [r, r])
-    else:
-        b, a = loader.matrix(p + "ssm_beta.weight"), loader.matrix(p + "ssm_alpha.weight")
+        rows.append(loader.matrices([p + "ssm_beta.weight", p + "ssm_alpha.weight"], [None, None]))
     conv = np.asarray(loader.small_matrix(p + "ssm_conv1d.weight"), dtype=np.float32)  # (channels, kernel)
     if conv.shape != (h.channels, h.conv_kernel):
         raise ModelLoadError(f"{p}ssm_conv1d.weight is {conv.shape}, expected {(h.channels, h.conv_kernel)}")
-    dt = p + "ssm_dt.bias" if p + "ssm_dt.bias" in names else p + "ssm_dt.weight"
     return LinearAttentionWeights(
-        w_in=stacked([q, k, v, z, b, a]), conv=conv, a=loader.vector(p + "ssm_a").reshape(-1),
-        dt_bias=loader.vector(dt).reshape(-1), norm=loader.vector(p + "ssm_norm.weight").reshape(-1),
+        w_in=stacked(rows), conv=conv, a=loader.vector(p + "ssm_a").reshape(-1),
+        dt_bias=loader.vector(p + "ssm_dt.bias").reshape(-1), norm=loader.vector(p + "ssm_norm.weight").reshape(-1),
         w_out=loader.matrix(p + "ssm_out.weight"))
 
 
