@@ -30,7 +30,6 @@ from engine.loop.parking import Parking
 from engine.loop.protocol_io import Inbox
 from engine.loop.request_table import RequestTable
 from engine.loop.step_trace import StepTrace
-from engine.ops.delta_rule import CHUNK as STATE_CHUNK
 from engine.runner.sequence import Sequence
 
 
@@ -113,8 +112,8 @@ class Rounds:
         chunk = self.runner.chunk
         if self.runner.shape_free:
             end = min(seq.total, seq.pos + min(chunk, left))
-            if self.runner.recurrent is not None and end < seq.total:  # a hybrid's reads end at the delta
-                end = max(seq.pos, end // STATE_CHUNK * STATE_CHUNK)  # rule's chunk boundaries (or its prompt's end)
+            if end < seq.total:  # a read ends where the runner's reads may (a hybrid's: the delta rule's
+                end = max(seq.pos, end // self.runner.read_align * self.runner.read_align)  # chunks), or at its end
             return end
         return chunk_end(seq.pos, seq.total, chunk)
 

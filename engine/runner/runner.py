@@ -22,6 +22,7 @@ from engine.model.forward import LlamaModel
 from engine.model.hybrid import HybridModel
 from engine.kvcache.recurrent import SequenceState, zero_state
 from engine.kvcache.state_cache import StateCache
+from engine.ops.delta_rule import CHUNK as STATE_CHUNK
 from engine.core.chunks import chunk_end
 from engine.runner.row_check import rows_invariant
 from engine.runner.sequence import Sequence
@@ -40,6 +41,7 @@ class ModelRunner:
         self.memory = memory or {}
         self.model = (HybridModel if cfg.hybrid else LlamaModel)(cfg, weights, backend)
         self.recurrent = zero_state(cfg, backend.name, chunk)  # a hybrid's fresh recurrent state, else None
+        self.read_align = 1 if self.recurrent is None else STATE_CHUNK  # where a read short of its prompt's end may end
         graphs = cuda_graphs and backend.name == "gpu"
         # with decode graphs a spare block past the pool the memory plan promised: the padding rows of a
         # graph's batch write their K/V rows there
@@ -51,9 +53,8 @@ class ModelRunner:
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
-        self.draft_max = 0  # speculative decoding: the most tokens a greedy request's draft proposes (0: off),
-        # on the CPU only (the GPU's decode graphs take a row a sequence until a device check), not for a hybrid
-        self.speculates = backend.name == "cpu" and self.recurrent is None  # (whose state would need rolling back)
+        self.draft_max = 0  # speculative decoding's most drafted tokens (0: off); on the CPU only (the GPU's decode
+        self.speculates = backend.name == "cpu" and self.recurrent is None  # graphs: a row a sequence), not a hybrid
         # every row's result is the same in any step (engine/ops/blas_order.py; checked by warm_up): reads
         # may share a step, end anywhere, and a cached prefix be reused at any block
         self.shape_free = False
