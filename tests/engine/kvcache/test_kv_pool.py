@@ -46,7 +46,9 @@ def test_requests_decode_together_and_a_read_runs_between_their_steps(engine_fac
     # a round reads while the decoders have waited less than --decode-interval-ms (50): chunks of 20 ms,
     # so one or two between two steps, never three; and 2 steps beside 1 every time
     assert max(reads_between) in (1, 2) and sum(reads_between) == 10, reads_between
-    assert all(order[i + 1 : j].count(("T", 2)) == 1 for i, j in zip(steps, steps[1:]))
+    # once 2 has its first token (1 may step alone before 2's GEN is read on a loaded machine)
+    together = [i for i in steps if i > order.index(("T", 2))]
+    assert all(order[i + 1 : j].count(("T", 2)) == 1 for i, j in zip(together, together[1:]))
     tokens = {i: [x.token for x in seen if isinstance(x, m.Token) and x.id == i] for i in (1, 2)}
     assert tokens[1][:4] == [10, 11, 12, 13] and tokens[2][:4] == [50, 51, 52, 53]  # each its own answer
 
