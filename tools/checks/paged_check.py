@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--max-new", type=int, default=16)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--only", choices=("reuse", "host", "pressure"), help="run one group of checks")
+    p.add_argument("--only", nargs="+", choices=("reuse", "host", "pressure"), help="run these groups of checks")
     p.add_argument("--engine-args", default="", help="more engine flags (e.g. --no-cuda-graphs)")
     p.add_argument("--wrap", default="", help="a command to run the engine under (e.g. compute-sanitizer)")
     p.add_argument("--json")
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             shared.append(engine(a, "--kv-tokens", "32768"))
         return shared[0]
 
-    for check in [checks[a.only]] if a.only else checks.values():
+    for check in [checks[name] for name in a.only] if a.only else checks.values():
         done = len(report)
         try:
             check(a, report, roomy)
