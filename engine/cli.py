@@ -67,7 +67,7 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
                         "chunk that takes longer pauses between layers for them (default "
                         f"{DEFAULT_DECODE_INTERVAL_MS:g}; 0: a step per chunk)")
     p.add_argument("--speculative", choices=SPECULATIVE, default="off",
-                   help="speculative decoding for greedy requests: ngram drafts tokens from the request's own "
+                   help="speculative decoding: ngram drafts tokens from the request's own "
                         "context and checks them in its decode step (the text is the same; on the CPU only in this "
                         "version; default: off)")
     p.add_argument("--draft-max", type=int, default=DEFAULT_DRAFT_MAX,

@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt tokens one engine step may read from several requests at once (forwarded to the "
                         "default engine; default: the engine's, two chunks)")
     p.add_argument("--speculative", choices=("off", "ngram"),
-                   help="speculative decoding for greedy requests: ngram drafts from the request's own context, "
+                   help="speculative decoding: ngram drafts from the request's own context, "
                         "checked in its decode step, the text unchanged (forwarded to the default engine; CPU only "
                         "in this version; default: off)")
     p.add_argument("--draft-max", type=int, help="the most tokens a draft proposes (forwarded; default: 8)")

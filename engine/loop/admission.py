@@ -67,7 +67,7 @@ class Admission:
             constraint = self.runner.constraint(gen.params["grammar"])
             for token in gen.tokens[len(gen.tokens) - drawn:]:  # a continuation's tokens so far
                 constraint.accept(token)
-        speculate = self.runner.draft_max and sampling.temperature == 0 and gen.params.get("spec", 1)
+        speculate = self.runner.draft_max and gen.params.get("spec", 1)
         return Sequence(
             id=gen.id, prompt=gen.tokens, max_new=min(gen.max_new, self.runner.ctx - len(gen.tokens)),
             sampler=Sampler(sampling, gen.tokens, drawn, constraint),

@@ -2,7 +2,13 @@
 those that go on (engine/loop/rounds.py runs it once a round, and in a long read's pauses). With
 speculative decoding (engine/runner/ngram_draft.py) a request's drafted tokens go through the same
 forward as rows after its newest token, each a decode row like any other; a draft is kept while the
-token drawn from the row before it is the draft itself, so the tokens are those one-token steps give."""
+token drawn from the row before it is the draft itself, so the tokens are those one-token steps give.
+
+Sampled requests draft too. The draw from each row takes the request's next uniform exactly as a
+one-token step would, so a seeded answer is the same token for token. For a drafter that proposes
+one token (not a distribution) this is the standard acceptance rule: the draft d is kept with
+probability p(d), and a rejected row's token follows p without d, renormalised, which is
+(p - q)+ for q = one-hot(d); the output distribution is the model's."""
 from __future__ import annotations
 
 import time

@@ -1,7 +1,8 @@
 """Speculative decoding with n-gram drafts (engine/loop/decode_steps.py) on the real engine process and the
 default model: a greedy request's tokens and final state are the same with and without drafts (a
 draft's row is a decode row like any other), alone, beside other decoders, and with a repetition
-penalty; the drafted and accepted counts come with its DONE; sampled requests do not draft."""
+penalty; the drafted and accepted counts come with its DONE; a seeded sampled request's tokens are
+the same too."""
 import pytest
 
 from engine.modelfile.model_path import default_model_path
@@ -62,6 +63,12 @@ def test_drafts_beside_other_decoders_change_no_token(engine, rewrite):
     assert sc.tokens_of(seen, 6) == alone and sc.tokens_of(seen, 5) == other
 
 
-def test_a_sampled_request_does_not_draft(engine, rewrite):
-    done = run(engine, 7, rewrite, {"temperature": 0.8, "seed": 3}, 1)[-1]
-    assert "drafted" not in done.extra and done.generated > 0
+@pytest.mark.parametrize("seed", [3, 11])
+def test_a_seeded_sampled_request_draws_the_same_tokens_with_drafts(engine, rewrite, seed):
+    """A sampled row's draw takes the request's next uniform as a one-token step would: the same seed
+    gives the same answer, and drafts of a copied passage are still kept (with probability p(draft))."""
+    params = {"temperature": 0.7, "top_p": 0.95, "seed": seed}
+    plain, drafted = run(engine, 7, rewrite, params, 0), run(engine, 8, rewrite, params, 1)
+    assert sc.tokens_of(drafted, 8) == sc.tokens_of(plain, 7)
+    assert drafted[-1].extra["fp"] == plain[-1].extra["fp"]
+    assert int(drafted[-1].extra["accepted"]) > 0
