@@ -136,6 +136,21 @@ def _format_value(v) -> str:
     return escape(str(v))
 
 
+def _format_top(top: tuple[tuple[int, float], ...]) -> str:
+    return ",".join(f"{t}:{format_number(lp)}" for t, lp in top)
+
+
+def parse_top(s: str) -> tuple[tuple[int, float], ...]:
+    """T's top=id:lp,id:lp list."""
+    out = []
+    for item in s.split(","):
+        t, sep, lp = item.partition(":")
+        if not sep:
+            raise ValueError(f"bad top entry {item!r}")
+        out.append((parse_int(t, "token id"), parse_float(lp, "logprob")))
+    return tuple(out)
+
+
 # ---------------------------------------------------------------- encode
 
 def encode(msg: m.Message) -> str:
@@ -159,7 +174,8 @@ _ENCODERS = {
     m.Info: lambda i: " ".join(["INFO", *format_kv(i.fields)]),
     m.Ready: lambda r: " ".join(["READY", str(r.ctx), *r.caps]),
     m.PromptProgress: lambda p: f"PP {p.done} {p.total} {format_number(p.ms)} {format_number(p.tok_s)}",
-    m.Token: lambda t: f"T {t.token}",
+    m.Token: lambda t: " ".join([f"T {t.token}", *([f"lp={format_number(t.logprob)}"] if t.logprob is not None else []),
+                                 *([f"top={_format_top(t.top)}"] if t.top else [])]),
     m.Suspended: lambda s: f"SUSPENDED {s.done} {s.total}",
     m.Decline: lambda d: f"DECLINE {d.reason} {d.done} {d.total}",
     m.Defer: lambda d: f"DEFER {d.reason}",
@@ -229,6 +245,15 @@ def _done(p, i):
                   parse_word(p[4], "finish", m.FINISH_REASONS), parse_kv(p[5:]), i)
 
 
+def _token(p, i):
+    _fields(p, 1, "T", at_least=True)
+    extra = parse_kv(p[1:])
+    if set(extra) - {"lp", "top"}:
+        raise ValueError(f"unknown T field {sorted(set(extra) - {'lp', 'top'})[0]!r}")
+    logprob = parse_float(extra["lp"], "lp") if "lp" in extra else None
+    return m.Token(parse_int(p[0], "token"), i, logprob, parse_top(extra["top"]) if "top" in extra else ())
+
+
 def _ready(p, i):
     _fields(p, 1, "READY", at_least=True)
     return m.Ready(parse_int(p[0], "ctx", minimum=1), tuple(parse_word(c, "capability") for c in p[1:]), i)
@@ -271,7 +296,7 @@ _DECODERS = {
     "INFO": lambda p, i: m.Info(parse_kv(p), i),
     "READY": _ready,
     "PP": _pp,
-    "T": lambda p, i: m.Token(parse_int(_fields(p, 1, "T")[0], "token"), i),
+    "T": _token,
     "SUSPENDED": lambda p, i: m.Suspended(parse_int(_fields(p, 2, "SUSPENDED")[0], "done"),
                                           parse_int(p[1], "total"), i),
     "DECLINE": lambda p, i: m.Decline(parse_word(_fields(p, 3, "DECLINE")[0], "reason"),

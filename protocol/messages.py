@@ -28,7 +28,9 @@ GEN_KEYS: dict[str, type] = {
     "reuse": int,  # 0 = read the whole prompt even if a slot kept its start (default 1: reuse it)
     "session": str,  # the client's session (a prompt_cache_key): its cached prefix outlives one-off requests'
     "spec": int,  # 0 = no speculative decoding for this request (default 1: as the engine's --speculative says)
+    "logprobs": int,  # N in 0..20: each T carries its token's log-probability and the N likeliest tokens'
 }
+MAX_TOP_LOGPROBS = 20
 
 FINISH_REASONS = ("stop", "length", "cancel")
 FINGERPRINT_STAGES = ("park", "resume", "done")
@@ -93,10 +95,14 @@ class PromptProgress:
 
 @dataclass(frozen=True)
 class Token:
-    """T: one generated token."""
+    """T: one generated token; with GEN logprobs=N, its log-probability under the logits it was drawn
+    from (`logprob`, lp= on the wire) and the N likeliest tokens' ids and log-probabilities (`top`,
+    top=id:lp,id:lp, likeliest first)."""
 
     token: int
     id: int | None = None
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -67,12 +67,15 @@ class Admission:
             constraint = self.runner.constraint(gen.params["grammar"])
             for token in gen.tokens[len(gen.tokens) - drawn:]:  # a continuation's tokens so far
                 constraint.accept(token)
+        logprobs = gen.params.get("logprobs")
+        if logprobs is not None and not 0 <= logprobs <= m.MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs={logprobs} must be within 0..{m.MAX_TOP_LOGPROBS}")
         speculate = self.runner.draft_max and gen.params.get("spec", 1)
         return Sequence(
             id=gen.id, prompt=gen.tokens, max_new=min(gen.max_new, self.runner.ctx - len(gen.tokens)),
             sampler=Sampler(sampling, gen.tokens, drawn, constraint),
             stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
-            fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, session=gen.params.get("session"),
+            fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, session=gen.params.get("session"), logprobs=logprobs,
             drafter=NgramDrafter(gen.tokens, self.runner.draft_max) if speculate else None)
 
     def place(self, seq: Sequence, reuse: bool) -> bool:

@@ -88,14 +88,18 @@ class DecodeSteps:
         return going
 
     def emit(self, seq: Sequence, token: int) -> bool:
-        """A drawn token accepted by the request's sampler and written out; False if that ends it."""
+        """A drawn token accepted by the request's sampler and written out (with its log-probabilities
+        if the request asked, from the logits it was drawn from: before the sampler moves on); False if
+        that ends it."""
+        logprob, top = seq.sampler.logprobs(seq.logits, token, seq.logprobs) if seq.logprobs is not None \
+            else (None, ())
         try:
             seq.sampler.accept(token)
         except GrammarError as e:
             self.admission.drop(seq, f"constrained decoding failed: {e}")
             return False
         seq.generated.append(token)
-        self.write(m.Token(token, seq.id))
+        self.write(m.Token(token, seq.id, logprob, top))
         if token in seq.stop_ids:
             self.admission.finish(seq, "stop")
             return False

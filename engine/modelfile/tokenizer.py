@@ -31,6 +31,17 @@ LLAMA3_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")  # Qwen2's: the same, each digit alone
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's spelling of bytes: each byte is a printable character (itself for the printable
+    Latin-1 ones, U+0100 onwards for the rest, in byte order). Character -> byte."""
+    shown = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    hidden = [b for b in range(256) if b not in shown]
+    return {chr(b): b for b in shown} | {chr(256 + i): b for i, b in enumerate(hidden)}
+
+
+BYTE_OF = _byte_level_alphabet()
+
+
 @dataclass(frozen=True)
 class PreTokenizer:
     splits: tuple[str, ...]  # applied in turn, each piece kept ("isolated")
@@ -97,6 +108,14 @@ class GGUFTokenizer:
         """The id of the added (control or user-defined) token spelled exactly `text`, if there is one
         (Qwen2.5's <tool_call>, Qwen3's <think>): a model writes such text as that one token."""
         return self.added.get(text)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (a piece of a character's UTF-8 for some): an added token's
+        text as it is written, a byte-level token's spelling read back into bytes."""
+        text = self.tokens[token]
+        if text in self.added:
+            return text.encode()
+        return bytes(BYTE_OF[c] for c in text) if all(c in BYTE_OF for c in text) else text.encode()
 
     @property
     def vocab_size(self) -> int:

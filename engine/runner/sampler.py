@@ -73,6 +73,22 @@ class Sampler:
         scaled = scale(logits, p)
         return pick(scaled, u, p) if xp is np else pick_sorted(xp, scaled, u, p)
 
+    def logprobs(self, logits, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+        """The log-probability of `token` and of the `top` likeliest tokens (ties by index), under the
+        logits the draw read: after the penalties and the grammar's mask, before the temperature and
+        the top-k / top-p / min-p cuts. Tokens the grammar forbids are never among the top."""
+        if not isinstance(logits, np.ndarray):  # on the GPU: one copy for a request that asked
+            logits = logits.get()
+        logits = self.apply_penalties(logits)
+        if self.constraint is not None:
+            logits = self.constraint.restrict(logits)
+        x = logits.astype(np.float64)  # (vocab,)
+        peak = x.max()
+        logz = peak + np.log(np.exp(x - peak).sum())
+        order = canonical_prefix(logits, top)[:top] if top else np.empty(0, dtype=np.intp)
+        best = tuple((int(t), float(x[t] - logz)) for t in order if np.isfinite(x[t]))
+        return float(x[token] - logz), best
+
     @property
     def penalized(self) -> bool:
         """Whether a penalty changes the logits of the next draw."""

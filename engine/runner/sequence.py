@@ -18,6 +18,7 @@ class Sequence:
     fingerprints: bool = False
     drawn: int = 0  # tokens generated before an engine restart; the prompt ends with them
     session: str | None = None  # its client's session (GEN session=): its cached blocks are evicted last
+    logprobs: int | None = None  # GEN logprobs=N: each token's log-probability and the N likeliest, or none
     pos: int = 0  # prompt tokens read so far (KV rows filled)
     table: list[int] = field(default_factory=list)  # its KV blocks in position order (empty while in host memory)
     cached: int = 0  # prompt tokens whose rows the prefix cache already held (not read again)

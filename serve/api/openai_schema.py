@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class TextPart(BaseModel):
@@ -113,8 +113,13 @@ class SamplingFields(BaseModel):
         """The sampling fields the request gives (the server's defaults fill the others)."""
         params = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                  "repeat_penalty": self.repeat_penalty, "seed": self.seed}
+                  "repeat_penalty": self.repeat_penalty, "seed": self.seed, "logprobs": self.top_logprobs_asked()}
         return {k: v for k, v in params.items() if v is not None}
+
+    def top_logprobs_asked(self) -> int | None:
+        """How many likeliest tokens to give beside each answer token's log-probability (0: its own
+        only), or None: no log-probabilities."""
+        return None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -127,10 +132,34 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, object] | None = Field(
         default=None, description="extra variables for the model's chat template, e.g. {\"enable_thinking\": false} "
                                   "(as vLLM and llama.cpp accept)")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=20, description="the likeliest tokens to list beside each "
+                                                                         "answer token's log-probability")
+    echo: bool = Field(default=False, description="the prompt's text before the answer's")
+
+    @model_validator(mode="after")
+    def _no_prompt_logprobs(self):
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs would need the prompt's log-probabilities, which this server does "
+                             "not give (only the answer's)")
+        return self
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -151,28 +180,30 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 def chat_body(rid: str, model: str, message: dict, finish: str, prompt_tokens: int, completion_tokens: int,
-              timings: dict, cached_tokens: int = 0) -> dict:
+              timings: dict, cached_tokens: int = 0, logprobs: dict | None = None) -> dict:
     """message: the assistant's fields: content, and reasoning_content for a thinking model."""
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant"} | message, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": {"role": "assistant"} | message, "finish_reason": finish,
+                         "logprobs": logprobs}],
             "usage": usage(prompt_tokens, completion_tokens, cached_tokens), "timings": timings}
 
 
-def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None) -> dict:
+def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None, logprobs: dict | None = None) -> dict:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish} | ({"logprobs": logprobs} if logprobs else {})
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            "choices": [choice]}
 
 
 def completion_body(rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int,
-                    timings: dict, cached_tokens: int = 0) -> dict:
+                    timings: dict, cached_tokens: int = 0, logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}],
             "usage": usage(prompt_tokens, completion_tokens, cached_tokens), "timings": timings}
 
 
-def completion_chunk(rid: str, model: str, text: str, finish: str | None = None) -> dict:
+def completion_chunk(rid: str, model: str, text: str, finish: str | None = None, logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]}
 
 
 def usage_chunk(rid: str, model: str, obj: str, prompt_tokens: int, completion_tokens: int,

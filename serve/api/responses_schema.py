@@ -31,15 +31,23 @@ class ResponsesRequest(BaseModel):
     metadata: dict | None = None
     prompt_cache_key: str | None = None  # the client's session (Codex: its conversation): serve/http/run_request.py session_of
     priority: int = 0
+    include: list[str] | None = None  # "message.output_text.logprobs": the answer text's log-probabilities
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @property
+    def logprobs(self) -> bool:
+        return "message.output_text.logprobs" in (self.include or [])
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+def message_item(item_id: str, text: str, status: str = "completed", logprobs: list[dict] | None = None) -> dict:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [output_text(text)] if status == "completed" else []}
+            "content": [output_text(text, logprobs)] if status == "completed" else []}
 
 
-def output_text(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": []}
+def output_text(text: str, logprobs: list[dict] | None = None) -> dict:
+    """logprobs: the text's tokens (serve/api/logprobs.py chat_logprobs' content), when the request's
+    include asked for them."""
+    return {"type": "output_text", "text": text, "annotations": []} | ({"logprobs": logprobs} if logprobs is not None else {})
 
 
 def reasoning_item(item_id: str, text: str) -> dict:

@@ -22,6 +22,7 @@ from serve.api import openai_schema as oai
 from serve.api import responses_schema as schema
 from serve.api.chat import ChatOutput, reasoning_opened, tool_plan
 from serve.api.constraints import grammar_for
+from serve.api.logprobs import chat_logprobs
 from serve.api.errors import APIError, server_error
 from serve.scheduling.generation import Finished, GenerationError, KeepAlive
 from serve.api.prompt_fit import PromptFit
@@ -97,6 +98,8 @@ def chat_request(body: schema.ResponsesRequest, history: list[dict], tools: Tool
     fields: dict = {"messages": messages, "max_tokens": body.max_output_tokens, "temperature": body.temperature,
                     "top_p": body.top_p, "stream": body.stream, "parallel_tool_calls": body.parallel_tool_calls,
                     "priority": body.priority}
+    if body.logprobs:
+        fields |= {"logprobs": True, "top_logprobs": body.top_logprobs or 0}
     if tools.functions:
         fields["tools"] = tools.functions
     if body.tool_choice is not None:
@@ -112,13 +115,14 @@ def chat_request(body: schema.ResponsesRequest, history: list[dict], tools: Tool
         raise APIError(400, f"the request cannot be served: {e}") from None
 
 
-def output_items(message: dict, ids: "ItemIds", tools: ToolMap) -> list[dict]:
-    """A whole answer's chat message fields as Responses output items."""
+def output_items(message: dict, ids: "ItemIds", tools: ToolMap, logprobs: list[dict] | None = None) -> list[dict]:
+    """A whole answer's chat message fields as Responses output items (logprobs: the answer's tokens',
+    given with its text)."""
     out = []
     if message.get(REASONING):
         out.append(schema.reasoning_item(ids.new("rs"), message[REASONING]))
     if message.get(CONTENT):
-        out.append(schema.message_item(ids.new("msg"), message[CONTENT]))
+        out.append(schema.message_item(ids.new("msg"), message[CONTENT], logprobs=logprobs))
     for call in message.get("tool_calls") or []:
         out.append(schema.call_item(ids.new("fc"), tools.item(call["id"], call["function"]["name"],
                                                               call["function"]["arguments"])))
@@ -168,7 +172,8 @@ async def respond(http: HTTPRequest, state, store: ResponseStore, body: schema.R
             output = ChatOutput(opened, plan)
             message = output.message(out, fin.finish_reason)
             status, incomplete = status_of(output, fin)
-            items = output_items(message, ItemIds(rid), tools)
+            items = output_items(message, ItemIds(rid), tools,
+                                 chat_logprobs(state.tokenizer, fin.logprobs)["content"] if body.logprobs else None)
             if body.store:
                 store.put(rid, conversation(chat, items))
             return JSONResponse(schema.response_object(
@@ -176,7 +181,9 @@ async def respond(http: HTTPRequest, state, store: ResponseStore, body: schema.R
                 schema.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens), incomplete))
 
         return await until_disconnect(http, work())
-    return StreamingResponse(stream(state, store, req, body, chat, ChatOutput(opened, plan), ItemStream(rid, tools), model),
+    scores = (lambda tokens: chat_logprobs(state.tokenizer, tokens)["content"]) if body.logprobs else None
+    return StreamingResponse(stream(state, store, req, body, chat, ChatOutput(opened, plan),
+                                    ItemStream(rid, tools, scores), model),
                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
@@ -184,9 +191,10 @@ class ItemStream:
     """Chat deltas -> Responses stream events: an output item opens when a delta of another kind
     arrives (reasoning, text, or a function call) and is done before the next one opens."""
 
-    def __init__(self, rid: str, tools: ToolMap):
+    def __init__(self, rid: str, tools: ToolMap, scores=None):
+        """scores: the answer's tokens (T lines) -> their logprobs entries, when the request asked."""
         self.ids, self.items, self.open_item, self.seq = ItemIds(rid), [], None, 0
-        self.rid, self.tools, self.text = rid, tools, ""
+        self.rid, self.tools, self.text, self.scores, self.scored = rid, tools, "", scores, []
 
     def event(self, kind: str, data: dict) -> str:
         self.seq += 1
@@ -200,8 +208,11 @@ class ItemStream:
             self.text += delta[REASONING]
         if delta.get(CONTENT):
             out += self.start("message")
-            out.append(self.event("response.output_text.delta", self.where() | {"delta": delta[CONTENT]}))
+            scored = self.scores(delta.get("logprobs", [])) if self.scores else None
+            out.append(self.event("response.output_text.delta", self.where() | {"delta": delta[CONTENT]}
+                                  | ({"logprobs": scored} if scored is not None else {})))
             self.text += delta[CONTENT]
+            self.scored += scored or []
         for call in delta.get("tool_calls") or []:
             if "id" in call:
                 out += self.start("call", call)
@@ -241,7 +252,8 @@ class ItemStream:
         at, text, self.text = {"item_id": item["id"], "output_index": len(self.items)}, self.text, ""
         out = []
         if item["type"] == "message":
-            item = schema.message_item(item["id"], text)
+            item = schema.message_item(item["id"], text, logprobs=self.scored if self.scores else None)
+            self.scored = []
             out.append(self.event("response.output_text.done", at | {"content_index": 0, "text": text}))
             out.append(self.event("response.content_part.done", at | {"content_index": 0, "part": item["content"][0]}))
         elif item["type"] == "reasoning":

@@ -16,6 +16,7 @@ from serve.api.chat import ChatOutput, reasoning_opened, tool_plan
 from serve.api.constraints import grammar_for
 from serve.http.deps import SSE_HEADERS, check_api_key, fit_of, state_of
 from serve.api.errors import server_error
+from serve.api.logprobs import chat_logprobs, completion_logprobs
 from serve.scheduling.generation import Finished, GenerationError, KeepAlive, Piece
 from serve.api.prompt_fit import PromptFit
 from serve.api.prompt_tokens import chat_tokens, off_loop, text_tokens
@@ -35,7 +36,7 @@ async def completion_prompt(state: ServerState, fit: PromptFit, body: schema.Com
     return await off_loop(text_tokens, state, fit, text)
 
 
-async def stream_events(state: ServerState, req: Request, on_piece: Callable[[str], list[dict]],
+async def stream_events(state: ServerState, req: Request, on_piece: Callable[[Piece], list[dict]],
                         on_finish: Callable[[Finished], list[dict]], first: list[dict]) -> AsyncIterator[str]:
     for chunk in first:
         yield sse(chunk)
@@ -44,7 +45,7 @@ async def stream_events(state: ServerState, req: Request, on_piece: Callable[[st
             if isinstance(event, KeepAlive):
                 yield ": keep-alive\n\n"
             elif isinstance(event, Piece):
-                for chunk in on_piece(event.text):
+                for chunk in on_piece(event):
                     yield sse(chunk)
             elif isinstance(event, Finished):
                 for chunk in on_finish(event):
@@ -81,40 +82,63 @@ class Shape:
     prefix: str
     chunk_object: str
     body: Callable[[str, str, str, Finished], dict]
-    pieces: Callable[[str, str, str], list[dict]]
+    pieces: Callable[[str, str, Piece], list[dict]]
     last: Callable[[str, str, Finished], list[dict]]
     first: Callable[[str, str], list[dict]]
 
 
-def chat_shape(opened: bool | None, plan) -> Shape:
+def chat_shape(opened: bool | None, plan, tokenizer, logprobs: bool) -> Shape:
     """Chat bodies and chunks (serve/api/chat.py ChatOutput: reasoning and tool calls split from the
-    content; each stream keeps its own, as a tag may arrive cut across pieces)."""
-    stream = ChatOutput(opened, plan)
+    content; each stream keeps its own, as a tag may arrive cut across pieces). With logprobs, each
+    piece's tokens ride on its first chunk (or the next one, if a tag holds the piece's text back)."""
+    stream, held = ChatOutput(opened, plan), []
 
-    def pieces(rid: str, model: str, text: str) -> list[dict]:
-        return [schema.chat_chunk(rid, model, delta) for delta in stream.feed(text)]
+    def scored(tokens: list) -> dict | None:
+        held.extend(tokens)
+        out = chat_logprobs(tokenizer, held) if held and logprobs else None
+        held.clear()
+        return out
+
+    def pieces(rid: str, model: str, piece: Piece) -> list[dict]:
+        deltas = stream.feed(piece.text)
+        if not deltas:
+            held.extend(piece.logprobs)
+        return [schema.chat_chunk(rid, model, d, logprobs=scored(piece.logprobs) if i == 0 else None)
+                for i, d in enumerate(deltas)]
 
     def last(rid: str, model: str, f: Finished) -> list[dict]:
         tail = [schema.chat_chunk(rid, model, d) for d in stream.feed("", end=True, stopped=f.finish_reason == "stop")]
-        return tail + [schema.chat_chunk(rid, model, {}, stream.finish_reason(f.finish_reason))]
+        return tail + [schema.chat_chunk(rid, model, {}, stream.finish_reason(f.finish_reason), logprobs=scored([]))]
 
     def body(rid: str, model: str, text: str, f: Finished) -> dict:
         whole = ChatOutput(opened, plan)
         message = whole.message(text, f.finish_reason)
         return schema.chat_body(rid, model, message, whole.finish_reason(f.finish_reason), f.prompt_tokens,
-                                f.completion_tokens, f.timings, f.cached_tokens)
+                                f.completion_tokens, f.timings, f.cached_tokens,
+                                chat_logprobs(tokenizer, f.logprobs) if logprobs else None)
 
     return Shape("chatcmpl", "chat.completion.chunk", body=body, pieces=pieces, last=last,
                  first=lambda rid, model: [schema.chat_chunk(rid, model, {"role": "assistant", "content": ""})])
 
 
-COMPLETION = Shape(
-    "cmpl", "text_completion",
-    body=lambda rid, model, text, f: schema.completion_body(rid, model, text, f.finish_reason, f.prompt_tokens,
-                                                            f.completion_tokens, f.timings, f.cached_tokens),
-    pieces=lambda rid, model, text: [schema.completion_chunk(rid, model, text)],
-    last=lambda rid, model, f: [schema.completion_chunk(rid, model, "", f.finish_reason)],
-    first=lambda rid, model: [])
+def completion_shape(tokenizer, logprobs: bool, echo: str) -> Shape:
+    """Completion bodies and chunks; `echo`: the prompt's text, written before the answer's. With
+    logprobs, each chunk's tokens and where their text starts in the whole text."""
+    written = [len(echo)]  # characters before the next chunk's
+
+    def piece_chunk(rid: str, model: str, piece: Piece) -> dict:
+        scored = completion_logprobs(tokenizer, piece.logprobs, written[0]) if logprobs else None
+        written[0] += len(piece.text)
+        return schema.completion_chunk(rid, model, piece.text, logprobs=scored)
+
+    def body(rid: str, model: str, text: str, f: Finished) -> dict:
+        return schema.completion_body(rid, model, echo + text, f.finish_reason, f.prompt_tokens, f.completion_tokens,
+                                      f.timings, f.cached_tokens,
+                                      completion_logprobs(tokenizer, f.logprobs, len(echo)) if logprobs else None)
+
+    return Shape("cmpl", "text_completion", body=body, pieces=lambda rid, model, piece: [piece_chunk(rid, model, piece)],
+                 last=lambda rid, model, f: [schema.completion_chunk(rid, model, "", f.finish_reason)],
+                 first=lambda rid, model: [schema.completion_chunk(rid, model, echo)] if echo else [])
 
 
 async def respond(http: HTTPRequest, state: ServerState, req: Request, body: schema.SamplingFields,
@@ -131,7 +155,7 @@ async def respond(http: HTTPRequest, state: ServerState, req: Request, body: sch
                                            f.cached_tokens)]
                        if include_usage else [])
 
-    return run_stream(state, req, lambda text: shape.pieces(rid, model, text), finish, shape.first(rid, model))
+    return run_stream(state, req, lambda piece: shape.pieces(rid, model, piece), finish, shape.first(rid, model))
 
 
 @v1.post("/chat/completions")
@@ -142,15 +166,17 @@ async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest
     grammar = grammar_for(state, plan, body)
     req = build_request(state, body, prompt, body.max_completion_tokens or body.max_tokens,
                         grammar, session_of(http, body.prompt_cache_key))
-    return await respond(http, state, req, body, chat_shape(reasoning_opened(state, text), plan))
+    return await respond(http, state, req, body,
+                         chat_shape(reasoning_opened(state, text), plan, state.tokenizer, body.logprobs))
 
 
 @v1.post("/completions")
 async def completions(body: schema.CompletionRequest, http: HTTPRequest):
     state = state_of(http)
-    req = build_request(state, body, await completion_prompt(state, fit_of(http), body), body.max_tokens,
-                        session=session_of(http, body.prompt_cache_key))
-    return await respond(http, state, req, body, COMPLETION)
+    prompt = await completion_prompt(state, fit_of(http), body)
+    req = build_request(state, body, prompt, body.max_tokens, session=session_of(http, body.prompt_cache_key))
+    echo = state.tokenizer.decode(prompt) if body.echo else ""
+    return await respond(http, state, req, body, completion_shape(state.tokenizer, body.logprobs is not None, echo))
 
 
 @v1.post("/messages")

@@ -62,10 +62,15 @@ def events(state: ServerState, req: Request):
 async def deltas(state: ServerState, req: Request, output):
     """A streamed answer as its consumer sees it: keep-alives while it waits, the chat deltas of each
     piece (output: serve/api/chat.py ChatOutput, which splits reasoning and tool calls off), and at the
-    end the last deltas, then the Finished."""
+    end the last deltas, then the Finished. A piece's tokens with log-probabilities ride on its first
+    delta ("logprobs": their T lines), or the next piece's if a tag held its text back."""
+    held: list = []
     async for event in events(state, req):
         if isinstance(event, Piece):
+            held += event.logprobs
             for delta in output.feed(event.text):
+                if held:
+                    delta, held = delta | {"logprobs": held}, []
                 yield delta
         elif isinstance(event, Finished):
             for delta in output.feed("", end=True, stopped=event.finish_reason == "stop"):

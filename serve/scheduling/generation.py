@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from protocol import messages as m
@@ -29,6 +29,7 @@ class KeepAlive:
 @dataclass
 class Piece:
     text: str
+    logprobs: list[m.Token] = field(default_factory=list)  # the tokens since the last piece, with logprobs asked
 
 
 @dataclass
@@ -39,12 +40,13 @@ class Finished:
     timings: dict
     stop_sequence: str | None = None  # the stop string that ended the output, if one did
     cached_tokens: int = 0  # prompt tokens the prefix cache saved the engine from reading
+    logprobs: list[m.Token] = field(default_factory=list)  # every answer token's, with logprobs asked
 
 
 async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metrics,
                    keepalive_s: float) -> AsyncIterator[KeepAlive | Piece | Finished]:
     detok, stops = tokenizer.stream(), StopMatcher(req.stop)
-    finished = False
+    finished, scored, pending = False, [], []  # tokens with logprobs: all of them, and those not yet in a piece
     scheduler.submit(req)
     try:
         while True:
@@ -55,20 +57,24 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
                 yield KeepAlive()
                 continue
             if isinstance(event, m.Token):
+                if event.logprob is not None and event.token not in tokenizer.end_ids:  # (the end is no text)
+                    scored.append(event)
+                    pending.append(event)
                 text = stops.feed(detok.step(event.token))
                 if text:
-                    yield Piece(text)
+                    yield Piece(text, pending)
+                    pending = []
                 if stops.hit:
                     scheduler.abandon(req)  # STOP the engine; we have what we need
                     finished = True
-                    yield _finish(req, "stop", metrics, stop_sequence=stops.matched)
+                    yield _finish(req, "stop", metrics, stop_sequence=stops.matched, logprobs=scored)
                     return
             elif isinstance(event, m.Done):
                 finished = True
                 rest = stops.flush()
-                if rest:
-                    yield Piece(rest)
-                yield _finish(req, FINISH[event.finish], metrics, event)
+                if rest or pending:
+                    yield Piece(rest, pending)
+                yield _finish(req, FINISH[event.finish], metrics, event, logprobs=scored)
                 return
             elif isinstance(event, m.Err):
                 raise GenerationError(f"engine error: {event.message}", status=400)
@@ -86,9 +92,10 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
 
 
 def _finish(req: Request, reason: str, metrics: Metrics, done: m.Done | None = None,
-            stop_sequence: str | None = None) -> Finished:
+            stop_sequence: str | None = None, logprobs: list[m.Token] | None = None) -> Finished:
     metrics.requests.labels(reason).inc()
-    return Finished(reason, len(req.prompt), req.generated, timings(req, done), stop_sequence, req.cached)
+    return Finished(reason, len(req.prompt), req.generated, timings(req, done), stop_sequence, req.cached,
+                    logprobs or [])
 
 
 def timings(req: Request, done: m.Done | None) -> dict:

@@ -26,6 +26,7 @@ messages = st.one_of(
     st.builds(m.Ready, st.integers(1, 10**6), st.lists(words, max_size=4).map(tuple), ids),
     st.builds(m.PromptProgress, counts, counts, floats, floats, ids),
     st.builds(m.Token, counts, ids),
+    st.builds(m.Token, counts, ids, st.floats(-1e4, 0), st.lists(st.tuples(counts, st.floats(-1e4, 0)), max_size=20).map(tuple)),
     st.builds(m.Suspended, counts, counts, ids),
     st.builds(m.Decline, words, counts, counts, ids),
     st.builds(m.Defer, st.sampled_from(m.DEFER_REASONS), st.integers(0, 2**40)),
@@ -62,8 +63,11 @@ def test_err_text_that_looks_like_an_id_suffix_is_not_one():
 
 @pytest.mark.parametrize("line, fragment", [
     ("FROB 1", "unknown verb 'FROB'"),
-    ("T", "T takes 1 fields, got 0"),
-    ("T 1 2", "T takes 1 fields, got 2"),
+    ("T", "T takes at least 1 fields, got 0"),
+    ("T 1 2", "bad key=value field"),
+    ("T 1 lp=x", "lp must be a number"),
+    ("T 1 top=5", "bad top entry"),
+    ("T 1 p=1", "unknown T field"),
     ("T x", "token must be an integer"),
     ("T 1_000", "token must be an integer"),
     ("T -1", "token must be >= 0"),
