@@ -91,7 +91,7 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1, le=1, description="only one choice is supported")
+    n: int = Field(default=1, ge=1, le=16, description="answers to the prompt, each seeded apart")
     prompt_cache_key: str | None = Field(default=None, description="the client's session: its cached prompt prefix "
                                                                     "outlives one-off requests' (as OpenAI's routing key)")
     priority: int = Field(default=0, ge=-2**31, lt=2**31,

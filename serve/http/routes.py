@@ -21,7 +21,8 @@ from serve.scheduling.generation import Finished, GenerationError, KeepAlive, Pi
 from serve.api.prompt_fit import PromptFit
 from serve.api.prompt_tokens import chat_tokens, off_loop, text_tokens
 from serve.scheduling.request import Request
-from serve.http.run_request import build_request, collect, events, session_of, until_disconnect
+from serve.http.choices import merged, siblings
+from serve.http.run_request import build_request, session_of, until_disconnect
 from serve.http.sse import data_event as sse
 from serve.state import ServerState
 
@@ -36,40 +37,53 @@ async def completion_prompt(state: ServerState, fit: PromptFit, body: schema.Com
     return await off_loop(text_tokens, state, fit, text)
 
 
-async def stream_events(state: ServerState, req: Request, on_piece: Callable[[Piece], list[dict]],
-                        on_finish: Callable[[Finished], list[dict]], first: list[dict]) -> AsyncIterator[str]:
-    for chunk in first:
-        yield sse(chunk)
+def as_choice(chunk: dict, i: int) -> dict:
+    """A chunk or body of one answer as choice i's."""
+    return chunk | {"choices": [c | {"index": i} for c in chunk["choices"]]}
+
+
+async def stream_choices(state: ServerState, reqs: list[Request], shapes: list["Shape"], rid: str, model: str,
+                         include_usage: bool) -> AsyncIterator[str]:
+    """The answers' chunks as they come, each marked with its choice; each answer's last chunk carries
+    its timings; then the usage of them all (if asked) and [DONE]."""
+    for i, shape in enumerate(shapes):
+        for chunk in shape.first(rid, model):
+            yield sse(as_choice(chunk, i))
+    ends: list[Finished] = []
     try:
-        async for event in events(state, req):
+        async for i, event in merged(state, reqs):
             if isinstance(event, KeepAlive):
                 yield ": keep-alive\n\n"
-            elif isinstance(event, Piece):
-                for chunk in on_piece(event):
-                    yield sse(chunk)
-            elif isinstance(event, Finished):
-                for chunk in on_finish(event):
-                    yield sse(chunk)
-                yield sse("[DONE]")
-                return
+                continue
+            if isinstance(event, Piece):
+                chunks = shapes[i].pieces(rid, model, event)
+            else:
+                chunks, ends = shapes[i].last(rid, model, event), ends + [event]
+                chunks[-1] |= {"timings": event.timings}
+            for chunk in chunks:
+                yield sse(as_choice(chunk, i))
     except GenerationError as e:
         yield sse(server_error(e.status, str(e)).body())
+        return
+    if include_usage:
+        yield sse(schema.usage_chunk(rid, model, shapes[0].chunk_object, ends[0].prompt_tokens,
+                                     sum(f.completion_tokens for f in ends), ends[0].cached_tokens))
+    yield sse("[DONE]")
 
 
-def run_stream(state, req, on_piece, on_finish, first: list[dict]) -> StreamingResponse:
-    return StreamingResponse(stream_events(state, req, on_piece, on_finish, first),
-                             media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-async def run_once(http: HTTPRequest, state: ServerState, req: Request, render) -> Response:
-    async def work():
-        try:
-            text, fin = await collect(state, req)
-        except GenerationError as e:
-            return server_error(e.status, str(e)).response()
-        return JSONResponse(render(text, fin))
-
-    return await until_disconnect(http, work())
+async def whole_choices(state: ServerState, reqs: list[Request], shapes: list["Shape"], rid: str, model: str) -> dict:
+    """Every answer whole, as one body: its choices in order, the usage of them all (the prompt once),
+    the first answer's timings."""
+    texts, ends = [[] for _ in reqs], [None] * len(reqs)
+    async for i, event in merged(state, reqs):
+        if isinstance(event, Piece):
+            texts[i].append(event.text)
+        elif isinstance(event, Finished):
+            ends[i] = event
+    bodies = [shape.body(rid, model, "".join(text), f) for shape, text, f in zip(shapes, texts, ends)]
+    completion = sum(f.completion_tokens for f in ends)
+    return bodies[0] | {"choices": [as_choice(b, i)["choices"][0] for i, b in enumerate(bodies)],
+                        "usage": schema.usage(ends[0].prompt_tokens, completion, ends[0].cached_tokens)}
 
 
 # ---------------------------------------------------------------- endpoints
@@ -142,20 +156,23 @@ def completion_shape(tokenizer, logprobs: bool, echo: str) -> Shape:
 
 
 async def respond(http: HTTPRequest, state: ServerState, req: Request, body: schema.SamplingFields,
-                  shape: Shape) -> Response:
-    rid, model = f"{shape.prefix}-{req.id}", state.settings.model_name
-    if not body.stream:
-        return await run_once(http, state, req, lambda text, f: shape.body(rid, model, text, f))
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                  shape: Callable[[], Shape]) -> Response:
+    """The answer, or body.n of them (serve/http/choices.py): shape() makes each one's renderer."""
+    reqs = siblings(req, body.n)
+    shapes = [shape() for _ in reqs]
+    rid, model = f"{shapes[0].prefix}-{req.id}", state.settings.model_name
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(stream_choices(state, reqs, shapes, rid, model, include_usage),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
 
-    def finish(f: Finished) -> list[dict]:
-        last = shape.last(rid, model, f)
-        last[-1] |= {"timings": f.timings}
-        return last + ([schema.usage_chunk(rid, model, shape.chunk_object, f.prompt_tokens, f.completion_tokens,
-                                           f.cached_tokens)]
-                       if include_usage else [])
+    async def work():
+        try:
+            return JSONResponse(await whole_choices(state, reqs, shapes, rid, model))
+        except GenerationError as e:
+            return server_error(e.status, str(e)).response()
 
-    return run_stream(state, req, lambda piece: shape.pieces(rid, model, piece), finish, shape.first(rid, model))
+    return await until_disconnect(http, work())
 
 
 @v1.post("/chat/completions")
@@ -166,8 +183,8 @@ async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest
     grammar = grammar_for(state, plan, body)
     req = build_request(state, body, prompt, body.max_completion_tokens or body.max_tokens,
                         grammar, session_of(http, body.prompt_cache_key))
-    return await respond(http, state, req, body,
-                         chat_shape(reasoning_opened(state, text), plan, state.tokenizer, body.logprobs))
+    opened = reasoning_opened(state, text)
+    return await respond(http, state, req, body, lambda: chat_shape(opened, plan, state.tokenizer, body.logprobs))
 
 
 @v1.post("/completions")
@@ -176,7 +193,7 @@ async def completions(body: schema.CompletionRequest, http: HTTPRequest):
     prompt = await completion_prompt(state, fit_of(http), body)
     req = build_request(state, body, prompt, body.max_tokens, session=session_of(http, body.prompt_cache_key))
     echo = state.tokenizer.decode(prompt) if body.echo else ""
-    return await respond(http, state, req, body, completion_shape(state.tokenizer, body.logprobs is not None, echo))
+    return await respond(http, state, req, body, lambda: completion_shape(state.tokenizer, body.logprobs is not None, echo))
 
 
 @v1.post("/messages")

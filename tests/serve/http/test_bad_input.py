@@ -30,7 +30,7 @@ def assert_openai_error(r: httpx.Response, status: int, fragment: str) -> None:
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": 5}, "temperature"),
     ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 3}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 17}, "n"),
     ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, "at most 4"),
 ])
 def test_bad_chat_bodies_are_400_with_openai_shape(mock_server, body, fragment):
