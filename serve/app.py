@@ -12,24 +12,28 @@ from serve.http.error_handlers import install_error_handlers
 from serve.http.host_check import HostCheck, allowed_host_names
 from serve.http.origin_check import OriginCheck
 from serve.http.web_page import include_page
-from serve.api.prompt_fit import PromptFit
 from serve.http.routes import include_routes
+from serve.model_set import ModelSet
 from serve.state import ServerState
 
 
-def create_app(settings: ServerSettings, tokenizer, model_ctx: int, launched: list | None = None) -> FastAPI:
-    """launched: engines already started for this app (serve/engine_proc/engine_launch.py), adopted at its start."""
+def create_app(settings: ServerSettings, tokenizer, model_ctx: int, launched: list | None = None,
+               build_state=None) -> FastAPI:
+    """launched: engines already started for this app (serve/engine_proc/engine_launch.py), adopted at its start;
+    build_state(settings) -> the ServerState of another model (serve/model_set.py), when the server has several."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state = app.state.strata = ServerState(settings, tokenizer, model_ctx, launched)
+        models = app.state.models = ModelSet(settings, state, build_state)
         state.start()
+        models.start()
         try:
             yield
         finally:
+            await models.stop()
             await state.stop()
 
     app = FastAPI(title="Strata", version=__version__, lifespan=lifespan)
-    app.state.prompt_fit = PromptFit.of(tokenizer)
     install_error_handlers(app)
     # the last added runs first: the Host check, then the origin check, then the body limit, then the routes
     app.add_middleware(BodyLimit, limit_bytes=body_limit_bytes(settings.max_body_mb, settings.ctx or model_ctx))

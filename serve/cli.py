@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import uvicorn
 
@@ -22,7 +23,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strata-server", description="OpenAI-compatible server for a local GGUF model")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--model", help="GGUF file (default: $STRATA_MODEL, else SmolLM2-135M-Instruct)")
+    p.add_argument("--model", action="append", metavar="[NAME=]PATH",
+                   help="GGUF file (default: $STRATA_MODEL, else SmolLM2-135M-Instruct); repeatable as NAME=PATH to "
+                        "serve several models, a request's `model` picking one (the first is loaded at start)")
+    p.add_argument("--models-dir", metavar="DIR", help="serve every .gguf file in DIR too, each by its file's stem")
+    p.add_argument("--preload", action="append", metavar="NAME[,NAME...]",
+                   help="models to load at start, besides the first, and keep loaded")
+    p.add_argument("--idle-unload-s", type=float, default=300.0,
+                   help="a model loaded on demand is unloaded after this long with no request (default 300; 0: "
+                        "never)")
     p.add_argument("--engine-cmd", help="the complete command of an engine speaking the protocol "
                                         "(default: strata --serve on --model)")
     p.add_argument("--allowed-hosts", metavar="NAME[,NAME...]",
@@ -112,8 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(a: argparse.Namespace) -> ServerSettings:
     preempt = PreemptSettings(a.prefill_preempt, a.prefill_preempt_max_wait_s, a.prefill_preempt_aged_s,
                               a.prefill_preempt_min_tokens, a.prefill_preempt_max, a.prefill_preempt_snapshot_mib)
+    (first_name, first_path), *others = named_models(a.model or [], a.models_dir)
     return ServerSettings(
-        model_path=resolve_model_path(a.model), host=a.host, port=a.port,
+        model_path=first_path, served_name=first_name, models=tuple(others),
+        preload=tuple(n.strip() for value in a.preload or () for n in value.split(",") if n.strip()),
+        idle_unload_s=a.idle_unload_s, host=a.host, port=a.port,
         engine_cmd=split_command(a.engine_cmd) if a.engine_cmd is not None else (), api_key=a.api_key,
         ctx=a.ctx, chunk=a.chunk, device=a.device, weights=a.weights, preempt=preempt, keepalive_s=a.keepalive_s,
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts, max_queue=a.max_queue,
@@ -125,6 +137,26 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         speculative=a.speculative, draft_max=a.draft_max, allowed_hosts=host_list(a.allowed_hosts),
         cors_origins=origin_list(a.cors_origin), rope=rope_from_args(a),
         **engines_from_args(a))
+
+
+def named_models(values: list[str], directory: str | None) -> list[tuple[str | None, Path]]:
+    """(name, file) of every model: --model's in order (a bare path is named by the server as its stem:
+    None), then the .gguf files of --models-dir not already given; the default model when none is."""
+    out: list[tuple[str | None, Path]] = []
+    for value in values:
+        name, sep, path = value.partition("=")
+        if sep and ("/" in name or not name):  # a path holding '=': a bare path after all
+            name, sep, path = "", "", value
+        out.append((name if sep else None, resolve_model_path(path if sep else value)))
+    if directory is not None:
+        folder = Path(directory).expanduser()
+        if not folder.is_dir():
+            raise ValueError(f"--models-dir {folder} is not a directory")
+        given = {path.resolve() for _, path in out}
+        out += [(None, path) for path in sorted(folder.glob("*.gguf")) if path.resolve() not in given]
+    if not out:
+        out.append((None, resolve_model_path(None)))
+    return [(name if i == 0 else name or path.stem, path) for i, (name, path) in enumerate(out)]
 
 
 def engines_from_args(a: argparse.Namespace) -> dict:
@@ -185,16 +217,21 @@ def serve_app(args: argparse.Namespace, settings: ServerSettings, launched: list
     from engine.modelfile.tokenizer import GGUFTokenizer
     from serve.app import create_app
     from serve.api.sampling_defaults import sampling_defaults
+    from serve.state import ServerState
 
-    try:
+    def model_parts(settings: ServerSettings):
+        """The model's settings (its sampling defaults), tokenizer and default context, from its file."""
         reader = GGUFFile(str(settings.model_path), "r")  # read once: the vocabulary is ~100K strings
         tokenizer, model_ctx = GGUFTokenizer(reader), read_config(reader).default_ctx
-        settings = replace(settings, sampling=sampling_defaults(reader, {
-            k: getattr(args, f"default_{k}") for k in ("temperature", "top_k", "top_p", "min_p")}))
+        return replace(settings, sampling=sampling_defaults(reader, {
+            k: getattr(args, f"default_{k}") for k in ("temperature", "top_k", "top_p", "min_p")})), tokenizer, model_ctx
+
+    try:
+        settings, tokenizer, model_ctx = model_parts(settings)
     except (ModelLoadError, ValueError) as e:
         print(f"strata-server: {e}", file=sys.stderr)
         return 2
-    app = create_app(settings, tokenizer, model_ctx, launched)
+    app = create_app(settings, tokenizer, model_ctx, launched, build_state=lambda s: ServerState(*model_parts(s)))
     gc.collect()
     gc.freeze()  # what start-up built lives as long as the server: a full collection no longer walks it (it took
     # ~45 ms on an idle core, over 100 ms on a busy one, with the event loop stopped)
@@ -211,10 +248,11 @@ class AnsweringServer(uvicorn.Server):
     exits with status 0: uvicorn would re-raise the signal, a traceback for SIGINT."""
 
     def handle_exit(self, sig, frame):
-        state = getattr(self.config.app.state, "strata", None)
-        if state is not None and hasattr(state, "loop"):
-            stopping = state.engine.stopping
-            state.loop.call_soon_threadsafe(state.scheduler.stop_running if stopping else state.begin_shutdown)
+        models = getattr(self.config.app.state, "models", None)
+        for state in models.loaded_states() if models is not None else ():
+            if hasattr(state, "loop"):
+                stopping = state.engine.stopping
+                state.loop.call_soon_threadsafe(state.scheduler.stop_running if stopping else state.begin_shutdown)
         super().handle_exit(sig, frame)
 
     @contextlib.contextmanager

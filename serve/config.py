@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,10 @@ class ServerSettings:
     gpus: tuple[str, ...] | None = None  # one engine per GPU: CUDA_VISIBLE_DEVICES of each
     # what a request samples with when it leaves a field out (serve/api/sampling_defaults.py fills it at start)
     sampling: dict = field(default_factory=lambda: dict(LLAMA_CPP))
+    served_name: str | None = None  # the model's name in the API (--model NAME=PATH; None: the file's stem)
+    models: tuple[tuple[str, Path], ...] = ()  # the other models served by name (serve/model_set.py)
+    preload: tuple[str, ...] = ()  # of those, the ones loaded at start and kept
+    idle_unload_s: float = 300.0  # a model loaded on demand is unloaded after this long without work (0: never)
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -103,12 +108,35 @@ class ServerSettings:
             raise ValueError(f"--engines must be >= 1, got {self.engines}")
         if self.gpus is not None and len(self.gpus) != self.engines:
             raise ValueError(f"--gpus names {len(self.gpus)} GPUs for {self.engines} engines (one engine per GPU)")
+        names = [self.model_name, *(name for name, _ in self.models)]
+        if len(set(names)) < len(names):
+            raise ValueError(f"two models have the same name: {', '.join(names)} (name them: --model NAME=PATH)")
+        if unknown := [name for name in self.preload if name not in names]:
+            raise ValueError(f"--preload {unknown[0]!r} is none of the models' names: {', '.join(names)}")
+        if self.idle_unload_s < 0:
+            raise ValueError(f"--idle-unload-s must be >= 0, got {self.idle_unload_s:g}")
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}")
 
     @property
     def model_name(self) -> str:
-        return self.model_path.stem
+        return self.served_name or self.model_path.stem
+
+    def memory_need(self, path: Path) -> int | None:
+        """Bytes of host memory a CPU engine of this model would take: its file (the weights) and its KV
+        pool (as the engine sizes it: --kv-tokens, else four contexts; float32 rows, or q8_0's 34 bytes
+        a 32), a tenth more for the rest. None where the engine may run on a GPU (its memory is the
+        engine's to check)."""
+        if self.device == "gpu" or (self.device == "auto" and shutil.which("nvidia-smi")):
+            return None
+        from engine.modelfile.gguf_file import GGUFFile
+        from engine.modelfile.model_config import read_config
+
+        cfg = read_config(GGUFFile(str(path), "r"))
+        tokens = self.kv_tokens or 4 * (self.ctx or cfg.default_ctx)
+        per_value = 34 / 32 if self.kv_type == "q8_0" else 4
+        kv = int(2 * cfg.kv_layers * cfg.kv_dim * tokens * per_value)
+        return int(1.1 * (path.stat().st_size + kv))
 
     def engine_env(self, i: int) -> dict[str, str] | None:
         """What engine i's process gets beside the server's environment: its GPU with --gpus."""

@@ -9,7 +9,9 @@ from serve.config import ServerSettings
 from serve.engine_proc.engine_client import EngineClient, EngineState
 from serve.scheduling.engine_router import EngineRouter
 from serve.scheduling.metrics import Metrics
+from serve.api.prompt_fit import PromptFit
 from serve.api.response_store import ResponseStore
+from serve.api.tokenize import LiteralTokenizer
 from serve.scheduling.scheduler import Scheduler
 
 
@@ -19,6 +21,8 @@ class ServerState:
         the engines already started (serve/engine_proc/engine_launch.py), one per engine, or None."""
         self.settings, self.tokenizer = settings, tokenizer
         self.grammar_tokenizer = GrammarTokenizer(tokenizer, tokenizer.vocab_size)  # built on first use
+        self.literal_tokenizer = LiteralTokenizer(tokenizer)  # /tokenize's parse_special=false, built on first use
+        self.prompt_fit = PromptFit.of(tokenizer)  # a text too long for the context, refused before tokenizing
         self.started_at = int(time.time())
         self.fallback_ctx = settings.ctx or model_ctx  # until the engine's READY says
         self.metrics = Metrics()

@@ -11,9 +11,10 @@ PACKAGES = ("protocol", "engine", "serve")  # bottom to top: each may import tho
 # the engine's folders, bottom to top: each may import those before it; the modules at engine/'s root
 # (the programs: cli, config, startup, terminal, mock_engine) sit above them all
 ENGINE_LAYERS = ("core", "modelfile", "kernels", "ops", "kvcache", "model", "runner", "parallel", "loop")
-# the server's layers, bottom to top: its folders and, between them, two modules at its root (the
-# settings, and the state every route reads); app.py, cli.py and __main__.py sit above them all
-SERVE_LAYERS = ("api", "engine_proc", "scheduling", "config", "state", "http")
+# the server's layers, bottom to top: its folders and, between them, three modules at its root (the
+# settings, the state every route reads, and the set of models by name, one state each); app.py,
+# cli.py and __main__.py sit above them all
+SERVE_LAYERS = ("api", "engine_proc", "scheduling", "config", "state", "model_set", "http")
 # what serve/ may import of the engine: its package (the version), its configuration, and the bottom
 # layers that read model files and name core types, never the engine's machinery
 ENGINE_FACE = ("engine", "engine.config", "engine.core", "engine.modelfile")

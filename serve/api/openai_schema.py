@@ -150,6 +150,14 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=20, description="the likeliest tokens to list beside each "
                                                                          "answer token's log-probability")
     echo: bool = Field(default=False, description="the prompt's text before the answer's")
+    suffix: str | None = Field(default=None, description="the text after the insertion: the answer fills in the middle, "
+                                                         "with the model's FIM tokens")
+
+    @model_validator(mode="after")
+    def _suffix_needs_text(self):
+        if self.suffix is not None and not (isinstance(self.prompt, str) or isinstance(self.prompt[0], str)):
+            raise ValueError("suffix needs the prompt as text (the code before the insertion)")
+        return self
 
     @model_validator(mode="after")
     def _no_prompt_logprobs(self):

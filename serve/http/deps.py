@@ -1,5 +1,5 @@
-"""What every route depends on: the server's state, the prompt-size check, the API key check, the
-headers of a server-sent event stream."""
+"""What every route depends on: the server's state (the first model's, or the one a request names),
+the API key check, the headers of a server-sent event stream."""
 from __future__ import annotations
 
 import secrets
@@ -7,18 +7,19 @@ import secrets
 from fastapi import Request as HTTPRequest
 
 from serve.api.errors import APIError
-from serve.api.prompt_fit import PromptFit
 from serve.state import ServerState
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def state_of(http: HTTPRequest) -> ServerState:
+    """The first model's state: what the server reports as a whole (health, status, metrics)."""
     return http.app.state.strata
 
 
-def fit_of(http: HTTPRequest) -> PromptFit:
-    return http.app.state.prompt_fit
+async def model_state(http: HTTPRequest, name: str | None) -> ServerState:
+    """The state of the model a request names (serve/model_set.py), loaded first if need be."""
+    return await http.app.state.models.state_for(name)
 
 
 def check_api_key(http: HTTPRequest) -> None:

@@ -14,8 +14,9 @@ from serve.api import responses_schema
 from serve.api import openai_schema as schema
 from serve.api.chat import ChatOutput, reasoning_opened, tool_plan
 from serve.api.constraints import grammar_for
-from serve.http.deps import SSE_HEADERS, check_api_key, fit_of, state_of
+from serve.http.deps import SSE_HEADERS, check_api_key, model_state, state_of
 from serve.api.errors import server_error
+from serve.api.infill import fim_tokens, infill_tokens
 from serve.api.logprobs import chat_logprobs, completion_logprobs
 from serve.scheduling.generation import Finished, GenerationError, KeepAlive, Piece
 from serve.api.prompt_fit import PromptFit
@@ -31,9 +32,12 @@ ops = APIRouter()
 
 
 async def completion_prompt(state: ServerState, fit: PromptFit, body: schema.CompletionRequest) -> list[int]:
+    """The prompt's tokens: as given, the text's, or with a suffix, the fill-in-the-middle prompt around them."""
     if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], int):
         return list(body.prompt)
     text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+    if body.suffix is not None:
+        return await off_loop(infill_tokens, state, fit, text, body.suffix, [], "")
     return await off_loop(text_tokens, state, fit, text)
 
 
@@ -177,9 +181,9 @@ async def respond(http: HTTPRequest, state: ServerState, req: Request, body: sch
 
 @v1.post("/chat/completions")
 async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest):
-    state = state_of(http)
+    state = await model_state(http, body.model)
     plan = tool_plan(state, body)
-    text, prompt = await off_loop(chat_tokens, state, fit_of(http), body, plan)
+    text, prompt = await off_loop(chat_tokens, state, state.prompt_fit, body, plan)
     grammar = grammar_for(state, plan, body)
     req = build_request(state, body, prompt, body.max_completion_tokens or body.max_tokens,
                         grammar, session_of(http, body.prompt_cache_key))
@@ -189,9 +193,11 @@ async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest
 
 @v1.post("/completions")
 async def completions(body: schema.CompletionRequest, http: HTTPRequest):
-    state = state_of(http)
-    prompt = await completion_prompt(state, fit_of(http), body)
+    state = await model_state(http, body.model)
+    prompt = await completion_prompt(state, state.prompt_fit, body)
     req = build_request(state, body, prompt, body.max_tokens, session=session_of(http, body.prompt_cache_key))
+    if body.suffix is not None and (ends := fim_tokens(state.tokenizer).ends):  # a padding or a new file ends it
+        req.sampling["stop"] = ends
     echo = state.tokenizer.decode(prompt) if body.echo else ""
     return await respond(http, state, req, body, lambda: completion_shape(state.tokenizer, body.logprobs is not None, echo))
 
@@ -199,26 +205,26 @@ async def completions(body: schema.CompletionRequest, http: HTTPRequest):
 @v1.post("/messages")
 async def anthropic_messages(body: anthropic_schema.MessagesRequest, http: HTTPRequest):
     """Anthropic's Messages API (`?beta=true`, as Claude Code sends it, is accepted and ignored)."""
-    return await messages_api.respond(http, state_of(http), body, fit_of(http))
+    state = await model_state(http, body.model)
+    return await messages_api.respond(http, state, body, state.prompt_fit)
 
 
 @v1.post("/responses")
 async def responses(body: responses_schema.ResponsesRequest, http: HTTPRequest):
     """OpenAI's Responses API (Codex CLI's), over the chat machinery (serve/http/responses_api.py)."""
-    state = state_of(http)
-    return await responses_api.respond(http, state, state.responses, body, fit_of(http))
+    state = await model_state(http, body.model)
+    return await responses_api.respond(http, state, state.responses, body, state.prompt_fit)
 
 
 @v1.post("/messages/count_tokens")
 async def anthropic_count_tokens(body: anthropic_schema.CountTokensRequest, http: HTTPRequest):
-    return await off_loop(messages_api.count_tokens, state_of(http), body)
+    return await off_loop(messages_api.count_tokens, await model_state(http, body.model), body)
 
 
 @v1.get("/models")
 async def models(http: HTTPRequest):
-    state = state_of(http)
-    return {"object": "list", "data": [{"id": state.settings.model_name, "object": "model",
-                                        "created": state.started_at, "owned_by": "strata"}]}
+    """Every model the server answers for, each saying whether it is loaded now."""
+    return {"object": "list", "data": http.app.state.models.listing()}
 
 
 @ops.get("/health")
@@ -242,8 +248,10 @@ async def metrics(http: HTTPRequest):
 def include_routes(app: FastAPI) -> None:
     from serve.http.events_api import events  # they read this module's helpers
     from serve.http.gateway_api import gateway
+    from serve.http.text_api import text
 
     app.include_router(v1)
     app.include_router(ops)
     app.include_router(gateway)
     app.include_router(events)
+    app.include_router(text)

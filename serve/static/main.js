@@ -15,6 +15,7 @@ async function loadModel() {
         const models = (await response.json()).data || [];
         if (models.length) modelId = models[0].id;
         document.getElementById("model").textContent = modelId;
+        if (models.length > 1) showModelChoice(models);
         return;
       }
     } catch (e) {
@@ -25,6 +26,21 @@ async function loadModel() {
     }
     await new Promise((resolve) => setTimeout(resolve, 2000));
   }
+}
+
+// a server of several models (--model NAME=PATH): the chat asks the one chosen here
+function showModelChoice(models) {
+  const choice = document.getElementById("model-choice");
+  choice.replaceChildren(...models.map((m) => {
+    const option = document.createElement("option");
+    option.value = m.id;
+    option.textContent = m.loaded === false ? `${m.id} (not loaded)` : m.id;
+    return option;
+  }));
+  choice.value = modelId;
+  choice.addEventListener("change", () => { modelId = choice.value; });
+  choice.hidden = false;
+  document.getElementById("model").hidden = true;
 }
 
 function setLink(state, label) {

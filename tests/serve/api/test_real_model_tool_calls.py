@@ -3,7 +3,8 @@ messages and the Responses API): Qwen2.5-Coder-0.5B-Instruct
 (Q4_K_M, `make fixture` fetches and checks it) on the CPU, through the openai client. Its template
 writes calls as Hermes <tool_call> tags, and its vocabulary has <tool_call> and </tool_call> as
 added tokens: the grammar must take the token the model writes, not only the text (before, the
-mask offered the token and the grammar refused it, ending the answer empty)."""
+mask offered the token and the grammar refused it, ending the answer empty). The server: qwen_server
+(tests/serve/conftest.py), shared with the fill-in-the-middle tests."""
 from __future__ import annotations
 
 import json
@@ -13,25 +14,12 @@ import jsonschema
 import openai
 import pytest
 
-from tests.harness import ServerProcess
-from tools.fixtures.fetch_fixture import fixture_path
-
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                            "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time", "description": "The local time in a city",
                                            "parameters": WEATHER}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def qwen_server():
-    model = fixture_path()
-    assert model.is_file(), f"{model} is missing: `make fixture` fetches it (`make test` does so first)"
-    # chunks of 64: the tools' prompt, the same in most requests, is reused from one to the next (prefix
-    # reuse keeps whole chunks; at the CPU's default 256 none of these ~220-token prompts has one)
-    with ServerProcess(extra=["--model", str(model), "--device", "cpu", "--chunk", "64"]).start(timeout_s=300) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")

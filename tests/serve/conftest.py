@@ -1,0 +1,20 @@
+"""Fixtures shared by the server's test modules."""
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import ServerProcess
+from tools.fixtures.fetch_fixture import fixture_path
+
+
+@pytest.fixture(scope="session")
+def qwen_server():
+    """strata-server over the real engine on Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, `make fixture` fetches
+    and checks it) on the CPU: a real trained model with a real vocabulary (tool calls, fill-in-the-middle),
+    started once a session (under xdist, once a worker that runs such a module) for the modules using it."""
+    model = fixture_path()
+    assert model.is_file(), f"{model} is missing: `make fixture` fetches it (`make test` does so first)"
+    # chunks of 64: the tools' prompt, the same in most requests, is reused from one to the next (prefix
+    # reuse keeps whole chunks; at the CPU's default 256 none of these ~220-token prompts has one)
+    with ServerProcess(extra=["--model", str(model), "--device", "cpu", "--chunk", "64"]).start(timeout_s=300) as s:
+        yield s
