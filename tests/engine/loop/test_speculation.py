@@ -63,11 +63,10 @@ def test_drafts_beside_other_decoders_change_no_token(engine, rewrite):
     assert sc.tokens_of(seen, 6) == alone and sc.tokens_of(seen, 5) == other
 
 
-@pytest.mark.parametrize("seed", [3, 11])
-def test_a_seeded_sampled_request_draws_the_same_tokens_with_drafts(engine, rewrite, seed):
+def test_a_seeded_sampled_request_draws_the_same_tokens_with_drafts(engine, rewrite):
     """A sampled row's draw takes the request's next uniform as a one-token step would: the same seed
     gives the same answer, and drafts of a copied passage are still kept (with probability p(draft))."""
-    params = {"temperature": 0.7, "top_p": 0.95, "seed": seed}
+    params = {"temperature": 0.7, "top_p": 0.95, "seed": 3}
     plain, drafted = run(engine, 7, rewrite, params, 0), run(engine, 8, rewrite, params, 1)
     assert sc.tokens_of(drafted, 8) == sc.tokens_of(plain, 7)
     assert drafted[-1].extra["fp"] == plain[-1].extra["fp"]
