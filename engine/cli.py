@@ -13,6 +13,7 @@ from engine.config import (DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_DR
                            DEFAULT_MAX_RUNNING, MAX_BLOCK, SPECULATIVE, WEIGHT_FORMS, EngineConfig)
 from engine.core.kv_types import KV_TYPES  # noqa: E402
 from engine.loop.park_policy import ParkPolicy  # noqa: E402
+from engine.modelfile.model_config import POOLINGS  # noqa: E402
 from engine.modelfile.rope_config import add_rope_args, rope_from_args  # noqa: E402
 
 
@@ -36,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", choices=WEIGHT_FORMS, default="quantized",
                    help="GPU: keep quantized tensors in their GGUF blocks (default; about the file's size in "
                         "memory) or expand them to fp16 at load (up to 4x larger; the CPU always expands)")
+    p.add_argument("--pooling", choices=POOLINGS,
+                   help="how an embedding request's hidden states are pooled: the mean of the prompt's rows, its "
+                        "first (cls) or its last (default: as the model's file says, <arch>.pooling_type; a file "
+                        "that says nothing, as a chat model's, serves no embeddings without this flag)")
     p.add_argument("--max-tokens", type=int, default=512, help="terminal mode: tokens to generate")
     p.add_argument("--temperature", type=float, default=0.0, help="terminal mode: 0 = greedy")
     p.add_argument("--seed", type=int, help="terminal mode: sampling seed")
@@ -104,7 +109,8 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
                         cache_ram_gib=a.cache_ram_gib,
                         decode_interval_ms=a.decode_interval_ms, rope=rope_from_args(a), kv_type=a.kv_type,
-                        tp=a.tp, step_tokens=a.step_tokens, speculative=a.speculative, draft_max=a.draft_max)
+                        tp=a.tp, step_tokens=a.step_tokens, speculative=a.speculative, draft_max=a.draft_max,
+                        pooling=a.pooling)
 
 
 def main(argv: list[str] | None = None) -> int:

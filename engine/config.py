@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from engine.loop.park_policy import ParkPolicy
+from engine.modelfile.model_config import POOLINGS
 from engine.modelfile.rope_config import RopeOverride
 
 # prompt tokens per chunk when --chunk is not given, by device: a chunk is also how long a newcomer
@@ -40,6 +41,7 @@ class EngineConfig:
     tp: int = 1  # tensor-parallel ranks, one process each (engine/parallel/tp_workers.py)
     speculative: str = "off"  # speculative decoding's drafter: off | ngram (engine/runner/ngram_draft.py)
     draft_max: int = DEFAULT_DRAFT_MAX  # the most tokens a request's draft proposes at a step
+    pooling: str | None = None  # embeddings' pooling (mean | cls | last) over the file's (engine/runner/pooling.py)
 
     def __post_init__(self):
         if self.chunk is not None and self.chunk < 1:
@@ -57,6 +59,8 @@ class EngineConfig:
         if self.speculative not in SPECULATIVE or not 1 <= self.draft_max <= 32:
             raise ValueError(f"--speculative is one of {', '.join(SPECULATIVE)} and --draft-max 1..32, got "
                              f"{self.speculative} and {self.draft_max}")
+        if self.pooling not in (None, *POOLINGS):
+            raise ValueError(f"--pooling is one of {', '.join(POOLINGS)}, got {self.pooling}")
         if self.chunk is None:  # checked again once the device's default is set
             return
         block = self.block

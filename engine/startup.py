@@ -10,7 +10,7 @@ from dataclasses import replace
 from engine.ops.backend import select_backend
 from engine.config import EngineConfig
 from engine.modelfile.gguf_file import GGUFFile, GGUFFormatError
-from engine.modelfile.model_config import ModelLoadError, read_config
+from engine.modelfile.model_config import ModelLoadError, file_pooling, read_config
 from engine.kernels.model_parts import ModelKernels
 from engine.model.weights import load_model
 from engine.loop.loop import run_loop
@@ -61,13 +61,16 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     plan = plan_context(cfg, backend, config.ctx, step_budget(config.step_tokens, config.chunk),
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type)
+    pooling = config.pooling or file_pooling(reader, cfg.arch)  # embeddings' (engine/runner/pooling.py)
     args = (cfg, weights, backend, plan.ctx, config.chunk, tokenizer.end_ids, str(path),
-            plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32"},
+            plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32", "pooling": pooling,
+                           "dim": str(cfg.dim)},
             config.cuda_graphs, config.max_running, plan.blocks, plan.block, plan.cache_ram_bytes, config.kv_type)
     runner = ModelRunner(*args) if config.tp == 1 else TensorParallelRunner(*args, world=config.tp, workers=workers,
                                                                              conns=conns)
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
     runner.draft_max = config.draft_max if config.speculative == "ngram" and runner.speculates else 0
+    runner.pooling = pooling
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     lap("pool")
     runner.warm_up()

@@ -2,15 +2,21 @@
 
 Grammar (one message per line, verb first, single spaces, optional trailing ` id=N`):
   GEN <max_new> [k=v ...] <tok,tok,...>     STOP   YIELD   RESUME   CANCEL   QUIT
-  INFO [k=v ...]   READY <ctx> [cap ...]   PP <done> <total> <ms> <tok/s>   T <token>
+  INFO [k=v ...]   READY <ctx> [cap ...]   PP <done> <total> <ms> <tok/s>   T <token>   EMB <dim> <base64>
   SUSPENDED <done> <total>   DECLINE <reason> <done> <total>   DEFER <reason>   FP <stage> <pos> <hex>
   DONE <generated> <prompt_tokens> <prompt_ms> <decode_ms> <finish> [k=v ...]   ERR <text>
 Free text is backslash-escaped so that it never holds a newline: INFO and DONE values also escape
 space and `=`; ERR text keeps them, except a text without an id that would read as an id suffix.
+EMB's vector is its `dim` float32 values, little-endian, in standard base64 (exact, and a third of decimal's
+length).
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import re
+import sys
+from array import array
 
 from protocol import messages as m
 
@@ -151,6 +157,28 @@ def parse_top(s: str) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+def format_vector(vector: tuple[float, ...]) -> str:
+    """EMB's vector: float32 values, little-endian, base64."""
+    values = array("f", vector)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return base64.b64encode(values.tobytes()).decode("ascii")
+
+
+def parse_vector(s: str, dim: int) -> tuple[float, ...]:
+    try:
+        raw = base64.b64decode(s, validate=True)
+    except binascii.Error:
+        raise ValueError("the vector is not base64") from None
+    if len(raw) != 4 * dim:
+        raise ValueError(f"the vector holds {len(raw)} bytes, not {dim} float32 values")
+    values = array("f")
+    values.frombytes(raw)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return tuple(values)
+
+
 # ---------------------------------------------------------------- encode
 
 def encode(msg: m.Message) -> str:
@@ -176,6 +204,7 @@ _ENCODERS = {
     m.PromptProgress: lambda p: f"PP {p.done} {p.total} {format_number(p.ms)} {format_number(p.tok_s)}",
     m.Token: lambda t: " ".join([f"T {t.token}", *([f"lp={format_number(t.logprob)}"] if t.logprob is not None else []),
                                  *([f"top={_format_top(t.top)}"] if t.top else [])]),
+    m.Embedding: lambda e: f"EMB {len(e.vector)} {format_vector(e.vector)}",
     m.Suspended: lambda s: f"SUSPENDED {s.done} {s.total}",
     m.Decline: lambda d: f"DECLINE {d.reason} {d.done} {d.total}",
     m.Defer: lambda d: f"DEFER {d.reason}",
@@ -254,6 +283,11 @@ def _token(p, i):
     return m.Token(parse_int(p[0], "token"), i, logprob, parse_top(extra["top"]) if "top" in extra else ())
 
 
+def _embedding(p, i):
+    _fields(p, 2, "EMB")
+    return m.Embedding(parse_vector(p[1], parse_int(p[0], "dim", minimum=1)), i)
+
+
 def _ready(p, i):
     _fields(p, 1, "READY", at_least=True)
     return m.Ready(parse_int(p[0], "ctx", minimum=1), tuple(parse_word(c, "capability") for c in p[1:]), i)
@@ -297,6 +331,7 @@ _DECODERS = {
     "READY": _ready,
     "PP": _pp,
     "T": _token,
+    "EMB": _embedding,
     "SUSPENDED": lambda p, i: m.Suspended(parse_int(_fields(p, 2, "SUSPENDED")[0], "done"),
                                           parse_int(p[1], "total"), i),
     "DECLINE": lambda p, i: m.Decline(parse_word(_fields(p, 3, "DECLINE")[0], "reason"),

@@ -1,8 +1,8 @@
 """One frozen dataclass per line type of the engine protocol.
 
 Server -> engine: Gen, Stop, Yield, Resume, Cancel, Quit.
-Engine -> server: Info, Ready, PromptProgress (PP on the wire), Token (T), Suspended, Decline, Defer,
-Fingerprint (FP), Done, Err.
+Engine -> server: Info, Ready, PromptProgress (PP on the wire), Token (T), Embedding (EMB), Suspended, Decline,
+Defer, Fingerprint (FP), Done, Err.
 `id` is None for a line without the ` id=N` suffix.
 """
 from __future__ import annotations
@@ -29,6 +29,8 @@ GEN_KEYS: dict[str, type] = {
     "session": str,  # the client's session (a prompt_cache_key): its cached prefix outlives one-off requests'
     "spec": int,  # 0 = no speculative decoding for this request (default 1: as the engine's --speculative says)
     "logprobs": int,  # N in 0..20: each T carries its token's log-probability and the N likeliest tokens'
+    "embed": int,  # 1 = an embedding: the prompt is read, then an EMB line carries its pooled hidden state (no
+    # token is drawn) and DONE follows with generated=0
 }
 MAX_TOP_LOGPROBS = 20
 
@@ -106,6 +108,15 @@ class Token:
 
 
 @dataclass(frozen=True)
+class Embedding:
+    """EMB: an embed request's pooled hidden state (after the final norm, pooled as the engine's INFO
+    pooling= says; not normalized), float32 values; on the wire little-endian float32, base64."""
+
+    vector: tuple[float, ...]
+    id: int | None = None
+
+
+@dataclass(frozen=True)
 class Suspended:
     done: int
     total: int
@@ -161,5 +172,5 @@ class Err:
     id: int | None = None
 
 
-Message = (Gen | Stop | Yield | Resume | Cancel | Quit | Info | Ready | PromptProgress | Token | Suspended | Decline
-           | Defer | Fingerprint | Done | Err)
+Message = (Gen | Stop | Yield | Resume | Cancel | Quit | Info | Ready | PromptProgress | Token | Embedding | Suspended
+           | Decline | Defer | Fingerprint | Done | Err)

@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "checked in its decode step, the text unchanged (forwarded to the default engine; CPU only "
                         "in this version; default: off)")
     p.add_argument("--draft-max", type=int, help="the most tokens a draft proposes (forwarded; default: 8)")
+    p.add_argument("--pooling", choices=("mean", "cls", "last"),
+                   help="/v1/embeddings: how the model's hidden states are pooled (forwarded to the default engine; "
+                        "default: as the model's file says; a chat model's file says nothing, so its embeddings "
+                        "need this flag)")
     g = p.add_argument_group("prefill preemption")
     g.add_argument("--prefill-preempt", action=argparse.BooleanOptionalAction, default=True,
                    help="park a long prompt read at a chunk boundary while a short request runs "
@@ -134,7 +138,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
         kv_block=a.kv_block, kv_type=a.kv_type, tp=a.tp, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
         decode_interval_ms=a.decode_interval_ms, step_tokens=a.step_tokens,
-        speculative=a.speculative, draft_max=a.draft_max, allowed_hosts=host_list(a.allowed_hosts),
+        speculative=a.speculative, draft_max=a.draft_max, pooling=a.pooling, allowed_hosts=host_list(a.allowed_hosts),
         cors_origins=origin_list(a.cors_origin), rope=rope_from_args(a),
         **engines_from_args(a))
 

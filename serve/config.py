@@ -64,6 +64,7 @@ class ServerSettings:
     step_tokens: int | None = None  # forwarded to the default engine: prompt rows a step may take (None: its default)
     speculative: str | None = None  # forwarded to the default engine: its drafter (off | ngram; None: its default)
     draft_max: int | None = None  # forwarded to the default engine: a draft's most tokens
+    pooling: str | None = None  # forwarded to the default engine: embeddings' pooling (None: as the file says)
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
     cors_origins: tuple[str, ...] = ()  # origins of other pages allowed to call this server ("*": any)
     rope: RopeOverride = RopeOverride()  # forwarded to the default engine: rope scaling over the file's
@@ -160,6 +161,7 @@ class ServerSettings:
         cmd += [] if self.step_tokens is None else ["--step-tokens", str(self.step_tokens)]
         cmd += [] if self.speculative is None else ["--speculative", self.speculative]
         cmd += [] if self.draft_max is None else ["--draft-max", str(self.draft_max)]
+        cmd += [] if self.pooling is None else ["--pooling", self.pooling]
         return cmd + self.preempt.engine_args() + self.rope.engine_args()
 
 

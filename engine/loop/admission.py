@@ -8,6 +8,8 @@ import time
 from dataclasses import fields
 from typing import Callable
 
+import numpy as np
+
 from protocol import messages as m
 
 from engine.loop.memory import Memory
@@ -16,6 +18,7 @@ from engine.loop.parking import Parking
 from engine.loop.request_table import RequestTable
 from engine.kvcache.recurrent import SequenceState
 from engine.runner.ngram_draft import NgramDrafter
+from engine.runner.pooling import SequencePool, embed_refusal
 from engine.runner.sequence import Sequence
 from engine.runner.sampler import Sampler, SamplingParams
 
@@ -38,7 +41,8 @@ class Admission:
         if self.requests.held() >= self.runner.max_running:
             self.write(m.Defer("busy", gen.id))  # the server's cap is the engine's: it sent one too many
             return
-        if self.memory.paused or not self.place(seq, reuse=self.reuse and bool(gen.params.get("reuse", 1))):
+        reuse = self.reuse and bool(gen.params.get("reuse", 1)) and (seq.pool is None or seq.pool.reuses)
+        if self.memory.paused or not self.place(seq, reuse=reuse):
             self.write(m.Defer("memory", gen.id))  # the server keeps it queued and sends it again
             return
         self.requests.add(seq)
@@ -70,13 +74,17 @@ class Admission:
         logprobs = gen.params.get("logprobs")
         if logprobs is not None and not 0 <= logprobs <= m.MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs={logprobs} must be within 0..{m.MAX_TOP_LOGPROBS}")
-        speculate = self.runner.draft_max and gen.params.get("spec", 1)
+        embed = bool(gen.params.get("embed", 0))
+        if embed and (refusal := embed_refusal(self.runner)):
+            raise ValueError(refusal)
+        speculate = self.runner.draft_max and gen.params.get("spec", 1) and not embed
         return Sequence(
             id=gen.id, prompt=gen.tokens, max_new=min(gen.max_new, self.runner.ctx - len(gen.tokens)),
             sampler=Sampler(sampling, gen.tokens, drawn, constraint),
             stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
             fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, session=gen.params.get("session"), logprobs=logprobs,
-            drafter=NgramDrafter(gen.tokens, self.runner.draft_max) if speculate else None)
+            drafter=NgramDrafter(gen.tokens, self.runner.draft_max) if speculate else None,
+            pool=SequencePool(self.runner.pooling, len(gen.tokens), self.runner.backend.xp) if embed else None)
 
     def place(self, seq: Sequence, reuse: bool) -> bool:
         """Blocks for `seq` up to the end of its first chunk: a cached prefix first (whole blocks when
@@ -111,6 +119,13 @@ class Admission:
         seq.state = SequenceState.at(state, blocks * self.pool.size) if state is not None else None
 
     # ------------------------------------------------------------ out
+
+    def embedded(self, seq: Sequence) -> None:
+        """An embed request's prompt is read: its pooled hidden state (engine/runner/pooling.py) as an EMB
+        line, then its DONE (no token drawn)."""
+        vector = self.runner.backend.to_host(seq.pool.vector).astype(np.float32)  # (dim,)
+        self.write(m.Embedding(tuple(vector.tolist()), seq.id))
+        self.finish(seq, "stop")
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """DONE: the request ends (stop, length, cancel); its blocks, snapshots and reservation go back."""

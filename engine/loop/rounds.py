@@ -9,10 +9,11 @@ prompt step reads depends on the runner (engine/runner/runner.py, shape_free):
   first one reads up to a chunk, the ones behind it fill what is left of `step_tokens` (a short
   newcomer's read goes with the long one's instead of waiting for a park), each ending anywhere;
 - else one read a step, its next chunk at absolute boundaries (engine/core/chunks.py).
-A request's first token is drawn right after its prompt's last row. A step deep in a long read takes
-longer than a decoding client should wait for its next token, so it pauses between layers for further
-decode steps, about every `interval_ms` (the layers per pause estimated from the last prompt step);
-the pauses change neither the step's arithmetic nor its rows. Control lines are taken after the decode
+A request's first token is drawn right after its prompt's last row (an embed request's vector is written
+then, and its DONE: engine/runner/pooling.py). A step deep in a long read takes longer than a decoding
+client should wait for its next token, so it pauses between layers for further decode steps, about
+every `interval_ms` (the layers per pause estimated from the last prompt step); the pauses change
+neither the step's arithmetic nor its rows. Control lines are taken after the decode
 step and after each prompt step, before its PPs.
 """
 from __future__ import annotations
@@ -160,7 +161,10 @@ class Rounds:
             elif not seq.reading:
                 self.requests.line.remove(seq)
                 seq.yield_wanted = False  # decode never parks
-                self.draw(seq, time.perf_counter())  # its first token now, not after the next decode step
+                if seq.pool is not None:  # an embed request: its pooled vector instead of a token, and its DONE
+                    self.admission.embedded(seq)
+                else:
+                    self.draw(seq, time.perf_counter())  # its first token now, not after the next decode step
             elif seq.yield_wanted:
                 self.parking.try_park(seq)
 

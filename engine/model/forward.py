@@ -27,30 +27,38 @@ class LlamaModel:
         # partial sums (n, dim) -> their sum over the ranks
 
     def forward(self, tokens: np.ndarray, start: int, kv: KVCache | SequenceRows, want_logits: bool,
-                on_device: bool = False, between: Callable[[int], None] | None = None):
+                on_device: bool = False, between: Callable[[int], None] | None = None,
+                hidden_rows: list[int] | None = None):
         """tokens: (n,) at absolute positions [start, start+n) of one sequence, whose K/V rows `kv`
         holds (KVCache.rows(its block table); a KVCache alone: its one sequence). Writes their K/V
         rows. Returns logits (vocab,) float32 of
         the last position on the host (or left on the device), or None. `between(i)` is called after
         each layer i but the last: the engine runs the other requests' decode steps there (they
-        touch neither this forward's activations nor its rows, so its result does not change)."""
+        touch neither this forward's activations nor its rows, so its result does not change).
+        With hidden_rows (rows of the n, for embeddings): (logits, their normed hidden states (len(hidden_rows),
+        dim) float32 on the device) (final_logits)."""
         rows = kv.as_rows() if isinstance(kv, KVCache) else kv
         step = self.ops.step(len(tokens), start, rows.tables[0])
-        logits = self.forward_on_device(tokens, step, rows, want_logits, between)
-        return logits if logits is None or on_device else self.backend.to_host(logits)
+        out = self.forward_on_device(tokens, step, rows, want_logits, between, hidden_rows=hidden_rows)
+        logits, hidden = out if hidden_rows is not None else (out, None)
+        logits = logits if logits is None or on_device else self.backend.to_host(logits)
+        return logits if hidden_rows is None else (logits, hidden)
 
-    def forward_reads(self, reads, kv: KVCache, between: Callable[[int], None] | None = None, states: tuple = ()):
+    def forward_reads(self, reads, kv: KVCache, between: Callable[[int], None] | None = None, states: tuple = (),
+                      hidden_rows: list[int] | None = None):
         """Prompt rows of several sequences in one pass (a shape-free backend's step: each row's
         result is what it would be alone): reads[i] = (tokens (n_i,), start_i, block table_i,
         want_logits_i). Writes their K/V rows (and advances their recurrent `states`, a hybrid's).
         Returns logits (wanted, vocab) float32 on the device, one row per read that wants them, in order
-        (None if none does)."""
+        (None if none does); with hidden_rows (rows of the step, the reads' rows one after another: for
+        embeddings), (those logits, the rows' normed hidden states (len(hidden_rows), dim) float32)."""
         rows = kv.rows(*(table for _, _, table, _ in reads), states=states)
         step = self.ops.reads_step(tuple((start, len(tokens)) for tokens, start, _, _ in reads), rows.tables)
         ends = np.cumsum([len(tokens) for tokens, _, _, _ in reads]) - 1
         wanted = [int(end) for end, (*_, want) in zip(ends, reads) if want]
         tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t, _, _, _ in reads])
-        return self.forward_on_device(tokens, step, rows, bool(wanted), between, logit_rows=wanted)
+        return self.forward_on_device(tokens, step, rows, bool(wanted), between, logit_rows=wanted,
+                                      hidden_rows=hidden_rows)
 
     def forward_batch(self, tokens, tables, positions, kv: KVCache, states: tuple = ()):
         """A decode step of several sequences at once: tokens (n,), row i the next token of the
@@ -62,10 +70,12 @@ class LlamaModel:
         return self.forward_on_device(tokens, step, rows, True)
 
     def forward_on_device(self, tokens, step: Step, kv: SequenceRows, want_logits: bool,
-                          between: Callable[[int], None] | None = None, logit_rows: list[int] | None = None):
+                          between: Callable[[int], None] | None = None, logit_rows: list[int] | None = None,
+                          hidden_rows: list[int] | None = None):
         """The forward pass proper; tokens may already be on the device and `step` may carry
         device-side positions (a captured decode graph). Returns device logits, (vocab,) for one
-        sequence, (n, vocab) for a decode batch, (len(logit_rows), vocab) for those rows, or None."""
+        sequence, (n, vocab) for a decode batch, (len(logit_rows), vocab) for those rows, or None
+        (with hidden_rows, those and the rows' normed hidden states: final_logits)."""
         ops, eps = self.ops, self.cfg.norm_eps
         ops.begin(step)
         x = ops.embed(self.w.tok_embd, tokens)  # (n, dim) fp32 residual stream
@@ -89,13 +99,21 @@ class LlamaModel:
             if between is not None and i + 1 < len(self.w.layers):
                 between(i)
                 ops.begin(step)  # a decode step in between began its own
-        return self.final_logits(x, delta, step, want_logits, logit_rows)
+        return self.final_logits(x, delta, step, want_logits, logit_rows, hidden_rows)
 
-    def final_logits(self, x, delta, step: Step, want_logits: bool, logit_rows: list[int] | None):
+    def final_logits(self, x, delta, step: Step, want_logits: bool, logit_rows: list[int] | None,
+                     hidden_rows: list[int] | None = None):
         """The last layer's output added, the final norm and the head over the rows wanted: (vocab,) for
         a sequence's last position, (n, vocab) for a decode batch, (len(logit_rows), vocab) for those
-        rows; None if none is wanted."""
+        rows; None if none is wanted. With hidden_rows (rows of the step; embeddings' pooling,
+        engine/runner/pooling.py): (those logits, the final norm's output at those rows (len(hidden_rows),
+        dim) float32: what the head would read there), each row as it would be in any step (row-local)."""
         ops, eps = self.ops, self.cfg.norm_eps
+        if hidden_rows is not None:  # first, from copies of its rows: the head's rows below may be a view of x
+            # that the norm's residual add writes into
+            at = self.backend.xp.asarray(np.asarray(hidden_rows, dtype=np.int64))
+            hidden = ops.add_rms_norm(x[at], delta[at], self.w.out_norm, eps)  # (len(hidden_rows), dim)
+            return self.final_logits(x, delta, step, want_logits, logit_rows), hidden.astype(np.float32, copy=False)
         if not want_logits:
             return None
         if logit_rows is not None:  # the chosen rows (each read's last)

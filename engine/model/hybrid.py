@@ -45,7 +45,7 @@ class HybridModel(LlamaModel):
         self.state_layer = {i: n for n, i in enumerate(h.linear_layers)}  # layer -> its state index
 
     def forward_on_device(self, tokens, step: Step, kv: SequenceRows, want_logits: bool, between=None,
-                          logit_rows: list[int] | None = None):
+                          logit_rows: list[int] | None = None, hidden_rows: list[int] | None = None):
         ops, eps = self.ops, self.cfg.norm_eps
         ops.begin(step)
         x = ops.embed(self.w.tok_embd, tokens)  # (n, dim) fp32 residual stream
@@ -63,7 +63,7 @@ class HybridModel(LlamaModel):
             if between is not None and i + 1 < len(self.w.layers):
                 between(i)
                 ops.begin(step)
-        return self.final_logits(x, delta, step, want_logits, logit_rows)
+        return self.final_logits(x, delta, step, want_logits, logit_rows, hidden_rows)
 
     def feed_forward(self, i: int, h, layer):
         """The routed experts plus the shared expert gated by sigmoid(its gate) (qwen3next, qwen35moe), or

@@ -22,6 +22,8 @@ from engine.modelfile.rope_config import from_gguf as rope_from_gguf
 HYBRID_ARCHITECTURES = ("qwen3next", "qwen35", "qwen35moe")
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", *HYBRID_ARCHITECTURES)
 MAX_DEFAULT_CTX = 8192  # without --ctx, the model's trained context, capped here (KV memory)
+POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # <arch>.pooling_type: llama.cpp's enum
+POOLINGS = ("mean", "cls", "last")  # those embeddings are served with (engine/runner/pooling.py)
 
 class ModelLoadError(RuntimeError):
     """The file cannot be served: unsupported architecture, tensor type, or missing tensor."""
@@ -126,6 +128,13 @@ class ModelConfig:
 def field_value(reader: GGUFFile, key: str, default=None):
     f = reader.fields.get(key)
     return default if f is None else f.contents()
+
+
+def file_pooling(reader: GGUFFile, arch: str) -> str:
+    """How the file says its hidden states are pooled into an embedding (<arch>.pooling_type, by name;
+    "unset" where it says nothing, as a generative model's file)."""
+    value = field_value(reader, f"{arch}.pooling_type")
+    return "unset" if value is None else POOLING_TYPES.get(int(value), f"type{int(value)}")
 
 
 def read_config(reader: GGUFFile) -> ModelConfig:

@@ -66,6 +66,7 @@ class SpecialTokens:
     eos_text: str
     bos_text: str
     add_bos: bool
+    add_eos: bool = False  # tokenizer.ggml.add_eos_token: an embedding model's input ends with eos (Qwen3-Embedding's)
 
 
 class GGUFTokenizer:
@@ -101,7 +102,8 @@ class GGUFTokenizer:
                         if field_value(reader, f"tokenizer.ggml.{k}_token_id") is not None}
         self.end_ids = frozenset(ends | {i for i in self.special_ids if tokens[i] in END_OF_TURN})
         self.special = SpecialTokens(bos, eos, tokens[eos], tokens[bos] if bos is not None else "",
-                                     bool(field_value(reader, "tokenizer.ggml.add_bos_token", pre_tokenizer.add_bos)))
+                                     bool(field_value(reader, "tokenizer.ggml.add_bos_token", pre_tokenizer.add_bos)),
+                                     bool(field_value(reader, "tokenizer.ggml.add_eos_token", False)))
         self.template = ChatTemplate(field_value(reader, "tokenizer.chat_template"), self.special)
 
     def added_token_id(self, text: str) -> int | None:

@@ -230,17 +230,18 @@ class TensorParallelRunner(ModelRunner):
         """The ranks read one sequence a step (their protocol carries one chunk)."""
         return False
 
-    def forward(self, tokens, start: int, table, want_logits: bool, between=None, state=None):
-        """(state: a hybrid's, which tensor parallel refuses: engine/model/weights.py shard_config.)"""
+    def forward(self, tokens, start: int, table, want_logits: bool, between=None, state=None, hidden_rows=None):
+        """(state: a hybrid's, which tensor parallel refuses: engine/model/weights.py shard_config. hidden_rows:
+        rank 0's, whose residual stream is whole after each layer's all-reduce.)"""
         self.send("forward", tokens, start, np.asarray(table, dtype=np.int32), between is not None)
         if between is None:
-            return super().forward(tokens, start, table, want_logits)
+            return super().forward(tokens, start, table, want_logits, hidden_rows=hidden_rows)
 
         def paused(layer: int) -> None:  # the decode steps rank 0 runs here reach the workers as they run
             between(layer)
             self.send("continue")
 
-        return super().forward(tokens, start, table, want_logits, paused)
+        return super().forward(tokens, start, table, want_logits, paused, hidden_rows=hidden_rows)
 
     def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
         self.send("decode", np.asarray(tokens, dtype=np.int64), [np.asarray(t, dtype=np.int32) for t in tables],

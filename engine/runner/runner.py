@@ -24,6 +24,7 @@ from engine.kvcache.recurrent import SequenceState, zero_state
 from engine.kvcache.state_cache import StateCache
 from engine.ops.delta_rule import CHUNK as STATE_CHUNK
 from engine.core.chunks import chunk_end
+from engine.runner.pooling import hidden_rows, take_hidden
 from engine.runner.row_check import rows_invariant
 from engine.runner.sequence import Sequence
 
@@ -61,6 +62,7 @@ class ModelRunner:
         # keys one prompt step may hold in all (None: no limit): a q8_0 pool's prompt attention on the GPU
         # widens its sequences' rows to fp16 in a scratch the memory plan sized for one request's context
         self.step_keys = ctx if backend.name == "gpu" and self.kv.type.name == "q8_0" else None
+        self.pooling = "unset"  # embeddings' (engine/runner/pooling.py): the file's or --pooling's, set at start
 
     def state_of(self, seq: Sequence) -> SequenceState | None:
         """seq's recurrent state (made at its first read), a hybrid model's; None for others."""
@@ -113,22 +115,20 @@ class ModelRunner:
 
     def read_prompts(self, pieces: list[tuple[Sequence, int]], between: Callable[[int], None] | None = None) -> None:
         """Each sequence's prompt from its position to the end given, in one forward (several only
-        when shape_free); a sequence that reaches its prompt's end gets its logits. A hybrid's read
-        starts at its state's mark (the rows after it are read again, to the same bits)."""
+        when shape_free); one that reaches its prompt's end gets its logits (an embed request: its rows
+        pooled, engine/runner/pooling.py). A hybrid's read starts at its state's mark (read again)."""
         states = [self.state_of(seq) for seq, _ in pieces] if self.recurrent is not None else []
         for seq, state in zip((seq for seq, _ in pieces), states):
             seq.pos = state.rewind()
         starts = [seq.pos for seq, _ in pieces]
+        wanting = [seq for seq, end in pieces if end == seq.total and not seq.settling and seq.pool is None]
+        reads = [(np.asarray(seq.prompt[seq.pos : end], dtype=np.int64), seq.pos, seq.table, seq in wanting)
+                 for seq, end in pieces]
+        rows = hidden_rows(pieces)
         if self.shape_free:
-            wanting = [seq for seq, end in pieces if end == seq.total and not seq.settling]
-            reads = [(np.asarray(seq.prompt[seq.pos : end], dtype=np.int64), seq.pos, seq.table, seq in wanting)
-                     for seq, end in pieces]
-            logits = self.model.forward_reads(reads, self.kv, between, states=tuple(states))
-        else:
-            (seq, end), = pieces  # one read a step: its chunk at absolute boundaries
-            tokens = np.asarray(seq.prompt[seq.pos : end], dtype=np.int64)
-            logits = self.forward(tokens, seq.pos, seq.table, end == seq.total, between, seq.state)
-            wanting = [seq] if end == seq.total else []
+            logits = take_hidden(pieces, rows, self.model.forward_reads(reads, self.kv, between, tuple(states), rows))
+        else:  # one read a step: its chunk at absolute boundaries
+            logits = take_hidden(pieces, rows, self.forward(*reads[0], between, pieces[0][0].state, rows))
             logits = None if logits is None else logits[None]
         for seq, _ in pieces:
             seq.logits = logits[wanting.index(seq)] if seq in wanting else None
@@ -140,12 +140,13 @@ class ModelRunner:
             state.read(start, end - start)
 
     def forward(self, tokens, start: int, table, want_logits: bool, between: Callable[[int], None] | None = None,
-                state: SequenceState | None = None):
+                state: SequenceState | None = None, hidden_rows: list[int] | None = None):
         """The model over `tokens` at positions start.. of the sequence whose blocks `table` lists
         (LlamaModel.forward), from its recurrent state (a hybrid's: at its mark, which the caller moves
-        on): its K/V rows written, the last position's logits left on the device."""
+        on): its K/V rows written, the last position's logits (and hidden_rows') left on the device."""
         rows = self.kv.rows(table, states=() if state is None else (state,))
-        return self.model.forward(tokens, start, rows, want_logits, on_device=True, between=between)
+        return self.model.forward(tokens, start, rows, want_logits, on_device=True, between=between,
+                                  hidden_rows=hidden_rows)
 
     def synchronize(self) -> None:
         self.backend.synchronize()

@@ -34,6 +34,7 @@ class Sequence:
     drafter: object = None  # speculative decoding's drafts (engine/runner/ngram_draft.py NgramDrafter), or none
     drafts: list[int] = field(default_factory=list)  # tokens whose rows went through the last forward after the newest
     draft_logits: list = field(default_factory=list)  # the logits after each of them: drafts[i]'s row
+    pool: object = None  # GEN embed=1: its pooled hidden state (engine/runner/pooling.py SequencePool), else None
     settling: bool = False  # DONE is out: its answer's rows are read again as prompt rows, to be shared
     parked_seq: int = 0  # when it parked (a counter): the longest parked spills first
     parks: int = 0

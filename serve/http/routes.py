@@ -246,6 +246,7 @@ async def metrics(http: HTTPRequest):
 
 
 def include_routes(app: FastAPI) -> None:
+    from serve.http.embeddings_api import embeddings
     from serve.http.events_api import events  # they read this module's helpers
     from serve.http.gateway_api import gateway
     from serve.http.text_api import text
@@ -254,4 +255,5 @@ def include_routes(app: FastAPI) -> None:
     app.include_router(ops)
     app.include_router(gateway)
     app.include_router(events)
+    app.include_router(embeddings)
     app.include_router(text)

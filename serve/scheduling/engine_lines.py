@@ -1,4 +1,4 @@
-"""One engine's lines about its requests, a handler a kind (PP, T, SUSPENDED, DEFER, DONE, ...):
+"""One engine's lines about its requests, a handler a kind (PP, T, EMB, SUSPENDED, DEFER, DONE, ...):
 each moves the request and counts it, then lets the admission act on what changed; the line is
 then delivered to the request's client."""
 from __future__ import annotations
@@ -87,6 +87,12 @@ class EngineLines:
         if self.places.parked:  # one postponed max_wait_s by a long answer resumes without waiting for its end
             self.admission.dispatch()
 
+    def _on_embedding(self, req: Request, msg: m.Embedding) -> None:
+        """An embed request's vector (its DONE follows): its read is over, as a first token says of others'."""
+        self.places.unline(req)
+        if self.places.parked:
+            self.admission.dispatch()
+
     def _on_suspended(self, req: Request, msg: m.Suspended) -> None:
         # a parked read's blocks can be moved out on demand: a request deferred for memory may fit now
         # (and if nothing else runs, no DONE would ever come to let it in)
@@ -111,5 +117,5 @@ class EngineLines:
         self.admission.dispatch()
         self.admission.offer_boundary()
 
-    _HANDLERS = {m.Info: _on_info, m.PromptProgress: _on_pp, m.Token: _on_token, m.Suspended: _on_suspended, m.Decline: _on_decline,
-                 m.Defer: _on_defer, m.Done: on_end, m.Err: on_end}
+    _HANDLERS = {m.Info: _on_info, m.PromptProgress: _on_pp, m.Token: _on_token, m.Embedding: _on_embedding,
+                 m.Suspended: _on_suspended, m.Decline: _on_decline, m.Defer: _on_defer, m.Done: on_end, m.Err: on_end}

@@ -1,4 +1,5 @@
-"""Turn a request's engine events into text pieces: detokenization, stop strings, keep-alives."""
+"""Turn a request's engine events into text pieces: detokenization, stop strings, keep-alives; or, for an
+embed request, into its vector."""
 from __future__ import annotations
 
 import asyncio
@@ -86,6 +87,38 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
         raise
     finally:
         if not finished:  # client gone (cancelled or closed): free the engine
+            metrics.requests.labels("cancelled").inc()
+            if req.phase is not Phase.DONE:
+                scheduler.abandon(req)
+
+
+async def embedding(req: Request, scheduler: Scheduler, metrics: Metrics) -> tuple[float, ...]:
+    """An embed request (GEN embed=1) run to its end: the vector of its EMB line, once its DONE is in
+    (after an engine death the request is read again and a new EMB comes: the last one counts)."""
+    vector, finished = None, False
+    scheduler.submit(req)
+    try:
+        while True:
+            event = await req.events.get()
+            if isinstance(event, m.Embedding):
+                vector = event.vector
+            elif isinstance(event, m.Done):
+                finished = True
+                if vector is None:  # stopped (the server shutting down), or an engine that does not embed
+                    raise GenerationError(f"the engine ended an embedding without its vector ({event.finish})",
+                                          503 if event.finish == "cancel" else 500)
+                metrics.requests.labels("stop").inc()
+                return vector
+            elif isinstance(event, m.Err):
+                raise GenerationError(f"engine error: {event.message}", status=400)
+            elif isinstance(event, EngineFailure):
+                raise GenerationError(event.message, event.status)
+    except GenerationError:
+        finished = True
+        metrics.requests.labels("error").inc()
+        raise
+    finally:
+        if not finished:  # client gone (cancelled): free the engine
             metrics.requests.labels("cancelled").inc()
             if req.phase is not Phase.DONE:
                 scheduler.abandon(req)

@@ -29,6 +29,14 @@ def test_info_names_model_device_and_chunk(engine):
     assert "Smollm2" in info.fields["model"]
 
 
+def test_an_embedding_from_a_model_whose_file_names_no_pooling_is_refused(engine):
+    """SmolLM2's file has no llama.pooling_type: an embed request is refused (--pooling would serve it)."""
+    assert engine.info["pooling"] == "unset"
+    engine.send(m.Gen(1, FRANCE, {"embed": 1}, 7))
+    err = engine.read_until(m.Err, ident=7)[-1]
+    assert "names no pooling" in err.message and "--pooling mean|cls|last" in err.message
+
+
 def test_gen_reads_in_absolute_chunks_then_answers_paris(engine, tokenizer):
     engine.send(m.Gen(20, FRANCE, {"temperature": 0.0}, 1))
     got = engine.read_until(m.Done, ident=1)

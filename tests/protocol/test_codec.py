@@ -16,7 +16,8 @@ tokens = st.lists(st.integers(0, 200_000), min_size=1, max_size=20).map(tuple)
 gen_params = st.fixed_dictionaries({}, optional={
     "temperature": floats, "top_p": floats, "top_k": st.integers(0, 100), "min_p": floats,
     "seed": st.integers(-(2**62), 2**62), "repeat_penalty": floats, "repeat_last_n": st.integers(0, 512),
-    "presence_penalty": floats, "frequency_penalty": floats, "stop": tokens, "fp": st.integers(0, 1)})
+    "presence_penalty": floats, "frequency_penalty": floats, "stop": tokens, "fp": st.integers(0, 1),
+    "embed": st.integers(0, 1)})
 
 messages = st.one_of(
     st.builds(m.Gen, st.integers(0, 10**6), tokens, gen_params, ids),
@@ -27,6 +28,7 @@ messages = st.one_of(
     st.builds(m.PromptProgress, counts, counts, floats, floats, ids),
     st.builds(m.Token, counts, ids),
     st.builds(m.Token, counts, ids, st.floats(-1e4, 0), st.lists(st.tuples(counts, st.floats(-1e4, 0)), max_size=20).map(tuple)),
+    st.builds(m.Embedding, st.lists(st.floats(width=32, allow_nan=False), min_size=1, max_size=40).map(tuple), ids),
     st.builds(m.Suspended, counts, counts, ids),
     st.builds(m.Decline, words, counts, counts, ids),
     st.builds(m.Defer, st.sampled_from(m.DEFER_REASONS), st.integers(0, 2**40)),
@@ -89,6 +91,10 @@ def test_err_text_that_looks_like_an_id_suffix_is_not_one():
     ("READY", "READY takes at least 1 fields"),
     ("T 1  id=2", "empty field"),
     ("FP park 3 XYZ", "bad digest"),
+    ("EMB 2 AACAPw==", "holds 4 bytes, not 2 float32 values"),
+    ("EMB 1 AACAP", "not base64"),
+    ("EMB 0 AACAPw==", "dim must be >= 1"),
+    ("EMB 1", "EMB takes 2 fields"),
 ])
 def test_malformed_lines_raise_an_error_that_quotes_the_line(line, fragment):
     with pytest.raises(ProtocolError) as err:
@@ -108,6 +114,15 @@ def test_defer_names_a_known_reason_and_an_id():
     for bad in ("DEFER memory", "DEFER later id=4", "DEFER id=4"):
         with pytest.raises(ProtocolError):
             decode(bad)
+
+
+def test_an_embedding_is_little_endian_float32_in_base64():
+    """As a client decodes OpenAI's base64 (numpy.frombuffer(..., "<f4")); every float32 exactly."""
+    assert encode(m.Embedding((1.0, -0.5), 3)) == "EMB 2 AACAPwAAAL8= id=3"
+    assert decode("EMB 2 AACAPwAAAL8= id=3") == m.Embedding((1.0, -0.5), 3)
+    tiny = 2.0 ** -149  # the least subnormal float32
+    assert decode(encode(m.Embedding((float("inf"), tiny, 3.4028234663852886e38)))).vector == (
+        float("inf"), tiny, 3.4028234663852886e38)
 
 
 def test_a_long_prompts_gen_line_round_trips():
