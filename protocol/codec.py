@@ -2,7 +2,8 @@
 
 Grammar (one message per line, verb first, single spaces, optional trailing ` id=N`):
   GEN <max_new> [k=v ...] <tok,tok,...>     STOP   YIELD   RESUME   CANCEL   QUIT
-  INFO [k=v ...]   READY <ctx> [cap ...]   PP <done> <total> <ms> <tok/s>   T <token>   EMB <dim> <base64>
+  INFO [k=v ...]   READY <ctx> [cap ...]   PP <done> <total> <ms> <tok/s>   T <token> [lp= top=]   EMB <dim> <base64>
+  PLP <start> <lp,lp,...> [top=id:lp,...;...]
   SUSPENDED <done> <total>   DECLINE <reason> <done> <total>   DEFER <reason>   FP <stage> <pos> <hex>
   DONE <generated> <prompt_tokens> <prompt_ms> <decode_ms> <finish> [k=v ...]   ERR <text>
 Free text is backslash-escaped so that it never holds a newline: INFO and DONE values also escape
@@ -205,6 +206,8 @@ _ENCODERS = {
     m.Token: lambda t: " ".join([f"T {t.token}", *([f"lp={format_number(t.logprob)}"] if t.logprob is not None else []),
                                  *([f"top={_format_top(t.top)}"] if t.top else [])]),
     m.Embedding: lambda e: f"EMB {len(e.vector)} {format_vector(e.vector)}",
+    m.PromptLogprobs: lambda p: " ".join([f"PLP {p.start}", ",".join(map(format_number, p.logprobs)),
+                                          *([f"top={';'.join(_format_top(t) for t in p.top)}"] if p.top else [])]),
     m.Suspended: lambda s: f"SUSPENDED {s.done} {s.total}",
     m.Decline: lambda d: f"DECLINE {d.reason} {d.done} {d.total}",
     m.Defer: lambda d: f"DEFER {d.reason}",
@@ -283,6 +286,18 @@ def _token(p, i):
     return m.Token(parse_int(p[0], "token"), i, logprob, parse_top(extra["top"]) if "top" in extra else ())
 
 
+def _prompt_logprobs(p, i):
+    _fields(p, 2, "PLP", at_least=True)
+    values = tuple(parse_float(v, "logprob") for v in p[1].split(","))
+    extra = parse_kv(p[2:])
+    if set(extra) - {"top"}:
+        raise ValueError(f"unknown PLP field {sorted(set(extra) - {'top'})[0]!r}")
+    top = tuple(parse_top(t) if t else () for t in extra["top"].split(";")) if "top" in extra else ()
+    if top and len(top) != len(values):
+        raise ValueError(f"PLP has {len(values)} logprobs but {len(top)} top lists")
+    return m.PromptLogprobs(parse_int(p[0], "start"), values, top, i)
+
+
 def _embedding(p, i):
     _fields(p, 2, "EMB")
     return m.Embedding(parse_vector(p[1], parse_int(p[0], "dim", minimum=1)), i)
@@ -332,6 +347,7 @@ _DECODERS = {
     "PP": _pp,
     "T": _token,
     "EMB": _embedding,
+    "PLP": _prompt_logprobs,
     "SUSPENDED": lambda p, i: m.Suspended(parse_int(_fields(p, 2, "SUSPENDED")[0], "done"),
                                           parse_int(p[1], "total"), i),
     "DECLINE": lambda p, i: m.Decline(parse_word(_fields(p, 3, "DECLINE")[0], "reason"),

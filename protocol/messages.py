@@ -1,7 +1,8 @@
 """One frozen dataclass per line type of the engine protocol.
 
 Server -> engine: Gen, Stop, Yield, Resume, Cancel, Quit.
-Engine -> server: Info, Ready, PromptProgress (PP on the wire), Token (T), Embedding (EMB), Suspended, Decline,
+Engine -> server: Info, Ready, PromptProgress (PP on the wire), Token (T), Embedding (EMB),
+PromptLogprobs (PLP), Suspended, Decline,
 Defer, Fingerprint (FP), Done, Err.
 `id` is None for a line without the ` id=N` suffix.
 """
@@ -29,6 +30,7 @@ GEN_KEYS: dict[str, type] = {
     "session": str,  # the client's session (a prompt_cache_key): its cached prefix outlives one-off requests'
     "spec": int,  # 0 = no speculative decoding for this request (default 1: as the engine's --speculative says)
     "logprobs": int,  # N in 0..20: each T carries its token's log-probability and the N likeliest tokens'
+    "prompt_logprobs": int,  # N in 0..20: PLP lines give each prompt token's log-probability (and the N likeliest)
     "embed": int,  # 1 = an embedding: the prompt is read, then an EMB line carries its pooled hidden state (no
     # token is drawn) and DONE follows with generated=0
 }
@@ -117,6 +119,18 @@ class Embedding:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """PLP: the log-probabilities of prompt tokens start, start+1, ... (each under the logits of the row
+    before it: the first prompt token has none), and with GEN prompt_logprobs=N the N likeliest tokens'
+    at each (`top`, on the wire top=id:lp,id:lp;id:lp,... a position's list after another's)."""
+
+    start: int
+    logprobs: tuple[float, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...] = ()
+    id: int | None = None
+
+
+@dataclass(frozen=True)
 class Suspended:
     done: int
     total: int
@@ -172,5 +186,5 @@ class Err:
     id: int | None = None
 
 
-Message = (Gen | Stop | Yield | Resume | Cancel | Quit | Info | Ready | PromptProgress | Token | Embedding | Suspended
+Message = (Gen | Stop | Yield | Resume | Cancel | Quit | Info | Ready | PromptProgress | Token | Embedding | PromptLogprobs | Suspended
            | Decline | Defer | Fingerprint | Done | Err)

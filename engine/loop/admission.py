@@ -18,7 +18,9 @@ from engine.loop.parking import Parking
 from engine.loop.request_table import RequestTable
 from engine.kvcache.recurrent import SequenceState
 from engine.runner.ngram_draft import NgramDrafter
+from engine.runner.hidden_rows import readers
 from engine.runner.pooling import SequencePool, embed_refusal
+from engine.runner.prompt_scores import PromptScorer, scores_refusal
 from engine.runner.sequence import Sequence
 from engine.runner.sampler import Sampler, SamplingParams
 
@@ -41,7 +43,7 @@ class Admission:
         if self.requests.held() >= self.runner.max_running:
             self.write(m.Defer("busy", gen.id))  # the server's cap is the engine's: it sent one too many
             return
-        reuse = self.reuse and bool(gen.params.get("reuse", 1)) and (seq.pool is None or seq.pool.reuses)
+        reuse = self.reuse and bool(gen.params.get("reuse", 1)) and all(r.reuses for r in readers(seq))
         if self.memory.paused or not self.place(seq, reuse=reuse):
             self.write(m.Defer("memory", gen.id))  # the server keeps it queued and sends it again
             return
@@ -77,6 +79,11 @@ class Admission:
         embed = bool(gen.params.get("embed", 0))
         if embed and (refusal := embed_refusal(self.runner)):
             raise ValueError(refusal)
+        scored = gen.params.get("prompt_logprobs")
+        if scored is not None and not 0 <= scored <= m.MAX_TOP_LOGPROBS:
+            raise ValueError(f"prompt_logprobs={scored} must be within 0..{m.MAX_TOP_LOGPROBS}")
+        if scored is not None and (refusal := scores_refusal(self.runner)):
+            raise ValueError(refusal)
         speculate = self.runner.draft_max and gen.params.get("spec", 1) and not embed
         return Sequence(
             id=gen.id, prompt=gen.tokens, max_new=min(gen.max_new, self.runner.ctx - len(gen.tokens)),
@@ -84,7 +91,8 @@ class Admission:
             stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
             fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, session=gen.params.get("session"), logprobs=logprobs,
             drafter=NgramDrafter(gen.tokens, self.runner.draft_max) if speculate else None,
-            pool=SequencePool(self.runner.pooling, len(gen.tokens), self.runner.backend.xp) if embed else None)
+            pool=SequencePool(self.runner.pooling, len(gen.tokens), self.runner.backend.xp) if embed else None,
+            scorer=PromptScorer(gen.tokens, scored, self.runner.model) if scored is not None else None)
 
     def place(self, seq: Sequence, reuse: bool) -> bool:
         """Blocks for `seq` up to the end of its first chunk: a cached prefix first (whole blocks when

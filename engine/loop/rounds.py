@@ -155,6 +155,8 @@ class Rounds:
         for (seq, _), pos in zip(pieces, before):
             if seq.settling:
                 continue
+            for line in seq.scorer.take(seq.id) if seq.scorer is not None else ():  # prompt log-probabilities
+                self.write(line)
             self.write(m.PromptProgress(seq.pos, seq.total, ms, (seq.pos - pos) / max(ms, 1e-6) * 1000, seq.id))
             if seq.finish is not None:  # a STOP came during the step
                 self.admission.finish(seq, seq.finish)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 
 from engine.modelfile.model_config import POOLINGS
-from engine.runner.sequence import Sequence
 
 BLOCK = 64  # positions whose rows `mean` sums together
 
@@ -76,29 +75,3 @@ class SequencePool:
         self.held = rows[cut - first :].copy() if cut < end else None
         if end == self.total:
             self.vector = self.sum / np.float32(self.total)  # (dim,)
-
-
-def hidden_rows(pieces: list[tuple[Sequence, int]]) -> list[int] | None:
-    """The rows of a prompt step over `pieces` (the reads' rows one after another) whose normed hidden
-    states the embed requests among them need; None if none does."""
-    rows, offset = [], 0
-    for seq, end in pieces:
-        if seq.pool is not None:
-            rows += [offset + r for r in seq.pool.wanted(seq.pos, end)]
-        offset += end - seq.pos
-    return rows or None
-
-
-def take_hidden(pieces: list[tuple[Sequence, int]], rows: list[int] | None, out):
-    """The step's output (the forward's: logits, or (logits, hidden) with `rows`) parted: each embed read's
-    hidden rows added to its pool (before its position moves to the piece's end); returns the logits."""
-    if rows is None:
-        return out
-    logits, hidden = out  # hidden: (len(rows), dim) float32
-    at = 0
-    for seq, end in pieces:
-        n = 0 if seq.pool is None else len(seq.pool.wanted(seq.pos, end))
-        if n:
-            seq.pool.add(hidden[at : at + n], seq.pos, end)
-            at += n
-    return logits

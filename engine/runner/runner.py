@@ -24,7 +24,7 @@ from engine.kvcache.recurrent import SequenceState, zero_state
 from engine.kvcache.state_cache import StateCache
 from engine.ops.delta_rule import CHUNK as STATE_CHUNK
 from engine.core.chunks import chunk_end
-from engine.runner.pooling import hidden_rows, take_hidden
+from engine.runner.hidden_rows import hidden_rows, take_hidden
 from engine.runner.row_check import rows_invariant
 from engine.runner.sequence import Sequence
 

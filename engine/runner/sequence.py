@@ -35,6 +35,7 @@ class Sequence:
     drafts: list[int] = field(default_factory=list)  # tokens whose rows went through the last forward after the newest
     draft_logits: list = field(default_factory=list)  # the logits after each of them: drafts[i]'s row
     pool: object = None  # GEN embed=1: its pooled hidden state (engine/runner/pooling.py SequencePool), else None
+    scorer: object = None  # GEN prompt_logprobs=N: its prompt's log-probabilities (engine/runner/prompt_scores.py)
     settling: bool = False  # DONE is out: its answer's rows are read again as prompt rows, to be shared
     parked_seq: int = 0  # when it parked (a counter): the longest parked spills first
     parks: int = 0

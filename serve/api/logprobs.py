@@ -25,12 +25,14 @@ def chat_logprobs(tokenizer, tokens: list[m.Token]) -> dict:
 def completion_logprobs(tokenizer, tokens: list[m.Token], offset: int = 0) -> dict:
     """The legacy completions' `logprobs`: parallel lists of the tokens' texts, their log-probabilities,
     the top candidates of each as {text: logprob}, and where each token's text starts in the answer
-    (counted from `offset`, the characters before it: an echoed prompt's, or earlier stream chunks')."""
+    (counted from `offset`, the characters before it: an echoed prompt's, or earlier stream chunks'). An
+    echoed prompt's tokens come first, the first with None for its log-probability and its top."""
     texts = [_entry(tokenizer, t.token, 0.0)["token"] for t in tokens]
     starts, at = [], offset
     for text in texts:
         starts.append(at)
         at += len(text)
     return {"tokens": texts, "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [{_entry(tokenizer, i, 0.0)["token"]: lp for i, lp in t.top} for t in tokens],
+            "top_logprobs": [None if t.logprob is None else {_entry(tokenizer, i, 0.0)["token"]: lp for i, lp in t.top}
+                             for t in tokens],
             "text_offset": starts}

@@ -159,15 +159,13 @@ class CompletionRequest(SamplingFields):
             raise ValueError("suffix needs the prompt as text (the code before the insertion)")
         return self
 
-    @model_validator(mode="after")
-    def _no_prompt_logprobs(self):
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs would need the prompt's log-probabilities, which this server does "
-                             "not give (only the answer's)")
-        return self
-
     def top_logprobs_asked(self) -> int | None:
         return self.logprobs
+
+    def gen_params(self) -> dict:
+        """With echo and logprobs, the prompt's log-probabilities too (GEN prompt_logprobs)."""
+        echoed = {"prompt_logprobs": self.logprobs} if self.echo and self.logprobs is not None else {}
+        return super().gen_params() | echoed
 
     @field_validator("prompt")
     @classmethod

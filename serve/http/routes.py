@@ -141,22 +141,32 @@ def chat_shape(opened: bool | None, plan, tokenizer, logprobs: bool) -> Shape:
 
 def completion_shape(tokenizer, logprobs: bool, echo: str) -> Shape:
     """Completion bodies and chunks; `echo`: the prompt's text, written before the answer's. With
-    logprobs, each chunk's tokens and where their text starts in the whole text."""
-    written = [len(echo)]  # characters before the next chunk's
+    logprobs, each chunk's tokens and where their text starts in the whole text; echoed, the prompt's
+    tokens first (the first without a log-probability), so a stream's echo waits for the prompt's read."""
+    written, echo_due = [len(echo)], [bool(echo)]  # characters before the next chunk's; the echo not yet sent
 
-    def piece_chunk(rid: str, model: str, piece: Piece) -> dict:
+    def echoed(rid: str, model: str, prompt_scores: list) -> list[dict]:
+        if not echo_due[0]:
+            return []
+        echo_due[0] = False
+        return [schema.completion_chunk(rid, model, echo,
+                                        logprobs=completion_logprobs(tokenizer, prompt_scores) if logprobs else None)]
+
+    def pieces(rid: str, model: str, piece: Piece) -> list[dict]:
         scored = completion_logprobs(tokenizer, piece.logprobs, written[0]) if logprobs else None
         written[0] += len(piece.text)
-        return schema.completion_chunk(rid, model, piece.text, logprobs=scored)
+        return echoed(rid, model, piece.prompt_logprobs) + [schema.completion_chunk(rid, model, piece.text,
+                                                                                    logprobs=scored)]
 
     def body(rid: str, model: str, text: str, f: Finished) -> dict:
+        scored = completion_logprobs(tokenizer, f.prompt_logprobs + f.logprobs) if logprobs else None
         return schema.completion_body(rid, model, echo + text, f.finish_reason, f.prompt_tokens, f.completion_tokens,
-                                      f.timings, f.cached_tokens,
-                                      completion_logprobs(tokenizer, f.logprobs, len(echo)) if logprobs else None)
+                                      f.timings, f.cached_tokens, scored)
 
-    return Shape("cmpl", "text_completion", body=body, pieces=lambda rid, model, piece: [piece_chunk(rid, model, piece)],
-                 last=lambda rid, model, f: [schema.completion_chunk(rid, model, "", f.finish_reason)],
-                 first=lambda rid, model: [schema.completion_chunk(rid, model, echo)] if echo else [])
+    return Shape("cmpl", "text_completion", body=body, pieces=pieces,
+                 last=lambda rid, model, f: echoed(rid, model, f.prompt_logprobs)
+                 + [schema.completion_chunk(rid, model, "", f.finish_reason)],
+                 first=lambda rid, model: [] if logprobs else echoed(rid, model, []))
 
 
 async def respond(http: HTTPRequest, state: ServerState, req: Request, body: schema.SamplingFields,

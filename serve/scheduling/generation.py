@@ -31,6 +31,7 @@ class KeepAlive:
 class Piece:
     text: str
     logprobs: list[m.Token] = field(default_factory=list)  # the tokens since the last piece, with logprobs asked
+    prompt_logprobs: list[m.Token] = field(default_factory=list)  # on the first piece: the prompt's (PLP lines)
 
 
 @dataclass
@@ -42,12 +43,15 @@ class Finished:
     stop_sequence: str | None = None  # the stop string that ended the output, if one did
     cached_tokens: int = 0  # prompt tokens the prefix cache saved the engine from reading
     logprobs: list[m.Token] = field(default_factory=list)  # every answer token's, with logprobs asked
+    prompt_logprobs: list[m.Token] = field(default_factory=list)  # the prompt's tokens', the first without one
 
 
 async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metrics,
                    keepalive_s: float) -> AsyncIterator[KeepAlive | Piece | Finished]:
     detok, stops = tokenizer.stream(), StopMatcher(req.stop)
     finished, scored, pending = False, [], []  # tokens with logprobs: all of them, and those not yet in a piece
+    prompt_lines: dict[int, m.PromptLogprobs] = {}  # PLP lines by start (a read again after a restart: the last)
+    first_piece = True  # (it carries the prompt's log-probabilities)
     scheduler.submit(req)
     try:
         while True:
@@ -57,25 +61,29 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
             except TimeoutError:
                 yield KeepAlive()
                 continue
-            if isinstance(event, m.Token):
+            if isinstance(event, m.PromptLogprobs):
+                prompt_lines[event.start] = event
+            elif isinstance(event, m.Token):
                 if event.logprob is not None and event.token not in tokenizer.end_ids:  # (the end is no text)
                     scored.append(event)
                     pending.append(event)
                 text = stops.feed(detok.step(event.token))
                 if text:
-                    yield Piece(text, pending)
-                    pending = []
+                    yield Piece(text, pending, prompt_scores(req, prompt_lines) if first_piece else [])
+                    pending, first_piece = [], False
                 if stops.hit:
                     scheduler.abandon(req)  # STOP the engine; we have what we need
                     finished = True
-                    yield _finish(req, "stop", metrics, stop_sequence=stops.matched, logprobs=scored)
+                    yield _finish(req, "stop", metrics, stop_sequence=stops.matched, logprobs=scored,
+                                  prompt_logprobs=prompt_scores(req, prompt_lines))
                     return
             elif isinstance(event, m.Done):
                 finished = True
                 rest = stops.flush()
                 if rest or pending:
                     yield Piece(rest, pending)
-                yield _finish(req, FINISH[event.finish], metrics, event, logprobs=scored)
+                yield _finish(req, FINISH[event.finish], metrics, event, logprobs=scored,
+                              prompt_logprobs=prompt_scores(req, prompt_lines))
                 return
             elif isinstance(event, m.Err):
                 raise GenerationError(f"engine error: {event.message}", status=400)
@@ -125,10 +133,25 @@ async def embedding(req: Request, scheduler: Scheduler, metrics: Metrics) -> tup
 
 
 def _finish(req: Request, reason: str, metrics: Metrics, done: m.Done | None = None,
-            stop_sequence: str | None = None, logprobs: list[m.Token] | None = None) -> Finished:
+            stop_sequence: str | None = None, logprobs: list[m.Token] | None = None,
+            prompt_logprobs: list[m.Token] | None = None) -> Finished:
     metrics.requests.labels(reason).inc()
     return Finished(reason, len(req.prompt), req.generated, timings(req, done), stop_sequence, req.cached,
-                    logprobs or [])
+                    logprobs or [], prompt_logprobs or [])
+
+
+def prompt_scores(req: Request, lines: dict[int, m.PromptLogprobs]) -> list[m.Token]:
+    """The prompt's tokens with their log-probabilities (PLP lines), the first without one (nothing
+    comes before it); empty if none were asked. Past the prompt (a continuation's) nothing is kept."""
+    if not lines:
+        return []
+    out = [m.Token(req.prompt[0], req.id)]
+    for start in sorted(lines):
+        line = lines[start]
+        for i, lp in enumerate(line.logprobs):
+            if start + i < len(req.prompt):
+                out.append(m.Token(req.prompt[start + i], req.id, lp, line.top[i] if line.top else ()))
+    return out
 
 
 def timings(req: Request, done: m.Done | None) -> dict:

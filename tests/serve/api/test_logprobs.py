@@ -92,8 +92,26 @@ def test_responses_include_gives_the_texts_logprobs(client):
     assert [(x.token, x.logprob) for e in deltas for x in e.logprobs] == [(x.token, x.logprob) for x in part.logprobs]
 
 
-@pytest.mark.parametrize("fields, says", [({"logprobs": 21}, "less than or equal to 20"),
-                                          ({"logprobs": 2, "echo": True}, "echo with logprobs")])
-def test_bad_logprobs_fields_are_clear_400s(client, fields, says):
-    with pytest.raises(openai.BadRequestError, match=says):
-        client.completions.create(model="m", prompt="Hi", max_tokens=2, **fields)
+def test_an_echoed_prompt_is_scored_token_by_token_as_the_model_reads_it(client):
+    """What evaluation harnesses score a text by (lm-eval's local-completions): echo with logprobs gives
+    each prompt token's log-probability under the rows before it, the first none; streamed the same."""
+    tok = load_tokenizer(str(default_model_path()))
+    text = "The capital of France is Paris. The capital of Italy is Rome."
+    prompt = tok.encode(text)
+    ask = dict(model="m", prompt=text, max_tokens=2, temperature=0, logprobs=2, echo=True)
+    r = client.completions.create(**ask).choices[0]
+    lp = r.logprobs
+    assert r.text.startswith(text) and "".join(lp.tokens) == r.text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and len(lp.tokens) == len(prompt) + 2
+    ref = reference(prompt[:1], prompt[1:])
+    assert lp.token_logprobs[1 : len(prompt)] == pytest.approx([float(x[t]) for x, t in zip(ref, prompt[1:])], abs=TOL)
+    assert all(len(top) == 2 and max(top.values()) >= value
+               for top, value in zip(lp.top_logprobs[1:], lp.token_logprobs[1:]))
+    chunks = [c.choices[0] for c in client.completions.create(**ask, stream=True) if c.choices]
+    assert "".join(c.text for c in chunks) == r.text
+    assert [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs] == lp.token_logprobs
+
+
+def test_bad_logprobs_fields_are_clear_400s(client):
+    with pytest.raises(openai.BadRequestError, match="less than or equal to 20"):
+        client.completions.create(model="m", prompt="Hi", max_tokens=2, logprobs=21)

@@ -1,0 +1,62 @@
+"""Prompt log-probabilities (GEN prompt_logprobs=N): as a request's prompt is read, each prompt token's
+log-probability under the logits of the row before it, and the N likeliest tokens there, written as PLP
+lines after the step (what evaluation harnesses score a text by: OpenAI's completions with echo and
+logprobs). The rows are the final norm's output that the head reads (LlamaModel.final_logits'
+hidden_rows, as embeddings take them: engine/runner/pooling.py), through the head, in float64.
+
+Every row from position 0 must be computed, so such a request reuses no cached prefix
+(engine/loop/admission.py). The last prompt row's logits are those its first token is drawn from:
+its log-probability comes with that token's T line."""
+from __future__ import annotations
+
+import numpy as np
+
+from protocol import messages as m
+
+
+def scores_refusal(runner) -> str | None:
+    """Why this engine cannot give prompt log-probabilities, or None."""
+    if getattr(runner, "recurrent", None) is not None:
+        return "prompt log-probabilities are not available for hybrid models (a read starts again at its state's mark)"
+    if getattr(runner, "world", 1) > 1:
+        return "prompt log-probabilities are not available under --tp (the head's rows are split across the ranks)"
+    if not hasattr(runner, "model"):
+        return "this engine does not give prompt log-probabilities"
+    return None
+
+
+class PromptScorer:
+    """One request's prompt log-probabilities, computed as its rows are read."""
+
+    reuses = False  # every row from position 0 is wanted
+
+    def __init__(self, prompt: tuple[int, ...], top: int, model):
+        self.prompt, self.top, self.model = prompt, top, model
+        self.lines: list[m.PromptLogprobs] = []  # written after the step (engine/loop/rounds.py)
+
+    def wanted(self, start: int, end: int) -> list[int]:
+        """Of a read's rows [start, end) (offsets from start), those that score a prompt token: all but
+        the prompt's last row (its logits draw the first answer token)."""
+        return list(range(min(end, len(self.prompt) - 1) - start))
+
+    def add(self, hidden, start: int, end: int) -> None:
+        """hidden: (len(wanted(start, end)), dim) float32, the normed rows [start, start + n)."""
+        if not len(hidden):
+            return
+        ops = self.model.ops
+        x = self.model.backend.to_host(ops.logits(hidden, self.model.w.head)).astype(np.float64)  # (n, vocab)
+        peak = x.max(axis=1, keepdims=True)
+        logz = peak + np.log(np.exp(x - peak).sum(axis=1, keepdims=True))  # (n, 1)
+        nxt = np.asarray(self.prompt[start + 1 : start + 1 + len(x)])  # (n,) the tokens scored
+        lps = x[np.arange(len(x)), nxt] - logz[:, 0]
+        tops = ()
+        if self.top:
+            best = np.argpartition(-x, self.top - 1, axis=1)[:, : self.top]  # (n, top), unordered
+            tops = tuple(tuple((int(t), float(x[r, t] - logz[r, 0])) for t in sorted(row, key=lambda t: (-x[r, t], t)))
+                         for r, row in enumerate(best))
+        self.lines.append(m.PromptLogprobs(start + 1, tuple(float(v) for v in lps), tops))
+
+    def take(self, ident) -> list[m.PromptLogprobs]:
+        """The lines of the reads so far, for the request `ident`, handed over once."""
+        out, self.lines = [m.PromptLogprobs(line.start, line.logprobs, line.top, ident) for line in self.lines], []
+        return out
