@@ -67,6 +67,10 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
                    help="host memory for prefix-cache blocks evicted from the KV pool, copied back when their "
                         "prompt comes again instead of read again (default: on the GPU 8, at most a quarter of "
                         "the host's memory; on the CPU 0, the pool being host memory already)")
+    p.add_argument("--gpu-memory", dest="gpu_memory_gib", type=float, metavar="GIB",
+                   help="the most GPU memory the engine takes, its weights included (to leave room for other work, "
+                        "or to try a smaller card's size); the KV pool takes what the weights leave of it "
+                        "(default: all the card has free)")
     p.add_argument("--decode-interval-ms", type=float, default=DEFAULT_DECODE_INTERVAL_MS,
                    help="while a long prompt is read, the decoding requests get a step about this often: a "
                         "chunk that takes longer pauses between layers for them (default "
@@ -107,7 +111,7 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None,
                         cuda_graphs=not a.no_cuda_graphs, weights=a.weights, max_running=a.max_running,
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
-                        cache_ram_gib=a.cache_ram_gib,
+                        cache_ram_gib=a.cache_ram_gib, gpu_memory_gib=a.gpu_memory_gib,
                         decode_interval_ms=a.decode_interval_ms, rope=rope_from_args(a), kv_type=a.kv_type,
                         tp=a.tp, step_tokens=a.step_tokens, speculative=a.speculative, draft_max=a.draft_max,
                         pooling=a.pooling)

@@ -33,6 +33,7 @@ class EngineConfig:
     kv_block: int | None = None  # positions per KV block (None: default_block(chunk))
     kv_tokens: int | None = None  # the KV pool's size in positions (None: engine/kvcache/sizing.py sizes it)
     cache_ram_gib: float | None = None  # the host tier for evicted prefix blocks (None: engine/kvcache/sizing.py's default)
+    gpu_memory_gib: float | None = None  # the most GPU memory the engine takes, weights included (None: the card's free)
     prompt_reuse: bool = True  # the prefix cache: a prompt that starts as an earlier one reads only the rest
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
     step_tokens: int | None = None  # prompt rows a step may take from several reads (None: step_budget's default)
@@ -71,6 +72,8 @@ class EngineConfig:
                              "(parks and prefix reuse stay block-aligned)")
         if self.cache_ram_gib is not None and self.cache_ram_gib < 0:
             raise ValueError(f"--cache-ram must be >= 0 GiB, got {self.cache_ram_gib:g}")
+        if self.gpu_memory_gib is not None and not self.gpu_memory_gib > 0:
+            raise ValueError(f"--gpu-memory must be > 0 GiB, got {self.gpu_memory_gib:g}")
         if self.kv_tokens is not None and self.kv_tokens < block:
             raise ValueError(f"--kv-tokens must be at least one block ({block})")
 
@@ -81,6 +84,10 @@ class EngineConfig:
     @property
     def cache_ram_bytes(self) -> int | None:
         return None if self.cache_ram_gib is None else round(self.cache_ram_gib * 2**30)
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        return None if self.gpu_memory_gib is None else round(self.gpu_memory_gib * 2**30)
 
     @property
     def block(self) -> int:

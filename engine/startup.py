@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,10 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     lap("backend")  # on a GPU, the model's kernels are compiled from here on, beside the weights' upload, on a
     # first start (engine/kernels/build.py), else read from the cache
     config = config.for_device(backend.name)
+    cap = config.gpu_memory_bytes if backend.name == "gpu" else None
+    if cap is not None and os.path.getsize(path) > cap:  # refused before the weights fill the card
+        raise ModelLoadError(f"the model's weights ({os.path.getsize(path) / 2**30:.1f} GiB in its file) do not fit "
+                             f"--gpu-memory {cap / 2**30:.1f} GiB (routed experts in host memory are not available yet)")
     log(f"loading {path} on {backend.device_name}")
 
     workers, conns = start_workers(config, str(path), backend.name)  # loading their shards beside this one
@@ -60,7 +65,12 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     check_kv_type(config.kv_type, backend.name, cfg.head_dim)
     plan = plan_context(cfg, backend, config.ctx, step_budget(config.step_tokens, config.chunk),
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
-                        config.kv_tokens, config.cache_ram_bytes, config.kv_type)
+                        config.kv_tokens, config.cache_ram_bytes, config.kv_type,
+                        cap)
+    if backend.name == "gpu":
+        log(plan.split())
+    elif config.gpu_memory_gib is not None:
+        log("--gpu-memory applies to a GPU: ignored on the CPU")
     pooling = config.pooling or file_pooling(reader, cfg.arch)  # embeddings' (engine/runner/pooling.py)
     args = (cfg, weights, backend, plan.ctx, config.chunk, tokenizer.end_ids, str(path),
             plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32", "pooling": pooling,

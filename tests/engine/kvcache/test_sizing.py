@@ -94,3 +94,14 @@ def test_an_8_bit_cache_on_an_h200_plans_a_million_token_request():
     assert plan_context(LLAMA3_8B, smaller, 1 << 20, 2048, None, kv_type="q8_0").ctx == 1 << 20
     with pytest.raises(ModelLoadError, match="larger than the KV pool that fits"):
         plan_context(LLAMA3_8B, smaller, 1 << 20, 2048, None, kv_type="f16")
+
+
+def test_gpu_memory_caps_what_the_engine_takes_and_refuses_what_cannot_fit():
+    """--gpu-memory 24 on a 141 GiB card: the pool takes what the 15 GiB of weights leave of 24."""
+    plan = plan_context(LLAMA3_8B, device(120), None, 2048, None, cap_bytes=24 * GiB)
+    room = 9 * GiB - memory.scratch_bytes(LLAMA3_8B, 2048) - memory.RESERVE_BYTES
+    assert plan.kv_bytes == room // (128 * 1024 * 64) * 64 * 128 * 1024 and plan.info()["gpu_memory_mib"] == "24576"
+    assert "KV pool" in plan.split() and "of --gpu-memory 24.00 GiB" in plan.split()
+    assert plan_context(LLAMA3_8B, device(5), None, 2048, None, cap_bytes=24 * GiB).kv_bytes < 5 * GiB  # the card's free
+    with pytest.raises(ModelLoadError, match="--gpu-memory 16.0 GiB is less than the weights"):
+        plan_context(LLAMA3_8B, device(120), None, 2048, None, cap_bytes=16 * GiB)
