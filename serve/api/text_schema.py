@@ -69,6 +69,8 @@ class InfillRequest(schema.SamplingFields):
     prompt: str = ""
     n_predict: int | None = None
     n: int = Field(default=1, ge=1, le=1, description="one answer a request")
+    response_fields: list[str] | None = Field(default=None, description="llama-server's: only these fields, by path "
+                                                                        "(\"timings/prompt_n\")")
 
     @field_validator("seed", "n_predict", mode="before")
     @classmethod

@@ -46,34 +46,54 @@ async def infill(body: InfillRequest, http: HTTPRequest):
     state = await model_state(http, body.model)
     prompt = await off_loop(infill_tokens, state, state.prompt_fit, body.input_prefix, body.input_suffix, body.extra(),
                             body.prompt, body.limit() or ANSWER_ROOM)
-    req = build_request(state, body, prompt, body.limit(), session=session_of(http, body.prompt_cache_key))
+    # n_predict 0: an editor warming the cache with its context (llama.vim's ring of chunks): the prompt is
+    # read (and its blocks kept for the next request), one token drawn and not shown
+    warm = body.limit() == 0
+    req = build_request(state, body, prompt, 1 if warm else body.limit(), session=session_of(http, body.prompt_cache_key))
     ends = fim_tokens(state.tokenizer).ends
     if ends:
         req.sampling["stop"] = ends
+    render = lambda content, fin: shown(body.response_fields, completion_body(  # noqa: E731
+        state.settings.model_name, "" if warm else content, fin, predicted=0 if warm else None))
     if body.stream:
-        return StreamingResponse(infill_stream(state, req), media_type="text/event-stream", headers=SSE_HEADERS)
-    return await until_disconnect(http, infill_once(state, req))
+        return StreamingResponse(infill_stream(state, req, render, warm), media_type="text/event-stream", headers=SSE_HEADERS)
+    return await until_disconnect(http, infill_once(state, req, render))
 
 
-async def infill_once(state: ServerState, req: Request) -> Response:
+def shown(fields: list[str] | None, body: dict) -> dict:
+    """llama-server's response_fields: only those, each by its path ("timings/prompt_n") as its key."""
+    if fields is None:
+        return body
+    out = {}
+    for path in fields:
+        value = body
+        for key in path.split("/"):
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None:
+            out[path] = value
+    return out
+
+
+async def infill_once(state: ServerState, req: Request, render) -> Response:
     try:
         content, fin = await collect(state, req)
     except GenerationError as e:
         return server_error(e.status, str(e)).response()
-    return JSONResponse(completion_body(state.settings.model_name, content, fin))
+    return JSONResponse(render(content, fin))
 
 
-async def infill_stream(state: ServerState, req: Request):
-    """llama-server's stream: a {"content", "stop": false} line a piece, then the whole body's fields
-    with stop true (no [DONE]: that is its OpenAI routes'); keep-alive comments while it waits."""
+async def infill_stream(state: ServerState, req: Request, render, quiet: bool):
+    """llama-server's stream: a {"content", "stop": false} line a piece (none when `quiet`: a warm-up),
+    then the whole body's fields with stop true (no [DONE]: that is its OpenAI routes'); keep-alive
+    comments while it waits."""
     try:
         async for event in events(state, req):
             if isinstance(event, KeepAlive):
                 yield ": keep-alive\n\n"
-            elif isinstance(event, Piece) and event.text:
+            elif isinstance(event, Piece) and event.text and not quiet:
                 yield sse({"index": 0, "content": event.text, "stop": False})
             elif isinstance(event, Finished):
-                yield sse(completion_body(state.settings.model_name, "", event))
+                yield sse(render("", event))
                 return
     except GenerationError as e:
         yield sse(server_error(e.status, str(e)).body())
@@ -81,10 +101,11 @@ async def infill_stream(state: ServerState, req: Request):
 
 # ---------------------------------------------------------------- llama-server's /completion body
 
-def completion_body(model: str, content: str, f: Finished) -> dict:
+def completion_body(model: str, content: str, f: Finished, predicted: int | None = None) -> dict:
+    """predicted: the tokens to report as predicted (0 for a warm-up, whose one token is not shown)."""
     stop_type = "limit" if f.finish_reason == "length" else "word" if f.stop_sequence else "eos"
     return {"index": 0, "content": content, "tokens": [], "stop": True, "model": model,
-            "tokens_predicted": f.completion_tokens, "tokens_evaluated": f.prompt_tokens,
+            "tokens_predicted": f.completion_tokens if predicted is None else predicted, "tokens_evaluated": f.prompt_tokens,
             "tokens_cached": f.cached_tokens, "stop_type": stop_type, "stopping_word": f.stop_sequence or "",
             "has_new_line": "\n" in content, "truncated": False, "timings": llama_timings(f)}
 
