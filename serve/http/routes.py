@@ -247,7 +247,7 @@ async def health(http: HTTPRequest):
 async def status(http: HTTPRequest):
     state = state_of(http)
     return state.scheduler.status() | {"engine": state.engine.state.value, "engine_info": state.engine.info.fields,
-                                       "event_streams": state.event_streams}
+                                       "event_streams": state.event_streams, "models": http.app.state.models.listing()}
 
 
 @ops.get("/metrics")

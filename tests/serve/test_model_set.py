@@ -55,6 +55,7 @@ def test_models_answer_by_name_load_on_demand_and_unload_when_idle(server):
     assert (tiny.model, smol.model, unnamed["model"]) == ("tiny", "smol", "smol")
     assert unnamed["choices"][0]["text"] == smol.choices[0].text
     assert listing(server)["tiny"] == "loaded"
+    assert [m["id"] for m in httpx.get(server.url + "/status").json()["models"]] == ["smol", "tiny", "next"]
     until(lambda: listing(server)["tiny"] == "unloaded", timeout_s=IDLE_S + 20)
     assert listing(server) == {"smol": "loaded", "tiny": "unloaded", "next": "loaded"}  # the kept ones stay
     again = client.completions.create(model="tiny", **ask)
