@@ -52,6 +52,25 @@ def pytest_configure(config):
     mark_test_run(getattr(config, "workerinput", {}).get("workerid"))
 
 
+# modules that share a session's server (tests/serve/conftest.py qwen_server) run on one worker: under
+# --dist loadfile each would otherwise start its own (a 0.5B model's 15 s and 3 GiB each)
+SHARED_WORKER = {"tests/serve/http/test_text_api.py": "tests/serve/api/test_real_model_tool_calls.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedServerScopes(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return SHARED_WORKER.get(module, module)
+
+    return SharedServerScopes(config, log)
+
+
 OUTLIVED: list[str] = []  # processes the session's finalizer had to end (the workers' too, on the controller)
 
 

@@ -13,7 +13,7 @@ from tools.checks import paged_check
 @pytest.mark.timeout(900)  # three engines and ~20 requests on a shared 2-core machine: minutes
 def test_the_pool_keeps_every_answer_exact_on_the_real_engine(tmp_path):
     out = tmp_path / "report.json"
-    code = paged_check.main(["--device", "cpu", "--chunk", "32", "--max-new", "8", "--batch", "6",
+    code = paged_check.main(["--device", "cpu", "--chunk", "32", "--max-new", "8", "--batch", "4",
                              "--json", str(out)])
     report = json.loads(out.read_text())
     assert code == 0, json.dumps(report, indent=1)[-4000:]
@@ -23,4 +23,4 @@ def test_the_pool_keeps_every_answer_exact_on_the_real_engine(tmp_path):
     assert checks["reuse from a parked read"]["cached"] == 32
     assert checks["reuse from the host tier after eviction"]["from_host"] == 96
     pressure = checks["a small pool defers and pauses, and every answer equals its solo run"]
-    assert pressure["deferred"] + pressure["paused"] > 0 and pressure["answers_equal"] == 6
+    assert pressure["deferred"] + pressure["paused"] > 0 and pressure["answers_equal"] == 4

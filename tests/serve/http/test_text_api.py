@@ -171,7 +171,7 @@ def test_llama_vims_requests_warm_the_cache_and_take_only_their_fields(qwen_serv
     """llama.vim's two requests as it sends them: a warm-up of its ring of chunks (empty prefix and
     suffix, n_predict 0, chunks with a time) that reads the prompt and shows nothing, and a completion
     with its samplers, time limits and response_fields, which gets only those fields."""
-    lines = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(30))  # some 400 tokens: whole blocks
+    lines = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(14))  # some 190 tokens: whole blocks
     chunks = [{"text": lines, "time": 1733300000.0, "filename": "more.py"}]
     warm = httpx.post(qwen_server.url + "/infill", timeout=300, json={
         "input_prefix": "", "input_suffix": "", "input_extra": chunks, "prompt": "", "n_predict": 0,
@@ -184,4 +184,4 @@ def test_llama_vims_requests_warm_the_cache_and_take_only_their_fields(qwen_serv
         "stop": [], "n_indent": 4, "top_k": 40, "top_p": 0.90, "stream": False, "samplers": ["top_k", "top_p", "infill"],
         "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 500, "response_fields": fields}).json()
     assert set(r) == set(fields) and r["content"] and r["timings/predicted_n"] <= 4
-    assert r["tokens_cached"] >= 256  # the chunks the warm-up read were not read again
+    assert r["tokens_cached"] >= 128  # the chunks the warm-up read were not read again
