@@ -14,7 +14,7 @@ DEFAULT_CHUNK = {"cpu": 256, "gpu": 2048}
 DEFAULT_MAX_RUNNING = 256
 MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kvcache/kv.py, bench/HISTORY.md)
 DEFAULT_DECODE_INTERVAL_MS = 50.0
-SPECULATIVE = ("off", "ngram")
+SPECULATIVE = ("off", "ngram", "draft")
 DEFAULT_DRAFT_MAX = 8
 WEIGHT_FORMS = ("quantized", "fp16")
 
@@ -40,8 +40,10 @@ class EngineConfig:
     rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/modelfile/rope_config.py)
     kv_type: str = "auto"  # the cache's element type (engine/core/kv_types.py)
     tp: int = 1  # tensor-parallel ranks, one process each (engine/parallel/tp_workers.py)
-    speculative: str = "off"  # speculative decoding's drafter: off | ngram (engine/runner/ngram_draft.py)
+    speculative: str = "off"  # speculative decoding's drafter: off | ngram (engine/runner/ngram_draft.py) | draft
+    # (a draft model: engine/runner/draft_model.py)
     draft_max: int = DEFAULT_DRAFT_MAX  # the most tokens a request's draft proposes at a step
+    draft: str | None = None  # --speculative draft: the draft model's GGUF (the target's vocabulary)
     pooling: str | None = None  # embeddings' pooling (mean | cls | last) over the file's (engine/runner/pooling.py)
 
     def __post_init__(self):
@@ -60,6 +62,9 @@ class EngineConfig:
         if self.speculative not in SPECULATIVE or not 1 <= self.draft_max <= 32:
             raise ValueError(f"--speculative is one of {', '.join(SPECULATIVE)} and --draft-max 1..32, got "
                              f"{self.speculative} and {self.draft_max}")
+        if (self.speculative == "draft") != (self.draft is not None):
+            raise ValueError("--speculative draft takes its draft model from --draft FILE, and --draft is for "
+                             "--speculative draft")
         if self.pooling not in (None, *POOLINGS):
             raise ValueError(f"--pooling is one of {', '.join(POOLINGS)}, got {self.pooling}")
         if self.chunk is None:  # checked again once the device's default is set

@@ -19,6 +19,7 @@ from engine.core.chunks import step_budget
 from engine.kvcache.sizing import plan_context
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
+from engine.runner.draft_model import DraftModel, open_draft
 from engine.runner.runner import ModelRunner
 from engine.parallel.tp_workers import TensorParallelRunner, WorkerSpec
 from engine.modelfile.grammar_tokenizer import GrammarTokenizer
@@ -48,6 +49,8 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     if cap is not None and os.path.getsize(path) > cap:  # refused before the weights fill the card
         raise ModelLoadError(f"the model's weights ({os.path.getsize(path) / 2**30:.1f} GiB in its file) do not fit "
                              f"--gpu-memory {cap / 2**30:.1f} GiB (routed experts in host memory are not available yet)")
+    draft = open_draft(config.draft, reader, backend.name) if config.speculative == "draft" else None  # (checked
+    # before anything loads)
     log(f"loading {path} on {backend.device_name}")
 
     workers, conns = start_workers(config, str(path), backend.name)  # loading their shards beside this one
@@ -79,7 +82,10 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     runner = ModelRunner(*args) if config.tp == 1 else TensorParallelRunner(*args, world=config.tp, workers=workers,
                                                                              conns=conns)
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
-    runner.draft_max = config.draft_max if config.speculative == "ngram" and runner.speculates else 0
+    runner.draft_max = config.draft_max if config.speculative != "off" and runner.speculates else 0
+    if draft is not None:
+        runner.draft_model = load_draft(draft, runner, path, config)
+        lap("draft model")
     runner.pooling = pooling
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
     lap("pool")
@@ -93,6 +99,18 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         f"{plan.cache_ram_bytes / 2**30:.2f} GiB in host memory) in {time.monotonic() - started:.1f}s ("
         + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in stages.items()) + ")")
     return runner, tokenizer, policy
+
+
+def load_draft(reader: GGUFFile, runner: ModelRunner, path, config: EngineConfig) -> DraftModel:
+    """--speculative draft: the draft model (engine/runner/draft_model.py), the target's own weights when it
+    is the target's file (one copy in memory)."""
+    same = config.tp == 1 and os.path.samefile(reader.path, path)
+    draft = DraftModel.load(reader, runner, (runner.cfg, runner.model.w) if same else None)
+    kv = draft.kv
+    log(f"draft model {draft.cfg.name} ({draft.cfg.n_layers} layers{', the target itself' if same else ''}) proposes "
+        f"up to {config.draft_max} tokens a step; its KV pool of {kv.usable * kv.block_size} tokens in blocks of "
+        f"{kv.block_size} ({kv.usable * kv.block_bytes / 2**30:.2f} GiB, as many tokens as the target's)")
+    return draft
 
 
 def start_workers(config: EngineConfig, path: str, device: str) -> tuple[list, list]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from engine.modelfile.rope_config import add_rope_args, rope_from_args
-from engine.config import WEIGHT_FORMS
+from engine.config import SPECULATIVE, WEIGHT_FORMS
 from engine.core.kv_types import KV_TYPES
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from serve.config import REASONING_FORMATS, PreemptSettings, ServerSettings, split_command
@@ -100,11 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-tokens", type=int,
                    help="prompt tokens one engine step may read from several requests at once (forwarded to the "
                         "default engine; default: the engine's, two chunks)")
-    p.add_argument("--speculative", choices=("off", "ngram"),
-                   help="speculative decoding: ngram drafts from the request's own context, "
-                        "checked in its decode step, the text unchanged (forwarded to the default engine; CPU only "
-                        "in this version; default: off)")
+    p.add_argument("--speculative", choices=SPECULATIVE,
+                   help="speculative decoding: ngram drafts from the request's own context, draft has a smaller "
+                        "model of the same vocabulary (--draft) propose; checked in the request's decode step, the "
+                        "text unchanged (forwarded to the default engine; CPU only in this version; default: off)")
     p.add_argument("--draft-max", type=int, help="the most tokens a draft proposes (forwarded; default: 8)")
+    p.add_argument("--draft", metavar="FILE", help="--speculative draft: the draft model's GGUF, of the model's "
+                                                   "vocabulary (forwarded; one model served)")
     p.add_argument("--pooling", choices=("mean", "cls", "last"),
                    help="/v1/embeddings: how the model's hidden states are pooled (forwarded to the default engine; "
                         "default: as the model's file says; a chat model's file says nothing, so its embeddings "
@@ -141,7 +143,8 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
         kv_block=a.kv_block, kv_type=a.kv_type, tp=a.tp, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib, gpu_memory_gib=a.gpu_memory_gib,
         decode_interval_ms=a.decode_interval_ms, step_tokens=a.step_tokens,
-        speculative=a.speculative, draft_max=a.draft_max, pooling=a.pooling, allowed_hosts=host_list(a.allowed_hosts),
+        speculative=a.speculative, draft_max=a.draft_max, draft=resolve_model_path(a.draft) if a.draft else None,
+        pooling=a.pooling, allowed_hosts=host_list(a.allowed_hosts),
         cors_origins=origin_list(a.cors_origin), rope=rope_from_args(a),
         **engines_from_args(a))
 

@@ -63,8 +63,9 @@ class ServerSettings:
     gpu_memory_gib: float | None = None  # forwarded to the default engine: the most GPU memory it takes
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
     step_tokens: int | None = None  # forwarded to the default engine: prompt rows a step may take (None: its default)
-    speculative: str | None = None  # forwarded to the default engine: its drafter (off | ngram; None: its default)
+    speculative: str | None = None  # forwarded to the default engine: its drafter (off | ngram | draft; None: its default)
     draft_max: int | None = None  # forwarded to the default engine: a draft's most tokens
+    draft: Path | None = None  # forwarded to the default engine: --speculative draft's model file
     pooling: str | None = None  # forwarded to the default engine: embeddings' pooling (None: as the file says)
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
     cors_origins: tuple[str, ...] = ()  # origins of other pages allowed to call this server ("*": any)
@@ -106,6 +107,11 @@ class ServerSettings:
         if bad:
             raise ValueError(f"sampling defaults out of range: {', '.join(bad)} (temperature and top_k >= 0, "
                              "top_p in (0, 1], min_p in [0, 1])")
+        if (self.speculative == "draft") != (self.draft is not None):
+            raise ValueError("--speculative draft takes its draft model from --draft FILE, and --draft is for "
+                             "--speculative draft")
+        if self.draft is not None and self.models:
+            raise ValueError("--draft serves one model in this version (a draft is of one model's vocabulary)")
         if self.engines < 1:
             raise ValueError(f"--engines must be >= 1, got {self.engines}")
         if self.gpus is not None and len(self.gpus) != self.engines:
@@ -163,6 +169,7 @@ class ServerSettings:
         cmd += [] if self.step_tokens is None else ["--step-tokens", str(self.step_tokens)]
         cmd += [] if self.speculative is None else ["--speculative", self.speculative]
         cmd += [] if self.draft_max is None else ["--draft-max", str(self.draft_max)]
+        cmd += [] if self.draft is None else ["--draft", str(self.draft)]
         cmd += [] if self.pooling is None else ["--pooling", self.pooling]
         return cmd + self.preempt.engine_args() + self.rope.engine_args()
 

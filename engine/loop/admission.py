@@ -90,9 +90,15 @@ class Admission:
             sampler=Sampler(sampling, gen.tokens, drawn, constraint),
             stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
             fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, session=gen.params.get("session"), logprobs=logprobs,
-            drafter=NgramDrafter(gen.tokens, self.runner.draft_max) if speculate else None,
+            drafter=self.drafter(gen.tokens) if speculate else None,
             pool=SequencePool(self.runner.pooling, len(gen.tokens), self.runner.backend.xp) if embed else None,
             scorer=PromptScorer(gen.tokens, scored, self.runner.model) if scored is not None else None)
+
+    def drafter(self, prompt: tuple[int, ...]):
+        """A request's drafter: the draft model's (engine/runner/draft_model.py), else the n-gram one."""
+        if self.runner.draft_model is not None:
+            return self.runner.draft_model.drafter(prompt, self.runner.draft_max)
+        return NgramDrafter(prompt, self.runner.draft_max)
 
     def place(self, seq: Sequence, reuse: bool) -> bool:
         """Blocks for `seq` up to the end of its first chunk: a cached prefix first (whole blocks when
@@ -142,8 +148,9 @@ class Admission:
             seq.decode_ms = (time.perf_counter() - seq.decode_started) * 1000
         extra = {"parks": str(seq.parks), "park_ms": f"{seq.park_ms:.3f}", "cached": str(seq.cached),
                  "shared_ms": f"{seq.shared_ms:.3f}"}
-        if seq.drafter is not None:  # speculative decoding: tokens drafted and accepted
+        if seq.drafter is not None:  # speculative decoding: tokens drafted and accepted; its draft rows let go
             extra |= {"drafted": str(seq.drafter.drafted), "accepted": str(seq.drafter.accepted)}
+            seq.drafter.release()
         if seq.fingerprints and (seq.table or not seq.kv_len):
             extra["fp"] = self.runner.fingerprint(seq)
         self.write(m.Done(len(seq.generated), seq.total, seq.prompt_ms, seq.decode_ms, reason, extra, seq.id))

@@ -1,8 +1,9 @@
 """A decode step: each decoding request's next token drawn from its logits, then one batched forward for
 those that go on (engine/loop/rounds.py runs it once a round, and in a long read's pauses). With
-speculative decoding (engine/runner/ngram_draft.py) a request's drafted tokens go through the same
-forward as rows after its newest token, each a decode row like any other; a draft is kept while the
-token drawn from the row before it is the draft itself, so the tokens are those one-token steps give.
+speculative decoding (drafters: engine/runner/ngram_draft.py, engine/runner/draft_model.py) a request's
+drafted tokens go through the same forward as rows after its newest token, each a decode row like any
+other; a draft is kept while the token drawn from the row before it is the draft itself, so the tokens
+are those one-token steps give, whatever the drafts.
 
 Sampled requests draft too. The draw from each row takes the request's next uniform exactly as a
 one-token step would, so a seeded answer is the same token for token. For a drafter that proposes
@@ -43,10 +44,11 @@ class DecodeSteps:
         for seq in list(going):  # oldest first: a newer one gives its blocks up first
             if not seq.paused and not self.memory.get_blocks(seq, seq.kv_len + 1):
                 self.memory.pause(seq)
-            elif not seq.paused and (drafts := self.drafts(seq)):  # speculative decoding: drafts after the
-                if self.memory.grow_from_free(seq, seq.kv_len + 1 + len(drafts)):  # newest token, in free blocks
-                    seq.drafts = drafts  # only (never at the cost of a cached prefix or another request)
         going = [s for s in going if not s.paused]
+        self.run_draft_model(going)
+        for seq in going:  # speculative decoding: drafts after the newest token, in the blocks left free once
+            if (drafts := self.drafts(seq)) and self.memory.grow_from_free(seq, seq.kv_len + 1 + len(drafts)):
+                seq.drafts = drafts  # every request has its row's (never at the cost of a cached prefix or a request)
         for batch in range(0, len(going), self.runner.max_batch):
             rows = going[batch : batch + self.runner.max_batch]
             started = time.perf_counter()
@@ -57,53 +59,66 @@ class DecodeSteps:
                 if batch + self.runner.max_batch < len(going):  # the next batch's replay reuses the buffers
                     self.runner.set_aside(seq)
 
+    def run_draft_model(self, going: list[Sequence]) -> None:
+        """With a draft model (engine/runner/draft_model.py), its drafts for every request that drafts, in
+        one batched run, before each request takes its own (drafts)."""
+        drafting = [s for s in going if s.drafter is not None]
+        if self.runner.draft_model is not None and drafting:
+            started = time.perf_counter()
+            self.runner.draft_model.propose(drafting)
+            self.trace.step("draft", started, rows=len(drafting))
+
     def drafts(self, seq: Sequence) -> list[int]:
         """The tokens seq's drafter proposes after its newest (none without one), as many as its
         answer and context may still take."""
         if seq.drafter is None:
             return []
-        room = min(seq.max_new - len(seq.generated), self.runner.ctx - seq.kv_len - 1)
-        return seq.drafter.propose()[: max(0, room)]
+        return seq.drafter.propose()[: seq.draft_room(self.runner.ctx)]
 
     def draw(self, seq: Sequence, now: float) -> bool:
         """The request's next token from its logits, written out; False if that ends it. After a step
         with drafts, while the token drawn is the next draft, that draft's row was the token's own: the
-        next token is drawn from its logits, and so on (the tokens are those one-token steps give)."""
+        next token is drawn from its logits, and so on (the tokens are those one-token steps give). The
+        drafter counts its drafts before a DONE reports them."""
         if seq.decode_started is None:
             seq.decode_started = now
-        drafts, accepted, going = seq.drafts[: len(seq.draft_logits)], 0, True
+        drafts, accepted, start = seq.drafts[: len(seq.draft_logits)], 0, len(seq.generated)
         while True:
             token = self.runner.sample(seq)
-            going = self.emit(seq, token)
-            if not (going and accepted < len(drafts) and token == drafts[accepted]):
-                break
-            seq.logits, accepted = seq.draft_logits[accepted], accepted + 1
+            ended = self.emit(seq, token)
+            if accepted < len(drafts) and token == drafts[accepted]:  # the draft was the model's own token
+                accepted += 1
+                if ended is None:
+                    seq.logits = seq.draft_logits[accepted - 1]
+                    continue
+            break
         if seq.drafter is not None:
             if drafts:
                 seq.drafter.verified(len(drafts), accepted)
-            seq.drafter.extend(seq.generated[len(seq.generated) - accepted - 1 :])
+            seq.drafter.extend(seq.generated[start:])
         seq.drafts, seq.draft_logits = [], []
-        if going:
+        if ended in ("stop", "length"):
+            self.admission.finish(seq, ended)
+        if ended is None:
             seq.unstepped = True
-        return going
+        return ended is None
 
-    def emit(self, seq: Sequence, token: int) -> bool:
+    def emit(self, seq: Sequence, token: int) -> str | None:
         """A drawn token accepted by the request's sampler and written out (with its log-probabilities
-        if the request asked, from the logits it was drawn from: before the sampler moves on); False if
-        that ends it."""
+        if the request asked, from the logits it was drawn from: before the sampler moves on). None if
+        the request goes on, else why it ends: stop or length (the caller finishes it), or dropped (an
+        ERR has ended it)."""
         logprob, top = seq.sampler.logprobs(seq.logits, token, seq.logprobs) if seq.logprobs is not None \
             else (None, ())
         try:
             seq.sampler.accept(token)
         except GrammarError as e:
             self.admission.drop(seq, f"constrained decoding failed: {e}")
-            return False
+            return "dropped"
         seq.generated.append(token)
         self.write(m.Token(token, seq.id, logprob, top))
         if token in seq.stop_ids:
-            self.admission.finish(seq, "stop")
-            return False
+            return "stop"
         if len(seq.generated) >= seq.max_new:
-            self.admission.finish(seq, "length")
-            return False
-        return True
+            return "length"
+        return None

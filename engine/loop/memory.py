@@ -90,8 +90,11 @@ class Memory:
         self.report_pool()
 
     def release(self, seq: Sequence) -> None:
-        """seq's blocks back to the pool (a session's stay cached longer)."""
+        """seq's blocks back to the pool (a session's stay cached longer), and its rows in a draft model's
+        pool (engine/runner/draft_model.py: read again at its next draft)."""
         self.pool.release(seq.table, kept=seq.session is not None)
+        if seq.drafter is not None:
+            seq.drafter.release()
 
     # ------------------------------------------------------------ parked reads out and back in
 
@@ -171,4 +174,6 @@ class Memory:
                   "evictions": pool.evictions, "paused": len(self.paused), "pauses": self.pauses_total}
         if pool.tier is not None:
             fields |= pool.tier.status()
+        if self.runner.draft_model is not None:  # a draft model's own pool (engine/runner/draft_model.py)
+            fields |= {"draft_free": len(self.runner.draft_model.free)}
         self.write(m.Info({f"pool_{k}": str(v) for k, v in fields.items()}))

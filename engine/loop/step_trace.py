@@ -15,7 +15,7 @@ class StepTrace:
         self.origin = time.perf_counter()
 
     def step(self, kind: str, started: float, **fields) -> None:
-        """kind: prompt or decode; started: its perf_counter at the start."""
+        """kind: prompt, decode or draft (a draft model's run); started: its perf_counter at the start."""
         if not self.enabled:
             return
         now = time.perf_counter()

@@ -4,21 +4,19 @@ followed the latest earlier occurrence of the context's last n tokens are a like
 
 NgramDrafter keeps, for every n-gram of the context (n from MIN_N to MAX_N), where it last ended, and
 proposes the tokens after the longest n-gram that occurred before. How many it proposes adapts to the
-request's acceptance: up to `most`, fewer after rejections, none for a while after repeated misses
-(a request that gains nothing pays nothing), probing again later."""
+request's acceptance (engine/runner/draft_pace.py)."""
 from __future__ import annotations
 
+from engine.runner.draft_pace import DraftPace
+
 MIN_N, MAX_N = 2, 4  # n-gram lengths matched, longest first (1 gives too many chance matches)
-MISSES_TO_REST, REST_STEPS = 3, 16  # after that many fruitless drafts in a row, no drafts for that many steps
 
 
-class NgramDrafter:
+class NgramDrafter(DraftPace):
     def __init__(self, context, most: int):
+        super().__init__(most)
         self.context: list[int] = []
         self.ends: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest occurrence
-        self.most, self.k = most, most  # the cap, and what the next draft may propose
-        self.misses = self.rest = 0
-        self.drafted = self.accepted = 0  # totals, reported with the request's DONE
         self.extend(context)
 
     def extend(self, tokens) -> None:
@@ -34,29 +32,18 @@ class NgramDrafter:
     def propose(self) -> list[int]:
         """Up to k tokens that followed the latest earlier occurrence of the context's longest matching
         tail; [] while resting or when nothing matches."""
-        if self.rest:
-            self.rest -= 1
-            return []
-        if self.k == 0:
+        k = self.budget()
+        if k == 0:
             return []
         for n in range(MAX_N, MIN_N - 1, -1):
             if len(self.context) < n:
                 continue
             start = self.ends.get(tuple(self.context[-n:]))
             if start is not None:
-                draft = self.context[start : start + self.k]
+                draft = self.context[start : start + k]
                 if draft:
                     return draft
         return []
 
-    def verified(self, proposed: int, accepted: int) -> None:
-        """A draft of `proposed` tokens of which the first `accepted` were the model's own: k follows."""
-        self.drafted += proposed
-        self.accepted += accepted
-        if accepted == proposed:
-            self.k, self.misses = min(self.most, self.k + 2), 0
-            return
-        self.k = max(1, accepted + 1)
-        self.misses = self.misses + 1 if accepted == 0 else 0
-        if self.misses >= MISSES_TO_REST:
-            self.rest, self.misses, self.k = REST_STEPS, 0, 1
+    def release(self) -> None:
+        """The request ends or leaves the running set: nothing is held outside the request."""

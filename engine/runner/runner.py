@@ -54,8 +54,9 @@ class ModelRunner:
         self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
-        self.draft_max = 0  # speculative decoding's most drafted tokens (0: off); on the CPU only (the GPU's decode
-        self.speculates = backend.name == "cpu" and self.recurrent is None  # graphs: a row a sequence), not a hybrid
+        self.draft_max, self.draft_model = 0, None  # speculative decoding's most drafts (0: off), draft model,
+        self.speculates = backend.name == "cpu" and self.recurrent is None  # set at start; CPU only (GPU decode graphs:
+        # a row a sequence), not a hybrid
         # every row's result is the same in any step (engine/ops/blas_order.py; checked by warm_up): reads
         # may share a step, end anywhere, and a cached prefix be reused at any block
         self.shape_free = False
@@ -78,9 +79,8 @@ class ModelRunner:
                 "kv_block_bytes": str(self.kv.block_bytes), "kv_type": self.kv.type.name,
                 "cache_ram_blocks": str(self.pool.tier.capacity if self.pool.tier else 0),
                 "shape_free": str(int(self.shape_free)),
-                "state_bytes": str(0 if self.recurrent is None else 2 * self.recurrent.nbytes),  # a hybrid's
-                # recurrent state a request (now and mark)
-                "version": __version__} | self.memory
+                "state_bytes": str(0 if self.recurrent is None else 2 * self.recurrent.nbytes),  # a hybrid's state
+                "version": __version__} | self.memory | (self.draft_model.info() if self.draft_model else {})
 
     def warm_up(self) -> None:
         """One small forward before READY, so the first request does not pay first-call costs

@@ -31,7 +31,8 @@ class Sequence:
     paused: bool = False  # moved to host memory under memory pressure; brought back first
     unstepped: bool = False  # its newest token is drawn but not yet through the model (logits are stale)
     state: object = None  # a hybrid model's recurrent state (engine/kvcache/recurrent.py SequenceState)
-    drafter: object = None  # speculative decoding's drafts (engine/runner/ngram_draft.py NgramDrafter), or none
+    drafter: object = None  # speculative decoding's drafter (engine/runner/ngram_draft.py NgramDrafter,
+    # engine/runner/draft_model.py ModelDrafter), or none
     drafts: list[int] = field(default_factory=list)  # tokens whose rows went through the last forward after the newest
     draft_logits: list = field(default_factory=list)  # the logits after each of them: drafts[i]'s row
     pool: object = None  # GEN embed=1: its pooled hidden state (engine/runner/pooling.py SequencePool), else None
@@ -70,3 +71,7 @@ class Sequence:
         """K/V rows written now: kv_len, and the newest token's too once it has been through the model
         (between two decode steps; not while it is drawn and waiting for its forward, unstepped)."""
         return self.kv_len + (1 if self.generated and not self.unstepped else 0)
+
+    def draft_room(self, ctx: int) -> int:
+        """Drafts the answer and the context (ctx positions) may still take after the newest token."""
+        return max(0, min(self.max_new - len(self.generated), ctx - self.kv_len - 1))

@@ -31,3 +31,15 @@ def test_decode_interval_is_forwarded_only_when_given_and_a_negative_one_refused
     assert engine_parser().parse_args(cmd[cmd.index("--serve"):]).decode_interval_ms == 20.0  # the engine takes it
     with pytest.raises(ValueError, match="--decode-interval-ms must be >= 0"):
         engine_args("--decode-interval-ms", "-1")
+
+
+def test_a_draft_model_is_forwarded_with_its_mode_and_refused_without_it(model_path):
+    cmd = engine_args("--speculative", "draft", "--draft", model_path, "--draft-max", "4")
+    parsed = engine_parser().parse_args(cmd[cmd.index("--serve"):])  # the engine takes them
+    assert (parsed.speculative, parsed.draft, parsed.draft_max) == ("draft", model_path, 4)
+    assert "--draft" not in engine_args("--speculative", "ngram")
+    for flags in (["--speculative", "draft"], ["--draft", model_path]):
+        with pytest.raises(ValueError, match="--speculative draft takes its draft model from --draft FILE"):
+            engine_args(*flags)
+    with pytest.raises(ValueError, match="--draft serves one model"):
+        engine_args("--speculative", "draft", "--draft", model_path, "--model", model_path, "--model", f"b={model_path}")

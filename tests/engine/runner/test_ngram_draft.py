@@ -1,6 +1,7 @@
 """The n-gram drafter (engine/runner/ngram_draft.py): what it proposes and how its draft length follows
 the request's acceptance."""
-from engine.runner.ngram_draft import MISSES_TO_REST, REST_STEPS, NgramDrafter
+from engine.runner.draft_pace import MISSES_TO_REST, REST_STEPS
+from engine.runner.ngram_draft import NgramDrafter
 
 
 def test_it_proposes_what_followed_the_latest_earlier_occurrence_of_the_longest_tail():
