@@ -52,9 +52,10 @@ def pytest_configure(config):
     mark_test_run(getattr(config, "workerinput", {}).get("workerid"))
 
 
-# modules that share a session's server (tests/serve/conftest.py qwen_server) run on one worker: under
-# --dist loadfile each would otherwise start its own (a 0.5B model's 15 s and 3 GiB each)
-SHARED_WORKER = {"tests/serve/http/test_text_api.py": "tests/serve/api/test_real_model_tool_calls.py"}
+# modules that share a session's server (tests/serve/conftest.py) run on one worker: under --dist
+# loadfile each would otherwise start its own (for qwen_server, a 0.5B model's 15 s and 3 GiB each)
+SHARED_WORKER = {"tests/serve/http/test_text_api.py": "tests/serve/api/test_real_model_tool_calls.py",
+                 "tests/serve/http/test_choices.py": "tests/serve/api/test_logprobs.py"}  # (default_server)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -46,14 +46,44 @@ class Finished:
     prompt_logprobs: list[m.Token] = field(default_factory=list)  # the prompt's tokens', the first without one
 
 
+class Outcome:
+    """How a request's run ends, as the metrics count it: an end the engine gave (`finished`), an
+    error (GenerationError), or, its client gone, a cancellation, which frees the engine of it."""
+
+    def __init__(self, req: Request, scheduler: Scheduler, metrics: Metrics):
+        self.req, self.scheduler, self.metrics, self.finished = req, scheduler, metrics, False
+
+    def __enter__(self) -> "Outcome":
+        return self
+
+    def __exit__(self, kind, error, trace) -> bool:
+        if kind is not None and issubclass(kind, GenerationError):
+            self.finished = True
+            self.metrics.requests.labels("error").inc()
+        if not self.finished:  # client gone (cancelled or closed): free the engine
+            self.metrics.requests.labels("cancelled").inc()
+            if self.req.phase is not Phase.DONE:
+                self.scheduler.abandon(self.req)
+        return False
+
+
+def failure(event) -> GenerationError | None:
+    """The error an engine line or an engine failure ends a request with, if it is one."""
+    if isinstance(event, m.Err):
+        return GenerationError(f"engine error: {event.message}", status=400)
+    if isinstance(event, EngineFailure):
+        return GenerationError(event.message, event.status)
+    return None
+
+
 async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metrics,
                    keepalive_s: float) -> AsyncIterator[KeepAlive | Piece | Finished]:
     detok, stops = tokenizer.stream(), StopMatcher(req.stop)
-    finished, scored, pending = False, [], []  # tokens with logprobs: all of them, and those not yet in a piece
+    scored, pending = [], []  # tokens with logprobs: all of them, and those not yet in a piece
     prompt_lines: dict[int, m.PromptLogprobs] = {}  # PLP lines by start (a read again after a restart: the last)
     first_piece = True  # (it carries the prompt's log-probabilities)
     scheduler.submit(req)
-    try:
+    with Outcome(req, scheduler, metrics) as outcome:
         while True:
             try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
                 async with asyncio.timeout(keepalive_s):  # that races with a token's arrival
@@ -73,63 +103,41 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
                     pending, first_piece = [], False
                 if stops.hit:
                     scheduler.abandon(req)  # STOP the engine; we have what we need
-                    finished = True
+                    outcome.finished = True
                     yield _finish(req, "stop", metrics, stop_sequence=stops.matched, logprobs=scored,
                                   prompt_logprobs=prompt_scores(req, prompt_lines))
                     return
             elif isinstance(event, m.Done):
-                finished = True
+                outcome.finished = True
                 rest = stops.flush()
                 if rest or pending:
                     yield Piece(rest, pending)
                 yield _finish(req, FINISH[event.finish], metrics, event, logprobs=scored,
                               prompt_logprobs=prompt_scores(req, prompt_lines))
                 return
-            elif isinstance(event, m.Err):
-                raise GenerationError(f"engine error: {event.message}", status=400)
-            elif isinstance(event, EngineFailure):
-                raise GenerationError(event.message, event.status)
-    except GenerationError:
-        finished = True
-        metrics.requests.labels("error").inc()
-        raise
-    finally:
-        if not finished:  # client gone (cancelled or closed): free the engine
-            metrics.requests.labels("cancelled").inc()
-            if req.phase is not Phase.DONE:
-                scheduler.abandon(req)
+            elif (error := failure(event)) is not None:
+                raise error
 
 
 async def embedding(req: Request, scheduler: Scheduler, metrics: Metrics) -> tuple[float, ...]:
     """An embed request (GEN embed=1) run to its end: the vector of its EMB line, once its DONE is in
     (after an engine death the request is read again and a new EMB comes: the last one counts)."""
-    vector, finished = None, False
+    vector = None
     scheduler.submit(req)
-    try:
+    with Outcome(req, scheduler, metrics) as outcome:
         while True:
             event = await req.events.get()
             if isinstance(event, m.Embedding):
                 vector = event.vector
             elif isinstance(event, m.Done):
-                finished = True
+                outcome.finished = True
                 if vector is None:  # stopped (the server shutting down), or an engine that does not embed
                     raise GenerationError(f"the engine ended an embedding without its vector ({event.finish})",
                                           503 if event.finish == "cancel" else 500)
                 metrics.requests.labels("stop").inc()
                 return vector
-            elif isinstance(event, m.Err):
-                raise GenerationError(f"engine error: {event.message}", status=400)
-            elif isinstance(event, EngineFailure):
-                raise GenerationError(event.message, event.status)
-    except GenerationError:
-        finished = True
-        metrics.requests.labels("error").inc()
-        raise
-    finally:
-        if not finished:  # client gone (cancelled): free the engine
-            metrics.requests.labels("cancelled").inc()
-            if req.phase is not Phase.DONE:
-                scheduler.abandon(req)
+            elif (error := failure(event)) is not None:
+                raise error
 
 
 def _finish(req: Request, reason: str, metrics: Metrics, done: m.Done | None = None,

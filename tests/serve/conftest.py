@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+import openai
+
 from tests.harness import ServerProcess
 from tools.fixtures.fetch_fixture import fixture_path
 
@@ -18,3 +20,16 @@ def qwen_server():
     # reuse keeps whole chunks; at the CPU's default 256 none of these ~220-token prompts has one)
     with ServerProcess(extra=["--model", str(model), "--device", "cpu", "--chunk", "64"]).start(timeout_s=300) as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def default_server():
+    """strata-server over the real engine on the default model (CPU, a 1,024-token context), started once
+    a session (a worker) for the modules that only ask it questions."""
+    with ServerProcess(extra=["--device", "cpu", "--ctx", "1024"]) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def default_client(default_server):
+    return openai.OpenAI(base_url=default_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -15,7 +15,7 @@ PROMPT = CASES[3]["ids"][:166] + CASES[0]["ids"]  # 203 tokens: 6 full chunks an
 INTERIM = CASES[1]["ids"]
 SAMPLING = {"greedy": {"temperature": 0.0, "seed": 0},  # a seed pins the RNG state the fingerprint hashes
             "seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 1234, "repeat_penalty": 1.1}}
-MAX_NEW = 12
+MAX_NEW = 8
 
 
 @pytest.fixture(scope="module")

@@ -55,10 +55,10 @@ def test_decode_steps_between_a_reads_layers_run_on_every_rank(tp, whole):
     between A's layers, on rank 0 and on the workers in the same places; every answer is its solo one."""
     params = SAMPLING["greedy"]
     long_prompt = PROMPT * 2  # 406 tokens: 7 chunks
-    out, decoded, inside = sc.read_beside_decoders(tp, long_prompt, 16, params, INTERIM, 2, 24)
+    out, decoded, inside = sc.read_beside_decoders(tp, long_prompt, 8, params, INTERIM, 2, 12)
     assert inside >= 3  # decoder steps inside A's first chunk: between its layers
-    assert out.tokens == sc.uninterrupted(whole, long_prompt, 16, params).tokens
-    assert decoded == sc.decoders_alone(whole, params, INTERIM, 2, 24)
+    assert out.tokens == sc.uninterrupted(whole, long_prompt, 8, params).tokens
+    assert decoded == sc.decoders_alone(whole, params, INTERIM, 2, 12)
 
 
 def test_cancel_while_parked_then_serving_goes_on(tp):

@@ -15,21 +15,14 @@ from engine.model.weights import load_model
 from engine.modelfile.model_path import default_model_path
 from engine.modelfile.tokenizer import load_tokenizer
 from engine.ops.backend import cpu_backend
-from tests.harness import ServerProcess
 
 ASK = [{"role": "user", "content": "Name three colours."}]
 TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def server():
-    with ServerProcess(extra=["--device", "cpu", "--ctx", "1024"]) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def client(default_client):
+    return default_client  # (tests/serve/conftest.py)
 
 
 def reference(prompt: list[int], answer: list[int]) -> list[np.ndarray]:

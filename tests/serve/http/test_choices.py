@@ -9,20 +9,18 @@ import httpx
 import openai
 import pytest
 
-from tests.harness import ServerProcess
 
 ASK = [{"role": "user", "content": "Write a short poem about the sea."}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    with ServerProcess(extra=["--device", "cpu", "--ctx", "1024"]) as s:
-        yield s
+def server(default_server):
+    return default_server  # (tests/serve/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def client(default_client):
+    return default_client
 
 
 def reused_tokens(server) -> float:
