@@ -7,7 +7,7 @@ UV = $(VENV)/bin/uv pip install -q --python $(PY)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
-WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
+WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: serve test setup fixture browser screenshot bench clean
 
@@ -35,8 +35,7 @@ serve: $(STAMP)
 # a worker per core (pytest-xdist), a module to a worker (its shared server stays one), the slowest
 # modules first (tests/slowest_first.py); the slowest tests listed. Bytecode is cached although
 # PYTHONDONTWRITEBYTECODE may be set: the suite starts some 300 Python processes, each of which would
-# compile the project again. A worker more than the cores: many tests wait on processes (a server's start, a
-# mock engine's timed steps) and a third worker fills those waits; WORKERS=4 ran no faster on the 2-core machine.
+# compile the project again. WORKERS=3 and 4 ran no faster on the 2-core machine, and timed tests ran late.
 test: $(STAMP) fixture browser
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(ARGS)
 

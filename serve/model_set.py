@@ -153,8 +153,9 @@ class ModelSet:
             await asyncio.sleep(every)
             now = time.monotonic()
             for entry in list(self.entries.values()):
-                if (entry.loaded and not entry.kept and not entry.busy
-                        and now - entry.last_used >= self.settings.idle_unload_s):
+                if entry.busy:  # its quiet is counted from its last work, not from its last request's start
+                    entry.last_used = now
+                elif entry.loaded and not entry.kept and now - entry.last_used >= self.settings.idle_unload_s:
                     await self.unload(entry)
 
     async def stop(self) -> None:

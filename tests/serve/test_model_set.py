@@ -21,7 +21,7 @@ from serve.config import ServerSettings
 from tests.harness import ROOT, ServerProcess
 
 HYBRID = ROOT / "tests/fixtures/hybrid"
-IDLE_S = 2.0
+IDLE_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +49,12 @@ def test_models_answer_by_name_load_on_demand_and_unload_when_idle(server):
     assert listing(server) == {"smol": "loaded", "tiny": "unloaded", "next": "loaded"}
     ask = dict(prompt="Hello there, general Kenobi", max_tokens=3, temperature=0)
     tiny = client.completions.create(model="tiny", **ask)
+    assert listing(server)["tiny"] == "loaded"
     smol = client.completions.create(model="smol", **ask)
     unnamed = httpx.post(server.url + "/v1/completions", json=ask, timeout=60).json()  # no model: the first
     assert tiny.usage.prompt_tokens != smol.usage.prompt_tokens  # two tokenizers: two models
     assert (tiny.model, smol.model, unnamed["model"]) == ("tiny", "smol", "smol")
     assert unnamed["choices"][0]["text"] == smol.choices[0].text
-    assert listing(server)["tiny"] == "loaded"
     assert [m["id"] for m in httpx.get(server.url + "/status").json()["models"]] == ["smol", "tiny", "next"]
     until(lambda: listing(server)["tiny"] == "unloaded", timeout_s=IDLE_S + 20)
     assert listing(server) == {"smol": "loaded", "tiny": "unloaded", "next": "loaded"}  # the kept ones stay

@@ -55,7 +55,7 @@ def test_same_chunk_size_gives_bit_identical_logits(loaded, long_case_logits):
     assert np.array_equal(loaded.logits_after(np.asarray(CASES[3]["ids"]), 64), long_case_logits)
 
 
-@pytest.mark.parametrize("chunk", [1, 17, 512])
+@pytest.mark.parametrize("chunk", [1, 17])
 def test_other_chunk_sizes_agree_within_tolerance(loaded, long_case_logits, chunk):
     ids = np.asarray(CASES[3]["ids"][:100] if chunk == 1 else CASES[3]["ids"])
     a = loaded.logits_after(ids, 64) if chunk == 1 else long_case_logits
