@@ -80,9 +80,10 @@ def test_chat_streams_stops_regenerates_and_keeps_the_conversation():
         assert answers(driver)[0]["content"] == first["content"]  # the mock answers alike: replaced, not added
         driver.execute_cdp_cmd("Browser.grantPermissions", {"origin": server.url, "permissions": [
             "clipboardReadWrite", "clipboardSanitizedWrite"]})
-        copy = driver.find_element(By.CSS_SELECTOR, "#messages .msg.assistant button.copy")
-        copy.click()
-        wait_until(lambda: copy.text == "Copied", what="the copy")
+        driver.find_element(By.CSS_SELECTOR, "#messages .msg.assistant button.copy").click()
+        # found again at each look: the answer's view may be drawn anew meanwhile (a stale element otherwise)
+        wait_until(lambda: driver.find_element(By.CSS_SELECTOR, "#messages .msg.assistant button.copy").text == "Copied",
+                   what="the copy")
         assert driver.execute_script("return await navigator.clipboard.readText()") == first["content"]
 
         # a long system prompt: the echo runs for seconds, and shows that the setting was sent
