@@ -130,7 +130,7 @@ class ModelSet:
     async def _make_room(self, entry: ModelEntry) -> None:
         """Unload idle models, least recently used first, until the new one fits the memory left;
         a 503 if it cannot."""
-        need = self.settings.memory_need(entry.path)
+        need = await asyncio.to_thread(self.settings.memory_need, entry.path)  # (reads the file's header: off the loop)
         while need is not None and need > (left := available_memory()):
             idle = sorted((e for e in self.entries.values() if e.loaded and not e.kept and not e.busy),
                           key=lambda e: e.last_used)
