@@ -81,7 +81,7 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
     detok, stops = tokenizer.stream(), StopMatcher(req.stop)
     scored, pending = [], []  # tokens with logprobs: all of them, and those not yet in a piece
     prompt_lines: dict[int, m.PromptLogprobs] = {}  # PLP lines by start (a read again after a restart: the last)
-    first_piece = True  # (it carries the prompt's log-probabilities)
+    prompt_given: list[m.Token] | None = None  # the prompt's log-probabilities, built once (the first piece's)
     scheduler.submit(req)
     with Outcome(req, scheduler, metrics) as outcome:
         while True:
@@ -99,13 +99,15 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
                     pending.append(event)
                 text = stops.feed(detok.step(event.token))
                 if text:
-                    yield Piece(text, pending, prompt_scores(req, prompt_lines) if first_piece else [])
-                    pending, first_piece = [], False
+                    first = prompt_given is None
+                    prompt_given = prompt_scores(req, prompt_lines) if first else prompt_given
+                    yield Piece(text, pending, prompt_given if first else [])
+                    pending = []
                 if stops.hit:
                     scheduler.abandon(req)  # STOP the engine; we have what we need
                     outcome.finished = True
                     yield _finish(req, "stop", metrics, stop_sequence=stops.matched, logprobs=scored,
-                                  prompt_logprobs=prompt_scores(req, prompt_lines))
+                                  prompt_logprobs=prompt_given or prompt_scores(req, prompt_lines))
                     return
             elif isinstance(event, m.Done):
                 outcome.finished = True
@@ -113,7 +115,7 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
                 if rest or pending:
                     yield Piece(rest, pending)
                 yield _finish(req, FINISH[event.finish], metrics, event, logprobs=scored,
-                              prompt_logprobs=prompt_scores(req, prompt_lines))
+                              prompt_logprobs=prompt_given or prompt_scores(req, prompt_lines))
                 return
             elif (error := failure(event)) is not None:
                 raise error
