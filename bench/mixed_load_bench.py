@@ -28,13 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.prefill_preempt_bench import long_prompt, send_a, send_b  # noqa: E402
+from bench.sse_client import shared_client  # noqa: E402
 from tests.harness import ServerProcess  # noqa: E402
 
 
 def decode_stream(url: str, i: int, max_tokens: int, stamps: list[float], stop: threading.Event) -> None:
     body = {"messages": [{"role": "user", "content": f"Tell a long story number {i}."}], "max_tokens": max_tokens,
             "temperature": 0.7, "seed": i, "stream": True}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+    with shared_client().stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data: {") and '"content"' in line:
                 stamps.append(time.monotonic())

@@ -112,6 +112,8 @@
 #          server); one unified KV buffer (-kvu) shared by all slots, 256K positions (32 GiB), so any
 #          slot can hold A (46.9K) while 64 others decode: 66 separate slots of 50K would need 3.3M
 #          positions (412 GiB). Strata's pool takes what its weights leave of the GPU.
+#          LLAMA_SLOTS replaces "-np 66 -kvu -c 262144" (e.g. "-np 16 -c 131072", the slots a case needs, each
+#          its own KV: -kvu's one buffer costs every slot attention over all of it, 3-5x slower at 64 clients).
 #          Both steps stop their bench by 560 s into the call (partial JSON is kept); PEERS_CASES and
 #          PEERS_REPEATS override the cases (hol,clients,subagents,kv; agent too) and the repeats (3).
 #          .device/llama.tgz: the llama-cpp-python sdist's vendor/llama.cpp, packed as ../shared/PEERS.md says.
@@ -538,8 +540,7 @@ for step in "$@"; do
       chat_model
       if [ -x $LLAMA/build/bin/llama-server ]; then
         serve_and_bench llama.cpp pool_llama.json "llama.cpp vendored in llama-cpp-python 0.3.36 (.device/llama.tgz)" \
-          $LLAMA/build/bin/llama-server -m $MQC -ngl 99 -fa on -np 66 -kvu \
-          -c 262144 --port 8080
+          $LLAMA/build/bin/llama-server -m $MQC -ngl 99 -fa on ${LLAMA_SLOTS:--np 66 -kvu -c 262144} --port 8080
       fi ;;
     coldstart)  # issue 42: the server's first start on a fresh machine (CuPy's kernel cache emptied), then two more
       chat_model
