@@ -14,6 +14,7 @@ from engine.modelfile.gguf_file import GGUFFile
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from engine.modelfile.model_config import ModelLoadError, field_value
+from engine.modelfile.token_segments import SegmentCache, TooManyTokens  # noqa: F401 (TooManyTokens: callers' import)
 
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED_TOKEN_TYPE = 4
@@ -105,6 +106,7 @@ class GGUFTokenizer:
                                      bool(field_value(reader, "tokenizer.ggml.add_bos_token", pre_tokenizer.add_bos)),
                                      bool(field_value(reader, "tokenizer.ggml.add_eos_token", False)))
         self.template = ChatTemplate(field_value(reader, "tokenizer.chat_template"), self.special)
+        self.segments = self._segment_cache()
 
     def added_token_id(self, text: str) -> int | None:
         """The id of the added (control or user-defined) token spelled exactly `text`, if there is one
@@ -127,23 +129,37 @@ class GGUFTokenizer:
         """Special tokens written in the text (e.g. <|im_start|>) become their ids, as in llama.cpp.
         limit: a text of more tokens raises TooManyTokens with its count, before its ids become a Python
         list (which holds the GIL: ~50 ms for 670K tokens on an idle core)."""
-        bos, encoding = self._encoded(text, add_bos)
-        if limit is not None and len(bos) + len(encoding) > limit:
-            raise TooManyTokens(len(bos) + len(encoding))
-        return bos + encoding.ids
+        bos = self._bos(add_bos)
+        if self.segments is None:
+            encoding = self.tk.encode_batch_fast([text], add_special_tokens=False)[0]
+            if limit is not None and len(bos) + len(encoding) > limit:
+                raise TooManyTokens(len(bos) + len(encoding))
+            return bos + encoding.ids
+        out = list(bos)
+        for ids in self.segments.encode(text, None if limit is None else limit - len(bos)):
+            out.extend(ids)
+        return out
 
     def count(self, text: str, add_bos: bool | None = None) -> int:
         """The number of tokens encode would give, without their ids as a list."""
-        bos, encoding = self._encoded(text, add_bos)
-        return len(bos) + len(encoding)
+        parts = self.segments.encode(text) if self.segments is not None else \
+            self.tk.encode_batch_fast([text], add_special_tokens=False)
+        return len(self._bos(add_bos)) + sum(map(len, parts))
 
-    def _encoded(self, text: str, add_bos: bool | None):
-        """([bos] or [], the text's Encoding). Through `tokenizers`' batch call, which lets go of the GIL
-        while it works (its one-text encode holds it throughout, stalling the server's event loop even from
-        a worker thread), and without the offsets nobody reads (building them holds the GIL again)."""
+    def _bos(self, add_bos: bool | None) -> list[int]:
         wanted = self.special.add_bos if add_bos is None else add_bos
-        bos = [self.special.bos] if wanted and self.special.bos is not None else []
-        return bos, self.tk.encode_batch_fast([text], add_special_tokens=False)[0]
+        return [self.special.bos] if wanted and self.special.bos is not None else []
+
+    def _segment_cache(self) -> SegmentCache | None:
+        """Texts tokenized in segments cut before control tokens, those seen before remembered
+        (engine/modelfile/token_segments.py), if a probe of the template's kind tokenizes alike that way.
+        Every call goes through `tokenizers`' batch call, which lets go of the GIL while it works (its
+        one-text encode holds it throughout, stalling the server's event loop even from a worker
+        thread), and without the offsets nobody reads (building them holds the GIL again)."""
+        control = [self.tokens[i] for i in sorted(self.special_ids)]
+        cache = SegmentCache(self.tk, control, list(self.added))
+        probe = "".join(f"{t}say 'hi' 12345 \n\n  x{t}{t} é\t" for t in control[:64]) + " end"
+        return cache if cache.exact_on(probe) else None
 
     def decode(self, ids: list[int]) -> str:
         return self.tk.decode(ids, skip_special_tokens=True)
@@ -156,14 +172,6 @@ class GGUFTokenizer:
         """variables: the request's chat_template_kwargs (e.g. enable_thinking for Qwen3); tools: the
         request's tool definitions (OpenAI shape), for templates that describe them."""
         return self.template.render(messages, variables, tools)
-
-
-class TooManyTokens(ValueError):
-    """A text of more tokens than the caller's limit: `tokens` of them."""
-
-    def __init__(self, tokens: int):
-        super().__init__(f"{tokens} tokens")
-        self.tokens = tokens
 
 
 class DetokenizeStream:

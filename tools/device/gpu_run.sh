@@ -113,7 +113,7 @@
 #          slot can hold A (46.9K) while 64 others decode: 66 separate slots of 50K would need 3.3M
 #          positions (412 GiB). Strata's pool takes what its weights leave of the GPU.
 #          LLAMA_SLOTS replaces "-np 66 -kvu -c 262144" (e.g. "-np 16 -c 131072", the slots a case needs, each
-#          its own KV: -kvu's one buffer costs every slot attention over all of it, 3-5x slower at 64 clients).
+#          its own KV: with -kvu its 64-client figures were 2-3x worse).
 #          Both steps stop their bench by 560 s into the call (partial JSON is kept); PEERS_CASES and
 #          PEERS_REPEATS override the cases (hol,clients,subagents,kv; agent too) and the repeats (3).
 #          .device/llama.tgz: the llama-cpp-python sdist's vendor/llama.cpp, packed as ../shared/PEERS.md says.
@@ -149,7 +149,9 @@ MQ3=/tmp/m/qwen3-8b-q4_k_m.gguf
 MQ3Q=/tmp/m/qwen3-8b-q4_k_m-qwen-vocab.gguf  # with Qwen2.5's 151,665-token vocabulary (.device/qwen_tok.gguf)
 MQA=/tmp/m/qwen3-30b-a3b-q4_k_m.gguf
 MQS=/tmp/m/qwen3moe-4layer-q4_k_m.gguf
-MQC=/tmp/m/llama3-8b-q4_k_m-chat.gguf  # the 8B shape in Q4_K_M with a chat template (servers render chats)
+MQC=/tmp/m/llama3-8b-q4_k_m-chat-l3.gguf  # the 8B shape in Q4_K_M with Llama 3's own vocabulary (llama.cpp's
+# ggml-vocab-llama-bpe.gguf, 128,256 tokens) and the Llama-3.1 chat template: servers render chats, and the template's
+# control tokens (<|start_header_id|>, <|eot_id|>) are tokens of the vocabulary, as in the real model's file
 LLAMA=/tmp/llama
 MQW=/tmp/q/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf  # the real-model fixture (issue 22), carried in parts
 quiet() { grep --line-buffered -v "loading weights" || true; }
@@ -243,7 +245,8 @@ ncu_detail() {  # DIR ROWS ARGS...: ncu's full sections and SASS for the kernels
     && sed -n 1,30p "$dir/detail_${rows}rows_summary.txt"
 }
 chat_model() {
-  [ -f $MQC ] || python3 tools/fixtures/make_synthetic_gguf.py $MQC --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf \
+  [ -f $MQC ] || python3 tools/fixtures/make_synthetic_gguf.py $MQC --preset llama3-8b --type Q4_K_M \
+    --tokenizer tests/fixtures/vocab/ggml-vocab-llama-bpe.gguf \
     --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
 }
 

@@ -5,7 +5,7 @@
 # first. Results under $OUT.
 #   CASES="subagents clients" REPEATS=3 LIMIT=140 bash tools/device/http_quick.sh [server flags...]
 set -uo pipefail
-M=/tmp/m/llama3-8b-q4_k_m-chat.gguf
+M=/tmp/m/llama3-8b-q4_k_m-chat-l3.gguf
 pkill -f "python3 -m serve --model" ; pkill -f "engine --serve"; sleep 2
 [ -f /tmp/server_strata.log ] && tail -c 3000 /tmp/server_strata.log > "$OUT/prev_server_tail.txt"
 python3 -m serve --model $M "$@" > "$OUT/server.log" 2>&1 &
