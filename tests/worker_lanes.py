@@ -29,15 +29,18 @@ class WorkerLanes(LoadFileScheduling):
     def __init__(self, config, log, waiting: set[str], lane: bool):
         super().__init__(config, log)
         self.waiting, self.lane_wanted = waiting, lane
+        self.lane = None  # the worker kept for waiting modules, chosen once when the work is first handed out
 
     def _split_scope(self, nodeid: str) -> str:
         module = nodeid.split("::", 1)[0]
         return SHARED_WORKER.get(module, module)
 
-    @property
-    def lane(self):
-        """The worker kept for waiting modules: the last, when asked for and there are two or more."""
-        return self.nodes[-1] if self.lane_wanted and len(self.nodes) >= 2 else None
+    def schedule(self) -> None:
+        """The lane: the last worker, when asked for and there are two or more (fixed now: the list of
+        workers shrinks as they finish)."""
+        if self.collection is None and self.lane_wanted and len(self.nodes) >= 2:
+            self.lane = self.nodes[-1]
+        super().schedule()
 
     def _assign_work_unit(self, node) -> None:
         scopes = list(self.workqueue)
