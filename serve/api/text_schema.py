@@ -71,8 +71,10 @@ class InfillRequest(schema.SamplingFields):
     n: int = Field(default=1, ge=1, le=1, description="one answer a request")
     response_fields: list[str] | None = Field(default=None, description="llama-server's: only these fields, by path "
                                                                         "(\"timings/prompt_n\")")
+    t_max_predict_ms: int | None = Field(default=None, description="llama-server's: the answer ends once this many ms "
+                                                                   "past its first token, when it has a new line")
 
-    @field_validator("seed", "n_predict", mode="before")
+    @field_validator("seed", "n_predict", "t_max_predict_ms", mode="before")
     @classmethod
     def _negative_is_unset(cls, v):
         return None if isinstance(v, int) and v < 0 else v

@@ -53,6 +53,8 @@ async def infill(body: InfillRequest, http: HTTPRequest):
     ends = fim_tokens(state.tokenizer).ends
     if ends:
         req.sampling["stop"] = ends
+    if body.t_max_predict_ms:  # (0 or less: no limit, as llama-server)
+        req.predict_limit_s = body.t_max_predict_ms / 1000
     render = lambda content, fin: shown(body.response_fields, completion_body(  # noqa: E731
         state.settings.model_name, "" if warm else content, fin, predicted=0 if warm else None))
     if body.stream:

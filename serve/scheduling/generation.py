@@ -3,6 +3,7 @@ embed request, into its vector."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -82,6 +83,7 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
     scored, pending = [], []  # tokens with logprobs: all of them, and those not yet in a piece
     prompt_lines: dict[int, m.PromptLogprobs] = {}  # PLP lines by start (a read again after a restart: the last)
     prompt_given: list[m.Token] | None = None  # the prompt's log-probabilities, built once (the first piece's)
+    new_line = False  # whether the answer shown so far has a new line (req.predict_limit_s)
     scheduler.submit(req)
     with Outcome(req, scheduler, metrics) as outcome:
         while True:
@@ -103,11 +105,12 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
                     prompt_given = prompt_scores(req, prompt_lines) if first else prompt_given
                     yield Piece(text, pending, prompt_given if first else [])
                     pending = []
-                if stops.hit:
+                new_line = new_line or "\n" in text
+                if stops.hit or (new_line and past_limit(req)):
                     scheduler.abandon(req)  # STOP the engine; we have what we need
                     outcome.finished = True
-                    yield _finish(req, "stop", metrics, stop_sequence=stops.matched, logprobs=scored,
-                                  prompt_logprobs=prompt_given or prompt_scores(req, prompt_lines))
+                    yield _finish(req, "stop" if stops.hit else "length", metrics, stop_sequence=stops.matched,
+                                  logprobs=scored, prompt_logprobs=prompt_given or prompt_scores(req, prompt_lines))
                     return
             elif isinstance(event, m.Done):
                 outcome.finished = True
@@ -119,6 +122,12 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
                 return
             elif (error := failure(event)) is not None:
                 raise error
+
+
+def past_limit(req: Request) -> bool:
+    """Whether the answer has run past its time limit (Request.predict_limit_s), counted from its first token."""
+    return req.predict_limit_s is not None and req.first_token_at is not None and \
+        time.monotonic() - req.first_token_at > req.predict_limit_s
 
 
 async def embedding(req: Request, scheduler: Scheduler, metrics: Metrics) -> tuple[float, ...]:
