@@ -83,7 +83,6 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
     scored, pending = [], []  # tokens with logprobs: all of them, and those not yet in a piece
     prompt_lines: dict[int, m.PromptLogprobs] = {}  # PLP lines by start (a read again after a restart: the last)
     prompt_given: list[m.Token] | None = None  # the prompt's log-probabilities, built once (the first piece's)
-    new_line = False  # whether the answer shown so far has a new line (req.predict_limit_s)
     scheduler.submit(req)
     with Outcome(req, scheduler, metrics) as outcome:
         while True:
@@ -105,8 +104,7 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
                     prompt_given = prompt_scores(req, prompt_lines) if first else prompt_given
                     yield Piece(text, pending, prompt_given if first else [])
                     pending = []
-                new_line = new_line or "\n" in text
-                if stops.hit or (new_line and past_limit(req)):
+                if stops.hit or ("\n" in text and past_limit(req)):  # (llama-server: only at a new line)
                     scheduler.abandon(req)  # STOP the engine; we have what we need
                     outcome.finished = True
                     yield _finish(req, "stop" if stops.hit else "length", metrics, stop_sequence=stops.matched,

@@ -59,8 +59,8 @@ class Request:
     restarts: int = 0  # engine restarts this request lived through
     deaths_running: int = 0  # engine deaths while it was the request being run (a poison count)
     engine: int = 0  # which engine runs it (serve/scheduling/engine_router.py)
-    predict_limit_s: float | None = None  # llama-server's t_max_predict_ms: the answer ends once this long
-    # past its first token, at a piece after it has written a new line (an editor's completion: a few lines)
+    predict_limit_s: float | None = None  # llama-server's t_max_predict_ms: the answer ends at its first new
+    # line written once this long past its first token (an editor's completion: a few whole lines)
 
     @property
     def generated(self) -> int:

@@ -152,8 +152,8 @@ def test_infill_streamed_is_the_whole_text(whole, qwen_server):
 
 
 def test_a_time_limit_ends_the_answer_at_its_first_new_line_past_it(whole, qwen_server):
-    """llama-server's t_max_predict_ms (llama.vim sends it): once the answer is that long past its first
-    token and has written a new line, it ends there, the rest of the greedy answer not drawn."""
+    """llama-server's t_max_predict_ms (llama.vim sends it): the answer ends at the first new line it
+    writes once it is that long past its first token, the rest of the greedy answer not drawn."""
     body, r = whole
     limited = httpx.post(qwen_server.url + "/infill", json=body | {"t_max_predict_ms": 1}, timeout=300).json()
     assert limited["stop_type"] == "limit" and limited["content"].endswith("\n"), limited
