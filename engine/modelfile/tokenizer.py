@@ -168,10 +168,11 @@ class GGUFTokenizer:
         return DetokenizeStream(self.tk)
 
     def apply_chat_template(self, messages: list[dict], variables: dict | None = None,
-                            tools: list[dict] | None = None) -> str:
+                            tools: list[dict] | None = None, generation_prompt: bool = True) -> str:
         """variables: the request's chat_template_kwargs (e.g. enable_thinking for Qwen3); tools: the
-        request's tool definitions (OpenAI shape), for templates that describe them."""
-        return self.template.render(messages, variables, tools)
+        request's tool definitions (OpenAI shape), for templates that describe them; generation_prompt:
+        whether the text ends with the assistant's opening (a chat request's always does)."""
+        return self.template.render(messages, variables, tools, generation_prompt)
 
 
 class DetokenizeStream:
@@ -200,14 +201,16 @@ class ChatTemplate:
         """Whether the model writes its reasoning in <think>...</think> (Qwen3, QwQ, DeepSeek-R1)."""
         return "<think>" in self.source
 
-    def render(self, messages: list[dict], variables: dict | None = None, tools: list[dict] | None = None) -> str:
+    def render(self, messages: list[dict], variables: dict | None = None, tools: list[dict] | None = None,
+               generation_prompt: bool = True) -> str:
         """variables: extra template variables (chat_template_kwargs); not the ones set here."""
         variables = variables or {}
         reserved = self.RESERVED & variables.keys()
         if reserved:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}")
         try:
-            return self.template.render(variables | {"messages": messages, "add_generation_prompt": True, "tools": tools,
+            return self.template.render(variables | {"messages": messages, "add_generation_prompt": generation_prompt,
+                                                     "tools": tools,
                                                      "bos_token": self.special.bos_text,
                                                      "eos_token": self.special.eos_text})
         except jinja2.TemplateError as e:

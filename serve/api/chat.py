@@ -55,10 +55,11 @@ def tool_plan(state, body: schema.ChatCompletionRequest) -> ToolPlan:
                     body.parallel_tool_calls)
 
 
-def render(state, body: schema.ChatCompletionRequest, plan: ToolPlan) -> str:
+def render(state, body: schema.ChatCompletionRequest, plan: ToolPlan, generation_prompt: bool = True) -> str:
     """The conversation rendered by the model's template (with the request's chat_template_kwargs
-    and tools). A template with no tool format of its own gets the generic one: the tools in a
-    system message, earlier calls and results as text."""
+    and tools), ending with the assistant's opening unless generation_prompt is false (/tokenize's
+    add_generation_prompt). A template with no tool format of its own gets the generic one: the tools
+    in a system message, earlier calls and results as text."""
     generic = plan.fmt is FORMATS["generic"]
     messages = conversation(body, generic)
     if not any(msg["content"].strip() or msg.get("tool_calls") for msg in messages):
@@ -71,7 +72,8 @@ def render(state, body: schema.ChatCompletionRequest, plan: ToolPlan) -> str:
             messages.insert(0, {"role": "system", "content": described})
     try:
         return state.tokenizer.apply_chat_template(messages, body.chat_template_kwargs,
-                                                   tools=None if generic or not plan.tools else plan.tools)
+                                                   tools=None if generic or not plan.tools else plan.tools,
+                                                   generation_prompt=generation_prompt)
     except ValueError as e:
         raise APIError(400, str(e), param="chat_template_kwargs" if "chat_template_kwargs" in str(e) else "messages") from None
 

@@ -32,7 +32,7 @@ def text_tokens(state, fit: PromptFit, text: str) -> list[int]:
         raise prompt_too_long(e.tokens, state.ctx) from None
 
 
-def chat_tokens(state, fit: PromptFit, body, plan: ToolPlan) -> tuple[str, list[int]]:
-    """The chat request rendered by the model's template, and its tokens."""
-    text = render(state, body, plan)
+def chat_tokens(state, fit: PromptFit, body, plan: ToolPlan, generation_prompt: bool = True) -> tuple[str, list[int]]:
+    """The chat request rendered by the model's template (serve/api/chat.py render), and its tokens."""
+    text = render(state, body, plan, generation_prompt)
     return text, text_tokens(state, fit, text)

@@ -42,12 +42,8 @@ def request_ids(state, fit: PromptFit, body: TokenizeRequest) -> list[int]:
     if body.messages is None:
         text = body.content if body.content is not None else body.prompt
         return text_ids(state, text, body.wants_special(), body.parse_special)
-    if not body.add_generation_prompt:
-        raise APIError(400, "add_generation_prompt=false is not supported: the chat template is always rendered "
-                            "with the assistant's opening, as /v1/chat/completions reads it",
-                       param="add_generation_prompt")
     chat = body.chat()
-    return chat_tokens(state, fit, chat, tool_plan(state, chat))[1]
+    return chat_tokens(state, fit, chat, tool_plan(state, chat), body.add_generation_prompt)[1]
 
 
 def checked(tokenizer, ids: list[int]) -> list[int]:
