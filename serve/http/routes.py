@@ -18,6 +18,7 @@ from serve.http.deps import SSE_HEADERS, check_api_key, model_state, state_of
 from serve.api.errors import server_error
 from serve.api.infill import fim_tokens, infill_tokens
 from serve.api.logprobs import chat_logprobs, completion_logprobs
+from serve.scheduling.metrics import ModelsMetrics
 from serve.scheduling.generation import Finished, GenerationError, KeepAlive, Piece
 from serve.api.prompt_fit import PromptFit
 from serve.api.prompt_tokens import chat_tokens, off_loop, text_tokens
@@ -252,7 +253,13 @@ async def status(http: HTTPRequest):
 
 @ops.get("/metrics")
 async def metrics(http: HTTPRequest):
-    return Response(state_of(http).metrics.render(), media_type="text/plain; version=0.0.4")
+    """The server's metrics; with several models (serve/model_set.py), every loaded one's, each sample
+    labelled with its model's name (an unloaded model's counts go with it)."""
+    models = http.app.state.models
+    if len(models.entries) == 1:
+        return Response(state_of(http).metrics.render(), media_type="text/plain; version=0.0.4")
+    named = {e.name: e.state.metrics for e in models.entries.values() if e.state is not None}
+    return Response(ModelsMetrics(named).render(), media_type="text/plain; version=0.0.4")
 
 
 def include_routes(app: FastAPI) -> None:

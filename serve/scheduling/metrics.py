@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import Metric
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
@@ -121,3 +122,27 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ModelsMetrics:
+    """Several models' registries as one exposition, each sample labelled with its model (`model`),
+    each metric's family once (a scrape must not repeat a family). A prometheus_client collector."""
+
+    def __init__(self, named: dict[str, Metrics]):
+        self.named = named
+
+    def collect(self):
+        families: dict[str, Metric] = {}
+        for model, metrics in self.named.items():
+            for family in metrics.registry.collect():
+                merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                                 family.unit))
+                for sample in family.samples:
+                    merged.add_sample(sample.name, sample.labels | {"model": model}, sample.value, sample.timestamp,
+                                      sample.exemplar)
+        return list(families.values())
+
+    def render(self) -> bytes:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        return generate_latest(registry)

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 import openai
 import pytest
 
@@ -56,6 +57,10 @@ def test_models_answer_by_name_load_on_demand_and_unload_when_idle(server):
     assert (tiny.model, smol.model, unnamed["model"]) == ("tiny", "smol", "smol")
     assert unnamed["choices"][0]["text"] == smol.choices[0].text
     assert [m["id"] for m in httpx.get(server.url + "/status").json()["models"]] == ["smol", "tiny", "next"]
+    scraped = {(f.name, s.labels.get("model")): s.value for f in text_string_to_metric_families(
+        httpx.get(server.url + "/metrics").text) for s in f.samples if s.name == "strata_generated_tokens_total"}
+    assert scraped[("strata_generated_tokens", "tiny")] == 3 and scraped[("strata_generated_tokens", "smol")] == 6
+    assert scraped[("strata_generated_tokens", "next")] == 0  # every loaded model's, each family once
     until(lambda: listing(server)["tiny"] == "unloaded", timeout_s=IDLE_S + 20)
     assert listing(server) == {"smol": "loaded", "tiny": "unloaded", "next": "loaded"}  # the kept ones stay
     again = client.completions.create(model="tiny", **ask)
