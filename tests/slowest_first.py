@@ -5,9 +5,9 @@ A first run (a clean clone: nothing cached) orders by tests/module_seconds.json,
 kept in the repository; `python -m tests.slowest_first` writes it again from the cache of a run.
 
 Each module's CPU seconds are kept beside its wall seconds: what its tests and every process under
-them (servers, engines, a session's server started earlier) spent on the cores meanwhile. A module that mostly waits (timers of
-the mock engine, a server's answer to a client that sleeps) can run on a worker of its own beside the
-busy ones (tests/worker_lanes.py)."""
+them (servers, engines, a session's server started earlier) spent on the cores meanwhile. A module
+that mostly waits (timers of the mock engine, a server's answer to a client that sleeps) can run on a
+worker of its own beside the busy ones (tests/worker_lanes.py)."""
 import json
 import os
 import sys

@@ -26,8 +26,8 @@ def whole(tok, text: str) -> list[int]:
 # newlines beside them (pre-tokenizers look ahead at the next character), digits, accents, emoji
 PIECES = ["<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|endoftext|>",
           "<think>", "</think>", "<tool_call>", "<|", "|>", "<|im_", "_start|>", "<", ">", "|", " ", "  ", "\n", "\n\n",
-          "\t", " \n", "system", "user", "assistant", "Hello", " world", "12345", "3.14", "é", "ü", "你好", "🙂", "'s",
-          "'ll", "x", "_", "-", "```", "{\"a\": 1}"]
+          "\t", " \n", "system", "user", "assistant", "Hello", " world", "12345", "3.14", "é", "ü", "你好", "🙂",
+          "'s", "'ll", "x", "_", "-", "```", "{\"a\": 1}"]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

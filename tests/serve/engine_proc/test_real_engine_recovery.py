@@ -1,5 +1,5 @@
 """The real engine killed with SIGKILL while a request reads, while it is parked, and while it
-decodes: every answer (greedy) equals the uninterrupted run's, a stream shows each piece once."""
+decodes: every answer (greedy, and a seeded stream) equals the uninterrupted run's, a stream shows each piece once."""
 import os
 import signal
 
@@ -23,9 +23,9 @@ def server():
         yield s
 
 
-def ask(server, text: str, max_tokens: int) -> httpx.Response:
+def ask(server, text: str, max_tokens: int, sampling: dict | None = None) -> httpx.Response:
     return httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
-        "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0})
+        "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens} | (sampling or {"temperature": 0}))
 
 
 def answer(r: httpx.Response) -> str:
@@ -67,10 +67,14 @@ def test_killed_while_one_read_is_parked_and_another_request_decodes(server):
     assert answer(b.get()) == whole_b and answer(a.get()) == whole_a
 
 
-def test_killed_while_decoding_a_stream(server):
-    whole = answer(ask(server, SHORT, 40))
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.9, "top_p": 0.95, "seed": 11}],
+                         ids=["greedy", "seeded"])
+def test_killed_while_decoding_a_stream(server, sampling):
+    """A seeded answer too: the new engine's GEN carries the tokens so far and how many draws were made
+    (`drawn`), so the sampler goes on from the same place in its random stream."""
+    whole = answer(ask(server, SHORT, 40, sampling))
     pieces = []
-    body = {"messages": [{"role": "user", "content": SHORT}], "max_tokens": 40, "temperature": 0}
+    body = {"messages": [{"role": "user", "content": SHORT}], "max_tokens": 40} | sampling
     for chunk in sse_chunks(server.url, "/v1/chat/completions", body):
         pieces.append(chunk["choices"][0]["delta"].get("content") or "")
         if len([p for p in pieces if p]) == 5:
