@@ -16,6 +16,7 @@ the cores.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from array import array
@@ -24,6 +25,11 @@ from collections import OrderedDict
 from tokenizers import Tokenizer
 
 MAX_TOKENS = 4_000_000  # ids remembered, all segments together (4 bytes each: 16 MB)
+
+
+def digest(segment: str) -> bytes:
+    """What a segment is remembered by: its text's BLAKE2b (not the text, which may be megabytes)."""
+    return hashlib.blake2b(segment.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def safe_markers(markers: list[str], added: list[str]) -> list[str]:
@@ -50,7 +56,7 @@ class SegmentCache:
         firsts = "".join(sorted({re.escape(m[0]) for m in cuts}))
         # a look at the first character before the alternatives: only there are they tried
         self.pattern = re.compile(f"(?=[{firsts}])(?:{'|'.join(map(re.escape, cuts))})") if cuts else None
-        self.kept: OrderedDict[str, array] = OrderedDict()  # segment -> its ids
+        self.kept: OrderedDict[bytes, array] = OrderedDict()  # digest(segment) -> its ids
         self.size = 0  # ids kept
         self.lock = threading.Lock()
 
@@ -65,11 +71,12 @@ class SegmentCache:
         more tokens than that raise TooManyTokens with their count, before the new segments' ids become
         Python lists (which holds the GIL: ~50 ms for 670K tokens on an idle core)."""
         parts = self.segments(text)
+        keys = [digest(p) for p in parts]
         with self.lock:
-            found = [self.kept.get(p) for p in parts]
-            for p, ids in zip(parts, found):
+            found = [self.kept.get(k) for k in keys]
+            for k, ids in zip(keys, found):
                 if ids is not None:
-                    self.kept.move_to_end(p)
+                    self.kept.move_to_end(k)
         missing = list(dict.fromkeys(p for p, ids in zip(parts, found) if ids is None))
         encodings = self.tk.encode_batch_fast(missing, add_special_tokens=False) if missing else []
         if limit is not None:
@@ -78,16 +85,16 @@ class SegmentCache:
             if count > limit:
                 raise TooManyTokens(count)
         if missing:
-            made = {p: array("I", e.ids) for p, e in zip(missing, encodings)}
+            made = {digest(p): array("I", e.ids) for p, e in zip(missing, encodings)}
             self.remember(made)
-            found = [ids if ids is not None else made[p] for p, ids in zip(parts, found)]
+            found = [ids if ids is not None else made[k] for k, ids in zip(keys, found)]
         return found
 
-    def remember(self, made: dict[str, array]) -> None:
+    def remember(self, made: dict[bytes, array]) -> None:
         with self.lock:
-            for p, ids in made.items():
-                if p not in self.kept and len(ids) <= self.max_tokens:
-                    self.kept[p] = ids
+            for key, ids in made.items():
+                if key not in self.kept and len(ids) <= self.max_tokens:
+                    self.kept[key] = ids
                     self.size += len(ids)
             while self.size > self.max_tokens:
                 self.size -= len(self.kept.popitem(last=False)[1])

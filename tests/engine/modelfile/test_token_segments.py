@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.modelfile.token_segments import SegmentCache, TooManyTokens, safe_markers
+from engine.modelfile.token_segments import SegmentCache, TooManyTokens, digest, safe_markers
 from engine.modelfile.tokenizer import load_tokenizer
 
 VOCAB = Path(__file__).parents[2] / "fixtures/vocab"
@@ -56,7 +56,7 @@ def test_a_conversations_next_turn_tokenizes_only_what_is_new(tokenizer):
     seen = set(cache.kept)
     second = tokenizer.apply_chat_template(conversation(6))
     parts = cache.segments(second)
-    new = [p for p in parts if p not in seen]
+    new = [p for p in parts if digest(p) not in seen]
     assert len(parts) > 10 and 0 < len(new) <= 4, new  # the new turn's messages and the prompt's end
     assert tokenizer.encode(second) == [tokenizer.special.bos] * tokenizer.special.add_bos + whole(tokenizer, second)
 
@@ -67,7 +67,7 @@ def test_what_it_remembers_stays_within_its_budget(tokenizer):
         text = f"<|im_start|>user\nmessage number {i} with a few words<|im_end|>"
         assert [t for ids in cache.encode(text) for t in ids] == whole(tokenizer, text)
         assert cache.size == sum(map(len, cache.kept.values())) <= 50
-    assert "<|im_start|>user\nmessage number 29 with a few words<|im_end|>" in cache.kept  # the latest kept
+    assert digest("<|im_start|>user\nmessage number 29 with a few words<|im_end|>") in cache.kept  # the latest kept
 
 
 def test_the_limit_counts_remembered_and_new_segments_alike(tokenizer):
