@@ -62,7 +62,7 @@ def test_a_q8_pool_stores_quantized_rows_and_copies_them_as_they_are():
 
 
 @settings(max_examples=10, deadline=None)
-@given(st.integers(1, 40), st.integers(0, 90))
+@given(st.integers(1, 40), st.integers(0, 88))  # start + n within the 8 blocks of 16
 def test_attention_over_a_q8_pool_equals_attention_over_its_rows_widened(n, start):
     """The NumPy backend's attention reads a q8_0 pool as the float32 rows it stands for."""
     backend = select_backend("cpu")
