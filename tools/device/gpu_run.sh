@@ -84,7 +84,7 @@
 # shared   tools/device/shared_steps_check.py (issue 44): the start-up check (runner.shape_free), a read cut anywhere,
 #          reads sharing steps and a decode row after them, bit for bit, on the 135M shape (Q4_1), the 8B shape in
 #          Q4_K_M and the 4-layer Qwen3-MoE shape, f16 and q8_0 caches -> $OUT/shared_steps_h200.json
-# httpquick tools/device/http_quick.sh: the server as a user starts it on the 8B shape in Q4_K_M, pool_bench cases
+# httpquick tools/device/http_quick.sh: the server as a user starts it (SERVER_FLAGS: flags added) on the 8B shape in Q4_K_M, pool_bench cases
 #          (CASES, default subagents) each under LIMIT seconds, the log checked
 # batchf16 the batch step on the 8B F16 shape only (batchq: on the Q4_K_M one); BATCHES=1,4,16,64 sets the sizes
 # wide     tools/profiling/matvec_wide_times.py: quantized launches of 16 rows with 2, 4, 8 weight rows a warp
@@ -495,7 +495,7 @@ for step in "$@"; do
       python3 tools/device/shared_steps_check.py $MS $MQ $MQS --json "$OUT/shared_steps_h200.json" 2>&1 | quiet \
         || echo "SHARED STEPS CHECK FAILED" ;;
     httpquick)  # issue 44: tools/device/http_quick.sh (CASES, REPEATS, LIMIT) on the 8B chat model, as a user starts it
-      chat_model; bash tools/device/http_quick.sh ;;
+      chat_model; bash tools/device/http_quick.sh ${SERVER_FLAGS:-} ;;
     gemmprobe)
       python3 tools/device/prompt_gemm_probe.py --json "$OUT/prompt_gemm_probe.json" ${PROBE_ARGS:-} || echo "GEMM PROBE FAILED" ;;
     batchf16|batchq)  # FROM="1 65": each run with STRATA_MMQ_FROM at that value (mmq.cu from that many rows)
