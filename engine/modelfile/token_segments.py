@@ -48,7 +48,8 @@ def safe_markers(markers: list[str], added: list[str]) -> list[str]:
 
 class SegmentCache:
     """Texts tokenized in segments cut before markers (control tokens), each segment's ids kept, the
-    least recently used let go past MAX_TOKENS. Safe to call from several threads at once."""
+    least recently used let go past MAX_TOKENS (without markers a text is one segment, kept whole).
+    Safe to call from several threads at once."""
 
     def __init__(self, tk: Tokenizer, markers: list[str], added: list[str], max_tokens: int = MAX_TOKENS):
         self.tk, self.max_tokens = tk, max_tokens
@@ -77,15 +78,14 @@ class SegmentCache:
             for k, ids in zip(keys, found):
                 if ids is not None:
                     self.kept.move_to_end(k)
-        missing = list(dict.fromkeys(p for p, ids in zip(parts, found) if ids is None))
-        encodings = self.tk.encode_batch_fast(missing, add_special_tokens=False) if missing else []
+        missing = {k: p for k, p, ids in zip(keys, parts, found) if ids is None}  # each new segment once
+        encodings = dict(zip(missing, self.tk.encode_batch_fast(list(missing.values()), add_special_tokens=False)))
         if limit is not None:
-            lengths = dict(zip(missing, map(len, encodings)))
-            count = sum(len(ids) if ids is not None else lengths[p] for p, ids in zip(parts, found))
+            count = sum(len(ids if ids is not None else encodings[k]) for k, ids in zip(keys, found))
             if count > limit:
                 raise TooManyTokens(count)
         if missing:
-            made = {digest(p): array("I", e.ids) for p, e in zip(missing, encodings)}
+            made = {k: array("I", e.ids) for k, e in encodings.items()}
             self.remember(made)
             found = [ids if ids is not None else made[k] for k, ids in zip(keys, found)]
         return found

@@ -14,7 +14,7 @@ from engine.modelfile.gguf_file import GGUFFile
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from engine.modelfile.model_config import ModelLoadError, field_value
-from engine.modelfile.token_segments import SegmentCache, TooManyTokens  # noqa: F401 (TooManyTokens: callers' import)
+from engine.modelfile.token_segments import SegmentCache
 
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED_TOKEN_TYPE = 4
@@ -129,37 +129,30 @@ class GGUFTokenizer:
         """Special tokens written in the text (e.g. <|im_start|>) become their ids, as in llama.cpp.
         limit: a text of more tokens raises TooManyTokens with its count, before its ids become a Python
         list (which holds the GIL: ~50 ms for 670K tokens on an idle core)."""
-        bos = self._bos(add_bos)
-        if self.segments is None:
-            encoding = self.tk.encode_batch_fast([text], add_special_tokens=False)[0]
-            if limit is not None and len(bos) + len(encoding) > limit:
-                raise TooManyTokens(len(bos) + len(encoding))
-            return bos + encoding.ids
-        out = list(bos)
-        for ids in self.segments.encode(text, None if limit is None else limit - len(bos)):
+        out = self._bos(add_bos)
+        for ids in self.segments.encode(text, None if limit is None else limit - len(out)):
             out.extend(ids)
         return out
 
     def count(self, text: str, add_bos: bool | None = None) -> int:
         """The number of tokens encode would give, without their ids as a list."""
-        parts = self.segments.encode(text) if self.segments is not None else \
-            self.tk.encode_batch_fast([text], add_special_tokens=False)
-        return len(self._bos(add_bos)) + sum(map(len, parts))
+        return len(self._bos(add_bos)) + sum(map(len, self.segments.encode(text)))
 
     def _bos(self, add_bos: bool | None) -> list[int]:
         wanted = self.special.add_bos if add_bos is None else add_bos
         return [self.special.bos] if wanted and self.special.bos is not None else []
 
-    def _segment_cache(self) -> SegmentCache | None:
+    def _segment_cache(self) -> SegmentCache:
         """Texts tokenized in segments cut before control tokens, those seen before remembered
-        (engine/modelfile/token_segments.py), if a probe of the template's kind tokenizes alike that way.
-        Every call goes through `tokenizers`' batch call, which lets go of the GIL while it works (its
-        one-text encode holds it throughout, stalling the server's event loop even from a worker
-        thread), and without the offsets nobody reads (building them holds the GIL again)."""
+        (engine/modelfile/token_segments.py); whole, each text remembered as one segment, unless a probe of
+        the template's kind tokenizes alike in segments. Every call goes through `tokenizers`' batch call,
+        which lets go of the GIL while it works (its one-text encode holds it throughout, stalling the
+        server's event loop even from a worker thread), and without the offsets nobody reads (building
+        them holds the GIL again)."""
         control = [self.tokens[i] for i in sorted(self.special_ids)]
         cache = SegmentCache(self.tk, control, list(self.added))
         probe = "".join(f"{t}say 'hi' 12345 \n\n  x{t}{t} é\t" for t in control[:64]) + " end"
-        return cache if cache.exact_on(probe) else None
+        return cache if cache.exact_on(probe) else SegmentCache(self.tk, [], [])
 
     def decode(self, ids: list[int]) -> str:
         return self.tk.decode(ids, skip_special_tokens=True)

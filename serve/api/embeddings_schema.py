@@ -9,7 +9,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.modelfile.tokenizer import TooManyTokens
+from engine.modelfile.token_segments import TooManyTokens
 from serve.api.errors import APIError
 from serve.api.prompt_fit import PromptFit
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.modelfile.tokenizer import TooManyTokens
+from engine.modelfile.token_segments import TooManyTokens
 from serve.api.chat import ToolPlan, render
 from serve.api.errors import prompt_too_long
 from serve.api.prompt_fit import PromptFit

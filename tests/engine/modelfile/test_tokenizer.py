@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.modelfile.tokenizer import TooManyTokens
+from engine.modelfile.token_segments import TooManyTokens
 
 FIXTURE = json.loads((Path(__file__).parents[2] / "fixtures/tokenizer_golden.json").read_text())
 
