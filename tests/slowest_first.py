@@ -67,8 +67,7 @@ class SlowestFirst:
         self.started: dict[str, float] = {}  # on a worker: each running test's CPU clock at its setup
         workerinput = getattr(config, "workerinput", None)
         # xdist's workers must collect alike: they sort by what the controller read, once
-        self.before = workerinput.get(KEY, {}) if workerinput is not None else self.cached()[0]
-        self.cpu_before = {} if workerinput is not None else self.cached()[1]
+        self.before, self.cpu_before = (workerinput.get(KEY, {}), {}) if workerinput is not None else self.cached()
 
     def cached(self) -> tuple[dict[str, float], dict[str, float]]:
         """The wall and CPU seconds of the runs before: the cache's, over those kept in the repository."""

@@ -44,20 +44,20 @@ class WorkerLanes(LoadFileScheduling):
         super().schedule()
 
     def _assign_work_unit(self, node) -> None:
+        """xdist's hand-out of the queue's first module, that module chosen first: for the lane the first
+        waiting one (none left: its part is done), for the others the first busy one, else the first."""
         scopes = list(self.workqueue)
         if not scopes:
             return
         if node is self.lane:
             scope = next((s for s in scopes if s in self.waiting), None)
-            if scope is None:  # no waiting module left: this worker's part is done
+            if scope is None:
                 node.shutdown()
                 return
-        else:  # the busy modules first; the waiting ones once no busy one is left
+        else:
             scope = next((s for s in scopes if s not in self.waiting), scopes[0])
-        work_unit = self.workqueue.pop(scope)
-        self.assigned_work.setdefault(node, {})[scope] = work_unit
-        collection = self.registered_collections[node]
-        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+        self.workqueue.move_to_end(scope, last=False)
+        super()._assign_work_unit(node)
         lane = self.lane
         if lane is not None and not lane.shutting_down and not any(s in self.waiting for s in self.workqueue) \
                 and not self._pending_of(self.assigned_work.get(lane, {})):
