@@ -6,8 +6,9 @@ prompt steps while the decoders have waited less than `interval_ms` (at least on
 long read never stops the others from decoding and reads get the time the interval allows. What a
 prompt step reads depends on the runner (engine/runner/runner.py, shape_free):
 - with kernels whose rows do not depend on the step's shape, the reads in line share the step: the
-  first one reads up to a chunk, the ones behind it fill what is left of `step_tokens` (a short
-  newcomer's read goes with the long one's instead of waiting for a park), each ending anywhere;
+  first one reads up to a chunk, the ones behind it fill what is left of `step_tokens`, each ending
+  anywhere; when reads behind a long one end theirs within a chunk, they go first, in a step of their
+  own (every other step at most): a short newcomer's read waits for neither a park nor a long chunk;
 - else one read a step, its next chunk at absolute boundaries (engine/core/chunks.py).
 A request's first token is drawn right after its prompt's last row (an embed request's vector is written
 then, and its DONE: engine/runner/pooling.py). A step deep in a long read takes longer than a decoding
@@ -43,6 +44,7 @@ class Rounds:
         self.step_tokens = step_budget(step_tokens, runner.chunk)  # prompt rows a step may take (shape_free)
         self.inbox, self.control = inbox, control
         self.chunk_ms: float | None = None  # the latest prompt step's own time, without its pauses
+        self.held_last = False  # whether the latest step held the first read in line back (held_back)
         self.paused_ms = 0.0  # decode steps run in the pauses of the current chunk
         self.trace = StepTrace()  # a line per step on stderr with $STRATA_STEP_TRACE
         self.decoding = DecodeSteps(runner, memory, admission, write, self.trace)
@@ -79,7 +81,8 @@ class Rounds:
         readers = self.requests.readers()
         if not readers:
             return []
-        first, budget = readers[0], self.step_tokens
+        held = self.held_back(readers)
+        first, budget = next(seq for seq in readers if seq is not held), self.step_tokens
         end = self.piece_end(first, budget)
         if not self.memory.get_blocks(first, end):
             self.short_of_blocks(first)
@@ -87,8 +90,10 @@ class Rounds:
         pieces, keys = [(first, end)], end
         self.requests.in_step = [first]  # the reads chosen: the blocks had for the next ones never come from them
         left = budget - (end - first.pos)
-        for seq in self.requests.readers()[1:] if self.runner.shape_free else ():  # (as the first's blocks left them:
+        for seq in self.requests.readers() if self.runner.shape_free else ():  # (as the first's blocks left them:
             # room for it may have paused a newer read, or dropped an answer read again)
+            if seq is first or seq is held:
+                continue
             if left <= 0:
                 break
             if seq not in self.requests.line or seq.paused:
@@ -106,6 +111,18 @@ class Rounds:
             left -= end - seq.pos
         self.requests.in_step = []
         return pieces
+
+    def held_back(self, readers: list[Sequence]) -> Sequence | None:
+        """The first read in line when its chunk waits a step: where rows may share a step, it will not end
+        its read in this one, and reads behind it end theirs within a chunk (a short newcomer beside a long
+        read): they get a step of their own, so that a newcomer's first token comes after the step in
+        progress and its own short one, not after a long chunk too. Every other step at most: the long read
+        never waits two steps in a row. None: the line's order as it is."""
+        first, chunk = readers[0], self.runner.chunk
+        hold = (self.runner.shape_free and not self.held_last and first.total - first.pos > chunk
+                and any(seq.total - seq.pos <= chunk for seq in readers[1:]))
+        self.held_last = hold
+        return first if hold else None
 
     def piece_end(self, seq: Sequence, left: int) -> int:
         """Where seq's rows in the next step end: up to a chunk (of `left` rows at most) when rows may

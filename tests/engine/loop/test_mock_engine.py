@@ -158,3 +158,23 @@ def test_fault_poison_token_kills_every_process(engine_factory, tmp_path):
         e.handshake()
         e.send(gen(5, 1, 1))  # the prompt 10..14 holds 12
         assert e.proc.wait(5) == 3
+
+
+def test_a_short_newcomer_reads_in_a_step_of_its_own_before_the_long_reads_next_chunk(engine_factory):
+    """Where reads share steps (--shape-free), a short request arriving during a long read is read alone in
+    the next step and answers before the long read's next chunk: no step holds both (a step's PPs carry the
+    same `ms`, the step's time), at most the step in progress of A's comes between B's GEN and B's first
+    token, and A goes on right after."""
+    e = engine_factory("--shape-free", "--max-running", "2", "--chunk", "64", "--step-tokens", "128", "--chunk-s",
+                       "0.05", mock=True)
+    e.handshake()
+    e.send(gen(640, 2, 1))
+    e.read_until(m.PromptProgress, ident=1)  # A's first step is written: its second is in progress
+    e.send(gen(20, 2, 2))
+    seen = e.read_until(m.Token, ident=2)
+    rest = e.read_until(m.Done, ident=1)
+    progress = [x for x in seen + rest if isinstance(x, m.PromptProgress)]
+    b = next(x for x in progress if x.id == 2)
+    assert b.done == 20 and all(x.ms != b.ms for x in progress if x.id == 1)  # B's step was its own
+    assert len([x for x in seen if isinstance(x, m.PromptProgress) and x.id == 1]) <= 1
+    assert [x.done for x in progress if x.id == 1][-1] == 640
