@@ -23,6 +23,12 @@ def server():
         yield s
 
 
+@pytest.fixture(scope="module")
+def whole_long(server) -> str:
+    """The long prompt's uninterrupted answer (16 tokens, greedy), read once for the cases that kill its read."""
+    return answer(ask(server, LONG, 16))
+
+
 def ask(server, text: str, max_tokens: int, sampling: dict | None = None) -> httpx.Response:
     return httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
         "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens} | (sampling or {"temperature": 0}))
@@ -45,8 +51,8 @@ def reading(server) -> bool:
     return status(server)["phase"] == "reading" and progress.get("done", 0) >= 256
 
 
-def test_killed_while_reading(server):
-    whole = answer(ask(server, LONG, 16))
+def test_killed_while_reading(server, whole_long):
+    whole = whole_long
     a = Background(ask, server, LONG, 16)
     a.start()
     wait_for(lambda: reading(server), timeout_s=60)
@@ -55,8 +61,8 @@ def test_killed_while_reading(server):
     assert answer(r) == whole and r.json()["timings"]["engine_restarts"] == 1
 
 
-def test_killed_while_one_read_is_parked_and_another_request_decodes(server):
-    whole_a, whole_b = answer(ask(server, LONG, 16)), answer(ask(server, SHORT, 48))
+def test_killed_while_one_read_is_parked_and_another_request_decodes(server, whole_long):
+    whole_a, whole_b = whole_long, answer(ask(server, SHORT, 48))
     a = Background(ask, server, LONG, 16)
     a.start()
     wait_for(lambda: reading(server), timeout_s=60)
