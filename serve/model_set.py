@@ -88,6 +88,14 @@ class ModelSet:
         entry.last_used = time.monotonic()
         return entry.state
 
+    def watched_state(self, name: str) -> ServerState:
+        """The named model's state for a live view (/v1/events?model=): never loads it, nor counts as a use."""
+        entry = self.entry(name)
+        if not entry.loaded:
+            raise APIError(409, f"the model {entry.name!r} is not loaded (it loads on its first request)",
+                           param="model", code="model_not_loaded")
+        return entry.state
+
     def loaded_states(self) -> list[ServerState]:
         return [e.state for e in self.entries.values() if e.state is not None]
 

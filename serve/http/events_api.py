@@ -3,7 +3,9 @@ view of the scheduler (issue 27's page reads it; anyone may): every request in t
 state (reading, decoding, paused, parked, queued) and prompt progress, the KV pool, the prefix
 cache, token rates over the last interval, and running counts of parks and resumes (a view marks a
 park or a resume where they change). One `event: state` message per interval; `hz` (0.5-10,
-default 4) sets the rate. The stream ends when the client leaves: nothing is kept for it.
+default 4) sets the rate; `model` (a server of several) watches that model, if it is loaded (409 if not,
+404 for a name the server does not have), else the first one. The stream ends when the client leaves:
+nothing is kept for it.
 
 Message (JSON):
   t                  seconds since the server started
@@ -70,10 +72,10 @@ def snapshot(state, now: float, count: dict, previous: tuple[float, dict] | None
 
 
 @events.get("/v1/events", dependencies=[Depends(check_api_key)])
-async def state_events(http: HTTPRequest, hz: float = 4.0):
+async def state_events(http: HTTPRequest, hz: float = 4.0, model: str | None = None):
     if not 0.5 <= hz <= 10:
         raise APIError(400, f"hz must be within 0.5 and 10, got {hz:g}", param="hz")
-    state = state_of(http)
+    state = state_of(http) if model is None else http.app.state.models.watched_state(model)
 
     async def stream():
         state.event_streams += 1

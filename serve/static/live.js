@@ -14,8 +14,9 @@ const LABEL = 44; // px left of the lanes for the request's number
 const SVG = "http://www.w3.org/2000/svg";
 
 export class LiveView {
-  constructor(onLink) {
+  constructor(onLink, watched = () => null) {
     this.onLink = onLink; // (state, text) of the events connection, for the header
+    this.watched = watched; // the model watched on a server of several (null: the first one)
     this.history = new Map(); // request id -> {id, engine, spans: [{state, t0, t1}], marks: [{kind, t}], parks, lastSeen, gone}
     this.lastT = null;
     this.controller = null;
@@ -30,13 +31,28 @@ export class LiveView {
     this.controller = null;
   }
 
+  // another model chosen: its state from now on, the timeline started afresh
+  watch() {
+    this.close();
+    this.history.clear();
+    this.lastT = null;
+    this.connect();
+  }
+
   // keeps one events stream open while the page is visible; reconnects after a failure
   async connect() {
     if (this.controller || document.hidden) return;
     const controller = (this.controller = new AbortController());
     while (this.controller === controller) {
       try {
-        const response = await api(`/v1/events?hz=${HZ}`, { signal: controller.signal });
+        const model = this.watched();
+        const query = model === null ? "" : `&model=${encodeURIComponent(model)}`;
+        const response = await api(`/v1/events?hz=${HZ}${query}`, { signal: controller.signal });
+        if (response.status === 409) { // the chosen model is not loaded yet (its first request loads it)
+          this.onLink("down", `${model}: not loaded`);
+          await new Promise((resolve) => setTimeout(resolve, 2000));
+          continue;
+        }
         if (!response.ok) throw new Error(`${response.status}`);
         for await (const { event, data } of serverEvents(response)) {
           if (event !== "state") continue;

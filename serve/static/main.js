@@ -6,6 +6,7 @@ import { Chat } from "./chat.js";
 import { LiveView } from "./live.js";
 
 let modelId = "default";
+let firstModel = null; // the server's first model (the live view's without a choice)
 
 async function loadModel() {
   for (;;) {
@@ -13,7 +14,7 @@ async function loadModel() {
       const response = await api("/v1/models");
       if (response.ok) {
         const models = (await response.json()).data || [];
-        if (models.length) modelId = models[0].id;
+        if (models.length) modelId = firstModel = models[0].id;
         document.getElementById("model").textContent = modelId;
         if (models.length > 1) showModelChoice(models);
         return;
@@ -28,7 +29,7 @@ async function loadModel() {
   }
 }
 
-// a server of several models (--model NAME=PATH): the chat asks the one chosen here
+// a server of several models (--model NAME=PATH): the chat asks the one chosen here, the live view watches it
 function showModelChoice(models) {
   const choice = document.getElementById("model-choice");
   choice.replaceChildren(...models.map((m) => {
@@ -38,7 +39,10 @@ function showModelChoice(models) {
     return option;
   }));
   choice.value = modelId;
-  choice.addEventListener("change", () => { modelId = choice.value; });
+  choice.addEventListener("change", () => {
+    modelId = choice.value;
+    live.watch();
+  });
   choice.hidden = false;
   document.getElementById("model").hidden = true;
 }
@@ -84,7 +88,7 @@ function setUpTabs() {
 setUpKeyDialog();
 setUpTabs();
 new Chat(() => modelId);
-const live = new LiveView(setLink);
+const live = new LiveView(setLink, () => (firstModel === null || modelId === firstModel ? null : modelId));
 live.connect();
 loadModel();
 document.getElementById("prompt").focus();
