@@ -82,7 +82,7 @@ class Rounds:
         if not readers:
             return []
         held = self.held_back(readers)
-        first, budget = next(seq for seq in readers if seq is not held), self.step_tokens
+        first, budget = next(seq for seq in readers if seq not in held), self.step_tokens
         end = self.piece_end(first, budget)
         if not self.memory.get_blocks(first, end):
             self.short_of_blocks(first)
@@ -92,7 +92,7 @@ class Rounds:
         left = budget - (end - first.pos)
         for seq in self.requests.readers() if self.runner.shape_free else ():  # (as the first's blocks left them:
             # room for it may have paused a newer read, or dropped an answer read again)
-            if seq is first or seq is held:
+            if seq is first or seq in held:
                 continue
             if left <= 0:
                 break
@@ -112,17 +112,18 @@ class Rounds:
         self.requests.in_step = []
         return pieces
 
-    def held_back(self, readers: list[Sequence]) -> Sequence | None:
-        """The first read in line when its chunk waits a step: where rows may share a step, it will not end
-        its read in this one, and reads behind it end theirs within a chunk (a short newcomer beside a long
-        read): they get a step of their own, so that a newcomer's first token comes after the step in
-        progress and its own short one, not after a long chunk too. Every other step at most: the long read
-        never waits two steps in a row. None: the line's order as it is."""
-        first, chunk = readers[0], self.runner.chunk
-        hold = (self.runner.shape_free and not self.held_last and first.total - first.pos > chunk
-                and any(seq.total - seq.pos <= chunk for seq in readers[1:]))
+    def held_back(self, readers: list[Sequence]) -> list[Sequence]:
+        """The reads whose chunks wait a step: where rows may share a step and the first read in line will
+        not end its read in this one while reads behind it end theirs within a chunk (a short newcomer
+        beside a long read), every read that will not end in this step, so that the short ones get a step
+        of their own: a newcomer's first token comes after the step in progress and its own short one, not
+        after a long chunk too. Every other step at most: a long read never waits two steps in a row."""
+        chunk = self.runner.chunk
+        long = [seq for seq in readers if seq.total - seq.pos > chunk]
+        hold = (self.runner.shape_free and not self.held_last and bool(long) and long[0] is readers[0]
+                and len(long) < len(readers))
         self.held_last = hold
-        return first if hold else None
+        return long if hold else []
 
     def piece_end(self, seq: Sequence, left: int) -> int:
         """Where seq's rows in the next step end: up to a chunk (of `left` rows at most) when rows may
