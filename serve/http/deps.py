@@ -22,6 +22,11 @@ async def model_state(http: HTTPRequest, name: str | None) -> ServerState:
     return await http.app.state.models.state_for(name)
 
 
+def watched_state(http: HTTPRequest, name: str) -> ServerState:
+    """The state of a loaded model a live view names, not loading it (serve/model_set.py watched_state)."""
+    return http.app.state.models.watched_state(name)
+
+
 def check_api_key(http: HTTPRequest) -> None:
     """--api-key: as OpenAI clients send it (Authorization: Bearer) or Anthropic's (x-api-key)."""
     key = state_of(http).settings.api_key

@@ -27,7 +27,7 @@ from fastapi import APIRouter, Depends, Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 
 from serve.api.errors import APIError
-from serve.http.deps import SSE_HEADERS, check_api_key, state_of
+from serve.http.deps import SSE_HEADERS, check_api_key, state_of, watched_state
 
 events = APIRouter()
 
@@ -75,7 +75,7 @@ def snapshot(state, now: float, count: dict, previous: tuple[float, dict] | None
 async def state_events(http: HTTPRequest, hz: float = 4.0, model: str | None = None):
     if not 0.5 <= hz <= 10:
         raise APIError(400, f"hz must be within 0.5 and 10, got {hz:g}", param="hz")
-    state = state_of(http) if model is None else http.app.state.models.watched_state(model)
+    state = state_of(http) if model is None else watched_state(http, model)
 
     async def stream():
         state.event_streams += 1

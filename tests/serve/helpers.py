@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -88,3 +89,22 @@ def scripted_engine_cmd(model: Path, output: str, *args: str) -> str:
     tok = load_tokenizer(str(model))
     script = ",".join(map(str, tok.encode(output, add_bos=False) + [tok.special.eos]))
     return mock_engine_cmd("--script", script, "--eos", str(tok.special.eos), *args)
+
+
+def state_events(url: str, seconds: float, hz: float = 4, model: str | None = None,
+                 **kwargs) -> list[tuple[float, dict]]:
+    """(arrival time, message) of every state event of GET /v1/events within `seconds` (one at least)."""
+    out, started = [], time.monotonic()
+    params = {"hz": hz} | ({"model": model} if model is not None else {})
+    with httpx.stream("GET", f"{url}/v1/events", params=params, timeout=30, **kwargs) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.read()
+        event = None
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                assert event == "state"
+                out.append((time.monotonic() - started, json.loads(line[5:])))
+            if out and time.monotonic() - started > seconds:
+                break
+    return out

@@ -6,7 +6,6 @@ tokenizer, so that which model answered shows in the prompt's token count)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +20,7 @@ from serve.api.errors import APIError
 from serve import model_set
 from serve.config import ServerSettings
 from tests.harness import ROOT, ServerProcess
+from tests.serve.helpers import state_events
 
 HYBRID = ROOT / "tests/fixtures/hybrid"
 IDLE_S = 3.0
@@ -78,23 +78,13 @@ def test_an_unknown_model_is_a_404_naming_the_models(server):
     assert anthropic.status_code == 404 and anthropic.json()["error"]["type"] == "not_found_error"
 
 
-def first_event(server, query: str) -> dict:
-    """The first `state` message of /v1/events?{query}."""
-    with httpx.stream("GET", f"{server.url}/v1/events?{query}", timeout=30) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                return json.loads(line[len("data: "):])
-    raise AssertionError("the stream ended before its first message")
-
-
 def test_the_live_view_watches_a_loaded_model_by_name_and_loads_none(server):
     """/v1/events?model=: a loaded model's own engines and counters (the page's live view follows the model
     chosen); a model not loaded is a 409 and stays unloaded (watching is not a use); an unknown one a 404."""
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     until(lambda: listing(server)["next"] == "loaded")
     client.completions.create(model="next", prompt="Hello there", max_tokens=2, temperature=0)
-    watched, first = first_event(server, "hz=4&model=next"), first_event(server, "hz=4")
+    watched, first = state_events(server.url, 0, model="next")[0][1], state_events(server.url, 0)[0][1]
     assert watched["engines"] and watched["totals"]["generated_tokens"] == 2  # next's own counters, not the first's
     assert first["totals"]["generated_tokens"] != 2
     until(lambda: listing(server)["tiny"] == "unloaded", timeout_s=IDLE_S + 20)

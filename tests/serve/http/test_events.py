@@ -5,32 +5,15 @@ API, with no cross-origin access."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import time
 
 import httpx
 
 from tests.harness import ServerProcess, mock_engine_cmd
+from tests.serve.helpers import state_events
 from tests.serve.scheduling.test_scheduling import status, wait_for
 
 REQUEST_KEYS = {"id", "engine", "state", "prompt_tokens", "done", "generated", "priority", "parks", "in_host", "age_s"}
-
-
-def messages(url: str, seconds: float, hz: float = 4, **kwargs) -> list[tuple[float, dict]]:
-    """(arrival time, message) of every state event within `seconds`."""
-    out, started = [], time.monotonic()
-    with httpx.stream("GET", f"{url}/v1/events", params={"hz": hz}, timeout=30, **kwargs) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        event = None
-        for line in r.iter_lines():
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                assert event == "state"
-                out.append((time.monotonic() - started, json.loads(line[5:])))
-            if time.monotonic() - started > seconds:
-                break
-    return out
 
 
 def test_schema_rate_and_a_parked_read_while_a_short_request_runs():
@@ -40,7 +23,7 @@ def test_schema_rate_and_a_parked_read_while_a_short_request_runs():
             return httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
                 "model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": n}).json()
 
-        watched = pool.submit(messages, server.url, 3.0, 5)
+        watched = pool.submit(state_events, server.url, 3.0, 5)
         wait_for(lambda: status(server)["event_streams"] == 1)
         long = pool.submit(chat, "read " * 3000, 4)  # ~47 chunks of 64: about 2.4 s of reading
         wait_for(lambda: (status(server)["prompt_progress"] or {}).get("done", 0) > 0)
@@ -66,7 +49,7 @@ def test_schema_rate_and_a_parked_read_while_a_short_request_runs():
 
 def test_a_client_leaving_frees_its_stream_and_bad_rates_are_refused():
     with ServerProcess(engine_cmd=mock_engine_cmd()) as server:
-        assert len(messages(server.url, 1.5, hz=10)) >= 4  # the window's slack for a busy machine
+        assert len(state_events(server.url, 1.5, hz=10)) >= 4  # the window's slack for a busy machine
         deadline = time.monotonic() + 5
         while httpx.get(f"{server.url}/status").json()["event_streams"]:
             assert time.monotonic() < deadline, "the stream outlived its client"
@@ -80,7 +63,7 @@ def test_the_host_check_the_api_key_and_no_cross_origin_access():
         url = f"{server.url}/v1/events"
         assert httpx.get(url, headers={"Host": "evil.example"}).status_code == 403  # DNS rebinding
         assert httpx.get(url).status_code == 401
-        assert len(messages(server.url, 0.3, headers={"Authorization": "Bearer k"})) >= 1
+        assert len(state_events(server.url, 0.3, headers={"Authorization": "Bearer k"})) >= 1
         preflight = httpx.options(url, headers={"Origin": "https://evil.example",
                                                 "Access-Control-Request-Method": "GET"})
         assert preflight.status_code == 403 and "access-control-allow-origin" not in preflight.headers
