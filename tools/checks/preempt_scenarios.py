@@ -47,19 +47,19 @@ def uninterrupted(engine: EnginePipe, prompt, max_new: int, params: dict) -> Out
 
 
 def read_to_boundary_and_park(engine: EnginePipe, chunk: int, boundary: int, seen: list[m.Message],
-                              outcome: Outcome) -> None:
+                              outcome: Outcome, offered: bool = False) -> None:
     """Offer a park so that A parks at position boundary*chunk (the offer is sent while the chunk
-    ending there is being read), then record the park."""
+    ending there is being read; offered: it went with A's RESUME already), then record the park."""
     target = boundary * chunk
-    while True:
+    while not offered:
         done = max([x.done for x in seen if isinstance(x, m.PromptProgress) and x.id == A] +
                    [x.pos for x in seen if isinstance(x, m.Fingerprint) and x.id == A] or [0])
         if done >= target - chunk:
+            engine.send(m.Yield())
             break
         seen.append(engine.read())
         if isinstance(seen[-1], (m.Err, m.Done)):
             raise AssertionError(f"A ended before reaching boundary {boundary}: {seen[-1]}")
-    engine.send(m.Yield())
     got = engine.read_until(m.Suspended, ident=A)
     seen += got
     suspended = got[-1]
@@ -80,8 +80,13 @@ def run_interim(engine: EnginePipe, prompt, decode_tokens: int, params: dict) ->
     return tokens_of(engine.read_until(m.Done, ident=B), B)
 
 
-def resume(engine: EnginePipe, seen: list[m.Message], outcome: Outcome) -> None:
+def resume(engine: EnginePipe, seen: list[m.Message], outcome: Outcome, then_yield: bool = False) -> None:
+    """A resumed; then_yield: with the offer of its next park sent in the same breath, so that it parks at
+    the end of the chunk it reads next (sent after the resume's fingerprint came back, a loaded machine could
+    let the engine read past that chunk, and past the prompt's end, before the offer arrived)."""
     engine.send(m.Resume(A))
+    if then_yield:
+        engine.send(m.Yield())
     got = engine.read_until(m.Fingerprint, ident=A)
     seen += got
     outcome.resume_fps.append(got[-1].digest)
@@ -93,11 +98,13 @@ def parked(engine: EnginePipe, prompt, max_new: int, params: dict, chunk: int, b
     runs if interim_tokens is not None; otherwise it is a pure restore."""
     outcome, seen = Outcome([], ""), []
     engine.send(gen(prompt, max_new, params, A))
-    for boundary in boundaries:
-        read_to_boundary_and_park(engine, chunk, boundary, seen, outcome)
+    offered = False
+    for boundary, following in zip(boundaries, [*boundaries[1:], None]):
+        read_to_boundary_and_park(engine, chunk, boundary, seen, outcome, offered)
         if interim_tokens is not None:
             run_interim(engine, interim_prompt, interim_tokens, params)
-        resume(engine, seen, outcome)
+        offered = following == boundary + 1  # the next park is at the end of the very next chunk
+        resume(engine, seen, outcome, then_yield=offered)
     return finish_a(engine, seen, outcome)
 
 
