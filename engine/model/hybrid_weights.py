@@ -1,5 +1,6 @@
 """A hybrid model's layers from its GGUF (qwen3next, qwen35, qwen35moe: engine/model/hybrid.py), into
-the forward pass's layouts. On the CPU only for now (float32 values; the GPU refuses these files).
+the forward pass's layouts, on either backend (the rows picked and reordered as the file's blocks or values:
+engine/model/weights.py's TensorRows.order).
 
 As llama.cpp's converter writes them (its conversion/qwen.py):
 - a Gated DeltaNet layer: `attn_qkv` ([q | k | v], the convolution's channel order) and `attn_gate` (z),
@@ -10,8 +11,15 @@ As llama.cpp's converter writes them (its conversion/qwen.py):
   heads are tiled (HybridConfig.tiled), qwen3next's grouped;
 - a gated attention layer: `attn_q` holds, per head, [q (d) | gate (d)];
 - the other RMSNorm weights are stored with transformers' 1 + w already added.
-Both become one matrix per layer whose rows the forward splits: [q | k | v | z | b | a] and
-[q | gate | k | v]."""
+A Gated DeltaNet layer's in-projection becomes one matrix whose rows the forward splits, [q | k | v | z | b |
+a]; a gated attention's becomes [q | k | v] (as a Qwen3 layer's, so that the same RoPE, norm and cache kernels
+serve it) and the gate's rows a matrix of their own.
+
+Partial rotary embedding (RoPE on the first `rope_dim` of each head's d values, half-split) is laid out as a
+full-width one: each Q and K head's rows (and its norm's weights) are reordered to [rotated first half |
+unrotated first half | rotated second half | unrotated second half], and the frequencies past rope_dim / 2
+are zero (engine/model/hybrid.py), so a full half-split rotation turns the first pairs as the partial one
+would and leaves the others as they are (cos 1, sin 0); q.k is the same sum in another order."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,17 +28,23 @@ from engine.model.layer_weights import LayerWeights, LinearAttentionWeights
 from engine.modelfile.model_config import ModelLoadError
 
 
-def grouped_rows(w: np.ndarray, groups: int, widths: list[int]) -> list[np.ndarray]:
-    """w's rows laid out per group as pieces of `widths` -> each piece's rows of every group, in group
-    order: (groups*sum(widths), cols) -> [(groups*widths[i], cols)]."""
-    per = w.reshape(groups, sum(widths), w.shape[-1])
-    bounds = np.cumsum([0, *widths])
-    return [per[:, lo:hi].reshape(-1, w.shape[-1]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+def grouped_order(groups: int, widths: list[int]) -> list[np.ndarray]:
+    """Rows laid out per group as pieces of `widths` -> for each piece, its rows of every group in group order
+    (row indices)."""
+    size, bounds = sum(widths), np.cumsum([0, *widths])
+    return [np.concatenate([np.arange(g * size + lo, g * size + hi) for g in range(groups)])
+            for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
-def stacked(parts: list[np.ndarray]) -> np.ndarray:
-    """Rows stacked, column-major as the CPU's weights are (engine/model/weights.py, host_matrix)."""
-    return np.asfortranarray(np.concatenate(parts))
+def partial_rope_order(d: int, rot: int) -> np.ndarray:
+    """One head's d values in the full-width layout of a `rot`-wide half-split RoPE (module docstring)."""
+    hr, hp = rot // 2, (d - rot) // 2
+    return np.concatenate([np.arange(hr), rot + np.arange(hp), hr + np.arange(hr), rot + hp + np.arange(hp)])
+
+
+def heads_order(heads: int, d: int, one: np.ndarray) -> np.ndarray:
+    """`one` (a head's value order) applied to each of `heads` heads of d rows."""
+    return (np.arange(heads)[:, None] * d + one).reshape(-1)
 
 
 def linear_attention(loader, p: str) -> LinearAttentionWeights:
@@ -39,27 +53,41 @@ def linear_attention(loader, p: str) -> LinearAttentionWeights:
     r = h.v_heads // h.k_heads
     names = loader.tensors
     if p + "ssm_in.weight" in names:  # [q | k | v | z] from per-k-head groups
-        rows = grouped_rows(loader.matrix(p + "ssm_in.weight"), h.k_heads, [h.dk, h.dk, r * h.dv, r * h.dv])
+        tensors, orders = [p + "ssm_in.weight"], [np.concatenate(grouped_order(h.k_heads, [h.dk, h.dk, r * h.dv,
+                                                                                               r * h.dv]))]
     else:  # [q | k | v] and z as they are
-        rows = [loader.matrices([p + "attn_qkv.weight", p + "attn_gate.weight"], [None, None])]
+        tensors, orders = [p + "attn_qkv.weight", p + "attn_gate.weight"], [None, None]
     if p + "ssm_ba.weight" in names:  # [b | a] from per-k-head groups
-        rows += grouped_rows(loader.matrix(p + "ssm_ba.weight"), h.k_heads, [r, r])
+        tensors.append(p + "ssm_ba.weight")
+        orders.append(np.concatenate(grouped_order(h.k_heads, [r, r])))
     else:
-        rows.append(loader.matrices([p + "ssm_beta.weight", p + "ssm_alpha.weight"], [None, None]))
-    conv = np.asarray(loader.small_matrix(p + "ssm_conv1d.weight"), dtype=np.float32)  # (channels, kernel)
+        tensors += [p + "ssm_beta.weight", p + "ssm_alpha.weight"]
+        orders += [None, None]
+    conv = loader.small_matrix(p + "ssm_conv1d.weight")  # (channels, kernel) float32
     if conv.shape != (h.channels, h.conv_kernel):
         raise ModelLoadError(f"{p}ssm_conv1d.weight is {conv.shape}, expected {(h.channels, h.conv_kernel)}")
     return LinearAttentionWeights(
-        w_in=stacked(rows), conv=conv, a=loader.vector(p + "ssm_a").reshape(-1),
-        dt_bias=loader.vector(p + "ssm_dt.bias").reshape(-1), norm=loader.vector(p + "ssm_norm.weight").reshape(-1),
-        w_out=loader.matrix(p + "ssm_out.weight"))
+        w_in=loader.matrices(tensors, [None] * len(tensors), orders=orders), conv=conv,
+        a=loader.vector(p + "ssm_a").reshape(-1), dt_bias=loader.vector(p + "ssm_dt.bias").reshape(-1),
+        norm=loader.vector(p + "ssm_norm.weight").reshape(-1), w_out=loader.matrix(p + "ssm_out.weight"))
 
 
-def gated_attention_qkv(loader, p: str) -> np.ndarray:
-    """[q | gate | k | v] rows of layer prefix p's gated attention, (2*heads*d + 2*kv_heads*d, dim)."""
-    c = loader.cfg
-    q, gate = grouped_rows(loader.matrix(p + "attn_q.weight"), c.n_heads, [c.head_dim, c.head_dim])
-    return stacked([q, gate, loader.matrix(p + "attn_k.weight"), loader.matrix(p + "attn_v.weight")])
+def gated_attention(loader, p: str, layer: LayerWeights) -> None:
+    """Layer prefix p's gated attention into `layer`: wqkv [q | k | v] (Q and K heads in the partial RoPE's
+    full-width layout), w_gate (heads*d, dim), wo, and the Q/K norms' weights in the same layout."""
+    c, h = loader.cfg, loader.cfg.hybrid
+    d = c.head_dim
+    one = partial_rope_order(d, h.rope_dim)
+    q_rows, gate_rows = grouped_order(c.n_heads, [d, d])
+    q = p + "attn_q.weight"
+    layer.wqkv = loader.matrices([q, p + "attn_k.weight", p + "attn_v.weight"], [None] * 3,
+                                 orders=[q_rows[heads_order(c.n_heads, d, one)], heads_order(c.n_kv_heads, d, one),
+                                         None])
+    layer.w_gate = loader.matrices([q], [None], orders=[gate_rows])
+    layer.wo = loader.matrix(p + "attn_output.weight")
+    on_device = loader.xp.asarray(one)
+    layer.q_norm = loader.vector(p + "attn_q_norm.weight")[on_device]
+    layer.k_norm = loader.vector(p + "attn_k_norm.weight")[on_device]
 
 
 def hybrid_layer(loader, i: int):
@@ -69,8 +97,7 @@ def hybrid_layer(loader, i: int):
     layer = LayerWeights(attn_norm=loader.vector(p + "attn_norm.weight"), wqkv=None, wo=None,
                          ffn_norm=loader.vector(p + "post_attention_norm.weight"))
     if i in c.hybrid.attention_layers:
-        layer.wqkv, layer.wo = gated_attention_qkv(loader, p), loader.matrix(p + "attn_output.weight")
-        layer.q_norm, layer.k_norm = loader.vector(p + "attn_q_norm.weight"), loader.vector(p + "attn_k_norm.weight")
+        gated_attention(loader, p, layer)
     else:
         layer.linear = linear_attention(loader, p)
     if c.n_experts:

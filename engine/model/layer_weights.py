@@ -11,7 +11,8 @@ from engine.core.experts import Experts
 
 @dataclass
 class LinearAttentionWeights:
-    """A hybrid's Gated DeltaNet layer (engine/model/hybrid.py), float32 on the CPU."""
+    """A hybrid's Gated DeltaNet layer (engine/model/hybrid.py), in the backend's weight form (the small
+    tensors float32)."""
 
     w_in: np.ndarray  # (channels + v_heads*dv + 2*v_heads, dim): rows [q | k | v | z | b | a]
     conv: np.ndarray  # (channels, kernel) float32
@@ -39,6 +40,7 @@ class LayerWeights:
     experts: Experts | None = None  # the stacked expert tensors (engine/ops/moe.py)
     linear: LinearAttentionWeights | None = None  # a hybrid's Gated DeltaNet layer (no wqkv, wo then)
     shared_gate: object = None  # (1, dim) float32: a hybrid's shared expert's gate (w_gate_up, w_down its weights)
+    w_gate: object = None  # (q_dim, dim): a hybrid's gated attention's gate (engine/model/hybrid_weights.py)
 
 
 @dataclass

@@ -66,6 +66,7 @@ class WeightLoader:
         self.total_bytes = sum(int(t.n_bytes) for t in reader.tensors)
         self.done_bytes, self.started = 0, time.monotonic()
         self.reported = self.started
+        self.counted: set[str] = set()  # the tensors whose bytes progress() has counted
         self.expanded = ExpandedCache.from_env(reader.path, shard) if backend.name == "cpu" else None
 
     def tensor(self, name: str):
@@ -74,6 +75,9 @@ class WeightLoader:
         return self.tensors[name]
 
     def progress(self, t) -> None:
+        if t.name in self.counted:  # a tensor whose rows went into two matrices (a gated attention's q and gate)
+            return
+        self.counted.add(t.name)
         self.done_bytes += int(t.n_bytes)
         now = time.monotonic()
         if now - self.reported >= self.REPORT_EVERY_S or self.done_bytes == self.total_bytes:
@@ -85,13 +89,16 @@ class WeightLoader:
         """This rank's range of n split rows or columns (None: no shard, all of them)."""
         return None if self.shard is None else shard_range(n, self.shard)
 
-    def matrices(self, names: list[str], heads: list[int | None], rows: list | None = None, cols=None):
+    def matrices(self, names: list[str], heads: list[int | None], rows: list | None = None, cols=None,
+                 orders: list | None = None):
         """Tensors stacked by rows, (sum of out, in) in the backend's weight form; heads[i]: Q/K
         rows to de-interleave for RoPE (None for others); rows[i], cols: a shard's range of tensor i's
-        rows and of every tensor's columns (None: all)."""
+        rows and of every tensor's columns (None: all); orders[i]: the rows of tensor i to take, in
+        that order (an int array; None: all as stored)."""
         ts = [self.tensor(n) for n in names]
-        rows = rows or [None] * len(ts)
-        m = self.rows_matrix([TensorRows(t, heads=h, rows=r, cols=cols) for t, h, r in zip(ts, heads, rows)])
+        rows, orders = rows or [None] * len(ts), orders or [None] * len(ts)
+        m = self.rows_matrix([TensorRows(t, heads=h, rows=r, cols=cols, order=o)
+                              for t, h, r, o in zip(ts, heads, rows, orders)])
         for t in ts:
             self.progress(t)
         return m
@@ -196,12 +203,15 @@ class TensorRows:
     """A tensor seen as a (rows, cols) matrix (a stacked (experts, out, in) one as all its rows),
     converted to the form the backend wants. heads: Q/K rows to de-interleave for RoPE; rows of
     blocks permute like rows of values. rows, cols: a tensor-parallel shard's ranges (after the
-    de-interleaving; columns of blocks as whole blocks), None for all."""
+    de-interleaving; columns of blocks as whole blocks), None for all. order: the rows to take, in that
+    order (an int array, after the de-interleaving: a hybrid's pieces of one tensor, its partial RoPE's
+    layout), None for all."""
 
     tensor: object
     heads: int | None = None
     rows: tuple[int, int] | None = None
     cols: tuple[int, int] | None = None
+    order: object = None
 
     @property
     def sharded(self) -> bool:
@@ -213,7 +223,9 @@ class TensorRows:
 
     @property
     def n_rows(self) -> int:
-        return len(self.raw()) if self.rows is None else self.rows[1] - self.rows[0]
+        if self.rows is not None:
+            return self.rows[1] - self.rows[0]
+        return len(self.raw()) if self.order is None else len(self.order)
 
     def selected(self, w, blocks: bool = False):
         """w, this tensor's (reordered) rows -> the shard's rows and columns (of blocks: their bytes)."""
@@ -255,8 +267,10 @@ class TensorRows:
         raw = self.reorder(self.raw())
         dequantize_into(raw if self.rows is None else raw[self.rows[0]:self.rows[1]], kind, out, self.cols)
 
-    def reorder(self, w):
-        return deinterleave_heads(w, self.heads) if self.heads else w
+    def reorder(self, w, xp=np):
+        """w's rows (on xp's device) de-interleaved and taken in `order` where this tensor says."""
+        w = deinterleave_heads(w, self.heads) if self.heads else w
+        return w if self.order is None else w[xp.asarray(self.order)]
 
     def host_rows(self) -> HostRows:
         """The rows as stored (blocks, or fp16 values; F32, BF16 and rare types become fp16)."""
@@ -281,7 +295,7 @@ class TensorRows:
             w = loader.backend.kernels.dequantize(raw, kind, (len(raw), self.n_cols))
         else:  # F32 and rare types
             w = loader.xp.asarray(self.values(), dtype=loader.xp.float16)
-        return w if self.sharded else self.reorder(w)
+        return w if self.sharded else self.reorder(w, loader.xp)
 
 
 def load_model(path: str, backend: Backend, keep_blocks: bool = True, rope: RopeOverride = RopeOverride(),

@@ -14,6 +14,7 @@ from types import ModuleType
 import numpy as np
 
 from engine.core.kv_types import widened
+from engine.ops.hybrid_ops import HybridArrayOps
 from engine.ops.moe import route, run_experts
 from engine.ops.upload import PinnedUpload
 from engine.core.quantized import QuantMatrix, Row8
@@ -24,7 +25,7 @@ KEY_TILE = 256  # keys per attention tile on the CPU, at absolute multiples, the
 # never depend on where its chunk starts or ends (scores never exceed (kv_heads, group*n, KEY_TILE))
 
 
-class ArrayOps:
+class ArrayOps(HybridArrayOps):
     """Weights are stored as GGUF has them, (out_features, in_features).
 
     Every row is computed as it would be in any other step (engine/ops/blas_order.py says when the
