@@ -1,6 +1,7 @@
-"""The hybrid families against an independent reference: tiny random models made with transformers,
+"""The hybrid families against independent references: tiny random models made with transformers,
 converted by llama.cpp's converter (tools/fixtures/make_hybrid_fixture.py says how), and the logits and
-greedy tokens transformers computed from them (tests/fixtures/hybrid/hybrid_golden.json). The engine
+greedy tokens transformers computed from them (tests/fixtures/hybrid/hybrid_golden.json), and llama.cpp's
+CPU build's logits on the same files (tools/fixtures/llama_cpp_reference.py). The engine
 reads each prompt as it does a request's (the chunked delta rule from position 0) and decodes its
 continuation (the recurrent one); both forms meet the reference at every position."""
 import hashlib
@@ -51,6 +52,16 @@ def test_the_prompt_s_last_logits_match_transformers(family):
         np.testing.assert_allclose(logits[top], [v for _, v in case["top"]], **TOL)
         np.testing.assert_allclose(logits[case["probes"]], case["probe_logits"], **TOL)
         assert int(np.argmax(logits[: len(logits)])) == case["greedy"][0]
+
+
+def test_the_prompt_s_last_logits_match_llama_cpp_too(family):
+    """llama.cpp's CPU build on the same files (tools/fixtures/llama_cpp_reference.py), a second reference. Its F16
+    products round their inputs to fp16, which puts it up to ~1e-3 from transformers here: the bound is that
+    distance's few times over, not the float32 one."""
+    spec, runner = family
+    for case in spec["cases"]:
+        logits, _, _ = read(runner, case["ids"])
+        np.testing.assert_allclose(logits[case["probes"]], case["llama_cpp"]["probe_logits"], rtol=0, atol=4e-3)
 
 
 def test_every_position_matches_transformers_read_and_decoded(family):
