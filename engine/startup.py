@@ -108,8 +108,8 @@ def load_draft(reader: GGUFFile, runner: ModelRunner, path, config: EngineConfig
     draft = DraftModel.load(reader, runner, (runner.cfg, runner.model.w) if same else None)
     kv = draft.kv
     log(f"draft model {draft.cfg.name} ({draft.cfg.n_layers} layers{', the target itself' if same else ''}) proposes "
-        f"up to {config.draft_max} tokens a step; its KV pool of {kv.usable * kv.block_size} tokens in blocks of "
-        f"{kv.block_size} ({kv.usable * kv.block_bytes / 2**30:.2f} GiB, as many tokens as the target's)")
+        f"up to {config.draft_max} tokens a step; its {kv.type.name} KV pool of {kv.usable * kv.block_size} tokens in "
+        f"blocks of {kv.block_size} ({kv.usable * kv.block_bytes / 2**30:.2f} GiB, as many tokens as the target's)")
     return draft
 
 

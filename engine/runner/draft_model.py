@@ -4,8 +4,8 @@ decode step as any drafter's do (engine/loop/decode_steps.py), so what it propos
 kept, never the output.
 
 DraftModel holds the draft's weights (LlamaModel over them on the target's backend: the CPU in this
-version) and a KV pool of its own: blocks of the target's block size, as many positions as the target's
-pool, handed out from a free list (no prefix cache: a draft's rows serve only its own proposals). Each
+version) and a KV pool of its own: blocks of the target's block size and cache type (--kv-type), as many
+positions as the target's pool, handed out from a free list (no prefix cache: a draft's rows serve only its own proposals). Each
 request it drafts for has a ModelDrafter: its block table there and `filled`, how many of its context's
 tokens have rows in it. One call a decode step, propose(), drafts for all of them: each request's rows
 are caught up from `filled` to the token before its newest (a chunk at most a step, at absolute
@@ -69,13 +69,13 @@ def open_draft(path: str, target: GGUFFile, backend_name: str) -> GGUFFile:
 
 class DraftModel:
     def __init__(self, path: str, cfg: ModelConfig, weights: Weights, backend: Backend, ctx: int, chunk: int,
-                 block_size: int, positions: int, tokens: int):
-        """ctx, chunk, block_size: the target's; positions: the pool's (the target pool's by default);
+                 block_size: int, positions: int, tokens: int, kv_type: str = "auto"):
+        """ctx, chunk, block_size, kv_type: the target's; positions: the pool's (the target pool's by default);
         tokens: the ids a draft may be (those both files name)."""
         self.path, self.cfg, self.backend, self.ctx, self.chunk, self.tokens = path, cfg, backend, ctx, chunk, tokens
         self.model = LlamaModel(cfg, weights, backend)
         self.model.rope_tables(ctx + 1)  # every position the target reaches, past the draft's trained context too
-        self.kv = KVCache(cfg, ctx, backend, block_size, blocks=-(-positions // block_size))
+        self.kv = KVCache(cfg, ctx, backend, block_size, blocks=-(-positions // block_size), kv_type=kv_type)
         self.free: list[int] = list(range(self.kv.usable))  # blocks no request holds
 
     @classmethod
@@ -85,7 +85,7 @@ class DraftModel:
         cfg, weights = shared or load_model(reader.path, runner.backend, keep_blocks=False, reader=reader)[:2]
         tokens = min(len(field_value(reader, "tokenizer.ggml.tokens")), cfg.vocab_size, runner.vocab_size)
         return cls(str(reader.path), cfg, weights, runner.backend, runner.ctx, runner.chunk, runner.pool.size,
-                   runner.pool.total * runner.pool.size, tokens)
+                   runner.pool.total * runner.pool.size, tokens, runner.kv.type.name)
 
     def drafter(self, context, most: int) -> "ModelDrafter":
         return ModelDrafter(self, context, most)

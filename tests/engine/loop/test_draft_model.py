@@ -22,9 +22,9 @@ MAX_NEW = 12
 GREEDY, SAMPLED = {"temperature": 0.0, "seed": 0}, {"temperature": 0.7, "top_p": 0.95, "seed": 3}
 
 
-def engine(draft, most: int) -> EngineProcess:
+def engine(draft, most: int, *more: str) -> EngineProcess:
     e = EngineProcess([PY, "-m", "engine", "--serve", "--device", "cpu", "--ctx", "512", "--speculative", "draft",
-                       "--draft", str(draft), "--draft-max", str(most)])
+                       "--draft", str(draft), "--draft-max", str(most), *more])
     e.handshake()
     return e
 
@@ -75,11 +75,18 @@ def test_the_model_drafting_for_itself_changes_no_token_and_its_greedy_drafts_ar
     assert self_draft.info["draft_path"] == str(default_model_path()) and draft_pool_is_whole(self_draft)
 
 
-def test_a_random_draft_changes_no_token_of_two_requests_drafted_together(tmp_path, rewrite, plain):
-    path = tmp_path / "random.gguf"
+@pytest.fixture(scope="module")
+def random_draft(tmp_path_factory):
+    """A 1-layer random model of the default model's vocabulary (1 K/V head of 32 values)."""
+    path = tmp_path_factory.mktemp("draft") / "random.gguf"
     subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--arch", "llama",
                     "--layers", "1", "--dim", "64", "--ffn", "128", "--heads", "2", "--kv-heads", "1", "--head-dim", "32",
                     "--ctx", "512", "--type", "F32"], check=True, capture_output=True)
+    return path
+
+
+def test_a_random_draft_changes_no_token_of_two_requests_drafted_together(random_draft, rewrite, plain):
+    path = random_draft
     ours, theirs = GGUFFile(str(default_model_path())), GGUFFile(str(path))
     assert field_value(theirs, "tokenizer.ggml.tokens") == field_value(ours, "tokenizer.ggml.tokens")
     e = engine(path, most=3)  # (a rejected draft's row costs a decode row: few of them)
@@ -96,6 +103,19 @@ def test_a_random_draft_changes_no_token_of_two_requests_drafted_together(tmp_pa
         for d in done.values():
             assert 0 < int(d.extra["drafted"]) and int(d.extra["accepted"]) <= int(d.extra["drafted"]) // 4
         assert draft_pool_is_whole(e)
+    finally:
+        e.close()
+
+
+def test_the_draft_pool_takes_the_target_s_cache_type(random_draft, rewrite):
+    """--kv-type q8_0: the draft's rows are q8_0 too (34 bytes a 32 values: a block of 64 positions of one layer's
+    one K/V head of 32 values is 2 x 64 x 34 bytes), and the target's tokens are still its own."""
+    e = engine(random_draft, 3, "--kv-type", "q8_0")
+    try:
+        assert e.info["kv_type"] == "q8_0" and int(e.info["draft_block_bytes"]) == 2 * 64 * 34
+        alone, drafted = (run(e, i, rewrite, GREEDY, spec=spec) for i, spec in ((1, 0), (2, 1)))
+        assert sc.tokens_of(drafted, 2) == sc.tokens_of(alone, 1) and int(drafted[-1].extra["drafted"]) > 0
+        assert drafted[-1].extra["fp"] == alone[-1].extra["fp"] and draft_pool_is_whole(e)
     finally:
         e.close()
 
