@@ -85,12 +85,14 @@ class ModelRunner:
     def warm_up(self) -> None:
         """One small forward before READY, so the first request does not pay first-call costs
         (page faults on the weights, BLAS/CuPy initialization, kernel compilation, the first
-        decode graph's capture)."""
+        decode graph's capture, the sampling picks' kernels)."""
         table = self.pool.allocate(self.pool.blocks_for(9))  # 8 prompt positions and a decode step's
         state = None if self.recurrent is None else SequenceState.fresh(self.recurrent)
         self.forward(np.zeros(8, dtype=np.int64), 0, table, want_logits=True, state=state)
-        self.decode_logits([0], [table], [8], [state] if state else ())  # the one-row decode graph (other
-        # batch sizes: at first use)
+        logits = self.decode_logits([0], [table], [8], [state] if state else ())  # the one-row decode graph
+        # (other batch sizes: at first use)
+        if self.draws is not None:
+            self.draws.prepare(logits[0])  # the sampling kernels compiled (a first start) and loaded
         self.backend.synchronize()
         self.pool.release(table)
         self.shape_free = self.rows_invariant()
@@ -175,11 +177,12 @@ class ModelRunner:
 
     def sample(self, seq: Sequence) -> int:
         """The next token from the logits where they are (the GPU samples on the device). After a
-        decode graph's replay a plain greedy pick is the argmax the graph computed, and a
-        temperature draw replays a captured draw (engine/runner/sampling_graph.py)."""
-        if seq.graph_row is not None:
-            if seq.sampler.plain_greedy:
+        decode graph's replay a plain greedy pick is the argmax the graph computed; any other pick
+        replays a captured draw (engine/runner/sampling_graph.py)."""
+        if seq.sampler.plain_greedy:
+            if seq.graph_row is not None:
                 return self.decoder.greedy_token(seq.graph_row)
+        elif self.draws is not None:  # a decode row's or a prompt's last row alike: copied into the graph's input
             return seq.sampler.sample(seq.logits, self.backend.xp, self.draws)
         return seq.sampler.sample(seq.logits, self.backend.xp)
 

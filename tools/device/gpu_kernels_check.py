@@ -441,6 +441,16 @@ def check_sampling() -> None:
                    for u in us)
         record("sample", f"graph draws = launched draws, {params.temperature=} {params.top_p=} {params.top_k=}",
                float(same != 50 or not draws.capturable), 0)
+    # one graph a parameter set, whatever row it picks from: other rows (a batch's, a prompt's last) copied in
+    graphs = len(draws.graphs)
+    rows = cp.asarray((rng.standard_normal((4, 128256)) * 3).astype(np.float32))
+    for params in (SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=0.7)):
+        same = sum(draws.draw(row, float(u), params) == pick_sorted(cp, scale(row, params), float(u), params)
+                   for row in rows for u in rng.random(10))
+        record("sample", f"graph draws over 4 other rows = launched draws, {params.temperature=} {params.top_p=}",
+               float(same != 40 or len(draws.graphs) != graphs), 0)
+    draws.prepare(logits)  # the start-up's picks of every kind: they run (and capture) without error
+    record("sample", "start-up picks of every kind captured", float(len(draws.graphs) < graphs + 6), 0)
     from dataclasses import replace
 
     for params in (SamplingParams(repeat_penalty=1.3, presence_penalty=0.5),
