@@ -122,6 +122,9 @@ class FakeRunner:
     def sample(self, seq: Sequence) -> int:
         return seq.sampler.sample(seq.logits)
 
+    def pick_ahead(self, seqs: list[Sequence]) -> None:
+        """(A GPU's draws of a step's rows at once: none here.)"""
+
     def scripted(self, seq: Sequence, i: int) -> int:
         """Token i of this request's answer: the script, or the original prompt echoed, cycled."""
         source = self.script or seq.prompt[: seq.total - seq.drawn]

@@ -1,6 +1,6 @@
-// The greedy pick on the device: the index of the largest logit, the first one on ties (as
-// numpy.argmax), so that a decode graph ends with its token and only 8 bytes come back.
-// One block: each thread scans a strided slice, then (value, index) pairs are reduced.
+// The picks on the device. The greedy one: the index of the largest logit, the first one on ties (as
+// numpy.argmax), so that a decode graph ends with its token and only 8 bytes come back; one block a row,
+// each thread scanning a strided slice, then (value, index) pairs reduced. Below it, temperature draws.
 #include "pdl.cuh"
 
 constexpr int ARGMAX_THREADS = 1024;
@@ -29,4 +29,112 @@ argmax_first(const float* __restrict__ logits, long long* __restrict__ out, int 
     for (int off = 16; off > 0; off >>= 1)
         better(v, i, __shfl_xor_sync(0xffffffffu, v, off), __shfl_xor_sync(0xffffffffu, i, off));
     if (threadIdx.x == 0) *out = i < n ? i : 0;
+}
+
+// ---------------------------------------------------------------- temperature draws, a batch's rows at once
+// engine/runner/batch_draws.py: pick_keys makes each row's sort keys, one radix sort of every row's keys
+// orders each row's candidates (the row in the keys' top bits keeps the rows apart: a sort of unique keys is
+// a permutation, no arithmetic), pick_draw draws each row's token in a block of its own. A row's token
+// depends on its logits, its parameters and its uniform only, never on the other rows or their number.
+// The NumPy reference, operation for operation: batch_draws.draw_segmented.
+
+constexpr int KEY_THREADS = 256;
+constexpr int DRAW_THREADS = 1024;
+
+// logits (rows, n) fp32, params (rows, PICK_PARAMS) fp64 -> scaled (rows, n) = logits / temperature, and keys
+// (rows, n) uint64: row << (32 + bits) | the value's descending-order key << bits | the index (bits: the
+// vocabulary's index bits). Within a row, ascending keys are sampler.descending_order's order.
+constexpr int PICK_PARAMS = 5;  // temperature, top_k, top_p, min_p, u (the draw's uniform)
+extern "C" __global__ void __launch_bounds__(KEY_THREADS)
+pick_keys(const float* __restrict__ logits, const double* __restrict__ params, float* __restrict__ scaled,
+          unsigned long long* __restrict__ keys, int n, int bits) {
+    after_producer();
+    const int row = blockIdx.y, j = blockIdx.x * KEY_THREADS + threadIdx.x;
+    if (j >= n) return;
+    const size_t at = (size_t)row * n + j;
+    const float s = __fdiv_rn(logits[at], (float)params[row * PICK_PARAMS]);  // IEEE, as NumPy's (fast math aside)
+    scaled[at] = s;
+    unsigned int b = __float_as_uint(-s);
+    if (b == 0x80000000u) b = 0u;  // -0.0 is 0.0
+    const unsigned int ordered = (b >> 31) ? ~b : (b | 0x80000000u);
+    keys[at] = ((unsigned long long)row << (32 + bits)) | ((unsigned long long)ordered << bits) | (unsigned long long)j;
+}
+
+// A candidate's weight: exp(s - best) rounded to fp32 from fp64 (--use_fast_math would make expf the
+// approximate __expf; NumPy's float32 exp is within an ulp of this).
+__device__ __forceinline__ float weight(float s, float best) { return (float)exp((double)(s - best)); }
+
+// One block a row, over the row's sorted keys: the candidates are the first top_k (0: all n), weighing
+// e_i = exp(s_i - s_0). Their cumulative sums are fp64 in a fixed order: thread t's slice of consecutive
+// candidates summed in order, the slices' sums scanned (Hillis-Steele, a fixed tree), and cum_i = the slice's
+// offset + its running sum to i. min-p keeps the candidates with e_i >= min_p (at least one), top-p the
+// first whose cum reaches top_p * total; the token is the first kept candidate whose cum exceeds
+// u * (the kept mass), as sampler.draw_index.
+extern "C" __global__ void __launch_bounds__(DRAW_THREADS)
+pick_draw(const float* __restrict__ scaled, const unsigned long long* __restrict__ keys,
+          const double* __restrict__ params, long long* __restrict__ out, int n, int bits) {
+    after_producer();
+    __shared__ double part[DRAW_THREADS];
+    __shared__ int over, reach, pick;
+    __shared__ double kept;
+    const int row = blockIdx.x, t = threadIdx.x;
+    scaled += (size_t)row * n;
+    keys += (size_t)row * n;
+    params += row * PICK_PARAMS;
+    const unsigned long long index = (1ull << bits) - 1ull;
+    const int top_k = (int)params[1];
+    const double top_p = params[2], u = params[4];
+    const float min_p = (float)params[3];
+    const int m = top_k > 0 && top_k < n ? top_k : n;
+    const int slice = (m + DRAW_THREADS - 1) / DRAW_THREADS;
+    const int lo = min(m, t * slice), hi = min(m, lo + slice);
+    const float best = scaled[keys[0] & index];
+    if (t == 0) over = 0, reach = m, pick = m;
+    double sum = 0.0;
+    int heavy = 0;
+    for (int i = lo; i < hi; i++) {
+        const float e = weight(scaled[keys[i] & index], best);
+        sum += (double)e;
+        heavy += e >= min_p;
+    }
+    part[t] = sum;
+    __syncthreads();
+    atomicAdd(&over, heavy);  // (an integer count: any order)
+    for (int off = 1; off < DRAW_THREADS; off <<= 1) {
+        const double add = t >= off ? part[t - off] : 0.0;
+        __syncthreads();
+        part[t] += add;
+        __syncthreads();
+    }
+    const double offset = t ? part[t - 1] : 0.0, total = part[DRAW_THREADS - 1];
+    // top-p: the first candidate whose cum reaches top_p * total
+    if (top_p < 1.0) {
+        const double x = top_p * total;
+        double cum = offset;
+        for (int i = lo; i < hi; i++) {
+            cum += (double)weight(scaled[keys[i] & index], best);
+            if (cum >= x) { atomicMin(&reach, i); break; }
+        }
+    }
+    __syncthreads();
+    int keep = min_p > 0.0f ? max(1, over) : m;
+    if (top_p < 1.0) keep = min(keep, reach + 1);
+    keep = min(keep, m);
+    // the kept mass: the total, or the cum of the last kept candidate
+    if (t == 0) kept = total;
+    __syncthreads();
+    if (keep < m && lo <= keep - 1 && keep - 1 < hi) {
+        double cum = offset;
+        for (int i = lo; i < keep; i++) cum += (double)weight(scaled[keys[i] & index], best);
+        kept = cum;
+    }
+    __syncthreads();
+    const double y = u * kept;
+    double cum = offset;
+    for (int i = lo; i < hi; i++) {
+        cum += (double)weight(scaled[keys[i] & index], best);
+        if (cum > y) { atomicMin(&pick, i); break; }
+    }
+    __syncthreads();
+    if (t == 0) out[row] = (long long)(keys[min(pick, keep - 1)] & index);
 }

@@ -1,9 +1,18 @@
-"""Launcher of argmax.cu: each row's first index of its maximum, on the device."""
+"""Launcher of argmax.cu: each row's first index of its maximum (the greedy pick), and a batch's
+temperature draws (engine/runner/batch_draws.py), on the device."""
 from __future__ import annotations
 
 from types import ModuleType
 
 import numpy as np
+
+PICK_PARAMS = 5  # a row's draw parameters (argmax.cu's pick_keys, pick_draw): temperature, top_k, top_p, min_p, u
+KEY_THREADS, DRAW_THREADS = 256, 1024  # argmax.cu's
+
+
+def index_bits(vocab: int) -> int:
+    """The bits of a vocabulary index in a draw's sort keys."""
+    return max(1, (vocab - 1).bit_length())
 
 
 class ArgmaxLauncher:
@@ -19,3 +28,18 @@ class ArgmaxLauncher:
         out = self.cp.empty(logits.shape[0], dtype=self.cp.int64)
         self.fn["argmax_first"]((logits.shape[0],), (1024,), (logits, out, np.int32(logits.shape[1])))
         return out
+
+    def pick_rows(self, logits, params, out) -> None:
+        """Each row's temperature draw: logits (rows, n) fp32, params (rows, PICK_PARAMS) fp64 (temperature >
+        0, top_k (0: off), top_p, min_p, u) -> out (rows,) int64, on the current stream (pick_keys, one radix
+        sort of every row's keys, pick_draw; the scratch, 12 bytes a logit, from the current allocator)."""
+        rows, n = logits.shape
+        bits = index_bits(n)
+        if 32 + bits + max(1, (rows - 1).bit_length()) > 64:
+            raise ValueError(f"{rows} rows of {n} logits do not fit a draw's 64-bit sort keys")
+        scaled = self.cp.empty((rows, n), dtype=self.cp.float32)
+        keys = self.cp.empty(rows * n, dtype=self.cp.uint64)
+        self.fn["pick_keys"]((-(-n // KEY_THREADS), rows), (KEY_THREADS,),
+                             (logits, params, scaled, keys, np.int32(n), np.int32(bits)))
+        keys.sort()  # (a radix sort: the keys are unique, so their order is the only one)
+        self.fn["pick_draw"]((rows,), (DRAW_THREADS,), (scaled, keys, params, out, np.int32(n), np.int32(bits)))

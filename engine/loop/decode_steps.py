@@ -34,6 +34,7 @@ class DecodeSteps:
         that go on (each with a block for its new row; a request that cannot have one is paused)."""
         going = []
         now = time.perf_counter()
+        self.runner.pick_ahead([s for s in seqs if not s.paused and not s.unstepped])  # (the GPU's plain draws at once)
         for seq in seqs:
             if seq.paused:  # paused by an earlier row's need in this step
                 continue

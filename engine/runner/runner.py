@@ -11,7 +11,7 @@ from engine import __version__
 from engine.ops.backend import Backend
 from engine.runner.decode_graph import GraphDecoder
 from engine.runner.grammar_mask import compile_constraint
-from engine.runner.sampling_graph import DrawGraphs
+from engine.runner.picks import Picks
 from engine.runner.graph_pool import GraphMemoryError
 from engine.modelfile.model_config import ModelConfig
 from engine.model.layer_weights import Weights
@@ -51,7 +51,7 @@ class ModelRunner:
         self.pool = BlockPool(self.kv.usable, block_size, tier)
         self.state_cache = StateCache(block_size) if self.recurrent is not None else None  # a hybrid's, at prefixes
         self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable) if graphs else None
-        self.draws = DrawGraphs(backend.xp) if self.decoder is not None else None
+        self.picks = Picks(backend, self.decoder, cfg.vocab_size)
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
         self.draft_max, self.draft_model = 0, None  # speculative decoding's most drafts (0: off), draft model,
@@ -91,8 +91,7 @@ class ModelRunner:
         self.forward(np.zeros(8, dtype=np.int64), 0, table, want_logits=True, state=state)
         logits = self.decode_logits([0], [table], [8], [state] if state else ())  # the one-row decode graph
         # (other batch sizes: at first use)
-        if self.draws is not None:
-            self.draws.prepare(logits[0])  # the sampling kernels compiled (a first start) and loaded
+        self.picks.prepare(logits[0])  # (the GPU's sampling kernels compiled on a first start, and loaded)
         self.backend.synchronize()
         self.pool.release(table)
         self.shape_free = self.rows_invariant()
@@ -176,15 +175,12 @@ class ModelRunner:
             seq.draft_logits = [logits[i + 1 + j] for j in range(len(seq.drafts))]
 
     def sample(self, seq: Sequence) -> int:
-        """The next token from the logits where they are (the GPU samples on the device). After a
-        decode graph's replay a plain greedy pick is the argmax the graph computed; any other pick
-        replays a captured draw (engine/runner/sampling_graph.py)."""
-        if seq.sampler.plain_greedy:
-            if seq.graph_row is not None:
-                return self.decoder.greedy_token(seq.graph_row)
-        elif self.draws is not None:  # a decode row's or a prompt's last row alike: copied into the graph's input
-            return seq.sampler.sample(seq.logits, self.backend.xp, self.draws)
-        return seq.sampler.sample(seq.logits, self.backend.xp)
+        """The next token from the logits where they are (engine/runner/picks.py)."""
+        return self.picks.sample(seq)
+
+    def pick_ahead(self, seqs: list[Sequence]) -> None:
+        """The GPU's plain draws of a step's rows at once, before each is drawn (engine/runner/picks.py)."""
+        self.picks.ahead(seqs)
 
     def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
         """Logits (rows, vocab) after each row's token at its position, its rows in the blocks of its

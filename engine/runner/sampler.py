@@ -96,6 +96,18 @@ class Sampler:
         return bool(self.recent) and (p.repeat_penalty != 1 or bool(p.presence_penalty) or bool(p.frequency_penalty))
 
     @property
+    def batchable(self) -> bool:
+        """Every draw of this request a plain temperature draw (no penalty, no grammar): on the GPU drawn
+        with the other such rows of its step (engine/runner/batch_draws.py)."""
+        p = self.params
+        return (p.temperature > 0 and self.constraint is None and p.repeat_penalty == 1 and not p.presence_penalty
+                and not p.frequency_penalty)
+
+    def uniform(self) -> float:
+        """The next sampled token's uniform: exactly one a sampled token (see sample)."""
+        return float(self.rng.random())
+
+    @property
     def plain_greedy(self) -> bool:
         """The next token is the argmax of the logits as they are (a decode graph computes it)."""
         return self.params.temperature == 0 and not self.penalized and self.constraint is None

@@ -1,4 +1,5 @@
-"""Sampling on the GPU as CUDA graph replays.
+"""Penalized or constrained picks on the GPU as CUDA graph replays (plain temperature draws go to
+engine/runner/batch_draws.py, a step's rows at once; engine/runner/picks.py routes each request).
 
 A temperature draw (sampler.draw_index) is ~20 array operations: a radix sort of the vocabulary,
 exp, cumulative sums, searches; the penalties add a gather and a scatter. Launched one by one from
@@ -27,7 +28,7 @@ from engine.runner.graph_pool import GraphMemoryError, graph_memory_pool
 from engine.runner.sampler import SamplingParams, allowed_tokens, draw_index, penalize, scale
 
 MAX_GRAPHS = 64  # captured picks kept (least recently used go): one per parameter set in use
-# a pick of each kind (prepare): plain, top-p, min-p, top-k with both (draw_index's branches)
+# a pick of each kind (prepare): plain, top-p, min-p, top-k with both (draw_index's branches), penalized
 WARM_PICKS = (SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_p=0.9),
               SamplingParams(temperature=1.0, min_p=0.05), SamplingParams(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05))
 
@@ -88,8 +89,8 @@ class DrawGraphs:
         vocab = logits.shape[0]
         counts = (np.arange(4, dtype=np.int64), np.ones(4, dtype=np.float32))
         mask = np.full(-(-vocab // 32), 0xFFFFFFFF, dtype=np.uint32)
-        for p in WARM_PICKS:
-            self.draw(logits, 0.5, p)
+        for p in WARM_PICKS:  # (plain temperature draws go to engine/runner/batch_draws.py: penalized ones come here)
+            self.draw(logits, 0.5, replace(p, repeat_penalty=1.1), counts)
         self.draw(logits, None, SamplingParams(repeat_penalty=1.1, presence_penalty=0.1), counts, mask)
         self.draw(logits, 0.5, replace(WARM_PICKS[-1], repeat_penalty=1.1, frequency_penalty=0.1), counts, mask)
 

@@ -410,10 +410,11 @@ def check_argmax(k: GpuKernels) -> None:
         record("argmax", f"n={n}" + (" ties" if ties else ""), float(int(k.argmax(cp.asarray(x)).get()[0]) != int(np.argmax(x))), 0)
 
 
-def check_sampling() -> None:
-    """The sampler over cupy (engine.runner.sampler.pick_sorted, what the engine runs on the GPU) against
+def check_sampling(k: GpuKernels) -> None:
+    """The sampler over cupy (engine.runner.sampler.pick_sorted, the penalized and constrained picks) against
     the host sampler: greedy exactly; draws agree but for exp's last-bit differences between the
-    two machines' math libraries, so the agreement rate is what is checked."""
+    two machines' math libraries, so the agreement rate is what is checked. Then the batched draws
+    (check_batch_draws)."""
     from engine.runner.sampler import Sampler, SamplingParams, pick, pick_sorted
 
     greedy = Sampler(SamplingParams(repeat_penalty=1.3), (5, 9, 9))
@@ -465,6 +466,45 @@ def check_sampling() -> None:
             launched.accept(token)
         record("sample", f"graph picks = launched picks with penalties, {params.temperature=} {params.top_p=}",
                float(same != 30 or not draws.capturable), 0)
+    check_batch_draws(k)
+
+
+def check_batch_draws(k: GpuKernels) -> None:
+    """engine/runner/batch_draws.py (argmax.cu's pick_keys and pick_draw): a row's token the same alone and in
+    batches of 3, 17 and 64 (bit for bit: the exactness the engine promises), the same as draw_segmented (the
+    arithmetic in NumPy; an ulp of exp apart at most), agreeing with the host sampler; graphs captured."""
+    from engine.runner.batch_draws import BatchDraws, draw_segmented
+    from engine.runner.sampler import SamplingParams, pick, scale
+
+    vocab, rows = 128256, 64
+    host = (rng.standard_normal((rows, vocab)) * 2).astype(np.float32)
+    for row in host:  # a few strong candidates over a broad tail, as a model's
+        row[rng.choice(vocab, 30, replace=False)] += 9
+    host[-1] = 0.0  # and a flat row: the draw walks the whole order
+    logits = cp.asarray(host)
+    mix = (SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_p=0.9),
+           SamplingParams(temperature=0.7, top_k=40, min_p=0.05), SamplingParams(temperature=1.3, min_p=0.1, top_p=0.95))
+    batch = BatchDraws(cp, k, vocab)
+    alone = in_batches = reference = host_agree = checked = 0
+    for rep in range(3):
+        us = rng.random(rows)
+        params = [mix[(i + rep) % len(mix)] for i in range(rows)]
+        full = batch.draw([(logits[i], params[i], float(us[i])) for i in range(rows)])
+        for size in (3, 17):
+            part = batch.draw([(logits[i], params[i], float(us[i])) for i in range(size)])
+            in_batches += part == full[:size]
+        for i in range(0, rows, 3):
+            checked += 1
+            alone += batch.draw([(logits[i], params[i], float(us[i]))]) == [full[i]]
+            scaled = scale(host[i], params[i])
+            reference += draw_segmented(scaled, float(us[i]), params[i]) == full[i]
+            host_agree += pick(scaled, float(us[i]), params[i]) == full[i]
+    record("sample", "batched draws: a row alone = in a batch of 64, bit for bit", float(alone != checked), 0)
+    record("sample", "batched draws: batches of 3 and 17 = the same rows of 64", float(in_batches != 6), 0)
+    record("sample", "batched draws = draw_segmented (NumPy)", 1 - reference / checked, 0.02)
+    record("sample", "batched draws agree with the host sampler", 1 - host_agree / checked, 0.05)
+    record("sample", "batched draws captured as graphs (1, 4, 24, 64 rows)",
+           float(not batch.capturable or sorted(batch.graphs) != [1, 4, 24, 64]), 0)
 
 
 # ---------------------------------------------------------------- speed
@@ -494,7 +534,7 @@ def speed(k: GpuKernels, only: set[str] | None = None) -> dict:
         out |= attention_speed(k, KV_BLOCK)
         out |= attention_speed(k, KV_BLOCK, q8=True)
     if only is None or "sampling" in only:
-        out |= sampling_speed()
+        out |= sampling_speed(k)
     if only is None or "moe" in only:
         out |= moe_speed(k)
     for key, value in out.items():
@@ -502,7 +542,7 @@ def speed(k: GpuKernels, only: set[str] | None = None) -> dict:
     return out
 
 
-def sampling_speed() -> dict:
+def sampling_speed(k: GpuKernels) -> dict:
     out = {}
     from engine.runner.sampling_graph import DrawGraphs
     from engine.runner.sampler import Sampler, SamplingParams
@@ -523,6 +563,18 @@ def sampling_speed() -> dict:
             sampler.sample(logits, cp, graphs)
             times.append((time.perf_counter() - t) * 1e3)
         out[f"sample_{name}_vocab128256_device_ms"] = round(float(np.median(times[1:])), 3)  # the first captures
+    from engine.runner.batch_draws import BatchDraws  # a step's plain draws at once: the whole call, per row count
+
+    batch, params = BatchDraws(cp, k, 128256), SamplingParams(temperature=0.8, top_p=0.95)
+    rows = cp.asarray(rng.standard_normal((64, 128256)).astype(np.float32))
+    for n in (1, 16, 64):
+        times = []
+        for _ in range(21):
+            cp.cuda.Device().synchronize()
+            t = time.perf_counter()
+            batch.draw([(rows[i], params, 0.5) for i in range(n)])
+            times.append((time.perf_counter() - t) * 1e3)
+        out[f"sample_batch{n}_top_p_vocab128256_ms"] = round(float(np.median(times[1:])), 3)
     return out
 
 
@@ -629,7 +681,7 @@ def main() -> int:
         return 0
     checks = {"attention": check_attention, "fused_q8": check_fused_q8, "norm_rope": check_norm_rope_swiglu,
               "q8_cache": check_q8_cache, "weights": check_weights, "moe": check_moe, "argmax": check_argmax,
-              "sampling": lambda _: check_sampling()}
+              "sampling": check_sampling}
     for name, check in checks.items():
         if not a.only or name in a.only.split(","):
             check(k)

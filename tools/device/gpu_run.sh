@@ -5,7 +5,7 @@
 #   bash tools/device/gpu_run.sh kernels synth bench parity hol real
 #
 # kernels  tools/device/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention speed
-# sampling tools/device/gpu_kernels_check.py's sampling and argmax checks alone (fast)
+# sampling tools/device/gpu_kernels_check.py's sampling and argmax checks alone, with the picks' times (fast)
 # sm90     the wgmma prompt attention (attention_sm90.cu) against NumPy alone (fast); on failure, again with
 #          V's descriptor offsets swapped (V_LBO_IS_PANEL=0)
 # longread bench/engine_bench.py prompt reads of 65,536 and 131,072 tokens, 8B shape in Q4_K_M, chunk 2048,
@@ -258,8 +258,9 @@ for step in "$@"; do
       cp .device/part* /tmp/sm/ && ls /tmp/sm ;;
     kernels)
       python3 tools/device/gpu_kernels_check.py --json "$OUT/kernels.json" || echo "KERNEL CHECKS FAILED" ;;
-    sampling)  # the sampler's checks alone: launched picks against NumPy's, graph picks against launched ones (any row)
-      python3 tools/device/gpu_kernels_check.py --only sampling,argmax --no-speed --json "$OUT/sampling_check.json" \
+    sampling)  # the sampler's checks alone (launched picks against NumPy's, graph picks against launched ones, the
+      # batched draws: a row alone = in any batch, = draw_segmented) and the picks' times
+      python3 tools/device/gpu_kernels_check.py --only sampling,argmax --json "$OUT/sampling_check.json" \
         | grep -v "^ok " || echo "SAMPLING CHECKS FAILED" ;;
     sm90)  # the wgmma prompt attention's checks alone; when they fail, again with V's descriptor offsets swapped
       python3 tools/device/gpu_kernels_check.py --only attention,q8_cache --no-speed --json "$OUT/sm90_check.json" \

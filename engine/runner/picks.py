@@ -1,0 +1,59 @@
+"""How a request's next token is drawn from its logits, where they are.
+
+On the CPU: Sampler.sample over NumPy (penalties, grammar, greedy or sampler.pick). On the GPU, by
+what the request asks for, the same way for each of its tokens:
+- plain greedy: after a decode graph's replay, the argmax the graph computed (8 bytes back); else the
+  logits copied to the host and their argmax;
+- a plain temperature draw (Sampler.batchable): the batched draws (engine/runner/batch_draws.py), with
+  the step's other such rows (ahead: one launch and one copy back a step), or as a batch of one (a
+  prompt's last row) — the same arithmetic either way;
+- penalized or constrained: a captured draw of its parameter set (engine/runner/sampling_graph.py).
+"""
+from __future__ import annotations
+
+from engine.runner.batch_draws import BatchDraws
+from engine.runner.sampler import SamplingParams
+from engine.runner.sampling_graph import DrawGraphs
+from engine.runner.sequence import Sequence
+
+
+class Picks:
+    def __init__(self, backend, decoder, vocab: int):
+        """decoder: the decode graphs (engine/runner/decode_graph.py), None off the GPU or without graphs."""
+        self.backend, self.decoder = backend, decoder
+        gpu = decoder is not None
+        self.draws = DrawGraphs(backend.xp) if gpu else None
+        self.batch = BatchDraws(backend.xp, backend.kernels, vocab) if gpu else None
+
+    def sample(self, seq: Sequence) -> int:
+        if seq.picked is not None:  # drawn with its step's other rows (ahead)
+            token, seq.picked = seq.picked, None
+            return token
+        if seq.sampler.plain_greedy:
+            if seq.graph_row is not None:
+                return self.decoder.greedy_token(seq.graph_row)
+        elif self.batch is not None and seq.sampler.batchable:  # a batch of one
+            return self.batch.draw([(seq.logits, seq.sampler.params, seq.sampler.uniform())])[0]
+        elif self.draws is not None:  # a decode row's or a prompt's last row alike: copied into the graph's input
+            return seq.sampler.sample(seq.logits, self.backend.xp, self.draws)
+        return seq.sampler.sample(seq.logits, self.backend.xp)
+
+    def ahead(self, seqs: list[Sequence]) -> None:
+        """The next tokens of the plain sampling requests among seqs (each about to be drawn, in this order)
+        drawn together, each kept in seq.picked for its sample(); the uniforms taken here, one each."""
+        if self.batch is None:
+            return
+        rows = [s for s in seqs if s.sampler.batchable and s.picked is None and not s.draft_logits]
+        for start in range(0, len(rows), self.batch.rows):
+            batch = rows[start : start + self.batch.rows]
+            tokens = self.batch.draw([(s.logits, s.sampler.params, s.sampler.uniform()) for s in batch])
+            for seq, token in zip(batch, tokens):
+                seq.picked = token
+
+    def prepare(self, logits) -> None:
+        """At start, on logits (vocab,) of the warm-up's decode: every kind of pick once (the GPU's sampling
+        kernels compiled on a machine's first start, their graphs captured), so that no request waits for it."""
+        if self.batch is None:
+            return
+        self.draws.prepare(logits)
+        self.batch.draw([(logits, SamplingParams(temperature=1.0), 0.5)])
