@@ -50,15 +50,28 @@ class DecodeSteps:
         for seq in going:  # speculative decoding: drafts after the newest token, in the blocks left free once
             if (drafts := self.drafts(seq)) and self.memory.grow_from_free(seq, seq.kv_len + 1 + len(drafts)):
                 seq.drafts = drafts  # every request has its row's (never at the cost of a cached prefix or a request)
-        for batch in range(0, len(going), self.runner.max_batch):
-            rows = going[batch : batch + self.runner.max_batch]
+        batches = self.batches(going)
+        for i, batch in enumerate(batches):
             started = time.perf_counter()
-            self.runner.decode_batch(rows)
-            self.trace.step("decode", started, rows=len(rows))
-            for seq in rows:
+            self.runner.decode_batch(batch)
+            self.trace.step("decode", started, rows=sum(1 + len(seq.drafts) for seq in batch))
+            for seq in batch:
                 seq.unstepped = False
-                if batch + self.runner.max_batch < len(going):  # the next batch's replay reuses the buffers
+                if i + 1 < len(batches):  # the next batch's replay reuses the buffers
                     self.runner.set_aside(seq)
+
+    def batches(self, going: list[Sequence]) -> list[list[Sequence]]:
+        """The step's forwards: requests in order, as many a forward as hold at most max_batch rows (a request's
+        newest token and its drafts; a forward's rows: the flash-decoding counters', the decode graphs')."""
+        batches, rows = [[]], 0
+        for seq in going:
+            need = 1 + len(seq.drafts)
+            if batches[-1] and rows + need > self.runner.max_batch:
+                batches.append([])
+                rows = 0
+            batches[-1].append(seq)
+            rows += need
+        return batches if going else []
 
     def run_draft_model(self, going: list[Sequence]) -> None:
         """With a draft model (engine/runner/draft_model.py), its drafts for every request that drafts, in
@@ -91,6 +104,8 @@ class DecodeSteps:
                 accepted += 1
                 if ended is None:
                     seq.logits = seq.draft_logits[accepted - 1]
+                    if seq.graph_row is not None:  # the draft's row of the decode graph: the one after
+                        seq.graph_row += 1
                     continue
             break
         if seq.drafter is not None:

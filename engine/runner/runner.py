@@ -55,8 +55,8 @@ class ModelRunner:
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
         self.draft_max, self.draft_model = 0, None  # speculative decoding's most drafts (0: off), draft model,
-        self.speculates = backend.name == "cpu" and self.recurrent is None  # set at start; CPU only (GPU decode graphs:
-        # a row a sequence), not a hybrid
+        self.speculates = self.recurrent is None  # set at start; not a hybrid (its state moves a token a step). On
+        # the GPU a request's drafts are decode rows of the graph after its newest token's (decode_batch)
         # every row's result is the same in any step (engine/ops/blas_order.py; checked by warm_up): reads
         # may share a step, end anywhere, and a cached prefix be reused at any block
         self.shape_free = False
@@ -203,6 +203,7 @@ class ModelRunner:
         get a copy of their own, since a decode graph's output buffer is overwritten by the next replay."""
         if seq.graph_row is not None and seq.logits is not None:
             seq.logits, seq.graph_row = seq.logits.copy(), None
+            seq.draft_logits = [logits.copy() for logits in seq.draft_logits]  # (rows of the same buffer)
 
     def snapshot_nbytes(self, seq: Sequence) -> int:
         """What a park's rows take in host memory (a hybrid's recurrent state stays with the request)."""

@@ -5,6 +5,8 @@
 #   bash tools/device/gpu_run.sh kernels synth bench parity hol real
 #
 # kernels  tools/device/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention speed
+# spec     tools/device/speculation_check.py (issue 47): n-gram drafts through the decode graphs, the same tokens
+#          with and without them, on the 135M and 8B Q4_K_M shapes -> $OUT/speculation_gpu.json
 # sampling tools/device/gpu_kernels_check.py's sampling and argmax checks alone, with the picks' times (fast)
 # sm90     the wgmma prompt attention (attention_sm90.cu) against NumPy alone (fast); on failure, again with
 #          V's descriptor offsets swapped (V_LBO_IS_PANEL=0)
@@ -262,6 +264,11 @@ for step in "$@"; do
       # batched draws: a row alone = in any batch, = draw_segmented) and the picks' times
       python3 tools/device/gpu_kernels_check.py --only sampling,argmax --json "$OUT/sampling_check.json" \
         | grep -v "^ok " || echo "SAMPLING CHECKS FAILED" ;;
+    spec)  # issue 47: n-gram drafts as decode-graph rows (tools/device/speculation_check.py): the same tokens with and
+      # without drafts, greedy, together and seeded, and decode's time either way, on the 135M and 8B Q4_K_M shapes
+      synth_ms; synth_mq
+      timeout 300 python3 tools/device/speculation_check.py $MS $MQ --json "$OUT/speculation_gpu.json" 2>&1 | quiet \
+        || echo "SPECULATION CHECK FAILED" ;;
     sm90)  # the wgmma prompt attention's checks alone; when they fail, again with V's descriptor offsets swapped
       python3 tools/device/gpu_kernels_check.py --only attention,q8_cache --no-speed --json "$OUT/sm90_check.json" \
         | grep -v "^ok " || { echo "SM90 CHECKS FAILED; V_LBO_IS_PANEL=0:"

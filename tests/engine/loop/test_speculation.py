@@ -71,3 +71,16 @@ def test_a_seeded_sampled_request_draws_the_same_tokens_with_drafts(engine, rewr
     assert sc.tokens_of(drafted, 8) == sc.tokens_of(plain, 7)
     assert drafted[-1].extra["fp"] == plain[-1].extra["fp"]
     assert int(drafted[-1].extra["accepted"]) > 0
+
+
+def test_a_step_splits_into_forwards_of_at_most_max_batch_rows():
+    """A request's newest token and its drafts go in one forward, at most max_batch rows a forward (the decode
+    graphs' and the flash-decoding counters' 64): requests in order, a new forward where the next would not fit."""
+    from types import SimpleNamespace
+
+    from engine.loop.decode_steps import DecodeSteps
+
+    steps = DecodeSteps(SimpleNamespace(max_batch=8), None, None, None, None)
+    seqs = [SimpleNamespace(name=i, drafts=[0] * d) for i, d in enumerate([3, 3, 0, 6, 7, 0, 0])]
+    assert [[s.name for s in batch] for batch in steps.batches(seqs)] == [[0, 1], [2, 3], [4], [5, 6]]
+    assert steps.batches([]) == []
