@@ -16,7 +16,9 @@ from engine.core.kv_types import array_module
 
 # GGUF type -> (values per block, bytes per block): the types whose blocks stay on the device
 BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
-          "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
+          "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+          "IQ2_XXS": (256, 66), "IQ2_XS": (256, 74), "IQ2_S": (256, 82), "IQ3_XXS": (256, 98), "IQ3_S": (256, 110),
+          "IQ4_NL": (32, 18), "IQ4_XS": (256, 136)}
 UNIT = 32  # values one kernel thread decodes at a time (a block, or a sub-block of a K-quant)
 
 

@@ -348,3 +348,24 @@ MMQ(Q5_K)
 #if IN_PART(7)
 MMQ(Q6_K)
 #endif
+#if IN_PART(8)
+MMQ(IQ2_XXS)
+#endif
+#if IN_PART(9)
+MMQ(IQ2_XS)
+#endif
+#if IN_PART(10)
+MMQ(IQ2_S)
+#endif
+#if IN_PART(11)
+MMQ(IQ3_XXS)
+#endif
+#if IN_PART(12)
+MMQ(IQ3_S)
+#endif
+#if IN_PART(13)
+MMQ(IQ4_NL)
+#endif
+#if IN_PART(14)
+MMQ(IQ4_XS)
+#endif

@@ -1,6 +1,6 @@
 """Which compilations (build.Unit) a model needs: the parts of quant.cu and mmq.cu that hold its weights'
 kinds, the parts of attention.cu that hold its head size's prompt kernel and its grouping's decoding
-kernels, moe.cu only for a mixture of experts. A first start compiles these alone (11 of 46 parts for a
+kernels, moe.cu only for a mixture of experts. A first start compiles these alone (11 of 67 parts for a
 Llama-3-8B in Q4_K_M), each short, so that it waits for one round of short compilations side by side; a
 kernel outside them is built when first asked for (engine/kernels/loader.py's load_rest), which a model's
 own steps never do.
@@ -19,7 +19,8 @@ from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import ModelConfig
 
 KIND_PART = {kind: i for i, kind in enumerate(BLOCKS)}  # mmq.cu: part i holds BLOCKS' i-th kind; quant.cu: parts
-# 2i (its matvecs of 1-8 rows, dequant_, embed_, its pair with Q6_K) and 2i + 1 (its matvecs of 9-16 rows)
+# 2i (its matvecs of 1-8 rows, dequant_, embed_, its pair with Q6_K but the IQ types') and 2i + 1 (its matvecs of
+# 9-16 rows)
 FP16_PART = 2 * len(BLOCKS) - 1  # quant.cu: the F16 weights' dequant_ and embed_ kernels share the last part
 HEAD_DIM_PARTS = 1 + MAX_GROUP  # attention.cu: per head size, a part for its prompt kernel, then one per group
 ALWAYS = ("norm_rope.cu", "argmax.cu", "mmv.cu")  # small, and every model's (mmv: its fp16 matrices)

@@ -15,7 +15,8 @@ from engine.core.quantized import Row8
 MAX_EXPERTS, MAX_USED = 256, 32  # MAX_EXPERTS in moe.cu (8 router values a lane); one lane per choice
 GEMM_BM, GEMM_BN, GEMM_THREADS = 64, 64, 128  # moe.cu's grouped GEMM tiles
 ROUTER_THREADS = 128  # moe.cu's: a block per (expert, token)
-WEIGHT_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16")  # moe_*_<kind> kernels
+WEIGHT_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+                "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "F16")  # moe_*_<kind> kernels
 KERNELS = ("router_logits", "moe_route", "router_route", "moe_sort", "moe_combine",
            *(f"moe_{family}_{kind}" for kind in WEIGHT_KINDS for family in ("matvec", "down", "gemm")))
 

@@ -134,8 +134,9 @@ __device__ __forceinline__ void matvec_q8_pair(const u8* __restrict__ wa, const 
         matvec_q8<T, NB>(w, xq, y, m, k, ldy, stage);                                                               \
     }
 // Each kind's kernels in two parts (parts.cuh), so that a first start's compilations are short and many: part
-// 2i holds the i-th kind's dequant/embed kernels, its pair with Q6_K and its matvecs of 1-8 rows, part 2i + 1
-// its matvecs of 9-16 rows (engine/kernels/model_parts.py mirrors this layout).
+// 2i holds the i-th kind's dequant/embed kernels, its pair with Q6_K (not the IQ types': no mix pairs them) and
+// its matvecs of 1-8 rows, part 2i + 1 its matvecs of 9-16 rows; F16's dequant/embed kernels are in the last
+// part (engine/kernels/model_parts.py mirrors this layout).
 #define MATVEC_Q8_FEW(T)                                                                                            \
     WEIGHT_KERNELS(T)                                                                                               \
     MATVEC_Q8_NB(T, 1) MATVEC_Q8_NB(T, 2) MATVEC_Q8_NB(T, 3) MATVEC_Q8_NB(T, 4) MATVEC_Q8_NB(T, 5)                  \
@@ -198,6 +199,48 @@ MATVEC_Q8_FEW(Q6_K)
 #endif
 #if IN_PART(15)
 MATVEC_Q8_MANY(Q6_K)
+#endif
+#if IN_PART(16)
+MATVEC_Q8_FEW(IQ2_XXS)
+#endif
+#if IN_PART(17)
+MATVEC_Q8_MANY(IQ2_XXS)
+#endif
+#if IN_PART(18)
+MATVEC_Q8_FEW(IQ2_XS)
+#endif
+#if IN_PART(19)
+MATVEC_Q8_MANY(IQ2_XS)
+#endif
+#if IN_PART(20)
+MATVEC_Q8_FEW(IQ2_S)
+#endif
+#if IN_PART(21)
+MATVEC_Q8_MANY(IQ2_S)
+#endif
+#if IN_PART(22)
+MATVEC_Q8_FEW(IQ3_XXS)
+#endif
+#if IN_PART(23)
+MATVEC_Q8_MANY(IQ3_XXS)
+#endif
+#if IN_PART(24)
+MATVEC_Q8_FEW(IQ3_S)
+#endif
+#if IN_PART(25)
+MATVEC_Q8_MANY(IQ3_S)
+#endif
+#if IN_PART(26)
+MATVEC_Q8_FEW(IQ4_NL)
+#endif
+#if IN_PART(27)
+MATVEC_Q8_MANY(IQ4_NL)
+#endif
+#if IN_PART(28)
+MATVEC_Q8_FEW(IQ4_XS)
+#endif
+#if IN_PART(29)
+MATVEC_Q8_MANY(IQ4_XS)
 WEIGHT_KERNELS(F16)
 #endif
 

@@ -6,6 +6,7 @@
 #pragma once
 #include <cuda_fp16.h>
 
+#include "iq_tables.cuh"
 #include "q8.cuh"
 
 using u8 = unsigned char;
@@ -229,6 +230,181 @@ struct Q6_K {
         u.m[0] = -32.f * u.d[0], u.m[1] = -32.f * u.d[1];
     }
 };
+
+// ---------------------------------------------------------------- the IQ quants
+// Their values are signed: a grid's magnitudes (iq_tables.cuh, from gguf's tables) with a sign each, or
+// IQ4's sixteen levels, times a scale a unit (IQ2_XS and IQ2_S: a scale every 16 values). Read as the
+// unsigned bytes value + ZERO (64; IQ4: 128) with m = -ZERO d, as Q8_0 is, so that the matvecs and mmq.cu
+// take them as every other type. IQ<S> makes a type's decode and pair from its spec S: word(block, ib, i),
+// bytes 4i..4i+3 of unit ib of the block (Raw::w[i]), and scales(block, ib, d), the unit's halves' scales.
+
+// 7 sign bits with their parity as the eighth (ggml's ksigns_iq2xs: an even count of minus signs a group).
+__device__ __forceinline__ unsigned signs8(unsigned s7) { return s7 | ((__popc(s7) & 1u) << 7); }
+
+// Four magnitudes (the bytes of g, each below 64) with the signs of bits 0..3 of s -> the bytes 64 -+ g.
+__device__ __forceinline__ unsigned signed_bytes(unsigned g, unsigned s) {
+    const unsigned minus = ((s * 0x00204081u) & 0x01010101u) * 0xFFu;
+    return (__vadd4(0x40404040u, g) & ~minus) | (__vsub4(0x40404040u, g) & minus);
+}
+
+// The 4-byte word at a 2-byte aligned address.
+__device__ __forceinline__ unsigned word_a2(const u8* p) {
+    unsigned w[1];
+    load_a2(p, w);
+    return w[0];
+}
+
+// Four IQ4 indices (a byte each, 0..15) -> their bytes (level + 128): two byte permutes of the table's halves.
+__device__ __forceinline__ unsigned iq4_bytes(unsigned q) {
+    unsigned sel = q & 0x07070707u;
+    sel = (sel | (sel >> 4)) & 0x00FF00FFu;
+    sel = (sel | (sel >> 8)) & 0x0000FFFFu;  // nibble k: index k's low 3 bits
+    const unsigned lo = __byte_perm(IQ4_BYTES0, IQ4_BYTES1, sel), hi = __byte_perm(IQ4_BYTES2, IQ4_BYTES3, sel);
+    const unsigned high = ((q & 0x08080808u) >> 3) * 0xFFu;
+    return (lo & ~high) | (hi & high);
+}
+
+// A scale d * (0.5 + s) * f, rounded as gguf's dequantizers round it.
+__device__ __forceinline__ float half_step(float d, unsigned s, float f) {
+    return __fmul_rn(__fmul_rn(d, 0.5f + (float)s), f);
+}
+
+template <class S>
+struct IQ {
+    static constexpr int QK = S::QK, BYTES = S::BYTES, ZERO = S::ZERO;
+    static constexpr bool TWO_SCALES = S::TWO_SCALES;
+    __device__ static const u8* block(const u8* row, int s) { return row + (QK == 32 ? s : s >> 3) * BYTES; }
+    __device__ static int unit(int s) { return QK == 32 ? 0 : s & 7; }
+    template <class U>
+    __device__ static void affine(const u8* p, int ib, U& u) {
+        float d[2];
+        S::scales(p, ib, d);
+        u.d[0] = d[0], u.d[1] = d[1], u.m[0] = -(float)ZERO * d[0], u.m[1] = -(float)ZERO * d[1];
+    }
+    __device__ static void decode(const u8* row, int s, Raw& u) {
+        const u8* p = block(row, s);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) u.w[i] = S::word(p, unit(s), i);
+        affine(p, unit(s), u);
+    }
+    __device__ static void pair(const u8* row, int s, int c, Pair& u) {
+        const u8* p = block(row, s);
+        u.lo = S::word(p, unit(s), c), u.hi = S::word(p, unit(s), 4 + c);
+        affine(p, unit(s), u);
+    }
+    __device__ static unsigned centered(unsigned w) { return __vsub4(w, (unsigned)ZERO * 0x01010101u); }  // q - ZERO
+};
+
+// IQ2_XXS {d, qs[64]} per 256: unit ib's 8 bytes at 2 + 8 ib: its four groups' grid indices, then a word of
+// their 4 x 7 sign bits and the scale in its top 4 bits, d (0.5 + scale) / 4.
+struct IQ2_XXS_S {
+    static constexpr int QK = 256, BYTES = 66, ZERO = 64;
+    static constexpr bool TWO_SCALES = false;
+    __device__ static unsigned word(const u8* p, int ib, int i) {
+        const int l = i >> 1, h = i & 1;
+        const unsigned long long g = iq2xxs_grid[p[2 + 8 * ib + l]];
+        const unsigned signs = signs8((word_a2(p + 6 + 8 * ib) >> (7 * l)) & 127u);
+        return signed_bytes((unsigned)(g >> (32 * h)), (signs >> (4 * h)) & 15u);
+    }
+    __device__ static void scales(const u8* p, int ib, float (&d)[2]) {
+        d[0] = d[1] = half_step(f16_at(p), word_a2(p + 6 + 8 * ib) >> 28, 0.25f);
+    }
+};
+// IQ2_XS {d, qs[32] u16, scales[8]} per 256: entry 4 ib + l holds group l's grid index (9 bits) and 7 sign
+// bits; scales[ib]'s nibbles scale its halves, d (0.5 + s) / 4.
+struct IQ2_XS_S {
+    static constexpr int QK = 256, BYTES = 74, ZERO = 64;
+    static constexpr bool TWO_SCALES = true;
+    __device__ static unsigned word(const u8* p, int ib, int i) {
+        const int l = i >> 1, h = i & 1;
+        const unsigned q = *reinterpret_cast<const u16*>(p + 2 + 8 * ib + 2 * l);
+        const unsigned long long g = iq2xs_grid[q & 511u];
+        return signed_bytes((unsigned)(g >> (32 * h)), (signs8(q >> 9) >> (4 * h)) & 15u);
+    }
+    __device__ static void scales(const u8* p, int ib, float (&d)[2]) {
+        const unsigned sc = p[66 + ib];
+        d[0] = half_step(f16_at(p), sc & 15u, 0.25f), d[1] = half_step(f16_at(p), sc >> 4, 0.25f);
+    }
+};
+// IQ2_S {d, qs[32], signs[32], qh[8], scales[8]} per 256: group l of unit ib: grid index qs[4 ib + l] with
+// bits 2l, 2l + 1 of qh[ib] above it, its signs the byte signs[4 ib + l]; scales as IQ2_XS's.
+struct IQ2_S_S {
+    static constexpr int QK = 256, BYTES = 82, ZERO = 64;
+    static constexpr bool TWO_SCALES = true;
+    __device__ static unsigned word(const u8* p, int ib, int i) {
+        const int l = i >> 1, h = i & 1;
+        const unsigned index = p[2 + 4 * ib + l] | ((((unsigned)p[66 + ib] >> (2 * l)) & 3u) << 8);
+        const unsigned long long g = iq2s_grid[index];
+        return signed_bytes((unsigned)(g >> (32 * h)), ((unsigned)p[34 + 4 * ib + l] >> (4 * h)) & 15u);
+    }
+    __device__ static void scales(const u8* p, int ib, float (&d)[2]) {
+        const unsigned sc = p[74 + ib];
+        d[0] = half_step(f16_at(p), sc & 15u, 0.25f), d[1] = half_step(f16_at(p), sc >> 4, 0.25f);
+    }
+};
+// IQ3_XXS {d, qs[64], aux[8] u32} per 256: values 4i..4i+3 of unit ib are grid entry qs[8 ib + i]; aux[ib]
+// holds the four groups' 7 sign bits and the scale in its top 4 bits, d (0.5 + scale) / 2.
+struct IQ3_XXS_S {
+    static constexpr int QK = 256, BYTES = 98, ZERO = 64;
+    static constexpr bool TWO_SCALES = false;
+    __device__ static unsigned word(const u8* p, int ib, int i) {
+        const int l = i >> 1, h = i & 1;
+        const unsigned signs = signs8((word_a2(p + 66 + 4 * ib) >> (7 * l)) & 127u);
+        return signed_bytes(iq3xxs_grid[p[2 + 8 * ib + i]], (signs >> (4 * h)) & 15u);
+    }
+    __device__ static void scales(const u8* p, int ib, float (&d)[2]) {
+        d[0] = d[1] = half_step(f16_at(p), word_a2(p + 66 + 4 * ib) >> 28, 0.5f);
+    }
+};
+// IQ3_S {d, qs[64], qh[8], signs[32], scales[4]} per 256: values 4i..4i+3 of unit ib are grid entry qs[8 ib +
+// i] with bit i of qh[ib] above it, group l's signs the byte signs[4 ib + l]; the scale d (1 + 2 s), s unit
+// ib's nibble of scales[ib / 2].
+struct IQ3_S_S {
+    static constexpr int QK = 256, BYTES = 110, ZERO = 64;
+    static constexpr bool TWO_SCALES = false;
+    __device__ static unsigned word(const u8* p, int ib, int i) {
+        const int l = i >> 1, h = i & 1;
+        const unsigned index = p[2 + 8 * ib + i] | ((((unsigned)p[66 + ib] >> i) & 1u) << 8);
+        return signed_bytes(iq3s_grid[index], ((unsigned)p[74 + 4 * ib + l] >> (4 * h)) & 15u);
+    }
+    __device__ static void scales(const u8* p, int ib, float (&d)[2]) {
+        const unsigned s = ((unsigned)p[106 + (ib >> 1)] >> (4 * (ib & 1))) & 15u;
+        d[0] = d[1] = __fmul_rn(f16_at(p), (float)(1u + 2u * s));
+    }
+};
+// IQ4_NL {d, qs[16]} per 32: value j < 16 is level (the low nibble of qs[j]), j >= 16 the high nibble of
+// qs[j - 16]; d * level.
+struct IQ4_NL_S {
+    static constexpr int QK = 32, BYTES = 18, ZERO = 128;
+    static constexpr bool TWO_SCALES = false;
+    __device__ static unsigned word(const u8* p, int, int i) {
+        const unsigned q = word_a2(p + 2 + 4 * (i & 3));
+        return iq4_bytes(i < 4 ? q & 0x0F0F0F0Fu : (q >> 4) & 0x0F0F0F0Fu);
+    }
+    __device__ static void scales(const u8* p, int, float (&d)[2]) { d[0] = d[1] = f16_at(p); }
+};
+// IQ4_XS {d, scales_h u16, scales_l[4], qs[128]} per 256: unit ib is IQ4_NL's qs at 8 + 16 ib, scaled d (ls -
+// 32), ls 6 bits: ib's nibble of scales_l[ib / 2] and bits 2 ib, 2 ib + 1 of scales_h above it.
+struct IQ4_XS_S {
+    static constexpr int QK = 256, BYTES = 136, ZERO = 128;
+    static constexpr bool TWO_SCALES = false;
+    __device__ static unsigned word(const u8* p, int ib, int i) {
+        const unsigned q = word_a2(p + 8 + 16 * ib + 4 * (i & 3));
+        return iq4_bytes(i < 4 ? q & 0x0F0F0F0Fu : (q >> 4) & 0x0F0F0F0Fu);
+    }
+    __device__ static void scales(const u8* p, int ib, float (&d)[2]) {
+        const unsigned low = ((unsigned)p[4 + (ib >> 1)] >> (4 * (ib & 1))) & 15u;
+        const unsigned high = ((unsigned)*reinterpret_cast<const u16*>(p + 2) >> (2 * ib)) & 3u;
+        d[0] = d[1] = __fmul_rn(f16_at(p), (float)((int)(low | (high << 4)) - 32));
+    }
+};
+using IQ2_XXS = IQ<IQ2_XXS_S>;
+using IQ2_XS = IQ<IQ2_XS_S>;
+using IQ2_S = IQ<IQ2_S_S>;
+using IQ3_XXS = IQ<IQ3_XXS_S>;
+using IQ3_S = IQ<IQ3_S_S>;
+using IQ4_NL = IQ<IQ4_NL_S>;
+using IQ4_XS = IQ<IQ4_XS_S>;
 
 // F16 rows: 32 values of 2 bytes (no Raw form: values() reads them as they are).
 struct F16 {
