@@ -5,6 +5,8 @@
 #   bash tools/device/gpu_run.sh kernels synth bench parity hol real
 #
 # kernels  tools/device/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention speed
+# weights  tools/device/gpu_kernels_check.py --only weights and tools/device/mmq_check.py --quick: every GGUF type's
+#          kernels (the IQ types' too) against gguf's NumPy and the dp4a matvec's rows, no timings
 # spec     tools/device/speculation_check.py (issue 47): n-gram drafts through the decode graphs, the same tokens
 #          with and without them, on the 135M and 8B Q4_K_M shapes -> $OUT/speculation_gpu.json
 # sampling tools/device/gpu_kernels_check.py's sampling and argmax checks alone, with the picks' times (fast)
@@ -264,6 +266,12 @@ for step in "$@"; do
       # batched draws: a row alone = in any batch, = draw_segmented) and the picks' times
       python3 tools/device/gpu_kernels_check.py --only sampling,argmax --json "$OUT/sampling_check.json" \
         | grep -v "^ok " || echo "SAMPLING CHECKS FAILED" ;;
+    weights)  # every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types among them), and mmq.cu's
+      # rows against the dp4a matvec's alone, every kind (no timings)
+      timeout 200 python3 tools/device/gpu_kernels_check.py --only weights --no-speed --json "$OUT/weights_check.json" \
+        | grep -v "^ok " || echo "WEIGHT CHECKS FAILED"
+      timeout 150 python3 tools/device/mmq_check.py --quick --json "$OUT/mmq_check.json" | grep -v "^ok " \
+        || echo "MMQ CHECK FAILED" ;;
     spec)  # issue 47: n-gram drafts as decode-graph rows (tools/device/speculation_check.py): the same tokens with and
       # without drafts, greedy, together and seeded, and decode's time either way, on the 135M and 8B Q4_K_M shapes
       synth_ms; synth_mq

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# What the branch device-pending waits for, in two device calls back to back (PARTS="sampling iq", then
+# PARTS="spec clients": each under ten minutes on a fresh machine), each part under its own time limit, results
+# packed in $OUT/pending.tgz (a call brings back only a few files):
+#   sampling  the batched draws (a row alone = in any batch = draw_segmented), the picks' graphs, their times
+#   iq        gpu_run.sh weights: every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types
+#             among them), and mmq.cu's rows against the dp4a matvec's, every kind
+#   spec      n-gram drafts as decode-graph rows: the same tokens with and without (tools/device/speculation_check.py)
+#   clients   the 64 clients and 16 sub-agents through HTTP as a user starts the server (the batched draws' gain)
+#   PARTS="sampling iq" bash tools/device/pending_round.sh        (carry [".whl", ".device"])
+set -uo pipefail
+base=$OUT
+mkdir -p "$base/p"
+export OUT="$base/p"
+for part in ${PARTS:-sampling iq spec clients}; do
+  echo "=== $part ($(date +%T), ${SECONDS} s into the call)"
+  case $part in
+    sampling) timeout 150 bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
+    iq) timeout 360 bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
+    spec) timeout 240 bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
+    clients)
+      STRATA_STEP_TRACE=1 CASES="clients subagents" REPEATS=3 LIMIT=70 timeout 220 bash tools/device/gpu_run.sh httpquick \
+        2>&1 | grep -v "^INFO" | tail -20
+      gzip -f "$OUT/server.log" ;;
+  esac
+done
+tar -czf "$base/pending.tgz" -C "$base" p && rm -rf "$base/p"
