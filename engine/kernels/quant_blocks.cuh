@@ -269,6 +269,11 @@ __device__ __forceinline__ float half_step(float d, unsigned s, float f) {
     return __fmul_rn(__fmul_rn(d, 0.5f + (float)s), f);
 }
 
+// IQ2_XS's and IQ2_S's two scales of a unit, from its byte sc: d (0.5 + nibble) / 4, the low nibble first.
+__device__ __forceinline__ void nibble_scales(float d, unsigned sc, float (&out)[2]) {
+    out[0] = half_step(d, sc & 15u, 0.25f), out[1] = half_step(d, sc >> 4, 0.25f);
+}
+
 template <class S>
 struct IQ {
     static constexpr int QK = S::QK, BYTES = S::BYTES, ZERO = S::ZERO;
@@ -321,10 +326,7 @@ struct IQ2_XS_S {
         const unsigned long long g = iq2xs_grid[q & 511u];
         return signed_bytes((unsigned)(g >> (32 * h)), (signs8(q >> 9) >> (4 * h)) & 15u);
     }
-    __device__ static void scales(const u8* p, int ib, float (&d)[2]) {
-        const unsigned sc = p[66 + ib];
-        d[0] = half_step(f16_at(p), sc & 15u, 0.25f), d[1] = half_step(f16_at(p), sc >> 4, 0.25f);
-    }
+    __device__ static void scales(const u8* p, int ib, float (&d)[2]) { nibble_scales(f16_at(p), p[66 + ib], d); }
 };
 // IQ2_S {d, qs[32], signs[32], qh[8], scales[8]} per 256: group l of unit ib: grid index qs[4 ib + l] with
 // bits 2l, 2l + 1 of qh[ib] above it, its signs the byte signs[4 ib + l]; scales as IQ2_XS's.
@@ -337,10 +339,7 @@ struct IQ2_S_S {
         const unsigned long long g = iq2s_grid[index];
         return signed_bytes((unsigned)(g >> (32 * h)), ((unsigned)p[34 + 4 * ib + l] >> (4 * h)) & 15u);
     }
-    __device__ static void scales(const u8* p, int ib, float (&d)[2]) {
-        const unsigned sc = p[74 + ib];
-        d[0] = half_step(f16_at(p), sc & 15u, 0.25f), d[1] = half_step(f16_at(p), sc >> 4, 0.25f);
-    }
+    __device__ static void scales(const u8* p, int ib, float (&d)[2]) { nibble_scales(f16_at(p), p[74 + ib], d); }
 };
 // IQ3_XXS {d, qs[64], aux[8] u32} per 256: values 4i..4i+3 of unit ib are grid entry qs[8 ib + i]; aux[ib]
 // holds the four groups' 7 sign bits and the scale in its top 4 bits, d (0.5 + scale) / 2.
