@@ -64,7 +64,9 @@ class BatchDraws:
                 self.host[i] = row_params(p, u)
             self.host[n:size] = PADDING
             self.params[:size].set(self.host[:size])
-            graph = self.graphs.get(size) or self.capture(size)
+            graph = self.graphs.get(size)
+            if graph is None:
+                graph = self.capture(size)
             if graph is not None:
                 graph.launch(self.stream)
             else:
