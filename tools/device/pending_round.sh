@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# What the branch device-pending waits for, in two device calls back to back (PARTS="sampling iq", then
-# PARTS="spec clients": each under ten minutes on a fresh machine), each part under its own time limit, results
+# What the branch device-pending waits for, in device calls back to back (PARTS="sampling iq", then
+# PARTS="spec clients", then PARTS=hol: each under ten minutes on a fresh machine), each part under its own limit, results
 # packed in $OUT/pending.tgz (a call brings back only a few files):
 #   sampling  the batched draws (a row alone = in any batch = draw_segmented), the picks' graphs, their times
 #   iq        gpu_run.sh weights: every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types
 #             among them), and mmq.cu's rows against the dp4a matvec's, every kind
 #   spec      n-gram drafts as decode-graph rows: the same tokens with and without (tools/device/speculation_check.py)
 #   clients   the 64 clients and 16 sub-agents through HTTP as a user starts the server (the batched draws' gain)
+#   hol       B beside A's 46.9K read and 4 / 16 / 64 decoders through HTTP (issue 44's B: short reads first)
 #   PARTS="sampling iq" bash tools/device/pending_round.sh        (carry [".whl", ".device"])
 set -uo pipefail
 base=$OUT
@@ -22,6 +23,7 @@ for part in ${PARTS:-sampling iq spec clients}; do
       STRATA_STEP_TRACE=1 CASES="clients subagents" REPEATS=3 LIMIT=70 timeout 220 bash tools/device/gpu_run.sh httpquick \
         2>&1 | grep -v "^INFO" | tail -20
       gzip -f "$OUT/server.log" ;;
+    hol) PEERS_CASES=hol PEERS_REPEATS=2 timeout 540 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -25 ;;
   esac
 done
 tar -czf "$base/pending.tgz" -C "$base" p && rm -rf "$base/p"
