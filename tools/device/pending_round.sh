@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the branch device-pending waits for, in device calls back to back (PARTS="sampling iq", then
-# PARTS="spec clients", then PARTS=hol: each under ten minutes on a fresh machine), each part under its own limit, results
-# packed in $OUT/pending.tgz (a call brings back only a few files):
+# PARTS="spec clients", then PARTS=hol: each under ten minutes on a fresh machine), each part under its own
+# limit, results packed in $OUT/pending.tgz (a call brings back only a few files):
 #   sampling  the batched draws (a row alone = in any batch = draw_segmented), the picks' graphs, their times
 #   iq        gpu_run.sh weights: every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types
 #             among them), and mmq.cu's rows against the dp4a matvec's, every kind
@@ -20,8 +20,8 @@ for part in ${PARTS:-sampling iq spec clients}; do
     iq) timeout 360 bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
     spec) timeout 240 bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
     clients)
-      STRATA_STEP_TRACE=1 CASES="clients subagents" REPEATS=3 LIMIT=70 timeout 220 bash tools/device/gpu_run.sh httpquick \
-        2>&1 | grep -v "^INFO" | tail -20
+      STRATA_STEP_TRACE=1 CASES="clients subagents" REPEATS=3 LIMIT=70 timeout 220 \
+        bash tools/device/gpu_run.sh httpquick 2>&1 | grep -v "^INFO" | tail -20
       gzip -f "$OUT/server.log" ;;
     hol) PEERS_CASES=hol PEERS_REPEATS=2 timeout 540 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -25 ;;
   esac
