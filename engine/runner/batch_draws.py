@@ -51,16 +51,21 @@ class BatchDraws:
         self.graphs: dict[int, object] = {}
         self.capturable = True
 
-    def draw(self, rows: list[tuple[object, SamplingParams, float]]) -> list[int]:
+    def draw(self, rows: list[tuple[object, SamplingParams, float]], gather: tuple | None = None) -> list[int]:
         """Each row's token: (logits (vocab,) fp32 on the device, written on the current stream, its
-        parameters (temperature > 0), its uniform)."""
+        parameters (temperature > 0), its uniform). gather: (matrix, indices) when every row's logits are
+        rows of one matrix (a decode graph's output): one gather then, not a copy a row."""
         cp, n = self.cp, len(rows)
         size = padded_rows(n)
         self.stream.wait_event(cp.cuda.get_current_stream().record())  # the logits are written
         with self.stream:
+            if gather is not None:
+                source, index = gather
+                cp.take(source, cp.asarray(np.asarray(index, dtype=np.int64)), axis=0, out=self.logits[:n])
             for i, (logits, p, u) in enumerate(rows):
-                logits = cp.ascontiguousarray(logits, dtype=cp.float32)
-                self.logits[i].data.copy_from_device_async(logits.data, logits.nbytes, self.stream)
+                if gather is None:
+                    logits = cp.ascontiguousarray(logits, dtype=cp.float32)
+                    self.logits[i].data.copy_from_device_async(logits.data, logits.nbytes, self.stream)
                 self.host[i] = row_params(p, u)
             self.host[n:size] = PADDING
             self.params[:size].set(self.host[:size])

@@ -46,7 +46,9 @@ class Picks:
         rows = [s for s in seqs if s.sampler.batchable and s.picked is None and not s.draft_logits]
         for start in range(0, len(rows), self.batch.rows):
             batch = rows[start : start + self.batch.rows]
-            tokens = self.batch.draw([(s.logits, s.sampler.params, s.sampler.uniform()) for s in batch])
+            graph_rows = [s.graph_row for s in batch]  # (a decode step's rows: one gather from the graph's output)
+            gather = None if None in graph_rows else (self.decoder.logits, graph_rows)
+            tokens = self.batch.draw([(s.logits, s.sampler.params, s.sampler.uniform()) for s in batch], gather)
             for seq, token in zip(batch, tokens):
                 seq.picked = token
 

@@ -55,7 +55,7 @@ class FakeBatch:
     def __init__(self):
         self.calls = []
 
-    def draw(self, rows):
+    def draw(self, rows, gather=None):
         self.calls.append(rows)
         return [int(np.argmax(logits)) for logits, _, _ in rows]
 
