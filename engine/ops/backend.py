@@ -14,7 +14,7 @@ from types import ModuleType
 import numpy as np
 
 from engine.core.kv_types import widened
-from engine.ops.hybrid_ops import HybridArrayOps
+from engine.ops.hybrid_ops import HybridArrayOps, HybridHalfOps
 from engine.ops.moe import route, run_experts
 from engine.ops.upload import PinnedUpload
 from engine.core.quantized import QuantMatrix, Row8
@@ -201,7 +201,7 @@ class ArrayOps(HybridArrayOps):
         return run_experts(self, h, experts, chosen, weights), chosen, weights
 
 
-class HalfCupyOps(ArrayOps):
+class HalfCupyOps(HybridHalfOps, ArrayOps):
     """The same operations on the GPU in half precision, each one kernel (engine/kernels/):
     cuBLAS GEMMs on the fp16 weights as stored, fused norm/RoPE/SwiGLU, flash attention. A weight
     may be a QuantMatrix (engine/core/quantized.py): single rows read its blocks directly, a prompt

@@ -1,7 +1,7 @@
 """The operations only the hybrid families' layers take (engine/model/hybrid.py), mixed into the backends'
 ops (engine/ops/backend.py): the Gated DeltaNet mixer over the step's recurrent states, the gated
 attention's sigmoid gate, the shared expert's gated sum. HybridArrayOps is float32 array code (the CPU's
-path, the reference); the GPU refuses these models in this version (engine/kvcache/recurrent.py)."""
+path, the reference); HybridHalfOps runs them on the GPU through engine/kernels/linear_attention.cu."""
 from __future__ import annotations
 
 from engine.core.step import Step
@@ -31,3 +31,18 @@ class HybridArrayOps:
         (a product with one output column goes to OpenBLAS's sgemv, whose rows' sums depend on the row count)."""
         return delta + shared * gdn.sigmoid(self.xp.sum(h * gate_w, axis=-1, keepdims=True))
 
+
+class HybridHalfOps(HybridArrayOps):
+    """The same on the GPU: fp16 activations, the recurrent states and the delta rule in float32."""
+
+    def state_rows(self, step: Step, states: tuple):
+        return self.kernels.state_pointers(step, states)
+
+    def delta_net(self, proj, lw, hy, j: int, rows, eps: float):
+        return self.kernels.delta_net(proj, lw, hy, j, rows, eps)
+
+    def sigmoid_mul(self, x, gate):
+        return self.kernels.sigmoid_mul(self.rows(x), gate)
+
+    def add_gated(self, delta, shared, h, gate_w):
+        return self.kernels.add_gated(delta, shared, self.rows(h), gate_w)
