@@ -16,6 +16,7 @@ from engine.kernels.model_parts import ModelKernels
 from engine.model.weights import load_model
 from engine.loop.loop import run_loop
 from engine.core.chunks import step_budget
+from engine.kvcache.recurrent import state_bytes
 from engine.kvcache.sizing import plan_context
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
@@ -69,7 +70,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     plan = plan_context(cfg, backend, config.ctx, step_budget(config.step_tokens, config.chunk),
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type,
-                        cap)
+                        cap, 2 * config.max_running * state_bytes(cfg))
     if backend.name == "gpu":
         log(plan.split())
     elif config.gpu_memory_gib is not None:

@@ -26,6 +26,7 @@ from engine.kernels.attention_launch import (
 from engine.kernels.dequant_launch import DEQUANT, WEIGHT_KINDS, DequantLaunchers
 from engine.kernels.device_steps import DeviceSteps
 from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS, Q8_BYTES, THREADS, blocks
+from engine.kernels.linear_attention_launch import LinearAttentionLaunchers
 from engine.kernels.loader import KernelLoader, built_kernels, find_function, is_dependent
 from engine.kernels.model_parts import ModelKernels
 from engine.kernels.matvec_launch import (
@@ -54,7 +55,7 @@ __all__ = [  # what the house imports from here (tools' and tests' too), whereve
 
 
 class GpuKernels(KernelLoader, DeviceSteps, NormRopeLaunchers, ArgmaxLauncher, AttentionLaunchers, MatvecLaunchers,
-                 DequantLaunchers):
+                 DequantLaunchers, LinearAttentionLaunchers):
     """Every kernel of this folder, loaded once (KernelLoader), with its family's launchers; what they
     share is set here: cp, fn, the paths a launch may take (prompt_attention, dependent, stage, pairs,
     mmq_from), the device's multiprocessors (sms), flash-decoding's counters and the scratch."""

@@ -12,6 +12,7 @@ from engine.core.quantized import BLOCKS
 from engine.kernels import build, launch, moe_launch, sm90
 from engine.kernels.attention_launch import HEAD_DIMS, MAX_GROUP, PROMPT_ATTENTION, attention_smem_bytes
 from engine.kernels.dequant_launch import WEIGHT_KINDS
+from engine.kernels.linear_attention_launch import CONV_KERNELS, SCAN_WIDTHS
 from engine.kernels.matvec_launch import (MATVEC_PAIRS, MATVEC_STAGE_MAX, MAX_BATCH_ROWS, MMQ_TILES, MMV_TILE_ROWS,
                                           mmq_smem_bytes)
 from engine.kernels.sources import OPTIONS, kernel_source
@@ -37,7 +38,10 @@ def built_kernels() -> dict[str, tuple[str, ...]]:
                                 for g in range(1, MAX_GROUP + 1))),
              "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in MMV_TILE_ROWS for suffix in ("", "_f32")),
              "mmq.cu": tuple(f"mmq_{kind}_t{nt}{suffix}" for kind in BLOCKS for nt in MMQ_TILES for suffix in ("", "_f32")),
-             "moe.cu": moe_launch.KERNELS}
+             "moe.cu": moe_launch.KERNELS,
+             "linear_attention.cu": ("l2_heads", "gated_norm", "sigmoid_mul", "row_gate", "add_gated",
+                                     *(f"conv_scan_k{k}" for k in CONV_KERNELS),
+                                     *(f"delta_scan_k{d}" for d in SCAN_WIDTHS))}
 
 
 def find_function(modules, name: str):

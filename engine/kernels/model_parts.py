@@ -1,7 +1,7 @@
 """Which compilations (build.Unit) a model needs: the parts of quant.cu and mmq.cu that hold its weights'
 kinds, the parts of attention.cu that hold its head size's prompt kernel and its grouping's decoding
-kernels, moe.cu only for a mixture of experts. A first start compiles these alone (11 of 67 parts for a
-Llama-3-8B in Q4_K_M), each short, so that it waits for one round of short compilations side by side; a
+kernels, moe.cu only for a mixture of experts, linear_attention.cu only for a hybrid. A first start compiles
+these alone (11 of 68 parts for a Llama-3-8B in Q4_K_M), each short, so that it waits for one round of short compilations side by side; a
 kernel outside them is built when first asked for (engine/kernels/loader.py's load_rest), which a model's
 own steps never do.
 
@@ -29,17 +29,20 @@ ALWAYS = ("norm_rope.cu", "argmax.cu", "mmv.cu")  # small, and every model's (mm
 @dataclass(frozen=True)
 class ModelKernels:
     """What of a model decides its kernels: the GGUF types of its matrices, the head size, the query
-    heads per K/V head, whether its feed-forward is a mixture of experts."""
+    heads per K/V head, whether its feed-forward is a mixture of experts, whether it has linear-attention
+    layers (a hybrid's)."""
 
     kinds: frozenset[str]
     head_dim: int
     group: int
     moe: bool = False
+    hybrid: bool = False
 
     @classmethod
     def of(cls, cfg: ModelConfig, reader: GGUFFile) -> ModelKernels:
         kinds = frozenset(t.tensor_type.name for t in reader.tensors if len(t.shape) >= 2)
-        return cls(kinds, cfg.head_dim, max(1, cfg.n_heads // max(1, cfg.n_kv_heads)), cfg.n_experts > 0)
+        return cls(kinds, cfg.head_dim, max(1, cfg.n_heads // max(1, cfg.n_kv_heads)), cfg.n_experts > 0,
+                   cfg.hybrid is not None)
 
     @cached_property
     def parts(self) -> dict[str, set[int]]:
@@ -54,6 +57,8 @@ class ModelKernels:
             wanted["mmq.cu"] = quantized
         if self.moe:
             wanted["moe.cu"] = {0}
+        if self.hybrid:
+            wanted["linear_attention.cu"] = {0}
         if self.head_dim in HEAD_DIMS and 1 <= self.group <= MAX_GROUP:
             first = HEAD_DIM_PARTS * HEAD_DIMS.index(self.head_dim)
             wanted["attention.cu"] = {first, first + decode_group(self.group)[0]}

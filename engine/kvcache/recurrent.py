@@ -27,8 +27,14 @@ class RecurrentState:
     def zeros(cls, layers: int, kernel: int, channels: int, heads: int, dk: int, dv: int, xp=np) -> RecurrentState:
         return cls(xp.zeros((layers, kernel - 1, channels), np.float32), xp.zeros((layers, heads, dk, dv), np.float32))
 
-    def copy(self) -> RecurrentState:
-        return RecurrentState(self.conv.copy(), self.ssm.copy())
+    def copy(self, xp=None) -> RecurrentState:
+        """A copy where this one is, or on xp's device (numpy: the host; a GPU's prefix states and parked
+        requests' states are kept in host memory)."""
+        if xp is None:
+            return RecurrentState(self.conv.copy(), self.ssm.copy())
+        if xp is np:
+            return RecurrentState(host_copy(self.conv), host_copy(self.ssm))
+        return RecurrentState(xp.array(self.conv), xp.array(self.ssm))
 
     @property
     def nbytes(self) -> int:
@@ -36,24 +42,34 @@ class RecurrentState:
 
     def digest(self) -> bytes:
         """Its bytes (a request's fingerprint), from wherever they are."""
-        host = lambda a: a if isinstance(a, np.ndarray) else a.get()  # noqa: E731
-        return host(self.conv).tobytes() + host(self.ssm).tobytes()
+        return host_copy(self.conv).tobytes() + host_copy(self.ssm).tobytes()
 
     def equals(self, other: RecurrentState) -> bool:
         return bool((self.conv == other.conv).all() and (self.ssm == other.ssm).all())
 
 
-def zero_state(cfg: ModelConfig, device: str, chunk: int) -> RecurrentState | None:
-    """A hybrid model's recurrent state at position 0; None for other models. Refuses what this version
-    cannot run: a hybrid on the GPU, a chunk that is not a whole number of the delta rule's chunks."""
+def host_copy(a) -> np.ndarray:
+    """A host copy of an array on the host or a GPU."""
+    return a.copy() if isinstance(a, np.ndarray) else a.get()
+
+
+def state_bytes(cfg: ModelConfig) -> int:
+    """One recurrent state's bytes (a hybrid's; 0 for other models): a running request holds two."""
+    h = cfg.hybrid
+    if h is None:
+        return 0
+    return 4 * len(h.linear_layers) * ((h.conv_kernel - 1) * h.channels + h.v_heads * h.dk * h.dv)
+
+
+def zero_state(cfg: ModelConfig, xp, chunk: int) -> RecurrentState | None:
+    """A hybrid model's recurrent state at position 0 on xp's device; None for other models. Refuses a chunk
+    that is not a whole number of the delta rule's chunks."""
     h = cfg.hybrid
     if h is None:
         return None
-    if device != "cpu":
-        raise ModelLoadError(f"{cfg.arch} runs on the CPU only in this version (--device cpu)")
     if chunk % CHUNK:
         raise ModelLoadError(f"{cfg.arch}: --chunk must be a multiple of {CHUNK} (the delta rule's chunks)")
-    return RecurrentState.zeros(len(h.linear_layers), h.conv_kernel, h.channels, h.v_heads, h.dk, h.dv)
+    return RecurrentState.zeros(len(h.linear_layers), h.conv_kernel, h.channels, h.v_heads, h.dk, h.dv, xp)
 
 
 @dataclass
@@ -68,10 +84,15 @@ class SequenceState:
         return cls(zeros.copy(), zeros.copy())
 
     @classmethod
-    def at(cls, state: RecurrentState, pos: int) -> SequenceState:
-        """A read that starts at `pos` (a chunk boundary) from a kept `state` (copied): a cached prefix."""
+    def at(cls, state: RecurrentState, pos: int, xp=None) -> SequenceState:
+        """A read that starts at `pos` (a chunk boundary) from a kept `state` (copied, onto xp's device if
+        given): a cached prefix."""
         assert pos % CHUNK == 0, pos
-        return cls(state.copy(), state.copy(), pos, pos)
+        return cls(state.copy(xp), state.copy(xp), pos, pos)
+
+    def moved(self, xp) -> SequenceState:
+        """This state on xp's device (a GPU request's parked in host memory, and back)."""
+        return SequenceState(self.now.copy(xp), self.mark.copy(xp), self.now_at, self.mark_at)
 
     def rewind(self) -> int:
         """Before a read: `now` back to the mark (the rows after it are read again, to the same bits).

@@ -39,12 +39,14 @@ class MemoryPlan:
     cache_ram_bytes: int = 0  # the host tier for evicted prefix blocks (engine/kvcache/host_tier.py)
     scratch_bytes: int | None = None  # GPU: a prompt step's activations
     cap_bytes: int | None = None  # GPU: --gpu-memory, the most the engine takes
+    states_bytes: int = 0  # GPU: the running requests' recurrent states (a hybrid's: engine/kvcache/recurrent.py)
 
     def split(self) -> str:
         """How the GPU's memory was shared out (the start-up log): weights, KV pool, scratch, reserve."""
         gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
         cap = f"of --gpu-memory {gib(self.cap_bytes)}" if self.cap_bytes is not None else f"of {gib(self.free_bytes or 0)} free after the weights"
-        return (f"GPU memory: weights {gib(self.weights_bytes or 0)}, KV pool {gib(self.kv_bytes)}, prompt scratch "
+        states = f", recurrent states {gib(self.states_bytes)}" if self.states_bytes else ""
+        return (f"GPU memory: weights {gib(self.weights_bytes or 0)}, KV pool {gib(self.kv_bytes)}{states}, prompt scratch "
                 f"{gib(self.scratch_bytes or 0)}, reserve {gib(RESERVE_BYTES)} ({cap}); host memory: park snapshots "
                 f"up to {gib(self.snapshot_bytes)}, evicted prefix blocks up to {gib(self.cache_ram_bytes)}")
 
@@ -71,7 +73,8 @@ def host_memory_bytes() -> int:
 
 def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step_rows: int,
                  snapshot_bytes: int | None, block: int = 64, pool_tokens: int | None = None,
-                 cache_ram_bytes: int | None = None, kv_type: str = "auto", cap_bytes: int | None = None) -> MemoryPlan:
+                 cache_ram_bytes: int | None = None, kv_type: str = "auto", cap_bytes: int | None = None,
+                 states_bytes: int = 0) -> MemoryPlan:
     """The pool of KV blocks, the most one request may hold, and the park snapshots' budget (None:
     sized here). CPU: --ctx, else the model's capped at ModelConfig.default_ctx; the pool
     --kv-tokens, else CPU_POOL_CONTEXTS of those; snapshots 2 GiB. GPU: the pool takes what the
@@ -82,7 +85,8 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
     prefix blocks: `cache_ram_bytes`, else beside a GPU 8 GiB (a quarter of the host's memory if
     that is less) and on the CPU none, the pool itself being host memory (a larger --kv-tokens does
     the same). cap_bytes (--gpu-memory): on the GPU, the most the engine takes, weights included; the
-    free memory counted is what the weights leave of it."""
+    free memory counted is what the weights leave of it. states_bytes: on the GPU, what the running requests'
+    recurrent states take (a hybrid's), set aside before the pool."""
     row = kv_row_bytes(cfg, backend, kv_type)
     free = backend.free_bytes()
     if cache_ram_bytes is None:
@@ -97,7 +101,8 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
                           snapshot_bytes if snapshot_bytes is not None else DEFAULT_SNAPSHOT_BYTES,
                           cache_ram_bytes=cache_ram_bytes)
     weights = int(backend.xp.get_default_memory_pool().used_bytes())
-    scratch = scratch_bytes(cfg, step_rows)  # a prompt step's rows (engine/config.py step_budget)
+    scratch = scratch_bytes(cfg, step_rows) + states_bytes  # a prompt step's rows (engine/config.py step_budget),
+    # and a hybrid's running states
     if cap_bytes is not None:
         if weights + scratch + RESERVE_BYTES > cap_bytes:
             raise ModelLoadError(
@@ -129,5 +134,5 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
     ctx = requested or min(cfg.max_context, fits * block // CTX_ALIGN * CTX_ALIGN or fits * block)
     if snapshot_bytes is None:
         snapshot_bytes = min(ctx * row, host_memory_bytes() // 2)
-    return MemoryPlan(ctx, fits, block, fits * block * row, snapshot_bytes, weights, free, cache_ram_bytes, scratch,
-                      cap_bytes)
+    return MemoryPlan(ctx, fits, block, fits * block * row, snapshot_bytes, weights, free, cache_ram_bytes,
+                      scratch - states_bytes, cap_bytes, states_bytes)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
 from engine.kvcache.recurrent import RecurrentState
 
 BUDGET_BYTES = 1 << 30  # host memory for kept states (a Qwen3-Next-80B state is ~75 MB: a dozen prefixes)
@@ -23,7 +25,7 @@ class StateCache:
         self.nbytes = 0
 
     def keep(self, keys: list[bytes], at: int, state: RecurrentState) -> None:
-        """`state` (copied) is the state after position `at` - 1 of the prompt whose blocks' chain keys are
+        """`state` (copied to the host) is the state after position `at` - 1 of the prompt whose blocks' chain keys are
         `keys` (BlockPool.register's); kept if `at` ends one of those blocks."""
         if at <= 0 or at % self.size or at // self.size > len(keys):
             return
@@ -31,7 +33,7 @@ class StateCache:
         if key in self.states:
             self.states.move_to_end(key)
             return
-        self.states[key] = state.copy()
+        self.states[key] = state.copy(np)  # in host memory, whatever the backend
         self.nbytes += state.nbytes
         while self.nbytes > self.budget and self.states:
             _, old = self.states.popitem(last=False)

@@ -130,7 +130,8 @@ class Admission:
         blocks, state = self.runner.state_cache.resume([self.pool.blocks[i].key for i in seq.table])
         self.pool.release(seq.table[blocks:])  # (release empties the list it is given)
         del seq.table[blocks:]
-        seq.state = SequenceState.at(state, blocks * self.pool.size) if state is not None else None
+        seq.state = (SequenceState.at(state, blocks * self.pool.size, self.runner.backend.xp) if state is not None
+                     else None)
 
     # ------------------------------------------------------------ out
 

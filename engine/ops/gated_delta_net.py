@@ -32,7 +32,7 @@ def head_norm(x, weight, eps: float):
 
 
 def mixer(proj: np.ndarray, lw, hy, j: int, step: Step, states, eps: float) -> np.ndarray:
-    """State layer j's mixer over the step's rows: proj (n, channels + 2*nv*dv + 2*nv), the in-projection's
+    """State layer j's mixer over the step's rows: proj (n, channels + nv*dv + 2*nv), the in-projection's
     output -> (n, nv*dv) float32, the input of the out-projection. lw: the layer's LinearAttentionWeights; hy:
     the HybridConfig; states: each sequence's SequenceState (engine/kvcache/recurrent.py), advanced here.
     Decode rows take the recurrent form from each state's `now`; prompt rows the chunked form from its

@@ -15,7 +15,7 @@ class HybridArrayOps:
         return step, states
 
     def delta_net(self, proj, lw, hy, j: int, rows, eps: float):
-        """proj (n, channels + 2*nv*dv + 2*nv), a Gated DeltaNet layer's in-projection over the step's rows ->
+        """proj (n, channels + nv*dv + 2*nv), a Gated DeltaNet layer's in-projection over the step's rows ->
         (n, nv*dv), the out-projection's input; state layer j of each sequence's state advanced
         (engine/ops/gated_delta_net.py)."""
         step, states = rows

@@ -41,9 +41,11 @@ class ModelRunner:
         self.max_running, self.max_batch = max_running, MAX_BATCH
         self.memory = memory or {}
         self.model = (HybridModel if cfg.hybrid else LlamaModel)(cfg, weights, backend)
-        self.recurrent = zero_state(cfg, backend.name, chunk)  # a hybrid's fresh recurrent state, else None
+        self.recurrent = zero_state(cfg, backend.xp, chunk)  # a hybrid's fresh recurrent state, else None
         self.read_align = 1 if self.recurrent is None else STATE_CHUNK  # where a read short of its prompt's end may end
-        graphs = cuda_graphs and backend.name == "gpu"
+        # decode graphs on the GPU (a hybrid's decode runs eagerly in this version: its kernels read each step's
+        # recurrent states by address, which a graph would need at fixed places)
+        graphs = cuda_graphs and backend.name == "gpu" and self.recurrent is None
         # with decode graphs a spare block past the pool the memory plan promised: the padding rows of a
         # graph's batch write their K/V rows there
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks, kv_type, spare=int(graphs))
@@ -214,14 +216,18 @@ class ModelRunner:
 
     def spill(self, seq: Sequence) -> KVSnapshot:
         """A request's rows [0, rows) copied out of its blocks into host memory (the loop then
-        gives the blocks back)."""
+        gives the blocks back), and on a GPU a hybrid's recurrent state with them."""
         snap = self.kv.snapshot(seq.table, seq.rows)
+        if seq.state is not None and self.backend.xp is not np:  # a hybrid's recurrent state to host memory too
+            seq.state = seq.state.moved(np)
         self.backend.synchronize()
         return snap
 
     def restore(self, seq: Sequence, snap: KVSnapshot) -> None:
         """Rows spilled by `spill` copied back into the sequence's (new) blocks."""
         self.kv.restore(seq.table, snap)
+        if seq.state is not None and self.backend.xp is not np:
+            seq.state = seq.state.moved(self.backend.xp)
         self.backend.synchronize()  # so that the park's reported cost includes the copy back
 
     def fingerprint(self, seq: Sequence) -> str:

@@ -23,6 +23,7 @@ MODELS = {  # name -> what decides its kernels
     "llama3-8b Q4_K_M": ModelKernels(frozenset({"Q4_K", "Q6_K"}), 128, 4),
     "qwen2.5-0.5b Q8_0": ModelKernels(frozenset({"Q8_0"}), 64, 7),
     "qwen3-30b-a3b Q4_K_M": ModelKernels(frozenset({"Q4_K", "Q6_K"}), 128, 8, moe=True),
+    "qwen3-next-80b-a3b IQ3_S": ModelKernels(frozenset({"IQ3_S", "Q6_K", "F32"}), 256, 8, moe=True, hybrid=True),
     "smollm2 F16": ModelKernels(frozenset({"F16"}), 64, 3),
     "a BF16 file": ModelKernels(frozenset({"BF16"}), 128, 1),
     "every kind": ModelKernels(frozenset({*BLOCKS, "F16", "BF16"}), 64, 8),
@@ -61,6 +62,8 @@ def asked_for(model: ModelKernels) -> set[str]:
         for name in kernels:
             if source == "moe.cu":
                 ok = model.moe
+            elif source == "linear_attention.cu":
+                ok = model.hybrid
             elif m := re.fullmatch(r"flash_decode(?:_q8)?_d(\d+)_g(\d+)", name):  # an even group over 4 runs as
                 # two blocks of half of it (the launcher's rule, restated)
                 heads = model.group // 2 if model.group > 4 and model.group % 2 == 0 else model.group
@@ -107,7 +110,7 @@ def test_a_first_start_builds_a_sixth_of_the_parts_for_the_8b_shape():
         "quant.cu part 11/30", "quant.cu part 12/30", "quant.cu part 15/30", "quant.cu part 16/30",
         "attention.cu part 10/18", "attention.cu part 14/18", "mmq.cu part 6/15", "mmq.cu part 8/15",
         "norm_rope.cu", "argmax.cu", "mmv.cu"]
-    assert len(build.units(built_kernels())) == 67
+    assert len(build.units(built_kernels())) == 68
 
 
 def test_the_default_models_file_gives_its_kinds_head_size_and_group(model_path):

@@ -1,0 +1,105 @@
+"""Launchers of linear_attention.cu: a hybrid model's Gated DeltaNet mixer over a step's rows and recurrent
+states, the gated attention's sigmoid gate, the shared expert's gated sum (engine/ops/hybrid_ops.py)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+from engine.core.step import Step
+
+LA_THREADS = 128  # linear_attention.cu's row-wise blocks
+SCAN_THREADS = 32  # a delta_scan block: one warp of columns
+CONV_KERNELS = (4,)  # conv_scan_k<K> built
+SCAN_WIDTHS = (32, 64, 128)  # delta_scan_k<D> built, for dk = dv = D
+
+
+def address(a) -> int:
+    """A device array's address (a host array's where the caller runs these kernels on the CPU: tests)."""
+    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
+
+
+@dataclass(frozen=True)
+class StatePointers:
+    """A step's recurrent states as the kernels read them, made once a forward (every linear-attention layer
+    reads them): per sequence of the step, in row order, the addresses of its `now` and `mark` states'
+    convolution windows and delta-rule matrices, its rows and where its read leaves its mark."""
+
+    seqs: int
+    addresses: object  # (4, seqs) uint64 on the device: now.conv, now.ssm, mark.conv, mark.ssm
+    row_lo: object  # (seqs + 1,) int32 on the device: sequence s's rows are [row_lo[s], row_lo[s + 1])
+    mark_after: object  # (seqs,) int32 on the device: its rows after which its state is its mark too (0: none)
+
+
+class LinearAttentionLaunchers:
+    """Mixed into GpuKernels, which sets what these read: cp (CuPy), fn (kernel name -> function)."""
+
+    cp: ModuleType
+    fn: dict
+
+    def state_pointers(self, step: Step, states: tuple) -> StatePointers:
+        """step's sequences' SequenceStates (engine/kvcache/recurrent.py, on the device) for the kernels.
+        Decode rows: one sequence a row, no mark; prompt rows: each read's rows from its mark, which moves to
+        the read's last chunk boundary (SequenceState.next_mark)."""
+        if step.batch or step.decode:
+            counts, marks = [1] * len(states), [0] * len(states)
+        else:
+            spans = step.spans_or_one()
+            counts = [n for _, n in spans]
+            marks = [state.next_mark(start, n) - start for (start, n), state in zip(spans, states)]
+        addresses = np.array([[address(s.now.conv) for s in states], [address(s.now.ssm) for s in states],
+                              [address(s.mark.conv) for s in states], [address(s.mark.ssm) for s in states]],
+                             dtype=np.uint64)
+        rows = np.concatenate([[0], np.cumsum(counts), marks]).astype(np.int32)
+        rows = self.cp.asarray(rows)
+        return StatePointers(len(states), self.cp.asarray(addresses), rows[: len(states) + 1], rows[len(states) + 1:])
+
+    def delta_net(self, proj, lw, hy, j: int, rows: StatePointers, eps: float):
+        """proj (n, channels + nv*dv + 2*nv) fp16, a Gated DeltaNet layer's in-projection over the step's rows
+        -> (n, nv*dv) fp16, the out-projection's input; state layer j of each sequence advanced (and its mark
+        where its read reaches one). The convolution, q/k norms and delta rule in float32."""
+        cp, fn = self.cp, self.fn
+        if hy.conv_kernel not in CONV_KERNELS or hy.dk != hy.dv or hy.dk not in SCAN_WIDTHS:
+            raise ValueError(f"no delta-rule kernel for a convolution of {hy.conv_kernel} and heads of dk {hy.dk}, "
+                             f"dv {hy.dv} (built: kernels {CONV_KERNELS}, dk = dv in {SCAN_WIDTHS})")
+        n, stride = proj.shape
+        channels, nv, kh, d = hy.channels, hy.v_heads, hy.k_heads, hy.dk
+        now_conv, now_ssm, mark_conv, mark_ssm = rows.addresses
+        conv = cp.empty((n, channels), dtype=cp.float32)
+        fn[f"conv_scan_k{hy.conv_kernel}"](
+            (math.ceil(channels / LA_THREADS), rows.seqs), (LA_THREADS,),
+            (proj, np.int32(stride), conv, lw.conv, now_conv, mark_conv, rows.row_lo, rows.mark_after,
+             np.int32(channels), np.int64(j * (hy.conv_kernel - 1) * channels)))
+        fn["l2_heads"]((math.ceil(n * 2 * kh / LA_THREADS),), (LA_THREADS,),
+                       (conv, np.int32(channels), np.int32(n), np.int32(2 * kh), np.int32(d), np.int32(kh),
+                        np.float32(d ** -0.5), np.float32(hy.l2_eps)))
+        o = cp.empty((n, nv, d), dtype=cp.float32)
+        z_col = channels
+        fn[f"delta_scan_k{d}"](
+            (math.ceil(d / SCAN_THREADS), nv, rows.seqs), (SCAN_THREADS,),
+            (conv, proj, np.int32(stride), np.int32(z_col + nv * d), np.int32(z_col + nv * d + nv), lw.a, lw.dt_bias,
+             o, now_ssm, mark_ssm, rows.row_lo, rows.mark_after, np.int32(nv), np.int32(kh), np.int32(hy.tiled),
+             np.int32(channels), np.int64(j * nv * d * d)))
+        out = cp.empty((n, nv * d), dtype=cp.float16)
+        fn["gated_norm"]((math.ceil(n * nv / LA_THREADS),), (LA_THREADS,),
+                         (o, proj, np.int32(stride), np.int32(z_col), lw.norm, out, np.int32(n), np.int32(nv),
+                          np.int32(d), np.float32(eps)))
+        return out
+
+    def sigmoid_mul(self, x, gate):
+        """x * sigmoid(gate): (n, width) fp16 both -> fp16."""
+        out = self.cp.empty(x.shape, dtype=self.cp.float16)
+        self.fn["sigmoid_mul"]((math.ceil(x.size / LA_THREADS),), (LA_THREADS,), (x, gate, out, np.int64(x.size)))
+        return out
+
+    def add_gated(self, delta, shared, h, gate_w):
+        """delta + shared * sigmoid(h . gate_w): delta, shared, h (n, dim) fp16; gate_w (1, dim) fp32 -> fp16."""
+        n, dim = h.shape
+        gate = self.cp.empty((n,), dtype=self.cp.float32)
+        self.fn["row_gate"]((math.ceil(n / LA_THREADS),), (LA_THREADS,), (h, gate_w, gate, np.int32(n), np.int32(dim)))
+        out = self.cp.empty((n, dim), dtype=self.cp.float16)
+        self.fn["add_gated"]((math.ceil(n * dim / LA_THREADS),), (LA_THREADS,),
+                             (delta, shared, gate, out, np.int64(n * dim), np.int32(dim)))
+        return out
