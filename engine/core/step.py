@@ -30,6 +30,8 @@ class Step:
     spans: tuple[tuple[int, int], ...] | None = None  # prompt rows of sequences: each one's (start, n)
     row_pos0: object = None  # (n,) int32 with spans, on the GPU: each row's position
     row_table_off: object = None  # (n,) int32 with spans, on the GPU: where each row's table starts in `table`
+    states: object = None  # a hybrid's decode graph: its rows' recurrent states by address (StatePointers in
+    # engine/kernels/linear_attention_launch.py), at fixed places, set before each replay
 
     @property
     def batch(self) -> bool:

@@ -165,12 +165,16 @@ __device__ __forceinline__ void flash_attention(const __half* __restrict__ q, co
         flash_attention<D>(q, k, v, out, q_start, pos0, table, table_off, heads, kv_heads, block_log2, scale_log2); \
     }
 // Parts (parts.cuh): 9 per head size, in HEAD_DIMS' order: its prompt kernel first, then its decoding kernels of
-// 1..8 query heads per K/V head one group a part (a model launches one group's: engine/kernels/model_parts.py)
+// 1..8 query heads per K/V head one group a part (a model launches one group's: engine/kernels/model_parts.py);
+// a 256-wide head's decoding kernels take at most 2 heads (decode_kernel_groups): its parts are 18..20.
 #if IN_PART(0)
 FLASH_ATTENTION(64)
 #endif
 #if IN_PART(9)
 FLASH_ATTENTION(128)
+#endif
+#if IN_PART(18)
+FLASH_ATTENTION(256)
 #endif
 
 // ---------------------------------------------------------------- flash-decoding: one query token
@@ -203,6 +207,8 @@ template <> struct Bits<2> { using T = unsigned short; };
 template <> struct Bits<4> { using T = unsigned; };
 template <> struct Bits<8> { using T = uint2; };
 template <> struct Bits<16> { using T = uint4; };
+struct __align__(16) Bytes32 { uint4 lo, hi; };  // a q8_0 slice of a 256-wide head's row: 32 values
+template <> struct Bits<32> { using T = Bytes32; };
 
 template <int N>
 __device__ __forceinline__ void halves_to_float(const void* p, float* f) {
@@ -480,7 +486,7 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
 
 // flash_decode_d<D>_g<G> reads an fp16 pool (k_scales, v_scales null), flash_decode_q8_d<D>_g<G> a q8_0 one
 #define FLASH_DECODE_KIND(NAME, D, G, Q8_0)                                                                     \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, G <= 4 ? DEC_MIN_BLOCKS : 0)                       \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, G <= 4 && D <= 128 ? DEC_MIN_BLOCKS : 0)          \
         NAME(const __half* q, const void* k, const void* v, const __half* k_scales, const __half* v_scales,   \
              float* part_o, float* part_ml, __half* out, Q8* q8, int* counters, const int* pos0, const int* table, \
              const int* table_off, int kv_heads, int kv_div, int block_log2, float scale_log2, int splits) { \
@@ -537,6 +543,12 @@ FLASH_DECODE(128, 7)
 #endif
 #if IN_PART(17)
 FLASH_DECODE(128, 8)
+#endif
+#if IN_PART(19)
+FLASH_DECODE(256, 1)
+#endif
+#if IN_PART(20)
+FLASH_DECODE(256, 2)
 #endif
 
 // ---------------------------------------------------------------- a q8_0 pool's rows widened for a prompt chunk

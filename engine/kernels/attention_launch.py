@@ -24,7 +24,14 @@ DECODE_SPLITS = 48  # DEC_SPLITS in attention.cu: splits a long sequence is cut 
 DECODE_MAX_SPLITS = -(-DECODE_SPLITS // 32) * 32  # DEC_MAX_SPLITS: the merge's capacity, whole warps of splits
 DECODE_BLOCKS_PER_SM = 4  # flash-decoding blocks a multiprocessor before a block takes several splits
 MAX_GROUP = 8  # query heads per K/V head the decoding kernels are built for (one kernel each)
-HEAD_DIMS = (64, 128)  # head widths the attention kernel is built for
+HEAD_DIMS = (64, 128, 256)  # head widths the attention kernels are built for (256: the hybrid families')
+SM90_HEAD_DIMS = (64, 128)  # head widths attention_sm90.cu is built for (a 256-wide head's prompt: mma.sync)
+WIDE_HEADS = 2  # query heads a flash-decoding block of a 256-wide head takes (more spill registers)
+
+
+def decode_kernel_groups(d: int) -> tuple[int, ...]:
+    """The query heads a flash-decoding block takes that attention.cu builds a kernel for, at head width d."""
+    return tuple(range(1, (MAX_GROUP if d <= 128 else WIDE_HEADS) + 1))
 MAX_COUNTER_HEADS = 256  # K/V head groups per sequence the counters hold (kv_heads x kv_div)
 
 
@@ -46,11 +53,15 @@ def decode_splits(keys: int) -> int:
     return min(DECODE_SPLITS, math.ceil(keys / 64))
 
 
-def decode_group(group: int) -> tuple[int, int]:
-    """(the heads a decoding block takes, blocks per K/V head) for `group` query heads per K/V head: more
-    than 4 heads a block spill registers, so an even group over 4 runs as two blocks of half of it. The
-    block's heads name the kernel (flash_decode_d<D>_g<heads>)."""
-    kv_div = 2 if group > 4 and group % 2 == 0 else 1
+def decode_group(group: int, d: int = 128) -> tuple[int, int]:
+    """(the heads a decoding block takes, blocks per K/V head) for `group` query heads per K/V head of width d:
+    more than 4 heads a block spill registers, so an even group over 4 runs as two blocks of half of it; a
+    256-wide head's group as blocks of at most WIDE_HEADS. The block's heads name the kernel
+    (flash_decode_d<D>_g<heads>)."""
+    if d > 128:
+        kv_div = next(k for k in range(1, group + 1) if group % k == 0 and group // k <= WIDE_HEADS)
+    else:
+        kv_div = 2 if group > 4 and group % 2 == 0 else 1
     return group // kv_div, kv_div
 
 
@@ -94,7 +105,7 @@ class AttentionLaunchers:
         out = cp.empty((n, heads, d), dtype=cp.float16)
         spans = step.spans_or_one()
         rows = max(count for _, count in spans) * (heads // kv_heads)  # the longest sequence's rows
-        if self.prompt_attention == "sm90":
+        if self.prompt_attention == "sm90" and d in SM90_HEAD_DIMS:
             name, per_block, threads, smem = f"flash_attention_sm90_d{d}", sm90.ROWS, sm90.THREADS, sm90.smem_bytes(d)
         else:
             name, per_block, threads, smem = f"flash_attention_d{d}", ATTENTION_ROWS, 128, attention_smem_bytes(d)
@@ -140,7 +151,7 @@ class AttentionLaunchers:
         group = heads // kv_heads
         if group > MAX_GROUP:
             raise ValueError(f"{group} query heads per K/V head (at most {MAX_GROUP} supported)")
-        group, kv_div = decode_group(group)
+        group, kv_div = decode_group(group, d)
         blocks_y = kv_heads * kv_div
         keys = step.max_keys or (max(step.positions) + 1 if step.batch else step.start + 1)
         splits = decode_splits(keys)

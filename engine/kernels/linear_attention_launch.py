@@ -21,6 +21,12 @@ def address(a) -> int:
     return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
 
 
+def state_addresses(states) -> np.ndarray:
+    """SequenceStates' arrays by address: (4, seqs) uint64, rows now.conv, now.ssm, mark.conv, mark.ssm."""
+    return np.array([[address(s.now.conv) for s in states], [address(s.now.ssm) for s in states],
+                     [address(s.mark.conv) for s in states], [address(s.mark.ssm) for s in states]], dtype=np.uint64)
+
+
 @dataclass(frozen=True)
 class StatePointers:
     """A step's recurrent states as the kernels read them, made once a forward (every linear-attention layer
@@ -43,18 +49,27 @@ class LinearAttentionLaunchers:
         """step's sequences' SequenceStates (engine/kvcache/recurrent.py, on the device) for the kernels.
         Decode rows: one sequence a row, no mark; prompt rows: each read's rows from its mark, which moves to
         the read's last chunk boundary (SequenceState.next_mark)."""
+        if step.states is not None:  # a decode graph's, set before its replay
+            return step.states
         if step.batch or step.decode:
             counts, marks = [1] * len(states), [0] * len(states)
         else:
             spans = step.spans_or_one()
             counts = [n for _, n in spans]
             marks = [state.next_mark(start, n) - start for (start, n), state in zip(spans, states)]
-        addresses = np.array([[address(s.now.conv) for s in states], [address(s.now.ssm) for s in states],
-                              [address(s.mark.conv) for s in states], [address(s.mark.ssm) for s in states]],
-                             dtype=np.uint64)
-        rows = np.concatenate([[0], np.cumsum(counts), marks]).astype(np.int32)
-        rows = self.cp.asarray(rows)
-        return StatePointers(len(states), self.cp.asarray(addresses), rows[: len(states) + 1], rows[len(states) + 1:])
+        rows = self.cp.asarray(np.concatenate([[0], np.cumsum(counts), marks]).astype(np.int32))
+        return StatePointers(len(states), self.cp.asarray(state_addresses(states)), rows[: len(states) + 1],
+                             rows[len(states) + 1:])
+
+    def state_slots(self, rows: int) -> StatePointers:
+        """A decode graph's StatePointers for `rows` rows (a sequence each, no mark), at fixed addresses that
+        set_states fills before each replay."""
+        lo = self.cp.asarray(np.concatenate([np.arange(rows + 1), np.zeros(rows)]).astype(np.int32))
+        return StatePointers(rows, self.cp.zeros((4, rows), dtype=self.cp.uint64), lo[: rows + 1], lo[rows + 1:])
+
+    def set_states(self, pointers: StatePointers, states) -> None:
+        """A decode graph's rows' states (one SequenceState a row) into its StatePointers, on the current stream."""
+        pointers.addresses.set(state_addresses(states))
 
     def delta_net(self, proj, lw, hy, j: int, rows: StatePointers, eps: float):
         """proj (n, channels + nv*dv + 2*nv) fp16, a Gated DeltaNet layer's in-projection over the step's rows

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from engine.core.quantized import BLOCKS
 from engine.kernels import build, launch, moe_launch, sm90
-from engine.kernels.attention_launch import HEAD_DIMS, MAX_GROUP, PROMPT_ATTENTION, attention_smem_bytes
+from engine.kernels.attention_launch import (HEAD_DIMS, PROMPT_ATTENTION, SM90_HEAD_DIMS, attention_smem_bytes,
+                                            decode_kernel_groups)
 from engine.kernels.dequant_launch import WEIGHT_KINDS
 from engine.kernels.linear_attention_launch import CONV_KERNELS, SCAN_WIDTHS
 from engine.kernels.matvec_launch import (MATVEC_PAIRS, MATVEC_STAGE_MAX, MAX_BATCH_ROWS, MMQ_TILES, MMV_TILE_ROWS,
@@ -35,7 +36,7 @@ def built_kernels() -> dict[str, tuple[str, ...]]:
                           *(f"matvec2_{a}_{b}" for a, b in MATVEC_PAIRS)),
              "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS), "widen_q8_0_blocks",
                               *(f"flash_decode{kind}_d{d}_g{g}" for kind in ("", "_q8") for d in HEAD_DIMS
-                                for g in range(1, MAX_GROUP + 1))),
+                                for g in decode_kernel_groups(d))),
              "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in MMV_TILE_ROWS for suffix in ("", "_f32")),
              "mmq.cu": tuple(f"mmq_{kind}_t{nt}{suffix}" for kind in BLOCKS for nt in MMQ_TILES for suffix in ("", "_f32")),
              "moe.cu": moe_launch.KERNELS,
@@ -155,11 +156,11 @@ class KernelLoader:
             if wanted == "sm90":
                 raise ValueError("the sm90 attention kernel needs a GPU of compute capability 9.0 (Hopper)")
             return "mma"
-        names = tuple(f"flash_attention_sm90_d{d}" for d in HEAD_DIMS)
+        names = tuple(f"flash_attention_sm90_d{d}" for d in SM90_HEAD_DIMS)
         try:
             built = sm90.Sm90Kernels(self.cp, kernel_source("attention_sm90.cu"), "attention_sm90.cu", names,
                                      OPTIONS + tuple(f"-D{d}" for d in defines),
-                                     {f"flash_attention_sm90_d{d}": sm90.smem_bytes(d) for d in HEAD_DIMS})
+                                     {f"flash_attention_sm90_d{d}": sm90.smem_bytes(d) for d in SM90_HEAD_DIMS})
         except RuntimeError as e:
             if wanted == "sm90":
                 raise

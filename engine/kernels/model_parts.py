@@ -61,7 +61,7 @@ class ModelKernels:
             wanted["linear_attention.cu"] = {0}
         if self.head_dim in HEAD_DIMS and 1 <= self.group <= MAX_GROUP:
             first = HEAD_DIM_PARTS * HEAD_DIMS.index(self.head_dim)
-            wanted["attention.cu"] = {first, first + decode_group(self.group)[0]}
+            wanted["attention.cu"] = {first, first + decode_group(self.group, self.head_dim)[0]}
         else:  # a head size no kernel has: every part, and the launcher says what is missing
             wanted["attention.cu"] = set(range(PARTS["attention.cu"]))
         return wanted

@@ -64,9 +64,11 @@ class GraphDecoder:
     longest sequence's. `pad_block`: a KV block no sequence owns, which padding rows write into;
     without one (tools' one-sequence pools) every batch size is captured as it comes."""
 
-    def __init__(self, model, kv: KVCache, backend: Backend, pad_block: int | None = None):
+    def __init__(self, model, kv: KVCache, backend: Backend, pad_block: int | None = None, pad_state=None):
+        """pad_state: a hybrid's recurrent state (SequenceState) no request owns, which padding rows advance."""
         cp = backend.xp
         self.model, self.kv, self.backend, self.cp, self.pad_block = model, kv, backend, cp, pad_block
+        self.pad_state = pad_state
         model.rope_tables(kv.ctx)  # sized once: a capture must not grow them
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = graph_memory_pool(cp)
@@ -85,29 +87,32 @@ class GraphDecoder:
     def size(self, rows: int) -> int:
         return padded_rows(rows) if self.pad_block is not None else rows
 
-    def decode(self, tokens, tables, positions):
+    def decode(self, tokens, tables, positions, states=()):
         """Logits (rows, vocab) float32 on the device after each row's token at its position, its
-        rows through its block table (their K/V rows written): rows of the graphs' shared output
-        buffer, valid until the next replay, or the eager run's logits when this step was just
-        captured. GraphMemoryError when a capture does not fit (the graphs before it stay usable)."""
+        rows through its block table (their K/V rows written; a hybrid's row i advancing states[i]): rows of
+        the graphs' shared output buffer, valid until the next replay, or the eager run's logits when this
+        step was just captured. GraphMemoryError when a capture does not fit (the graphs before it stay
+        usable)."""
         self.backend.synchronize()  # prompt work ran on the default stream
         rows = len(tokens)
         key = (self.size(rows), self.bucket(max(positions)))
         entry = self.captured.get(key)
-        tokens, tables, positions = self.padded(key[0], tokens, tables, positions)
+        tokens, tables, positions, states = self.padded(key[0], tokens, tables, positions, states)
         if entry is None:
-            return self.capture(key, tokens, tables, positions)[:rows]
-        self.replay(entry, tokens, tables, positions)
+            return self.capture(key, tokens, tables, positions, states)[:rows]
+        self.replay(entry, tokens, tables, positions, states)
         self.stream.synchronize()  # the sampler reads the logits on the default stream
         self.replayed, self.greedy = True, None
         return self.logits[:rows]
 
-    def padded(self, size: int, tokens, tables, positions):
-        """A step's rows with padding rows up to `size`: token 0 at position 0 of the pad block."""
+    def padded(self, size: int, tokens, tables, positions, states=()):
+        """A step's rows with padding rows up to `size`: token 0 at position 0 of the pad block (a hybrid's
+        padding rows advancing the pad state)."""
         pad = size - len(tokens)
         if pad <= 0:
-            return list(tokens), list(tables), list(positions)
-        return ([*tokens, *[0] * pad], [*tables, *[[self.pad_block]] * pad], [*positions, *[0] * pad])
+            return list(tokens), list(tables), list(positions), list(states)
+        return ([*tokens, *[0] * pad], [*tables, *[[self.pad_block]] * pad], [*positions, *[0] * pad],
+                [*states, *[self.pad_state] * pad] if states else [])
 
     def decode_one(self, token: int, pos: int, table=None):
         """One sequence's step: logits (vocab,) on the device (a row of the graph's buffer); its
@@ -119,13 +124,15 @@ class GraphDecoder:
     def entry(self, rows: int, pos: int) -> CapturedStep | None:
         return self.captured.get((self.size(rows), self.bucket(pos)))
 
-    def replay(self, entry: CapturedStep, tokens, tables, positions) -> None:
-        """Set the step's tokens, positions and tables (padded to the graph's rows) and launch its
-        graph on the decoder's stream (no wait)."""
-        tokens, tables, positions = self.padded(entry.step.n, tokens, tables, positions)
+    def replay(self, entry: CapturedStep, tokens, tables, positions, states=()) -> None:
+        """Set the step's tokens, positions, tables and (a hybrid's) states, padded to the graph's rows, and
+        launch its graph on the decoder's stream (no wait)."""
+        tokens, tables, positions, states = self.padded(entry.step.n, tokens, tables, positions, states)
         with self.stream:
             entry.tokens.set(np.asarray(tokens, dtype=np.int64))
             entry.step.set_rows(tables, positions)
+            if entry.step.states is not None:
+                self.backend.kernels.set_states(entry.step.states, states)
             entry.graph.launch(self.stream)
 
     def owns(self, logits) -> bool:
@@ -142,7 +149,7 @@ class GraphDecoder:
             self.greedy = self.argmax.get()
         return int(self.greedy[row])
 
-    def capture(self, key: tuple[int, int], tokens, tables, positions):
+    def capture(self, key: tuple[int, int], tokens, tables, positions, states=()):
         """Run this step eagerly (its result is returned, and it fills the pool), then capture it;
         the graph ends by copying its logits and argmax into the shared outputs."""
         cp, kernels = self.cp, self.backend.kernels
@@ -152,6 +159,9 @@ class GraphDecoder:
         # pool: a graph's temporaries go back to that pool after its capture and a later capture
         # reuses them, so anything that must outlive a replay of another graph is allocated apart
         step = kernels.batch_step(tables, positions, max_keys=size, block=self.kv.block_size)
+        if states:  # a hybrid's: the rows' recurrent states by address, set before each replay
+            step.states = kernels.state_slots(len(states))
+            kernels.set_states(step.states, states)
         buf = cp.asarray(np.asarray(tokens, dtype=np.int64))
         kv_rows = self.kv.rows(*tables)
         self.backend.synchronize()

@@ -43,16 +43,15 @@ class ModelRunner:
         self.model = (HybridModel if cfg.hybrid else LlamaModel)(cfg, weights, backend)
         self.recurrent = zero_state(cfg, backend.xp, chunk)  # a hybrid's fresh recurrent state, else None
         self.read_align = 1 if self.recurrent is None else STATE_CHUNK  # where a read short of its prompt's end may end
-        # decode graphs on the GPU (a hybrid's decode runs eagerly in this version: its kernels read each step's
-        # recurrent states by address, which a graph would need at fixed places)
-        graphs = cuda_graphs and backend.name == "gpu" and self.recurrent is None
+        graphs = cuda_graphs and backend.name == "gpu"
         # with decode graphs a spare block past the pool the memory plan promised: the padding rows of a
         # graph's batch write their K/V rows there
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks, kv_type, spare=int(graphs))
         tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
         self.pool = BlockPool(self.kv.usable, block_size, tier)
         self.state_cache = StateCache(block_size) if self.recurrent is not None else None  # a hybrid's, at prefixes
-        self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable) if graphs else None
+        pad_state = None if self.recurrent is None else SequenceState.fresh(self.recurrent)  # a hybrid's padding rows'
+        self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable, pad_state) if graphs else None
         self.picks = Picks(backend, self.decoder, cfg.vocab_size)
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
@@ -190,13 +189,15 @@ class ModelRunner:
         (valid until the next replay), else eager."""
         if self.decoder is not None:
             try:
-                return self.decoder.decode(tokens, tables, positions)
-            except GraphMemoryError as e:  # this batch size's graph does not fit: this step eagerly
-                print(f"strata: {e}; this decode step runs eagerly", file=sys.stderr, flush=True)
-                return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv)
-            except Exception as e:  # a capture the driver refuses: decode eagerly from now on
+                return self.decoder.decode(tokens, tables, positions, states)
+            except Exception as e:
+                if states:  # a hybrid's states may have moved in the failed capture's eager run: the step is not run
+                    raise  # again (the engine stops; the server restarts it and reads its requests again)
+                if isinstance(e, GraphMemoryError):  # this batch size's graph does not fit: this step eagerly
+                    print(f"strata: {e}; this decode step runs eagerly", file=sys.stderr, flush=True)
+                    return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv)
                 print(f"strata: CUDA graph decode unavailable ({type(e).__name__}: {e}); decoding eagerly",
-                      file=sys.stderr, flush=True)
+                      file=sys.stderr, flush=True)  # a capture the driver refuses: decode eagerly from now on
                 self.decoder = None
         return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv, tuple(states))
 

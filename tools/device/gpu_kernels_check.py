@@ -3,7 +3,7 @@
     python tools/device/gpu_kernels_check.py [--json OUT] [--no-speed] [--only attention,q8_cache,...]
         [--define NAME=VALUE] [--block-sweep 64,0]
 
-Correctness: flash attention (head widths 64 and 128, GQA ratios 1, 3, 4, 8, one token, lengths
+Correctness: flash attention (head widths 64, 128 and 256, GQA ratios 1, 3, 4, 8, one token, lengths
 that are not multiples of the tile, prefixes that end mid-tile; prompt chunks through every prompt
 kernel the device has: the wgmma one and the mma.sync one on Hopper), add+RMSNorm, RoPE+KV write,
 SwiGLU; for every GGUF weight type the load-time expansion, the embedding gather and the matvec
@@ -123,7 +123,9 @@ def check_attention(k: GpuKernels) -> None:
             (128, 32, 4, 130, 4099, None), (128, 32, 8, 1, 255, None), (128, 32, 8, 1, 256, None),
             (128, 64, 8, 1, 4999, None), (64, 9, 3, 1, 63, None), (128, 32, 8, 1, 1500, 8192),
             (64, 9, 3, 1, 10, 1024), (128, 32, 8, 300, 2000, None), (128, 8, 8, 129, 127, None),
-            (64, 16, 2, 520, 777, None), (128, 32, 8, 1, 9000, None), (128, 32, 8, 1, 20000, 32768)]):
+            (64, 16, 2, 520, 777, None), (128, 32, 8, 1, 9000, None), (128, 32, 8, 1, 20000, 32768),
+            (256, 16, 2, 1, 700, None), (256, 16, 2, 130, 64, None), (256, 4, 2, 1, 5000, 8192),
+            (256, 6, 2, 77, 0, None), (256, 5, 1, 1, 300, None)]):  # the hybrid families' 256-wide heads
         # (the last two: splits of 192 and 448 keys, multiples of 64 that are no power of two)
         block = BLOCKS_CYCLE[case % len(BLOCKS_CYCLE)]
         ctx = start + n + 13

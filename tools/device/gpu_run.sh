@@ -7,6 +7,8 @@
 # kernels  tools/device/gpu_kernels_check.py: every kernel against NumPy, GEMM and attention speed
 # weights  tools/device/gpu_kernels_check.py --only weights and tools/device/mmq_check.py --quick: every GGUF type's
 #          kernels (the IQ types' too) against gguf's NumPy and the dp4a matvec's rows, no timings
+# hybrid   issue 45: tools/device/hybrid_check.py (the hybrid fixtures against transformers, the GPU path's
+#          exactness) and park/resume parity on each fixture (tools/checks/prefill_preempt_test.py)
 # spec     tools/device/speculation_check.py (issue 47): n-gram drafts through the decode graphs, the same tokens
 #          with and without them, on the 135M and 8B Q4_K_M shapes -> $OUT/speculation_gpu.json
 # sampling tools/device/gpu_kernels_check.py's sampling and argmax checks alone, with the picks' times (fast)
@@ -272,6 +274,14 @@ for step in "$@"; do
         | grep -v "^ok " || echo "WEIGHT CHECKS FAILED"
       timeout 150 python3 tools/device/mmq_check.py --quick --json "$OUT/mmq_check.json" | grep -v "^ok " \
         || echo "MMQ CHECK FAILED" ;;
+    hybrid)  # issue 45: the hybrid families on the GPU: the fixtures against transformers and the GPU path's exactness
+      # (tools/device/hybrid_check.py), then park/resume parity through the engine on each fixture
+      python3 tools/device/hybrid_check.py --json "$OUT/hybrid_check.json" || echo "HYBRID CHECK FAILED"
+      for arch in qwen3next qwen35 qwen35moe; do
+        timeout 200 python3 tools/checks/prefill_preempt_test.py --model tests/fixtures/hybrid/$arch.gguf --device gpu \
+          --chunk 64 --prompt-tokens 600 --json "$OUT/preempt_parity_gpu_$arch.json" 2>&1 | tail -3 \
+          || echo "HYBRID PARITY FAILED ($arch)"
+      done ;;
     spec)  # issue 47: n-gram drafts as decode-graph rows (tools/device/speculation_check.py): the same tokens with and
       # without drafts, greedy, together and seeded, and decode's time either way, on the 135M and 8B Q4_K_M shapes
       synth_ms; synth_mq

@@ -8,6 +8,8 @@
 #   spec      n-gram drafts as decode-graph rows: the same tokens with and without (tools/device/speculation_check.py)
 #   clients   the 64 clients and 16 sub-agents through HTTP as a user starts the server (the batched draws' gain)
 #   hol       B beside A's 46.9K read and 4 / 16 / 64 decoders through HTTP (issue 44's B: short reads first)
+#   hybrid    issue 45's GPU path: the attention kernels (256-wide heads among them), the hybrid fixtures against
+#             transformers, the GPU path's exactness and park/resume parity (gpu_run.sh kernels, hybrid)
 #   PARTS="sampling iq" bash tools/device/pending_round.sh        (carry [".whl", ".device"])
 set -uo pipefail
 base=$OUT
@@ -23,6 +25,10 @@ for part in ${PARTS:-sampling iq spec clients}; do
       STRATA_STEP_TRACE=1 CASES="clients subagents" REPEATS=3 LIMIT=70 timeout 220 \
         bash tools/device/gpu_run.sh httpquick 2>&1 | grep -v "^INFO" | tail -20
       gzip -f "$OUT/server.log" ;;
+    hybrid)
+      timeout 200 python3 tools/device/gpu_kernels_check.py --only attention --no-speed --json "$OUT/attention.json" \
+        2>&1 | tail -12
+      timeout 400 bash tools/device/gpu_run.sh hybrid 2>&1 | tail -20 ;;
     hol) PEERS_CASES=hol PEERS_REPEATS=2 timeout 540 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -25 ;;
   esac
 done
