@@ -79,6 +79,8 @@
 # bench8q  the Llama-3-8B and Qwen3-8B shapes in Q4_K_M side by side (bench/engine_bench.py: prompt
 #          reads at 4,096 and 16,384 tokens, decode at 512 and 16K context)
 # bencha3b the same on the Qwen3-30B-A3B shape in Q4_K_M
+# hybridbench  issue 45: the Qwen3-Next-80B-A3B shape in IQ3_S (~35 GB, made on the machine): prompt reads of 4K and
+#          32K, decode at 1 / 16 / 64 requests; hybridbench_llama: llama-bench and llama-batched-bench on the same file
 # batch    bench/batch_decode_bench.py: aggregate decode at 1, 2, 4, 8, 16 requests in slots, and each
 #          request's tokens equal to its solo run's (batch invariance), on the 135M shape (Q4_1) and
 #          the Llama-3-8B shape in F16 and Q4_K_M -> $OUT/batch_decode_gpu.json
@@ -155,6 +157,7 @@ M70=/tmp/m/llama3-70b-q4_k_m.gguf
 MQ3=/tmp/m/qwen3-8b-q4_k_m.gguf
 MQ3Q=/tmp/m/qwen3-8b-q4_k_m-qwen-vocab.gguf  # with Qwen2.5's 151,665-token vocabulary (.device/qwen_tok.gguf)
 MQA=/tmp/m/qwen3-30b-a3b-q4_k_m.gguf
+MNX=/tmp/m/qwen3-next-80b-a3b-iq3_s.gguf
 MQS=/tmp/m/qwen3moe-4layer-q4_k_m.gguf
 MQC=/tmp/m/llama3-8b-q4_k_m-chat-l3.gguf  # the 8B shape in Q4_K_M with Llama 3's own vocabulary (llama.cpp's
 # ggml-vocab-llama-bpe.gguf, 128,256 tokens) and the Llama-3.1 chat template: servers render chats, and the template's
@@ -174,6 +177,11 @@ synth_ms() {  # the SmolLM2-135M shape in Q4_1, made once per machine, with a ch
 
 synth_a3b() {  # the Qwen3-30B-A3B shape in Q4_K_M, made once per machine
   [ -f $MQA ] || python3 tools/fixtures/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+}
+
+synth_next() {  # the Qwen3-Next-80B-A3B shape in IQ3_S (~35 GB), made once per machine (disk: no other large file beside)
+  [ -f $MNX ] || python3 tools/fixtures/make_synthetic_gguf.py $MNX --preset qwen3-next-80b-a3b --type IQ3_S \
+    --tokenizer .device/qwen_tok.gguf 2>&1 | tail -1
 }
 
 synth_moe_small() {  # a 4-layer Qwen3-MoE shape in Q4_K_M (128 experts, 8 used), made once per machine
@@ -501,6 +509,23 @@ for step in "$@"; do
           --decode-steps 64 --decode-contexts 512,32768 --kv-type $kv --label llama3-8b-shape-q4_k_m-kv-$kv \
           --json "$OUT/engine_gpu_32k.json" 2>&1 | grep decode_at || echo "BENCH FAILED ($kv)"
       done ;;
+    hybridbench)  # issue 45's speed: the Qwen3-Next-80B-A3B shape in IQ3_S, prompt reads of 4K and 32K, decode at 1 /
+      # 16 / 64 requests (Strata's half; hybridbench_llama is llama.cpp's on the same file)
+      rm -f $M8 $MQ $MQA; synth_next
+      timeout 300 python3 bench/engine_bench.py --model $MNX --device gpu --chunk 2048 --sizes 4096,32768 --repeats 2 \
+        --decode-steps 32 --decode-contexts 512 --label qwen3-next-80b-a3b-shape-iq3_s --json "$OUT/engine_gpu_next.json" \
+        2>&1 | quiet | tail -6 || echo "HYBRID BENCH FAILED OR CUT SHORT"
+      timeout 200 python3 bench/batch_decode_bench.py --model $MNX --device gpu --context 512 --steps 32 --repeats 1 \
+        --batches 1,16,64 --label qwen3-next-80b-a3b-shape-iq3_s --json "$OUT/batch_decode_next.json" 2>&1 | quiet \
+        | tail -4 ;;
+    hybridbench_llama)  # llama.cpp on the same file: llama-bench (prompt 4K / 32K, decode) and llama-batched-bench
+      synth_next; build_llama
+      timeout -k 10 $((580 - SECONDS)) cmake --build $LLAMA/build --target llama-bench llama-batched-bench -j 16 \
+        > /tmp/llama_build_bench.log 2>&1 || tail -5 /tmp/llama_build_bench.log
+      timeout 240 $LLAMA/build/bin/llama-bench -m $MNX -ngl 99 -fa 1 -p 4096,32768 -n 64 -r 2 -o json \
+        > "$OUT/llama_bench_next.json" 2> /tmp/llama_bench.log || tail -5 /tmp/llama_bench.log
+      timeout 200 $LLAMA/build/bin/llama-batched-bench -m $MNX -ngl 99 -fa on -c 40960 -npp 128 -ntg 128 \
+        -npl 1,16,64 > "$OUT/llama_batched_next.txt" 2>&1 || tail -5 "$OUT/llama_batched_next.txt" ;;
     bencha3b)
       synth_a3b
       python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
