@@ -15,26 +15,7 @@ import numpy as np
 
 from engine.kernels.sources import kernel_source
 
-SHIM = r"""
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-struct HostDim3 { unsigned x, y, z; };
-HostDim3 threadIdx, blockIdx, blockDim, gridDim;
-extern "C" void host_set_ids(unsigned bx, unsigned by, unsigned bz, unsigned tx, unsigned ty, unsigned tz,
-                             unsigned gx, unsigned gy, unsigned gz, unsigned dx, unsigned dy, unsigned dz) {
-    blockIdx = {bx, by, bz}; threadIdx = {tx, ty, tz}; gridDim = {gx, gy, gz}; blockDim = {dx, dy, dz};
-}
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __restrict__ __restrict
-typedef _Float16 __half;
-inline float __half2float(__half h) { return (float)h; }
-inline __half __float2half(float f) { return (__half)f; }
-"""
+SHIM = Path(__file__).with_name("cuda_host.h")  # the CUDA names, defined for the host
 SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64, np.dtype(np.float32): ctypes.c_float}
 
 
@@ -42,17 +23,24 @@ def compiler() -> str | None:
     return shutil.which("g++") or shutil.which("c++")
 
 
+def host_library(name: str, workdir: Path, extra: str = "") -> ctypes.CDLL:
+    """engine/kernels' file `name` (its local headers pasted in) and `extra` (host code calling into it), compiled
+    for the host with cuda_host.h, loaded."""
+    source = kernel_source(name).replace("#include <cuda_fp16.h>", "")
+    cpp, lib = workdir / f"{Path(name).stem}.cpp", workdir / f"{Path(name).stem}.so"
+    cpp.write_text(f'#include "{SHIM}"\n' + source + extra)
+    built = subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(lib), str(cpp)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return ctypes.CDLL(str(lib))
+
+
 class HostKernels(dict):
     """A kernel file's kernels by name, each called as GpuKernels' fn entries are: fn(grid, block, args), with
     NumPy arrays for device arrays (their addresses passed) and NumPy scalars."""
 
     def __init__(self, name: str, workdir: Path):
-        source = kernel_source(name).replace("#include <cuda_fp16.h>", "")
-        cpp, lib = workdir / f"{Path(name).stem}.cpp", workdir / f"{Path(name).stem}.so"
-        cpp.write_text(SHIM + source)
-        subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(lib), str(cpp)], check=True,
-                       capture_output=True, text=True)
-        self.lib = ctypes.CDLL(str(lib))
+        self.lib = host_library(name, workdir)
         super().__init__()
 
     def __missing__(self, name: str):
