@@ -90,8 +90,10 @@ class SequenceState:
         assert pos % CHUNK == 0, pos
         return cls(state.copy(xp), state.copy(xp), pos, pos)
 
-    def moved(self, xp) -> SequenceState:
-        """This state on xp's device (a GPU request's parked in host memory, and back)."""
+    def on(self, xp) -> SequenceState:
+        """This state on xp's device (a GPU request's parked in host memory, and back): itself if it is there."""
+        if isinstance(self.now.ssm, np.ndarray) == (xp is np):
+            return self
         return SequenceState(self.now.copy(xp), self.mark.copy(xp), self.now_at, self.mark_at)
 
     def rewind(self) -> int:

@@ -50,8 +50,8 @@ class ModelRunner:
         tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
         self.pool = BlockPool(self.kv.usable, block_size, tier)
         self.state_cache = StateCache(block_size) if self.recurrent is not None else None  # a hybrid's, at prefixes
-        pad_state = None if self.recurrent is None else SequenceState.fresh(self.recurrent)  # a hybrid's padding rows'
-        self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable, pad_state) if graphs else None
+        self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable,
+                                    self.recurrent and SequenceState.fresh(self.recurrent)) if graphs else None
         self.picks = Picks(backend, self.decoder, cfg.vocab_size)
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
@@ -190,9 +190,9 @@ class ModelRunner:
         if self.decoder is not None:
             try:
                 return self.decoder.decode(tokens, tables, positions, states)
-            except Exception as e:
-                if states:  # a hybrid's states may have moved in the failed capture's eager run: the step is not run
-                    raise  # again (the engine stops; the server restarts it and reads its requests again)
+            except Exception as e:  # a hybrid's states may have moved in a failed capture's eager run: not run
+                if states:  # again (the engine stops; the server restarts it and reads its requests again)
+                    raise
                 if isinstance(e, GraphMemoryError):  # this batch size's graph does not fit: this step eagerly
                     print(f"strata: {e}; this decode step runs eagerly", file=sys.stderr, flush=True)
                     return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv)
@@ -209,8 +209,9 @@ class ModelRunner:
             seq.draft_logits = [logits.copy() for logits in seq.draft_logits]  # (rows of the same buffer)
 
     def snapshot_nbytes(self, seq: Sequence) -> int:
-        """What a park's rows take in host memory (a hybrid's recurrent state stays with the request)."""
-        return self.kv.snapshot_nbytes(seq.pos)
+        """What a park's rows take in host memory (on a GPU a hybrid's recurrent state too: `spill`)."""
+        return self.kv.snapshot_nbytes(seq.pos) + (0 if seq.state is None or self.backend.xp is np
+                                                   else 2 * self.recurrent.nbytes)
 
     def park(self, seq: Sequence) -> None:
         """A read parks in place: its rows stay in its blocks, nothing is copied."""
@@ -219,26 +220,29 @@ class ModelRunner:
         """A request's rows [0, rows) copied out of its blocks into host memory (the loop then
         gives the blocks back), and on a GPU a hybrid's recurrent state with them."""
         snap = self.kv.snapshot(seq.table, seq.rows)
-        if seq.state is not None and self.backend.xp is not np:  # a hybrid's recurrent state to host memory too
-            seq.state = seq.state.moved(np)
+        seq.state = seq.state and seq.state.on(np)  # a hybrid's recurrent state to host memory too
         self.backend.synchronize()
         return snap
 
     def restore(self, seq: Sequence, snap: KVSnapshot) -> None:
         """Rows spilled by `spill` copied back into the sequence's (new) blocks."""
         self.kv.restore(seq.table, snap)
-        if seq.state is not None and self.backend.xp is not np:
-            seq.state = seq.state.moved(self.backend.xp)
+        seq.state = seq.state and seq.state.on(self.backend.xp)
         self.backend.synchronize()  # so that the park's reported cost includes the copy back
 
     def fingerprint(self, seq: Sequence) -> str:
-        h = hashlib.blake2b(digest_size=16)
-        h.update(self.kv.digest(seq.table, seq.kv_len))
-        h.update(seq.kv_len.to_bytes(8, "little"))
-        if seq.state is not None:  # a hybrid's recurrent state after its last position
-            h.update(seq.state.now.digest())
-        h.update(seq.sampler.state_digest())
-        return h.hexdigest()
+        return fingerprint(self.kv, seq)
+
+
+def fingerprint(kv: KVCache, seq: Sequence) -> str:
+    """A request's state in 32 hex digits: its K/V rows, length, recurrent state (a hybrid's) and sampler."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(kv.digest(seq.table, seq.kv_len))
+    h.update(seq.kv_len.to_bytes(8, "little"))
+    if seq.state is not None:  # a hybrid's recurrent state after its last position
+        h.update(seq.state.now.digest())
+    h.update(seq.sampler.state_digest())
+    return h.hexdigest()
 
 
 def decode_rows(seqs: list[Sequence]) -> tuple[list[int], list, list[int], list[int]]:
