@@ -80,7 +80,8 @@
 #          reads at 4,096 and 16,384 tokens, decode at 512 and 16K context)
 # bencha3b the same on the Qwen3-30B-A3B shape in Q4_K_M
 # hybridbench  issue 45: the Qwen3-Next-80B-A3B shape in IQ3_S (~35 GB, made on the machine): prompt reads of 4K and
-#          32K, decode at 1 / 16 / 64 requests; hybridbench_llama: llama-bench and llama-batched-bench on the same file
+#          32K, decode at 1 / 16 / 64 requests; hybridbench_llama: llama-bench and llama-batched-bench on the same file;
+#          hybridlong: a 262,144-token request on it read, parked half-way and resumed (parity)
 # batch    bench/batch_decode_bench.py: aggregate decode at 1, 2, 4, 8, 16 requests in slots, and each
 #          request's tokens equal to its solo run's (batch invariance), on the 135M shape (Q4_1) and
 #          the Llama-3-8B shape in F16 and Q4_K_M -> $OUT/batch_decode_gpu.json
@@ -518,6 +519,12 @@ for step in "$@"; do
       timeout 200 python3 bench/batch_decode_bench.py --model $MNX --device gpu --context 512 --steps 32 --repeats 1 \
         --batches 1,16,64 --label qwen3-next-80b-a3b-shape-iq3_s --json "$OUT/batch_decode_next.json" 2>&1 | quiet \
         | tail -4 ;;
+    hybridlong)  # issue 45: a 262,144-token request on the Qwen3-Next-80B-A3B shape (IQ3_S) read, parked half-way and
+      # resumed (its tokens and state fingerprint, the recurrent states included, equal the uninterrupted run's)
+      rm -f $M8 $MQ $MQA; synth_next
+      timeout 560 python3 tools/checks/long_context_run.py --model $MNX --device gpu --ctx 262400 --prompt-tokens 262144 \
+        --chunk 2048 --vocab-high 150000 --json "$OUT/long_context_next.json" 2>&1 | quiet | tail -8 \
+        || echo "HYBRID LONG RUN FAILED" ;;
     hybridbench_llama)  # llama.cpp on the same file: llama-bench (prompt 4K / 32K, decode) and llama-batched-bench
       synth_next; build_llama
       timeout -k 10 $((580 - SECONDS)) cmake --build $LLAMA/build --target llama-bench llama-batched-bench -j 16 \
