@@ -1,19 +1,24 @@
-// The CUDA names engine/kernels' sources use, defined for the host's C++ compiler (tests/engine/kernels/host_cuda.py):
-// qualifiers as nothing, the thread indices as globals the runner sets, fp16 as _Float16, and the intrinsics by
-// their PTX semantics. Only what thread-independent code needs: no shared memory, no barriers; a warp shuffle
-// returns its own value (compiled, never relied on).
+// The CUDA names engine/kernels' sources use, defined for the host's C++ compiler (tests/engine/kernels/host_cuda.py),
+// and a grid run on the host: each block's threads as fibers (ucontext) that a scheduler runs in turn up to a barrier
+// (__syncthreads, __syncwarp, a warp shuffle's exchange), so that kernels whose threads cooperate through shared
+// memory and shuffles run as written. fp16 is _Float16; the intrinsics follow PTX's semantics. Not emulated:
+// tensor-core and other inline PTX (a source guards its asm with __CUDA_ARCH__ and gives the host a plain form).
 #pragma once
+#include <ucontext.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 struct HostDim3 { unsigned x, y, z; };
 HostDim3 threadIdx, blockIdx, blockDim, gridDim;
-extern "C" void host_set_ids(unsigned bx, unsigned by, unsigned bz, unsigned tx, unsigned ty, unsigned tz,
-                             unsigned gx, unsigned gy, unsigned gz, unsigned dx, unsigned dy, unsigned dz) {
-    blockIdx = {bx, by, bz}; threadIdx = {tx, ty, tz}; gridDim = {gx, gy, gz}; blockDim = {dx, dy, dz};
-}
 
 #define __global__
 #define __device__
@@ -22,7 +27,8 @@ extern "C" void host_set_ids(unsigned bx, unsigned by, unsigned bz, unsigned tx,
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static
 
 typedef _Float16 __half;
 struct __half2 { __half x, y; };
@@ -30,6 +36,8 @@ struct float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct uint2 { unsigned x, y; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
@@ -39,9 +47,12 @@ inline __half __float2half(float f) { return (__half)f; }
 inline float2 __half22float2(__half2 h) { return {(float)h.x, (float)h.y}; }
 inline __half2 __floats2half2_rn(float a, float b) { return {(__half)a, (__half)b}; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline int __float2int_rn(float f) { return (int)std::nearbyint(f); }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
@@ -64,5 +75,152 @@ inline unsigned bytewise(unsigned a, unsigned b, int sign) {
 }
 inline unsigned __vadd4(unsigned a, unsigned b) { return bytewise(a, b, 1); }
 inline unsigned __vsub4(unsigned a, unsigned b) { return bytewise(a, b, -1); }
-template <class T> inline T __shfl_xor_sync(unsigned, T v, int) { return v; }
+inline int host_dp4a(unsigned a, int b, int c) {  // dp4a.u32.s32: unsigned bytes of a . signed bytes of b + c
+    for (int i = 0; i < 4; ++i) c += (int)((a >> (8 * i)) & 0xFF) * (int)(signed char)((b >> (8 * i)) & 0xFF);
+    return c;
+}
+template <class A, class B> inline std::common_type_t<A, B> min(A a, B b) { return a < b ? a : b; }
+template <class A, class B> inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
 template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
+inline size_t __cvta_generic_to_shared(const void* p) { return (size_t)p; }
+inline void __threadfence() {}
+template <class T> inline T atomicAdd(T* p, T v) { const T old = *p; *p += v; return old; }
+
+// ------------------------------------------------------------------ a block's threads as fibers
+namespace host_grid {
+enum State { RUN, AT_BLOCK, AT_WARP, DONE };
+struct Fiber {
+    ucontext_t ctx;
+    std::vector<char> stack;
+    HostDim3 tid;
+    State state = RUN;
+};
+inline std::vector<Fiber> fibers;
+inline ucontext_t scheduler;
+inline int current = -1;
+inline void (*body)(void*) = nullptr;
+inline void* body_arg = nullptr;
+inline std::vector<unsigned long long> slots;  // a shuffle's values, one a thread
+inline std::vector<unsigned char> dynamic_smem;
+constexpr size_t STACK = 256 * 1024;
+
+inline void enter() {
+    body(body_arg);
+    fibers[current].state = DONE;
+    swapcontext(&fibers[current].ctx, &scheduler);
+}
+inline void wait(State why) {
+    fibers[current].state = why;
+    swapcontext(&fibers[current].ctx, &scheduler);
+}
+inline unsigned linear(const HostDim3& t) { return t.x + blockDim.x * (t.y + blockDim.y * t.z); }
+
+// Releases the first barrier every live thread it holds has reached: a warp's, else the block's.
+inline bool release() {
+    const size_t n = fibers.size();
+    for (size_t w = 0; w < n; w += 32) {
+        bool all = true, any = false;
+        for (size_t i = w; i < std::min(n, w + 32); ++i) {
+            all &= fibers[i].state == AT_WARP || fibers[i].state == DONE;
+            any |= fibers[i].state == AT_WARP;
+        }
+        if (all && any) {
+            for (size_t i = w; i < std::min(n, w + 32); ++i)
+                if (fibers[i].state == AT_WARP) fibers[i].state = RUN;
+            return true;
+        }
+    }
+    bool all = true, any = false;
+    for (auto& f : fibers) all &= f.state == AT_BLOCK || f.state == DONE, any |= f.state == AT_BLOCK;
+    if (!all || !any) return false;
+    for (auto& f : fibers)
+        if (f.state == AT_BLOCK) f.state = RUN;
+    return true;
+}
+
+inline void run_block() {
+    const size_t n = (size_t)blockDim.x * blockDim.y * blockDim.z;
+    fibers.resize(n);
+    slots.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+        Fiber& f = fibers[i];
+        f.stack.resize(STACK);
+        f.state = RUN;
+        f.tid = {(unsigned)(i % blockDim.x), (unsigned)(i / blockDim.x % blockDim.y),
+                 (unsigned)(i / blockDim.x / blockDim.y)};
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack.data();
+        f.ctx.uc_stack.ss_size = STACK;
+        f.ctx.uc_link = &scheduler;
+        makecontext(&f.ctx, enter, 0);
+    }
+    for (;;) {
+        bool ran = false;
+        for (size_t i = 0; i < n; ++i) {
+            if (fibers[i].state != RUN) continue;
+            current = (int)i, threadIdx = fibers[i].tid, ran = true;
+            swapcontext(&scheduler, &fibers[i].ctx);
+        }
+        bool done = true;
+        for (auto& f : fibers) done &= f.state == DONE;
+        if (done) return;
+        if (!ran && !release()) {
+            std::fprintf(stderr, "host grid: block (%u, %u, %u) deadlocked at a barrier\n", blockIdx.x, blockIdx.y,
+                         blockIdx.z);
+            std::abort();
+        }
+        if (ran) release();
+    }
+}
+
+// A launch: every block of the grid in turn, body(arg) in each of its threads.
+inline void launch(const unsigned* dims, void (*fn)(void*), void* arg) {
+    gridDim = {dims[0], dims[1], dims[2]}, blockDim = {dims[3], dims[4], dims[5]};
+    dynamic_smem.assign(dims[6] + 16, 0);
+    body = fn, body_arg = arg;
+    for (unsigned z = 0; z < gridDim.z; ++z)
+        for (unsigned y = 0; y < gridDim.y; ++y)
+            for (unsigned x = 0; x < gridDim.x; ++x) {
+                blockIdx = {x, y, z};
+                run_block();
+            }
+}
+
+template <class... A, size_t... I>
+void call(void (*fn)(A...), void** args, std::index_sequence<I...>) {
+    fn(*static_cast<std::remove_reference_t<A>*>(args[I])...);
+}
+
+// A kernel called as the driver calls it: args[i] points at parameter i's value (cuLaunchKernel's kernelParams).
+template <class... A>
+void launch_kernel(void (*fn)(A...), const unsigned* dims, void** args) {
+    struct Call { void (*fn)(A...); void** args; } c{fn, args};
+    launch(dims, [](void* p) { auto* c = static_cast<Call*>(p); call(c->fn, c->args, std::index_sequence_for<A...>{}); },
+           &c);
+}
+}  // namespace host_grid
+
+inline void __syncthreads() { host_grid::wait(host_grid::AT_BLOCK); }
+inline void __syncwarp(unsigned = 0xffffffffu) { host_grid::wait(host_grid::AT_WARP); }
+
+// A warp's exchange: each lane leaves its value, the warp meets, each reads its source lane's, the warp meets again.
+template <class T>
+inline T host_exchange(T v, unsigned src_lane) {
+    static_assert(sizeof(T) <= 8, "a shuffle moves up to 8 bytes");
+    const unsigned me = host_grid::linear(threadIdx), base = me & ~31u;
+    std::memcpy(&host_grid::slots[me], &v, sizeof(T));
+    __syncwarp();
+    T r;
+    std::memcpy(&r, &host_grid::slots[base + (src_lane & 31)], sizeof(T));
+    __syncwarp();
+    return r;
+}
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int o) {
+    return host_exchange(v, (host_grid::linear(threadIdx) & 31) ^ o);
+}
+template <class T> inline T __shfl_sync(unsigned, T v, int src) { return host_exchange(v, (unsigned)src); }
+template <class T> inline T __shfl_down_sync(unsigned, T v, int d) {
+    const unsigned lane = host_grid::linear(threadIdx) & 31;
+    return host_exchange(v, lane + d < 32 ? lane + d : lane);
+}

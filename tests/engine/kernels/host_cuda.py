@@ -1,12 +1,14 @@
-"""CUDA kernels run on the CPU, one thread at a time: a kernel file of engine/kernels compiled by the host's C++
-compiler with the CUDA names it uses defined for the host (`SHIM`), each kernel called through ctypes once per
-(block, thread) with blockIdx and threadIdx set. Only kernels whose threads do not talk to each other (no shared
-memory, shuffles or barriers) can run so: linear_attention.cu's are written that way. It checks a kernel's
-indexing and arithmetic against its NumPy reference before a GPU is at hand; a GPU still checks the rest."""
+"""CUDA kernels run on the CPU: a kernel file of engine/kernels compiled by the host's C++ compiler with the CUDA
+names it uses defined for the host (cuda_host.h), each block's threads run as fibers that meet at the block's and
+the warps' barriers (__syncthreads, __syncwarp, shuffles), shared memory as the block's own. It checks a kernel's
+indexing, cooperation and arithmetic against its NumPy reference before a GPU is at hand; what it cannot run
+(tensor-core PTX, timing, the memory model's races) a GPU still checks. Arithmetic follows the C++ compiler's
+float rules, so a check compares against a tolerance or against the same kernel's other runs, not against a
+GPU's bits."""
 from __future__ import annotations
 
 import ctypes
-import itertools
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,53 +17,69 @@ import numpy as np
 
 from engine.kernels.sources import kernel_source
 
-SHIM = Path(__file__).with_name("cuda_host.h")  # the CUDA names, defined for the host
-SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64, np.dtype(np.float32): ctypes.c_float}
+HEADER = Path(__file__).with_name("cuda_host.h")
+SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64, np.dtype(np.float32): ctypes.c_float,
+           np.dtype(np.uint32): ctypes.c_uint32, np.dtype(np.uint64): ctypes.c_uint64,
+           np.dtype(np.float64): ctypes.c_double}
+DYNAMIC_SHARED = re.compile(r"extern __shared__ (?:__align__\(\d+\) )?([\w:]+) (\w+)\[\];")
 
 
 def compiler() -> str | None:
     return shutil.which("g++") or shutil.which("c++")
 
 
-def host_library(name: str, workdir: Path, extra: str = "") -> ctypes.CDLL:
-    """engine/kernels' file `name` (its local headers pasted in) and `extra` (host code calling into it), compiled
-    for the host with cuda_host.h, loaded."""
+def host_source(name: str) -> str:
+    """engine/kernels' file `name` with its local headers pasted in, as the host compiles it: no cuda_fp16.h, the
+    dynamic shared memory the launch's own buffer."""
     source = kernel_source(name).replace("#include <cuda_fp16.h>", "")
+    return DYNAMIC_SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(host_grid::dynamic_smem.data());", source)
+
+
+def host_library(name: str, workdir: Path, kernels: tuple[str, ...] = (), extra: str = "",
+                 defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """`name` compiled for the host with cuda_host.h (and -D `defines`: a file's part), a launch_<kernel> entry for
+    each of `kernels`, and `extra` (host code calling into it), loaded."""
+    wrappers = "".join(f'\nextern "C" void launch_{k}(const unsigned* dims, void** args) '
+                       f"{{ host_grid::launch_kernel(&{k}, dims, args); }}" for k in kernels)
     cpp, lib = workdir / f"{Path(name).stem}.cpp", workdir / f"{Path(name).stem}.so"
-    cpp.write_text(f'#include "{SHIM}"\n' + source + extra)
-    built = subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(lib), str(cpp)],
+    cpp.write_text(f'#include "{HEADER}"\n' + host_source(name) + wrappers + "\n" + extra)
+    built = subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", *(f"-D{d}" for d in defines), "-o",
+                            str(lib), str(cpp)],
                            capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-3000:]
     return ctypes.CDLL(str(lib))
 
 
 class HostKernels(dict):
-    """A kernel file's kernels by name, each called as GpuKernels' fn entries are: fn(grid, block, args), with
-    NumPy arrays for device arrays (their addresses passed) and NumPy scalars."""
+    """A kernel file's kernels by name, each called as GpuKernels' fn entries are: fn(grid, block, args,
+    shared_mem=0), with NumPy arrays for device arrays (their addresses passed) and NumPy scalars."""
 
-    def __init__(self, name: str, workdir: Path):
-        self.lib = host_library(name, workdir)
+    def __init__(self, name: str, workdir: Path, kernels: tuple[str, ...], defines: tuple[str, ...] = ()):
         super().__init__()
+        lib = host_library(name, workdir, kernels, defines=defines)
+        for k in kernels:
+            self[k] = Launch(getattr(lib, f"launch_{k}"))
 
-    def __missing__(self, name: str):
-        fn = getattr(self.lib, name)
-        fn.restype = None
-        self[name] = lambda grid, block, args: self.launch(fn, grid, block, args)
-        return self[name]
 
-    def launch(self, fn, grid, block, args) -> None:
-        grid, block = (tuple(g) + (1,) * (3 - len(g)) for g in (grid, block))
+class Launch:
+    def __init__(self, entry):
+        self.entry = entry
+        entry.restype = None
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        grid, block = (tuple(int(v) for v in g) + (1,) * (3 - len(g)) for g in (grid, block))
+        dims = (ctypes.c_uint * 7)(*grid, *block, shared_mem)
         values = [argument(a) for a in args]
-        for bz, by, bx in itertools.product(*(range(g) for g in reversed(grid))):
-            for tz, ty, tx in itertools.product(*(range(b) for b in reversed(block))):
-                self.lib.host_set_ids(bx, by, bz, tx, ty, tz, *grid, *block)
-                fn(*values)
+        pointers = (ctypes.c_void_p * max(1, len(values)))(*(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
+                                                            for v in values))
+        self.entry(dims, pointers)
 
 
 def argument(a):
-    if isinstance(a, np.ndarray):
-        assert a.flags.c_contiguous, "a kernel's array argument must be contiguous"
+    if isinstance(a, np.ndarray):  # (a view passes its first element's address, as CuPy's does)
         return ctypes.c_void_p(a.ctypes.data)
     if isinstance(a, np.generic) and a.dtype in SCALARS:
         return SCALARS[a.dtype](a.item())
+    if a is None:  # a null pointer (engine/kernels/args.py NULL)
+        return ctypes.c_void_p(0)
     raise TypeError(f"a host kernel takes NumPy arrays and NumPy scalars, not {type(a).__name__}")

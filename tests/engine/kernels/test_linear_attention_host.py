@@ -7,6 +7,7 @@ import pytest
 
 from engine.core.step import Step
 from engine.kernels.linear_attention_launch import LinearAttentionLaunchers
+from engine.kernels.loader import built_kernels
 from engine.kvcache.recurrent import RecurrentState, SequenceState
 from engine.model.layer_weights import LinearAttentionWeights
 from engine.modelfile.model_config import HybridConfig
@@ -21,7 +22,9 @@ LAYERS, LAYER = 2, 1  # the states hold two linear-attention layers; the mixer r
 def kernels(tmp_path_factory):
     assert compiler() is not None, "a C++ compiler (g++) is needed to run the kernels on the CPU"
     launchers = LinearAttentionLaunchers()
-    launchers.cp, launchers.fn = np, HostKernels("linear_attention.cu", tmp_path_factory.mktemp("host_cuda"))
+    launchers.cp = np
+    launchers.fn = HostKernels("linear_attention.cu", tmp_path_factory.mktemp("host_cuda"),
+                               built_kernels()["linear_attention.cu"])
     return launchers
 
 

@@ -21,7 +21,7 @@ EXPORTS = "\n".join(f'extern "C" void values_{k}(const u8* row, int units, float
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory):
     assert compiler() is not None, "a C++ compiler (g++) is needed to run the decoders on the CPU"
-    return host_library("quant_blocks.cuh", tmp_path_factory.mktemp("quant_blocks"), "\n" + EXPORTS + "\n")
+    return host_library("quant_blocks.cuh", tmp_path_factory.mktemp("quant_blocks"), extra=EXPORTS)
 
 
 def random_blocks(kind: str, blocks: int, seed: int) -> np.ndarray:
