@@ -86,6 +86,7 @@ template <class T> inline T __ldcg(const T* p) { return *p; }
 inline size_t __cvta_generic_to_shared(const void* p) { return (size_t)p; }
 inline void __threadfence() {}
 template <class T> inline T atomicAdd(T* p, T v) { const T old = *p; *p += v; return old; }
+template <class T> inline T atomicMin(T* p, T v) { const T old = *p; *p = v < old ? v : old; return old; }  // (fibers: no two at once)
 
 // ------------------------------------------------------------------ a block's threads as fibers
 namespace host_grid {
@@ -103,7 +104,7 @@ inline void (*body)(void*) = nullptr;
 inline void* body_arg = nullptr;
 inline std::vector<unsigned long long> slots;  // a shuffle's values, one a thread
 inline std::vector<unsigned char> dynamic_smem;
-constexpr size_t STACK = 256 * 1024;
+constexpr size_t STACK = 64 * 1024;  // a thread's stack: its registers and local arrays
 
 inline void enter() {
     body(body_arg);
