@@ -44,6 +44,7 @@ inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 
 inline float __half2float(__half h) { return (float)h; }
 inline __half __float2half(float f) { return (__half)f; }
+inline __half __float2half_rn(float f) { return (__half)f; }
 inline float2 __half22float2(__half2 h) { return {(float)h.x, (float)h.y}; }
 inline __half2 __floats2half2_rn(float a, float b) { return {(__half)a, (__half)b}; }
 inline float __fmul_rn(float a, float b) { return a * b; }
