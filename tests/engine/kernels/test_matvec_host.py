@@ -1,11 +1,13 @@
-"""quant.cu's dp4a matvecs, the CUDA source itself run on the host (host_cuda.py: each block's warps as fibers that
-meet at their shuffles), through their launcher (engine/kernels/matvec_launch.py): for every block type (the IQ
-types among them) the rows of x in 8 bits (quantize_q8) against gguf's values of the weights, and each row of a
-batch the bits of that row alone (the batch-invariance every decode step relies on)."""
+"""quant.cu's weight kernels, the CUDA source itself run on the host (host_cuda.py: each block's warps as fibers
+that meet at their shuffles), through their launchers: for every block type (the IQ types among them) the dp4a
+matvecs (engine/kernels/matvec_launch.py) with the rows of x in 8 bits (quantize_q8) against gguf's values of the
+weights, each row of a batch the bits of that row alone (the batch-invariance every decode step relies on); and
+the expansion and embedding kernels (engine/kernels/dequant_launch.py) giving gguf's values."""
 import numpy as np
 import pytest
 
 from engine.core.quantized import BLOCKS, QuantMatrix, QuantPart, quantize_q8
+from engine.kernels.dequant_launch import DequantLaunchers
 from engine.kernels.matvec_launch import MatvecLaunchers
 from gguf import GGMLQuantizationType, quants
 from tests.engine.kernels.host_cuda import HostKernels, compiler
@@ -15,10 +17,14 @@ ROWS, COLS = 24, 512
 BATCHES = (1, 3, 8)  # rows of x a launch takes: quant.cu's part 2i holds kind i's kernels of 1..8 rows
 
 
-def launchers(kind: str, workdir) -> MatvecLaunchers:
+class Launchers(MatvecLaunchers, DequantLaunchers):
+    """GpuKernels' weight launchers, over NumPy and the host's kernels."""
+
+
+def launchers(kind: str, workdir) -> Launchers:
     part = 2 * list(BLOCKS).index(kind)  # engine/kernels/model_parts.py's KIND_PART
-    names = ("quantize_q8", *(f"matvec_{kind}_n{nb}_f32" for nb in BATCHES))
-    m = MatvecLaunchers()
+    names = ("quantize_q8", f"dequant_{kind}", f"embed_{kind}", *(f"matvec_{kind}_n{nb}_f32" for nb in BATCHES))
+    m = Launchers()
     m.cp, m.fn = np, HostKernels("quant.cu", workdir, names, defines=("PARTS=30", f"PART={part}"))
     m.stage, m.pairs, m.mmq_from, m.sms = False, False, 1 << 30, 1
     return m
@@ -38,3 +44,5 @@ def test_each_type_s_matvec_is_its_values_times_x_in_8_bits_and_each_row_its_own
     np.testing.assert_allclose(y8, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
     assert np.array_equal(m.matvec(w, x[2:5], np.float32), y8[2:5])
     assert np.array_equal(m.matvec(w, x[4], np.float32), y8[4])
+    assert np.array_equal(m.dequantize(raw, kind, (ROWS, COLS)), values.astype(np.float16))
+    assert np.array_equal(m.embed(w, np.array([5, 0, 23, 5])), values[[5, 0, 23, 5]])
