@@ -80,9 +80,10 @@ __device__ __forceinline__ void conv_scan(const __half* __restrict__ proj, int p
 }
 
 extern "C" __global__ void __launch_bounds__(LA_THREADS)
-conv_scan_k4(const __half* __restrict__ proj, int proj_stride, float* __restrict__ out, const float* __restrict__ weight,
-             const unsigned long long* __restrict__ now, const unsigned long long* __restrict__ mark,
-             const int* __restrict__ row_lo, const int* __restrict__ mark_after, int channels, long long layer_offset) {
+conv_scan_k4(const __half* __restrict__ proj, int proj_stride, float* __restrict__ out,
+             const float* __restrict__ weight, const unsigned long long* __restrict__ now,
+             const unsigned long long* __restrict__ mark, const int* __restrict__ row_lo,
+             const int* __restrict__ mark_after, int channels, long long layer_offset) {
     conv_scan<4>(proj, proj_stride, out, weight, now, mark, row_lo, mark_after, channels, layer_offset);
 }
 
@@ -161,7 +162,8 @@ __device__ __forceinline__ void delta_scan(const float* __restrict__ conv, const
 #define DELTA_SCAN(DK)                                                                                              \
     extern "C" __global__ void __launch_bounds__(SCAN_THREADS)                                                      \
     delta_scan_k##DK(const float* __restrict__ conv, const __half* __restrict__ proj, int proj_stride, int b_col,     \
-                     int a_col, const float* __restrict__ A, const float* __restrict__ dt_bias, float* __restrict__ out, \
+                     int a_col, const float* __restrict__ A, const float* __restrict__ dt_bias,                    \
+                     float* __restrict__ out,                                                                       \
                      const unsigned long long* __restrict__ now, const unsigned long long* __restrict__ mark,       \
                      const int* __restrict__ row_lo, const int* __restrict__ mark_after, int nv, int kh, int tiled,  \
                      int channels, long long layer_offset) {                                                        \
