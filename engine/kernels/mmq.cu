@@ -68,17 +68,27 @@ struct Slab {
 };
 
 __device__ __forceinline__ void mma_s8s8(int* c, unsigned a0, unsigned a1, unsigned b) {
+#ifdef __CUDA_ARCH__
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a0), "r"(a1), "r"(b));
+#else  // the CPU's tests (tests/engine/kernels/cuda_host.h: the warp's fragments gathered)
+    const unsigned a[4] = {a0, a1, 0, 0}, bs[2] = {b, 0};
+    host_mma_8bit(c, a, bs, 16, true);
+#endif
 }
 // k = 32: A's rows g and g + 8 at bytes 4c.. (a0, a1) and 16 + 4c.. (a2, a3); B's the same bytes.
 __device__ __forceinline__ void mma_u8s8_k32(int* c, const Pair& g, const Pair& g8, unsigned b0, unsigned b1) {
+#ifdef __CUDA_ARCH__
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(g.lo), "r"(g8.lo), "r"(g.hi), "r"(g8.hi), "r"(b0), "r"(b1));
+#else
+    const unsigned a[4] = {g.lo, g8.lo, g.hi, g8.hi}, bs[2] = {b0, b1};
+    host_mma_8bit(c, a, bs, 32, false);
+#endif
 }
 
 // An integer of magnitude below 2^22 as the exact float, by an integer add and a float subtract

@@ -57,6 +57,11 @@ inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); r
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline unsigned __brev(unsigned x) {
+    unsigned r = 0;
+    for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);
+    return r;
+}
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {  // prmt's default mode: byte i of {y, x} by nibble i
     const unsigned long long v = ((unsigned long long)y << 32) | x;
     unsigned r = 0;
@@ -225,4 +230,51 @@ template <class T> inline T __shfl_sync(unsigned, T v, int src) { return host_ex
 template <class T> inline T __shfl_down_sync(unsigned, T v, int d) {
     const unsigned lane = host_grid::linear(threadIdx) & 31;
     return host_exchange(v, lane + d < 32 ? lane + d : lane);
+}
+
+// ------------------------------------------------------------------ shared-space addresses, cp.async, mma.sync
+// A shared-space address is an offset into the launch's dynamic shared memory (the staging kernels' only
+// cp.async target); a copy lands at once (the kernels wait for it before reading, so an early copy is the same).
+inline unsigned host_smem_addr(const void* p) {
+    return (unsigned)(static_cast<const unsigned char*>(p) - host_grid::dynamic_smem.data());
+}
+inline void host_copy16(unsigned dst, const void* src, bool valid) {
+    unsigned char* d = host_grid::dynamic_smem.data() + dst;
+    if (valid) std::memcpy(d, src, 16);
+    else std::memset(d, 0, 16);
+}
+
+// mma.sync m16n8k16 / m16n8k32 with 8-bit A (row) and B (col), s32 accumulators, as PTX lays the fragments out
+// (lane = 4 g + c): A's register r holds 4 bytes of row g (r even) or g + 8 (r odd) at columns 4c.. (r < 2) or
+// 16 + 4c.. (r >= 2); B's register r holds bytes k = 4c.. (r = 0) or 16 + 4c.. (r = 1) of column g; C's four
+// are rows g, g, g + 8, g + 8 by columns 2c, 2c + 1. The warp's fragments are gathered (a warp barrier), each
+// lane computes its own four sums, and the warp meets again before the slots are reused.
+struct HostMmaFragments { unsigned a[4], b[2]; };
+inline std::vector<HostMmaFragments> host_mma_slots;
+
+inline void host_mma_8bit(int* c, const unsigned* a, const unsigned* b, int k, bool a_signed) {
+    const unsigned me = host_grid::linear(threadIdx), base = me & ~31u, lane = me & 31u;
+    if (host_mma_slots.size() < host_grid::fibers.size()) host_mma_slots.resize(host_grid::fibers.size());
+    HostMmaFragments& mine = host_mma_slots[me];
+    std::memcpy(mine.a, a, sizeof(mine.a));
+    std::memcpy(mine.b, b, sizeof(mine.b));
+    __syncwarp();
+    int A[16][32] = {}, B[32][8] = {};
+    for (unsigned l = 0; l < 32; ++l) {
+        const HostMmaFragments& f = host_mma_slots[base + l];
+        const unsigned g = l >> 2, cc = l & 3;
+        for (int r = 0; r < (k == 32 ? 4 : 2); ++r)
+            for (int i = 0; i < 4; ++i) {
+                const unsigned byte = (f.a[r] >> (8 * i)) & 0xFF;
+                A[g + 8 * (r & 1)][4 * cc + i + 16 * (r >> 1)] = a_signed ? (int)(signed char)byte : (int)byte;
+            }
+        for (int r = 0; r < (k == 32 ? 2 : 1); ++r)
+            for (int i = 0; i < 4; ++i) B[4 * cc + i + 16 * r][g] = (int)(signed char)((f.b[r] >> (8 * i)) & 0xFF);
+    }
+    __syncwarp();
+    const unsigned g = lane >> 2, cc = lane & 3;
+    for (int o = 0; o < 4; ++o) {
+        const unsigned row = g + 8 * (o >> 1), col = 2 * cc + (o & 1);
+        for (int j = 0; j < k; ++j) c[o] += A[row][j] * B[j][col];
+    }
 }

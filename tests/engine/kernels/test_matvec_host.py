@@ -2,7 +2,8 @@
 that meet at their shuffles), through their launchers: for every block type (the IQ types among them) the dp4a
 matvecs (engine/kernels/matvec_launch.py) with the rows of x in 8 bits (quantize_q8) against gguf's values of the
 weights, each row of a batch the bits of that row alone (the batch-invariance every decode step relies on); and
-the expansion and embedding kernels (engine/kernels/dequant_launch.py) giving gguf's values."""
+the expansion and embedding kernels (engine/kernels/dequant_launch.py) giving gguf's values; and mmq.cu's
+int8 tensor-core tiles (mma.sync emulated: cuda_host.h) giving every row the dp4a matvec's bits."""
 import numpy as np
 import pytest
 
@@ -46,3 +47,25 @@ def test_each_type_s_matvec_is_its_values_times_x_in_8_bits_and_each_row_its_own
     assert np.array_equal(m.matvec(w, x[4], np.float32), y8[4])
     assert np.array_equal(m.dequantize(raw, kind, (ROWS, COLS)), values.astype(np.float16))
     assert np.array_equal(m.embed(w, np.array([5, 0, 23, 5])), values[[5, 0, 23, 5]])
+
+
+TILE_KINDS = ("Q4_K", "Q6_K", *(k for k in BLOCKS if k.startswith("IQ")))  # the IQ types' tiles, and two that
+# a GPU has checked (a k32 and a k16 one: they hold the mma emulation to PTX's fragment layouts)
+
+
+@pytest.mark.parametrize("kind", TILE_KINDS)
+def test_each_type_s_tensor_core_tiles_give_the_matvec_s_bits(kind, tmp_path):
+    """mmq_<kind>_t<NT> for 8, 13 and 19 rows of x (one, two and three 8-row tiles; partial ones) against the
+    matvec of each row alone, bit for bit, as on the GPU."""
+    size, _ = BLOCKS[kind]
+    raw = random_blocks(kind, 40 * 1024 // size, seed=11).reshape(40, -1)  # 40 rows: a partial 32-row tile
+    w = QuantMatrix((QuantPart(kind, raw, 40),), 1024)  # 32 units a row: one slab
+    x = (np.random.default_rng(5).standard_normal((19, 1024)) * 0.5).astype(np.float16)
+    m = launchers(kind, tmp_path)
+    alone = np.stack([m.matvec(w, row, np.float32) for row in x])  # (19, 40)
+    part = list(BLOCKS).index(kind)  # mmq.cu's part of this kind
+    m.fn.update(HostKernels("mmq.cu", tmp_path, tuple(f"mmq_{kind}_t{nt}_f32" for nt in (1, 2, 4)),
+                            defines=("PARTS=15", f"PART={part}")))
+    m.mmq_from, m.sms = 8, 3
+    for n in (8, 13, 19):
+        assert np.array_equal(m.matvec(w, x[:n], np.float32), alone[:n]), n
