@@ -71,9 +71,16 @@ __device__ __forceinline__ void rescale(float* o, float corr_a, float corr_b) {
 
 // Two fp32 values as one register of two fp16 (lo in the low half), rounded to nearest.
 __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
+#ifdef __CUDA_ARCH__
     unsigned r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
+#else  // the CPU's tests (tests/engine/kernels/cuda_host.h)
+    const __half2 h = __floats2half2_rn(lo, hi);
+    unsigned r;
+    memcpy(&r, &h, 4);
+    return r;
+#endif
 }
 
 // The probabilities of keys 16kk .. 16kk + 15 of a tile (p: online_softmax's s) as the A fragment

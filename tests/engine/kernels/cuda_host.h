@@ -278,3 +278,54 @@ inline void host_mma_8bit(int* c, const unsigned* a, const unsigned* b, int k, b
         for (int j = 0; j < k; ++j) c[o] += A[row][j] * B[j][col];
     }
 }
+
+// mma.sync m16n8k16 row.col f32 += f16 x f16 (lane = 4 g + c): A's registers hold halves (row g, columns 2c,
+// 2c + 1), (g + 8, the same), (g, 8 + 2c..), (g + 8, 8 + 2c..); B's hold (k = 2c, 2c + 1 | 8 + 2c.., column g);
+// C's four rows g, g, g + 8, g + 8 by columns 2c, 2c + 1. The products summed in float, k in order.
+struct HostHalfFragments { unsigned a[4], b[2]; };
+inline std::vector<HostHalfFragments> host_half_slots;
+inline float host_half(unsigned word, int i) { return (float)__half2float(reinterpret_cast<const __half*>(&word)[i]); }
+
+inline void host_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    const unsigned me = host_grid::linear(threadIdx), base = me & ~31u, lane = me & 31u;
+    if (host_half_slots.size() < host_grid::fibers.size()) host_half_slots.resize(host_grid::fibers.size());
+    HostHalfFragments& mine = host_half_slots[me];
+    std::memcpy(mine.a, a, sizeof(mine.a));
+    mine.b[0] = b0, mine.b[1] = b1;
+    __syncwarp();
+    float A[16][16], B[16][8];
+    for (unsigned l = 0; l < 32; ++l) {
+        const HostHalfFragments& f = host_half_slots[base + l];
+        const unsigned g = l >> 2, cc = l & 3;
+        for (int r = 0; r < 4; ++r)
+            for (int i = 0; i < 2; ++i) A[g + 8 * (r & 1)][2 * cc + i + 8 * (r >> 1)] = host_half(f.a[r], i);
+        for (int r = 0; r < 2; ++r)
+            for (int i = 0; i < 2; ++i) B[2 * cc + i + 8 * r][g] = host_half(f.b[r], i);
+    }
+    __syncwarp();
+    const unsigned g = lane >> 2, cc = lane & 3;
+    for (int o = 0; o < 4; ++o) {
+        const unsigned row = g + 8 * (o >> 1), col = 2 * cc + (o & 1);
+        for (int k = 0; k < 16; ++k) c[o] += A[row][k] * B[k][col];
+    }
+}
+
+// ldmatrix.x4 (.trans): lanes 8i..8i+7 give the addresses of matrix i's eight rows (8 halves each); lane
+// 4 g + c receives register i = matrix i's halves (row g, columns 2c, 2c + 1), or with trans (rows 2c, 2c + 1,
+// column g).
+inline std::vector<const __half*> host_row_slots;
+
+inline void host_ldmatrix_x4(unsigned* r, const __half* p, bool trans) {
+    const unsigned me = host_grid::linear(threadIdx), base = me & ~31u, lane = me & 31u;
+    if (host_row_slots.size() < host_grid::fibers.size()) host_row_slots.resize(host_grid::fibers.size());
+    host_row_slots[me] = p;
+    __syncwarp();
+    const unsigned g = lane >> 2, cc = lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        __half two[2];
+        for (int j = 0; j < 2; ++j)
+            two[j] = trans ? host_row_slots[base + 8 * i + 2 * cc + j][g] : host_row_slots[base + 8 * i + g][2 * cc + j];
+        std::memcpy(&r[i], two, 4);
+    }
+    __syncwarp();
+}
