@@ -57,6 +57,10 @@ inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); r
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+#define __expf(x) expf(x)  // (the fast intrinsics: glibc declares names of its own for them)
+#define __logf(x) logf(x)
+#define __fdividef(a, b) ((a) / (b))
 inline unsigned __brev(unsigned x) {
     unsigned r = 0;
     for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);
@@ -109,7 +113,10 @@ inline int current = -1;
 inline void (*body)(void*) = nullptr;
 inline void* body_arg = nullptr;
 inline std::vector<unsigned long long> slots;  // a shuffle's values, one a thread
-inline std::vector<unsigned char> dynamic_smem;
+// The launch's dynamic shared memory: a static arena, so that it lies beside the kernels' static __shared__
+// arrays (this library's .bss) and a 32-bit shared-space address can name either (host_smem_addr).
+constexpr size_t ARENA = 256 * 1024;
+alignas(128) inline unsigned char arena[ARENA];
 constexpr size_t STACK = 64 * 1024;  // a thread's stack: its registers and local arrays
 
 inline void enter() {
@@ -184,7 +191,11 @@ inline void run_block() {
 // A launch: every block of the grid in turn, body(arg) in each of its threads.
 inline void launch(const unsigned* dims, void (*fn)(void*), void* arg) {
     gridDim = {dims[0], dims[1], dims[2]}, blockDim = {dims[3], dims[4], dims[5]};
-    dynamic_smem.assign(dims[6] + 16, 0);
+    if (dims[6] > ARENA) {
+        std::fprintf(stderr, "host grid: %u bytes of dynamic shared memory, more than the arena's %zu\n", dims[6], ARENA);
+        std::abort();
+    }
+    std::memset(arena, 0, dims[6]);
     body = fn, body_arg = arg;
     for (unsigned z = 0; z < gridDim.z; ++z)
         for (unsigned y = 0; y < gridDim.y; ++y)
@@ -233,13 +244,14 @@ template <class T> inline T __shfl_down_sync(unsigned, T v, int d) {
 }
 
 // ------------------------------------------------------------------ shared-space addresses, cp.async, mma.sync
-// A shared-space address is an offset into the launch's dynamic shared memory (the staging kernels' only
-// cp.async target); a copy lands at once (the kernels wait for it before reading, so an early copy is the same).
+// A shared-space address is a 32-bit offset from the dynamic arena (static __shared__ arrays lie within 2 GiB
+// of it, in the same library); a copy lands at once (the kernels wait for it before reading, so an early copy is
+// the same).
 inline unsigned host_smem_addr(const void* p) {
-    return (unsigned)(static_cast<const unsigned char*>(p) - host_grid::dynamic_smem.data());
+    return (unsigned)(static_cast<const unsigned char*>(p) - host_grid::arena);
 }
 inline void host_copy16(unsigned dst, const void* src, bool valid) {
-    unsigned char* d = host_grid::dynamic_smem.data() + dst;
+    unsigned char* d = host_grid::arena + (int)dst;
     if (valid) std::memcpy(d, src, 16);
     else std::memset(d, 0, 16);
 }

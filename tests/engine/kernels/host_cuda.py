@@ -32,7 +32,7 @@ def host_source(name: str) -> str:
     """engine/kernels' file `name` with its local headers pasted in, as the host compiles it: no cuda_fp16.h, the
     dynamic shared memory the launch's own buffer."""
     source = kernel_source(name).replace("#include <cuda_fp16.h>", "")
-    return DYNAMIC_SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(host_grid::dynamic_smem.data());", source)
+    return DYNAMIC_SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(host_grid::arena);", source)
 
 
 def host_library(name: str, workdir: Path, kernels: tuple[str, ...] = (), extra: str = "",

@@ -24,12 +24,13 @@ def decoders(tmp_path_factory):
     return host_library("quant_blocks.cuh", tmp_path_factory.mktemp("quant_blocks"), extra=EXPORTS)
 
 
-def random_blocks(kind: str, blocks: int, seed: int) -> np.ndarray:
+def random_blocks(kind: str, blocks: int, seed: int, scale: float = 0.05) -> np.ndarray:
+    """`blocks` random blocks of `kind` in one row, their fp16 scales in [-scale, scale]."""
     size, nbytes = BLOCKS[kind]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, (blocks, nbytes), dtype=np.uint8)
     for at in HALVES[kind]:
-        raw[:, at : at + 2] = (rng.uniform(-0.05, 0.05, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2))
+        raw[:, at : at + 2] = (rng.uniform(-scale, scale, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2))
     return raw.reshape(1, -1)
 
 

@@ -1,0 +1,81 @@
+"""moe.cu's expert kernels, the CUDA source itself run on the host (host_cuda.py: warps as fibers, mma.sync
+emulated), through their launcher (engine/kernels/moe_launch.py): a decode step's experts (moe_matvec, moe_down)
+and a prompt chunk's (moe_sort, moe_gemm on the tensor cores, moe_combine) against engine/ops/moe.py's NumPy
+mixture over gguf's values of the same blocks, and each decode row the bits of that row alone. For the IQ types
+(Qwen3-Next's files are IQ3_S), beside Q4_K, whose kernels a GPU has checked."""
+import numpy as np
+import pytest
+
+from engine.core.experts import Experts, ExpertStack
+from engine.core.quantized import BLOCKS, Row8
+from engine.kernels.matvec_launch import MatvecLaunchers
+from engine.kernels.moe_launch import KERNELS, MoeKernels
+from engine.kernels.norm_rope_launch import NormRopeLaunchers
+from engine.ops.backend import ArrayOps
+from engine.ops.moe import run_experts
+from gguf import GGMLQuantizationType, quants
+from tests.engine.kernels.host_cuda import HostKernels, compiler
+from tests.engine.kernels.test_quant_blocks_host import random_blocks
+
+KINDS = ("Q4_K", "IQ3_S", "IQ2_XS")
+EXPERTS, DIM, FFN, K = 4, 256, 256, 2
+
+
+class Launchers(MatvecLaunchers, NormRopeLaunchers):
+    """What MoeKernels reads of GpuKernels (cp, fn, quantize_q8, silu_mul), over NumPy and the host's kernels."""
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory) -> MoeKernels:
+    assert compiler() is not None, "a C++ compiler (g++) is needed to run the kernels on the CPU"
+    work = tmp_path_factory.mktemp("moe")
+    k = Launchers()
+    k.cp, k.fn = np, {}
+    k.fn.update(HostKernels("moe.cu", work, tuple(n for n in KERNELS if not n.startswith("moe_") or n.endswith(KINDS)
+                                                  or n in ("moe_sort", "moe_combine"))))
+    k.fn.update(HostKernels("norm_rope.cu", work, ("silu_mul",)))
+    k.fn.update(HostKernels("quant.cu", work, ("quantize_q8",), defines=("PARTS=30", "PART=0")))
+    return MoeKernels(k)
+
+
+def stacks(kind: str, seed: int) -> tuple[Experts, Experts]:
+    """Random experts in `kind` blocks (gate, up: (EXPERTS*FFN, DIM); down: (EXPERTS*DIM, FFN)), and the same as
+    gguf's float32 values."""
+    blocked, values = [], []
+    for i, (rows, cols) in enumerate(((FFN, DIM), (FFN, DIM), (DIM, FFN))):
+        raw = random_blocks(kind, EXPERTS * rows * cols // BLOCKS[kind][0], seed + i, 0.001).reshape(EXPERTS * rows, -1)
+        blocked.append(ExpertStack(kind, raw, EXPERTS, rows, cols))
+        w = quants.dequantize(raw, GGMLQuantizationType[kind]).reshape(EXPERTS * rows, cols).astype(np.float32)
+        values.append(ExpertStack("F32", w, EXPERTS, rows, cols))
+    return Experts(*blocked), Experts(*values)
+
+
+def reference(h, values: Experts, chosen, weights) -> np.ndarray:
+    return run_experts(ArrayOps(np), h.astype(np.float32), values, chosen, weights)
+
+
+def close(got, want) -> None:
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=0, atol=0.03 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_decode_step_s_experts_match_numpy_and_each_row_is_its_own(moe, kind):
+    blocked, values = stacks(kind, seed=1)
+    rng = np.random.default_rng(2)
+    h = (rng.standard_normal((3, DIM)) * 0.5).astype(np.float16)
+    chosen = np.array([[0, 3], [2, 1], [3, 2]], dtype=np.int32)
+    weights = np.array([[0.7, 0.3], [0.55, 0.45], [0.6, 0.4]], dtype=np.float32)
+    together = moe.decode(Row8(h, None), blocked, chosen, weights)  # (3, DIM) fp16
+    close(together, reference(h, values, chosen, weights))
+    alone = moe.decode(Row8(h[1:2], None), blocked, chosen[1:2], weights[1:2])
+    assert np.array_equal(alone, together[1:2])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prompt_chunk_s_experts_match_numpy(moe, kind):
+    blocked, values = stacks(kind, seed=4)
+    rng = np.random.default_rng(5)
+    h = (rng.standard_normal((37, DIM)) * 0.5).astype(np.float16)
+    chosen = np.stack([rng.choice(EXPERTS, K, replace=False) for _ in range(37)]).astype(np.int32)
+    weights = rng.dirichlet(np.ones(K), 37).astype(np.float32)
+    close(moe.prompt(h, blocked, chosen, weights), reference(h, values, chosen, weights))
