@@ -4,6 +4,7 @@
 // memory and shuffles run as written. fp16 is _Float16; the intrinsics follow PTX's semantics. Not emulated:
 // tensor-core and other inline PTX (a source guards its asm with __CUDA_ARCH__ and gives the host a plain form).
 #pragma once
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -102,13 +103,16 @@ template <class T> inline T atomicMin(T* p, T v) { const T old = *p; *p = v < ol
 namespace host_grid {
 enum State { RUN, AT_BLOCK, AT_WARP, DONE };
 struct Fiber {
-    ucontext_t ctx;
+    ucontext_t ctx;  // its first entry (makecontext); after that it and the scheduler switch by _setjmp/_longjmp,
+    jmp_buf jump;    // which save no signal mask (swapcontext's system call each switch was most of a run's time)
     std::vector<char> stack;
     HostDim3 tid;
     State state = RUN;
+    bool started = false;
 };
 inline std::vector<Fiber> fibers;
 inline ucontext_t scheduler;
+inline jmp_buf scheduler_jump;
 inline int current = -1;
 inline void (*body)(void*) = nullptr;
 inline void* body_arg = nullptr;
@@ -122,11 +126,11 @@ constexpr size_t STACK = 64 * 1024;  // a thread's stack: its registers and loca
 inline void enter() {
     body(body_arg);
     fibers[current].state = DONE;
-    swapcontext(&fibers[current].ctx, &scheduler);
+    _longjmp(scheduler_jump, 1);
 }
 inline void wait(State why) {
     fibers[current].state = why;
-    swapcontext(&fibers[current].ctx, &scheduler);
+    if (!_setjmp(fibers[current].jump)) _longjmp(scheduler_jump, 1);
 }
 inline unsigned linear(const HostDim3& t) { return t.x + blockDim.x * (t.y + blockDim.y * t.z); }
 
@@ -160,7 +164,7 @@ inline void run_block() {
     for (size_t i = 0; i < n; ++i) {
         Fiber& f = fibers[i];
         f.stack.resize(STACK);
-        f.state = RUN;
+        f.state = RUN, f.started = false;
         f.tid = {(unsigned)(i % blockDim.x), (unsigned)(i / blockDim.x % blockDim.y),
                  (unsigned)(i / blockDim.x / blockDim.y)};
         getcontext(&f.ctx);
@@ -174,6 +178,9 @@ inline void run_block() {
         for (size_t i = 0; i < n; ++i) {
             if (fibers[i].state != RUN) continue;
             current = (int)i, threadIdx = fibers[i].tid, ran = true;
+            if (_setjmp(scheduler_jump)) continue;  // back from the fiber
+            if (fibers[i].started) _longjmp(fibers[i].jump, 1);
+            fibers[i].started = true;
             swapcontext(&scheduler, &fibers[i].ctx);
         }
         bool done = true;

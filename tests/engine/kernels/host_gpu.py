@@ -1,0 +1,86 @@
+"""The engine's GPU backend on the CPU: HalfCupyOps and GpuKernels as the engine builds them, over NumPy in CuPy's
+place (HostCupy: the few CuPy names the code uses beyond NumPy's) and engine/kernels' CUDA sources run on the
+host (host_cuda.py), the parts a model needs (engine/kernels/model_parts.py) compiled for it. A forward pass
+then goes through every kernel launch and launcher a GPU's would, without CUDA graphs, streams or the
+sm_90-only kernels (the prompt attention is mma.sync's); its numbers follow the host's float rules."""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from engine.kernels import GpuKernels, build, moe_launch
+from engine.kernels.limits import COUNTER_SEQUENCES
+from engine.kernels.attention_launch import MAX_COUNTER_HEADS
+from engine.kernels.loader import built_kernels
+from engine.kernels.matvec_launch import MMQ_FROM
+from engine.kernels.model_parts import ModelKernels
+from engine.kernels.sources import kernel_source
+from engine.ops.backend import Backend, HalfCupyOps
+from tests.engine.kernels.host_cuda import Launch, host_library
+
+
+class HostArray(np.ndarray):
+    """A NumPy array with CuPy's host copies: set (from the host) and get (to the host)."""
+
+    def set(self, values) -> None:
+        self[...] = values
+
+    def get(self) -> np.ndarray:
+        return np.array(self)
+
+
+def host(a):
+    return a.view(HostArray) if isinstance(a, np.ndarray) and not isinstance(a, HostArray) else a
+
+
+class HostCupy:
+    """NumPy under CuPy's name: arrays it makes are HostArrays; cuda's synchronizations are nothing."""
+
+    cuda = SimpleNamespace(Stream=SimpleNamespace(null=SimpleNamespace(synchronize=lambda: None)))
+    ndarray = HostArray
+
+    def __getattr__(self, name: str):
+        value = getattr(np, name)
+        if not callable(value) or isinstance(value, type):
+            return value
+        return lambda *args, **kwargs: host(value(*args, **kwargs))
+
+    @staticmethod
+    def asnumpy(a) -> np.ndarray:
+        return np.array(a)
+
+
+def kernels_defined(unit: build.Unit) -> tuple[str, ...]:
+    """The kernels one compilation (a file's part) holds, of those the engine launches."""
+    source = "\n".join(line for line in kernel_source(unit.source).splitlines() if not line.startswith("#include <"))
+    defines = [o for o in unit.options(()) if o.startswith("-D")]
+    text = subprocess.run(["cpp", "-P", *defines], input=source, capture_output=True, text=True, check=True).stdout
+    text = re.sub(r"__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)", "", text)
+    names = set(re.findall(r'extern "C"\s+__global__\s+void\s+(\w+)\s*\(', text))
+    return tuple(sorted(names & {n for ns in built_kernels().values() for n in ns}))
+
+
+def host_gpu_backend(model: ModelKernels, workdir: Path) -> Backend:
+    """A "gpu" Backend for a model of these kernels' needs, its kernels compiled on the host into workdir."""
+    cp = HostCupy()
+    k = object.__new__(GpuKernels)
+    k.cp, k.fn, k.pending, k._prompt_attention = cp, {}, None, "mma"
+    for unit in build.units(built_kernels()):
+        if model.wants(unit) and unit.source != "attention_sm90.cu":
+            names = kernels_defined(unit)
+            folder = workdir / f"{Path(unit.source).stem}_{unit.part}"
+            folder.mkdir(parents=True, exist_ok=True)
+            lib = host_library(unit.source, folder, names, defines=tuple(o[2:] for o in unit.options(())
+                                                                             if o.startswith("-D")))
+            k.fn.update({n: Launch(getattr(lib, f"launch_{n}")) for n in names})
+    k.driver, k.pdl, k.dependent, k.stage, k.pairs, k.mmq_from, k.sms = None, False, False, False, True, MMQ_FROM, 4
+    k.counters = cp.zeros(COUNTER_SEQUENCES * MAX_COUNTER_HEADS, dtype=np.int32)
+    k.scratch = None
+    k.moe = moe_launch.MoeKernels(k)
+    ops = object.__new__(HalfCupyOps)
+    ops.xp, ops.kernels, ops.decoding = cp, k, False
+    return Backend("gpu", cp, np.float16, "host-emulated GPU", ops)
