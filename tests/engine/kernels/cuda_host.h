@@ -97,7 +97,8 @@ template <class T> inline T __ldcg(const T* p) { return *p; }
 inline size_t __cvta_generic_to_shared(const void* p) { return (size_t)p; }
 inline void __threadfence() {}
 template <class T> inline T atomicAdd(T* p, T v) { const T old = *p; *p += v; return old; }
-template <class T> inline T atomicMin(T* p, T v) { const T old = *p; *p = v < old ? v : old; return old; }  // (fibers: no two at once)
+// (fibers: no two at once)
+template <class T> inline T atomicMin(T* p, T v) { const T old = *p; *p = v < old ? v : old; return old; }
 
 // ------------------------------------------------------------------ a block's threads as fibers
 namespace host_grid {
@@ -199,7 +200,8 @@ inline void run_block() {
 inline void launch(const unsigned* dims, void (*fn)(void*), void* arg) {
     gridDim = {dims[0], dims[1], dims[2]}, blockDim = {dims[3], dims[4], dims[5]};
     if (dims[6] > ARENA) {
-        std::fprintf(stderr, "host grid: %u bytes of dynamic shared memory, more than the arena's %zu\n", dims[6], ARENA);
+        std::fprintf(stderr, "host grid: %u bytes of dynamic shared memory, more than the arena's %zu\n", dims[6],
+                     ARENA);
         std::abort();
     }
     std::memset(arena, 0, dims[6]);
@@ -221,7 +223,11 @@ void call(void (*fn)(A...), void** args, std::index_sequence<I...>) {
 template <class... A>
 void launch_kernel(void (*fn)(A...), const unsigned* dims, void** args) {
     struct Call { void (*fn)(A...); void** args; } c{fn, args};
-    launch(dims, [](void* p) { auto* c = static_cast<Call*>(p); call(c->fn, c->args, std::index_sequence_for<A...>{}); },
+    launch(dims,
+           [](void* p) {
+               auto* c = static_cast<Call*>(p);
+               call(c->fn, c->args, std::index_sequence_for<A...>{});
+           },
            &c);
 }
 }  // namespace host_grid
@@ -343,7 +349,8 @@ inline void host_ldmatrix_x4(unsigned* r, const __half* p, bool trans) {
     for (int i = 0; i < 4; ++i) {
         __half two[2];
         for (int j = 0; j < 2; ++j)
-            two[j] = trans ? host_row_slots[base + 8 * i + 2 * cc + j][g] : host_row_slots[base + 8 * i + g][2 * cc + j];
+            two[j] = trans ? host_row_slots[base + 8 * i + 2 * cc + j][g]
+                           : host_row_slots[base + 8 * i + g][2 * cc + j];
         std::memcpy(&r[i], two, 4);
     }
     __syncwarp();
