@@ -14,6 +14,7 @@ from types import ModuleType
 import numpy as np
 
 from engine.core.kv_types import widened
+from engine.ops.expert_cache import ExpertCache
 from engine.ops.hybrid_ops import HybridArrayOps, HybridHalfOps
 from engine.ops.moe import route, run_experts
 from engine.ops.upload import PinnedUpload
@@ -268,6 +269,8 @@ class HalfCupyOps(HybridHalfOps, ArrayOps):
         each row computed as it would be alone; a prompt chunk's rows are grouped by expert
         (engine/kernels/moe.cu)."""
         moe = self.kernels.moe
+        if isinstance(experts, ExpertCache):  # routed experts in host memory behind device slots
+            return experts.mixture(moe, h, self.rows(h), router, k, normalize, decode=isinstance(h, Row8))
         if not isinstance(h, Row8):
             chosen, weights = moe.route(h, router, k, normalize)
             return moe.prompt(h, experts, chosen, weights), chosen, weights

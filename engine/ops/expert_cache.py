@@ -1,0 +1,90 @@
+"""A mixture-of-experts layer's routed experts in host memory behind a cache of expert slots on the GPU (issue 46:
+models larger than the GPU). The router runs on the device; its choices come to the host, the experts chosen
+and not cached are copied into slots (the least recently used slot not wanted by this step goes first), and the
+expert kernels (engine/kernels/moe.cu) run on the slots with the choices renamed to slot numbers. An expert
+computes the same bits from a slot as from resident weights: the same blocks, the same kernels.
+
+A decode step wants at most rows x k experts; a prompt chunk may want more than the cache holds: its rows go in
+groups whose experts fit (each row's output is the kernels' for that row alone, so the groups change no bit).
+Host memory is the file's pages (or any array of its blocks); the copies go on the current stream."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.core.experts import Experts, ExpertStack
+
+
+@dataclass
+class CacheCounts:
+    hits: int = 0  # experts a step wanted that were in a slot (once a step each)
+    misses: int = 0  # experts copied in
+    bytes_copied: int = 0
+
+
+class ExpertCache:
+    def __init__(self, xp, host: Experts, slots: int):
+        """host: the layer's stacks in host memory (NumPy arrays of their blocks or values); slots: how many
+        experts the device holds (at least the experts a token uses)."""
+        self.xp, self.host, self.slots = xp, host, slots
+        self.device = Experts(*(ExpertStack(s.kind, xp.empty((slots * s.rows, *s.data.shape[1:]), dtype=s.data.dtype),
+                                            slots, s.rows, s.cols) for s in (host.gate, host.up, host.down)))
+        self.slot_of = np.full(host.gate.experts, -1, dtype=np.int64)  # expert -> its slot, -1 if none
+        self.expert_in = np.full(slots, -1, dtype=np.int64)  # slot -> its expert, -1 if empty
+        self.last_use = np.zeros(slots, dtype=np.int64)  # slot -> the step that last wanted it
+        self.step = 0
+        self.counts = CacheCounts()
+
+    def slots_for(self, chosen: np.ndarray) -> np.ndarray:
+        """chosen (n, k) expert numbers -> the same as slot numbers, every expert in them copied in first."""
+        wanted = np.unique(chosen)
+        if len(wanted) > self.slots:
+            raise ValueError(f"a step wants {len(wanted)} experts; the cache holds {self.slots}")
+        self.step += 1
+        cached = wanted[self.slot_of[wanted] >= 0]
+        self.last_use[self.slot_of[cached]] = self.step
+        self.counts.hits += len(cached)
+        for e in wanted[self.slot_of[wanted] < 0]:
+            free = np.flatnonzero(self.last_use < self.step)  # slots this step does not want
+            slot = int(free[np.argmin(self.last_use[free])])
+            if self.expert_in[slot] >= 0:
+                self.slot_of[self.expert_in[slot]] = -1
+            self.copy_in(int(e), slot)
+            self.slot_of[e], self.expert_in[slot], self.last_use[slot] = slot, e, self.step
+        return self.slot_of[chosen]
+
+    def copy_in(self, e: int, slot: int) -> None:
+        for src, dst in zip((self.host.gate, self.host.up, self.host.down),
+                            (self.device.gate, self.device.up, self.device.down)):
+            rows = src.data[e * src.rows : (e + 1) * src.rows]
+            dst.data[slot * dst.rows : (slot + 1) * dst.rows] = self.xp.asarray(rows)
+            self.counts.bytes_copied += rows.nbytes
+        self.counts.misses += 1
+
+    def mixture(self, moe, h, values, router, k: int, normalize: bool, decode: bool):
+        """The layer's output (n, dim) fp16 for rows h (a decode step's Row8, or a prompt chunk's values: `values`
+        the rows as fp16) from the cached experts -> (out, chosen, weights), chosen in expert numbers."""
+        chosen, weights = moe.route(values, router, k, normalize, decode=decode)
+        picks = np.asarray(chosen.get())  # (n, k) on the host: which experts to have in slots
+        if decode:
+            return moe.decode(h, self.device, self.on_device(self.slots_for(picks)), weights), chosen, weights
+        out = self.xp.empty((len(picks), self.host.down.rows), dtype=self.xp.float16)
+        for rows in self.groups(picks):
+            at = self.xp.asarray(rows)
+            out[at] = moe.prompt(values[at], self.device, self.on_device(self.slots_for(picks[rows])), weights[at])
+        return out, chosen, weights
+
+    def groups(self, picks: np.ndarray) -> list[np.ndarray]:
+        """A prompt chunk's rows in groups, in order, each wanting at most `slots` experts."""
+        out, rows, wanted = [], [], set()
+        for r, experts in enumerate(picks):
+            if len(wanted | set(experts.tolist())) > self.slots:
+                out.append(np.asarray(rows))
+                rows, wanted = [], set()
+            rows.append(r)
+            wanted |= set(experts.tolist())
+        return [*out, np.asarray(rows)]
+
+    def on_device(self, slots: np.ndarray):
+        return self.xp.asarray(slots.astype(np.int32))

@@ -1,0 +1,54 @@
+"""Routed experts in host memory behind a few device slots (engine/ops/expert_cache.py, issue 46), on the GPU
+backend run on the CPU (host_gpu.py): a MoE model's logits the same bits with three slots of eight experts as
+with every expert resident, a prompt chunk's rows in groups whose experts fit and every decode step copying in
+what it misses."""
+import numpy as np
+
+from engine.core.experts import Experts, ExpertStack
+from engine.kernels.model_parts import ModelKernels
+from engine.model.weights import load_model
+from engine.modelfile.gguf_file import GGUFFile
+from engine.modelfile.model_config import read_config
+from engine.ops.expert_cache import ExpertCache
+from engine.runner.runner import ModelRunner
+from tests.engine.kernels.host_cuda import compiler
+from tests.engine.kernels.host_gpu import host_gpu_backend
+from tests.engine.kernels.hybrid_reference import FIXTURES, read
+
+SLOTS = 3  # of the fixture's 8 experts (2 a token)
+
+
+def run(runner, ids, steps: int) -> list[np.ndarray]:
+    """ids read, then `steps` greedy decode steps: every step's logits on the host."""
+    table = list(range(runner.pool.blocks_for(len(ids) + steps + 1)))
+    logits, state = read(runner, ids, table)
+    out = [logits]
+    for _ in range(steps):
+        row = runner.decode_logits([int(np.argmax(out[-1]))], [table], [state.now_at], [state])[0]
+        state.decoded()
+        out.append(runner.backend.to_host(row))
+    return out
+
+
+def test_three_slots_of_eight_experts_give_the_resident_experts_bits(tmp_path):
+    assert compiler() is not None, "a C++ compiler (g++) is needed to run the kernels on the CPU"
+    path = FIXTURES / "qwen3next.gguf"
+    reader = GGUFFile(str(path), "r")
+    backend = host_gpu_backend(ModelKernels.of(read_config(reader), reader), tmp_path)
+    cfg, weights, _ = load_model(str(path), backend, reader=reader)
+    runner = ModelRunner(cfg, weights, backend, ctx=512, chunk=64, eos_ids=frozenset(), max_running=2,
+                         cuda_graphs=False)
+    ids = np.random.default_rng(6).integers(0, cfg.vocab_size, 100)
+    resident = run(runner, ids, 6)
+    caches = []
+    for layer in weights.layers:
+        host = Experts(*(ExpertStack(s.kind, np.array(s.data), s.experts, s.rows, s.cols)
+                         for s in (layer.experts.gate, layer.experts.up, layer.experts.down)))
+        layer.experts = ExpertCache(backend.xp, host, SLOTS)
+        caches.append(layer.experts)
+    cached = run(runner, ids, 6)
+    assert all(np.array_equal(a, b) for a, b in zip(resident, cached))
+    for cache in caches:
+        assert cache.counts.misses > SLOTS and cache.counts.hits > 0  # evictions, and reuse
+        assert cache.counts.bytes_copied == cache.counts.misses * sum(
+            s.data[: s.rows].nbytes for s in (cache.host.gate, cache.host.up, cache.host.down))
