@@ -16,8 +16,9 @@ from engine.kernels.model_parts import ModelKernels
 from engine.model.weights import load_model
 from engine.loop.loop import run_loop
 from engine.core.chunks import step_budget
+from engine.kvcache.expert_plan import plan_experts
 from engine.kvcache.recurrent import state_bytes
-from engine.kvcache.sizing import plan_context
+from engine.kvcache.sizing import RESERVE_BYTES, plan_context
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
 from engine.runner.draft_model import DraftModel, open_draft
@@ -47,9 +48,16 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     # first start (engine/kernels/build.py), else read from the cache
     config = config.for_device(backend.name)
     cap = config.gpu_memory_bytes if backend.name == "gpu" else None
-    if cap is not None and os.path.getsize(path) > cap:  # refused before the weights fill the card
+    # a MoE model larger than the cap (or the card) keeps its routed experts in host memory behind device slots;
+    # refused, saying what would fit, when not even a token's experts fit (engine/kvcache/expert_plan.py)
+    experts = plan_experts(read_config(reader), [(t.name, int(t.n_bytes)) for t in reader.tensors],
+                           cap or backend.free_bytes(), RESERVE_BYTES) if backend.name == "gpu" else None
+    if experts is not None and experts.slots is not None:
+        log(experts.describe())
+    elif cap is not None and os.path.getsize(path) > cap:  # refused before the weights fill the card
         raise ModelLoadError(f"the model's weights ({os.path.getsize(path) / 2**30:.1f} GiB in its file) do not fit "
-                             f"--gpu-memory {cap / 2**30:.1f} GiB (routed experts in host memory are not available yet)")
+                             f"--gpu-memory {cap / 2**30:.1f} GiB (only a mixture of experts' routed experts can stay "
+                             "in host memory)")
     draft = open_draft(config.draft, reader, backend.name) if config.speculative == "draft" else None  # (checked
     # before anything loads)
     log(f"loading {path} on {backend.device_name}")
@@ -58,7 +66,8 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as beside:
         building = beside.submit(GGUFTokenizer, reader)  # the vocabulary is read while the weights load
         cfg, weights, _ = load_model(str(path), backend, keep_blocks=config.weights == "quantized", rope=config.rope,
-                                     reader=reader, shard=(0, config.tp) if config.tp > 1 else None)
+                                     reader=reader, shard=(0, config.tp) if config.tp > 1 else None,
+                                     expert_slots=experts.slots if experts is not None else None)
         TensorParallelRunner.wait_ready(conns)
         lap("weights")
         tokenizer = building.result()

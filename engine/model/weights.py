@@ -17,6 +17,7 @@ from engine.model.layer_weights import LayerWeights, Weights
 from engine.model.dequant import dequantize, dequantize_into
 from engine.ops.backend import Backend
 from engine.model.expanded_cache import ExpandedCache
+from engine.ops.expert_cache import ExpertCache
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import ModelConfig, ModelLoadError, read_config
 from engine.modelfile.rope_config import RopeOverride
@@ -57,9 +58,11 @@ class WeightLoader:
     REPORT_EVERY_S = 2.0
 
     def __init__(self, reader: GGUFFile, cfg: ModelConfig, backend: Backend, keep_blocks: bool = True,
-                 shard: tuple[int, int] | None = None):
+                 shard: tuple[int, int] | None = None, expert_slots: int | None = None):
         """shard: (rank, world) to load only that rank's part of each split weight (engine/parallel/tensor_parallel.py
-        says which): the rest of the file's rows never reach the device."""
+        says which): the rest of the file's rows never reach the device. expert_slots: a MoE layer's routed experts
+        stay in host memory (the file's pages) behind that many device slots (engine/ops/expert_cache.py)."""
+        self.expert_slots = expert_slots
         self.tensors = {t.name: t for t in reader.tensors}
         self.cfg, self.backend, self.xp, self.shard = cfg, backend, backend.xp, shard
         self.keep_blocks = keep_blocks and backend.name == "gpu"
@@ -151,10 +154,24 @@ class WeightLoader:
             layer.w_down = self.matrix(p + "ffn_down.weight", cols=hidden)
         return layer
 
-    def experts(self, p: str) -> Experts:
+    def experts(self, p: str) -> Experts | ExpertCache:
         """A MoE layer's expert tensors as GGUF stacks them, (experts, out, in): on the GPU in their
-        blocks as stored (the kernels index an expert's rows), else values."""
+        blocks as stored (the kernels index an expert's rows), else values; with expert_slots, their blocks in
+        host memory behind a cache of that many device slots."""
+        if self.expert_slots is not None:
+            stacks = [self.host_expert_stack(p + f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")]
+            return ExpertCache(self.xp, Experts(*stacks), self.expert_slots)
         return Experts(*(self.expert_stack(p + f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")))
+
+    def host_expert_stack(self, name: str) -> ExpertStack:
+        """A stacked expert tensor as the device's would be, in host memory: the file's blocks (its mapped pages)
+        or fp16 values."""
+        t = self.tensor(name)
+        whole, kind = TensorRows(t), t.tensor_type.name
+        data = whole.raw() if kind in BLOCKS or kind == "F16" else whole.values().astype(np.float16)
+        self.progress(t)
+        rows = int(np.prod(t.shape[1:])) // self.cfg.n_experts
+        return ExpertStack(kind if kind in BLOCKS else "F16", data, self.cfg.n_experts, rows, int(t.shape[0]))
 
     def expert_stack(self, name: str) -> ExpertStack:
         t = self.tensor(name)
@@ -299,7 +316,7 @@ class TensorRows:
 
 
 def load_model(path: str, backend: Backend, keep_blocks: bool = True, rope: RopeOverride = RopeOverride(),
-               reader: GGUFFile | None = None, shard: tuple[int, int] | None = None
+               reader: GGUFFile | None = None, shard: tuple[int, int] | None = None, expert_slots: int | None = None
                ) -> tuple[ModelConfig, Weights, GGUFFile]:
     """keep_blocks: on the GPU, quantized weights stay in their GGUF blocks (else fp16). rope: the
     command line's rope scaling over the file's. reader: the file already opened (else opened here).
@@ -310,4 +327,4 @@ def load_model(path: str, backend: Backend, keep_blocks: bool = True, rope: Rope
     scaling, base = rope.apply(cfg.rope, cfg.rope_base)
     cfg = replace(cfg, rope=scaling, rope_base=base)
     ranks = shard_config(cfg, shard[1]) if shard else cfg  # refuses what does not split, before any load
-    return ranks, WeightLoader(reader, cfg, backend, keep_blocks, shard).load(), reader
+    return ranks, WeightLoader(reader, cfg, backend, keep_blocks, shard, expert_slots).load(), reader

@@ -35,6 +35,20 @@ class ExpertCache:
         self.last_use = np.zeros(slots, dtype=np.int64)  # slot -> the step that last wanted it
         self.step = 0
         self.counts = CacheCounts()
+        self.slots_for(np.arange(min(slots, host.gate.experts)))  # the first experts, so that every slot holds one
+        self.counts = CacheCounts()
+
+    @property
+    def gate(self) -> ExpertStack:  # the slots' stacks, as a resident layer's (its first experts at the start)
+        return self.device.gate
+
+    @property
+    def up(self) -> ExpertStack:
+        return self.device.up
+
+    @property
+    def down(self) -> ExpertStack:
+        return self.device.down
 
     def slots_for(self, chosen: np.ndarray) -> np.ndarray:
         """chosen (n, k) expert numbers -> the same as slot numbers, every expert in them copied in first."""
@@ -88,3 +102,8 @@ class ExpertCache:
 
     def on_device(self, slots: np.ndarray):
         return self.xp.asarray(slots.astype(np.int32))
+
+
+def offloaded(layers) -> bool:
+    """Whether any layer's experts are behind a cache (its routes come to the host: no decode graph holds that)."""
+    return any(isinstance(getattr(layer, "experts", None), ExpertCache) for layer in layers)

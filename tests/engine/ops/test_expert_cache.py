@@ -25,17 +25,15 @@ def holds(c: ExpertCache, chosen, slots) -> bool:
 
 
 def test_choices_are_renamed_to_slots_holding_those_experts_least_recently_used_out_first():
-    c = cache(3)
-    first = np.array([[0, 1], [1, 2]])
-    assert holds(c, first, c.slots_for(first)) and (c.counts.misses, c.counts.hits) == (3, 0)
-    second = np.array([[2, 4]])  # 4 takes the slot of 0, the least recently used (1 and 2 were used with it)
-    slots = c.slots_for(second)
-    assert holds(c, second, slots) and c.slot_of[0] == -1 and c.slot_of[1] >= 0 and c.counts.hits == 1
-    third = np.array([[1, 5], [4, 2]])  # four experts for three slots: refused
-    with pytest.raises(ValueError, match="wants 4 experts"):
-        c.slots_for(third)
-    fourth = np.array([[1, 5]])  # 5 takes the slot of 2 or 4 (both last used by `second`): not 1's
-    assert holds(c, fourth, c.slots_for(fourth)) and c.slot_of[1] >= 0 and c.counts.misses == 5
+    c = cache(3)  # experts 0, 1, 2 in the slots from the start
+    assert list(c.expert_in) == [0, 1, 2] and holds(c, [0, 1, 2], c.slot_of[[0, 1, 2]])
+    first = np.array([[3, 0]])  # 3 takes the slot of 1 (the first of those this step does not want)
+    assert holds(c, first, c.slots_for(first)) and c.slot_of[1] == -1 and (c.counts.misses, c.counts.hits) == (1, 1)
+    second = np.array([[2, 4], [2, 2]])  # 4 takes the slot of 0 or 3, last used a step ago; never 2's
+    assert holds(c, second, c.slots_for(second)) and c.slot_of[2] >= 0 and (c.counts.misses, c.counts.hits) == (2, 2)
+    with pytest.raises(ValueError, match="wants 4 experts"):  # four experts for three slots
+        c.slots_for(np.array([[1, 5], [4, 2]]))
+    assert c.counts.misses == 2 and c.counts.bytes_copied == 2 * 4 * (2 * ROWS * COLS + COLS * ROWS)
 
 
 def test_a_prompt_chunk_s_rows_go_in_groups_whose_experts_fit():

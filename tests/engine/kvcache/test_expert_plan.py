@@ -1,0 +1,43 @@
+"""Where a MoE model's routed experts live under --gpu-memory (engine/kvcache/expert_plan.py): all on the GPU
+when the file fits the cap beside a KV pool, else as many device slots a layer as the cap leaves after the dense
+weights, and a refusal that says what would fit when not even a token's experts a layer fit."""
+import pytest
+
+from engine.kvcache.expert_plan import KV_FLOOR_BYTES, plan_experts
+from engine.modelfile.model_config import ModelConfig, ModelLoadError
+
+GIB = 1 << 30
+EXPERT = 3 << 20  # one expert's gate, up and down in one layer
+LAYERS, EXPERTS, USED = 48, 128, 8
+
+
+def tensors():
+    out = [("token_embd.weight", 600 << 20), ("output.weight", 600 << 20)]
+    for i in range(LAYERS):
+        out += [(f"blk.{i}.attn_q.weight", 8 << 20), (f"blk.{i}.ffn_gate_inp.weight", 1 << 20)]
+        out += [(f"blk.{i}.ffn_{x}_exps.weight", EXPERTS * EXPERT // 3) for x in ("gate", "up", "down")]
+    return out
+
+
+def cfg() -> ModelConfig:
+    return ModelConfig(arch="qwen3moe", name="a3b", n_layers=LAYERS, dim=2048, ffn_dim=0, n_heads=32, n_kv_heads=4,
+                       head_dim=128, vocab_size=151936, context_length=40960, rope_base=1e6, norm_eps=1e-6,
+                       n_experts=EXPERTS, n_experts_used=USED)
+
+
+def test_experts_stay_resident_without_a_cap_or_when_the_file_fits():
+    assert plan_experts(cfg(), tensors(), None, GIB).slots is None
+    assert plan_experts(cfg(), tensors(), 80 * GIB, GIB).slots is None
+
+
+def test_a_cap_below_the_file_keeps_as_many_slots_as_it_leaves():
+    dense = (600 << 20) * 2 + LAYERS * (9 << 20)
+    plan = plan_experts(cfg(), tensors(), 16 * GIB, GIB)
+    assert plan.dense_bytes == dense and plan.expert_bytes == EXPERT and plan.layers == LAYERS
+    assert plan.slots == (16 * GIB - dense - GIB - KV_FLOOR_BYTES) // (LAYERS * EXPERT)
+    assert USED <= plan.slots < EXPERTS and "device slots a layer" in plan.describe()
+
+
+def test_a_cap_that_cannot_hold_a_token_s_experts_is_refused_saying_what_would_fit():
+    with pytest.raises(ModelLoadError, match=r"at least \d+\.\d GiB is needed"):
+        plan_experts(cfg(), tensors(), 3 * GIB, GIB)
