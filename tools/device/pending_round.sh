@@ -10,6 +10,7 @@
 #   hol       B beside A's 46.9K read and 4 / 16 / 64 decoders through HTTP (issue 44's B: short reads first)
 #   hybrid    issue 45's GPU path: the attention kernels (256-wide heads among them), the hybrid fixtures against
 #             transformers, the GPU path's exactness and park/resume parity (gpu_run.sh kernels, hybrid)
+#   offload   issue 46's expert cache: the 30B-A3B shape resident against 32 / 64 slots (gpu_run.sh offload)
 #   PARTS="sampling iq" bash tools/device/pending_round.sh        (carry [".whl", ".device"])
 set -uo pipefail
 base=$OUT
@@ -29,6 +30,7 @@ for part in ${PARTS:-sampling iq spec clients}; do
       timeout 200 python3 tools/device/gpu_kernels_check.py --only attention --no-speed --json "$OUT/attention.json" \
         2>&1 | tail -12
       timeout 400 bash tools/device/gpu_run.sh hybrid 2>&1 | tail -20 ;;
+    offload) timeout 420 bash tools/device/gpu_run.sh offload 2>&1 | tail -8 ;;
     hol) PEERS_CASES=hol PEERS_REPEATS=2 timeout 540 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -25 ;;
   esac
 done
