@@ -26,10 +26,10 @@ for part in ${PARTS:-sampling iq spec clients}; do
       STRATA_STEP_TRACE=1 CASES="clients subagents" REPEATS=3 LIMIT=70 timeout 220 \
         bash tools/device/gpu_run.sh httpquick 2>&1 | grep -v "^INFO" | tail -20
       gzip -f "$OUT/server.log" ;;
-    hybrid)
+    hybrid)  # (gpu_run.sh first: it installs the wheels the checks import)
+      timeout 300 bash tools/device/gpu_run.sh hybrid 2>&1 | tail -20
       timeout 200 python3 tools/device/gpu_kernels_check.py --only attention --no-speed --json "$OUT/attention.json" \
-        2>&1 | tail -12
-      timeout 400 bash tools/device/gpu_run.sh hybrid 2>&1 | tail -20 ;;
+        2>&1 | tail -12 ;;
     offload) timeout 420 bash tools/device/gpu_run.sh offload 2>&1 | tail -8 ;;
     hol) PEERS_CASES=hol PEERS_REPEATS=2 timeout 540 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -25 ;;
   esac
