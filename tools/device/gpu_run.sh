@@ -183,7 +183,7 @@ synth_a3b() {  # the Qwen3-30B-A3B shape in Q4_K_M, made once per machine
 
 synth_next() {  # the Qwen3-Next-80B-A3B shape in IQ3_S (~35 GB), made once per machine (disk: no other large file beside)
   [ -f $MNX ] || python3 tools/fixtures/make_synthetic_gguf.py $MNX --preset qwen3-next-80b-a3b --type IQ3_S \
-    --tokenizer .device/qwen_tok.gguf 2>&1 | tail -1
+    --tokenizer .device/tok.gguf 2>&1 | tail -1  # (the default model's 49K vocabulary: a smaller head than Qwen's 152K)
 }
 
 synth_moe_small() {  # a 4-layer Qwen3-MoE shape in Q4_K_M (128 experts, 8 used), made once per machine
