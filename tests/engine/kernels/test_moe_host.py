@@ -43,7 +43,7 @@ def stacks(kind: str, seed: int) -> tuple[Experts, Experts]:
     gguf's float32 values."""
     blocked, values = [], []
     for i, (rows, cols) in enumerate(((FFN, DIM), (FFN, DIM), (DIM, FFN))):
-        raw = random_blocks(kind, EXPERTS * rows * cols // BLOCKS[kind][0], seed + i, 0.001).reshape(EXPERTS * rows, -1)
+        raw = random_blocks(kind, EXPERTS * rows * cols // BLOCKS[kind][0], seed + i).reshape(EXPERTS * rows, -1)
         blocked.append(ExpertStack(kind, raw, EXPERTS, rows, cols))
         w = quants.dequantize(raw, GGMLQuantizationType[kind]).reshape(EXPERTS * rows, cols).astype(np.float32)
         values.append(ExpertStack("F32", w, EXPERTS, rows, cols))

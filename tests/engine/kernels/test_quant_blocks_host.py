@@ -9,11 +9,8 @@ import pytest
 from engine.core.quantized import BLOCKS
 from gguf import GGMLQuantizationType, quants
 from tests.engine.kernels.host_cuda import compiler, host_library
+from tools.fixtures.make_synthetic_gguf import random_blocks as synthetic_blocks
 
-HALVES = {  # where each block holds fp16 scales (set to sane values: random bytes would give infinities)
-    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-    "Q6_K": (208,), "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ4_NL": (0,),
-    "IQ4_XS": (0,)}
 EXPORTS = "\n".join(f'extern "C" void values_{k}(const u8* row, int units, float* out) {{\n'
                     f"    for (int s = 0; s < units; ++s) values<{k}>(row, s, out + 32 * s);\n}}" for k in BLOCKS)
 
@@ -24,14 +21,11 @@ def decoders(tmp_path_factory):
     return host_library("quant_blocks.cuh", tmp_path_factory.mktemp("quant_blocks"), extra=EXPORTS)
 
 
-def random_blocks(kind: str, blocks: int, seed: int, scale: float = 0.05) -> np.ndarray:
-    """`blocks` random blocks of `kind` in one row, their fp16 scales in [-scale, scale]."""
-    size, nbytes = BLOCKS[kind]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, (blocks, nbytes), dtype=np.uint8)
-    for at in HALVES[kind]:
-        raw[:, at : at + 2] = (rng.uniform(-scale, scale, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2))
-    return raw.reshape(1, -1)
+def random_blocks(kind: str, blocks: int, seed: int, std: float = 0.05) -> np.ndarray:
+    """`blocks` random blocks of `kind` in one row, valid scales, values spread about `std` (the synthetic files'
+    generator's)."""
+    size, _ = BLOCKS[kind]
+    return synthetic_blocks(np.random.default_rng(seed), GGMLQuantizationType[kind], 1, blocks * size, std)
 
 
 @pytest.mark.parametrize("kind", sorted(BLOCKS))
