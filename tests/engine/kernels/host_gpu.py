@@ -5,8 +5,6 @@ then goes through every kernel launch and launcher a GPU's would, without CUDA g
 sm_90-only kernels (the prompt attention is mma.sync's); its numbers follow the host's float rules."""
 from __future__ import annotations
 
-import re
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,9 +16,9 @@ from engine.kernels.attention_launch import MAX_COUNTER_HEADS
 from engine.kernels.loader import built_kernels
 from engine.kernels.matvec_launch import MMQ_FROM
 from engine.kernels.model_parts import ModelKernels
-from engine.kernels.sources import kernel_source
 from engine.ops.backend import Backend, HalfCupyOps
 from tests.engine.kernels.host_cuda import Launch, host_library
+from tests.engine.kernels.test_model_parts import defined  # the kernels one compilation holds
 
 
 class HostArray(np.ndarray):
@@ -54,24 +52,15 @@ class HostCupy:
         return np.array(a)
 
 
-def kernels_defined(unit: build.Unit) -> tuple[str, ...]:
-    """The kernels one compilation (a file's part) holds, of those the engine launches."""
-    source = "\n".join(line for line in kernel_source(unit.source).splitlines() if not line.startswith("#include <"))
-    defines = [o for o in unit.options(()) if o.startswith("-D")]
-    text = subprocess.run(["cpp", "-P", *defines], input=source, capture_output=True, text=True, check=True).stdout
-    text = re.sub(r"__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)", "", text)
-    names = set(re.findall(r'extern "C"\s+__global__\s+void\s+(\w+)\s*\(', text))
-    return tuple(sorted(names & {n for ns in built_kernels().values() for n in ns}))
-
-
 def host_gpu_backend(model: ModelKernels, workdir: Path) -> Backend:
     """A "gpu" Backend for a model of these kernels' needs, its kernels compiled on the host into workdir."""
     cp = HostCupy()
     k = object.__new__(GpuKernels)
     k.cp, k.fn, k.pending, k._prompt_attention = cp, {}, None, "mma"
+    launched = {n for names in built_kernels().values() for n in names}
     for unit in build.units(built_kernels()):
         if model.wants(unit) and unit.source != "attention_sm90.cu":
-            names = kernels_defined(unit)
+            names = tuple(sorted(defined(unit) & launched))
             folder = workdir / f"{Path(unit.source).stem}_{unit.part}"
             folder.mkdir(parents=True, exist_ok=True)
             lib = host_library(unit.source, folder, names, defines=tuple(o[2:] for o in unit.options(())
