@@ -101,22 +101,21 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
                           snapshot_bytes if snapshot_bytes is not None else DEFAULT_SNAPSHOT_BYTES,
                           cache_ram_bytes=cache_ram_bytes)
     weights = int(backend.xp.get_default_memory_pool().used_bytes())
-    scratch = scratch_bytes(cfg, step_rows) + states_bytes  # a prompt step's rows (engine/config.py step_budget),
-    # and a hybrid's running states
+    scratch = scratch_bytes(cfg, step_rows)  # a prompt step's rows (engine/config.py step_budget)
     if cap_bytes is not None:
-        if weights + scratch + RESERVE_BYTES > cap_bytes:
+        if weights + scratch + states_bytes + RESERVE_BYTES > cap_bytes:
             raise ModelLoadError(
                 f"--gpu-memory {cap_bytes / 2**30:.1f} GiB is less than the weights ({weights / 2**30:.1f} GiB), a prompt "
                 f"step's scratch ({scratch / 2**30:.1f} GiB) and the reserve ({RESERVE_BYTES / 2**30:.1f} GiB) need")
         free = min(free, cap_bytes - weights)
-    room = free - scratch - RESERVE_BYTES
+    room = free - scratch - states_bytes - RESERVE_BYTES  # (states: a hybrid's running requests', set aside)
     fits = max(0, room // (row * block))  # blocks
     if resolve(kv_type, backend.weight_dtype).dtype is None:
         # q8_0: a prompt chunk's attention reads one layer's K and V of its sequence widened to fp16
         # (engine/kernels GpuKernels.widen_q8_0), up to the longest context a request may reach
         longest = min(requested or cfg.max_context, fits * block)
         scratch += longest * 2 * cfg.n_kv_heads * cfg.head_dim * 2
-        room = free - scratch - RESERVE_BYTES
+        room = free - scratch - states_bytes - RESERVE_BYTES
         fits = max(0, room // (row * block))
     if pool_tokens is not None:
         if -(-pool_tokens // block) > fits:
@@ -134,5 +133,5 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
     ctx = requested or min(cfg.max_context, fits * block // CTX_ALIGN * CTX_ALIGN or fits * block)
     if snapshot_bytes is None:
         snapshot_bytes = min(ctx * row, host_memory_bytes() // 2)
-    return MemoryPlan(ctx, fits, block, fits * block * row, snapshot_bytes, weights, free, cache_ram_bytes,
-                      scratch - states_bytes, cap_bytes, states_bytes)
+    return MemoryPlan(ctx, fits, block, fits * block * row, snapshot_bytes, weights, free, cache_ram_bytes, scratch,
+                      cap_bytes, states_bytes)
