@@ -32,7 +32,7 @@
 #ifndef MOE_UNROLL
 #define MOE_UNROLL 2  // units a lane of moe_matvec has in flight: an expert's row of 2048 is 2 a lane
 #endif
-constexpr int MAX_EXPERTS = 256;  // one warp holds a token's router probabilities: 8 a lane
+constexpr int MAX_EXPERTS = 512;  // one warp holds a token's router probabilities: 16 a lane (Qwen3-Next's 512)
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 constexpr int ROUTER_THREADS = 128;  // a block per (expert, token): every thread's loads in flight at once

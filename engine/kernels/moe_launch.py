@@ -12,7 +12,7 @@ from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS
 from engine.core.experts import Experts, ExpertStack
 from engine.core.quantized import Row8
 
-MAX_EXPERTS, MAX_USED = 256, 32  # MAX_EXPERTS in moe.cu (8 router values a lane); one lane per choice
+MAX_EXPERTS, MAX_USED = 512, 32  # MAX_EXPERTS in moe.cu (16 router values a lane); one lane per choice
 GEMM_BM, GEMM_BN, GEMM_THREADS = 64, 64, 128  # moe.cu's grouped GEMM tiles
 ROUTER_THREADS = 128  # moe.cu's: a block per (expert, token)
 WEIGHT_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S",

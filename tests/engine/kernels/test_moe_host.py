@@ -12,7 +12,7 @@ from engine.kernels.matvec_launch import MatvecLaunchers
 from engine.kernels.moe_launch import KERNELS, MoeKernels
 from engine.kernels.norm_rope_launch import NormRopeLaunchers
 from engine.ops.backend import ArrayOps
-from engine.ops.moe import run_experts
+from engine.ops.moe import route, run_experts
 from gguf import GGMLQuantizationType, quants
 from tests.engine.kernels.host_cuda import HostKernels, compiler
 from tests.engine.kernels.test_quant_blocks_host import random_blocks
@@ -32,7 +32,7 @@ def moe(tmp_path_factory) -> MoeKernels:
     k = Launchers()
     k.cp, k.fn = np, {}
     k.fn.update(HostKernels("moe.cu", work, tuple(n for n in KERNELS if not n.startswith("moe_") or n.endswith(KINDS)
-                                                  or n in ("moe_sort", "moe_combine"))))
+                                                  or n in ("moe_sort", "moe_combine", "moe_route"))))
     k.fn.update(HostKernels("norm_rope.cu", work, ("silu_mul",)))
     k.fn.update(HostKernels("quant.cu", work, ("quantize_q8",), defines=("PARTS=30", "PART=0")))
     return MoeKernels(k)
@@ -79,3 +79,16 @@ def test_a_prompt_chunk_s_experts_match_numpy(moe, kind):
     chosen = np.stack([rng.choice(EXPERTS, K, replace=False) for _ in range(37)]).astype(np.int32)
     weights = rng.dirichlet(np.ones(K), 37).astype(np.float32)
     close(moe.prompt(h, blocked, chosen, weights), reference(h, values, chosen, weights))
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=["chunk", "decode"])
+def test_512_experts_are_routed_as_numpy_routes_them(moe, decode):
+    """Qwen3-Next's 512 experts, 10 a token: router_logits and moe_route (a chunk's), router_route (a decode
+    step's) against engine/ops/moe.py's softmax and top-k over the same logits."""
+    rng = np.random.default_rng(9)
+    h = rng.standard_normal((2, 64)).astype(np.float16)
+    router = (rng.standard_normal((512, 64)) * 0.3).astype(np.float32)
+    chosen, weights = moe.route(h, router, 10, True, decode=decode)
+    want_chosen, want_weights = route(h.astype(np.float32) @ router.T, 10, True)
+    assert np.array_equal(chosen, want_chosen)
+    np.testing.assert_allclose(weights, want_weights, rtol=1e-5)
