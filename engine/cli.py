@@ -71,6 +71,11 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
                    help="the most GPU memory the engine takes, its weights included (to leave room for other work, "
                         "or to try a smaller card's size); the KV pool takes what the weights leave of it "
                         "(default: all the card has free)")
+    p.add_argument("--expert-slots", type=int, metavar="N",
+                   help="a mixture of experts' routed experts in host memory behind a cache of N slots a layer on the "
+                        "GPU (as llama.cpp's --n-cpu-moe keeps them on the CPU; the same bits): fewer slots leave "
+                        "room for the KV pool (default: every expert on the GPU when the model fits --gpu-memory, "
+                        "else as many slots as it leaves; on the CPU the cache only counts, for checks)")
     p.add_argument("--decode-interval-ms", type=float, default=DEFAULT_DECODE_INTERVAL_MS,
                    help="while a long prompt is read, the decoding requests get a step about this often: a "
                         "chunk that takes longer pauses between layers for them (default "
@@ -116,7 +121,8 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         cuda_graphs=not a.no_cuda_graphs, weights=a.weights, max_running=a.max_running,
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
                         cache_ram_gib=a.cache_ram_gib, gpu_memory_gib=a.gpu_memory_gib,
-                        decode_interval_ms=a.decode_interval_ms, rope=rope_from_args(a), kv_type=a.kv_type,
+                        expert_slots=a.expert_slots, decode_interval_ms=a.decode_interval_ms,
+                        rope=rope_from_args(a), kv_type=a.kv_type,
                         tp=a.tp, step_tokens=a.step_tokens, speculative=a.speculative, draft_max=a.draft_max,
                         draft=a.draft, pooling=a.pooling)
 

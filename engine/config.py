@@ -34,6 +34,7 @@ class EngineConfig:
     kv_tokens: int | None = None  # the KV pool's size in positions (None: engine/kvcache/sizing.py sizes it)
     cache_ram_gib: float | None = None  # the host tier for evicted prefix blocks (None: engine/kvcache/sizing.py's default)
     gpu_memory_gib: float | None = None  # the most GPU memory the engine takes, weights included (None: the card's free)
+    expert_slots: int | None = None  # a MoE layer's device slots for routed experts (None: as --gpu-memory leaves)
     prompt_reuse: bool = True  # the prefix cache: a prompt that starts as an earlier one reads only the rest
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
     step_tokens: int | None = None  # prompt rows a step may take from several reads (None: step_budget's default)
@@ -79,6 +80,8 @@ class EngineConfig:
             raise ValueError(f"--cache-ram must be >= 0 GiB, got {self.cache_ram_gib:g}")
         if self.gpu_memory_gib is not None and not self.gpu_memory_gib > 0:
             raise ValueError(f"--gpu-memory must be > 0 GiB, got {self.gpu_memory_gib:g}")
+        if self.expert_slots is not None and self.expert_slots < 1:
+            raise ValueError(f"--expert-slots must be >= 1, got {self.expert_slots}")
         if self.kv_tokens is not None and self.kv_tokens < block:
             raise ValueError(f"--kv-tokens must be at least one block ({block})")
 

@@ -59,6 +59,7 @@ class FakeRunner:
         self.shape_free = a.shape_free  # reads share a step (engine/loop/rounds.py), as on a row-invariant backend
         self.recurrent = self.state_cache = None  # no hybrid model's state (engine/runner/runner.py)
         self.draft_max, self.draft_model = 0, None  # no speculative decoding
+        self.expert_caches = []  # no mixture of experts
         self.read_align = 1  # reads end anywhere
         self.step_keys = None
 

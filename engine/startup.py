@@ -17,6 +17,7 @@ from engine.model.weights import load_model
 from engine.loop.loop import run_loop
 from engine.core.chunks import step_budget
 from engine.kvcache.expert_plan import plan_experts
+from engine.core.host_memory import available_memory
 from engine.kvcache.recurrent import state_bytes
 from engine.kvcache.sizing import RESERVE_BYTES, plan_context
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
@@ -50,10 +51,14 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     cap = config.gpu_memory_bytes if backend.name == "gpu" else None
     # a MoE model larger than the cap (or the card) keeps its routed experts in host memory behind device slots;
     # refused, saying what would fit, when not even a token's experts fit (engine/kvcache/expert_plan.py)
+    # (--expert-slots: a cache of that many; on the CPU, where both are host memory, the cache only counts)
+    gpu = backend.name == "gpu"
     experts = plan_experts(read_config(reader), [(t.name, int(t.n_bytes)) for t in reader.tensors],
-                           cap or backend.free_bytes(), RESERVE_BYTES) if backend.name == "gpu" else None
-    if experts is not None and experts.slots is not None:
-        log(experts.describe())
+                           (cap or backend.free_bytes()) if gpu else None, RESERVE_BYTES, config.expert_slots,
+                           available_memory() if gpu else None)
+    if experts.slots is not None:
+        log(experts.describe() if gpu else f"routed experts behind a cache of {experts.slots} slots a layer "
+            "(--expert-slots; on the CPU the same memory: the cache's counts and checks only)")
     elif cap is not None and os.path.getsize(path) > cap:  # refused before the weights fill the card
         raise ModelLoadError(f"the model's weights ({os.path.getsize(path) / 2**30:.1f} GiB in its file) do not fit "
                              f"--gpu-memory {cap / 2**30:.1f} GiB (only a mixture of experts' routed experts can stay "
@@ -67,7 +72,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         building = beside.submit(GGUFTokenizer, reader)  # the vocabulary is read while the weights load
         cfg, weights, _ = load_model(str(path), backend, keep_blocks=config.weights == "quantized", rope=config.rope,
                                      reader=reader, shard=(0, config.tp) if config.tp > 1 else None,
-                                     expert_slots=experts.slots if experts is not None else None)
+                                     expert_slots=experts.slots)
         TensorParallelRunner.wait_ready(conns)
         lap("weights")
         tokenizer = building.result()

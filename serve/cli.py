@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory", dest="gpu_memory_gib", type=float, metavar="GIB",
                    help="the most GPU memory each engine takes, weights included (forwarded; default: all the card "
                         "has free)")
+    p.add_argument("--expert-slots", type=int, metavar="N",
+                   help="a mixture of experts' routed experts in host memory behind N device slots a layer (forwarded; "
+                        "default: all on the GPU when the model fits, else as many slots as --gpu-memory leaves)")
     p.add_argument("--decode-interval-ms", type=float,
                    help="while a long prompt is read, decoding requests get a step about this often (forwarded to "
                         "the default engine; default: the engine's, 50)")
@@ -141,7 +144,8 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         max_body_mb=a.max_body_mb, max_request_retries=a.max_request_retries,
         shutdown_grace_s=a.shutdown_grace_s,
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
-        kv_block=a.kv_block, kv_type=a.kv_type, tp=a.tp, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib, gpu_memory_gib=a.gpu_memory_gib,
+        kv_block=a.kv_block, kv_type=a.kv_type, tp=a.tp, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
+        gpu_memory_gib=a.gpu_memory_gib, expert_slots=a.expert_slots,
         decode_interval_ms=a.decode_interval_ms, step_tokens=a.step_tokens,
         speculative=a.speculative, draft_max=a.draft_max, draft=resolve_model_path(a.draft) if a.draft else None,
         pooling=a.pooling, allowed_hosts=host_list(a.allowed_hosts),

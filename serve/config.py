@@ -61,6 +61,7 @@ class ServerSettings:
     prompt_reuse: bool = True  # forwarded to the default engine
     cache_ram_gib: float | None = None  # forwarded to the default engine: its host tier (None: the engine's default)
     gpu_memory_gib: float | None = None  # forwarded to the default engine: the most GPU memory it takes
+    expert_slots: int | None = None  # forwarded to the default engine: a MoE layer's device slots (None: its plan)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
     step_tokens: int | None = None  # forwarded to the default engine: prompt rows a step may take (None: its default)
     speculative: str | None = None  # forwarded to the default engine: its drafter (off | ngram | draft; None: its default)
@@ -165,6 +166,7 @@ class ServerSettings:
         cmd += [] if self.prompt_reuse else ["--no-prompt-reuse"]
         cmd += [] if self.cache_ram_gib is None else ["--cache-ram", f"{self.cache_ram_gib:g}"]
         cmd += [] if self.gpu_memory_gib is None else ["--gpu-memory", f"{self.gpu_memory_gib:g}"]
+        cmd += [] if self.expert_slots is None else ["--expert-slots", str(self.expert_slots)]
         cmd += [] if self.decode_interval_ms is None else ["--decode-interval-ms", f"{self.decode_interval_ms:g}"]
         cmd += [] if self.step_tokens is None else ["--step-tokens", str(self.step_tokens)]
         cmd += [] if self.speculative is None else ["--speculative", self.speculative]

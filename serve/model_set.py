@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from engine.core.host_memory import available_memory
 from serve.api.errors import APIError
 from serve.config import ServerSettings
 from serve.engine_proc.engine_client import EngineState
@@ -175,15 +176,3 @@ class ModelSet:
                 entry.loading.cancel()
                 await asyncio.gather(entry.loading, return_exceptions=True)
             await self.unload(entry)
-
-
-def available_memory() -> int:
-    """Bytes of host memory the kernel says a new process may take (MemAvailable); very large if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 2**62

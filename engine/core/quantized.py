@@ -110,8 +110,13 @@ class Row8:
 
     def row(self, i: int) -> "Row8":
         """Row i alone: its values and its units (views)."""
+        return self.rows(slice(i, i + 1))
+
+    def rows(self, part: slice) -> "Row8":
+        """Consecutive rows part.start .. part.stop (a slice of step 1): their values and their units (views)."""
         units = self.q8.shape[0] // self.values.shape[0]
-        return Row8(self.values[i : i + 1], self.q8[i * units : (i + 1) * units])
+        start, stop, _ = part.indices(self.values.shape[0])
+        return Row8(self.values[start:stop], self.q8[start * units : stop * units])
 
 
 @dataclass(frozen=True)

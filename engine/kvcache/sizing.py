@@ -3,12 +3,12 @@ prompt-chunk scratch leave of the device's memory; requests moved out of the poo
 paused requests) go to host memory."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from engine.ops.backend import Backend
 from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.kvcache.kv import kv_row_bytes
+from engine.core.host_memory import host_memory_bytes
 from engine.core.kv_types import resolve
 
 MiB = 2**20
@@ -62,13 +62,6 @@ class MemoryPlan:
         if self.cap_bytes is not None:
             out["gpu_memory_mib"] = str(self.cap_bytes // MiB)
         return out
-
-
-def host_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 16 << 30
 
 
 def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step_rows: int,

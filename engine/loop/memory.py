@@ -17,6 +17,7 @@ from protocol import messages as m
 
 from engine.core.chunks import chunk_end
 from engine.loop.request_table import RequestTable
+from engine.ops.expert_cache import cache_report
 from engine.runner.sequence import Sequence
 
 
@@ -37,6 +38,8 @@ class Memory:
         self.paused: list[Sequence] = []  # moved to host memory under pressure, brought back first
         self.pause_snapshots: dict[int, object] = {}
         self.pauses_total = 0
+        self.experts = runner.expert_caches  # routed experts behind a cache (engine/ops/expert_cache.py): reported
+        self.reported = 0.0  # when the pool was last reported (time.monotonic)
 
     def get_blocks(self, seq: Sequence, positions: int, pause_others: bool = True) -> bool:
         """Grow seq's table to cover `positions`: evicting cached blocks, then moving parked reads
@@ -176,4 +179,13 @@ class Memory:
             fields |= pool.tier.status()
         if self.runner.draft_model is not None:  # a draft model's own pool (engine/runner/draft_model.py)
             fields |= {"draft_free": len(self.runner.draft_model.free)}
+        if self.experts:  # the expert cache's counts (engine/ops/expert_cache.py)
+            fields |= cache_report(self.experts)
         self.write(m.Info({f"pool_{k}": str(v) for k, v in fields.items()}))
+        self.reported = time.monotonic()
+
+    def report_now_and_then(self, every_s: float = 1.0) -> None:
+        """With an expert cache, whose counts move every step, the pool's report about every `every_s` while
+        requests run (for the live view and /metrics), beside those at each request's start and end."""
+        if self.experts and time.monotonic() - self.reported >= every_s:
+            self.report_pool()

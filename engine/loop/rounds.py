@@ -63,6 +63,7 @@ class Rounds:
             if self.requests.line:  # the read in front waited for it
                 self.requests.line[0].shared_ms += (time.perf_counter() - started) * 1000
             self.take_lines()
+        self.memory.report_now_and_then()
         started = time.perf_counter()
         while (pieces := self.plan_reads()) and not self.inbox.gone:
             self.read_step(pieces)

@@ -157,9 +157,11 @@ class WeightLoader:
     def experts(self, p: str) -> Experts | ExpertCache:
         """A MoE layer's expert tensors as GGUF stacks them, (experts, out, in): on the GPU in their
         blocks as stored (the kernels index an expert's rows), else values; with expert_slots, their blocks in
-        host memory behind a cache of that many device slots."""
+        host memory behind a cache of that many device slots (on the CPU the values as resident ones: the cache
+        counts)."""
         if self.expert_slots is not None:
-            stacks = [self.host_expert_stack(p + f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")]
+            stack = self.host_expert_stack if self.backend.name != "cpu" else self.expert_stack
+            stacks = [stack(p + f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")]
             return ExpertCache(self.xp, Experts(*stacks), self.expert_slots)
         return Experts(*(self.expert_stack(p + f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")))
 

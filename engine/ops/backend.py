@@ -199,7 +199,12 @@ class ArrayOps(HybridArrayOps):
         """A MoE feed-forward (engine/ops/moe.py): h (n, dim), router (experts, dim) float32 -> (out (n, dim),
         chosen experts (n, k), their weights (n, k) float32)."""
         chosen, weights = route(self.matmul(h, router), k, normalize)
-        return run_experts(self, h, experts, chosen, weights), chosen, weights
+        if not isinstance(experts, ExpertCache):
+            return run_experts(self, h, experts, chosen, weights), chosen, weights
+        out = np.empty(h.shape, dtype=h.dtype)  # routed experts behind a cache's slots: counted, the same bits
+        for rows, slots in experts.placed(chosen):
+            out[rows] = run_experts(self, h[rows], experts.device, chosen[rows], weights[rows], slots)
+        return out, chosen, weights
 
 
 class HalfCupyOps(HybridHalfOps, ArrayOps):

@@ -4,9 +4,11 @@ and not cached are copied into slots (the least recently used slot not wanted by
 expert kernels (engine/kernels/moe.cu) run on the slots with the choices renamed to slot numbers. An expert
 computes the same bits from a slot as from resident weights: the same blocks, the same kernels.
 
-A decode step wants at most rows x k experts; a prompt chunk may want more than the cache holds: its rows go in
-groups whose experts fit (each row's output is the kernels' for that row alone, so the groups change no bit).
-Host memory is the file's pages (or any array of its blocks); the copies go on the current stream."""
+A step's rows may want more experts than the cache holds (a prompt chunk's, or a decode step of many requests): they
+go in runs of consecutive rows whose experts fit (each row's output is the kernels' for that row alone, so the runs
+change no bit). Host memory is the file's pages (or any array of its blocks); the copies go on the current stream.
+On the CPU (NumPy the "device") the cache changes nothing but what it counts: its checks and its reports run
+there too (engine/ops/backend.py ArrayOps.mixture)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,6 +23,11 @@ class CacheCounts:
     hits: int = 0  # experts a step wanted that were in a slot (once a step each)
     misses: int = 0  # experts copied in
     bytes_copied: int = 0
+    tokens: int = 0  # rows routed through the layer
+
+    def add(self, other: "CacheCounts") -> "CacheCounts":
+        return CacheCounts(self.hits + other.hits, self.misses + other.misses,
+                           self.bytes_copied + other.bytes_copied, self.tokens + other.tokens)
 
 
 class ExpertCache:
@@ -76,34 +83,53 @@ class ExpertCache:
             self.counts.bytes_copied += rows.nbytes
         self.counts.misses += 1
 
+    def placed(self, picks: np.ndarray):
+        """picks (n, k) expert numbers on the host -> (rows, slots) for each run of consecutive rows whose experts
+        fit the cache, in order: `rows` a slice of the n, `slots` picks[rows] as slot numbers, every expert in them
+        copied in (before the next run's copies may evict it)."""
+        self.counts.tokens += len(picks)
+        for rows in self.runs(picks):
+            yield rows, self.slots_for(picks[rows])
+
     def mixture(self, moe, h, values, router, k: int, normalize: bool, decode: bool):
         """The layer's output (n, dim) fp16 for rows h (a decode step's Row8, or a prompt chunk's values: `values`
         the rows as fp16) from the cached experts -> (out, chosen, weights), chosen in expert numbers."""
         chosen, weights = moe.route(values, router, k, normalize, decode=decode)
         picks = np.asarray(chosen.get())  # (n, k) on the host: which experts to have in slots
-        if decode:
-            return moe.decode(h, self.device, self.on_device(self.slots_for(picks)), weights), chosen, weights
         out = self.xp.empty((len(picks), self.host.down.rows), dtype=self.xp.float16)
-        for rows in self.groups(picks):
-            at = self.xp.asarray(rows)
-            out[at] = moe.prompt(values[at], self.device, self.on_device(self.slots_for(picks[rows])), weights[at])
+        for rows, slots in self.placed(picks):
+            if decode:
+                out[rows] = moe.decode(h.rows(rows), self.device, self.on_device(slots), weights[rows])
+            else:
+                out[rows] = moe.prompt(values[rows], self.device, self.on_device(slots), weights[rows])
         return out, chosen, weights
 
-    def groups(self, picks: np.ndarray) -> list[np.ndarray]:
-        """A prompt chunk's rows in groups, in order, each wanting at most `slots` experts."""
-        out, rows, wanted = [], [], set()
+    def runs(self, picks: np.ndarray) -> list[slice]:
+        """A step's rows in runs of consecutive rows, in order, each wanting at most `slots` experts."""
+        out, start, wanted = [], 0, set()
         for r, experts in enumerate(picks):
             if len(wanted | set(experts.tolist())) > self.slots:
-                out.append(np.asarray(rows))
-                rows, wanted = [], set()
-            rows.append(r)
+                out.append(slice(start, r))
+                start, wanted = r, set()
             wanted |= set(experts.tolist())
-        return [*out, np.asarray(rows)]
+        return [*out, slice(start, len(picks))]
 
     def on_device(self, slots: np.ndarray):
         return self.xp.asarray(slots.astype(np.int32))
 
 
-def offloaded(layers) -> bool:
-    """Whether any layer's experts are behind a cache (its routes come to the host: no decode graph holds that)."""
-    return any(isinstance(getattr(layer, "experts", None), ExpertCache) for layer in layers)
+def caches(layers) -> list[ExpertCache]:
+    """The layers' expert caches (none where every expert is resident)."""
+    return [layer.experts for layer in layers if isinstance(getattr(layer, "experts", None), ExpertCache)]
+
+
+def cache_report(held: list[ExpertCache]) -> dict[str, int]:
+    """The caches' counts for the engine's pool report (empty without a cache): slots in all, experts a step
+    found in a slot and copied in, bytes copied, and the tokens routed (rows through the first cached layer)."""
+    if not held:
+        return {}
+    counts = CacheCounts()
+    for cache in held:
+        counts = counts.add(cache.counts)
+    return {"expert_slots": sum(c.slots for c in held), "expert_layers": len(held), "expert_hits": counts.hits,
+            "expert_misses": counts.misses, "expert_bytes": counts.bytes_copied, "expert_tokens": held[0].counts.tokens}

@@ -27,15 +27,17 @@ def route(logits: np.ndarray, k: int, normalize: bool):
     return chosen.astype(np.int64), weights.astype(np.float32)
 
 
-def run_experts(ops, h, experts: Experts, chosen, weights):
+def run_experts(ops, h, experts: Experts, chosen, weights, slots=None):
     """h: (n, dim) float32 -> (n, dim): sum over each token's chosen experts e of
     weight * down_e(silu(gate_e h) * up_e h). The tokens routed to one expert go through it
-    together (one GEMM per used expert)."""
+    together (one GEMM per used expert), the experts in the order of their numbers. slots: chosen
+    renamed to where each expert's matrices are in `experts` (an expert cache's slots; None: chosen)."""
     out = np.zeros(h.shape, dtype=np.float32)
     for e in np.unique(chosen):
         rows, slot = np.nonzero(chosen == e)
+        at = e if slots is None else slots[rows[0], slot[0]]
         x = h[rows]
-        gate_up = np.concatenate([ops.matmul(x, experts.gate.expert(e)), ops.matmul(x, experts.up.expert(e))], axis=1)
-        y = ops.matmul(ops.silu_mul(gate_up), experts.down.expert(e))
+        gate_up = np.concatenate([ops.matmul(x, experts.gate.expert(at)), ops.matmul(x, experts.up.expert(at))], axis=1)
+        y = ops.matmul(ops.silu_mul(gate_up), experts.down.expert(at))
         out[rows] += weights[rows, slot][:, None] * y
     return out.astype(h.dtype)

@@ -21,7 +21,7 @@ from engine.kvcache.kv import KVCache, KVSnapshot
 from engine.model.forward import LlamaModel
 from engine.model.hybrid import HybridModel
 from engine.kvcache.recurrent import SequenceState, zero_state
-from engine.ops.expert_cache import offloaded
+from engine.ops.expert_cache import caches
 from engine.kvcache.state_cache import StateCache
 from engine.ops.delta_rule import CHUNK as STATE_CHUNK
 from engine.core.chunks import chunk_end
@@ -44,9 +44,9 @@ class ModelRunner:
         self.model = (HybridModel if cfg.hybrid else LlamaModel)(cfg, weights, backend)
         self.recurrent = zero_state(cfg, backend.xp, chunk)  # a hybrid's fresh recurrent state, else None
         self.read_align = 1 if self.recurrent is None else STATE_CHUNK  # where a read short of its prompt's end may end
-        graphs = cuda_graphs and backend.name == "gpu" and not offloaded(weights.layers)  # (a cache's routes: host)
-        # with decode graphs a spare block past the pool the memory plan promised: the padding rows of a
-        # graph's batch write their K/V rows there
+        self.expert_caches = caches(weights.layers)  # routed experts behind device slots (engine/ops/expert_cache.py)
+        graphs = cuda_graphs and backend.name == "gpu" and not self.expert_caches  # (a cache's routes: on the host)
+        # (with decode graphs a spare block past the pool for the padding rows of a graph's batch to write in)
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks, kv_type, spare=int(graphs))
         tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
         self.pool = BlockPool(self.kv.usable, block_size, tier)

@@ -28,7 +28,7 @@ class EngineLines:
             if isinstance(msg, m.Err):
                 log.error("engine error: %s", msg.message)
             elif isinstance(msg, m.Info) and msg.id is None:
-                self.report.on_pool(msg)
+                self.metrics.observe_expert_cache(self.report.on_pool(msg))
             return
         handler = self._HANDLERS.get(type(msg))
         if handler:

@@ -8,12 +8,37 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80,
 
 
 REUSE_KEYS = ("lookups", "hits", "tokens_reused", "tokens_from_host")  # an engine's prefix-cache counts
+EXPERT_KEYS = ("expert_hits", "expert_misses", "expert_bytes", "expert_tokens")  # an expert cache's (its pool report)
 
 
 def reuse_summary(counts: dict) -> dict:
     """Prefix-cache counts (REUSE_KEYS) with their hit rate, as /status shows them."""
     lookups = counts["lookups"]
     return counts | {"hit_rate": round(counts["hits"] / lookups, 4) if lookups else None}
+
+
+def expert_summary(pool: dict) -> dict:
+    """An engine's pool report (its counts summed over engines) -> the same without the expert cache's raw counts,
+    and with them as /status shows them under `expert_cache` (absent without a cache): slots, layers, hits,
+    misses, hit rate, bytes copied, and bytes copied a token."""
+    out = {k: v for k, v in pool.items() if not k.startswith("expert_")}
+    if "expert_slots" not in pool:
+        return out
+    hits, misses, tokens = (pool.get(k, 0) for k in ("expert_hits", "expert_misses", "expert_tokens"))
+    return out | {"expert_cache": {
+        "slots": pool["expert_slots"], "layers": pool.get("expert_layers", 0), "hits": hits, "misses": misses,
+        "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
+        "bytes_copied": pool.get("expert_bytes", 0), "tokens": tokens,
+        "bytes_per_token": round(pool.get("expert_bytes", 0) / tokens) if tokens else None}}
+
+
+def experts_together(caches: list[dict]) -> dict:
+    """Several engines' `expert_cache` summaries (expert_summary) as one: the counts summed, the rates again."""
+    if not caches:
+        return {}
+    names = {"slots": "expert_slots", "layers": "expert_layers", "hits": "expert_hits", "misses": "expert_misses",
+             "bytes_copied": "expert_bytes", "tokens": "expert_tokens"}
+    return expert_summary({raw: sum(c[key] for c in caches) for key, raw in names.items()})
 
 
 def load_counts(scheduler) -> tuple[int, int]:
@@ -65,6 +90,16 @@ class Metrics:
                                           "were copied back from the host tier (--cache-ram)", registry=r)
         self.host_blocks = Gauge("strata_kv_host_blocks", "The host tier of evicted prefix blocks (--cache-ram): "
                                  "held, capacity", ["state"], registry=r)
+        self.expert_hits = Counter("strata_expert_cache_hits", "Routed experts a step found in the GPU's expert "
+                                   "cache (once a step and layer each; --expert-slots, --gpu-memory)", registry=r)
+        self.expert_misses = Counter("strata_expert_cache_misses", "Routed experts copied into the expert cache "
+                                     "from host memory", registry=r)
+        self.expert_bytes = Counter("strata_expert_cache_copied_bytes", "Bytes copied into the expert cache",
+                                    registry=r)
+        self.expert_tokens = Counter("strata_expert_cache_tokens", "Tokens routed through the expert cache "
+                                     "(copied bytes / tokens: what a token costs the host link)", registry=r)
+        self.expert_slots = Gauge("strata_expert_cache_slots", "The expert cache's slots, all layers together "
+                                  "(0: every expert resident)", registry=r)
         self.park_duration = Histogram("strata_park_duration_seconds", "Time from SUSPENDED to RESUME",
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.engine_restarts = Counter("strata_engine_restarts", "Engine processes restarted after dying", registry=r)
@@ -96,6 +131,7 @@ class Metrics:
         self.host_blocks.labels("held").set_function(lambda: kv("host_blocks"))
         self.host_blocks.labels("capacity").set_function(lambda: kv("cache_ram_blocks"))
         self.waiting_for_memory.set_function(lambda: int(scheduler.memory_full))
+        self.expert_slots.set_function(lambda: kv("expert_cache").get("slots", 0) if kv("expert_cache") else 0)
         self.vllm_running.set_function(lambda: load_counts(scheduler)[0])
         self.vllm_waiting.set_function(lambda: load_counts(scheduler)[1])
         self.vllm_kv_usage.set_function(lambda: kv("used") / kv("kv_blocks") if kv("kv_blocks") else 0.0)
@@ -104,6 +140,13 @@ class Metrics:
         """One request's drafted and accepted tokens (its DONE)."""
         self.spec_drafted.inc(drafted)
         self.spec_accepted.inc(accepted)
+
+    def observe_expert_cache(self, moved: dict[str, int]) -> None:
+        """What an engine's expert cache counted since its last pool report (EXPERT_KEYS)."""
+        for key, counter in zip(EXPERT_KEYS, (self.expert_hits, self.expert_misses, self.expert_bytes,
+                                              self.expert_tokens)):
+            if moved.get(key):
+                counter.inc(moved[key])
 
     def observe_prompt_reuse(self, cached: int, from_host: int = 0) -> None:
         """One request's prefix-cache lookup (its INFO after GEN); /status's prefix_cache counts the

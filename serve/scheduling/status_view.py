@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from serve.scheduling.admission import Admission
-from serve.scheduling.metrics import reuse_summary
+from serve.scheduling.metrics import expert_summary, reuse_summary
 from serve.scheduling.places import Places
 from serve.scheduling.pool_report import PoolReport
 
@@ -45,5 +45,6 @@ class StatusView:
                if fields.get(k, "").isdigit()}
         if "kv_block" in out and "kv_block_bytes" in out:
             out["bytes_per_token"] = out["kv_block_bytes"] // max(1, out["kv_block"])
-        return out | report.pool | {"paused": sum(r.paused for r in self.places.running), "deferred": report.deferred,
-                                    "prefix_cache": reuse_summary(report.reuse)}
+        return out | expert_summary(report.pool) | {"paused": sum(r.paused for r in self.places.running),
+                                                     "deferred": report.deferred,
+                                                     "prefix_cache": reuse_summary(report.reuse)}

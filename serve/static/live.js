@@ -131,6 +131,17 @@ export class LiveView {
     const hostRow = document.getElementById("host-row");
     hostRow.hidden = !kv.host_capacity;
     if (kv.host_capacity) text("host-text", `${kv.host_blocks ?? 0} of ${kv.host_capacity} blocks`);
+    this.drawExperts(kv.expert_cache);
+  }
+
+  drawExperts(cache) {
+    // routed experts in host memory behind GPU slots (--gpu-memory, --expert-slots): its counts since the start
+    document.getElementById("expert-row").hidden = !cache;
+    if (!cache) return;
+    const hits = cache.hit_rate == null ? "–" : `${(100 * cache.hit_rate).toFixed(1)}% hits`;
+    const perToken = cache.bytes_per_token == null ? "–" : sizeText(cache.bytes_per_token);
+    const slots = cache.layers ? Math.round(cache.slots / cache.layers) : cache.slots;
+    text("expert-text", `${hits} · ${perToken} copied a token · ${slots} slots a layer × ${cache.layers} layers`);
   }
 
   drawRows(requests) {
@@ -206,6 +217,13 @@ function svg(name, attributes, content) {
 
 function cell(content) {
   return Object.assign(document.createElement("td"), { textContent: String(content) });
+}
+
+function sizeText(bytes) {
+  for (const [unit, size] of [["GB", 1e9], ["MB", 1e6], ["kB", 1e3]]) {
+    if (bytes >= size) return `${(bytes / size).toFixed(1)} ${unit}`;
+  }
+  return `${bytes} B`;
 }
 
 function text(id, content) {

@@ -1,10 +1,13 @@
 """A Qwen3-MoE GGUF served as a user would (`make serve ARGS="--model FILE"`): strata-server over the
-real engine, with the file's own chat template, answering what the model computes in process."""
+real engine, with the file's own chat template, answering what the model computes in process; its routed experts
+behind a cache of a few slots (--expert-slots) giving the same text, the cache's counts in /metrics, /status and
+the page's live view."""
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -15,6 +18,8 @@ from engine.kvcache.kv import KVCache
 from engine.model.forward import LlamaModel
 from engine.modelfile.tokenizer import load_tokenizer
 from tests.harness import ROOT, ServerProcess
+from tests.serve.browser import chromium, console_errors, wait_until
+from tests.serve.helpers import metrics
 
 PROMPT = [9745, 198, 378, 28518, 216, 260, 216, 3201, 9649, 4521, 17, 99]
 
@@ -41,8 +46,14 @@ def in_process_greedy(path, ids: list[int], n: int) -> list[int]:
     return out
 
 
-def test_a_qwen3moe_model_serves_what_it_computes(model):
-    with ServerProcess(extra=["--model", str(model), "--device", "cpu", "--ctx", "512", "--chunk", "8"]) as server:
+EXPERT_BYTES = 3 * 64 * 128 * 4  # one expert's gate, up and down on the CPU (float32 values)
+
+
+def test_a_qwen3moe_model_serves_what_it_computes_through_an_expert_cache(model):
+    """With 3 slots a layer for 8 experts (2 a token) every step copies some in: the same text as every expert
+    resident in process, and the cache's counts where a user looks."""
+    with ServerProcess(extra=["--model", str(model), "--device", "cpu", "--ctx", "512", "--chunk", "8",
+                              "--expert-slots", "3"]) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         r = client.completions.create(model="qwen3moe-tiny", prompt=PROMPT, temperature=0, max_tokens=8)
         n = r.usage.completion_tokens
@@ -53,6 +64,19 @@ def test_a_qwen3moe_model_serves_what_it_computes(model):
                                               extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         assert chat.choices[0].finish_reason in ("stop", "length") and chat.usage.completion_tokens <= 4
         assert [m.id for m in client.models.list().data] == ["qwen3moe-tiny"]
+        cache = wait_until(lambda: httpx.get(server.url + "/status").json()["kv"].get("expert_cache"),
+                           what="the cache's counts")
+        seen = metrics(server.url)
+        assert cache["slots"] == 6 and cache["layers"] == 2 and cache["misses"] > 0 and cache["hits"] > 0
+        assert cache["bytes_copied"] == cache["misses"] * EXPERT_BYTES and cache["tokens"] >= len(PROMPT) + n - 1
+        assert seen["strata_expert_cache_slots"] == 6
+        assert seen["strata_expert_cache_copied_bytes_total"] == seen["strata_expert_cache_misses_total"] * EXPERT_BYTES
+        assert seen["strata_expert_cache_misses_total"] >= cache["misses"] > 0  # (the report may have moved on since)
+        with chromium() as driver:
+            driver.get(server.url + "/")
+            shown = wait_until(lambda: driver.find_element("id", "expert-text").text, what="the expert cache's row")
+            assert "% hits" in shown and "copied a token" in shown and "3 slots a layer × 2 layers" in shown, shown
+            assert console_errors(driver) == []
 
 
 HYBRID = ROOT / "tests/fixtures/hybrid"

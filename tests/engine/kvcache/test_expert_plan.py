@@ -1,6 +1,7 @@
 """Where a MoE model's routed experts live under --gpu-memory (engine/kvcache/expert_plan.py): all on the GPU
 when the file fits the cap beside a KV pool, else as many device slots a layer as the cap leaves after the dense
-weights, and a refusal that says what would fit when not even a token's experts a layer fit."""
+weights, and a refusal that says what would fit when not even a token's experts a layer fit; --expert-slots taken
+as given where it fits, and the experts refused when the host's memory cannot hold them."""
 import pytest
 
 from engine.kvcache.expert_plan import KV_FLOOR_BYTES, plan_experts
@@ -41,3 +42,26 @@ def test_a_cap_below_the_file_keeps_as_many_slots_as_it_leaves():
 def test_a_cap_that_cannot_hold_a_token_s_experts_is_refused_saying_what_would_fit():
     with pytest.raises(ModelLoadError, match=r"at least \d+\.\d GiB is needed"):
         plan_experts(cfg(), tensors(), 3 * GIB, GIB)
+
+
+def test_expert_slots_are_taken_as_asked_where_they_fit_else_refused_saying_how_many_would():
+    assert plan_experts(cfg(), tensors(), None, GIB, slots=16).slots == 16  # the CPU: no cap
+    assert plan_experts(cfg(), tensors(), 80 * GIB, GIB, slots=16).slots == 16  # fewer than the card would hold
+    assert plan_experts(cfg(), tensors(), 80 * GIB, GIB, slots=EXPERTS).slots is None  # a slot for every expert
+    with pytest.raises(ModelLoadError, match="at least that many slots"):
+        plan_experts(cfg(), tensors(), None, GIB, slots=USED - 1)
+    with pytest.raises(ModelLoadError, match=r"at most \d+ fit"):
+        plan_experts(cfg(), tensors(), 8 * GIB, GIB, slots=100)
+    dense = plan_experts(cfg(), [("token_embd.weight", 1 << 20)], None, GIB)
+    assert dense.slots is None and dense.host_bytes == 0
+    with pytest.raises(ModelLoadError, match="has no routed experts"):
+        plan_experts(ModelConfig(**{**cfg().__dict__, "n_experts": 0}), [("token_embd.weight", 1 << 20)], None, GIB,
+                     slots=8)
+
+
+def test_experts_that_host_memory_cannot_hold_are_refused_at_start():
+    plan = plan_experts(cfg(), tensors(), 16 * GIB, GIB, host_bytes=64 * GIB)
+    assert plan.host_bytes == LAYERS * EXPERTS * EXPERT and "host memory (18.00 GiB)" in plan.describe()
+    with pytest.raises(ModelLoadError, match=r"routed experts \(18\.0 GiB\) stay in host memory, which has 8\.0 GiB"):
+        plan_experts(cfg(), tensors(), 16 * GIB, GIB, host_bytes=8 * GIB)
+    assert plan_experts(cfg(), tensors(), 80 * GIB, GIB, host_bytes=8 * GIB).slots is None  # all on the GPU: no need

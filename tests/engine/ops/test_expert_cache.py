@@ -1,11 +1,14 @@
 """The expert cache's bookkeeping (engine/ops/expert_cache.py) with NumPy as the device: every chosen expert's
 rows are in the slot its choice is renamed to, the least recently used slot a step does not want goes first,
-and a step that wants more experts than the cache holds is refused. (Its bits on the GPU's kernels:
+a step that wants more experts than the cache holds at once is refused (its rows go in runs that fit), and on the CPU
+the cached mixture gives the resident experts' bits. (Its bits on the GPU's kernels:
 tests/engine/kernels/test_expert_cache_host.py.)"""
 import numpy as np
 import pytest
 
 from engine.core.experts import Experts, ExpertStack
+from engine.core.quantized import Row8
+from engine.ops.backend import ArrayOps
 from engine.ops.expert_cache import ExpertCache
 
 EXPERTS, ROWS, COLS = 6, 4, 3
@@ -36,9 +39,69 @@ def test_choices_are_renamed_to_slots_holding_those_experts_least_recently_used_
     assert c.counts.misses == 2 and c.counts.bytes_copied == 2 * 4 * (2 * ROWS * COLS + COLS * ROWS)
 
 
-def test_a_prompt_chunk_s_rows_go_in_groups_whose_experts_fit():
+def test_a_step_s_rows_go_in_runs_of_consecutive_rows_whose_experts_fit():
     c = cache(3)
     picks = np.array([[0, 1], [1, 2], [3, 4], [4, 5], [0, 5], [2, 2]])
-    groups = c.groups(picks)
-    assert np.array_equal(np.concatenate(groups), np.arange(len(picks)))  # every row once, in order
-    assert all(len(np.unique(picks[g])) <= 3 for g in groups) and len(groups) == 3
+    runs = c.runs(picks)
+    assert np.array_equal(np.concatenate([np.arange(len(picks))[r] for r in runs]), np.arange(len(picks)))
+    assert all(len(np.unique(picks[r])) <= 3 for r in runs) and len(runs) == 3
+    placed = [(rows, slots.copy()) for rows, slots in c.placed(picks)]  # each run's slots right after its copies
+    assert [rows for rows, _ in placed] == runs and c.counts.tokens == len(picks)
+    assert all(np.array_equal(c.expert_in[slots], picks[rows]) for rows, slots in placed[-1:])
+
+
+def test_on_the_cpu_the_cached_mixture_gives_the_resident_bits_and_counts():
+    """ArrayOps.mixture over an ExpertCache (--expert-slots on the CPU): the same bits as the resident experts for
+    a chunk whose rows want more experts than the cache holds, and a decode row's."""
+    rng = np.random.default_rng(1)
+    experts = Experts(*(ExpertStack("F32", rng.standard_normal((EXPERTS * r, c)).astype(np.float32), EXPERTS, r, c)
+                        for r, c in ((ROWS, COLS), (ROWS, COLS), (COLS, ROWS))))
+    ops, router = ArrayOps(np), rng.standard_normal((EXPERTS, COLS)).astype(np.float32)
+    c = ExpertCache(np, experts, 3)
+    for rows in (9, 1):
+        h = rng.standard_normal((rows, COLS)).astype(np.float32)
+        resident, chosen, _ = ops.mixture(h, router, experts, 2, True)
+        cached, chosen_too, _ = ops.mixture(h, router, c, 2, True)
+        assert np.array_equal(resident, cached) and np.array_equal(chosen, chosen_too)
+        assert rows == 1 or len(c.runs(chosen)) > 1  # the chunk's rows went in several runs
+    assert c.counts.tokens == 10 and c.counts.misses > 0
+
+
+def rows_through(stacks: Experts, h, at, weights):
+    """Each row's experts (at: their places in stacks) summed in choice order, as moe.cu's decode sums them."""
+    out = np.zeros(h.shape, dtype=np.float32)
+    for r, (row, places) in enumerate(zip(h, at)):
+        for j, e in enumerate(places):
+            gate, up = stacks.gate.expert(e) @ row, stacks.up.expert(e) @ row
+            out[r] += weights[r, j] * (stacks.down.expert(e) @ (gate / (1 + np.exp(-gate)) * up))
+    return out.astype(np.float16)
+
+
+class Chosen(np.ndarray):
+    def get(self):  # a CuPy array's copy to the host
+        return np.asarray(self)
+
+
+class HostMoe:
+    """moe.cu's launches as the cache calls them (engine/kernels/moe_launch.py), in NumPy: route's given choices
+    as a device array; decode's and prompt's rows through the slots they are given."""
+
+    def __init__(self, chosen, weights):
+        self.chosen, self.weights = chosen.view(Chosen), weights
+
+    def route(self, values, router, k, normalize, decode=False):
+        return self.chosen, self.weights
+
+    def decode(self, h, experts, slots, weights):
+        return rows_through(experts, h.values, slots, weights)
+
+
+def test_a_decode_step_whose_rows_want_more_experts_than_the_cache_goes_in_runs():
+    """Many requests' decode rows (a Row8's consecutive rows a run) each through its own experts' slots."""
+    rng = np.random.default_rng(2)
+    c = cache(3)
+    h = rng.standard_normal((5, COLS)).astype(np.float32)
+    chosen = np.array([[0, 1], [2, 3], [4, 5], [1, 4], [3, 3]])
+    weights = rng.random((5, 2)).astype(np.float32)
+    out, _, _ = c.mixture(HostMoe(chosen, weights), Row8(h, np.zeros((5, 4), np.int8)), h, None, 2, True, True)
+    assert len(c.runs(chosen)) == 4 and np.array_equal(out, rows_through(c.host, h, chosen, weights))
