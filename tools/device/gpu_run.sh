@@ -82,7 +82,7 @@
 # hybridbench  issue 45: the Qwen3-Next-80B-A3B shape in IQ3_S (~35 GB, made on the machine): prompt reads of 4K and
 #          32K, decode at 1 / 16 / 64 requests; hybridbench_llama: llama-bench and llama-batched-bench on the same file;
 #          hybridlong: a 262,144-token request on it read, parked half-way and resumed (parity)
-# offload  issue 46: tools/device/expert_cache_check.py on the Qwen3-30B-A3B shape (resident vs 32 / 64 slots)
+# offload  issue 46: tools/device/expert_cache_check.py on the Qwen3-30B-A3B shape (resident vs 32 / 64 slots; 1, 4, 16 requests)
 # batch    bench/batch_decode_bench.py: aggregate decode at 1, 2, 4, 8, 16 requests in slots, and each
 #          request's tokens equal to its solo run's (batch invariance), on the 135M shape (Q4_1) and
 #          the Llama-3-8B shape in F16 and Q4_K_M -> $OUT/batch_decode_gpu.json
@@ -526,7 +526,7 @@ for step in "$@"; do
     offload)  # issue 46's first slice: the Qwen3-30B-A3B shape (Q4_K_M) with every expert resident against 32 and 64
       # device slots a layer (of 128): the same bits, decode's tokens per second, the cache's hits and copies
       synth_a3b
-      timeout 400 python3 tools/device/expert_cache_check.py $MQA --slots 32 64 --json "$OUT/expert_cache.json" 2>&1 \
+      timeout 400 python3 tools/device/expert_cache_check.py $MQA --slots 32 64 --batch 1 4 16 --steps 16 --json "$OUT/expert_cache.json" 2>&1 \
         | quiet | tail -5 || echo "EXPERT CACHE CHECK FAILED" ;;
     hybridbench_llama)  # llama.cpp on the same file: llama-bench (prompt 4K / 32K, decode) and llama-batched-bench
       synth_next; build_llama
