@@ -171,6 +171,7 @@ class WeightLoader:
         t = self.tensor(name)
         whole, kind = TensorRows(t), t.tensor_type.name
         data = whole.raw() if kind in BLOCKS or kind == "F16" else whole.values().astype(np.float16)
+        data = self.backend.pinned(data)  # page-locked: a cache's copies at the link's rate (not the file's pages)
         self.progress(t)
         rows = int(np.prod(t.shape[1:])) // self.cfg.n_experts
         return ExpertStack(kind if kind in BLOCKS else "F16", data, self.cfg.n_experts, rows, int(t.shape[0]))

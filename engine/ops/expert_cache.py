@@ -2,11 +2,13 @@
 models larger than the GPU). The router runs on the device; its choices come to the host, the experts chosen
 and not cached are copied into slots (the least recently used slot not wanted by this step goes first), and the
 expert kernels (engine/kernels/moe.cu) run on the slots with the choices renamed to slot numbers. An expert
-computes the same bits from a slot as from resident weights: the same blocks, the same kernels.
+computes the same bits from a slot as from resident weights: the same blocks, the same kernels. On a GPU the host's
+copy of the experts is page-locked (engine/ops/backend.py Backend.pinned): a copy runs at the link's rate, where
+one from the file's pages went through the driver's staging at a fraction of it.
 
 A step's rows may want more experts than the cache holds (a prompt chunk's, or a decode step of many requests): they
 go in runs of consecutive rows whose experts fit (each row's output is the kernels' for that row alone, so the runs
-change no bit). Host memory is the file's pages (or any array of its blocks); the copies go on the current stream.
+change no bit). The copies go on the current stream.
 On the CPU (NumPy the "device") the cache changes nothing but what it counts: its checks and its reports run
 there too (engine/ops/backend.py ArrayOps.mixture)."""
 from __future__ import annotations
@@ -76,10 +78,15 @@ class ExpertCache:
         return self.slot_of[chosen]
 
     def copy_in(self, e: int, slot: int) -> None:
+        """Expert e's gate, up and down rows into the slot: on a GPU an asynchronous copy on the current stream, from
+        page-locked memory (Backend.pinned), which the step's kernels after it wait for."""
         for src, dst in zip((self.host.gate, self.host.up, self.host.down),
                             (self.device.gate, self.device.up, self.device.down)):
-            rows = src.data[e * src.rows : (e + 1) * src.rows]
-            dst.data[slot * dst.rows : (slot + 1) * dst.rows] = self.xp.asarray(rows)
+            rows, into = src.data[e * src.rows : (e + 1) * src.rows], dst.data[slot * dst.rows : (slot + 1) * dst.rows]
+            if self.xp is np:
+                into[...] = rows
+            else:
+                into.set(rows)
             self.counts.bytes_copied += rows.nbytes
         self.counts.misses += 1
 

@@ -38,7 +38,8 @@ def host(a):
 class HostCupy:
     """NumPy under CuPy's name: arrays it makes are HostArrays; cuda's synchronizations are nothing."""
 
-    cuda = SimpleNamespace(Stream=SimpleNamespace(null=SimpleNamespace(synchronize=lambda: None)))
+    cuda = SimpleNamespace(Stream=SimpleNamespace(null=SimpleNamespace(synchronize=lambda: None)),
+                           alloc_pinned_memory=bytearray)  # (page-locked memory: plain host memory here)
     ndarray = HostArray
 
     def __getattr__(self, name: str):

@@ -4,12 +4,11 @@ with every expert resident, a prompt chunk's rows in groups whose experts fit an
 what it misses."""
 import numpy as np
 
-from engine.core.experts import Experts, ExpertStack
 from engine.kernels.model_parts import ModelKernels
 from engine.model.weights import load_model
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import read_config
-from engine.ops.expert_cache import ExpertCache
+from engine.ops.expert_cache import caches as caches_of
 from engine.runner.runner import ModelRunner
 from tests.engine.kernels.host_cuda import compiler
 from tests.engine.kernels.host_gpu import host_gpu_backend
@@ -40,13 +39,11 @@ def test_three_slots_of_eight_experts_give_the_resident_experts_bits(tmp_path):
                          cuda_graphs=False)
     ids = np.random.default_rng(6).integers(0, cfg.vocab_size, 100)
     resident = run(runner, ids, 6)
-    caches = []
-    for layer in weights.layers:
-        host = Experts(*(ExpertStack(s.kind, np.array(s.data), s.experts, s.rows, s.cols)
-                         for s in (layer.experts.gate, layer.experts.up, layer.experts.down)))
-        layer.experts = ExpertCache(backend.xp, host, SLOTS)
-        caches.append(layer.experts)
-    cached = run(runner, ids, 6)
+    cfg, weights, _ = load_model(str(path), backend, reader=reader, expert_slots=SLOTS)  # (the host's in pinned memory)
+    caches = caches_of(weights.layers)
+    assert len(caches) == cfg.n_layers
+    cached = run(ModelRunner(cfg, weights, backend, ctx=512, chunk=64, eos_ids=frozenset(), max_running=2,
+                             cuda_graphs=False), ids, 6)
     assert all(np.array_equal(a, b) for a, b in zip(resident, cached))
     for cache in caches:
         assert cache.counts.misses > SLOTS and cache.counts.hits > 0  # evictions, and reuse
