@@ -2,13 +2,16 @@
 with it: each request's greedy tokens decoded in a batch equal its tokens decoded alone.
 
     python bench/batch_decode_bench.py [--model PATH] [--device cpu|gpu] [--batches 1,2,4,8,16]
-        [--context 512] [--steps 64] [--repeats 3] [--weights quantized|fp16] [--label NAME --json FILE]
+        [--context 512] [--steps 64] [--repeats 3] [--weights quantized|fp16] [--reads 4096,32768]
+        [--label NAME --json FILE]
 
 Runs the engine's runner in process as the engine loop drives it (engine/loop/rounds.py): every sequence
 reads its own prompt into its own KV blocks, then each step samples every sequence's token where its
 logits are and runs one batched forward for all of them (a CUDA graph replay per batch size on the
 GPU). Reports, per batch size, aggregate tok/s (tokens of all sequences per second, median of
-repeats) and whether every sequence's tokens equal its solo run's.
+repeats) and whether every sequence's tokens equal its solo run's. With --reads, first a prompt of each
+size read alone, in --chunk chunks as the engine reads one request (any family, the hybrids' too: tok/s,
+median of repeats).
 """
 from __future__ import annotations
 
@@ -32,24 +35,41 @@ from engine.runner.sampler import Sampler, SamplingParams  # noqa: E402
 from engine.runner.sequence import Sequence  # noqa: E402
 
 
-def read_prompts(runner: ModelRunner, count: int, context: int, vocab: int) -> list[Sequence]:
-    """`count` sequences, each with its own random prompt read into its own blocks (room for the
-    whole run allocated up front)."""
+def read_prompts(runner: ModelRunner, count: int, context: int, vocab: int, room: int) -> list[Sequence]:
+    """`count` sequences, each with its own random prompt read into its own blocks (room for `room`
+    positions, the whole run, allocated up front)."""
     seqs = []
     for i in range(count):
         prompt = tuple(int(t) for t in np.random.default_rng(1000 + i).integers(100, vocab - 100, context))
         seq = Sequence(id=i, prompt=prompt, max_new=1 << 30, sampler=Sampler(SamplingParams(), prompt),
-                       stop_ids=frozenset(), table=runner.pool.allocate(runner.pool.blocks_for(runner.ctx)))
+                       stop_ids=frozenset(), table=runner.pool.allocate(runner.pool.blocks_for(room)))
         while seq.reading:
             runner.read_prompt_chunk(seq)
         seqs.append(seq)
     return seqs
 
 
+def read_alone(runner: ModelRunner, size: int, vocab: int) -> float:
+    """One request's prompt of `size` tokens read alone, chunk by chunk -> tok/s (its blocks given back)."""
+    prompt = tuple(int(t) for t in np.random.default_rng(size).integers(100, vocab - 100, size))
+    seq = Sequence(id=-1, prompt=prompt, max_new=1, sampler=Sampler(SamplingParams(), prompt), stop_ids=frozenset(),
+                   table=runner.pool.allocate(runner.pool.blocks_for(size)))
+    runner.backend.synchronize()
+    began = time.perf_counter()
+    while seq.reading:
+        runner.read_prompt_chunk(seq)
+    runner.backend.synchronize()
+    seconds = time.perf_counter() - began
+    runner.pool.release(seq.table)
+    return size / seconds
+
+
 def decode(runner: ModelRunner, seqs: list[Sequence], steps: int) -> tuple[float, list[list[int]]]:
     """`steps` tokens for every sequence, all in one batch; (seconds, each one's tokens). The
-    sequences start again from the logits of their prompts (later KV rows are overwritten)."""
+    sequences start again from the logits of their prompts (later KV rows are overwritten; a hybrid's
+    recurrent state is put back where its prompt left it, in place: decode graphs hold its address)."""
     start_logits = [s.logits for s in seqs]
+    start_states = [(s.state.now.copy(), s.state.now_at) for s in seqs if s.state is not None]
     for seq in seqs:
         seq.generated = []
     runner.backend.synchronize()
@@ -63,6 +83,8 @@ def decode(runner: ModelRunner, seqs: list[Sequence], steps: int) -> tuple[float
     tokens = [list(s.generated) for s in seqs]
     for seq, logits in zip(seqs, start_logits):
         seq.logits, seq.graph_row = logits, None
+    for seq, (state, at) in zip([s for s in seqs if s.state is not None], start_states):
+        seq.state.now.conv[...], seq.state.now.ssm[...], seq.state.now_at = state.conv, state.ssm, at
     return seconds, tokens
 
 
@@ -70,11 +92,19 @@ def run(a: argparse.Namespace) -> dict:
     backend = select_backend(a.device)
     cfg, weights, _ = load_model(str(resolve_model_path(a.model)), backend, keep_blocks=a.weights == "quantized")
     batches = sorted(int(b) for b in a.batches.split(","))
-    ctx = (a.context + a.steps + 1 + 255) // 256 * 256
+    reads = [int(n) for n in a.reads.split(",")] if a.reads else []
+    ctx = (max([a.context + a.steps + 1, *reads]) + 255) // 256 * 256
     runner = ModelRunner(cfg, weights, backend, ctx, a.chunk, frozenset(), max_running=batches[-1],
-                         blocks=batches[-1] * -(-ctx // 64) + 1, block_size=64)
+                         blocks=max(batches[-1] * -(-(a.context + a.steps + 1) // 64), -(-ctx // 64)) + 1,
+                         block_size=64)
     runner.warm_up()
-    seqs = read_prompts(runner, batches[-1], a.context, cfg.vocab_size)
+    read_rows = {}
+    for size in reads:
+        read_alone(runner, min(size, a.chunk), cfg.vocab_size)  # (first-call costs outside the timing)
+        read_rows[str(size)] = round(statistics.median(read_alone(runner, size, cfg.vocab_size)
+                                                       for _ in range(a.repeats)), 1)
+        print(f"a {size}-token prompt read alone: {read_rows[str(size)]:.1f} tok/s", flush=True)
+    seqs = read_prompts(runner, batches[-1], a.context, cfg.vocab_size, a.context + a.steps + 1)
     solo = [decode(runner, [seq], a.steps)[1][0] for seq in seqs]  # each alone (its graphs captured too)
     rows = []
     for n in batches:
@@ -91,7 +121,7 @@ def run(a: argparse.Namespace) -> dict:
               f"step {rows[-1]['step_ms']:.2f} ms, tokens equal solo: {same}", flush=True)
     return {"machine": machine(backend.device_name), "device": backend.name, "model": cfg.name, "arch": cfg.arch,
             "weights": a.weights if backend.name == "gpu" else "float32", "context": a.context, "steps": a.steps,
-            "repeats": a.repeats, "rows": rows,
+            "repeats": a.repeats, "chunk": a.chunk, "read_alone_tok_s": read_rows, "rows": rows,
             "speedup_vs_one": {str(r["requests"]): round(r["aggregate_tok_s"] / rows[0]["aggregate_tok_s"], 2)
                                for r in rows}}
 
@@ -106,6 +136,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--weights", choices=("quantized", "fp16"), default="quantized")
+    p.add_argument("--reads", help="prompt sizes read alone first, comma-separated (tok/s)")
     p.add_argument("--label")
     p.add_argument("--json")
     a = p.parse_args()
