@@ -17,9 +17,9 @@ from engine.model.weights import load_model
 from engine.loop.loop import run_loop
 from engine.core.chunks import step_budget
 from engine.kvcache.expert_plan import plan_experts
-from engine.core.host_memory import available_memory
+from engine.core.memory import RESERVE_BYTES, available_memory
 from engine.kvcache.recurrent import state_bytes
-from engine.kvcache.sizing import RESERVE_BYTES, plan_context
+from engine.kvcache.sizing import plan_context
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
 from engine.runner.draft_model import DraftModel, open_draft

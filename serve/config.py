@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.core.memory import KV_FLOOR_BYTES, RESERVE_BYTES
 from engine.modelfile.rope_config import RopeOverride
 from serve.api.sampling_defaults import LLAMA_CPP
 
@@ -30,6 +31,7 @@ class PreemptSettings:
 
 
 REASONING_FORMATS = ("deepseek", "none")
+GPU_START_ROOM = KV_FLOOR_BYTES + RESERVE_BYTES  # what a GPU engine needs beside its weights to start
 
 
 @dataclass(frozen=True)
@@ -131,13 +133,20 @@ class ServerSettings:
     def model_name(self) -> str:
         return self.served_name or self.model_path.stem
 
-    def memory_need(self, path: Path) -> int | None:
-        """Bytes of host memory a CPU engine of this model would take: its file (the weights) and its KV
-        pool (as the engine sizes it: --kv-tokens, else four contexts; float32 rows, or q8_0's 34 bytes
-        a 32), a tenth more for the rest. None where the engine may run on a GPU (its memory is the
-        engine's to check)."""
-        if self.device == "gpu" or (self.device == "auto" and shutil.which("nvidia-smi")):
-            return None
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the engines run on a GPU (--device gpu, or auto on a machine with NVIDIA's driver)."""
+        return self.device == "gpu" or (self.device == "auto" and shutil.which("nvidia-smi") is not None)
+
+    def memory_need(self, path: Path) -> int:
+        """Bytes of memory an engine of this model would take where it runs. On a GPU: --gpu-memory where
+        given, else its file (the weights) and the least room the engine starts with beside them (a KV pool
+        and its reserve: engine/kvcache/expert_plan.py's floor, engine/kvcache/sizing.py's reserve); a GPU
+        engine without --gpu-memory then takes what the card has free. On the CPU, of host memory: its
+        file and its KV pool (as the engine sizes it: --kv-tokens, else four contexts; float32 rows, or
+        q8_0's 34 bytes a 32), a tenth more for the rest."""
+        if self.on_gpu:
+            return self.gpu_memory_bytes or path.stat().st_size + GPU_START_ROOM
         from engine.modelfile.gguf_file import GGUFFile
         from engine.modelfile.model_config import read_config
 
@@ -146,6 +155,10 @@ class ServerSettings:
         per_value = 34 / 32 if self.kv_type == "q8_0" else 4
         kv = int(2 * cfg.kv_layers * cfg.kv_dim * tokens * per_value)
         return int(1.1 * (path.stat().st_size + kv))
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        return None if self.gpu_memory_gib is None else round(self.gpu_memory_gib * 2**30)
 
     def engine_env(self, i: int) -> dict[str, str] | None:
         """What engine i's process gets beside the server's environment: its GPU with --gpus."""

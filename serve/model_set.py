@@ -6,7 +6,8 @@ The first model is loaded at start, as a server of one model always was; `--prel
 to load at start. Those stay loaded. Any other model is loaded on its first request (the request
 waits; /v1/models says which are loaded) and unloaded after `--idle-unload-s` with nothing queued,
 running or parked. Before a load, what the model needs (its weights and its KV pool) is set against
-the memory left, and the least recently used idle model is unloaded to make room; a model that does
+the memory left where its engines run (the host's, or the GPUs' free memory), and the least recently
+used idle model is unloaded to make room; a model that does
 not fit even then is a 503 saying what is loaded and what it would need.
 
 With one model a request's `model` field is not read (clients send names of their own: `gpt-4o`,
@@ -14,11 +15,12 @@ With one model a request's `model` field is not read (clients send names of thei
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine.core.host_memory import available_memory
+from engine.core.memory import available_memory
 from serve.api.errors import APIError
 from serve.config import ServerSettings
 from serve.engine_proc.engine_client import EngineState
@@ -137,17 +139,21 @@ class ModelSet:
             await asyncio.sleep(0.05)
 
     async def _make_room(self, entry: ModelEntry) -> None:
-        """Unload idle models, least recently used first, until the new one fits the memory left;
-        a 503 if it cannot."""
+        """Unload idle models, least recently used first, until the new one fits the memory left where its engines
+        run (the host's, or the GPUs'); a 503 if it cannot."""
         need = await asyncio.to_thread(self.settings.memory_need, entry.path)  # (reads the file's header: off the loop)
-        while need is not None and need > (left := available_memory()):
+        gpu = self.settings.on_gpu
+        where = "of GPU memory (its weights and the least KV pool)" if gpu else "(its weights and KV pool)"
+        while need > (left := await asyncio.to_thread(gpu_free_memory, self.settings.gpus) if gpu
+                      else available_memory()):
             idle = sorted((e for e in self.entries.values() if e.loaded and not e.kept and not e.busy),
                           key=lambda e: e.last_used)
             if not idle:
                 loaded = ", ".join(f"{e.name} ({'kept' if e.kept else 'busy' if e.busy else 'idle'})"
                                    for e in self.entries.values() if e.loaded) or "none"
-                raise APIError(503, f"the model {entry.name!r} needs about {need / GIB:.1f} GiB (its weights and KV "
-                                    f"pool) and {left / GIB:.1f} GiB is left; loaded: {loaded}", type_="server_error")
+                hint = "; a GPU engine takes the card's free memory unless --gpu-memory caps it" if gpu else ""
+                raise APIError(503, f"the model {entry.name!r} needs about {need / GIB:.1f} GiB {where} and "
+                                    f"{left / GIB:.1f} GiB is left; loaded: {loaded}{hint}", type_="server_error")
             await self.unload(idle[0])
 
     async def unload(self, entry: ModelEntry) -> None:
@@ -176,3 +182,14 @@ class ModelSet:
                 entry.loading.cancel()
                 await asyncio.gather(entry.loading, return_exceptions=True)
             await self.unload(entry)
+
+
+def gpu_free_memory(gpus: tuple[str, ...] | None) -> int:
+    """The least free memory of the GPUs the engines use (--gpus, else the first), as NVIDIA's driver reports it
+    (nvidia-smi: the server imports no CUDA library); very large if it cannot say."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits",
+                              "-i", ",".join(gpus or ("0",))], capture_output=True, text=True, timeout=10, check=True)
+        return min(int(line) for line in out.stdout.split()) * 2**20
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return 2**62

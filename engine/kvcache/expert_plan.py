@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.core.memory import KV_FLOOR_BYTES
 from engine.modelfile.model_config import ModelConfig, ModelLoadError
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-KV_FLOOR_BYTES = 1 << 30  # the least a KV pool, the prompt scratch and the allocator's slack are left
 
 
 @dataclass(frozen=True)

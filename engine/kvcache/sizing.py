@@ -8,11 +8,9 @@ from dataclasses import dataclass
 from engine.ops.backend import Backend
 from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.kvcache.kv import kv_row_bytes
-from engine.core.host_memory import host_memory_bytes
+from engine.core.memory import RESERVE_BYTES, MiB, host_memory_bytes
 from engine.core.kv_types import resolve
 
-MiB = 2**20
-RESERVE_BYTES = 1024 * MiB  # cuBLAS workspace, kernels, allocator slack
 CTX_ALIGN = 256
 DEFAULT_SNAPSHOT_BYTES = 2048 * MiB  # on the CPU, or when the GPU plan is not asked to size it
 CPU_POOL_CONTEXTS = 4  # on the CPU the pool holds this many full contexts by default (pages touched only when used)

@@ -125,3 +125,29 @@ def test_a_load_unloads_the_least_recently_used_idle_model_else_says_what_is_loa
     assert refused.value.status == 503 and newer.state is None
     assert refused.value.message == ("the model 'big' needs about 3.0 GiB (its weights and KV pool) and 1.0 GiB is "
                                      "left; loaded: first (kept), busy (busy)")
+
+
+def test_on_a_gpu_a_load_is_set_against_the_card_s_free_memory(monkeypatch, tmp_path):
+    """A GPU engine needs --gpu-memory where given, else its file and the least room it starts with; the card's
+    free memory decides, and the refusal says that an engine takes the card unless capped."""
+    weights = tmp_path / "m.gguf"
+    weights.write_bytes(b"\0" * 4096)
+    gib = model_set.GIB
+    assert ServerSettings(model_path=weights, device="gpu").memory_need(weights) == 4096 + 2 * gib
+    assert ServerSettings(model_path=weights, device="gpu", gpu_memory_gib=20).memory_need(weights) == 20 * gib
+    settings = ServerSettings(model_path=Path("first.gguf"), device="gpu", gpu_memory_gib=20)
+    models = model_set.ModelSet.__new__(model_set.ModelSet)
+    models.settings = settings
+    first, idle = fake_entry("first", 0), fake_entry("idle", 1)
+    models.entries = {e.name: e for e in (first, idle)}
+    free = iter([8 * gib, 30 * gib])
+    monkeypatch.setattr(model_set, "gpu_free_memory", lambda gpus: next(free))
+    monkeypatch.setattr(model_set, "available_memory", lambda: 0)  # (the host's is not what counts here)
+    asyncio.run(models._make_room(model_set.ModelEntry("new", Path("new"))))
+    assert first.state is None and idle.state is not None  # the least recently used went; then 30 GiB were free
+    monkeypatch.setattr(model_set, "gpu_free_memory", lambda gpus: 8 * gib)
+    idle.state.scheduler.waiting = [1]  # busy now
+    with pytest.raises(APIError) as refused:
+        asyncio.run(models._make_room(model_set.ModelEntry("big", Path("big"))))
+    assert refused.value.status == 503 and "20.0 GiB of GPU memory" in refused.value.message
+    assert "unless --gpu-memory caps it" in refused.value.message and "idle (busy)" in refused.value.message

@@ -4,7 +4,8 @@ weights, and a refusal that says what would fit when not even a token's experts 
 as given where it fits, and the experts refused when the host's memory cannot hold them."""
 import pytest
 
-from engine.kvcache.expert_plan import KV_FLOOR_BYTES, plan_experts
+from engine.core.memory import KV_FLOOR_BYTES
+from engine.kvcache.expert_plan import plan_experts
 from engine.modelfile.model_config import ModelConfig, ModelLoadError
 
 GIB = 1 << 30

@@ -1,8 +1,12 @@
-"""What the host's memory holds and has left, as the kernel reports it (no third-party import: the server reads
-it too)."""
+"""Memory figures the engine and the server share (no third-party import: the server reads them too): what the
+host's memory holds and has left, as the kernel reports it, and what an engine keeps on a GPU beside its weights."""
 from __future__ import annotations
 
 import os
+
+MiB = 1 << 20
+RESERVE_BYTES = 1024 * MiB  # on a GPU beside the weights and the KV pool: cuBLAS workspace, kernels, allocator slack
+KV_FLOOR_BYTES = 1 << 30  # the least a KV pool, the prompt scratch and the allocator's slack are left
 
 
 def available_memory() -> int:
