@@ -526,7 +526,7 @@ for step in "$@"; do
     offload)  # issue 46's first slice: the Qwen3-30B-A3B shape (Q4_K_M) with every expert resident against 32 and 64
       # device slots a layer (of 128): the same bits, decode's tokens per second, the cache's hits and copies
       synth_a3b
-      timeout 400 python3 tools/device/expert_cache_check.py $MQA --slots 32 64 --batch 1 4 16 --steps 16 --json "$OUT/expert_cache.json" 2>&1 \
+      timeout 400 python3 tools/device/expert_cache_check.py $MQA --slots 32 64 --batch 1 4 16 --prompt 256 --steps 16 --json "$OUT/expert_cache.json" 2>&1 \
         | quiet | tail -5 || echo "EXPERT CACHE CHECK FAILED" ;;
     hybridbench_llama)  # llama.cpp on the same file: llama-bench (prompt 4K / 32K, decode) and llama-batched-bench
       synth_next; build_llama
