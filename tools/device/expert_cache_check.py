@@ -39,7 +39,9 @@ def run(path: str, slots: int | None, prompts: list[np.ndarray], steps: int, dev
     backend = gpu_backend(ModelKernels.of(read_config(reader), reader)) if device == "gpu" else cpu_backend()
     cfg, weights, _ = load_model(path, backend, reader=reader, expert_slots=slots)
     backend.ready()
-    runner = ModelRunner(cfg, weights, backend, ctx=4096, chunk=2048, eos_ids=frozenset(), max_running=len(prompts))
+    blocks = sum(-(-(len(p) + steps + 1) // 64) for p in prompts)
+    runner = ModelRunner(cfg, weights, backend, ctx=4096, chunk=2048, eos_ids=frozenset(), max_running=len(prompts),
+                         blocks=blocks + 1, block_size=64)
     tables = [runner.pool.allocate(runner.pool.blocks_for(len(p) + steps + 1)) for p in prompts]
     rows = []
     for prompt, table in zip(prompts, tables):
