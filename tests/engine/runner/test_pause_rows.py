@@ -4,8 +4,6 @@ written; when that row opens a new block, a snapshot counted by the newest token
 (kv_len) left the block behind, and after the pause the next step attended to whatever was there."""
 import numpy as np
 
-from engine.config import EngineConfig
-from engine.loop.park_policy import ParkPolicy
 from engine.runner.runner import ModelRunner
 from engine.runner.sampler import Sampler, SamplingParams
 from engine.runner.sequence import Sequence
