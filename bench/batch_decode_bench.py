@@ -3,7 +3,7 @@ with it: each request's greedy tokens decoded in a batch equal its tokens decode
 
     python bench/batch_decode_bench.py [--model PATH] [--device cpu|gpu] [--batches 1,2,4,8,16]
         [--context 512] [--steps 64] [--repeats 3] [--weights quantized|fp16] [--reads 4096,32768]
-        [--label NAME --json FILE]
+        [--profile 4096] [--label NAME --json FILE]
 
 Runs the engine's runner in process as the engine loop drives it (engine/loop/rounds.py): every sequence
 reads its own prompt into its own KV blocks, then each step samples every sequence's token where its
@@ -11,7 +11,8 @@ logits are and runs one batched forward for all of them (a CUDA graph replay per
 GPU). Reports, per batch size, aggregate tok/s (tokens of all sequences per second, median of
 repeats) and whether every sequence's tokens equal its solo run's. With --reads, first a prompt of each
 size read alone, in --chunk chunks as the engine reads one request (any family, the hybrids' too: tok/s,
-median of repeats).
+median of repeats). With --profile N, where the time goes by operation (the backend's ops, CUDA events around
+each on a GPU): a prompt of N tokens read alone, and one eager decode step of one request after it.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.engine_bench import machine, merge_result  # noqa: E402
+from bench.engine_bench import TimedOps, machine, merge_result  # noqa: E402
 from engine.ops.backend import select_backend  # noqa: E402
 from engine.model.weights import load_model  # noqa: E402
 from engine.modelfile.model_path import resolve_model_path  # noqa: E402
@@ -64,6 +65,29 @@ def read_alone(runner: ModelRunner, size: int, vocab: int) -> float:
     return size / seconds
 
 
+def profile(runner: ModelRunner, size: int, vocab: int) -> dict:
+    """ms by operation: a `size`-token prompt read alone (as read_alone), then one eager decode step after it."""
+    model, out = runner.model, {}
+    prompt = tuple(int(t) for t in np.random.default_rng(size + 1).integers(100, vocab - 100, size))
+    seq = Sequence(id=-2, prompt=prompt, max_new=2, sampler=Sampler(SamplingParams(), prompt), stop_ids=frozenset(),
+                   table=runner.pool.allocate(runner.pool.blocks_for(size + 1)))
+    decoder, runner.decoder = runner.decoder, None  # the decode step eager: each operation timed
+    try:
+        for phase in ("read", "decode"):
+            model.ops = TimedOps(runner.backend.ops, runner.backend.xp)
+            if phase == "read":
+                while seq.reading:
+                    runner.read_prompt_chunk(seq)
+            else:
+                seq.generated.append(int(np.argmax(runner.backend.to_host(seq.logits))))
+                runner.decode_batch([seq])
+            out[phase] = model.ops.totals_ms()
+    finally:
+        model.ops, runner.decoder = runner.backend.ops, decoder
+        runner.pool.release(seq.table)
+    return {"tokens": size, "ms": out}
+
+
 def decode(runner: ModelRunner, seqs: list[Sequence], steps: int) -> tuple[float, list[list[int]]]:
     """`steps` tokens for every sequence, all in one batch; (seconds, each one's tokens). The
     sequences start again from the logits of their prompts (later KV rows are overwritten; a hybrid's
@@ -93,7 +117,7 @@ def run(a: argparse.Namespace) -> dict:
     cfg, weights, _ = load_model(str(resolve_model_path(a.model)), backend, keep_blocks=a.weights == "quantized")
     batches = sorted(int(b) for b in a.batches.split(","))
     reads = [int(n) for n in a.reads.split(",")] if a.reads else []
-    ctx = (max([a.context + a.steps + 1, *reads]) + 255) // 256 * 256
+    ctx = (max([a.context + a.steps + 1, a.profile or 0, *reads]) + 1 + 255) // 256 * 256
     runner = ModelRunner(cfg, weights, backend, ctx, a.chunk, frozenset(), max_running=batches[-1],
                          blocks=max(batches[-1] * -(-(a.context + a.steps + 1) // 64), -(-ctx // 64)) + 1,
                          block_size=64)
@@ -104,6 +128,9 @@ def run(a: argparse.Namespace) -> dict:
         read_rows[str(size)] = round(statistics.median(read_alone(runner, size, cfg.vocab_size)
                                                        for _ in range(a.repeats)), 1)
         print(f"a {size}-token prompt read alone: {read_rows[str(size)]:.1f} tok/s", flush=True)
+    profiled = profile(runner, a.profile, cfg.vocab_size) if a.profile else None
+    for phase, ms in (profiled or {}).get("ms", {}).items():
+        print(f"profile, {phase}: " + ", ".join(f"{k} {v:.2f}" for k, v in list(ms.items())[:10]) + " (ms)", flush=True)
     seqs = read_prompts(runner, batches[-1], a.context, cfg.vocab_size, a.context + a.steps + 1)
     solo = [decode(runner, [seq], a.steps)[1][0] for seq in seqs]  # each alone (its graphs captured too)
     rows = []
@@ -121,7 +148,7 @@ def run(a: argparse.Namespace) -> dict:
               f"step {rows[-1]['step_ms']:.2f} ms, tokens equal solo: {same}", flush=True)
     return {"machine": machine(backend.device_name), "device": backend.name, "model": cfg.name, "arch": cfg.arch,
             "weights": a.weights if backend.name == "gpu" else "float32", "context": a.context, "steps": a.steps,
-            "repeats": a.repeats, "chunk": a.chunk, "read_alone_tok_s": read_rows, "rows": rows,
+            "repeats": a.repeats, "chunk": a.chunk, "read_alone_tok_s": read_rows, "profile": profiled, "rows": rows,
             "speedup_vs_one": {str(r["requests"]): round(r["aggregate_tok_s"] / rows[0]["aggregate_tok_s"], 2)
                                for r in rows}}
 
@@ -137,6 +164,8 @@ def main() -> int:
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--weights", choices=("quantized", "fp16"), default="quantized")
     p.add_argument("--reads", help="prompt sizes read alone first, comma-separated (tok/s)")
+    p.add_argument("--profile", type=int, help="a prompt of this many tokens read and one step decoded, timed by "
+                                                "operation")
     p.add_argument("--label")
     p.add_argument("--json")
     a = p.parse_args()

@@ -515,8 +515,8 @@ for step in "$@"; do
       # 16 / 64 requests (Strata's half; hybridbench_llama is llama.cpp's on the same file)
       rm -f $M8 $MQ $MQA; synth_next  # (bench/engine_bench.py drives no hybrid: batch_decode_bench's reads alone)
       timeout 300 python3 bench/batch_decode_bench.py --model $MNX --device gpu --context 512 --steps 32 --repeats 1 \
-        --chunk 2048 --reads 4096,32768 --batches 1,16,64 --label qwen3-next-80b-a3b-shape-iq3_s \
-        --json "$OUT/batch_decode_next.json" 2>&1 | quiet | tail -6 ;;
+        --chunk 2048 --reads 4096,32768 --profile 4096 --batches 1,16,64 --label qwen3-next-80b-a3b-shape-iq3_s \
+        --json "$OUT/batch_decode_next.json" 2>&1 | quiet | tail -8 ;;
     hybridlong)  # issue 45: a 262,144-token request on the Qwen3-Next-80B-A3B shape (IQ3_S) read, parked half-way and
       # resumed (its tokens and state fingerprint, the recurrent states included, equal the uninterrupted run's)
       rm -f $M8 $MQ $MQA; synth_next
