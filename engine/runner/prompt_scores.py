@@ -6,7 +6,8 @@ hidden_rows, as embeddings take them: engine/runner/pooling.py), through the hea
 
 Every row from position 0 must be computed, so such a request reuses no cached prefix
 (engine/loop/admission.py). The last prompt row's logits are those its first token is drawn from:
-its log-probability comes with that token's T line."""
+its log-probability comes with that token's T line. A hybrid model's read may start again at its recurrent
+state's mark, before rows already scored: a row is scored once, the first time it is read."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,6 @@ from protocol import messages as m
 
 def scores_refusal(runner) -> str | None:
     """Why this engine cannot give prompt log-probabilities, or None."""
-    if getattr(runner, "recurrent", None) is not None:
-        return "prompt log-probabilities are not available for hybrid models (a read starts again at its state's mark)"
     if getattr(runner, "world", 1) > 1:
         return "prompt log-probabilities are not available under --tp (the head's rows are split across the ranks)"
     if not hasattr(runner, "model"):
@@ -33,16 +32,20 @@ class PromptScorer:
     def __init__(self, prompt: tuple[int, ...], top: int, model):
         self.prompt, self.top, self.model = prompt, top, model
         self.lines: list[m.PromptLogprobs] = []  # written after the step (engine/loop/rounds.py)
+        self.scored = 0  # rows [0, scored) scored already
 
     def wanted(self, start: int, end: int) -> list[int]:
         """Of a read's rows [start, end) (offsets from start), those that score a prompt token: all but
-        the prompt's last row (its logits draw the first answer token)."""
-        return list(range(min(end, len(self.prompt) - 1) - start))
+        the prompt's last row (its logits draw the first answer token), and none scored before."""
+        return list(range(max(self.scored, start) - start, min(end, len(self.prompt) - 1) - start))
 
     def add(self, hidden, start: int, end: int) -> None:
-        """hidden: (len(wanted(start, end)), dim) float32, the normed rows [start, start + n)."""
+        """hidden: (len(wanted(start, end)), dim) float32, the normed rows [first, first + n) of the read's
+        rows [start, end), first the first row not scored before."""
         if not len(hidden):
             return
+        start = max(self.scored, start)
+        self.scored = start + len(hidden)
         ops = self.model.ops
         x = self.model.backend.to_host(ops.logits(hidden, self.model.w.head)).astype(np.float64)  # (n, vocab)
         peak = x.max(axis=1, keepdims=True)
