@@ -34,6 +34,7 @@ def test_a_row_read_again_from_a_mark_is_not_scored_twice():
     assert got == pytest.approx(list(want), abs=1e-12)  # rows 0..8 once each, in order (9 draws the first token)
 
 
+@pytest.mark.parametrize("model_file", ["qwen3next"], indirect=True)  # (the families share the scorer; one engine)
 def test_a_hybrid_model_s_prompt_is_scored_as_its_prefixes_read_alone_give(engine, runner):  # noqa: F811
     prompt = [int(t) for t in np.random.default_rng(3).integers(1, 200, 2 * CHUNK + 20)]
     engine.send(m.Gen(1, tuple(prompt), {"temperature": 0.0, "prompt_logprobs": 2, "reuse": 0}, 40))
