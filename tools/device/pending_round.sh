@@ -11,6 +11,7 @@
 #   hybrid    issue 45's GPU path: the attention kernels (256-wide heads among them), the hybrid fixtures against
 #             transformers, the GPU path's exactness and park/resume parity (gpu_run.sh kernels, hybrid)
 #   offload   issue 46's expert cache: the 30B-A3B shape resident against 32 / 64 slots (gpu_run.sh offload)
+#   moe       the MoE kernels' checks (gpu_run.sh moecheck: routing, a decode step's and a prompt chunk's experts)
 #   PARTS="sampling iq" bash tools/device/pending_round.sh        (carry [".whl", ".device"])
 set -uo pipefail
 base=$OUT
@@ -31,6 +32,7 @@ for part in ${PARTS:-sampling iq spec clients}; do
       timeout 200 python3 tools/device/gpu_kernels_check.py --only attention --no-speed --json "$OUT/attention.json" \
         2>&1 | tail -12 ;;
     offload) timeout 420 bash tools/device/gpu_run.sh offload 2>&1 | tail -8 ;;
+    moe) timeout 200 bash tools/device/gpu_run.sh moecheck 2>&1 | tail -6 ;;
     hol) PEERS_CASES=hol PEERS_REPEATS=2 timeout 540 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -25 ;;
   esac
 done
