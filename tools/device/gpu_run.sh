@@ -82,6 +82,8 @@
 # hybridbench  issue 45: the Qwen3-Next-80B-A3B shape in IQ3_S (~35 GB, made on the machine): prompt reads of 4K and
 #          32K, decode at 1 / 16 / 64 requests; hybridbench_llama: llama-bench and llama-batched-bench on the same file;
 #          hybridlong: a 262,144-token request on it read, parked half-way and resumed (parity)
+# realmodel the default model (SmolLM2-135M Q4_1, a real one) joined from parts carried in earlier calls
+#          (tools/device/model_parts.sh): prompt log-probabilities against the CPU engine's, n-gram speculation on it
 # offload  issue 46: tools/device/expert_cache_check.py on the Qwen3-30B-A3B shape (resident vs 32 / 64 slots; 1, 4, 16 requests)
 # batch    bench/batch_decode_bench.py: aggregate decode at 1, 2, 4, 8, 16 requests in slots, and each
 #          request's tokens equal to its solo run's (batch invariance), on the 135M shape (Q4_1) and
@@ -523,6 +525,12 @@ for step in "$@"; do
       timeout 560 python3 tools/checks/long_context_run.py --model $MNX --device gpu --ctx 262400 --prompt-tokens 262144 \
         --chunk 2048 --vocab-high 150000 --json "$OUT/long_context_next.json" 2>&1 | quiet | tail -8 \
         || echo "HYBRID LONG RUN FAILED" ;;
+    realmodel)
+      [ -f /tmp/m/smollm2.gguf ] || bash tools/device/model_parts.sh join /tmp/m/smollm2.gguf
+      timeout 240 python3 tools/device/logprobs_check.py /tmp/m/smollm2.gguf --json "$OUT/logprobs_gpu.json" 2>&1 \
+        | quiet | tail -2 || echo "LOGPROBS CHECK FAILED"
+      timeout 240 python3 tools/device/speculation_check.py /tmp/m/smollm2.gguf --json "$OUT/speculation_real.json" \
+        2>&1 | quiet | tail -2 || echo "SPECULATION CHECK FAILED" ;;
     offload)  # issue 46's first slice: the Qwen3-30B-A3B shape (Q4_K_M) with every expert resident against 32 and 64
       # device slots a layer (of 128): the same bits, decode's tokens per second, the cache's hits and copies
       synth_a3b
