@@ -46,17 +46,24 @@ class EnginePipe:
                 return msg
 
     def read_until(self, *types, ident: int | None = None) -> list[m.Message]:
-        """Read lines up to and including the first of `types` (for `ident` if given). An ERR for
-        `ident` when no ERR is awaited ends the wait at once (the request is over: what was awaited
-        would never come)."""
+        """Read lines up to and including the first of `types` (for `ident` if given). Where what is
+        awaited would never come, the wait ends at once with the line that says so: an ERR for `ident`
+        (the request is over), its DONE (it ended first), or, awaiting its SUSPENDED, its DECLINE (the
+        park was refused)."""
         got = []
         while True:
             msg = self.read()
             got.append(msg)
             if isinstance(msg, types) and (ident is None or msg.id == ident):
                 return got
-            if isinstance(msg, m.Err) and ident is not None and msg.id == ident and m.Err not in types:
+            if ident is None or msg.id != ident:
+                continue
+            if isinstance(msg, m.Err) and m.Err not in types:
                 raise RuntimeError(f"the engine refused request {ident}: {msg.message}")
+            if isinstance(msg, m.Done) and m.Done not in types:
+                raise RuntimeError(f"request {ident} ended ({msg.finish}) before a {types[0].__name__} came")
+            if isinstance(msg, m.Decline) and m.Suspended in types and m.Decline not in types:
+                raise RuntimeError(f"request {ident}'s park was declined ({msg.reason} at {msg.done})")
 
     def close(self, timeout_s: float = 20) -> int:
         if self.proc.poll() is None:
