@@ -20,8 +20,10 @@ class EnginePipe:
         for line in self.proc.stderr:
             self.stderr.append(line)
 
-    def send(self, msg: m.Message | str) -> None:
-        self.proc.stdin.write((msg if isinstance(msg, str) else encode(msg)) + "\n")
+    def send(self, *msgs: m.Message | str) -> None:
+        """Lines to the engine, in one write: several arrive together (a GEN or RESUME and the YIELD offered
+        with it are in the engine's inbox before it reads a row)."""
+        self.proc.stdin.write("".join((msg if isinstance(msg, str) else encode(msg)) + "\n" for msg in msgs))
         self.proc.stdin.flush()
 
     def read(self) -> m.Message:

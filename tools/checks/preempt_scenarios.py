@@ -84,9 +84,7 @@ def resume(engine: EnginePipe, seen: list[m.Message], outcome: Outcome, then_yie
     """A resumed; then_yield: with the offer of its next park sent in the same breath, so that it parks at
     the end of the chunk it reads next (sent after the resume's fingerprint came back, a loaded machine could
     let the engine read past that chunk, and past the prompt's end, before the offer arrived)."""
-    engine.send(m.Resume(A))
-    if then_yield:
-        engine.send(m.Yield())
+    engine.send(m.Resume(A), *([m.Yield()] if then_yield else []))
     got = engine.read_until(m.Fingerprint, ident=A)
     seen += got
     outcome.resume_fps.append(got[-1].digest)
@@ -97,8 +95,10 @@ def parked(engine: EnginePipe, prompt, max_new: int, params: dict, chunk: int, b
     """A parks at each of `boundaries` (in chunks); between park and resume an interim request B
     runs if interim_tokens is not None; otherwise it is a pure restore."""
     outcome, seen = Outcome([], ""), []
-    engine.send(gen(prompt, max_new, params, A))
-    offered = False
+    # a park at the first chunk's end: its offer goes in the GEN's write (sent after it, a loaded machine could let
+    # the engine read that chunk first)
+    offered = boundaries[0] == 1
+    engine.send(gen(prompt, max_new, params, A), *([m.Yield()] if offered else []))
     for boundary, following in zip(boundaries, [*boundaries[1:], None]):
         read_to_boundary_and_park(engine, chunk, boundary, seen, outcome, offered)
         if interim_tokens is not None:
@@ -110,8 +110,8 @@ def parked(engine: EnginePipe, prompt, max_new: int, params: dict, chunk: int, b
 
 def cancel_while_parked(engine: EnginePipe, prompt, params: dict, chunk: int) -> m.Done:
     outcome, seen = Outcome([], ""), []
-    engine.send(gen(prompt, 4, params, A))
-    read_to_boundary_and_park(engine, chunk, 1, seen, outcome)
+    engine.send(gen(prompt, 4, params, A), m.Yield())  # (one write: parked at its first chunk's end)
+    read_to_boundary_and_park(engine, chunk, 1, seen, outcome, offered=True)
     engine.send(m.Cancel(A))
     return engine.read_until(m.Done, ident=A)[-1]
 
