@@ -156,30 +156,23 @@ class WeightLoader:
 
     def experts(self, p: str) -> Experts | ExpertCache:
         """A MoE layer's expert tensors as GGUF stacks them, (experts, out, in): on the GPU in their
-        blocks as stored (the kernels index an expert's rows), else values; with expert_slots, their blocks in
-        host memory behind a cache of that many device slots (on the CPU the values as resident ones: the cache
-        counts)."""
-        if self.expert_slots is not None:
-            stack = self.host_expert_stack if self.backend.name != "cpu" else self.expert_stack
-            stacks = [stack(p + f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")]
-            return ExpertCache(self.xp, Experts(*stacks), self.expert_slots)
-        return Experts(*(self.expert_stack(p + f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")))
+        blocks as stored (the kernels index an expert's rows), else values; with expert_slots, in host memory
+        behind a cache of that many device slots (on the CPU the values as resident ones: the cache counts)."""
+        stacks = [self.expert_stack(p + f"ffn_{x}_exps.weight", host=self.expert_slots is not None)
+                  for x in ("gate", "up", "down")]
+        return Experts(*stacks) if self.expert_slots is None else ExpertCache(self.xp, Experts(*stacks),
+                                                                              self.expert_slots)
 
-    def host_expert_stack(self, name: str) -> ExpertStack:
-        """A stacked expert tensor as the device's would be, in host memory: the file's blocks (its mapped pages)
-        or fp16 values."""
+    def expert_stack(self, name: str, host: bool = False) -> ExpertStack:
+        """One stacked expert tensor: on the device, or with `host` (an expert cache's) on a GPU in page-locked host
+        memory as the device would hold it, its blocks or fp16 values (the cache's copies at the link's rate)."""
         t = self.tensor(name)
         whole, kind = TensorRows(t), t.tensor_type.name
-        data = whole.raw() if kind in BLOCKS or kind == "F16" else whole.values().astype(np.float16)
-        data = self.backend.pinned(data)  # page-locked: a cache's copies at the link's rate (not the file's pages)
-        self.progress(t)
-        rows = int(np.prod(t.shape[1:])) // self.cfg.n_experts
-        return ExpertStack(kind if kind in BLOCKS else "F16", data, self.cfg.n_experts, rows, int(t.shape[0]))
-
-    def expert_stack(self, name: str) -> ExpertStack:
-        t = self.tensor(name)
-        whole, kind = TensorRows(t), t.tensor_type.name
-        if self.keep_blocks and kind in BLOCKS:
+        if host and self.backend.name != "cpu":
+            data = self.backend.pinned(whole.raw() if kind in BLOCKS or kind == "F16" else
+                                       whole.values().astype(np.float16))
+            kind = kind if kind in BLOCKS else "F16"
+        elif self.keep_blocks and kind in BLOCKS:
             data = self.backend.upload_rows([whole.raw()])
         else:
             data, kind = whole.dense(self), "F32" if self.backend.name == "cpu" else "F16"
