@@ -167,8 +167,7 @@ class EngineRouter:
                 if isinstance(value, int) and key not in ("kv_block", "kv_block_bytes", "bytes_per_token"):
                     out[key] = out.get(key, 0) + value
         reuse = {key: sum(s.reuse[key] for s in self.schedulers) for key in REUSE_KEYS}
-        return out | experts_together([p["expert_cache"] for p in parts if "expert_cache" in p]) | {
-            "prefix_cache": reuse_summary(reuse)}
+        return out | experts_together([s.report.pool for s in self.schedulers]) | {"prefix_cache": reuse_summary(reuse)}
 
     def status(self) -> dict:
         """The first engine's status shape over all engines (lists joined, counts summed), and each

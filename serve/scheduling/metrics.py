@@ -32,13 +32,11 @@ def expert_summary(pool: dict) -> dict:
         "bytes_per_token": round(pool.get("expert_bytes", 0) / tokens) if tokens else None}}
 
 
-def experts_together(caches: list[dict]) -> dict:
-    """Several engines' `expert_cache` summaries (expert_summary) as one: the counts summed, the rates again."""
-    if not caches:
-        return {}
-    names = {"slots": "expert_slots", "layers": "expert_layers", "hits": "expert_hits", "misses": "expert_misses",
-             "bytes_copied": "expert_bytes", "tokens": "expert_tokens"}
-    return expert_summary({raw: sum(c[key] for c in caches) for key, raw in names.items()})
+def experts_together(pools: list[dict]) -> dict:
+    """Several engines' pool reports' expert cache counts summed, as expert_summary shows them (empty without a
+    cache)."""
+    keys = {key for pool in pools for key in pool if key.startswith("expert_")}
+    return expert_summary({key: sum(pool.get(key, 0) for pool in pools) for key in keys})
 
 
 def load_counts(scheduler) -> tuple[int, int]:

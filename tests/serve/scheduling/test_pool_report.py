@@ -31,6 +31,8 @@ def test_status_shows_the_cache_s_rates_and_several_engines_summed():
     assert one["expert_cache"] == {"slots": 6, "layers": 2, "hits": 30, "misses": 10, "hit_rate": 0.75,
                                    "bytes_copied": 1000, "tokens": 4, "bytes_per_token": 250}
     assert expert_summary({"used": 1}) == {"used": 1}
-    two = experts_together([one["expert_cache"], one["expert_cache"] | {"hits": 10, "misses": 30}])
+    raw = {"expert_slots": 6, "expert_layers": 2, "expert_hits": 30, "expert_misses": 10, "expert_bytes": 1000,
+           "expert_tokens": 4}
+    two = experts_together([raw, raw | {"expert_hits": 10, "expert_misses": 30}, {"used": 3}])
     assert two["expert_cache"]["hit_rate"] == 0.5 and two["expert_cache"]["slots"] == 12
     assert experts_together([]) == {}
