@@ -36,14 +36,20 @@ from engine.runner.sampler import Sampler, SamplingParams  # noqa: E402
 from engine.runner.sequence import Sequence  # noqa: E402
 
 
+def greedy_request(runner: ModelRunner, ident: int, seed: int, size: int, vocab: int, room: int,
+                   max_new: int = 1 << 30) -> Sequence:
+    """A greedy request of a random `size`-token prompt (from `seed`), its blocks for `room` positions had."""
+    prompt = tuple(int(t) for t in np.random.default_rng(seed).integers(100, vocab - 100, size))
+    return Sequence(id=ident, prompt=prompt, max_new=max_new, sampler=Sampler(SamplingParams(), prompt),
+                    stop_ids=frozenset(), table=runner.pool.allocate(runner.pool.blocks_for(room)))
+
+
 def read_prompts(runner: ModelRunner, count: int, context: int, vocab: int, room: int) -> list[Sequence]:
     """`count` sequences, each with its own random prompt read into its own blocks (room for `room`
     positions, the whole run, allocated up front)."""
     seqs = []
     for i in range(count):
-        prompt = tuple(int(t) for t in np.random.default_rng(1000 + i).integers(100, vocab - 100, context))
-        seq = Sequence(id=i, prompt=prompt, max_new=1 << 30, sampler=Sampler(SamplingParams(), prompt),
-                       stop_ids=frozenset(), table=runner.pool.allocate(runner.pool.blocks_for(room)))
+        seq = greedy_request(runner, i, 1000 + i, context, vocab, room)
         while seq.reading:
             runner.read_prompt_chunk(seq)
         seqs.append(seq)
@@ -52,9 +58,7 @@ def read_prompts(runner: ModelRunner, count: int, context: int, vocab: int, room
 
 def read_alone(runner: ModelRunner, size: int, vocab: int) -> float:
     """One request's prompt of `size` tokens read alone, chunk by chunk -> tok/s (its blocks given back)."""
-    prompt = tuple(int(t) for t in np.random.default_rng(size).integers(100, vocab - 100, size))
-    seq = Sequence(id=-1, prompt=prompt, max_new=1, sampler=Sampler(SamplingParams(), prompt), stop_ids=frozenset(),
-                   table=runner.pool.allocate(runner.pool.blocks_for(size)))
+    seq = greedy_request(runner, -1, size, size, vocab, size, max_new=1)
     runner.backend.synchronize()
     began = time.perf_counter()
     while seq.reading:
@@ -68,9 +72,7 @@ def read_alone(runner: ModelRunner, size: int, vocab: int) -> float:
 def profile(runner: ModelRunner, size: int, vocab: int) -> dict:
     """ms by operation: a `size`-token prompt read alone (as read_alone), then one eager decode step after it."""
     model, out = runner.model, {}
-    prompt = tuple(int(t) for t in np.random.default_rng(size + 1).integers(100, vocab - 100, size))
-    seq = Sequence(id=-2, prompt=prompt, max_new=2, sampler=Sampler(SamplingParams(), prompt), stop_ids=frozenset(),
-                   table=runner.pool.allocate(runner.pool.blocks_for(size + 1)))
+    seq = greedy_request(runner, -2, size + 1, size, vocab, size + 1, max_new=2)
     decoder, runner.decoder = runner.decoder, None  # the decode step eager: each operation timed
     try:
         for phase in ("read", "decode"):
