@@ -235,7 +235,9 @@ REQUESTS = {  # path: a request's JSON around a prompt's text
 @pytest.mark.parametrize("path", REQUESTS)
 def test_a_body_under_the_limit_with_a_prompt_too_long_is_refused_before_tokenizing(server, tokenizer, path):
     """4 MiB less a little of text: more bytes than 8192 tokens of the vocabulary's longest (81 bytes)
-    can hold, so it is refused on its size, faster than tokenizing a tenth of it takes."""
+    can hold, so it is refused on its size, faster than tokenizing half of it takes (the request's own round
+    trip, 4 MiB of JSON each way through the server, takes about what tokenizing a tenth does on this machine:
+    a tenth made the bound a coin toss under load)."""
     text = (WORDS * ((DEFAULT_LIMIT - 4096) // len(WORDS))).decode()
     started = time.perf_counter()  # the tokenizer itself: its segments remembered would make this a lookup
     tokenizer.tk.encode_batch_fast([text[:len(text) // 10]], add_special_tokens=False)
@@ -249,7 +251,7 @@ def test_a_body_under_the_limit_with_a_prompt_too_long_is_refused_before_tokeniz
     assert error["message"].startswith("prompt is too long: at least ") and "> 8191 maximum" in error["message"]
     assert error.get("code", "context_length_exceeded") == "context_length_exceeded"
     assert error["type"] == "invalid_request_error"
-    assert took < tenth_s, (took, tenth_s)
+    assert took < 5 * tenth_s, (took, tenth_s)
     assert chat(server.url, "Hi", max_tokens=2).status_code == 200
 
 
