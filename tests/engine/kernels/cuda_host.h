@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -111,7 +112,9 @@ struct Fiber {
     State state = RUN;
     bool started = false;
 };
-inline std::vector<Fiber> fibers;
+inline std::vector<std::unique_ptr<Fiber>> pool;  // every fiber made so far (stacks and contexts kept: a fiber is
+// made once, with getcontext's and its first switch's system calls, and runs the blocks after it from where it left)
+inline size_t active = 0;  // the running block's threads: pool[0 .. active)
 inline ucontext_t scheduler;
 inline jmp_buf scheduler_jump;
 inline int current = -1;
@@ -124,68 +127,83 @@ constexpr size_t ARENA = 256 * 1024;
 alignas(128) inline unsigned char arena[ARENA];
 constexpr size_t STACK = 64 * 1024;  // a thread's stack: its registers and local arrays
 
+inline Fiber& fiber(size_t i) { return *pool[i]; }
+inline size_t threads() { return active; }
+
+// A fiber's whole life: the body of a block each time the scheduler starts it, then back to the scheduler.
 inline void enter() {
-    body(body_arg);
-    fibers[current].state = DONE;
-    _longjmp(scheduler_jump, 1);
+    for (;;) {
+        body(body_arg);
+        fiber(current).state = DONE;
+        if (!_setjmp(fiber(current).jump)) _longjmp(scheduler_jump, 1);  // (resumed here for the next block)
+    }
 }
 inline void wait(State why) {
-    fibers[current].state = why;
-    if (!_setjmp(fibers[current].jump)) _longjmp(scheduler_jump, 1);
+    fiber(current).state = why;
+    if (!_setjmp(fiber(current).jump)) _longjmp(scheduler_jump, 1);
 }
 inline unsigned linear(const HostDim3& t) { return t.x + blockDim.x * (t.y + blockDim.y * t.z); }
 
-// Releases the first barrier every live thread it holds has reached: a warp's, else the block's.
+// Releases every warp barrier that each of its live threads has reached; else the block's, if every live thread
+// has reached it. Whether it released any.
 inline bool release() {
-    const size_t n = fibers.size();
+    const size_t n = active;
+    bool released = false;
     for (size_t w = 0; w < n; w += 32) {
         bool all = true, any = false;
         for (size_t i = w; i < std::min(n, w + 32); ++i) {
-            all &= fibers[i].state == AT_WARP || fibers[i].state == DONE;
-            any |= fibers[i].state == AT_WARP;
+            all &= fiber(i).state == AT_WARP || fiber(i).state == DONE;
+            any |= fiber(i).state == AT_WARP;
         }
         if (all && any) {
             for (size_t i = w; i < std::min(n, w + 32); ++i)
-                if (fibers[i].state == AT_WARP) fibers[i].state = RUN;
-            return true;
+                if (fiber(i).state == AT_WARP) fiber(i).state = RUN;
+            released = true;
         }
     }
+    if (released) return true;
     bool all = true, any = false;
-    for (auto& f : fibers) all &= f.state == AT_BLOCK || f.state == DONE, any |= f.state == AT_BLOCK;
+    for (size_t i = 0; i < n; ++i) all &= fiber(i).state == AT_BLOCK || fiber(i).state == DONE,
+                                   any |= fiber(i).state == AT_BLOCK;
     if (!all || !any) return false;
-    for (auto& f : fibers)
-        if (f.state == AT_BLOCK) f.state = RUN;
+    for (size_t i = 0; i < n; ++i)
+        if (fiber(i).state == AT_BLOCK) fiber(i).state = RUN;
     return true;
 }
 
 inline void run_block() {
     const size_t n = (size_t)blockDim.x * blockDim.y * blockDim.z;
-    fibers.resize(n);
-    slots.assign(n, 0);
-    for (size_t i = 0; i < n; ++i) {
-        Fiber& f = fibers[i];
+    while (pool.size() < n) {
+        pool.push_back(std::make_unique<Fiber>());
+        Fiber& f = *pool.back();
         f.stack.resize(STACK);
-        f.state = RUN, f.started = false;
-        f.tid = {(unsigned)(i % blockDim.x), (unsigned)(i / blockDim.x % blockDim.y),
-                 (unsigned)(i / blockDim.x / blockDim.y)};
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = f.stack.data();
         f.ctx.uc_stack.ss_size = STACK;
         f.ctx.uc_link = &scheduler;
         makecontext(&f.ctx, enter, 0);
     }
+    active = n;
+    slots.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+        Fiber& f = fiber(i);
+        f.state = RUN;
+        f.tid = {(unsigned)(i % blockDim.x), (unsigned)(i / blockDim.x % blockDim.y),
+                 (unsigned)(i / blockDim.x / blockDim.y)};
+    }
     for (;;) {
         bool ran = false;
         for (size_t i = 0; i < n; ++i) {
-            if (fibers[i].state != RUN) continue;
-            current = (int)i, threadIdx = fibers[i].tid, ran = true;
+            Fiber& f = fiber(i);
+            if (f.state != RUN) continue;
+            current = (int)i, threadIdx = f.tid, ran = true;
             if (_setjmp(scheduler_jump)) continue;  // back from the fiber
-            if (fibers[i].started) _longjmp(fibers[i].jump, 1);
-            fibers[i].started = true;
-            swapcontext(&scheduler, &fibers[i].ctx);
+            if (f.started) _longjmp(f.jump, 1);
+            f.started = true;
+            swapcontext(&scheduler, &f.ctx);
         }
         bool done = true;
-        for (auto& f : fibers) done &= f.state == DONE;
+        for (size_t i = 0; i < n; ++i) done &= fiber(i).state == DONE;
         if (done) return;
         if (!ran && !release()) {
             std::fprintf(stderr, "host grid: block (%u, %u, %u) deadlocked at a barrier\n", blockIdx.x, blockIdx.y,
@@ -279,7 +297,7 @@ inline std::vector<HostMmaFragments> host_mma_slots;
 
 inline void host_mma_8bit(int* c, const unsigned* a, const unsigned* b, int k, bool a_signed) {
     const unsigned me = host_grid::linear(threadIdx), base = me & ~31u, lane = me & 31u;
-    if (host_mma_slots.size() < host_grid::fibers.size()) host_mma_slots.resize(host_grid::fibers.size());
+    if (host_mma_slots.size() < host_grid::threads()) host_mma_slots.resize(host_grid::threads());
     HostMmaFragments& mine = host_mma_slots[me];
     std::memcpy(mine.a, a, sizeof(mine.a));
     std::memcpy(mine.b, b, sizeof(mine.b));
@@ -313,7 +331,7 @@ inline float host_half(unsigned word, int i) { return (float)__half2float(reinte
 
 inline void host_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     const unsigned me = host_grid::linear(threadIdx), base = me & ~31u, lane = me & 31u;
-    if (host_half_slots.size() < host_grid::fibers.size()) host_half_slots.resize(host_grid::fibers.size());
+    if (host_half_slots.size() < host_grid::threads()) host_half_slots.resize(host_grid::threads());
     HostHalfFragments& mine = host_half_slots[me];
     std::memcpy(mine.a, a, sizeof(mine.a));
     mine.b[0] = b0, mine.b[1] = b1;
@@ -342,7 +360,7 @@ inline std::vector<const __half*> host_row_slots;
 
 inline void host_ldmatrix_x4(unsigned* r, const __half* p, bool trans) {
     const unsigned me = host_grid::linear(threadIdx), base = me & ~31u, lane = me & 31u;
-    if (host_row_slots.size() < host_grid::fibers.size()) host_row_slots.resize(host_grid::fibers.size());
+    if (host_row_slots.size() < host_grid::threads()) host_row_slots.resize(host_grid::threads());
     host_row_slots[me] = p;
     __syncwarp();
     const unsigned g = lane >> 2, cc = lane & 3;
