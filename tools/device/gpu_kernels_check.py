@@ -175,10 +175,10 @@ def check_norm_rope_swiglu(k: GpuKernels) -> None:
     for n, dim in [(1, 576), (37, 4096), (5, 160)]:
         x = rng.standard_normal((n, dim)).astype(np.float32)
         delta, w = half_normal(n, dim), (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32)
+        x_ref = x.copy()  # (first: on the host's stand-in for CuPy, asarray is the array itself)
+        ref = REF.add_rms_norm(x_ref, delta.astype(np.float32), w, 1e-5)
         xg = cp.asarray(x)
         out = k.add_rms_norm(xg, cp.asarray(delta), cp.asarray(w), 1e-5)
-        x_ref = x.copy()
-        ref = REF.add_rms_norm(x_ref, delta.astype(np.float32), w, 1e-5)
         record("add_rms_norm", f"n={n} dim={dim}", max(rel_err(out, ref), rel_err(xg, x_ref)), 2e-3)
         out = k.add_rms_norm(cp.asarray(x), None, cp.asarray(w), 1e-5)
         record("add_rms_norm", f"n={n} dim={dim} no delta", rel_err(out, REF.add_rms_norm(x.copy(), None, w, 1e-5)), 2e-3)
