@@ -128,7 +128,6 @@ alignas(128) inline unsigned char arena[ARENA];
 constexpr size_t STACK = 64 * 1024;  // a thread's stack: its registers and local arrays
 
 inline Fiber& fiber(size_t i) { return *pool[i]; }
-inline size_t threads() { return active; }
 
 // A fiber's whole life: the body of a block each time the scheduler starts it, then back to the scheduler.
 inline void enter() {
@@ -297,7 +296,7 @@ inline std::vector<HostMmaFragments> host_mma_slots;
 
 inline void host_mma_8bit(int* c, const unsigned* a, const unsigned* b, int k, bool a_signed) {
     const unsigned me = host_grid::linear(threadIdx), base = me & ~31u, lane = me & 31u;
-    if (host_mma_slots.size() < host_grid::threads()) host_mma_slots.resize(host_grid::threads());
+    if (host_mma_slots.size() < host_grid::active) host_mma_slots.resize(host_grid::active);
     HostMmaFragments& mine = host_mma_slots[me];
     std::memcpy(mine.a, a, sizeof(mine.a));
     std::memcpy(mine.b, b, sizeof(mine.b));
@@ -331,7 +330,7 @@ inline float host_half(unsigned word, int i) { return (float)__half2float(reinte
 
 inline void host_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     const unsigned me = host_grid::linear(threadIdx), base = me & ~31u, lane = me & 31u;
-    if (host_half_slots.size() < host_grid::threads()) host_half_slots.resize(host_grid::threads());
+    if (host_half_slots.size() < host_grid::active) host_half_slots.resize(host_grid::active);
     HostHalfFragments& mine = host_half_slots[me];
     std::memcpy(mine.a, a, sizeof(mine.a));
     mine.b[0] = b0, mine.b[1] = b1;
@@ -360,7 +359,7 @@ inline std::vector<const __half*> host_row_slots;
 
 inline void host_ldmatrix_x4(unsigned* r, const __half* p, bool trans) {
     const unsigned me = host_grid::linear(threadIdx), base = me & ~31u, lane = me & 31u;
-    if (host_row_slots.size() < host_grid::threads()) host_row_slots.resize(host_grid::threads());
+    if (host_row_slots.size() < host_grid::active) host_row_slots.resize(host_grid::active);
     host_row_slots[me] = p;
     __syncwarp();
     const unsigned g = lane >> 2, cc = lane & 3;
