@@ -34,6 +34,14 @@ from tests.engine.kernels.hybrid_reference import FIXTURES, GOLDEN  # noqa: E402
 PROMPT = 8  # positions read before the decode step
 
 
+def counted(launch, name: str, counts: collections.Counter):
+    """launch, each call counted under name."""
+    def run(*args, **kwargs):
+        counts[name] += 1
+        return launch(*args, **kwargs)
+    return run
+
+
 def count_launches(path: str, rows: int, workdir: Path) -> dict:
     """The launches, by kernel name, of one decode step of `rows` requests (each after an 8-token read)."""
     reader = GGUFFile(path, "r")
@@ -48,9 +56,8 @@ def count_launches(path: str, rows: int, workdir: Path) -> dict:
         states.append(None if runner.recurrent is None else SequenceState.fresh(runner.recurrent))
         runner.forward(np.arange(PROMPT, dtype=np.int64) + r, 0, tables[-1], want_logits=True, state=states[-1])
     counts: collections.Counter = collections.Counter()
-    kernels = backend.ops.kernels
-    for name, launch in list(kernels.fn.items()):
-        kernels.fn[name] = lambda *a, _launch=launch, _name=name, **kw: (counts.update((_name,)), _launch(*a, **kw))
+    kernels = backend.ops.kernels  # (its MoE launcher holds the same dict of kernels)
+    kernels.fn.update({name: counted(launch, name, counts) for name, launch in kernels.fn.items()})
     runner.decode_logits([1] * rows, tables, [PROMPT] * rows, [s for s in states if s is not None])
     return {"model": Path(path).name, "architecture": cfg.arch,
             "layers": cfg.n_layers, "rows": rows, "launches": sum(counts.values()),
