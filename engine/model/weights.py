@@ -158,10 +158,9 @@ class WeightLoader:
         """A MoE layer's expert tensors as GGUF stacks them, (experts, out, in): on the GPU in their
         blocks as stored (the kernels index an expert's rows), else values; with expert_slots, in host memory
         behind a cache of that many device slots (on the CPU the values as resident ones: the cache counts)."""
-        stacks = [self.expert_stack(p + f"ffn_{x}_exps.weight", host=self.expert_slots is not None)
-                  for x in ("gate", "up", "down")]
-        return Experts(*stacks) if self.expert_slots is None else ExpertCache(self.xp, Experts(*stacks),
-                                                                              self.expert_slots)
+        experts = Experts(*(self.expert_stack(p + f"ffn_{x}_exps.weight", host=self.expert_slots is not None)
+                            for x in ("gate", "up", "down")))
+        return experts if self.expert_slots is None else ExpertCache(self.xp, experts, self.expert_slots)
 
     def expert_stack(self, name: str, host: bool = False) -> ExpertStack:
         """One stacked expert tensor: on the device, or with `host` (an expert cache's) on a GPU in page-locked host
