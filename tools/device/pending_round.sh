@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# What the branch device-pending waits for, in device calls back to back (PARTS="sampling iq", then
-# PARTS="spec clients", then PARTS=hol: each under ten minutes on a fresh machine), each part under its own
-# limit, results packed in $OUT/pending.tgz (a call brings back only a few files):
+# What waits for a device check, in device calls back to back (each under ten minutes on a fresh machine), each
+# part under its own limit, results packed in $OUT/pending.tgz (a call brings back only a few files). The
+# patches of tools/device/pending/ are applied first (apply_pending.sh; main's engine kept as the before):
+#   fusions   a lone decode row's fused kernels (matvec_act, matvec_norm): their checks, pdl_check, decode before
+#             and after on the 8B Q4_K_M and 135M shapes (gpu_run.sh fusions, from the patch)
 #   sampling  the batched draws (a row alone = in any batch = draw_segmented), the picks' graphs, their times
 #   iq        gpu_run.sh weights: every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types
 #             among them), and mmq.cu's rows against the dp4a matvec's, every kind
@@ -12,14 +14,16 @@
 #             transformers, the GPU path's exactness and park/resume parity (gpu_run.sh kernels, hybrid)
 #   offload   issue 46's expert cache: the 30B-A3B shape resident against 32 / 64 slots (gpu_run.sh offload)
 #   moe       the MoE kernels' checks (gpu_run.sh moecheck: routing, a decode step's and a prompt chunk's experts)
-#   PARTS="sampling iq" bash tools/device/pending_round.sh        (carry [".whl", ".device"])
+#   PARTS=fusions bash tools/device/pending_round.sh        (carry [".whl", ".device"]; tools/device/setup.sh makes them)
 set -uo pipefail
+bash tools/device/apply_pending.sh || { echo "A PENDING PATCH DOES NOT APPLY"; exit 1; }
 base=$OUT
 mkdir -p "$base/p"
 export OUT="$base/p"
-for part in ${PARTS:-sampling iq spec clients}; do
+for part in ${PARTS:-fusions}; do
   echo "=== $part ($(date +%T), ${SECONDS} s into the call)"
   case $part in
+    fusions) timeout 560 bash tools/device/gpu_run.sh fusions 2>&1 | tail -40 ;;
     sampling) timeout 150 bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
     iq) timeout 360 bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
     spec) timeout 240 bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
