@@ -21,5 +21,5 @@ done
 cp -r engine .device/base/engine
 for p in "${patches[@]}"; do
   git apply --whitespace=nowarn "$p"
-  echo "applied $p ($(git apply --numstat "$p" | wc -l) files)"
+  echo "applied $p ($(git apply --numstat "$p" | awk '{print $3}' | sort -u | wc -l) files)"
 done
