@@ -9,6 +9,8 @@
 #   iq        gpu_run.sh weights: every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types
 #             among them), and mmq.cu's rows against the dp4a matvec's, every kind
 #   spec      n-gram drafts as decode-graph rows: the same tokens with and without (tools/device/speculation_check.py)
+#   draft     03-draft-on-gpu.patch: --speculative draft on the GPU, self-drafts and the 135M drafting for the 8B
+#             shape, the same tokens with and without (gpu_run.sh draftspec, from the patch)
 #   clients   the 64 clients and 16 sub-agents through HTTP as a user starts the server (the batched draws' gain)
 #   hol       B beside A's 46.9K read and 4 / 16 / 64 decoders through HTTP (issue 44's B: short reads first)
 #   hybrid    issue 45's GPU path: the attention kernels (256-wide heads among them), the hybrid fixtures against
@@ -31,6 +33,7 @@ for part in ${PARTS:-fusions}; do
     sampling) timeout 150 bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
     iq) timeout 360 bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
     spec) timeout 240 bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
+    draft) timeout 500 bash tools/device/gpu_run.sh draftspec 2>&1 | tail -12 ;;
     clients)
       STRATA_STEP_TRACE=1 CASES="clients subagents" REPEATS=3 LIMIT=70 timeout 220 \
         bash tools/device/gpu_run.sh httpquick 2>&1 | grep -v "^INFO" | tail -20
