@@ -8,9 +8,13 @@ GPU's bits."""
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
+import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,16 +42,50 @@ def host_source(name: str) -> str:
 def host_library(name: str, workdir: Path, kernels: tuple[str, ...] = (), extra: str = "",
                  defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     """`name` compiled for the host with cuda_host.h (and -D `defines`: a file's part), a launch_<kernel> entry for
-    each of `kernels`, and `extra` (host code calling into it), loaded."""
+    each of `kernels`, and `extra` (host code calling into it), loaded; compiled once for all that make it the same
+    (built_dir), in workdir."""
     wrappers = "".join(f'\nextern "C" void launch_{k}(const unsigned* dims, void** args) '
                        f"{{ host_grid::launch_kernel(&{k}, dims, args); }}" for k in kernels)
+    source = host_source(name) + wrappers + "\n" + extra
+    flags = ["-std=c++17", "-O1", "-shared", "-fPIC", *(f"-D{d}" for d in defines)]
+    key = hashlib.sha256("\0".join([compiler_identity(), HEADER.read_text(), source, *flags]).encode()).hexdigest()
+    kept = built_dir() / f"{Path(name).stem}-{key[:32]}.so"
+    if kept.exists():
+        os.utime(kept)  # (in use: keep_library prunes the ones unused for a month)
+        return ctypes.CDLL(str(kept))
     cpp, lib = workdir / f"{Path(name).stem}.cpp", workdir / f"{Path(name).stem}.so"
-    cpp.write_text(f'#include "{HEADER}"\n' + host_source(name) + wrappers + "\n" + extra)
-    built = subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", *(f"-D{d}" for d in defines), "-o",
-                            str(lib), str(cpp)],
-                           capture_output=True, text=True)
+    cpp.write_text(f'#include "{HEADER}"\n' + source)
+    built = subprocess.run([compiler(), *flags, "-o", str(lib), str(cpp)], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-3000:]
-    return ctypes.CDLL(str(lib))
+    keep_library(lib, kept)
+    return ctypes.CDLL(str(kept))
+
+
+def built_dir() -> Path:
+    """Where compiled host libraries are kept, by the hash of all that makes them: $STRATA_CACHE/host_kernels, else
+    ~/.cache/strata/host_kernels (the fixtures' cache). A kernel file compiled once serves every test, worker and
+    checkout that compiles the same source with the same flags and compiler; a change to any of them is a new key."""
+    return Path(os.environ.get("STRATA_CACHE") or Path.home() / ".cache" / "strata") / "host_kernels"
+
+
+@functools.lru_cache(maxsize=1)
+def compiler_identity() -> str:
+    return compiler() + subprocess.run([compiler(), "--version"], capture_output=True, text=True).stdout
+
+
+def keep_library(lib: Path, kept: Path, month_s: float = 30 * 86400) -> None:
+    """lib into the cache as `kept` (written beside it, then renamed: workers compiling the same one race
+    harmlessly), and the cache's libraries unused for a month removed."""
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    partial = kept.with_name(f"{kept.name}.{os.getpid()}.partial")
+    shutil.copyfile(lib, partial)
+    os.replace(partial, kept)
+    for old in kept.parent.glob("*.so"):
+        try:
+            if time.time() - old.stat().st_mtime > month_s:
+                old.unlink()
+        except OSError:  # (another worker's prune got it first)
+            pass
 
 
 class HostKernels(dict):
