@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.kernels.sources import kernel_source
+from tools.fixtures.fetch_fixture import cache_dir
 
 HEADER = Path(__file__).with_name("cuda_host.h")
 SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64, np.dtype(np.float32): ctypes.c_float,
@@ -65,7 +66,7 @@ def built_dir() -> Path:
     """Where compiled host libraries are kept, by the hash of all that makes them: $STRATA_CACHE/host_kernels, else
     ~/.cache/strata/host_kernels (the fixtures' cache). A kernel file compiled once serves every test, worker and
     checkout that compiles the same source with the same flags and compiler; a change to any of them is a new key."""
-    return Path(os.environ.get("STRATA_CACHE") or Path.home() / ".cache" / "strata") / "host_kernels"
+    return cache_dir() / "host_kernels"
 
 
 @functools.lru_cache(maxsize=1)
