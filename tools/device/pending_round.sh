@@ -5,6 +5,7 @@
 #   fusions   a decode step's fused kernels (matvec_act, matvec_norm, moe_act, ...): their checks, pdl_check, decode
 #             before and after on the 8B Q4_K_M and 135M shapes (gpu_run.sh fusions, from the patch)
 #   fusions80 the hybrids' fusions: hybrid_check, parity, the 80B-A3B shape before and after (gpu_run.sh fusions80)
+#   fusedswitch 05-fused-matvec-opt-in.patch: decode with the fused matvecs off (the default) and on, 8B and 80B
 #   sampling  the batched draws (a row alone = in any batch = draw_segmented), the picks' graphs, their times
 #   iq        gpu_run.sh weights: every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types
 #             among them), and mmq.cu's rows against the dp4a matvec's, every kind
@@ -30,6 +31,7 @@ for part in ${PARTS:-fusions}; do
   case $part in
     fusions) timeout 560 bash tools/device/gpu_run.sh fusions 2>&1 | tail -40 ;;
     fusions80) timeout 560 bash tools/device/gpu_run.sh fusions80 2>&1 | tail -30 ;;
+    fusedswitch) timeout 560 bash tools/device/gpu_run.sh fusedswitch 2>&1 | tail -20 ;;
     sampling) timeout 150 bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
     iq) timeout 360 bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
     spec) timeout 240 bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;

@@ -1,0 +1,187 @@
+"""Speculative decoding on real trained models (issue 47): four agent workloads through HTTP, each server
+started as a user starts it, greedy, the same GGUF files for every arm:
+
+  strata off      python -m serve --model M --speculative off
+  strata ngram    ... --speculative ngram (drafts from the request's own context)
+  strata draft    ... --speculative draft --draft D (a smaller model of the same vocabulary drafts)
+  llama off       llama-server -m M                    (with --llama-server BIN)
+  llama draft     llama-server -m M -md D
+
+The workloads (WORKLOADS): `rewrite` gives a ~1,500-token Python file back with one line changed, `question`
+asks about that file, `tool` edits it through a tool call that quotes the lines it replaces, `chat` is free
+prose. The file is the class TextWrapper of the running Python's textwrap module, cut after its method _split.
+
+Per workload and arm: completion tokens, decode tokens per second by the server's own clock (the response's
+`timings`: Strata's decode_ms, llama-server's predicted_ms, so the prompt read and HTTP are out of it), the
+tokens drafted and accepted, and whether the text (content and tool calls) equals the same server's arm
+without drafts: greedy decoding with drafts must give the same text (Strata promises it; llama.cpp does not).
+Medians over --repeats. Defaults: Qwen2.5-Coder-1.5B-Instruct drafted for by Qwen2.5-Coder-0.5B-Instruct, both
+Q4_K_M (tools/fixtures/fetch_fixture.py --model coder-1.5b / coder-0.5b fetches and checks them).
+
+    python bench/speculation_bench.py [--model M] [--draft D] [--device cpu|gpu] [--max-tokens 256]
+        [--repeats 1] [--arms off,ngram,draft] [--llama-server BIN [--llama-args "..."]]
+        [--label NAME --json FILE] [-- strata server flags...]
+
+Exit status 1 if a request failed or a Strata arm's text differed from its arm without drafts.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import shlex
+import statistics
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.clients_bench import free_port, start_server, stop_server, wait_healthy  # noqa: E402
+from bench.engine_bench import machine, merge_result  # noqa: E402
+from tools.fixtures.fetch_fixture import fetch, cache_dir  # noqa: E402
+
+FILE_CHARS = 7000  # the most characters of code: ~1,550 tokens (__init__, _munge_whitespace, _split)
+
+
+def source_file() -> str:
+    """TextWrapper's source, cut before the last method that does not end within FILE_CHARS characters."""
+    src = inspect.getsource(textwrap.TextWrapper)
+    return src[: src.rindex("\n\n    def ", 0, FILE_CHARS) + 1]
+
+
+EDIT_FILE = {"type": "function", "function": {
+    "name": "edit_file", "description": "Replace an exact run of lines of a file by new lines.",
+    "parameters": {"type": "object", "required": ["path", "old_text", "new_text"], "properties": {
+        "path": {"type": "string"}, "old_text": {"type": "string", "description": "the lines to replace, verbatim"},
+        "new_text": {"type": "string", "description": "the lines that replace them"}}}}}
+
+
+def workloads(code: str) -> dict[str, dict]:
+    """name -> the chat request's fields besides model, max_tokens and temperature."""
+    fenced = f"```python\n{code}```"
+    return {
+        "rewrite": {"messages": [{"role": "user", "content": (
+            f"Here is textwrap.py:\n\n{fenced}\n\nGive back the whole file with one change: the default width in "
+            "__init__ is 80 instead of 70. Output only the code, in one fenced block.")}]},
+        "question": {"messages": [{"role": "user", "content": (
+            f"{fenced}\n\nWhat does _split do when break_on_hyphens is false, and which regular expression "
+            "does it use then? Quote the lines that decide it.")}]},
+        "tool": {"messages": [{"role": "user", "content": (
+            f"This is textwrap.py:\n\n{fenced}\n\nIn _munge_whitespace, expand tabs to 4 spaces always instead of "
+            "self.tabsize. Make the change with edit_file, quoting the exact old lines.")}],
+            "tools": [EDIT_FILE], "tool_choice": "required"},
+        "chat": {"messages": [{"role": "user", "content": (
+            "Write a short story, about 250 words, about a lighthouse keeper who teaches herself to program "
+            "during one long winter.")}]},
+    }
+
+
+def ask(url: str, body: dict, timeout_s: float) -> dict:
+    """One non-streamed chat completion -> text, tokens, decode seconds, drafted, accepted."""
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=timeout_s)
+    r.raise_for_status()
+    out = r.json()
+    msg = out["choices"][0]["message"]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []]
+    t = out.get("timings") or {}
+    if "decode_ms" in t:  # Strata
+        decode_ms, drafted, accepted = t["decode_ms"], t.get("drafted_tokens", 0), t.get("accepted_tokens", 0)
+    else:  # llama-server
+        decode_ms, drafted, accepted = t.get("predicted_ms", 0.0), t.get("draft_n", 0), t.get("draft_n_accepted", 0)
+    tokens = out["usage"]["completion_tokens"]
+    return {"text": (msg.get("content") or "") + repr(calls), "tokens": tokens,
+            "decode_tok_s": round(tokens / (decode_ms / 1000), 2) if decode_ms else None,
+            "drafted": drafted, "accepted": accepted}
+
+
+def run_arm(cmd: list[str], url: str, cases: dict[str, dict], a: argparse.Namespace, log: Path) -> dict:
+    """Start the server, send each workload --repeats times (one at a time), stop it."""
+    proc = start_server(cmd, log)
+    try:
+        wait_healthy(proc, url, log, a.start_timeout)
+        ask(url, {**cases["chat"], "max_tokens": 8, "temperature": 0}, a.timeout)  # warm-up
+        rows = {}
+        for name, fields in cases.items():
+            runs = [ask(url, {**fields, "max_tokens": a.max_tokens, "temperature": 0}, a.timeout)
+                    for _ in range(a.repeats)]
+            rows[name] = {"text": runs[0]["text"], "tokens": runs[0]["tokens"],
+                          "decode_tok_s": statistics.median(r["decode_tok_s"] or 0 for r in runs),
+                          "drafted": runs[0]["drafted"], "accepted": runs[0]["accepted"],
+                          "same_each_repeat": all(r["text"] == runs[0]["text"] for r in runs)}
+        return rows
+    finally:
+        stop_server(proc)
+
+
+def arms(a: argparse.Namespace, port: int, extra: list[str]) -> dict[str, list[str]]:
+    """arm name -> its server command."""
+    strata = [sys.executable, "-m", "serve", "--model", a.model, "--device", a.device, "--port", str(port), *extra]
+    out = {f"strata {s}": strata + ["--speculative", s] + (["--draft", a.draft] if s == "draft" else [])
+           for s in a.arms.split(",")}
+    if a.llama_server:
+        llama = [a.llama_server, "-m", a.model, "--port", str(port), "--jinja", *shlex.split(a.llama_args)]
+        out["llama off"] = llama
+        out["llama draft"] = llama + ["-md", a.draft]
+    return out
+
+
+def compare(result: dict) -> bool:
+    """Each arm's text against its server's arm without drafts (`same_text`); False if a Strata arm's differs."""
+    exact = True
+    for arm, rows in result.items():
+        base = result.get(arm.split()[0] + " off")
+        for name, row in rows.items():
+            row["same_text"] = None if base is None else row["text"] == base[name]["text"]
+            if arm.startswith("strata") and row["same_text"] is False:
+                exact = False
+    return exact
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="the target GGUF (default: the Qwen2.5-Coder-1.5B fixture)")
+    p.add_argument("--draft", help="the draft GGUF (default: the Qwen2.5-Coder-0.5B fixture)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    p.add_argument("--arms", default="off,ngram,draft", help="Strata's --speculative values to run, in order")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds a request may take")
+    p.add_argument("--start-timeout", type=float, default=900.0)
+    p.add_argument("--llama-server", help="llama-server's binary: its arms beside Strata's")
+    p.add_argument("--llama-args", default="", help="more llama-server flags (-t 2, -ngl 99 -fa on, ...)")
+    p.add_argument("--label")
+    p.add_argument("--json")
+    a, extra = p.parse_known_args()
+    a.model = a.model or str(fetch(cache_dir(), "coder-1.5b"))
+    a.draft = a.draft or str(fetch(cache_dir(), "coder-0.5b"))
+    cases = workloads(source_file())
+    port = free_port()
+    result, logs = {}, Path(tempfile.mkdtemp(prefix="speculation_bench_"))
+    for arm, cmd in arms(a, port, [f for f in extra if f != "--"]).items():
+        result[arm] = run_arm(cmd, f"http://127.0.0.1:{port}", cases, a, logs / (arm.replace(" ", "_") + ".log"))
+        for name, row in result[arm].items():
+            print(f"{arm:13s} {name:9s} {row['tokens']:4d} tokens  {row['decode_tok_s']:7.2f} tok/s  drafted "
+                  f"{row['drafted']:4d} accepted {row['accepted']:4d}", flush=True)
+    exact = compare(result)
+    for arm, rows in result.items():
+        base = result.get(arm.split()[0] + " off")
+        if base is not None and arm != arm.split()[0] + " off":
+            ratios = {n: round(r["decode_tok_s"] / base[n]["decode_tok_s"], 3) if base[n]["decode_tok_s"] else None
+                      for n, r in rows.items()}
+            print(f"{arm:13s} against its off arm: {ratios}; same text: "
+                  f"{ {n: r['same_text'] for n, r in rows.items()} }", flush=True)
+    if a.json:
+        merge_result(Path(a.json), a.label or f"{a.device} speculation", {
+            "machine": machine(a.device), "model": Path(a.model).name, "draft": Path(a.draft).name,
+            "max_tokens": a.max_tokens, "repeats": a.repeats, "python": sys.version.split()[0],
+            "arms": {arm: {n: {k: v for k, v in r.items() if k != "text"} for n, r in rows.items()}
+                     for arm, rows in result.items()}})
+    print(f"logs: {logs}")
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
