@@ -4,8 +4,9 @@ started as a user starts it, greedy, the same GGUF files for every arm:
   strata off      python -m serve --model M --speculative off
   strata ngram    ... --speculative ngram (drafts from the request's own context)
   strata draft    ... --speculative draft --draft D (a smaller model of the same vocabulary drafts)
-  llama off       llama-server -m M                    (with --llama-server BIN)
-  llama draft     llama-server -m M -md D
+  llama off       llama-server -m M --jinja           (with --llama-server BIN; its defaults otherwise)
+  llama ngram     ... --spec-type ngram-simple
+  llama draft     ... -md D --spec-type draft-simple
 
 The workloads (WORKLOADS): `rewrite` gives a ~1,500-token Python file back with one line changed, `question`
 asks about that file, `tool` edits it through a tool call that quotes the lines it replaces, `chat` is free
@@ -124,7 +125,8 @@ def arms(a: argparse.Namespace, port: int, extra: list[str]) -> dict[str, list[s
     if a.llama_server:
         llama = [a.llama_server, "-m", a.model, "--port", str(port), "--jinja", *shlex.split(a.llama_args)]
         out["llama off"] = llama
-        out["llama draft"] = llama + ["-md", a.draft]
+        out["llama ngram"] = llama + ["--spec-type", "ngram-simple"]
+        out["llama draft"] = llama + ["-md", a.draft, "--spec-type", "draft-simple"]
     return out
 
 

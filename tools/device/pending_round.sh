@@ -6,6 +6,7 @@
 #             before and after on the 8B Q4_K_M and 135M shapes (gpu_run.sh fusions, from the patch)
 #   fusions80 the hybrids' fusions: hybrid_check, parity, the 80B-A3B shape before and after (gpu_run.sh fusions80)
 #   fusedswitch 05-fused-matvec-opt-in.patch: decode with the fused matvecs off (the default) and on, 8B and 80B
+#   a3b       the 30B-A3B shape's resident decode, main's engine and the patched one (after a gpu_run.sh part)
 #   sampling  the batched draws (a row alone = in any batch = draw_segmented), the picks' graphs, their times
 #   iq        gpu_run.sh weights: every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types
 #             among them), and mmq.cu's rows against the dp4a matvec's, every kind
@@ -32,6 +33,18 @@ for part in ${PARTS:-fusions}; do
     fusions) timeout 560 bash tools/device/gpu_run.sh fusions 2>&1 | tail -40 ;;
     fusions80) timeout 560 bash tools/device/gpu_run.sh fusions80 2>&1 | tail -30 ;;
     fusedswitch) timeout 560 bash tools/device/gpu_run.sh fusedswitch 2>&1 | tail -20 ;;
+    a3b)  # the 30B-A3B shape's resident decode at 1 / 4 / 16 requests, main's engine then the patched one (moe_act,
+      # the expert tables); after a part that ran gpu_run.sh (its wheels in /tmp/site)
+      export PYTHONPATH=/tmp/site; MQA=/tmp/m/qwen3-30b-a3b-q4_k_m.gguf; rm -f /tmp/m/qwen3-next-80b-a3b-iq3_s.gguf
+      [ -f $MQA ] || python3 tools/fixtures/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M \
+        --tokenizer .device/tok.gguf 2>&1 | tail -1
+      rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
+        && cp -r .device/base/engine /tmp/base/engine
+      for dir in /tmp/base .; do
+        (cd $dir && timeout 150 python3 bench/batch_decode_bench.py --model $MQA --device gpu --context 512 --steps 32 \
+          --repeats 2 --batches 1,4,16 --label "qwen3-30b-a3b-q4_k_m$([ $dir = . ] || echo -before)" \
+          --json "$OUT/batch_decode_a3b.json" 2>&1 | grep -v "loading weights" | tail -3)
+      done ;;
     sampling) timeout 150 bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
     iq) timeout 360 bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
     spec) timeout 240 bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
