@@ -25,6 +25,7 @@ from engine.kernels.attention_launch import (
     decode_keys_per_block, decode_splits)
 from engine.kernels.dequant_launch import DEQUANT, WEIGHT_KINDS, DequantLaunchers
 from engine.kernels.device_steps import DeviceSteps
+from engine.kernels.fused_launch import FusedLaunchers
 from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS, Q8_BYTES, THREADS, blocks
 from engine.kernels.linear_attention_launch import LinearAttentionLaunchers
 from engine.kernels.loader import KernelLoader, built_kernels, find_function, is_dependent
@@ -55,7 +56,7 @@ __all__ = [  # what the house imports from here (tools' and tests' too), whereve
 
 
 class GpuKernels(KernelLoader, DeviceSteps, NormRopeLaunchers, ArgmaxLauncher, AttentionLaunchers, MatvecLaunchers,
-                 DequantLaunchers, LinearAttentionLaunchers):
+                 FusedLaunchers, DequantLaunchers, LinearAttentionLaunchers):
     """Every kernel of this folder, loaded once (KernelLoader), with its family's launchers; what they
     share is set here: cp, fn, the paths a launch may take (prompt_attention, dependent, stage, pairs,
     mmq_from), the device's multiprocessors (sms), flash-decoding's counters and the scratch."""
@@ -86,5 +87,6 @@ class GpuKernels(KernelLoader, DeviceSteps, NormRopeLaunchers, ArgmaxLauncher, A
         # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
         # with the default allocator, never in a graphs' pool: every captured graph keeps their address
         self.counters = cp.zeros(COUNTER_SEQUENCES * MAX_COUNTER_HEADS, dtype=cp.int32)
+        self.norm_counter = cp.zeros(1, dtype=cp.int32)  # matvec_norm's blocks finished, likewise
         self.scratch = None  # fp16 values of the largest quantized matrix: a prompt chunk's GEMM operand
         self.moe = moe_launch.MoeKernels(self)

@@ -33,7 +33,8 @@ def built_kernels() -> dict[str, tuple[str, ...]]:
                                             for family, suffix in (("dequant", ""), ("embed", ""))),
                           *(f"matvec_{kind}_n{nb}{suffix}" for kind in BLOCKS
                             for nb in range(1, MAX_BATCH_ROWS + 1) for suffix in ("", "_f32")),
-                          *(f"matvec2_{a}_{b}" for a, b in MATVEC_PAIRS)),
+                          *(f"matvec2_{a}_{b}" for a, b in MATVEC_PAIRS),
+                          *(f"matvec_{fused}_{kind}" for kind in BLOCKS for fused in ("act", "norm"))),
              "attention.cu": (*(f"flash_attention_d{d}" for d in HEAD_DIMS), "widen_q8_0_blocks",
                               *(f"flash_decode{kind}_d{d}_g{g}" for kind in ("", "_q8") for d in HEAD_DIMS
                                 for g in decode_kernel_groups(d))),

@@ -106,6 +106,12 @@ __device__ __forceinline__ void rows_dot_f16(const __half* __restrict__ w, const
 template <int NB, int R>
 using BatchAcc = float[NB][R];
 
+// A chain's lane partials summed across the warp (every lane gets the total), each step rounded as written.
+__device__ __forceinline__ float warp_total(float a) {
+    for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
+    return a;
+}
+
 template <int NB, int R, typename Out>
 __device__ __forceinline__ void reduce_store_batch(BatchAcc<NB, R>& acc, Out* y, int row0, int m, int ldy) {
     const int lane = threadIdx.x & 31;
@@ -113,8 +119,7 @@ __device__ __forceinline__ void reduce_store_batch(BatchAcc<NB, R>& acc, Out* y,
     for (int b = 0; b < NB; ++b)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            float a = acc[b][r];
-            for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
+            const float a = warp_total(acc[b][r]);
             if (lane == 0 && row0 + r < m) store(y + (size_t)b * ldy, row0 + r, a);
         }
 }
@@ -137,19 +142,41 @@ __device__ __forceinline__ float unit_add(float acc, const U& w, const float4& x
     return __fmaf_rn(x.x, __fmaf_rn(w.d[1], s1, __fmul_rn(w.d[0], s0)), acc);
 }
 
-// Rows row0 .. row0 + R of W (blocks of type T) . x_b for NB rows x_b in 8 bits: each weight
-// unit is decoded once and serves every row of the batch.
-template <class T, int NB, int R>
-__device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, const Q8* __restrict__ xq, int row0,
-                                                  int m, int k, BatchAcc<NB, R>& acc) {
-    const size_t rb = row_bytes<T>(k);
+// A warp's R weight rows: rows row0 .. row0 + R of one matrix (rows rb bytes apart), those from m on absent.
+struct RowRun {
+    const u8* w;
+    size_t rb;
+    int row0, m;
+    __device__ __forceinline__ bool has(int r) const { return row0 + r < m; }
+    __device__ __forceinline__ const u8* at(int r) const { return w + (row0 + r) * rb; }
+};
+
+// Rows of two matrices side by side: rows row0 .. row0 + HALF of A, then the same rows of B (a gate's rows
+// and the up rows of the same columns: quant.cu's matvec_act, whose warp multiplies each pair's products).
+template <int HALF>
+struct RowPairs {
+    const u8* a;
+    const u8* b;
+    size_t rb;
+    int row0;
+    __device__ __forceinline__ bool has(int) const { return true; }
+    __device__ __forceinline__ const u8* at(int r) const {
+        return r < HALF ? a + (row0 + r) * rb : b + (row0 + r - HALF) * rb;
+    }
+};
+
+// Weight rows (a RowRun or RowPairs) . x_b for NB rows x_b in 8 bits, blocks of type T: each weight unit
+// is decoded once and serves every row of the batch.
+template <class T, int NB, int R, class Rows>
+__device__ __forceinline__ void rows_dot_q8_rows(const Rows& rows, const Q8* __restrict__ xq, int k,
+                                                 BatchAcc<NB, R>& acc) {
     const int units = k / 32;
 #pragma unroll 1
     for (int s = threadIdx.x & 31; s < units; s += 32) {
         Raw u[R];
 #pragma unroll
         for (int r = 0; r < R; ++r)
-            if (row0 + r < m) T::decode(w + (row0 + r) * rb, s, u[r]);
+            if (rows.has(r)) T::decode(rows.at(r), s, u[r]);
 #pragma unroll
         for (int b = 0; b < NB; ++b) {
             const int4* xp = reinterpret_cast<const int4*>(xq + (size_t)b * units + s);
@@ -163,7 +190,7 @@ __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, cons
             }
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                if (row0 + r >= m) break;
+                if (!rows.has(r)) break;
                 int s0 = 0, s1 = 0;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) s0 = dp4a(u[r].w[i], xw[i], s0), s1 = dp4a(u[r].w[4 + i], xw[4 + i], s1);
@@ -174,4 +201,11 @@ __device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, cons
             }
         }
     }
+}
+
+// Rows row0 .. row0 + R of W (blocks of type T) . x_b for NB rows x_b in 8 bits.
+template <class T, int NB, int R>
+__device__ __forceinline__ void rows_dot_q8_batch(const u8* __restrict__ w, const Q8* __restrict__ xq, int row0,
+                                                  int m, int k, BatchAcc<NB, R>& acc) {
+    rows_dot_q8_rows<T, NB, R>(RowRun{w, row_bytes<T>(k), row0, m}, xq, k, acc);
 }

@@ -5,19 +5,11 @@
 // NumPy references: engine/backend.py ArrayOps.
 #include <cuda_fp16.h>
 
-#include "block_sum.cuh"
+#include "add_norm.cuh"
 #include "paged.cuh"
 #include "pdl.cuh"
 #include "q8.cuh"
-
-constexpr int NORM_THREADS = 256;  // one block per row; rows are 576..12288 wide
-constexpr int NORM_OCTETS = 6;     // eight values a thread this many times: rows up to 8 * 256 * 6 = 12288 wide
-
-// Eight consecutive fp32 values from 32-byte aligned p.
-__device__ __forceinline__ void load8(const float* p, float* v) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
+#include "swiglu.cuh"
 
 // x: (n, dim) fp32 residual stream; x += delta when has_delta (delta: (n, dim) fp16).
 // out: (n, dim) fp16 = x / sqrt(mean(x^2) + eps) * w, w: (dim,) fp32; q8 (n, dim / 32) Q8 units of
@@ -44,15 +36,8 @@ add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_de
         if (o >= octets) continue;
         load8(xr + 8 * o, v[i]);
         if (has_delta) {
-            const uint4 raw = reinterpret_cast<const uint4*>(delta + row * dim)[o];
-            const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 f = __half22float2(h[e]);
-                v[i][2 * e] += f.x, v[i][2 * e + 1] += f.y;
-            }
-            reinterpret_cast<float4*>(xr + 8 * o)[0] = make_float4(v[i][0], v[i][1], v[i][2], v[i][3]);
-            reinterpret_cast<float4*>(xr + 8 * o)[1] = make_float4(v[i][4], v[i][5], v[i][6], v[i][7]);
+            add_octet(v[i], delta + row * dim, o, false);
+            store8(xr + 8 * o, v[i]);
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) ss = fmaf(v[i][e], v[i][e], ss);
@@ -205,8 +190,8 @@ extern "C" __global__ void silu_mul(const __half* __restrict__ gate_up, __half* 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const float2 a = __half22float2(gh[e]), b = __half22float2(uh[e]);
-            v[2 * e] = a.x / (1.f + __expf(-a.x)) * b.x;
-            v[2 * e + 1] = a.y / (1.f + __expf(-a.y)) * b.y;
+            v[2 * e] = silu_times(a.x, b.x);
+            v[2 * e + 1] = silu_times(a.y, b.y);
         }
     }
     store_octet(out + row * ffn + 8 * o, q8 ? q8 + i / 4 : nullptr, v, valid);

@@ -12,13 +12,19 @@
 //   matvec2_<TA>_<TB>(wa, wb, xq, y, ma, mb, k, blocks_a, stage_a, stage_b)
 //                                             the same for one row of x against two stacked parts of
 //                                              types TA and TB in one launch
+//   matvec_act_<T>(wg, wu, xq, act, q8, k)    one decode row's gate and up matvecs with SwiGLU in their epilogue
+//   matvec_norm_<T>(w, xq, delta, m, k, stage, x, nw, out, q8, eps, counter)
+//                                             one decode row's matvec with the residual add and RMSNorm after
+//                                              it in its last block (the next matvec's input in 8 bits)
 // (fp16 weights against a decode batch: mmv.cu, on the tensor cores)
 // NumPy reference: gguf.quants.dequantize, engine.core.quantized.quantize_q8 (tools/device/gpu_kernels_check.py).
 #include "quant_blocks.cuh"
+#include "add_norm.cuh"
 #include "matvec.cuh"
 #include "parts.cuh"
 #include "pdl.cuh"
 #include "stage.cuh"
+#include "swiglu.cuh"
 #ifndef MV_PREFETCH
 #define MV_PREFETCH 1024  // bytes of each weight row a warp asks L2 for before it waits for x (pdl.cuh)
 #endif
@@ -109,6 +115,80 @@ __device__ __forceinline__ void matvec_q8_pair(const u8* __restrict__ wa, const 
     else
         matvec_q8<TB, 1>(wb, xq, y + ma, mb, k, ma + mb, stage_b, blockIdx.x - blocks_a);
 }
+// ---- a lone decode row's matvec with the small kernel after it in its epilogue (one launch, not two) ----
+
+// SwiGLU in gate/up's matvec: act (ffn,) fp16 = silu(gate_j . x) * (up_j . x) for one row of x in 8 bits, and
+// act's Q8 units (q8, ffn / 32 of them; null: none). wg, wu: the gate's and the up's (ffn, k) rows, blocks
+// of type T (a stacked gate_up's halves). A block takes one Q8 unit's 32 columns, MV_ACT_COLS a warp (their
+// gate and up rows together: each unit of x loaded once serves them all). Each product is the sum, in the
+// order, matvec_<T>_n1 gives its row, rounded to fp16 as that kernel stores it, and the pair goes through
+// silu_mul's silu_times: act's bits are those of the matvec then silu_mul.
+#ifndef MV_ACT_COLS
+#define MV_ACT_COLS 2  // columns a warp (a block of 32 / MV_ACT_COLS warps); engine.kernels.fused_launch says the same
+#endif
+constexpr int kActThreads = 32 / MV_ACT_COLS * 32;
+
+template <class T>
+__device__ __forceinline__ void matvec_act(const u8* __restrict__ wg, const u8* __restrict__ wu,
+                                           const Q8* __restrict__ xq, __half* __restrict__ act, Q8* __restrict__ q8,
+                                           int k) {
+    constexpr int C = MV_ACT_COLS;
+    __shared__ float products[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t rb = row_bytes<T>(k);
+    const RowPairs<C> rows{wg, wu, rb, (int)blockIdx.x * 32 + warp * C};
+    prefetch_rows_l2(rows.at(0), rb, C, min(rb, (size_t)MV_PREFETCH), lane, 32);
+    prefetch_rows_l2(rows.at(C), rb, C, min(rb, (size_t)MV_PREFETCH), lane, 32);
+    after_producer();
+    BatchAcc<1, 2 * C> acc = {};
+    rows_dot_q8_rows<T, 1, 2 * C>(rows, xq, k, acc);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const float gate = __half2float(__float2half(warp_total(acc[0][c])));
+        const float up = __half2float(__float2half(warp_total(acc[0][C + c])));
+        if (lane == 0) products[warp * C + c] = silu_times(gate, up);
+    }
+    __syncthreads();
+    if (warp) return;
+    float v[8] = {};  // lanes 0-3: eight products each, the unit's four octets (store_octet)
+    if (lane < 4)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = products[8 * lane + e];
+    store_octet(act + blockIdx.x * 32 + 8 * lane, q8 ? q8 + blockIdx.x : nullptr, v, lane < 4);
+}
+
+// The residual add and RMSNorm in the epilogue of the matvec that makes their delta: delta (m,) fp16 = W x as
+// matvec_<T>_n1 makes and stores it (stage as there), then the block that finishes last (counter: zero at
+// rest, put back by that block) takes x (m,) fp32 += delta and out = rms_norm(x) * nw with out's Q8 units
+// (q8, or null) as add_rms_norm does (add_norm.cuh: the same bits): the next matvec's input, with no kernel
+// between. m % (MV_WARPS * MV_SOLO_ROWS) == 0, so that every warp has rows and reaches the block's barriers.
+template <class T>
+__device__ __forceinline__ void matvec_norm(const u8* __restrict__ w, const Q8* __restrict__ xq,
+                                            __half* __restrict__ delta, int m, int k, int stage, float* __restrict__ x,
+                                            const float* __restrict__ nw, __half* __restrict__ out,
+                                            Q8* __restrict__ q8, float eps, unsigned* __restrict__ counter) {
+    matvec_q8<T, 1>(w, xq, delta, m, k, m, stage);
+    __threadfence();  // this block's rows of delta are seen before its count
+    __syncthreads();
+    __shared__ bool last;
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    add_norm_row<MV_WARPS * 32>(x, delta, nw, out, q8, m, eps);
+    if (threadIdx.x == 0) *counter = 0u;
+}
+#define MATVEC_FUSED(T)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(kActThreads)                                                       \
+        matvec_act_##T(const u8* wg, const u8* wu, const Q8* xq, __half* act, Q8* q8, int k) {                      \
+        matvec_act<T>(wg, wu, xq, act, q8, k);                                                                      \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                     \
+        matvec_norm_##T(const u8* w, const Q8* xq, __half* delta, int m, int k, int stage, float* x, const float* nw, \
+                        __half* out, Q8* q8, float eps, unsigned* counter) {                                        \
+        matvec_norm<T>(w, xq, delta, m, k, stage, x, nw, out, q8, eps, counter);                                    \
+    }
+
 #define MATVEC_PAIR(TA, TB)                                                                                         \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                     \
         matvec2_##TA##_##TB(const u8* wa, const u8* wb, const Q8* xq, __half* y, int ma, int mb, int k,            \
@@ -140,7 +220,7 @@ __device__ __forceinline__ void matvec_q8_pair(const u8* __restrict__ wa, const 
 #define MATVEC_Q8_FEW(T)                                                                                            \
     WEIGHT_KERNELS(T)                                                                                               \
     MATVEC_Q8_NB(T, 1) MATVEC_Q8_NB(T, 2) MATVEC_Q8_NB(T, 3) MATVEC_Q8_NB(T, 4) MATVEC_Q8_NB(T, 5)                  \
-    MATVEC_Q8_NB(T, 6) MATVEC_Q8_NB(T, 7) MATVEC_Q8_NB(T, 8)
+    MATVEC_Q8_NB(T, 6) MATVEC_Q8_NB(T, 7) MATVEC_Q8_NB(T, 8) MATVEC_FUSED(T)
 #define MATVEC_Q8_MANY(T)                                                                                           \
     MATVEC_Q8_NB(T, 9) MATVEC_Q8_NB(T, 10) MATVEC_Q8_NB(T, 11) MATVEC_Q8_NB(T, 12) MATVEC_Q8_NB(T, 13)              \
     MATVEC_Q8_NB(T, 14) MATVEC_Q8_NB(T, 15) MATVEC_Q8_NB(T, 16)

@@ -9,6 +9,7 @@ from typing import Callable
 import numpy as np
 
 from engine.ops.backend import Backend
+from engine.core.projection import Projection
 from engine.core.step import Step
 from engine.modelfile.model_config import ModelConfig
 from engine.model.layer_weights import Weights
@@ -89,17 +90,22 @@ class LlamaModel:
             norms = None if layer.q_norm is None else (layer.q_norm, layer.k_norm, eps)  # qwen3: per-head RMSNorm
             q = ops.rope_store(qkv, cos, sin, kv.k[i], kv.v[i], step, norms)  # (n, heads, d)
             attn = ops.attention(q, kv.k[i], kv.v[i], step)  # (n, heads * d)
-            out = ops.matmul(attn, layer.wo)  # (n, dim)
-            h = ops.add_rms_norm(x, out if self.reduce is None else self.reduce(out), layer.ffn_norm, eps)
+            h = ops.add_rms_norm(x, self.output(attn, layer.wo), layer.ffn_norm, eps)
             if layer.experts is not None:
                 delta = self.mixture(i, h, layer)  # (n, dim)
             else:
-                delta = ops.matmul(ops.silu_mul(ops.matmul(h, layer.w_gate_up)), layer.w_down)  # (n, dim)
-                delta = delta if self.reduce is None else self.reduce(delta)
+                delta = self.output(ops.gate_up_act(h, layer.w_gate_up), layer.w_down)  # (n, dim)
             if between is not None and i + 1 < len(self.w.layers):
                 between(i)
                 ops.begin(step)  # a decode step in between began its own
         return self.final_logits(x, delta, step, want_logits, logit_rows, hidden_rows)
+
+    def output(self, rows, w):
+        """A layer's output projection rows (n, k) @ w^T as the next norm takes it: a Projection (a GPU's decode
+        row then runs it in the norm's kernel), or under tensor parallelism the ranks' partial products summed."""
+        if self.reduce is None:
+            return Projection(rows, w)
+        return self.reduce(self.ops.matmul(rows, w))
 
     def final_logits(self, x, delta, step: Step, want_logits: bool, logit_rows: list[int] | None,
                      hidden_rows: list[int] | None = None):
@@ -109,6 +115,8 @@ class LlamaModel:
         engine/runner/pooling.py): (those logits, the final norm's output at those rows (len(hidden_rows),
         dim) float32: what the head would read there), each row as it would be in any step (row-local)."""
         ops, eps = self.ops, self.cfg.norm_eps
+        if hidden_rows is not None or logit_rows is not None or step.n > 1:
+            delta = ops.product(delta)  # (n, dim): rows of it are taken below (a lone decode row's stays whole)
         if hidden_rows is not None:  # first, from copies of its rows: the head's rows below may be a view of x
             # that the norm's residual add writes into
             at = self.backend.xp.asarray(np.asarray(hidden_rows, dtype=np.int64))
@@ -120,7 +128,10 @@ class LlamaModel:
             rows = self.backend.xp.asarray(np.asarray(logit_rows, dtype=np.int64))
         else:  # every row of a batch, else the last position
             rows = slice(None) if step.batch else slice(-1, None)
-        last = ops.add_rms_norm(x[rows], delta[rows], self.w.out_norm, eps)  # (rows, dim)
+        if isinstance(delta, Projection):  # a lone decode row's: x and its delta whole
+            last = ops.add_rms_norm(x, delta, self.w.out_norm, eps)  # (1, dim)
+        else:
+            last = ops.add_rms_norm(x[rows], delta[rows], self.w.out_norm, eps)  # (rows, dim)
         logits = ops.logits(last, self.w.head)  # (rows, vocab) float32
         return logits if step.batch or logit_rows is not None else logits[0]
 

@@ -15,6 +15,7 @@ from types import ModuleType
 import numpy as np
 
 from engine.core.kv_types import widened
+from engine.core.projection import Projection
 from engine.ops.expert_cache import ExpertCache
 from engine.ops.hybrid_ops import HybridArrayOps, HybridHalfOps
 from engine.ops.moe import route, run_experts
@@ -72,8 +73,13 @@ class ArrayOps(HybridArrayOps):
             return self.xp.concatenate([x[i : i + 1] @ w.T for i in range(len(x))])
         return rows_product(self.xp, x, w.T)
 
+    def product(self, delta):
+        """delta as an array: a Projection's rows times its weight, anything else as it is."""
+        return self.matmul(delta.rows, delta.weight) if isinstance(delta, Projection) else delta
+
     def add_rms_norm(self, x, delta, weight, eps: float):
-        """x += delta (when given; the residual add), then rms_norm(x) * weight."""
+        """x += delta (when given: an array or a Projection; the residual add), then rms_norm(x) * weight."""
+        delta = self.product(delta)
         if delta is not None:
             x += delta
         return x * (1.0 / self.xp.sqrt(self.xp.mean(x * x, axis=-1, keepdims=True) + eps)) * weight
@@ -186,6 +192,11 @@ class ArrayOps(HybridArrayOps):
         out = (acc[:, :rows] / norm[:, :rows]).reshape(kv_heads, group, n, d)  # (kv, g, n, d)
         return out.transpose(2, 0, 1, 3).reshape(n, heads * d)
 
+    def gate_up_act(self, h, w_gate_up):
+        """h (n, dim) against a stacked gate_up (2 ffn, dim) -> silu(gate) * up (n, ffn): the feed-forward's
+        activation."""
+        return self.silu_mul(self.matmul(h, w_gate_up))
+
     def silu_mul(self, gate_up):
         """gate_up: (n, 2*ffn) = [gate | up] -> silu(gate) * up: (n, ffn)."""
         ffn = gate_up.shape[1] // 2
@@ -255,7 +266,20 @@ class HalfCupyOps(HybridHalfOps, ArrayOps):
         return x @ w.T
 
     def add_rms_norm(self, x, delta, weight, eps: float):
-        return self.kernels.add_rms_norm(x, delta, weight, eps, q8=self.decoding)
+        """A lone decode row's projection and this norm in one kernel (matvec_norm) where its weight allows."""
+        if isinstance(delta, Projection) and isinstance(delta.rows, Row8):
+            fused = self.kernels.matvec_norm(delta.weight, delta.rows, x, weight, eps)
+            if fused is not None:
+                return fused
+        return self.kernels.add_rms_norm(x, self.product(delta), weight, eps, q8=self.decoding)
+
+    def gate_up_act(self, h, w_gate_up):
+        """A lone decode row's gate, up and SwiGLU in one kernel (matvec_act) where the weight allows."""
+        if isinstance(h, Row8):
+            fused = self.kernels.matvec_act(w_gate_up, h)
+            if fused is not None:
+                return fused
+        return super().gate_up_act(h, w_gate_up)
 
     def rows(self, h):
         return h.values if isinstance(h, Row8) else h

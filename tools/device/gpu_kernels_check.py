@@ -38,6 +38,7 @@ from engine.kvcache.kv import DEFAULT_BLOCK  # noqa: E402
 from engine.kernels import DEQUANT, MATVEC_PAIRS, GpuKernels  # noqa: E402
 from engine.core.kv_types import Q8Array, dequantize_q8_0, quantize_q8_0  # noqa: E402
 from engine.core.quantized import QuantMatrix, QuantPart, quantize_q8  # noqa: E402
+from tools.checks.fused_kernels import GPU_SHAPES, fused_cases, norm_case  # noqa: E402
 from tools.fixtures.make_synthetic_gguf import random_blocks, random_half  # noqa: E402
 
 REF = ArrayOps(np)
@@ -225,6 +226,16 @@ def check_fused_q8(k: GpuKernels) -> None:
         row = k.attention(cp.asarray(half_normal(1, heads, d)), cp.asarray(kc), cp.asarray(vc), k.step(1, start, table),
                           q8=True)
         record_same("attention", f"d={d} gqa={heads // kv_heads} n=1 start={start}", row)
+
+
+def check_fused(k: GpuKernels) -> None:
+    """The fused decode kernels (matvec_act_<T>, matvec_norm_<T>) give the bits of the launches they replace,
+    staged and not (tools/checks/fused_kernels.py), and the norm's scale to its last bit on wide rows."""
+    for kernel, case, ok in fused_cases(k, cp, shapes=GPU_SHAPES):
+        record(kernel, case, 0.0 if ok else math.inf, 0.0)
+    wide = np.random.default_rng(3)
+    failed = sum(not norm_case(k, cp, "Q8_0", 12288, 32, wide) for _ in range(20))
+    record("matvec_norm_Q8_0", "dim=12288 at fp16 midpoints, 20 rows", float(failed), 0.0)
 
 
 def check_q8_cache(k: GpuKernels) -> None:
@@ -671,7 +682,7 @@ def main() -> int:
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--block-sweep", help="only time attention with K/V in blocks of these sizes (comma-separated; "
                                          "0: contiguous), side by side")
-    p.add_argument("--only", help="run only these checks (comma-separated: attention, fused_q8, norm_rope, "
+    p.add_argument("--only", help="run only these checks (comma-separated: attention, fused_q8, fused, norm_rope, "
                                    "q8_cache, weights, moe, argmax, sampling)")
     p.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
                    help="a macro for every kernel file (a kernel's variant, e.g. DEC_PREFETCH=0)")
@@ -684,7 +695,8 @@ def main() -> int:
             Path(a.json).write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                                                 "defines": a.define, "block_sweep": sweep}, indent=1) + "\n")
         return 0
-    checks = {"attention": check_attention, "fused_q8": check_fused_q8, "norm_rope": check_norm_rope_swiglu,
+    checks = {"attention": check_attention, "fused_q8": check_fused_q8, "fused": check_fused,
+              "norm_rope": check_norm_rope_swiglu,
               "q8_cache": check_q8_cache, "weights": check_weights, "moe": check_moe, "argmax": check_argmax,
               "sampling": check_sampling}
     for name, check in checks.items():

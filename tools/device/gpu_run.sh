@@ -35,6 +35,8 @@
 #          kernels under ncu, aggregate decode at 1, 16, 64 requests
 # long32k  issue 23's 32K target: the 8B shape in Q4_K_M decoding at 512 and 32,768 context, with the f16 and the
 #          q8_0 cache -> $OUT/engine_gpu_32k.json
+# fusions  a lone decode row's fused kernels: their checks, pdl_check, decode at 1 and 16 rows before and after on the
+#          8B Q4_K_M and 135M shapes (.device/base/engine: tools/device/apply_pending.sh), the 1-row profile
 # moedecode a MoE decode step's rows in one launch per kernel (issue 23): the moe kernel checks (a batch's rows
 #          equal to each row alone, bit for bit) and times, tools/device/pdl_check.py and aggregate decode at 1-64 requests
 #          on the 4-layer MoE shape; with .device/base/engine (`git archive REV engine | tar -x -C .device/base`)
@@ -371,6 +373,34 @@ for step in "$@"; do
         --decode-contexts 512,32768 --label llama3-8b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | grep decode_at
       timeout 120 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 --repeats 1 \
         --batches 1,16,64 --label llama3-8b-shape-q4_k_m --json "$OUT/batch_decode_gpu.json" 2>&1 | quiet | tail -4 ;;
+    fusions)  # a lone decode row's fused kernels (quant.cu's matvec_act_<T>, matvec_norm_<T>): their checks (the bits of
+      # the launches each replaces, staged and not, the norm's scale to its last bit), the decode graphs' logits and
+      # greedy tokens (pdl_check), and one request's decode (1 and 16 rows, the latter unfused) on the 8B Q4_K_M and
+      # 135M Q4_1 shapes before (.device/base/engine: tools/device/apply_pending.sh keeps it) and after; the 1-row
+      # profile after
+      synth_mq
+      synth_ms
+      timeout 200 python3 tools/device/gpu_kernels_check.py --only fused,fused_q8,norm_rope --no-speed \
+        --json "$OUT/kernels_fused.json" | grep -v "^ok " || echo "FUSED CHECKS FAILED OR CUT SHORT"
+      for m in $MQ $MS; do
+        timeout 90 python3 tools/device/pdl_check.py --model $m --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1 \
+          || echo "PDL CHECK FAILED ($m)"
+      done
+      decode_rows() {  # DIR TAG: one request's and 16 requests' decode with the engine in DIR
+        for m in $MQ $MS; do
+          (cd $1 && timeout 120 python3 bench/batch_decode_bench.py --model $m --device gpu --context 512 --steps 64 \
+            --repeats 3 --batches 1,16 --label "$(basename $m .gguf)$2" --json "$OUT/batch_decode_fused.json" 2>&1 \
+            | quiet | tail -3) || echo "DECODE FAILED ($m$2)"
+        done
+      }
+      if [ -d .device/base/engine ]; then
+        rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
+          && cp -r .device/base/engine /tmp/base/engine && decode_rows /tmp/base -before
+      fi
+      decode_rows . ""
+      timeout 120 python3 tools/profiling/gpu_profile_decode.py --model $MQ --rows 1 --json "$OUT/decode_profile_fused.json" \
+        > /tmp/profile_1.txt 2>&1 || echo "PROFILE FAILED"
+      head -16 /tmp/profile_1.txt ;;
     moecheck)  # the MoE kernels' checks alone (route, experts, a batch's rows against each alone)
       timeout 150 python3 tools/device/gpu_kernels_check.py --only moe --no-speed --json "$OUT/kernels_moe.json" | grep -v "^ok " \
         || echo "MOE CHECKS FAILED OR CUT SHORT" ;;

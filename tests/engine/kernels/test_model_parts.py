@@ -74,7 +74,8 @@ def asked_for(model: ModelKernels) -> set[str]:
                 ok = int(m[1]) == model.head_dim
             elif m := re.fullmatch(r"matvec2_(\w+)_(Q6_K)", name):
                 ok = {m[1], m[2]} <= kinds
-            elif m := re.fullmatch(rf"(?:matvec|mmq|dequant|embed)_({KIND})(?:_[nt]\d+)?(?:_f32)?", name):
+            elif m := re.fullmatch(rf"(?:matvec|mmq|dequant|embed|matvec_act|matvec_norm)_({KIND})(?:_[nt]\d+)?(?:_f32)?",
+                                   name):
                 ok = m[1] in kinds
             else:  # quantize_q8, dequant_BF16, widen_q8_0_blocks, norm/rope, argmax, the fp16 mmv: every model's
                 ok = True
@@ -85,7 +86,7 @@ def asked_for(model: ModelKernels) -> set[str]:
 
 def test_the_kernel_names_are_read_for_every_kind():
     every = asked_for(MODELS["every kind"])
-    assert {"matvec_Q4_K_n16_f32", "mmq_Q5_1_t4", "dequant_F16", "embed_Q6_K", "matvec2_Q4_K_Q6_K",
+    assert {"matvec_Q4_K_n16_f32", "mmq_Q5_1_t4", "dequant_F16", "embed_Q6_K", "matvec2_Q4_K_Q6_K", "matvec_act_IQ3_S",
             "flash_decode_q8_d64_g4", "flash_attention_d64"} <= every
     assert not {"flash_decode_d64_g8", "flash_decode_d128_g4", "router_route"} & every
     assert "flash_decode_d64_g7" in asked_for(MODELS["qwen2.5-0.5b Q8_0"])
