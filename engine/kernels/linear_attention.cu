@@ -8,8 +8,7 @@
 // is read in a prompt step (cut anywhere) or decoded, and whatever else the step holds. (The CPU reads in the
 // chunked form, whose last bits differ from the recurrent one's: engine/ops/delta_rule.py.)
 //
-// Every kernel here is thread-independent (no shared memory, no shuffles, no barriers): the CPU's tests run
-// this file's kernels one thread at a time (tests/engine/kernels/host_cuda.py).
+// Every kernel here is thread-independent (no shared memory, no shuffles, no barriers).
 //
 // Recurrent states: each sequence's are float32 arrays of their own (engine/kvcache/recurrent.py), reached
 // through per-sequence addresses (`now`, `mark`: (seqs,) 64-bit), the layer's part at `layer_offset` floats in.
@@ -18,6 +17,7 @@
 #include <cuda_fp16.h>
 
 #include "pdl.cuh"
+#include "q8.cuh"
 
 constexpr int LA_THREADS = 128;  // threads a block of the row-wise kernels
 constexpr int SCAN_THREADS = 32;  // delta_scan: one warp a (sequence, value head, 32 columns)
@@ -174,11 +174,25 @@ DELTA_SCAN(32)
 DELTA_SCAN(64)
 DELTA_SCAN(128)
 
+// 32 values rounded to fp16 and stored at out, and, when q8 is given, the Q8 unit of what the fp16 row holds
+// (a decode row's 8-bit form, which the out-projection's matvec reads: q8.cuh).
+__device__ __forceinline__ void store_unit(__half* __restrict__ out, Q8* __restrict__ q8, float* v) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const __half h = __float2half(v[j]);
+        out[j] = h;
+        v[j] = __half2float(h);
+    }
+    if (q8 != nullptr) quantize_unit(v, q8);
+}
+
 // The gated norm: out (n, nv*dv) fp16 = o / sqrt(mean(o^2) + eps) * w * silu(z) per (row, value head); o (n, nv,
-// dv) fp32, z = proj's columns z_col.. (nv*dv, fp16), w (dv,) fp32. Thread = (row, head).
+// dv) fp32, z = proj's columns z_col.. (nv*dv, fp16), w (dv,) fp32; q8: out's Q8 units (n * nv * dv / 32), or
+// null. Thread = (row, head), its values a unit of 32 at a time (dv % 32 == 0).
 extern "C" __global__ void __launch_bounds__(LA_THREADS)
 gated_norm(const float* __restrict__ o, const __half* __restrict__ proj, int proj_stride, int z_col,
-           const float* __restrict__ w, __half* __restrict__ out, int n, int nv, int dv, float eps) {
+           const float* __restrict__ w, __half* __restrict__ out, Q8* __restrict__ q8, int n, int nv, int dv,
+           float eps) {
     after_producer();
     const long long i = blockIdx.x * (long long)LA_THREADS + threadIdx.x;
     if (i >= (long long)n * nv) return;
@@ -188,40 +202,28 @@ gated_norm(const float* __restrict__ o, const __half* __restrict__ proj, int pro
     float ss = 0.f;
     for (int k = 0; k < dv; k++) ss += x[k] * x[k];
     const float norm = sqrtf(ss / dv + eps);
-    for (int k = 0; k < dv; k++) {
-        const float g = __half2float(z[k]);
-        out[i * dv + k] = __float2half(x[k] / norm * w[k] * (g * sigmoid_f(g)));
+    for (int u = 0; u < dv / 32; u++) {
+        float v[32];
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const int k = 32 * u + j;
+            const float g = __half2float(z[k]);
+            v[j] = x[k] / norm * w[k] * (g * sigmoid_f(g));
+        }
+        store_unit(out + i * dv + 32 * u, q8 ? q8 + i * (dv / 32) + u : nullptr, v);
     }
 }
 
-// out = x * sigmoid(gate), (total,) fp16 each: the gated attention's output gate.
+// out = x * sigmoid(gate), (units * 32,) fp16 each: the gated attention's output gate; q8: out's Q8 units, or
+// null. Thread = one unit of 32 values.
 extern "C" __global__ void __launch_bounds__(LA_THREADS)
-sigmoid_mul(const __half* __restrict__ x, const __half* __restrict__ gate, __half* __restrict__ out, long long total) {
+sigmoid_mul(const __half* __restrict__ x, const __half* __restrict__ gate, __half* __restrict__ out,
+            Q8* __restrict__ q8, long long units) {
     after_producer();
-    const long long i = blockIdx.x * (long long)LA_THREADS + threadIdx.x;
-    if (i >= total) return;
-    out[i] = __float2half(__half2float(x[i]) * sigmoid_f(__half2float(gate[i])));
-}
-
-// gate (n,) fp32 = sigmoid(h[r] . w): the shared expert's gate, h (n, dim) fp16, w (dim,) fp32; each row's own
-// sum in order. Thread = row.
-extern "C" __global__ void __launch_bounds__(LA_THREADS)
-row_gate(const __half* __restrict__ h, const float* __restrict__ w, float* __restrict__ gate, int n, int dim) {
-    after_producer();
-    const long long r = blockIdx.x * (long long)LA_THREADS + threadIdx.x;
-    if (r >= n) return;
-    float acc = 0.f;
-    for (int k = 0; k < dim; k++) acc += __half2float(h[r * dim + k]) * w[k];
-    gate[r] = sigmoid_f(acc);
-}
-
-// out = delta + shared * gate[row], (n, dim) fp16 (total = n * dim): the routed experts' output plus the shared
-// expert's, gated per row.
-extern "C" __global__ void __launch_bounds__(LA_THREADS)
-add_gated(const __half* __restrict__ delta, const __half* __restrict__ shared, const float* __restrict__ gate,
-          __half* __restrict__ out, long long total, int dim) {
-    after_producer();
-    const long long i = blockIdx.x * (long long)LA_THREADS + threadIdx.x;
-    if (i >= total) return;
-    out[i] = __float2half(__half2float(delta[i]) + __half2float(shared[i]) * gate[i / dim]);
+    const long long u = blockIdx.x * (long long)LA_THREADS + threadIdx.x;
+    if (u >= units) return;
+    float v[32];
+#pragma unroll
+    for (int j = 0; j < 32; j++) v[j] = __half2float(x[32 * u + j]) * sigmoid_f(__half2float(gate[32 * u + j]));
+    store_unit(out + 32 * u, q8 ? q8 + u : nullptr, v);
 }

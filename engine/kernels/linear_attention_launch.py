@@ -1,5 +1,5 @@
 """Launchers of linear_attention.cu: a hybrid model's Gated DeltaNet mixer over a step's rows and recurrent
-states, the gated attention's sigmoid gate, the shared expert's gated sum (engine/ops/hybrid_ops.py)."""
+states, the gated attention's sigmoid gate (engine/ops/hybrid_ops.py)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,10 @@ from types import ModuleType
 
 import numpy as np
 
+from engine.core.quantized import UNIT, Row8
 from engine.core.step import Step
+from engine.kernels.args import NULL
+from engine.kernels.limits import Q8_BYTES
 
 LA_THREADS = 128  # linear_attention.cu's row-wise blocks
 SCAN_THREADS = 32  # a delta_scan block: one warp of columns
@@ -71,10 +74,11 @@ class LinearAttentionLaunchers:
         """A decode graph's rows' states (one SequenceState a row) into its StatePointers, on the current stream."""
         pointers.addresses.set(state_addresses(states))
 
-    def delta_net(self, proj, lw, hy, j: int, rows: StatePointers, eps: float):
+    def delta_net(self, proj, lw, hy, j: int, rows: StatePointers, eps: float, q8: bool = False):
         """proj (n, channels + nv*dv + 2*nv) fp16, a Gated DeltaNet layer's in-projection over the step's rows
-        -> (n, nv*dv) fp16, the out-projection's input; state layer j of each sequence advanced (and its mark
-        where its read reaches one). The convolution, q/k norms and delta rule in float32."""
+        -> (n, nv*dv) fp16, the out-projection's input (a Row8 with q8: its 8-bit form too); state layer j of
+        each sequence advanced (and its mark where its read reaches one). The convolution, q/k norms and delta
+        rule in float32."""
         cp, fn = self.cp, self.fn
         if hy.conv_kernel not in CONV_KERNELS or hy.dk != hy.dv or hy.dk not in SCAN_WIDTHS:
             raise ValueError(f"no delta-rule kernel for a convolution of {hy.conv_kernel} and heads of dk {hy.dk}, "
@@ -98,23 +102,16 @@ class LinearAttentionLaunchers:
              o, now_ssm, mark_ssm, rows.row_lo, rows.mark_after, np.int32(nv), np.int32(kh), np.int32(hy.tiled),
              np.int32(channels), np.int64(j * nv * d * d)))
         out = cp.empty((n, nv * d), dtype=cp.float16)
+        units = cp.empty((n * nv * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
         fn["gated_norm"]((math.ceil(n * nv / LA_THREADS),), (LA_THREADS,),
-                         (o, proj, np.int32(stride), np.int32(z_col), lw.norm, out, np.int32(n), np.int32(nv),
-                          np.int32(d), np.float32(eps)))
-        return out
+                         (o, proj, np.int32(stride), np.int32(z_col), lw.norm, out, units if q8 else NULL, np.int32(n),
+                          np.int32(nv), np.int32(d), np.float32(eps)))
+        return Row8(out, units) if q8 else out
 
-    def sigmoid_mul(self, x, gate):
-        """x * sigmoid(gate): (n, width) fp16 both -> fp16."""
+    def sigmoid_mul(self, x, gate, q8: bool = False):
+        """x * sigmoid(gate): (n, width) fp16 both (width % 32 == 0) -> fp16 (a Row8 with q8: its 8-bit form too)."""
         out = self.cp.empty(x.shape, dtype=self.cp.float16)
-        self.fn["sigmoid_mul"]((math.ceil(x.size / LA_THREADS),), (LA_THREADS,), (x, gate, out, np.int64(x.size)))
-        return out
-
-    def add_gated(self, delta, shared, h, gate_w):
-        """delta + shared * sigmoid(h . gate_w): delta, shared, h (n, dim) fp16; gate_w (1, dim) fp32 -> fp16."""
-        n, dim = h.shape
-        gate = self.cp.empty((n,), dtype=self.cp.float32)
-        self.fn["row_gate"]((math.ceil(n / LA_THREADS),), (LA_THREADS,), (h, gate_w, gate, np.int32(n), np.int32(dim)))
-        out = self.cp.empty((n, dim), dtype=self.cp.float16)
-        self.fn["add_gated"]((math.ceil(n * dim / LA_THREADS),), (LA_THREADS,),
-                             (delta, shared, gate, out, np.int64(n * dim), np.int32(dim)))
-        return out
+        units = self.cp.empty((x.size // UNIT, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
+        self.fn["sigmoid_mul"]((math.ceil(x.size // UNIT / LA_THREADS),), (LA_THREADS,),
+                               (x, gate, out, units if q8 else NULL, np.int64(x.size // UNIT)))
+        return Row8(out, units) if q8 else out

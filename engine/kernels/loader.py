@@ -28,7 +28,7 @@ ATTENTION_SMEM = {f"flash_attention_d{d}": attention_smem_bytes(d) for d in HEAD
 
 def built_kernels() -> dict[str, tuple[str, ...]]:
     """The kernels GpuKernels builds (compiled by CuPy), by source file."""
-    return {"norm_rope.cu": ("add_rms_norm", "rope_store", "norm_rope_store", "silu_mul"), "argmax.cu": ("argmax_first", "pick_keys", "pick_draw"),
+    return {"norm_rope.cu": ("add_rms_norm", "add_gated_rms_norm", "rope_store", "norm_rope_store", "silu_mul"), "argmax.cu": ("argmax_first", "pick_keys", "pick_draw"),
              "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
                                             for family, suffix in (("dequant", ""), ("embed", ""))),
                           *(f"matvec_{kind}_n{nb}{suffix}" for kind in BLOCKS
@@ -41,7 +41,7 @@ def built_kernels() -> dict[str, tuple[str, ...]]:
              "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in MMV_TILE_ROWS for suffix in ("", "_f32")),
              "mmq.cu": tuple(f"mmq_{kind}_t{nt}{suffix}" for kind in BLOCKS for nt in MMQ_TILES for suffix in ("", "_f32")),
              "moe.cu": moe_launch.KERNELS,
-             "linear_attention.cu": ("l2_heads", "gated_norm", "sigmoid_mul", "row_gate", "add_gated",
+             "linear_attention.cu": ("l2_heads", "gated_norm", "sigmoid_mul",
                                      *(f"conv_scan_k{k}" for k in CONV_KERNELS),
                                      *(f"delta_scan_k{d}" for d in SCAN_WIDTHS))}
 

@@ -1,5 +1,6 @@
 // Elementwise work of the half-precision forward pass, each fused into one kernel:
-// residual add + RMSNorm, (per-head Q/K RMSNorm +) RoPE + K/V cache write, SwiGLU. Activations are fp16; the residual
+// residual add + RMSNorm (the hybrids' gated feed-forward sum with it), (per-head Q/K RMSNorm +) RoPE + K/V cache
+// write, SwiGLU. Activations are fp16; the residual
 // stream and the norm statistics are fp32. The norm and SwiGLU also write their rows in 8 bits
 // (q8.cuh) when asked: a decode step's quantized matvecs read that, with no kernel of its own.
 // NumPy references: engine/backend.py ArrayOps.
@@ -9,25 +10,18 @@
 #include "paged.cuh"
 #include "pdl.cuh"
 #include "q8.cuh"
+#include "shared_gate.cuh"
 #include "swiglu.cuh"
 
-// x: (n, dim) fp32 residual stream; x += delta when has_delta (delta: (n, dim) fp16).
-// out: (n, dim) fp16 = x / sqrt(mean(x^2) + eps) * w, w: (dim,) fp32; q8 (n, dim / 32) Q8 units of
-// out, unless null. One block a row, eight values a thread at a time (octet o = thread + 256 i),
-// kept in registers between the sum of squares and the outputs (four threads a Q8 unit). The
-// weights are no kernel's output: they are read before the wait for the kernel that wrote delta.
-extern "C" __global__ void __launch_bounds__(NORM_THREADS)
-add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_delta, const float* __restrict__ w,
-             __half* __restrict__ out, Q8* __restrict__ q8, int dim, float eps) {
-    const size_t row = blockIdx.x;
+// The residual add and RMSNorm of row `row` (add_rms_norm's body, the delta's source a functor add(v, o): v[0..8)
+// += the row's delta at octet o). One block a row, eight values a thread at a time (octet o = thread + 256 i),
+// kept in registers between the sum of squares and the outputs (four threads a Q8 unit). wv: the thread's
+// octets of the norm's weights, read before the wait for the kernel that wrote the delta (no kernel writes them).
+template <class AddDelta>
+__device__ __forceinline__ void norm_row(float* __restrict__ x, const float (&wv)[NORM_OCTETS][8], __half* __restrict__ out,
+                                         Q8* __restrict__ q8, int dim, float eps, size_t row, AddDelta add) {
     const int octets = dim / 8;
-    float wv[NORM_OCTETS][8], v[NORM_OCTETS][8];
-#pragma unroll
-    for (int i = 0; i < NORM_OCTETS; ++i) {
-        const int o = threadIdx.x + i * NORM_THREADS;
-        if (o < octets) load8(w + 8 * o, wv[i]);
-    }
-    after_producer();
+    float v[NORM_OCTETS][8];
     float* xr = x + row * dim;
     float ss = 0.f;
 #pragma unroll
@@ -35,10 +29,7 @@ add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_de
         const int o = threadIdx.x + i * NORM_THREADS;
         if (o >= octets) continue;
         load8(xr + 8 * o, v[i]);
-        if (has_delta) {
-            add_octet(v[i], delta + row * dim, o, false);
-            store8(xr + 8 * o, v[i]);
-        }
+        if (add(v[i], o)) store8(xr + 8 * o, v[i]);
 #pragma unroll
         for (int e = 0; e < 8; ++e) ss = fmaf(v[i][e], v[i][e], ss);
     }
@@ -54,6 +45,56 @@ add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_de
             for (int e = 0; e < 8; ++e) r[e] = v[i][e] * scale * wv[i][e];
         store_octet(out + row * dim + 8 * o, q8 ? q8 + row * (dim / 32) + o / 4 : nullptr, r, valid);
     }
+}
+
+// The norm's weights, this thread's octets of them.
+__device__ __forceinline__ void load_norm_weights(const float* __restrict__ w, int dim, float (&wv)[NORM_OCTETS][8]) {
+#pragma unroll
+    for (int i = 0; i < NORM_OCTETS; ++i) {
+        const int o = threadIdx.x + i * NORM_THREADS;
+        if (o < dim / 8) load8(w + 8 * o, wv[i]);
+    }
+}
+
+// x: (n, dim) fp32 residual stream; x += delta when has_delta (delta: (n, dim) fp16).
+// out: (n, dim) fp16 = x / sqrt(mean(x^2) + eps) * w, w: (dim,) fp32; q8 (n, dim / 32) Q8 units of
+// out, unless null. One block a row (norm_row).
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_delta, const float* __restrict__ w,
+             __half* __restrict__ out, Q8* __restrict__ q8, int dim, float eps) {
+    const size_t row = blockIdx.x;
+    float wv[NORM_OCTETS][8];
+    load_norm_weights(w, dim, wv);
+    after_producer();
+    norm_row(x, wv, out, q8, dim, eps, row, [&](float* v, int o) {
+        if (has_delta) add_octet(v, delta + row * dim, o, false);
+        return has_delta != 0;
+    });
+}
+
+// The hybrid families' feed-forward summed into the residual stream and the next norm taken, in one kernel: x +=
+// routed + shared * sigmoid(h . gate_w) (a mixture's routed experts plus its shared expert gated per row, each
+// value rounded to fp16 as a separate sum would store it), then add_rms_norm's out and q8. routed, shared, h: (n,
+// dim) fp16; gate_w (dim,) fp32; the gate's dot product by shared_gate (block_sum's tree). Prompt and decode rows
+// alike take it, so a row's bits do not depend on its step (NumPy reference: HybridArrayOps.add_gated, then the
+// norm).
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+add_gated_rms_norm(float* __restrict__ x, const __half* __restrict__ routed, const __half* __restrict__ shared,
+                   const __half* __restrict__ h, const float* __restrict__ gate_w, const float* __restrict__ w,
+                   __half* __restrict__ out, Q8* __restrict__ q8, int dim, float eps) {
+    const size_t row = blockIdx.x;
+    float wv[NORM_OCTETS][8];
+    load_norm_weights(w, dim, wv);
+    after_producer();
+    const float gate = shared_gate<NORM_THREADS>(h + row * dim, gate_w, dim);
+    norm_row(x, wv, out, q8, dim, eps, row, [&](float* v, int o) {
+        float r[8], s[8];
+        load_half8(routed + row * dim + 8 * o, r);
+        load_half8(shared + row * dim + 8 * o, s);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] += __half2float(__float2half(__fmaf_rn(s[e], gate, r[e])));
+        return true;
+    });
 }
 
 // The pair (a, b) rotated by the angle whose cosine and sine are c and s.

@@ -5,12 +5,20 @@ from types import ModuleType
 
 import numpy as np
 
+from engine.core.deferred import GatedSum
 from engine.core.quantized import UNIT, Row8
 from engine.core.step import Step
 from engine.kernels.args import NULL, log2, pool_args
 from engine.kernels.limits import Q8_BYTES, THREADS, blocks
 
 NORM_MAX_WIDTH = 8 * 256 * 6  # add_rms_norm: eight values a thread, six times, 256 threads (NORM_OCTETS)
+
+
+def check_norm_width(dim: int) -> None:
+    if dim % UNIT:
+        raise ValueError(f"a row width of {dim} is not a multiple of {UNIT} (the kernels read 32 values at a time)")
+    if dim > NORM_MAX_WIDTH:
+        raise ValueError(f"a row width of {dim} is wider than the norm kernel's {NORM_MAX_WIDTH}")
 
 
 class NormRopeLaunchers:
@@ -23,16 +31,25 @@ class NormRopeLaunchers:
         """x: (n, dim) fp32, updated in place by += delta (n, dim) fp16 if given; returns
         rms_norm(x) * weight as (n, dim) fp16, or for q8 a Row8 (n == 1) with its 8-bit form."""
         n, dim = x.shape
-        if dim % UNIT:
-            raise ValueError(f"a row width of {dim} is not a multiple of {UNIT} (the kernels read 32 values at a time)")
-        if dim > NORM_MAX_WIDTH:
-            raise ValueError(f"a row width of {dim} is wider than the norm kernel's {NORM_MAX_WIDTH}")
+        check_norm_width(dim)
         out = self.cp.empty((n, dim), dtype=self.cp.float16)
         units = self.cp.empty((n * dim // UNIT, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
         has_delta = delta is not None
         self.fn["add_rms_norm"](
             (n,), (THREADS,), (x, delta if has_delta else out, np.int32(has_delta), weight, out,
                                units if q8 else NULL, np.int32(dim), np.float32(eps)))
+        return Row8(out, units) if q8 else out
+
+    def add_gated_rms_norm(self, x, gated: GatedSum, weight, eps: float, q8: bool = False):
+        """x: (n, dim) fp32 += gated's sum (routed + shared * sigmoid(h . gate_w), rows (n, dim) fp16), then
+        rms_norm(x) * weight as add_rms_norm returns it: gate, sum and norm in one kernel, a block a row."""
+        n, dim = x.shape
+        check_norm_width(dim)
+        out = self.cp.empty((n, dim), dtype=self.cp.float16)
+        units = self.cp.empty((n * dim // UNIT, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
+        self.fn["add_gated_rms_norm"](
+            (n,), (THREADS,), (x, gated.routed, gated.shared, gated.h, gated.gate_w, weight, out, units if q8 else NULL,
+                               np.int32(dim), np.float32(eps)))
         return Row8(out, units) if q8 else out
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from engine.ops.backend import Backend
-from engine.core.projection import Projection
+from engine.core.deferred import Projection, rows_of
 from engine.core.step import Step
 from engine.modelfile.model_config import ModelConfig
 from engine.model.layer_weights import Weights
@@ -115,12 +115,12 @@ class LlamaModel:
         engine/runner/pooling.py): (those logits, the final norm's output at those rows (len(hidden_rows),
         dim) float32: what the head would read there), each row as it would be in any step (row-local)."""
         ops, eps = self.ops, self.cfg.norm_eps
-        if hidden_rows is not None or logit_rows is not None or step.n > 1:
+        if isinstance(delta, Projection) and (hidden_rows is not None or logit_rows is not None or step.n > 1):
             delta = ops.product(delta)  # (n, dim): rows of it are taken below (a lone decode row's stays whole)
         if hidden_rows is not None:  # first, from copies of its rows: the head's rows below may be a view of x
             # that the norm's residual add writes into
             at = self.backend.xp.asarray(np.asarray(hidden_rows, dtype=np.int64))
-            hidden = ops.add_rms_norm(x[at], delta[at], self.w.out_norm, eps)  # (len(hidden_rows), dim)
+            hidden = ops.add_rms_norm(x[at], rows_of(delta, at), self.w.out_norm, eps)  # (len(hidden_rows), dim)
             return self.final_logits(x, delta, step, want_logits, logit_rows), hidden.astype(np.float32, copy=False)
         if not want_logits:
             return None
@@ -131,7 +131,7 @@ class LlamaModel:
         if isinstance(delta, Projection):  # a lone decode row's: x and its delta whole
             last = ops.add_rms_norm(x, delta, self.w.out_norm, eps)  # (1, dim)
         else:
-            last = ops.add_rms_norm(x[rows], delta[rows], self.w.out_norm, eps)  # (rows, dim)
+            last = ops.add_rms_norm(x[rows], rows_of(delta, rows), self.w.out_norm, eps)  # (rows, dim)
         logits = ops.logits(last, self.w.head)  # (rows, vocab) float32
         return logits if step.batch or logit_rows is not None else logits[0]
 

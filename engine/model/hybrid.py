@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.core.deferred import GatedSum
 from engine.core.step import Step
 from engine.kvcache.kv import SequenceRows
 from engine.model.forward import LlamaModel
@@ -48,7 +49,7 @@ class HybridModel(LlamaModel):
             if i in self.state_layer:
                 lw = layer.linear
                 mixed = ops.delta_net(ops.matmul(h, lw.w_in), lw, self.cfg.hybrid, self.state_layer[i], states, eps)
-                out = ops.matmul(mixed, lw.w_out)  # (n, dim)
+                out = self.output(mixed, lw.w_out)  # (n, dim)
             else:
                 out = self.gated_attention(h, layer, cos, sin, kv, self.kv_layer[i], step)
             h = ops.add_rms_norm(x, out, layer.ffn_norm, eps)
@@ -60,18 +61,18 @@ class HybridModel(LlamaModel):
 
     def feed_forward(self, i: int, h, layer):
         """The routed experts plus the shared expert gated by sigmoid(h . its gate) (qwen3next, qwen35moe), or
-        a dense SwiGLU (qwen35)."""
+        a dense SwiGLU (qwen35): a delta the next norm takes (a GatedSum, a Projection)."""
         ops = self.ops
-        shared = ops.matmul(ops.silu_mul(ops.matmul(h, layer.w_gate_up)), layer.w_down)  # (n, dim)
+        act = ops.gate_up_act(h, layer.w_gate_up)  # (n, ffn)
         if layer.experts is None:
-            return shared
-        return ops.add_gated(self.mixture(i, h, layer), shared, h, layer.shared_gate)
+            return self.output(act, layer.w_down)  # (n, dim), taken at the next norm
+        return GatedSum(self.mixture(i, h, layer), ops.matmul(act, layer.w_down), ops.rows(h), layer.shared_gate)
 
     def gated_attention(self, h, layer, cos, sin, kv: SequenceRows, j: int, step: Step):
-        """h: (n, dim) -> (n, dim): attention as Qwen3's (per-head Q/K norms, RoPE laid out full-width:
+        """h: (n, dim) -> (n, dim) (a Projection): attention as Qwen3's (per-head Q/K norms, RoPE laid out full-width:
         engine/model/hybrid_weights.py) times sigmoid(gate) per value, projected out."""
         ops = self.ops
         norms = (layer.q_norm, layer.k_norm, self.cfg.norm_eps)
         q = ops.rope_store(ops.matmul(h, layer.wqkv), cos, sin, kv.k[j], kv.v[j], step, norms)  # (n, heads, d)
         attn = ops.attention(q, kv.k[j], kv.v[j], step)  # (n, heads * d)
-        return ops.matmul(ops.sigmoid_mul(attn, ops.matmul(h, layer.w_gate)), layer.wo)
+        return self.output(ops.sigmoid_mul(attn, ops.matmul(h, layer.w_gate)), layer.wo)  # taken at the next norm

@@ -15,7 +15,7 @@ from types import ModuleType
 import numpy as np
 
 from engine.core.kv_types import widened
-from engine.core.projection import Projection
+from engine.core.deferred import GatedSum, Projection
 from engine.ops.expert_cache import ExpertCache
 from engine.ops.hybrid_ops import HybridArrayOps, HybridHalfOps
 from engine.ops.moe import route, run_experts
@@ -74,11 +74,16 @@ class ArrayOps(HybridArrayOps):
         return rows_product(self.xp, x, w.T)
 
     def product(self, delta):
-        """delta as an array: a Projection's rows times its weight, anything else as it is."""
-        return self.matmul(delta.rows, delta.weight) if isinstance(delta, Projection) else delta
+        """delta as an array: a Projection's rows times its weight, a GatedSum's sum, anything else as it is."""
+        if isinstance(delta, Projection):
+            return self.matmul(delta.rows, delta.weight)
+        if isinstance(delta, GatedSum):
+            return self.add_gated(delta.routed, delta.shared, delta.h, delta.gate_w)
+        return delta
 
     def add_rms_norm(self, x, delta, weight, eps: float):
-        """x += delta (when given: an array or a Projection; the residual add), then rms_norm(x) * weight."""
+        """x += delta (when given: an array, a Projection or a GatedSum; the residual add), then rms_norm(x) *
+        weight."""
         delta = self.product(delta)
         if delta is not None:
             x += delta
@@ -266,11 +271,14 @@ class HalfCupyOps(HybridHalfOps, ArrayOps):
         return x @ w.T
 
     def add_rms_norm(self, x, delta, weight, eps: float):
-        """A lone decode row's projection and this norm in one kernel (matvec_norm) where its weight allows."""
+        """A lone decode row's projection and this norm in one kernel (matvec_norm) where its weight allows; a
+        gated sum and this norm in one kernel always (add_gated_rms_norm)."""
         if isinstance(delta, Projection) and isinstance(delta.rows, Row8):
             fused = self.kernels.matvec_norm(delta.weight, delta.rows, x, weight, eps)
             if fused is not None:
                 return fused
+        if isinstance(delta, GatedSum):
+            return self.kernels.add_gated_rms_norm(x, delta, weight, eps, q8=self.decoding)
         return self.kernels.add_rms_norm(x, self.product(delta), weight, eps, q8=self.decoding)
 
     def gate_up_act(self, h, w_gate_up):

@@ -1,7 +1,8 @@
 """The operations only the hybrid families' layers take (engine/model/hybrid.py), mixed into the backends'
 ops (engine/ops/backend.py): the Gated DeltaNet mixer over the step's recurrent states, the gated
 attention's sigmoid gate, the shared expert's gated sum. HybridArrayOps is float32 array code (the CPU's
-path, the reference); HybridHalfOps runs them on the GPU through engine/kernels/linear_attention.cu."""
+path, the reference); HybridHalfOps runs them on the GPU through engine/kernels/linear_attention.cu (the gated
+sum with the next norm: norm_rope.cu's add_gated_rms_norm, HalfCupyOps.add_rms_norm)."""
 from __future__ import annotations
 
 from engine.core.step import Step
@@ -39,10 +40,7 @@ class HybridHalfOps(HybridArrayOps):
         return self.kernels.state_pointers(step, states)
 
     def delta_net(self, proj, lw, hy, j: int, rows, eps: float):
-        return self.kernels.delta_net(proj, lw, hy, j, rows, eps)
+        return self.kernels.delta_net(proj, lw, hy, j, rows, eps, q8=self.decoding)  # (a decode row's: a Row8)
 
     def sigmoid_mul(self, x, gate):
-        return self.kernels.sigmoid_mul(self.rows(x), gate)
-
-    def add_gated(self, delta, shared, h, gate_w):
-        return self.kernels.add_gated(delta, shared, self.rows(h), gate_w)
+        return self.kernels.sigmoid_mul(self.rows(x), gate, q8=self.decoding)

@@ -122,3 +122,10 @@ def argument(a):
     if a is None:  # a null pointer (engine/kernels/args.py NULL)
         return ctypes.c_void_p(0)
     raise TypeError(f"a host kernel takes NumPy arrays and NumPy scalars, not {type(a).__name__}")
+
+
+def q8_values(units: np.ndarray) -> np.ndarray:
+    """Q8 units (q8.cuh: (units, 48) bytes, 32 int8 then d and the sums as float32) -> the values they stand for,
+    q * d (units * 32,) float32: what engine.core.quantized.quantize_q8 gives of the row they were made from."""
+    units = np.ascontiguousarray(units).reshape(-1, 48)
+    return (units[:, :32].view(np.int8) * units[:, 32:36].copy().view(np.float32)).reshape(-1)

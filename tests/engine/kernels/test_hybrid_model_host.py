@@ -30,12 +30,13 @@ class HostHybridOps(HybridHalfOps, ArrayOps):
         self.kernels = kernels
 
     def delta_net(self, proj, lw, hy, j, rows, eps):
-        return super().delta_net(proj.astype(F16), lw, hy, j, rows, eps).astype(np.float32)
+        return self.kernels.delta_net(proj.astype(F16), lw, hy, j, rows, eps).astype(np.float32)
 
     def sigmoid_mul(self, x, gate):
-        return super().sigmoid_mul(x.astype(F16), gate.astype(F16)).astype(np.float32)
+        return self.kernels.sigmoid_mul(x.astype(F16), gate.astype(F16)).astype(np.float32)
 
-    def add_gated(self, delta, shared, h, gate_w):
+    def add_gated(self, delta, shared, h, gate_w):  # (NumPy's, on fp16 rows as the GPU's are: its kernel is the
+        # norm's, norm_rope.cu's add_gated_rms_norm, checked in test_norm_rope_host.py)
         return super().add_gated(delta.astype(F16), shared.astype(F16), h.astype(F16), gate_w).astype(np.float32)
 
 

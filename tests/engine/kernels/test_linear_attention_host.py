@@ -5,6 +5,7 @@ decoded or read, and whatever else shares the step."""
 import numpy as np
 import pytest
 
+from engine.core.quantized import quantize_q8
 from engine.core.step import Step
 from engine.kernels.linear_attention_launch import LinearAttentionLaunchers
 from engine.kernels.loader import built_kernels
@@ -12,7 +13,7 @@ from engine.kvcache.recurrent import RecurrentState, SequenceState
 from engine.model.layer_weights import LinearAttentionWeights
 from engine.modelfile.model_config import HybridConfig
 from engine.ops import gated_delta_net as gdn
-from tests.engine.kernels.host_cuda import HostKernels, compiler
+from tests.engine.kernels.host_cuda import HostKernels, compiler, q8_values
 
 EPS = 1e-6
 LAYERS, LAYER = 2, 1  # the states hold two linear-attention layers; the mixer runs the second
@@ -59,12 +60,14 @@ def read(kernels, hy, lw, state: SequenceState, proj, start: int):
 
 
 def decode(kernels, hy, lw, states, proj):
-    """Row i of proj is states[i]'s next position, all in one decode step -> (n, nv*dv)."""
+    """Row i of proj is states[i]'s next position, all in one decode step -> (n, nv*dv) (the 8-bit form the gated
+    norm writes beside a decode row checked: quantize_q8's of its values)."""
     step = Step(len(proj), -1, tuple([None] * len(proj)), tuple(s.now_at for s in states))
-    out = kernels.delta_net(proj, lw, hy, LAYER, kernels.state_pointers(step, tuple(states)), EPS)
+    out = kernels.delta_net(proj, lw, hy, LAYER, kernels.state_pointers(step, tuple(states)), EPS, q8=True)
+    assert np.array_equal(q8_values(out.q8), quantize_q8(out.values.reshape(-1)))
     for s in states:
         s.decoded()
-    return out
+    return out.values
 
 
 def close(got, want):
@@ -122,11 +125,10 @@ def test_sequences_sharing_a_step_get_each_its_bits_alone(kernels, layer):
     assert np.array_equal(decode(kernels, hy, lw, [solo], rows[1:]), pair[1:])
 
 
-def test_the_gates_match_numpy(kernels):
+def test_the_attention_gate_matches_numpy(kernels):
     rng = np.random.default_rng(8)
     x, gate = (rng.standard_normal((5, 96)).astype(np.float16) for _ in range(2))
-    close(kernels.sigmoid_mul(x, gate), x.astype(np.float32) * gdn.sigmoid(gate.astype(np.float32)))
-    delta, shared, h = (rng.standard_normal((5, 64)).astype(np.float16) for _ in range(3))
-    w = rng.standard_normal((1, 64)).astype(np.float32) * np.float32(0.2)
-    want = delta.astype(np.float32) + shared.astype(np.float32) * gdn.sigmoid(h.astype(np.float32) @ w.T)
-    close(kernels.add_gated(delta, shared, h, w), want)
+    gated = kernels.sigmoid_mul(x, gate, q8=True)
+    close(gated.values, x.astype(np.float32) * gdn.sigmoid(gate.astype(np.float32)))
+    assert np.array_equal(gated.values, kernels.sigmoid_mul(x, gate))
+    assert np.array_equal(q8_values(gated.q8), quantize_q8(gated.values.reshape(-1)))
