@@ -19,6 +19,7 @@ from engine.runner.runner import ModelRunner
 from engine.kernels.fused_launch import FusedLaunchers
 from engine.kernels.matvec_launch import MatvecLaunchers
 from engine.kernels.norm_rope_launch import NormRopeLaunchers
+from engine.kvcache.recurrent import SequenceState
 from tests.engine.kernels.host_cuda import HostKernels
 from tests.engine.kernels.host_gpu import host_gpu_backend
 from tools.checks.fused_kernels import KINDS, fused_cases, norm_case
@@ -65,29 +66,45 @@ def test_the_norm_in_a_matvec_s_last_block_sums_as_the_norm_kernel_does(kernels)
     assert [trial for trial in range(3) if not norm_case(kernels, np, "Q8_0", 12288, 32, rng)] == []
 
 
-def test_a_lone_decode_row_through_the_fused_kernels_equals_its_row_in_a_batch(tmp_path):
-    """A small Llama in Q4_K_M (Q4_K and Q6_K matrices) on the host-run GPU backend: each sequence's decode step
-    alone (the fused kernels) gives the logits, bit for bit, of its row in a step of two (the matvecs, SwiGLU and
-    norms apart): a request's tokens do not depend on whether another decodes beside it."""
+def small_llama(tmp_path) -> Path:
+    """A small Llama in Q4_K_M (Q4_K and Q6_K matrices), the hybrid fixtures' small vocabulary."""
     path = tmp_path / "llama.gguf"
     subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--layers", "2",
                     "--dim", "256", "--ffn", "512", "--heads", "4", "--kv-heads", "2", "--ctx", "512", "--tied",
                     "--type", "Q4_K_M", "--tokenizer", str(ROOT / "tests/fixtures/hybrid/qwen3next.gguf")],
                    check=True, capture_output=True)
+    return path
+
+
+@pytest.mark.parametrize("model", ["llama Q4_K_M", "qwen3next IQ3_S"])
+def test_a_lone_decode_row_through_the_fused_kernels_equals_its_row_in_a_batch(model, tmp_path):
+    """On the host-run GPU backend, each sequence's decode step alone (the fused kernels: gate/up with SwiGLU, the
+    out projections with the next norm) gives the logits, bit for bit, of its row in a step of two (the matvecs,
+    SwiGLU and norms apart): a request's tokens do not depend on whether another decodes beside it. A small
+    Llama, and the IQ3_S Qwen3-Next fixture (its mixers' rows, gated sums and recurrent states too)."""
+    path = small_llama(tmp_path) if model.startswith("llama") else ROOT / "tests/fixtures/iq/qwen3next-IQ3_S.gguf"
     reader = GGUFFile(str(path), "r")
     backend = host_gpu_backend(ModelKernels.of(read_config(reader), reader), tmp_path)
     cfg, weights, _ = load_model(str(path), backend, reader=reader)
     runner = ModelRunner(cfg, weights, backend, ctx=512, chunk=64, eos_ids=frozenset(), max_running=2,
                          cuda_graphs=False)
     tables = [runner.pool.allocate(runner.pool.blocks_for(9)) for _ in range(2)]
-    for r, table in enumerate(tables):
-        runner.forward(np.arange(8, dtype=np.int64) * 5 + r, 0, table, want_logits=True)
+    states = [None if runner.recurrent is None else SequenceState.fresh(runner.recurrent) for _ in tables]
+    for r, (table, state) in enumerate(zip(tables, states)):
+        runner.forward(np.arange(8, dtype=np.int64) * 5 + r, 0, table, want_logits=True, state=state)
+    def after_read():  # each decode step below starts from a copy of the states the reads left (a step advances
+        # the states it takes)
+        return [None if s is None else SequenceState(s.now.copy(), s.mark.copy(), s.now_at, s.mark_at) for s in states]
+
     fn, launched = backend.ops.kernels.fn, collections.Counter()
     fn.update({name: counted(launch, name, launched) for name, launch in fn.items()})
-    together = np.array(runner.decode_logits([3, 5], tables, [8, 8]))  # (2, vocab)
+    together = np.array(runner.decode_logits([3, 5], tables, [8, 8], [s for s in after_read() if s is not None]))
     assert not any(name.startswith(("matvec_act", "matvec_norm")) for name in launched)
     launched.clear()
-    alone = [np.array(runner.decode_logits([token], [table], [8]))[0] for token, table in zip([3, 5], tables)]
-    assert {"matvec_act_Q4_K", "matvec_norm_Q4_K"} <= set(launched) and "silu_mul" not in launched
+    alone = [np.array(runner.decode_logits([token], [table], [8], [] if state is None else [state]))[0]
+             for token, table, state in zip([3, 5], tables, after_read())]
+    assert any(name.startswith("matvec_act") for name in launched) and any(name.startswith("matvec_norm")
+                                                                            for name in launched)
+    assert runner.recurrent is not None or "silu_mul" not in launched  # (a mixture's routed experts have their own)
     assert np.isfinite(together).all() and together.std() > 0
     assert np.array_equal(np.stack(alone), together)
