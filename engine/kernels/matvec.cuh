@@ -26,13 +26,18 @@ __device__ __forceinline__ int warp_row0(int block = -1) {
     return ((block < 0 ? blockIdx.x : block) * MV_WARPS + (threadIdx.x >> 5)) * R;
 }
 
+// A row's lane partials summed across the warp (every lane gets the total): reduce_store's sum.
+__device__ __forceinline__ float warp_total(float a) {
+    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+    return a;
+}
+
 template <typename Out>
 __device__ __forceinline__ void reduce_store(float (&acc)[MV_ROWS], Out* y, int row0, int m) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < MV_ROWS; ++r) {
-        float a = acc[r];
-        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        const float a = warp_total(acc[r]);
         if (lane == 0 && row0 + r < m) store(y, row0 + r, a);
     }
 }
@@ -107,7 +112,7 @@ template <int NB, int R>
 using BatchAcc = float[NB][R];
 
 // A chain's lane partials summed across the warp (every lane gets the total), each step rounded as written.
-__device__ __forceinline__ float warp_total(float a) {
+__device__ __forceinline__ float warp_total_rn(float a) {
     for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
     return a;
 }
@@ -119,7 +124,7 @@ __device__ __forceinline__ void reduce_store_batch(BatchAcc<NB, R>& acc, Out* y,
     for (int b = 0; b < NB; ++b)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const float a = warp_total(acc[b][r]);
+            const float a = warp_total_rn(acc[b][r]);
             if (lane == 0 && row0 + r < m) store(y + (size_t)b * ldy, row0 + r, a);
         }
 }

@@ -12,6 +12,8 @@
 //   moe_matvec_<T>(...)                  a decode step's gate and up: the chosen experts' rows read in
 //                                        their blocks (dp4a against the row in 8 bits, as quant.cu's
 //                                        matvecs), one output row per (token, chosen expert, matrix)
+//   moe_act_<T>(...)                     a decode step's gate and up with SwiGLU after them, one launch
+//                                        (gate and up of one block type)
 //   moe_down_<T>(...)                    a decode step's down: each token's chosen experts' outputs
 //                                        summed with their weights in one pass
 //   moe_sort(ids, entries, E, ...)       a prompt chunk: its (token, slot) entries grouped by expert
@@ -28,6 +30,8 @@
 #include "matvec.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "q8.cuh"
+#include "swiglu.cuh"
 
 #ifndef MOE_UNROLL
 #define MOE_UNROLL 2  // units a lane of moe_matvec has in flight: an expert's row of 2048 is 2 a lane
@@ -160,6 +164,41 @@ __device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, const u8* _
     else
         rows_dot_q8<T, MOE_UNROLL>(we, xt, row0, m, k, acc);
     reduce_store(acc, y + (size_t)(t * chosen + j) * y_stride + (size_t)second * m, row0, m);
+}
+
+// A decode step's gate and up rows with SwiGLU after them, for stacks of one block type: act row t * chosen + j
+// (ffn fp16 values) = silu(gate_e row c . x_t) * (up_e row c . x_t) for e = ids[t, j], and its Q8 units (q8: ffn
+// / 32 a row, or null). grid (ffn / 32, chosen, tokens), 32 warps: warp w takes column 32 b + w, its gate row and
+// its up row, each the sum moe_matvec makes of it (rows_dot_q8's chain, reduce_store's sum), rounded to fp16 as
+// moe_matvec stores it; the products through silu_mul's silu_times, so act has the bits of moe_matvec then
+// silu_mul, in one launch.
+template <class T>
+__device__ __forceinline__ void moe_act(const u8* __restrict__ gate, const u8* __restrict__ up, int ffn, int k,
+                                        const int* __restrict__ ids, int chosen, const Q8* __restrict__ x,
+                                        __half* __restrict__ act, Q8* __restrict__ q8) {
+    __shared__ float products[32];
+    after_producer();
+    const int t = blockIdx.z, j = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c = blockIdx.x * 32 + warp;
+    const size_t rb = row_bytes<T>(k), at = (size_t)ids[t * chosen + j] * ffn * rb;
+    const Q8* xt = x + (size_t)t * (k / 32);
+    float g[MV_ROWS] = {}, u[MV_ROWS] = {};  // (the first of each: a row alone)
+#pragma unroll MOE_UNROLL
+    for (int s = lane; s < k / 32; s += 32) {
+        unit_dot_q8<T>(gate + at, rb, c, c + 1, s, xt + s, 1.f, g);
+        unit_dot_q8<T>(up + at, rb, c, c + 1, s, xt + s, 1.f, u);
+    }
+    const float gv = __half2float(__float2half(warp_total(g[0]))), uv = __half2float(__float2half(warp_total(u[0])));
+    if (lane == 0) products[warp] = silu_times(gv, uv);
+    __syncthreads();
+    if (warp) return;
+    float v[8] = {};  // lanes 0-3: eight products each (store_octet)
+    if (lane < 4)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = products[8 * lane + e];
+    const size_t row = (size_t)t * chosen + j;
+    store_octet(act + row * ffn + blockIdx.x * 32 + 8 * lane, q8 ? q8 + row * (ffn / 32) + blockIdx.x : nullptr, v,
+                lane < 4);
 }
 
 // A decode step's down rows of each token's chosen experts, summed with their weights: grid
@@ -363,19 +402,27 @@ extern "C" __global__ void moe_combine(const __half* __restrict__ y, const int* 
         moe_gemm<T>(x, x_stride, gather, order, offsets, tiles, experts, w, m, k, y, y_stride);                 \
     }
 
-MOE_KERNELS(Q4_0, Q8)
-MOE_KERNELS(Q4_1, Q8)
-MOE_KERNELS(Q5_0, Q8)
-MOE_KERNELS(Q5_1, Q8)
-MOE_KERNELS(Q8_0, Q8)
-MOE_KERNELS(Q4_K, Q8)
-MOE_KERNELS(Q5_K, Q8)
-MOE_KERNELS(Q6_K, Q8)
-MOE_KERNELS(IQ2_XXS, Q8)
-MOE_KERNELS(IQ2_XS, Q8)
-MOE_KERNELS(IQ2_S, Q8)
-MOE_KERNELS(IQ3_XXS, Q8)
-MOE_KERNELS(IQ3_S, Q8)
-MOE_KERNELS(IQ4_NL, Q8)
-MOE_KERNELS(IQ4_XS, Q8)
+#define MOE_ACT(T)                                                                                               \
+    extern "C" __global__ void __launch_bounds__(1024)                                                          \
+        moe_act_##T(const u8* gate, const u8* up, int ffn, int k, const int* ids, int chosen, const Q8* x,       \
+                    __half* act, Q8* q8) {                                                                       \
+        moe_act<T>(gate, up, ffn, k, ids, chosen, x, act, q8);                                                   \
+    }
+#define MOE_QUANT_KERNELS(T) MOE_KERNELS(T, Q8) MOE_ACT(T)
+
+MOE_QUANT_KERNELS(Q4_0)
+MOE_QUANT_KERNELS(Q4_1)
+MOE_QUANT_KERNELS(Q5_0)
+MOE_QUANT_KERNELS(Q5_1)
+MOE_QUANT_KERNELS(Q8_0)
+MOE_QUANT_KERNELS(Q4_K)
+MOE_QUANT_KERNELS(Q5_K)
+MOE_QUANT_KERNELS(Q6_K)
+MOE_QUANT_KERNELS(IQ2_XXS)
+MOE_QUANT_KERNELS(IQ2_XS)
+MOE_QUANT_KERNELS(IQ2_S)
+MOE_QUANT_KERNELS(IQ3_XXS)
+MOE_QUANT_KERNELS(IQ3_S)
+MOE_QUANT_KERNELS(IQ4_NL)
+MOE_QUANT_KERNELS(IQ4_XS)
 MOE_KERNELS(F16, __half)

@@ -8,9 +8,9 @@ import math
 
 import numpy as np
 
-from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS
+from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS, Q8_BYTES
 from engine.core.experts import Experts, ExpertStack
-from engine.core.quantized import Row8
+from engine.core.quantized import UNIT, Row8
 
 MAX_EXPERTS, MAX_USED = 512, 32  # MAX_EXPERTS in moe.cu (16 router values a lane); one lane per choice
 GEMM_BM, GEMM_BN, GEMM_THREADS = 64, 64, 128  # moe.cu's grouped GEMM tiles
@@ -18,7 +18,8 @@ ROUTER_THREADS = 128  # moe.cu's: a block per (expert, token)
 WEIGHT_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S",
                 "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "F16")  # moe_*_<kind> kernels
 KERNELS = ("router_logits", "moe_route", "router_route", "moe_sort", "moe_combine",
-           *(f"moe_{family}_{kind}" for kind in WEIGHT_KINDS for family in ("matvec", "down", "gemm")))
+           *(f"moe_{family}_{kind}" for kind in WEIGHT_KINDS for family in ("matvec", "down", "gemm")),
+           *(f"moe_act_{kind}" for kind in WEIGHT_KINDS if kind != "F16"))
 
 
 class MoeKernels:
@@ -57,6 +58,25 @@ class MoeKernels:
         token's chosen experts, SwiGLU, then each token's down rows of its chosen experts summed with
         their weights; each kernel one launch for all the tokens. -> (n, dim) fp16. Experts only: the
         chosen (n, k) come from route, on the device."""
+        gate, up = experts.gate, experts.up
+        act = self.act(h, gate, up, chosen) if gate.kind == up.kind != "F16" else self.act_apart(h, experts, chosen)
+        return self.down(experts.down, self.operand(experts.down, act), chosen, weights)
+
+    def act(self, h: Row8, gate: ExpertStack, up: ExpertStack, chosen) -> Row8:
+        """Each (token, chosen expert)'s SwiGLU activation (n * k, ffn) with its 8-bit form, gate, up and the
+        product in one launch (moe_act_<kind>: stacks of one quantized kind): the bits of act_apart's."""
+        cp = self.cp
+        (n, k), ffn = chosen.shape, gate.rows
+        out = cp.empty((n * k, ffn), dtype=cp.float16)
+        units = cp.empty((n * k * ffn // UNIT, Q8_BYTES), dtype=cp.uint8)
+        self.fn[f"moe_act_{gate.kind}"]((ffn // UNIT, k, n), (1024,),
+                                        (gate.data, up.data, np.int32(ffn), np.int32(gate.cols), chosen, np.int32(k),
+                                         self.operand(gate, h), out, units))
+        return Row8(out, units)
+
+    def act_apart(self, h: Row8, experts: Experts, chosen) -> Row8:
+        """The same by moe_matvec (gate and up, one launch where their kinds agree) then silu_mul: fp16 stacks,
+        or gate and up of two kinds."""
         cp = self.cp
         (n, k), ffn = chosen.shape, experts.gate.rows
         gate_up = cp.empty((n * k, 2 * ffn), dtype=cp.float16)  # a row per (token, chosen expert)
@@ -67,8 +87,7 @@ class MoeKernels:
             self.launch("moe_matvec", stack, (grid_y, n),
                         (chosen, np.int32(k), self.operand(stack, h), out, np.int32(2 * ffn)), second.data)
         act = self.kernels.silu_mul(gate_up, q8=experts.down.kind != "F16")  # (n * k, ffn)
-        act = act if isinstance(act, Row8) else Row8(act, None)
-        return self.down(experts.down, self.operand(experts.down, act), chosen, weights)
+        return act if isinstance(act, Row8) else Row8(act, None)
 
     def down(self, stack: ExpertStack, x, chosen, weights):
         """Each token's down rows of its chosen experts summed with their weights, one launch (a

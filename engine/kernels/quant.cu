@@ -144,8 +144,8 @@ __device__ __forceinline__ void matvec_act(const u8* __restrict__ wg, const u8* 
     rows_dot_q8_rows<T, 1, 2 * C>(rows, xq, k, acc);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
-        const float gate = __half2float(__float2half(warp_total(acc[0][c])));
-        const float up = __half2float(__float2half(warp_total(acc[0][C + c])));
+        const float gate = __half2float(__float2half(warp_total_rn(acc[0][c])));
+        const float up = __half2float(__float2half(warp_total_rn(acc[0][C + c])));
         if (lane == 0) products[warp * C + c] = silu_times(gate, up);
     }
     __syncthreads();

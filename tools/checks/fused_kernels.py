@@ -1,6 +1,7 @@
-"""The fused decode kernels (quant.cu's matvec_act_<T>, matvec_norm_<T>; engine/kernels/fused_launch.py) against
-the launches each replaces, byte for byte: gate/up's matvec then silu_mul, and a projection's matvec then the
-residual add and add_rms_norm (fp16 rows, their Q8 units, the residual stream). The same cases run on the host's
+"""The fused decode kernels (quant.cu's matvec_act_<T>, matvec_norm_<T>: engine/kernels/fused_launch.py; moe.cu's
+moe_act_<T>: MoeKernels.act) against the launches each replaces, byte for byte: gate/up's matvec then silu_mul, a
+projection's matvec then the residual add and add_rms_norm (fp16 rows, their Q8 units, the residual stream), the
+chosen experts' gate/up matvec then silu_mul. The same cases run on the host's
 CUDA emulation in the suite (tests/engine/kernels/test_fused_host.py) and on a GPU (tools/device/
 gpu_kernels_check.py --only fused), where the compiler's float rules are the GPU's own."""
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from engine.core.quantized import BLOCKS, QuantMatrix, QuantPart
+from engine.core.experts import Experts, ExpertStack
+from engine.core.quantized import BLOCKS, QuantMatrix, QuantPart, Row8
 from tools.fixtures.make_synthetic_gguf import random_blocks
 
 KINDS = ("Q4_K", "Q6_K", "Q4_1", "Q8_0", "IQ3_S")  # the 8B Q4_K_M's, the default model's, a hybrid's
@@ -80,3 +82,19 @@ def fused_cases(k, xp, kinds=KINDS, shapes=SHAPES, seed: int = 5):
             if dim % BLOCKS[kind][0] == 0 and ffn % BLOCKS[kind][0] == 0:
                 yield f"matvec_act_{kind}", f"dim={dim} ffn={ffn}", act_case(k, xp, kind, dim, ffn, rng)
                 yield f"matvec_norm_{kind}", f"dim={dim} ffn={ffn}", norm_case(k, xp, kind, dim, ffn, rng)
+
+
+def moe_act_case(moe, xp, kind: str, experts: int, dim: int, ffn: int, tokens: int, used: int, rng) -> bool:
+    """MoeKernels.act (moe_act_<kind>) against act_apart (moe_matvec then silu_mul) for `tokens` decode rows each
+    with `used` of `experts` experts: the activations and their Q8 units."""
+    host = getattr(xp, "asnumpy", np.asarray)
+    stacks = [ExpertStack(kind, xp.asarray(random_blocks(rng, GGMLQuantizationType[kind], experts * ffn, dim, 0.05)),
+                          experts, ffn, dim) for _ in range(2)]
+    down = ExpertStack(kind, xp.asarray(random_blocks(rng, GGMLQuantizationType[kind], experts * dim, ffn, 0.05)),
+                       experts, dim, ffn)
+    rows = [row8(moe.kernels, xp, rng, dim)[0] for _ in range(tokens)]  # each a norm's output with its units
+    h = Row8(xp.concatenate([r.values for r in rows]), xp.concatenate([r.q8 for r in rows]))
+    chosen = xp.asarray(np.stack([rng.choice(experts, used, replace=False) for _ in range(tokens)]).astype(np.int32))
+    got = moe.act(h, *stacks, chosen)
+    want = moe.act_apart(h, Experts(*stacks, down), chosen)
+    return same(host(got.values), host(want.values)) and same(host(got.q8), host(want.q8))

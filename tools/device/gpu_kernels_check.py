@@ -38,7 +38,7 @@ from engine.kvcache.kv import DEFAULT_BLOCK  # noqa: E402
 from engine.kernels import DEQUANT, MATVEC_PAIRS, GpuKernels  # noqa: E402
 from engine.core.kv_types import Q8Array, dequantize_q8_0, quantize_q8_0  # noqa: E402
 from engine.core.quantized import QuantMatrix, QuantPart, quantize_q8  # noqa: E402
-from tools.checks.fused_kernels import GPU_SHAPES, fused_cases, norm_case  # noqa: E402
+from tools.checks.fused_kernels import GPU_SHAPES, fused_cases, moe_act_case, norm_case  # noqa: E402
 from tools.fixtures.make_synthetic_gguf import random_blocks, random_half  # noqa: E402
 
 REF = ArrayOps(np)
@@ -229,13 +229,18 @@ def check_fused_q8(k: GpuKernels) -> None:
 
 
 def check_fused(k: GpuKernels) -> None:
-    """The fused decode kernels (matvec_act_<T>, matvec_norm_<T>) give the bits of the launches they replace,
-    staged and not (tools/checks/fused_kernels.py), and the norm's scale to its last bit on wide rows."""
+    """The fused decode kernels (matvec_act_<T>, matvec_norm_<T>, moe_act_<T>) give the bits of the launches they
+    replace, staged and not (tools/checks/fused_kernels.py), and the norm's scale to its last bit on wide rows."""
     for kernel, case, ok in fused_cases(k, cp, shapes=GPU_SHAPES):
         record(kernel, case, 0.0 if ok else math.inf, 0.0)
     wide = np.random.default_rng(3)
     failed = sum(not norm_case(k, cp, "Q8_0", 12288, 32, wide) for _ in range(20))
     record("matvec_norm_Q8_0", "dim=12288 at fp16 midpoints, 20 rows", float(failed), 0.0)
+    for kind in ("Q4_K", "Q6_K", "IQ3_S"):  # the 30B-A3B's experts (128, 8 used) and the 80B-A3B's (512, 10 used)
+        for experts, ffn, used in ((128, 768, 8), (512, 512, 10)):
+            for tokens in (1, 16):
+                ok = moe_act_case(k.moe, cp, kind, experts, 2048, ffn, tokens, used, wide)
+                record(f"moe_act_{kind}", f"{experts} experts ffn={ffn} {tokens} rows", 0.0 if ok else math.inf, 0.0)
 
 
 def check_q8_cache(k: GpuKernels) -> None:

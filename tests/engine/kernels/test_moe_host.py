@@ -2,7 +2,8 @@
 emulated), through their launcher (engine/kernels/moe_launch.py): a decode step's experts (moe_matvec, moe_down)
 and a prompt chunk's (moe_sort, moe_gemm on the tensor cores, moe_combine) against engine/ops/moe.py's NumPy
 mixture over gguf's values of the same blocks, and each decode row the bits of that row alone. For the IQ types
-(Qwen3-Next's files are IQ3_S), beside Q4_K, whose kernels a GPU has checked."""
+(Qwen3-Next's files are IQ3_S), beside Q4_K, whose kernels a GPU has checked; and a decode step's gate, up and
+SwiGLU in one launch (moe_act) the bits of the three apart."""
 import numpy as np
 import pytest
 
@@ -16,6 +17,7 @@ from engine.ops.moe import route, run_experts
 from gguf import GGMLQuantizationType, quants
 from tests.engine.kernels.host_cuda import HostKernels, compiler
 from tests.engine.kernels.test_quant_blocks_host import random_blocks
+from tools.checks.fused_kernels import moe_act_case
 
 KINDS = ("Q4_K", "IQ3_S", "IQ2_XS")
 EXPERTS, DIM, FFN, K = 4, 256, 256, 2
@@ -33,7 +35,7 @@ def moe(tmp_path_factory) -> MoeKernels:
     k.cp, k.fn = np, {}
     k.fn.update(HostKernels("moe.cu", work, tuple(n for n in KERNELS if not n.startswith("moe_") or n.endswith(KINDS)
                                                   or n in ("moe_sort", "moe_combine", "moe_route"))))
-    k.fn.update(HostKernels("norm_rope.cu", work, ("silu_mul",)))
+    k.fn.update(HostKernels("norm_rope.cu", work, ("silu_mul", "add_rms_norm")))
     k.fn.update(HostKernels("quant.cu", work, ("quantize_q8",), defines=("PARTS=30", "PART=0")))
     return MoeKernels(k)
 
@@ -69,6 +71,15 @@ def test_a_decode_step_s_experts_match_numpy_and_each_row_is_its_own(moe, kind):
     close(together, reference(h, values, chosen, weights))
     alone = moe.decode(Row8(h[1:2], None), blocked, chosen[1:2], weights[1:2])
     assert np.array_equal(alone, together[1:2])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_experts_gate_up_and_swiglu_in_one_launch_give_the_bits_of_three(moe, kind):
+    """moe_act_<kind> (a decode step's gate and up with SwiGLU in the epilogue) against moe_matvec then silu_mul:
+    three rows of two experts each, and a lone row."""
+    rng = np.random.default_rng(6)
+    assert moe_act_case(moe, np, kind, EXPERTS, DIM, FFN, 3, K, rng)
+    assert moe_act_case(moe, np, kind, EXPERTS, DIM, FFN, 1, K, rng)
 
 
 @pytest.mark.parametrize("kind", KINDS)
