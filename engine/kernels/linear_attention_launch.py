@@ -78,34 +78,43 @@ class LinearAttentionLaunchers:
         """proj (n, channels + nv*dv + 2*nv) fp16, a Gated DeltaNet layer's in-projection over the step's rows
         -> (n, nv*dv) fp16, the out-projection's input (a Row8 with q8: its 8-bit form too); state layer j of
         each sequence advanced (and its mark where its read reaches one). The convolution, q/k norms and delta
-        rule in float32."""
+        rule in float32; a step of one row a sequence in two kernels, any other in four (the same bits)."""
         cp, fn = self.cp, self.fn
         if hy.conv_kernel not in CONV_KERNELS or hy.dk != hy.dv or hy.dk not in SCAN_WIDTHS:
             raise ValueError(f"no delta-rule kernel for a convolution of {hy.conv_kernel} and heads of dk {hy.dk}, "
                              f"dv {hy.dv} (built: kernels {CONV_KERNELS}, dk = dv in {SCAN_WIDTHS})")
         n, stride = proj.shape
-        channels, nv, kh, d = hy.channels, hy.v_heads, hy.k_heads, hy.dk
+        channels, nv, kh, d, k = hy.channels, hy.v_heads, hy.k_heads, hy.dk, hy.conv_kernel
         now_conv, now_ssm, mark_conv, mark_ssm = rows.addresses
+        seqs = (rows.row_lo, rows.mark_after)
+        conv_at, ssm_at = np.int64(j * (k - 1) * channels), np.int64(j * nv * d * d)
+        z_col, b_col, a_col = channels, channels + nv * d, channels + nv * d + nv
         conv = cp.empty((n, channels), dtype=cp.float32)
-        fn[f"conv_scan_k{hy.conv_kernel}"](
-            (math.ceil(channels / LA_THREADS), rows.seqs), (LA_THREADS,),
-            (proj, np.int32(stride), conv, lw.conv, now_conv, mark_conv, rows.row_lo, rows.mark_after,
-             np.int32(channels), np.int64(j * (hy.conv_kernel - 1) * channels)))
-        fn["l2_heads"]((math.ceil(n * 2 * kh / LA_THREADS),), (LA_THREADS,),
-                       (conv, np.int32(channels), np.int32(n), np.int32(2 * kh), np.int32(d), np.int32(kh),
-                        np.float32(d ** -0.5), np.float32(hy.l2_eps)))
-        o = cp.empty((n, nv, d), dtype=cp.float32)
-        z_col = channels
-        fn[f"delta_scan_k{d}"](
-            (math.ceil(d / SCAN_THREADS), nv, rows.seqs), (SCAN_THREADS,),
-            (conv, proj, np.int32(stride), np.int32(z_col + nv * d), np.int32(z_col + nv * d + nv), lw.a, lw.dt_bias,
-             o, now_ssm, mark_ssm, rows.row_lo, rows.mark_after, np.int32(nv), np.int32(kh), np.int32(hy.tiled),
-             np.int32(channels), np.int64(j * nv * d * d)))
         out = cp.empty((n, nv * d), dtype=cp.float16)
         units = cp.empty((n * nv * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
-        fn["gated_norm"]((math.ceil(n * nv / LA_THREADS),), (LA_THREADS,),
-                         (o, proj, np.int32(stride), np.int32(z_col), lw.norm, out, units if q8 else NULL, np.int32(n),
-                          np.int32(nv), np.int32(d), np.float32(eps)))
+        norms = (np.int32(kh), np.float32(d ** -0.5), np.float32(hy.l2_eps))
+        gates = (lw.a, lw.dt_bias)
+        heads = (np.int32(nv), np.int32(kh), np.int32(hy.tiled), np.int32(channels))
+        if n == rows.seqs:  # a row a sequence (a decode step): the convolution with the q/k norms, the delta rule
+            # with the gated norm, the same device functions as the four kernels below
+            fn[f"conv_l2_k{k}_d{d}"]((channels // d, rows.seqs), (d,), (proj, np.int32(stride), conv, lw.conv, now_conv,
+                                                                       mark_conv, *seqs, np.int32(channels), conv_at,
+                                                                       *norms))
+            fn[f"delta_norm_k{d}"]((nv, rows.seqs), (d,), (conv, proj, np.int32(stride), np.int32(z_col), np.int32(b_col),
+                                                          np.int32(a_col), *gates, lw.norm, out,
+                                                          units if q8 else NULL, now_ssm, mark_ssm, *seqs, *heads,
+                                                          ssm_at, np.float32(eps)))
+        else:
+            fn[f"conv_scan_k{k}"]((math.ceil(channels / LA_THREADS), rows.seqs), (LA_THREADS,),
+                                  (proj, np.int32(stride), conv, lw.conv, now_conv, mark_conv, *seqs,
+                                   np.int32(channels), conv_at))
+            fn[f"l2_heads_d{d}"]((n * 2 * kh,), (d,), (conv, np.int32(channels), np.int32(2 * kh), *norms))
+            o = cp.empty((n, nv, d), dtype=cp.float32)
+            fn[f"delta_scan_k{d}"]((math.ceil(d / SCAN_THREADS), nv, rows.seqs), (SCAN_THREADS,),
+                                   (conv, proj, np.int32(stride), np.int32(b_col), np.int32(a_col), *gates, o, now_ssm,
+                                    mark_ssm, *seqs, *heads, ssm_at))
+            fn[f"gated_norm_d{d}"]((n * nv,), (d,), (o, proj, np.int32(stride), np.int32(z_col), lw.norm, out,
+                                                     units if q8 else NULL, np.int32(nv), np.float32(eps)))
         return Row8(out, units) if q8 else out
 
     def sigmoid_mul(self, x, gate, q8: bool = False):

@@ -71,3 +71,22 @@ __device__ __forceinline__ void store_octet(__half* out, Q8* q8, float* v, bool 
     reinterpret_cast<uint2*>(q8->q)[part] = make_uint2(w[0], w[1]);
     if (part == 0) *reinterpret_cast<float4*>(&q8->d) = make_float4(d, d * half_sum, d * other, d * (half_sum + other));
 }
+
+// One value a lane, a warp's 32 lanes one unit: stored as fp16 at out (this lane's place), and, when q8 is given,
+// the unit's Q8 of the fp16 values (the bytes quantize_unit makes of them: a max, integer sums, each exact in any
+// order). Every lane of the warp must call it (it shuffles).
+__device__ __forceinline__ void store_lane(__half* out, Q8* q8, float v) {
+    const __half h = __float2half(v);
+    *out = h;
+    if (q8 == nullptr) return;
+    const float x = __half2float(h);
+    float amax = fabsf(x);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = __fdiv_rn(amax, 127.f), inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+    const int q = __float2int_rn(x * inv), lane = threadIdx.x & 31;
+    int half_sum = q;  // lanes 0-15: values 0-15's sum; 16-31: 16-31's
+    for (int o = 8; o > 0; o >>= 1) half_sum += __shfl_xor_sync(0xffffffffu, half_sum, o);
+    const int other = __shfl_xor_sync(0xffffffffu, half_sum, 16);
+    reinterpret_cast<signed char*>(q8->q)[lane] = (signed char)q;
+    if (lane == 0) *reinterpret_cast<float4*>(&q8->d) = make_float4(d, d * half_sum, d * other, d * (half_sum + other));
+}
