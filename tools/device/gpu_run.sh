@@ -35,8 +35,9 @@
 #          kernels under ncu, aggregate decode at 1, 16, 64 requests
 # long32k  issue 23's 32K target: the 8B shape in Q4_K_M decoding at 512 and 32,768 context, with the f16 and the
 #          q8_0 cache -> $OUT/engine_gpu_32k.json
-# fusions  a lone decode row's fused kernels: their checks, pdl_check, decode at 1 and 16 rows before and after on the
+# fusions  a decode step's fused kernels: their checks, pdl_check, decode at 1 and 16 rows before and after on the
 #          8B Q4_K_M and 135M shapes (.device/base/engine: tools/device/apply_pending.sh), the 1-row profile
+# fusions80 the hybrids' fusions: the hybrid checks, then the 80B-A3B shape's decode at 1 and 16 rows before and after
 # moedecode a MoE decode step's rows in one launch per kernel (issue 23): the moe kernel checks (a batch's rows
 #          equal to each row alone, bit for bit) and times, tools/device/pdl_check.py and aggregate decode at 1-64 requests
 #          on the 4-layer MoE shape; with .device/base/engine (`git archive REV engine | tar -x -C .device/base`)
@@ -380,7 +381,7 @@ for step in "$@"; do
       # profile after
       synth_mq
       synth_ms
-      timeout 200 python3 tools/device/gpu_kernels_check.py --only fused,fused_q8,norm_rope --no-speed \
+      timeout 240 python3 tools/device/gpu_kernels_check.py --only fused,fused_q8,norm_rope,moe --no-speed \
         --json "$OUT/kernels_fused.json" | grep -v "^ok " || echo "FUSED CHECKS FAILED OR CUT SHORT"
       for m in $MQ $MS; do
         timeout 90 python3 tools/device/pdl_check.py --model $m --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1 \
@@ -401,6 +402,21 @@ for step in "$@"; do
       timeout 120 python3 tools/profiling/gpu_profile_decode.py --model $MQ --rows 1 --json "$OUT/decode_profile_fused.json" \
         > /tmp/profile_1.txt 2>&1 || echo "PROFILE FAILED"
       head -16 /tmp/profile_1.txt ;;
+    fusions80)  # the hybrids' decode fusions (add_gated_rms_norm, moe_act, conv_l2, delta_norm, the mixers' 8-bit
+      # rows): the hybrid fixtures against transformers and exact on the GPU (hybrid_check.py, a read parked and
+      # resumed), then the Qwen3-Next-80B-A3B shape in IQ3_S decoding 1 / 16 requests before (.device/base) and after
+      bash tools/device/gpu_run.sh hybrid 2>&1 | tail -8
+      synth_next
+      next_rows() {  # DIR TAG
+        (cd $1 && timeout 200 python3 bench/batch_decode_bench.py --model $MNX --device gpu --context 512 --steps 32 \
+          --repeats 2 --batches 1,16 --label "qwen3-next-80b-a3b-iq3_s$2" --json "$OUT/batch_decode_next.json" 2>&1 \
+          | quiet | tail -3) || echo "DECODE FAILED (80B$2)"
+      }
+      if [ -d .device/base/engine ]; then
+        rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
+          && cp -r .device/base/engine /tmp/base/engine && next_rows /tmp/base -before
+      fi
+      next_rows . "" ;;
     moecheck)  # the MoE kernels' checks alone (route, experts, a batch's rows against each alone)
       timeout 150 python3 tools/device/gpu_kernels_check.py --only moe --no-speed --json "$OUT/kernels_moe.json" | grep -v "^ok " \
         || echo "MOE CHECKS FAILED OR CUT SHORT" ;;
