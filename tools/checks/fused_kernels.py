@@ -23,8 +23,15 @@ def matrix(xp, kind: str, rows: int, cols: int, rng) -> QuantMatrix:
     return QuantMatrix((QuantPart(kind, xp.asarray(raw), rows),), cols)
 
 
+def on_host(a) -> np.ndarray:
+    """A device array's values on the host (CuPy's .get(); NumPy's as they are)."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
 def same(a, b) -> bool:
-    return a.shape == b.shape and bool((np.asarray(a).view(np.uint8) == np.asarray(b).view(np.uint8)).all())
+    """Byte for byte, wherever the arrays are."""
+    a, b = on_host(a), on_host(b)
+    return a.shape == b.shape and bool((a.view(np.uint8) == b.view(np.uint8)).all())
 
 
 def row8(k, xp, rng, dim: int):
@@ -37,12 +44,11 @@ def row8(k, xp, rng, dim: int):
 
 def act_case(k, xp, kind: str, dim: int, ffn: int, rng) -> bool:
     """matvec_act against gate/up's matvec then silu_mul."""
-    host = getattr(xp, "asnumpy", np.asarray)
     h, _, _ = row8(k, xp, rng, dim)
     gate_up = matrix(xp, kind, 2 * ffn, dim, rng)
     want = k.silu_mul(k.matvec(gate_up, h.values, xp.float16, h.q8), q8=True)
     got = k.matvec_act(gate_up, h)
-    return got is not None and same(host(got.values), host(want.values)) and same(host(got.q8), host(want.q8))
+    return got is not None and same(got.values, want.values) and same(got.q8, want.q8)
 
 
 def midpoint_weights(x, delta, eps: float) -> np.ndarray:
@@ -60,16 +66,15 @@ def midpoint_weights(x, delta, eps: float) -> np.ndarray:
 
 def norm_case(k, xp, kind: str, dim: int, ffn: int, rng) -> bool:
     """matvec_norm against the projection's matvec then add_rms_norm (its output, units and residual stream)."""
-    host = getattr(xp, "asnumpy", np.asarray)
     act, _, _ = row8(k, xp, rng, ffn)
     x0 = rng.standard_normal((1, dim)).astype(np.float32)
     down = matrix(xp, kind, dim, ffn, rng)
     delta = k.matvec(down, act.values, xp.float16, act.q8)
-    weight = xp.asarray(midpoint_weights(x0, host(delta), 1e-5))
+    weight = xp.asarray(midpoint_weights(x0, on_host(delta), 1e-5))
     x_want, x_got = xp.asarray(x0.copy()), xp.asarray(x0.copy())
     want = k.add_rms_norm(x_want, delta, weight, 1e-5, q8=True)
     got = k.matvec_norm(down, act, x_got, weight, 1e-5)
-    return got is not None and all(same(host(a), host(b)) for a, b in ((got.values, want.values), (got.q8, want.q8),
+    return got is not None and all(same(a, b) for a, b in ((got.values, want.values), (got.q8, want.q8),
                                                                      (x_got, x_want)))
 
 
@@ -87,7 +92,6 @@ def fused_cases(k, xp, kinds=KINDS, shapes=SHAPES, seed: int = 5):
 def moe_act_case(moe, xp, kind: str, experts: int, dim: int, ffn: int, tokens: int, used: int, rng) -> bool:
     """MoeKernels.act (moe_act_<kind>) against act_apart (moe_matvec then silu_mul) for `tokens` decode rows each
     with `used` of `experts` experts: the activations and their Q8 units."""
-    host = getattr(xp, "asnumpy", np.asarray)
     stacks = [ExpertStack(kind, xp.asarray(random_blocks(rng, GGMLQuantizationType[kind], experts * ffn, dim, 0.05)),
                           experts, ffn, dim) for _ in range(2)]
     down = ExpertStack(kind, xp.asarray(random_blocks(rng, GGMLQuantizationType[kind], experts * dim, ffn, 0.05)),
@@ -97,4 +101,4 @@ def moe_act_case(moe, xp, kind: str, experts: int, dim: int, ffn: int, tokens: i
     chosen = xp.asarray(np.stack([rng.choice(experts, used, replace=False) for _ in range(tokens)]).astype(np.int32))
     got = moe.act(h, *stacks, chosen)
     want = moe.act_apart(h, Experts(*stacks, down), chosen)
-    return same(host(got.values), host(want.values)) and same(host(got.q8), host(want.q8))
+    return same(got.values, want.values) and same(got.q8, want.q8)
