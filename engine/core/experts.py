@@ -18,6 +18,13 @@ class ExpertStack:
     experts: int
     rows: int
     cols: int
+    table: object = None  # on a GPU, expert e's rows' device address (experts,) uint64, where moe.cu's kernels read
+    # them: an expert cache's (a slot, or page-locked host memory); None: in `data` (MoeKernels.table)
+
+    @property
+    def expert_bytes(self) -> int:
+        """One expert's matrix in bytes (its rows as stored)."""
+        return self.rows * int(self.data[:1].nbytes)
 
     def expert(self, e: int):
         """Expert e's matrix (rows, cols), of a stack of values."""

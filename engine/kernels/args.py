@@ -1,5 +1,5 @@
-"""Kernel arguments that several launchers pass alike: a null pointer, a KV block size as its
-exponent, a layer's K and V pools."""
+"""Kernel arguments that several launchers pass alike: a null pointer, an array's address, a KV block size as
+its exponent, a layer's K and V pools."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,6 +7,11 @@ import numpy as np
 from engine.core.kv_types import Q8Array
 
 NULL = np.uint64(0)  # a null pointer argument
+
+
+def address(a) -> int:
+    """A device array's address (a host array's where the caller runs the kernels on the CPU: tests)."""
+    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
 
 
 def log2(block: int) -> np.int32:

@@ -10,18 +10,13 @@ import numpy as np
 
 from engine.core.quantized import UNIT, Row8
 from engine.core.step import Step
-from engine.kernels.args import NULL
+from engine.kernels.args import NULL, address
 from engine.kernels.limits import Q8_BYTES
 
 LA_THREADS = 128  # linear_attention.cu's row-wise blocks
 SCAN_THREADS = 32  # a delta_scan block: one warp of columns
 CONV_KERNELS = (4,)  # conv_scan_k<K> built
 SCAN_WIDTHS = (32, 64, 128)  # delta_scan_k<D> built, for dk = dv = D
-
-
-def address(a) -> int:
-    """A device array's address (a host array's where the caller runs these kernels on the CPU: tests)."""
-    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
 
 
 def state_addresses(states) -> np.ndarray:

@@ -39,6 +39,13 @@
 constexpr int MAX_EXPERTS = 512;  // one warp holds a token's router probabilities: 16 a lane (Qwen3-Next's 512)
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+// An expert stack as the kernels read it: expert e's rows start at table[e] (a device address: its place in a stack
+// on the GPU, a slot of an expert cache, or page-locked host memory the GPU reads over the link: the same blocks
+// wherever they are, so the same bits). A resident stack's table is its base plus e times an expert's bytes.
+using Table = const unsigned long long* __restrict__;
+
+__device__ __forceinline__ const u8* expert_at(Table table, int e) { return reinterpret_cast<const u8*>(table[e]); }
+
 constexpr int ROUTER_THREADS = 128;  // a block per (expert, token): every thread's loads in flight at once
 
 // The logit of expert e for row xr (dim fp16 values), by a block of ROUTER_THREADS (every thread gets
@@ -150,13 +157,13 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS) router_route(
 // (b >= chosen): y[(t * chosen + j) * y_stride + (b / chosen) * m + r] = W_ids[t, j] row r . x_t
 // (x: a row of k / 32 units, or k halves for F16, per token).
 template <class T, typename X>
-__device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, const u8* __restrict__ w2, int m, int k,
+__device__ __forceinline__ void moe_matvec(const Table w, const Table w2, int m, int k,
                                            const int* __restrict__ ids, int chosen, const X* __restrict__ x,
                                            __half* __restrict__ y, int y_stride) {
     const int row0 = warp_row0();
     if (row0 >= m) return;
     const int t = blockIdx.z, j = blockIdx.y % chosen, second = blockIdx.y / chosen;
-    const u8* we = (second ? w2 : w) + (size_t)ids[t * chosen + j] * m * row_bytes<T>(k);
+    const u8* we = expert_at(second ? w2 : w, ids[t * chosen + j]);
     const X* xt = x + (size_t)t * (is_f16<T> ? k : k / 32);
     float acc[MV_ROWS] = {};
     if constexpr (is_f16<T>)
@@ -173,20 +180,21 @@ __device__ __forceinline__ void moe_matvec(const u8* __restrict__ w, const u8* _
 // moe_matvec stores it; the products through silu_mul's silu_times, so act has the bits of moe_matvec then
 // silu_mul, in one launch.
 template <class T>
-__device__ __forceinline__ void moe_act(const u8* __restrict__ gate, const u8* __restrict__ up, int ffn, int k,
+__device__ __forceinline__ void moe_act(const Table gate, const Table up, int ffn, int k,
                                         const int* __restrict__ ids, int chosen, const Q8* __restrict__ x,
                                         __half* __restrict__ act, Q8* __restrict__ q8) {
     __shared__ float products[32];
     after_producer();
     const int t = blockIdx.z, j = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c = blockIdx.x * 32 + warp;
-    const size_t rb = row_bytes<T>(k), at = (size_t)ids[t * chosen + j] * ffn * rb;
+    const size_t rb = row_bytes<T>(k);
+    const u8 *ge = expert_at(gate, ids[t * chosen + j]), *ue = expert_at(up, ids[t * chosen + j]);
     const Q8* xt = x + (size_t)t * (k / 32);
     float g[MV_ROWS] = {}, u[MV_ROWS] = {};  // (the first of each: a row alone)
 #pragma unroll MOE_UNROLL
     for (int s = lane; s < k / 32; s += 32) {
-        unit_dot_q8<T>(gate + at, rb, c, c + 1, s, xt + s, 1.f, g);
-        unit_dot_q8<T>(up + at, rb, c, c + 1, s, xt + s, 1.f, u);
+        unit_dot_q8<T>(ge, rb, c, c + 1, s, xt + s, 1.f, g);
+        unit_dot_q8<T>(ue, rb, c, c + 1, s, xt + s, 1.f, u);
     }
     const float gv = __half2float(__float2half(warp_total(g[0]))), uv = __half2float(__float2half(warp_total(u[0])));
     if (lane == 0) products[warp] = silu_times(gv, uv);
@@ -209,7 +217,7 @@ __device__ __forceinline__ void moe_act(const u8* __restrict__ gate, const u8* _
 // 24 units each, 192 pairs for 8 experts), and a warp of them alone was latency-bound (0.8 TB/s). Each
 // row's partials are summed by block_sum, in a fixed order: the result does not depend on the batch.
 template <class T, typename X>
-__device__ __forceinline__ void moe_down(const u8* __restrict__ w, int m, int k, const int* __restrict__ ids,
+__device__ __forceinline__ void moe_down(const Table w, int m, int k, const int* __restrict__ ids,
                                          int chosen, const X* __restrict__ x, const float* __restrict__ wts,
                                          __half* __restrict__ y) {
     const int row0 = blockIdx.x * MV_ROWS;
@@ -223,7 +231,7 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ w, int m, int k,
 #pragma unroll 2
     for (int i = threadIdx.x; i < chosen * units; i += MV_WARPS * 32) {
         const int j = i / units, s = i % units;
-        const u8* we = w + (size_t)ids[j] * m * rb;
+        const u8* we = expert_at(w, ids[j]);
         if constexpr (is_f16<T>)
             unit_dot_f16(reinterpret_cast<const __half*>(we), k, row0, m, s, x + (size_t)j * k + s * 32, wts[j], acc);
         else
@@ -278,7 +286,7 @@ extern "C" __global__ void moe_sort(const int* __restrict__ ids, int entries, in
 template <class T>
 __device__ __forceinline__ void moe_gemm(const __half* __restrict__ x, int x_stride, int gather,
                                          const int* __restrict__ order, const int* __restrict__ offsets,
-                                         const int* __restrict__ tiles, int experts, const u8* __restrict__ w, int m,
+                                         const int* __restrict__ tiles, int experts, const Table w, int m,
                                          int k, __half* __restrict__ y, int y_stride) {
     __shared__ __align__(16) __half as[GEMM_BM * GEMM_ROW];
     __shared__ __align__(16) __half bs[GEMM_BN * GEMM_ROW];
@@ -298,7 +306,7 @@ __device__ __forceinline__ void moe_gemm(const __half* __restrict__ x, int x_str
     }
     __syncthreads();
     const size_t rb = row_bytes<T>(k);
-    const u8* we = w + (size_t)e * m * rb;
+    const u8* we = expert_at(w, e);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
     float c[2][4][4] = {};
@@ -384,27 +392,27 @@ extern "C" __global__ void moe_combine(const __half* __restrict__ y, const int* 
 
 #define MOE_KERNELS(T, X)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                  \
-        moe_matvec_##T(const u8* w, const u8* w2, int m, int k, const int* ids, int chosen, const X* x,         \
+        moe_matvec_##T(const Table w, const Table w2, int m, int k, const int* ids, int chosen, const X* x,         \
                        __half* y, int y_stride) {                                                                \
         after_producer();                                                                                        \
         moe_matvec<T>(w, w2, m, k, ids, chosen, x, y, y_stride);                                                 \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                                                  \
-        moe_down_##T(const u8* w, int m, int k, const int* ids, int chosen, const X* x, const float* wts,        \
+        moe_down_##T(const Table w, int m, int k, const int* ids, int chosen, const X* x, const float* wts,        \
                      __half* y) {                                                                               \
         after_producer();                                                                                       \
         moe_down<T>(w, m, k, ids, chosen, x, wts, y);                                                            \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                                   \
         moe_gemm_##T(const __half* x, int x_stride, int gather, const int* order, const int* offsets,            \
-                     const int* tiles, int experts, const u8* w, int m, int k, __half* y, int y_stride) {         \
+                     const int* tiles, int experts, const Table w, int m, int k, __half* y, int y_stride) {         \
         after_producer();                                                                                         \
         moe_gemm<T>(x, x_stride, gather, order, offsets, tiles, experts, w, m, k, y, y_stride);                 \
     }
 
 #define MOE_ACT(T)                                                                                               \
     extern "C" __global__ void __launch_bounds__(1024)                                                          \
-        moe_act_##T(const u8* gate, const u8* up, int ffn, int k, const int* ids, int chosen, const Q8* x,       \
+        moe_act_##T(const Table gate, const Table up, int ffn, int k, const int* ids, int chosen, const Q8* x,       \
                     __half* act, Q8* q8) {                                                                       \
         moe_act<T>(gate, up, ffn, k, ids, chosen, x, act, q8);                                                   \
     }

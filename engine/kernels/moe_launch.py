@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS, Q8_BYTES
+from engine.kernels.args import address
 from engine.core.experts import Experts, ExpertStack
 from engine.core.quantized import UNIT, Row8
 
@@ -30,6 +31,19 @@ class MoeKernels:
         # router_route's block counters, one a row of a decode step, zero at rest; made here with the
         # default allocator (never in a graphs' pool): every captured graph keeps their address
         self.counters = kernels.cp.zeros(COUNTER_SEQUENCES, dtype=kernels.cp.int32)
+        self.tables: dict[tuple, object] = {}  # resident stacks' tables, made at first use (a prompt's, before
+        # any graph's capture)
+
+    def table(self, stack: ExpertStack):
+        """Where the kernels read each expert's rows (moe.cu's Table: (experts,) uint64 device addresses): the
+        stack's own (an expert cache's), else its base plus e times an expert's bytes, made once a stack."""
+        if stack.table is not None:
+            return stack.table
+        key = (address(stack.data), stack.experts, stack.expert_bytes)
+        if key not in self.tables:
+            offsets = np.arange(stack.experts, dtype=np.uint64) * np.uint64(stack.expert_bytes)
+            self.tables[key] = self.cp.asarray(np.uint64(key[0]) + offsets)
+        return self.tables[key]
 
     def route(self, h, router, k: int, normalize: bool, decode: bool = False):
         """h: (n, dim) fp16, router: (experts, dim) fp32 -> chosen (n, k) int32 in descending
@@ -70,7 +84,8 @@ class MoeKernels:
         out = cp.empty((n * k, ffn), dtype=cp.float16)
         units = cp.empty((n * k * ffn // UNIT, Q8_BYTES), dtype=cp.uint8)
         self.fn[f"moe_act_{gate.kind}"]((ffn // UNIT, k, n), (1024,),
-                                        (gate.data, up.data, np.int32(ffn), np.int32(gate.cols), chosen, np.int32(k),
+                                        (self.table(gate), self.table(up), np.int32(ffn), np.int32(gate.cols), chosen,
+                                         np.int32(k),
                                          self.operand(gate, h), out, units))
         return Row8(out, units)
 
@@ -85,7 +100,7 @@ class MoeKernels:
             (gate, gate, gate_up, k), (up, up, gate_up[:, ffn:], k)]
         for stack, second, out, grid_y in pairs:
             self.launch("moe_matvec", stack, (grid_y, n),
-                        (chosen, np.int32(k), self.operand(stack, h), out, np.int32(2 * ffn)), second.data)
+                        (chosen, np.int32(k), self.operand(stack, h), out, np.int32(2 * ffn)), self.table(second))
         act = self.kernels.silu_mul(gate_up, q8=experts.down.kind != "F16")  # (n * k, ffn)
         return act if isinstance(act, Row8) else Row8(act, None)
 
@@ -104,12 +119,13 @@ class MoeKernels:
             return x.values
         return x.q8 if x.q8 is not None else self.kernels.quantize_q8(x.values.reshape(-1))
 
-    def launch(self, family: str, stack: ExpertStack, grid: tuple, args: tuple, *data, block_rows: int = 0) -> None:
+    def launch(self, family: str, stack: ExpertStack, grid: tuple, args: tuple, *tables, block_rows: int = 0) -> None:
         """A decode kernel over a stack's rows, block_rows a block (a matvec block's by default), then
-        the grid's other dimensions: (its blocks, *data, rows, cols, *args)."""
+        the grid's other dimensions: (its table, *tables, rows, cols, *args)."""
         blocks = math.ceil(stack.rows / (block_rows or self.matvec_rows))
         self.fn[f"{family}_{stack.kind}"]((blocks, *grid), (self.matvec_threads,),
-                                          (stack.data, *data, np.int32(stack.rows), np.int32(stack.cols), *args))
+                                          (self.table(stack), *tables, np.int32(stack.rows), np.int32(stack.cols),
+                                           *args))
 
     def prompt(self, h, experts: Experts, chosen, weights):
         """A chunk h (n, dim) fp16: its n*k (token, choice) entries grouped by expert on the device,
@@ -142,5 +158,5 @@ class MoeKernels:
         order, offsets, tiles, count = groups
         self.fn[f"moe_gemm_{stack.kind}"](
             (row_tiles, math.ceil(stack.rows / GEMM_BN)), (GEMM_THREADS,),
-            (x, np.int32(x.shape[1]), np.int32(gather), order, offsets, tiles, count, stack.data, np.int32(stack.rows),
-             np.int32(stack.cols), out, np.int32(out_stride)))
+            (x, np.int32(x.shape[1]), np.int32(gather), order, offsets, tiles, count, self.table(stack),
+             np.int32(stack.rows), np.int32(stack.cols), out, np.int32(out_stride)))

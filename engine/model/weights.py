@@ -160,7 +160,9 @@ class WeightLoader:
         behind a cache of that many device slots (on the CPU the values as resident ones: the cache counts)."""
         experts = Experts(*(self.expert_stack(p + f"ffn_{x}_exps.weight", host=self.expert_slots is not None)
                             for x in ("gate", "up", "down")))
-        return experts if self.expert_slots is None else ExpertCache(self.xp, experts, self.expert_slots)
+        if self.expert_slots is None:
+            return experts
+        return ExpertCache(self.xp, experts, self.expert_slots, self.cfg.n_experts_used)
 
     def expert_stack(self, name: str, host: bool = False) -> ExpertStack:
         """One stacked expert tensor: on the device, or with `host` (an expert cache's) on a GPU in page-locked host

@@ -1,30 +1,39 @@
 """A mixture-of-experts layer's routed experts in host memory behind a cache of expert slots on the GPU (issue 46:
-models larger than the GPU). The router runs on the device; its choices come to the host, the experts chosen
-and not cached are copied into slots (the least recently used slot not wanted by this step goes first), and the
-expert kernels (engine/kernels/moe.cu) run on the slots with the choices renamed to slot numbers. An expert
-computes the same bits from a slot as from resident weights: the same blocks, the same kernels. On a GPU the host's
-copy of the experts is page-locked (engine/ops/backend.py Backend.pinned): a copy runs at the link's rate, where
-one from the file's pages went through the driver's staging at a fraction of it.
+models larger than the GPU). The kernels (engine/kernels/moe.cu) read each expert where its table says: a slot, or
+the expert's page-locked host rows, which the GPU reads over the link. An expert computes the same bits from either
+place as from resident weights: the same blocks, the same kernels.
 
-A step's rows may want more experts than the cache holds (a prompt chunk's, or a decode step of many requests): they
-go in runs of consecutive rows whose experts fit (each row's output is the kernels' for that row alone, so the runs
-change no bit). The copies go on the current stream.
-On the CPU (NumPy the "device") the cache changes nothing but what it counts: its checks and its reports run
-there too (engine/ops/backend.py ArrayOps.mixture)."""
+A decode step routes on the device and reads through the tables, so nothing comes to the host during it and its
+graph is captured like any other; the step writes its routes into a buffer at a fixed address (`routes`). After the
+step (refill) the host reads them, scores every expert by its recent use (a use adds 1, each step multiplies the
+scores by DECAY), and brings the best-scoring experts read from host memory into the slots of the worst-scoring
+ones, a few a step, then rewrites the tables. A prompt chunk's experts go in runs of consecutive rows whose experts
+fit the slots, every one of them copied in first (a chunk's many rows read each expert's rows many times: once
+over the link, then from the slot), its rows renamed to slot numbers; the tables are rewritten before the next
+layer's step (a decode step between a read's layers reads through them).
+
+On a GPU the host's copy of the experts is page-locked (engine/ops/backend.py Backend.pinned): copies run at the
+link's rate and the kernels read it at its own address. The copies go on the current stream. On the CPU (NumPy the
+"device") the cache changes nothing but what it counts: its checks and its reports run there too
+(engine/ops/backend.py ArrayOps.mixture)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from engine.core.experts import Experts, ExpertStack
+from engine.kernels.args import address
+from engine.kernels.limits import COUNTER_SEQUENCES
+
+DECAY = 0.9  # each step's factor on the experts' use scores: a use ten steps ago counts about a third of one now
 
 
 @dataclass
 class CacheCounts:
     hits: int = 0  # experts a step wanted that were in a slot (once a step each)
-    misses: int = 0  # experts copied in
-    bytes_copied: int = 0
+    misses: int = 0  # experts a step wanted from host memory (read over the link, or copied in for a prompt chunk)
+    bytes_copied: int = 0  # into slots
     tokens: int = 0  # rows routed through the layer
 
     def add(self, other: "CacheCounts") -> "CacheCounts":
@@ -33,19 +42,31 @@ class CacheCounts:
 
 
 class ExpertCache:
-    def __init__(self, xp, host: Experts, slots: int):
+    def __init__(self, xp, host: Experts, slots: int, used: int, swaps: int | None = None):
         """host: the layer's stacks in host memory (NumPy arrays of their blocks or values); slots: how many
-        experts the device holds (at least the experts a token uses)."""
+        experts the device holds (at least `used`, the experts a token uses); swaps: the most experts a decode
+        step's refill brings in (default: a tenth of the slots, at least one)."""
         self.xp, self.host, self.slots = xp, host, slots
+        self.swaps = swaps or max(1, slots // 10)
         self.device = Experts(*(ExpertStack(s.kind, xp.empty((slots * s.rows, *s.data.shape[1:]), dtype=s.data.dtype),
                                             slots, s.rows, s.cols) for s in (host.gate, host.up, host.down)))
-        self.slot_of = np.full(host.gate.experts, -1, dtype=np.int64)  # expert -> its slot, -1 if none
+        count = host.gate.experts
+        self.slot_of = np.full(count, -1, dtype=np.int64)  # expert -> its slot, -1 if none
         self.expert_in = np.full(slots, -1, dtype=np.int64)  # slot -> its expert, -1 if empty
         self.last_use = np.zeros(slots, dtype=np.int64)  # slot -> the step that last wanted it
+        self.score = np.zeros(count)  # expert -> its recent use (refill)
         self.step = 0
         self.counts = CacheCounts()
-        self.slots_for(np.arange(min(slots, host.gate.experts)))  # the first experts, so that every slot holds one
+        self.slots_for(np.arange(min(slots, count)))  # the first experts, so that every slot holds one
         self.counts = CacheCounts()
+        # on a GPU, the decode steps' view: each expert's rows where they are now (a slot's, else the host's), and
+        # a step's routes at a fixed address, for refill (None on the CPU: nothing to read there)
+        self.mapped = self.routes = None
+        if xp is not np:
+            self.mapped = Experts(*(replace(s, table=xp.zeros(count, dtype=xp.uint64))
+                                    for s in (host.gate, host.up, host.down)))
+            self.routes = xp.zeros((COUNTER_SEQUENCES, used), dtype=xp.int32)  # (rows, used): a decode step's
+            self.write_tables()
 
     @property
     def gate(self) -> ExpertStack:  # the slots' stacks, as a resident layer's (its first experts at the start)
@@ -70,12 +91,16 @@ class ExpertCache:
         self.counts.hits += len(cached)
         for e in wanted[self.slot_of[wanted] < 0]:
             free = np.flatnonzero(self.last_use < self.step)  # slots this step does not want
-            slot = int(free[np.argmin(self.last_use[free])])
-            if self.expert_in[slot] >= 0:
-                self.slot_of[self.expert_in[slot]] = -1
-            self.copy_in(int(e), slot)
-            self.slot_of[e], self.expert_in[slot], self.last_use[slot] = slot, e, self.step
+            self.place(int(e), int(free[np.argmin(self.last_use[free])]))
+            self.counts.misses += 1
         return self.slot_of[chosen]
+
+    def place(self, e: int, slot: int) -> None:
+        """Expert e copied into the slot (its expert before, if any, back to host memory only)."""
+        if self.expert_in[slot] >= 0:
+            self.slot_of[self.expert_in[slot]] = -1
+        self.copy_in(e, slot)
+        self.slot_of[e], self.expert_in[slot], self.last_use[slot] = slot, e, self.step
 
     def copy_in(self, e: int, slot: int) -> None:
         """Expert e's gate, up and down rows into the slot: on a GPU an asynchronous copy on the current stream, from
@@ -88,7 +113,17 @@ class ExpertCache:
             else:
                 into.set(rows)
             self.counts.bytes_copied += rows.nbytes
-        self.counts.misses += 1
+
+    def write_tables(self) -> None:
+        """The decode tables from where each expert is now (on the current stream: after the copies before it)."""
+        for mapped, host, slots in ((self.mapped.gate, self.host.gate, self.device.gate),
+                                    (self.mapped.up, self.host.up, self.device.up),
+                                    (self.mapped.down, self.host.down, self.device.down)):
+            size = np.uint64(host.expert_bytes)
+            at = np.uint64(address(host.data)) + np.arange(host.experts, dtype=np.uint64) * size
+            cached = self.slot_of >= 0
+            at[cached] = np.uint64(address(slots.data)) + self.slot_of[cached].astype(np.uint64) * size
+            mapped.table.set(at)
 
     def placed(self, picks: np.ndarray):
         """picks (n, k) expert numbers on the host -> (rows, slots) for each run of consecutive rows whose experts
@@ -100,16 +135,47 @@ class ExpertCache:
 
     def mixture(self, moe, h, values, router, k: int, normalize: bool, decode: bool):
         """The layer's output (n, dim) fp16 for rows h (a decode step's Row8, or a prompt chunk's values: `values`
-        the rows as fp16) from the cached experts -> (out, chosen, weights), chosen in expert numbers."""
+        the rows as fp16) -> (out, chosen, weights), chosen in expert numbers. A decode step through the tables (its
+        routes kept for refill), a prompt chunk from the slots."""
         chosen, weights = moe.route(values, router, k, normalize, decode=decode)
+        if decode:
+            self.routes[: len(chosen)] = chosen
+            return moe.decode(h, self.mapped, chosen, weights), chosen, weights
         picks = np.asarray(chosen.get())  # (n, k) on the host: which experts to have in slots
         out = self.xp.empty((len(picks), self.host.down.rows), dtype=self.xp.float16)
         for rows, slots in self.placed(picks):
-            if decode:
-                out[rows] = moe.decode(h.rows(rows), self.device, self.on_device(slots), weights[rows])
-            else:
-                out[rows] = moe.prompt(values[rows], self.device, self.on_device(slots), weights[rows])
+            out[rows] = moe.prompt(values[rows], self.device, self.on_device(slots), weights[rows])
+        self.write_tables()
         return out, chosen, weights
+
+    def refill(self, rows: int) -> None:
+        """After a decode step of `rows` rows (on a GPU): its routes counted, the scores moved on, and up to `swaps`
+        of the experts it read from host memory brought into the slots of lower-scoring ones, the tables rewritten."""
+        if self.routes is None:
+            return
+        picks = np.asarray(self.routes[:rows].get())  # (rows, k): the step is done (the engine reads its logits)
+        wanted = np.unique(picks)
+        self.counts.tokens += rows
+        self.counts.hits += int((self.slot_of[wanted] >= 0).sum())
+        self.counts.misses += int((self.slot_of[wanted] < 0).sum())
+        self.score *= DECAY
+        np.add.at(self.score, picks.reshape(-1), 1.0)
+        self.step += 1
+        self.last_use[self.slot_of[wanted[self.slot_of[wanted] >= 0]]] = self.step
+        outside = wanted[self.slot_of[wanted] < 0]
+        moved = 0
+        for e in outside[np.argsort(-self.score[outside], kind="stable")][: self.swaps]:
+            held = np.flatnonzero(self.last_use < self.step)  # slots this step did not read
+            if not len(held):
+                break
+            kept = np.where(self.expert_in[held] >= 0, self.score[self.expert_in[held]], -np.inf)  # (an empty slot first)
+            slot = int(held[np.argmin(kept)])
+            if kept.min() >= self.score[e]:
+                break
+            self.place(int(e), slot)
+            moved += 1
+        if moved:
+            self.write_tables()
 
     def runs(self, picks: np.ndarray) -> list[slice]:
         """A step's rows in runs of consecutive rows, in order, each wanting at most `slots` experts."""

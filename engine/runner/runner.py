@@ -45,7 +45,7 @@ class ModelRunner:
         self.recurrent = zero_state(cfg, backend.xp, chunk)  # a hybrid's fresh recurrent state, else None
         self.read_align = 1 if self.recurrent is None else STATE_CHUNK  # where a read short of its prompt's end may end
         self.expert_caches = caches(weights.layers)  # routed experts behind device slots (engine/ops/expert_cache.py)
-        graphs = cuda_graphs and backend.name == "gpu" and not self.expert_caches  # (a cache's routes: on the host)
+        graphs = cuda_graphs and backend.name == "gpu"  # (an expert cache's decode reads through device tables)
         # (with decode graphs a spare block past the pool for the padding rows of a graph's batch to write in)
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks, kv_type, spare=int(graphs))
         tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
@@ -187,7 +187,14 @@ class ModelRunner:
     def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
         """Logits (rows, vocab) after each row's token at its position, its rows in the blocks of its
         table (and its recurrent state, a hybrid's), on the backend's device: a graph replay on the GPU
-        (valid until the next replay), else eager."""
+        (valid until the next replay), else eager. Expert caches then refill from the step's routes."""
+        logits = self.step_logits(tokens, tables, positions, states)
+        for cache in self.expert_caches:
+            cache.refill(len(tokens))
+        return logits
+
+    def step_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
+        """decode_logits' step alone."""
         if self.decoder is not None:
             try:
                 return self.decoder.decode(tokens, tables, positions, states)

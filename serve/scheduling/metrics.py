@@ -90,8 +90,8 @@ class Metrics:
                                  "held, capacity", ["state"], registry=r)
         self.expert_hits = Counter("strata_expert_cache_hits", "Routed experts a step found in the GPU's expert "
                                    "cache (once a step and layer each; --expert-slots, --gpu-memory)", registry=r)
-        self.expert_misses = Counter("strata_expert_cache_misses", "Routed experts copied into the expert cache "
-                                     "from host memory", registry=r)
+        self.expert_misses = Counter("strata_expert_cache_misses", "Routed experts a step read from host memory "
+                                     "(over the link in a decode step, copied in for a prompt chunk)", registry=r)
         self.expert_bytes = Counter("strata_expert_cache_copied_bytes", "Bytes copied into the expert cache",
                                     registry=r)
         self.expert_tokens = Counter("strata_expert_cache_tokens", "Tokens routed through the expert cache "

@@ -1,9 +1,11 @@
 """Routed experts in host memory behind a few device slots (engine/ops/expert_cache.py, issue 46), on the GPU
 backend run on the CPU (host_gpu.py): a MoE model's logits the same bits with three slots of eight experts as
-with every expert resident, a prompt chunk's rows in groups whose experts fit and every decode step copying in
-what it misses."""
+with every expert resident, a prompt chunk's rows in groups whose experts fit (copied in), every decode step
+reading its experts where the tables say (a slot, or host memory) and the refills after it keeping the tables
+where the experts are."""
 import numpy as np
 
+from engine.kernels.args import address
 from engine.kernels.model_parts import ModelKernels
 from engine.model.weights import load_model
 from engine.modelfile.gguf_file import GGUFFile
@@ -45,7 +47,12 @@ def test_three_slots_of_eight_experts_give_the_resident_experts_bits(tmp_path):
     cached = run(ModelRunner(cfg, weights, backend, ctx=512, chunk=64, eos_ids=frozenset(), max_running=2,
                              cuda_graphs=False), ids, 6)
     assert all(np.array_equal(a, b) for a, b in zip(resident, cached))
+    expert = sum(s.expert_bytes for s in (caches[0].host.gate, caches[0].host.up, caches[0].host.down))
     for cache in caches:
-        assert cache.counts.misses > SLOTS and cache.counts.hits > 0  # evictions, and reuse
-        assert cache.counts.bytes_copied == cache.counts.misses * sum(
-            s.data[: s.rows].nbytes for s in (cache.host.gate, cache.host.up, cache.host.down))
+        assert cache.counts.misses > SLOTS and cache.counts.hits > 0  # experts read from host memory, and from slots
+        assert cache.counts.bytes_copied % expert == 0 and cache.counts.bytes_copied >= SLOTS * expert
+        for mapped, host, slots in ((cache.mapped.gate, cache.host.gate, cache.device.gate),
+                                    (cache.mapped.down, cache.host.down, cache.device.down)):  # where each expert is
+            where = [address(slots.data) + cache.slot_of[e] * host.expert_bytes if cache.slot_of[e] >= 0 else
+                     address(host.data) + e * host.expert_bytes for e in range(host.experts)]
+            assert mapped.table.tolist() == where

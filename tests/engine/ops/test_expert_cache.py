@@ -9,16 +9,18 @@ import pytest
 from engine.core.experts import Experts, ExpertStack
 from engine.core.quantized import Row8
 from engine.ops.backend import ArrayOps
+from engine.kernels.args import address
 from engine.ops.expert_cache import ExpertCache
+from tests.engine.kernels.host_gpu import HostCupy
 
 EXPERTS, ROWS, COLS = 6, 4, 3
 
 
-def cache(slots: int) -> ExpertCache:
+def cache(slots: int, xp=np, swaps: int | None = None) -> ExpertCache:
     rng = np.random.default_rng(0)
     stacks = [ExpertStack("F32", rng.standard_normal((EXPERTS * r, c)).astype(np.float32), EXPERTS, r, c)
               for r, c in ((ROWS, COLS), (ROWS, COLS), (COLS, ROWS))]
-    return ExpertCache(np, Experts(*stacks), slots)
+    return ExpertCache(xp, Experts(*stacks), slots, 2, swaps)
 
 
 def holds(c: ExpertCache, chosen, slots) -> bool:
@@ -57,7 +59,7 @@ def test_on_the_cpu_the_cached_mixture_gives_the_resident_bits_and_counts():
     experts = Experts(*(ExpertStack("F32", rng.standard_normal((EXPERTS * r, c)).astype(np.float32), EXPERTS, r, c)
                         for r, c in ((ROWS, COLS), (ROWS, COLS), (COLS, ROWS))))
     ops, router = ArrayOps(np), rng.standard_normal((EXPERTS, COLS)).astype(np.float32)
-    c = ExpertCache(np, experts, 3)
+    c = ExpertCache(np, experts, 3, 2)
     for rows in (9, 1):
         h = rng.standard_normal((rows, COLS)).astype(np.float32)
         resident, chosen, _ = ops.mixture(h, router, experts, 2, True)
@@ -83,25 +85,43 @@ class Chosen(np.ndarray):
 
 
 class HostMoe:
-    """moe.cu's launches as the cache calls them (engine/kernels/moe_launch.py), in NumPy: route's given choices
-    as a device array; decode's and prompt's rows through the slots they are given."""
+    """moe.cu's launches as the cache calls them (engine/kernels/moe_launch.py): route's given choices as a device
+    array; decode's stacks recorded (the kernels' bits through the tables: tests/engine/kernels/
+    test_expert_cache_host.py)."""
 
     def __init__(self, chosen, weights):
-        self.chosen, self.weights = chosen.view(Chosen), weights
+        self.chosen, self.weights, self.read = chosen.view(Chosen), weights, None
 
     def route(self, values, router, k, normalize, decode=False):
         return self.chosen, self.weights
 
-    def decode(self, h, experts, slots, weights):
-        return rows_through(experts, h.values, slots, weights)
+    def decode(self, h, experts, chosen, weights):
+        self.read = experts
+        return np.zeros(h.values.shape, dtype=np.float16)
 
 
-def test_a_decode_step_whose_rows_want_more_experts_than_the_cache_goes_in_runs():
-    """Many requests' decode rows (a Row8's consecutive rows a run) each through its own experts' slots."""
-    rng = np.random.default_rng(2)
-    c = cache(3)
-    h = rng.standard_normal((5, COLS)).astype(np.float32)
-    chosen = np.array([[0, 1], [2, 3], [4, 5], [1, 4], [3, 3]])
-    weights = rng.random((5, 2)).astype(np.float32)
-    out, _, _ = c.mixture(HostMoe(chosen, weights), Row8(h, np.zeros((5, 4), np.int8)), h, None, 2, True, True)
-    assert len(c.runs(chosen)) == 4 and np.array_equal(out, rows_through(c.host, h, chosen, weights))
+def test_a_decode_step_reads_through_the_tables_and_the_refill_brings_the_most_used_experts_in():
+    """On a GPU (NumPy as CuPy here: HostCupy) a decode step reads each expert where its table says, its routes
+    kept; after it the experts it read from host memory come into the slots of the least used, `swaps` a step,
+    and the tables follow."""
+    c = cache(3, xp=HostCupy(), swaps=1)  # experts 0, 1, 2 in the slots
+    size = c.host.gate.expert_bytes
+
+    def where() -> list[str]:
+        base = address(c.device.gate.data)
+        return [f"slot {(at - base) // size}" if 0 <= at - base < c.slots * size else "host"
+                for at in c.mapped.gate.table.tolist()]
+
+    assert where() == ["slot 0", "slot 1", "slot 2", "host", "host", "host"]
+    h = np.zeros((1, COLS), dtype=np.float32)
+    seen = []
+    for _ in range(3):  # three steps of one row routed to experts 4 and 5
+        moe = HostMoe(np.array([[4, 5]]), np.ones((1, 2), np.float32))
+        c.mixture(moe, Row8(h, None), h, None, 2, True, True)
+        assert moe.read is c.mapped
+        c.refill(1)
+        seen.append(where())
+    assert seen[0] == ["host", "slot 1", "slot 2", "host", "slot 0", "host"]  # 4 for 0 (the first of the ties)
+    assert seen[1] == seen[2] == ["host", "host", "slot 2", "host", "slot 0", "slot 1"]  # then 5 for 1
+    assert (c.counts.misses, c.counts.hits, c.counts.tokens) == (3, 3, 3)  # 4 and 5 from host, then 5, then none
+    assert c.counts.bytes_copied == 2 * sum(s.expert_bytes for s in (c.host.gate, c.host.up, c.host.down))
