@@ -6,6 +6,8 @@ products (cuBLAS over the fp16 weights, or their expansion) over the first layer
 fixed by construction)."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from engine.core.step import Step
@@ -38,3 +40,12 @@ def rows_invariant(model: LlamaModel, backend: Backend) -> bool:
 
         products.append(product)
     return same_rows(products, GPU_ROWS, GPU_SIZES)
+
+
+def rows_invariant_said(model: LlamaModel, backend: Backend) -> bool:
+    """rows_invariant, and when it is not so, the log says what that costs."""
+    if rows_invariant(model, backend):
+        return True
+    print("strata: this device's matrix products order a row's sums by the product's shape: reads take "
+          "a step each and prefixes are reused at whole chunks", file=sys.stderr, flush=True)
+    return False

@@ -26,7 +26,7 @@ from engine.kvcache.state_cache import StateCache
 from engine.ops.delta_rule import CHUNK as STATE_CHUNK
 from engine.core.chunks import chunk_end
 from engine.runner.hidden_rows import hidden_rows, take_hidden
-from engine.runner.row_check import rows_invariant
+from engine.runner.row_check import rows_invariant_said
 from engine.runner.sequence import Sequence
 
 
@@ -98,14 +98,8 @@ class ModelRunner:
         self.pool.release(table)
         self.shape_free = self.rows_invariant()
 
-    def rows_invariant(self) -> bool:
-        """Whether this backend computes every row as it would in any other step (checked on the
-        model's own matrices: engine/runner/row_check.py)."""
-        if rows_invariant(self.model, self.backend):
-            return True
-        print("strata: this device's matrix products order a row's sums by the product's shape: reads take "
-              "a step each and prefixes are reused at whole chunks", file=sys.stderr, flush=True)
-        return False
+    def rows_invariant(self) -> bool:  # (tensor parallel's ranks say no: engine/parallel/tp_workers.py)
+        return rows_invariant_said(self.model, self.backend)
 
     @property
     def layers(self) -> int:
@@ -194,8 +188,7 @@ class ModelRunner:
         return logits
 
     def step_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
-        """decode_logits' step alone."""
-        if self.decoder is not None:
+        if self.decoder is not None:  # (decode_logits' step alone)
             try:
                 return self.decoder.decode(tokens, tables, positions, states)
             except Exception as e:  # a hybrid's states may have moved in a failed capture's eager run: not run
