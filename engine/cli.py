@@ -83,8 +83,7 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative", choices=SPECULATIVE, default="off",
                    help="speculative decoding: ngram drafts tokens from the request's own context, draft has a "
                         "smaller model of the same vocabulary (--draft) propose them; either way they are checked in "
-                        "the request's decode step (the text is the same; on the CPU only in this version; default: "
-                        "off)")
+                        "the request's decode step (the text is the same; default: off)")
     p.add_argument("--draft-max", type=int, default=DEFAULT_DRAFT_MAX,
                    help=f"the most tokens a draft proposes at a step (default {DEFAULT_DRAFT_MAX})")
     p.add_argument("--draft", metavar="FILE",

@@ -19,6 +19,7 @@ from engine.core.chunks import step_budget
 from engine.kvcache.expert_plan import plan_experts
 from engine.core.memory import RESERVE_BYTES, available_memory
 from engine.kvcache.recurrent import state_bytes
+from engine.kvcache.kv import kv_row_bytes
 from engine.kvcache.sizing import plan_context
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
@@ -63,8 +64,8 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         raise ModelLoadError(f"the model's weights ({os.path.getsize(path) / 2**30:.1f} GiB in its file) do not fit "
                              f"--gpu-memory {cap / 2**30:.1f} GiB (only a mixture of experts' routed experts can stay "
                              "in host memory)")
-    draft = open_draft(config.draft, reader, backend.name) if config.speculative == "draft" else None  # (checked
-    # before anything loads)
+    draft = open_draft(config.draft, reader, backend.name, config.tp) if config.speculative == "draft" else None
+    # (checked before anything loads)
     log(f"loading {path} on {backend.device_name}")
 
     workers, conns = start_workers(config, str(path), backend.name)  # loading their shards beside this one
@@ -81,10 +82,14 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         backend.ready()
         lap("kernels after the weights")
     check_kv_type(config.kv_type, backend.name, cfg.head_dim)
+    drafted = draft_weights(draft, path, (cfg, weights), backend, config) if draft is not None else None
+    if drafted is not None:
+        lap("draft model's weights")
     plan = plan_context(cfg, backend, config.ctx, step_budget(config.step_tokens, config.chunk),
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type,
-                        cap, 2 * config.max_running * state_bytes(cfg))
+                        cap, 2 * config.max_running * state_bytes(cfg),
+                        kv_row_bytes(drafted[0], backend, config.kv_type) if drafted else 0)
     if backend.name == "gpu":
         log(plan.split())
     elif config.gpu_memory_gib is not None:
@@ -99,7 +104,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
     runner.draft_max = config.draft_max if config.speculative != "off" and runner.speculates else 0
     if draft is not None:
-        runner.draft_model = load_draft(draft, runner, path, config)
+        runner.draft_model = load_draft(draft, runner, drafted, config)
         lap("draft model")
     runner.pooling = pooling
     policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
@@ -116,11 +121,21 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     return runner, tokenizer, policy
 
 
-def load_draft(reader: GGUFFile, runner: ModelRunner, path, config: EngineConfig) -> DraftModel:
-    """--speculative draft: the draft model (engine/runner/draft_model.py), the target's own weights when it
-    is the target's file (one copy in memory)."""
-    same = config.tp == 1 and os.path.samefile(reader.path, path)
-    draft = DraftModel.load(reader, runner, (runner.cfg, runner.model.w) if same else None)
+def draft_weights(reader: GGUFFile, path, target: tuple, backend, config: EngineConfig) -> tuple:
+    """--speculative draft's config and weights: the target's own (cfg, weights) when it is the target's file (one
+    copy in memory), else loaded, on a GPU before the memory plan, which counts them (quantized blocks as the
+    target's are, --weights), on the CPU in float32."""
+    if config.tp == 1 and os.path.samefile(reader.path, path):
+        return target
+    keep = backend.name == "gpu" and config.weights == "quantized"
+    return load_model(reader.path, backend, keep_blocks=keep, reader=reader)[:2]
+
+
+def load_draft(reader: GGUFFile, runner: ModelRunner, drafted: tuple, config: EngineConfig) -> DraftModel:
+    """--speculative draft: the draft model (engine/runner/draft_model.py) over its weights (draft_weights) and a KV
+    pool of as many positions as the target's (planned beside it on a GPU)."""
+    same = drafted[1] is runner.model.w
+    draft = DraftModel.load(reader, runner, drafted)
     kv = draft.kv
     log(f"draft model {draft.cfg.name} ({draft.cfg.n_layers} layers{', the target itself' if same else ''}) proposes "
         f"up to {config.draft_max} tokens a step; its {kv.type.name} KV pool of {kv.usable * kv.block_size} tokens in "

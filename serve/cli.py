@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative", choices=SPECULATIVE,
                    help="speculative decoding: ngram drafts from the request's own context, draft has a smaller "
                         "model of the same vocabulary (--draft) propose; checked in the request's decode step, the "
-                        "text unchanged (forwarded to the default engine; CPU only in this version; default: off)")
+                        "text unchanged (forwarded to the default engine; default: off)")
     p.add_argument("--draft-max", type=int, help="the most tokens a draft proposes (forwarded; default: 8)")
     p.add_argument("--draft", metavar="FILE", help="--speculative draft: the draft model's GGUF, of the model's "
                                                    "vocabulary (forwarded; one model served)")

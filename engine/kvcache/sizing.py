@@ -65,7 +65,7 @@ class MemoryPlan:
 def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step_rows: int,
                  snapshot_bytes: int | None, block: int = 64, pool_tokens: int | None = None,
                  cache_ram_bytes: int | None = None, kv_type: str = "auto", cap_bytes: int | None = None,
-                 states_bytes: int = 0) -> MemoryPlan:
+                 states_bytes: int = 0, beside_row_bytes: int = 0) -> MemoryPlan:
     """The pool of KV blocks, the most one request may hold, and the park snapshots' budget (None:
     sized here). CPU: --ctx, else the model's capped at ModelConfig.default_ctx; the pool
     --kv-tokens, else CPU_POOL_CONTEXTS of those; snapshots 2 GiB. GPU: the pool takes what the
@@ -77,8 +77,10 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
     that is less) and on the CPU none, the pool itself being host memory (a larger --kv-tokens does
     the same). cap_bytes (--gpu-memory): on the GPU, the most the engine takes, weights included; the
     free memory counted is what the weights leave of it. states_bytes: on the GPU, what the running requests'
-    recurrent states take (a hybrid's), set aside before the pool."""
+    recurrent states take (a hybrid's), set aside before the pool. beside_row_bytes: on the GPU, a position's
+    bytes in a pool of as many positions beside this one (a draft model's, loaded already), sized with it."""
     row = kv_row_bytes(cfg, backend, kv_type)
+    beside = beside_row_bytes if backend.free_bytes() is not None else 0
     free = backend.free_bytes()
     if cache_ram_bytes is None:
         cache_ram_bytes = 0 if free is None else min(GPU_CACHE_RAM_BYTES, host_memory_bytes() // HOST_SHARE_FOR_CACHE)
@@ -100,18 +102,19 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
                 f"step's scratch ({scratch / 2**30:.1f} GiB) and the reserve ({RESERVE_BYTES / 2**30:.1f} GiB) need")
         free = min(free, cap_bytes - weights)
     room = free - scratch - states_bytes - RESERVE_BYTES  # (states: a hybrid's running requests', set aside)
-    fits = max(0, room // (row * block))  # blocks
+    fits = max(0, room // ((row + beside) * block))  # blocks
     if resolve(kv_type, backend.weight_dtype).dtype is None:
         # q8_0: a prompt chunk's attention reads one layer's K and V of its sequence widened to fp16
         # (engine/kernels GpuKernels.widen_q8_0), up to the longest context a request may reach
         longest = min(requested or cfg.max_context, fits * block)
         scratch += longest * 2 * cfg.n_kv_heads * cfg.head_dim * 2
         room = free - scratch - states_bytes - RESERVE_BYTES
-        fits = max(0, room // (row * block))
+        fits = max(0, room // ((row + beside) * block))
     if pool_tokens is not None:
         if -(-pool_tokens // block) > fits:
             raise ModelLoadError(
-                f"--kv-tokens {pool_tokens} does not fit: they need {pool_tokens * row / 2**30:.1f} GiB, but with the "
+                f"--kv-tokens {pool_tokens} does not fit: they need {pool_tokens * (row + beside) / 2**30:.1f} GiB"
+                f"{' (a draft model beside)' if beside else ''}, but with the "
                 f"weights loaded ({weights / 2**30:.1f} GiB) {free / 2**30:.1f} GiB are free, of which "
                 f"{scratch / 2**30:.1f} GiB go to prompt-chunk scratch and {RESERVE_BYTES / 2**30:.1f} GiB are kept in "
                 f"reserve; at most --kv-tokens {fits * block} fits")

@@ -3,8 +3,8 @@
 decode step as any drafter's do (engine/loop/decode_steps.py), so what it proposes changes how many are
 kept, never the output.
 
-DraftModel holds the draft's weights (LlamaModel over them on the target's backend: the CPU in this
-version) and a KV pool of its own: blocks of the target's block size and cache type (--kv-type), as many
+DraftModel holds the draft's weights (LlamaModel over them on the target's backend: the CPU, or the target's
+GPU, where the memory plan counts its weights and its pool beside the target's) and a KV pool of its own: blocks of the target's block size and cache type (--kv-type), as many
 positions as the target's pool, handed out from a free list (no prefix cache: a draft's rows serve only its own proposals). Each
 request it drafts for has a ModelDrafter: its block table there and `filled`, how many of its context's
 tokens have rows in it. One call a decode step, propose(), drafts for all of them: each request's rows
@@ -50,12 +50,14 @@ def vocabulary_refusal(target: GGUFFile, draft: GGUFFile) -> str | None:
     return None
 
 
-def open_draft(path: str, target: GGUFFile, backend_name: str) -> GGUFFile:
+def open_draft(path: str, target: GGUFFile, backend_name: str, tp: int = 1) -> GGUFFile:
     """The draft's file, checked before anything loads: a model of the target's vocabulary, a dense one
-    (not a hybrid), for a CPU engine (ModelLoadError or ValueError saying why not)."""
-    if backend_name != "cpu" or read_config(target).hybrid:
-        raise ValueError("--speculative draft runs on the CPU and not for the hybrid families in this version "
-                         "(the GPU's decode graphs take one row a sequence)")
+    (not a hybrid), for a dense target, on one GPU or the CPU (ModelLoadError or ValueError saying why not)."""
+    if read_config(target).hybrid:
+        raise ValueError("--speculative draft is not for the hybrid families in this version (their recurrent state "
+                         "moves a token a step)")
+    if backend_name != "cpu" and tp > 1:
+        raise ValueError("--speculative draft runs on one GPU (--tp 1) in this version")
     if not os.path.isfile(path):
         raise ModelLoadError(f"--draft {path}: no such file")
     draft = GGUFFile(path, "r")
@@ -79,10 +81,11 @@ class DraftModel:
         self.free: list[int] = list(range(self.kv.usable))  # blocks no request holds
 
     @classmethod
-    def load(cls, reader: GGUFFile, runner, shared: tuple[ModelConfig, Weights] | None = None) -> "DraftModel":
-        """The draft from its checked file (open_draft) for this runner's target; `shared`: the target's
-        config and weights when the draft is the target's own file (one copy in memory)."""
-        cfg, weights = shared or load_model(reader.path, runner.backend, keep_blocks=False, reader=reader)[:2]
+    def load(cls, reader: GGUFFile, runner, loaded: tuple[ModelConfig, Weights] | None = None) -> "DraftModel":
+        """The draft from its checked file (open_draft) for this runner's target; `loaded`: its config and weights
+        if they are loaded already (the target's own, when the draft is the target's file; a GPU's, loaded before
+        the memory plan), else loaded here (float32, on the CPU)."""
+        cfg, weights = loaded or load_model(reader.path, runner.backend, keep_blocks=False, reader=reader)[:2]
         tokens = min(len(field_value(reader, "tokenizer.ggml.tokens")), cfg.vocab_size, runner.vocab_size)
         return cls(str(reader.path), cfg, weights, runner.backend, runner.ctx, runner.chunk, runner.pool.size,
                    runner.pool.total * runner.pool.size, tokens, runner.kv.type.name)

@@ -11,6 +11,7 @@
 #          exactness) and park/resume parity on each fixture (tools/checks/prefill_preempt_test.py)
 # spec     tools/device/speculation_check.py (issue 47): n-gram drafts through the decode graphs, the same tokens
 #          with and without them, on the 135M and 8B Q4_K_M shapes -> $OUT/speculation_gpu.json
+# draftspec --speculative draft on the GPU: self-drafts and the 135M drafting for the 8B shape, the same tokens
 # sampling tools/device/gpu_kernels_check.py's sampling and argmax checks alone, with the picks' times (fast)
 # sm90     the wgmma prompt attention (attention_sm90.cu) against NumPy alone (fast); on failure, again with
 #          V's descriptor offsets swapped (V_LBO_IS_PANEL=0)
@@ -302,6 +303,14 @@ for step in "$@"; do
       synth_ms; synth_mq
       timeout 300 python3 tools/device/speculation_check.py $MS $MQ --json "$OUT/speculation_gpu.json" 2>&1 | quiet \
         || echo "SPECULATION CHECK FAILED" ;;
+    draftspec)  # issue 47: --speculative draft on the GPU: each of the 135M and 8B shapes drafting for itself (every
+      # greedy draft its own pick), then the 135M drafting for the 8B shape (the same vocabulary, random drafts):
+      # the same tokens with and without, alone, together and seeded (tools/device/speculation_check.py --draft)
+      synth_ms; synth_mq
+      timeout 240 python3 tools/device/speculation_check.py $MS $MQ --draft self --json "$OUT/draft_self_gpu.json" \
+        2>&1 | quiet || echo "DRAFT CHECK FAILED (self)"
+      timeout 240 python3 tools/device/speculation_check.py $MQ --draft $MS --json "$OUT/draft_135m_gpu.json" 2>&1 \
+        | quiet || echo "DRAFT CHECK FAILED (135M for 8B)" ;;
     sm90)  # the wgmma prompt attention's checks alone; when they fail, again with V's descriptor offsets swapped
       python3 tools/device/gpu_kernels_check.py --only attention,q8_cache --no-speed --json "$OUT/sm90_check.json" \
         | grep -v "^ok " || { echo "SM90 CHECKS FAILED; V_LBO_IS_PANEL=0:"

@@ -1,6 +1,6 @@
-"""Speculative decoding on the GPU (issue 47): a request's n-gram drafts go through the decode graph as rows
-after its newest token's, and its tokens must be those of one-token steps. On the engine process
-(`--speculative ngram`), for each model given:
+"""Speculative decoding on the GPU (issue 47): a request's drafts (n-grams, or a draft model's with --draft) go
+through the decode graph as rows after its newest token's, and its tokens must be those of one-token steps. On the
+engine process (`--speculative ngram`, or `draft`), for each model given:
 
 - greedy, alone: the same tokens and state fingerprint with drafts (spec 1) as without (spec 0), drafts
   counted and some accepted (a greedy answer of a random model falls into a loop the drafts then follow;
@@ -10,7 +10,8 @@ after its newest token's, and its tokens must be those of one-token steps. On th
   next uniform, as a one-token step draws it);
 - decode speed with and without drafts on the looping answer (tokens a second, the drafts' share).
 
-    python tools/device/speculation_check.py MODEL [MODEL...] [--max-new 200] [--device gpu] [--json OUT]
+    python tools/device/speculation_check.py MODEL [MODEL...] [--max-new 200] [--device gpu] [--draft FILE|self]
+        [--json OUT]
 """
 from __future__ import annotations
 
@@ -44,12 +45,14 @@ def run(engine: EnginePipe, ident: int, prompt, params: dict, spec: int, max_new
     return lines, time.perf_counter() - started
 
 
-def check(model: str, max_new: int, device: str) -> dict:
+def check(model: str, max_new: int, device: str, draft: str | None = None) -> dict:
+    """The checks on one model, its drafts n-grams, or a draft model's (draft: a GGUF of its vocabulary, or "self")."""
+    drafter = ["ngram"] if draft is None else ["draft", "--draft", model if draft == "self" else draft]
     engine = EnginePipe([sys.executable, "-m", "engine", "--serve", "--model", model, "--device", device,
-                         "--speculative", "ngram", "--draft-max", "8"], cwd=ROOT)
+                         "--speculative", *drafter, "--draft-max", "8"], cwd=ROOT)
     engine.handshake()
     prompt = prompt_tokens(int(engine.info.get("vocab", 32000)))
-    out, ident = {"model": Path(model).name}, iter(range(1, 1000))
+    out, ident = {"model": Path(model).name, "drafter": drafter[-1]}, iter(range(1, 1000))
     try:
         plain, plain_s = run(engine, next(ident), prompt, GREEDY, 0, max_new)
         drafted, drafted_s = run(engine, next(ident), prompt, GREEDY, 1, max_new)
@@ -90,9 +93,11 @@ def main() -> int:
     p.add_argument("models", nargs="+")
     p.add_argument("--max-new", type=int, default=200)
     p.add_argument("--device", default="gpu", help="gpu (what this checks), or cpu to try the script")
+    p.add_argument("--draft", help="a draft model instead of n-grams (--speculative draft): a GGUF of the models' "
+                                   "vocabulary, or self (each model drafting for itself)")
     p.add_argument("--json")
     a = p.parse_args()
-    report = [check(model, a.max_new, a.device) for model in a.models]
+    report = [check(model, a.max_new, a.device, a.draft) for model in a.models]
     for r in report:
         print(json.dumps(r), flush=True)
     if a.json:

@@ -1,17 +1,22 @@
 """The draft model's pool and per-request state (engine/runner/draft_model.py) on a tiny random model of
 the default model's vocabulary: a request's rows are caught up and drafted in its own blocks, the
 pool's free blocks all come back when it is released, one that cannot have blocks gets no drafts (no
-error), and the rows of kept drafts are not read again."""
+error), and the rows of kept drafts are not read again; and the same on the GPU's backend (its kernels run on the
+host), as a GPU target's draft runs."""
 import subprocess
 import sys
 
 import pytest
 
+from engine.kernels.model_parts import ModelKernels
 from engine.model.weights import load_model
+from engine.modelfile.gguf_file import GGUFFile
+from engine.modelfile.model_config import read_config
 from engine.ops.backend import cpu_backend
 from engine.runner.draft_model import DraftModel
 from engine.runner.sampler import Sampler, SamplingParams
 from engine.runner.sequence import Sequence
+from tests.engine.kernels.host_gpu import host_gpu_backend
 from tests.harness import ROOT
 
 BLOCK, CHUNK = 16, 32
@@ -88,3 +93,32 @@ def test_the_rows_of_kept_drafts_are_not_read_again(tiny):
     model.propose([seq])
     assert reads == [] and seq.drafter.filled == 34  # nothing read again: the draft steps go on from the new token
     assert len(seq.drafter.propose()) == 3  # (k after two of four kept)
+
+
+def test_on_the_gpu_backend_a_request_s_drafts_are_its_own_and_the_pool_comes_back(tmp_path):
+    """The draft model on the GPU's backend (host_gpu.py: its kernels run on the CPU), as `--speculative draft` runs
+    it beside a GPU target: a small Llama in Q8_0 caught up and drafting for two requests in one batch, each
+    request's drafts those it gets alone (a decode row's bits do not depend on the batch), its blocks all back."""
+    path = tmp_path / "draft.gguf"
+    subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--layers", "2",
+                    "--dim", "128", "--ffn", "256", "--heads", "2", "--kv-heads", "1", "--ctx", "512", "--tied",
+                    "--type", "Q8_0", "--tokenizer", str(ROOT / "tests/fixtures/hybrid/qwen3next.gguf")],
+                   check=True, capture_output=True)
+    reader = GGUFFile(str(path), "r")
+    backend = host_gpu_backend(ModelKernels.of(read_config(reader), reader), tmp_path)
+    cfg, weights, _ = load_model(str(path), backend, reader=reader)
+    model = DraftModel(str(path), cfg, weights, backend, ctx=256, chunk=CHUNK, block_size=BLOCK,
+                       positions=12 * BLOCK, tokens=cfg.vocab_size)
+    a, b = decoding(model, list(range(100, 130))), decoding(model, list(range(200, 220)))
+    model.propose([a, b])
+    together = [a.drafter.propose(), b.drafter.propose()]
+    assert all(len(d) == 4 for d in together)
+    for seq in (a, b):
+        seq.drafter.release()
+    alone = [decoding(model, list(range(100, 130))), decoding(model, list(range(200, 220)))]
+    for seq in alone:
+        model.propose([seq])
+    assert [seq.drafter.propose() for seq in alone] == together
+    for seq in alone:
+        seq.drafter.release()
+    assert sorted(model.free) == list(range(12))
