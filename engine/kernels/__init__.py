@@ -81,6 +81,7 @@ class GpuKernels(KernelLoader, DeviceSteps, NormRopeLaunchers, ArgmaxLauncher, A
         # capability 9.0, unless $STRATA_MATVEC_STAGE is 0)
         self.stage = hopper and os.environ.get("STRATA_MATVEC_STAGE", "1") != "0"
         self.pairs = True  # two stacked quantized parts against one row of x in one launch (matvec2_*)
+        self.fused_matvec = os.environ.get("STRATA_FUSED_MATVEC", "0") == "1"  # engine/kernels/fused_launch.py
         # the int8 tensor-core batches (mmq.cu) take up to 227 KiB of shared memory a block: Hopper's
         self.mmq_from = int(os.environ.get("STRATA_MMQ_FROM", MMQ_FROM)) if hopper else sys.maxsize
         self.sms = cp.cuda.Device().attributes["MultiProcessorCount"]

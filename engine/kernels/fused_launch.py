@@ -2,7 +2,10 @@
 its epilogue, so that a lone request's step (bound by its launches' latency) has fewer of them. matvec_act_<T>:
 gate and up with SwiGLU after them; matvec_norm_<T>: an output projection with the residual add and the next
 RMSNorm after it. Each gives the bits of the launches it replaces (tools/checks/fused_kernels.py), and says
-None where it does not apply (the caller then launches those)."""
+None where it does not apply (the caller then launches those), and unless asked for ($STRATA_FUSED_MATVEC=1):
+on the H200 they made a lone decode row slower (the 8B Q4_K_M shape 382 -> 309 tok/s, the 135M 1,567 -> 1,409;
+matvec_norm_Q6_K at 1.5 TB/s, matvec_act_Q4_K at 2.2: bench/HISTORY.md), so the separate launches stay the
+default until the kernels measure faster."""
 from __future__ import annotations
 
 from types import ModuleType
@@ -41,12 +44,13 @@ class FusedLaunchers:
     cp: ModuleType
     fn: dict
     norm_counter: object
+    fused_matvec = False  # launch matvec_act / matvec_norm at all (GpuKernels: $STRATA_FUSED_MATVEC=1)
 
     def matvec_act(self, w, x: Row8) -> Row8 | None:
         """silu(gate) * up of one decode row x (1, k) against a stacked gate_up w (2 ffn, k) -> (1, ffn) fp16 with
         its Q8 units, in one launch; None unless w's halves are quantized blocks of one kind."""
         halves = gate_up_halves(w)
-        if halves is None or len(x.values) != 1:
+        if not self.fused_matvec or halves is None or len(x.values) != 1:
             return None
         kind, gate, up, ffn = halves
         out = self.cp.empty((1, ffn), dtype=self.cp.float16)
@@ -59,7 +63,7 @@ class FusedLaunchers:
         """x (1, m) fp32 += a @ w^T for one decode row a (1, k) and a quantized w (m, k) of one kind, then
         rms_norm(x) * weight (m,) fp32 as add_rms_norm returns it (a Row8), in one launch; None where it does
         not apply (w fp16 or in parts, m not a whole number of a block's rows)."""
-        if not isinstance(w, QuantMatrix) or len(w.parts) != 1 or len(a.values) != 1:
+        if not self.fused_matvec or not isinstance(w, QuantMatrix) or len(w.parts) != 1 or len(a.values) != 1:
             return None
         (part,), (m, k) = w.parts, w.shape
         if part.kind not in BLOCKS or m % MATVEC_SOLO_ROWS or m % UNIT:

@@ -82,6 +82,7 @@ def fused_cases(k, xp, kinds=KINDS, shapes=SHAPES, seed: int = 5):
     """(kernel, case, ok) for each kind and shape: k a GpuKernels (or its launchers over the host's kernels), xp
     its array module."""
     rng = np.random.default_rng(seed)
+    k.fused_matvec = True  # (opt-in in the engine: engine/kernels/fused_launch.py)
     for kind in kinds:
         for dim, ffn in shapes:
             if dim % BLOCKS[kind][0] == 0 and ffn % BLOCKS[kind][0] == 0:

@@ -38,6 +38,7 @@
 #          q8_0 cache -> $OUT/engine_gpu_32k.json
 # fusions  a decode step's fused kernels: their checks, pdl_check, decode at 1 and 16 rows before and after on the
 #          8B Q4_K_M and 135M shapes (.device/base/engine: tools/device/apply_pending.sh), the 1-row profile
+# fusedswitch the fused matvecs off (default) and on ($STRATA_FUSED_MATVEC=1): decode on the 8B and 80B-A3B shapes
 # fusions80 the hybrids' fusions: the hybrid checks, then the 80B-A3B shape's decode at 1 and 16 rows before and after
 # moedecode a MoE decode step's rows in one launch per kernel (issue 23): the moe kernel checks (a batch's rows
 #          equal to each row alone, bit for bit) and times, tools/device/pdl_check.py and aggregate decode at 1-64 requests
@@ -426,6 +427,17 @@ for step in "$@"; do
           && cp -r .device/base/engine /tmp/base/engine && next_rows /tmp/base -before
       fi
       next_rows . "" ;;
+    fusedswitch)  # the fused matvecs (matvec_act, matvec_norm) off (the default) and on ($STRATA_FUSED_MATVEC=1): one
+      # request's and 16 requests' decode on the 8B Q4_K_M and the 80B-A3B IQ3_S shapes, in one call
+      synth_mq
+      synth_next
+      for m in $MQ $MNX; do
+        for on in 0 1; do
+          STRATA_FUSED_MATVEC=$on timeout 150 python3 bench/batch_decode_bench.py --model $m --device gpu --context 512 \
+            --steps 32 --repeats 2 --batches 1,16 --label "$(basename $m .gguf)-fused$on" \
+            --json "$OUT/batch_decode_switch.json" 2>&1 | quiet | tail -2 || echo "DECODE FAILED ($m fused $on)"
+        done
+      done ;;
     moecheck)  # the MoE kernels' checks alone (route, experts, a batch's rows against each alone)
       timeout 150 python3 tools/device/gpu_kernels_check.py --only moe --no-speed --json "$OUT/kernels_moe.json" | grep -v "^ok " \
         || echo "MOE CHECKS FAILED OR CUT SHORT" ;;

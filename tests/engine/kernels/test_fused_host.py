@@ -96,6 +96,7 @@ def test_a_lone_decode_row_through_the_fused_kernels_equals_its_row_in_a_batch(m
         # the states it takes)
         return [None if s is None else SequenceState(s.now.copy(), s.mark.copy(), s.now_at, s.mark_at) for s in states]
 
+    backend.ops.kernels.fused_matvec = True  # (opt-in: engine/kernels/fused_launch.py)
     fn, launched = backend.ops.kernels.fn, collections.Counter()
     fn.update({name: counted(launch, name, launched) for name, launch in fn.items()})
     together = np.array(runner.decode_logits([3, 5], tables, [8, 8], [s for s in after_read() if s is not None]))
