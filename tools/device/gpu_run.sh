@@ -305,12 +305,15 @@ for step in "$@"; do
       timeout 300 python3 tools/device/speculation_check.py $MS $MQ --json "$OUT/speculation_gpu.json" 2>&1 | quiet \
         || echo "SPECULATION CHECK FAILED" ;;
     draftspec)  # issue 47: --speculative draft on the GPU: each of the 135M and 8B shapes drafting for itself (every
-      # greedy draft its own pick), then the 135M drafting for the 8B shape (the same vocabulary, random drafts):
-      # the same tokens with and without, alone, together and seeded (tools/device/speculation_check.py --draft)
+      # greedy draft its own pick), then the 135M shape with the 8B's 128,256-token vocabulary drafting for the 8B shape
+      # (random drafts): the same tokens with and without, alone, together and seeded (speculation_check.py --draft)
       synth_ms; synth_mq
       timeout 240 python3 tools/device/speculation_check.py $MS $MQ --draft self --json "$OUT/draft_self_gpu.json" \
         2>&1 | quiet || echo "DRAFT CHECK FAILED (self)"
-      timeout 240 python3 tools/device/speculation_check.py $MQ --draft $MS --json "$OUT/draft_135m_gpu.json" 2>&1 \
+      MSV=/tmp/m/smollm2-135m-v128k-q4_1.gguf
+      [ -f $MSV ] || python3 tools/fixtures/make_synthetic_gguf.py $MSV --preset smollm2-135m --vocab 128256 --type Q4_1 \
+        --tokenizer .device/tok.gguf 2>&1 | tail -1
+      timeout 240 python3 tools/device/speculation_check.py $MQ --draft $MSV --json "$OUT/draft_135m_gpu.json" 2>&1 \
         | quiet || echo "DRAFT CHECK FAILED (135M for 8B)" ;;
     sm90)  # the wgmma prompt attention's checks alone; when they fail, again with V's descriptor offsets swapped
       python3 tools/device/gpu_kernels_check.py --only attention,q8_cache --no-speed --json "$OUT/sm90_check.json" \
