@@ -5,6 +5,7 @@ MoE model is captured in one graph like any other. NumPy reference: engine/ops/m
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -33,6 +34,8 @@ class MoeKernels:
         self.counters = kernels.cp.zeros(COUNTER_SEQUENCES, dtype=kernels.cp.int32)
         self.tables: dict[tuple, object] = {}  # resident stacks' tables, made at first use (a prompt's, before
         # any graph's capture)
+        self.fused_act = os.environ.get("STRATA_MOE_ACT", "1") != "0"  # moe_act (0: moe_matvec then silu_mul, to
+        # measure one against the other: the same bits)
 
     def table(self, stack: ExpertStack):
         """Where the kernels read each expert's rows (moe.cu's Table: (experts,) uint64 device addresses): the
@@ -73,7 +76,8 @@ class MoeKernels:
         their weights; each kernel one launch for all the tokens. -> (n, dim) fp16. Experts only: the
         chosen (n, k) come from route, on the device."""
         gate, up = experts.gate, experts.up
-        act = self.act(h, gate, up, chosen) if gate.kind == up.kind != "F16" else self.act_apart(h, experts, chosen)
+        fused = self.fused_act and gate.kind == up.kind != "F16"
+        act = self.act(h, gate, up, chosen) if fused else self.act_apart(h, experts, chosen)
         return self.down(experts.down, self.operand(experts.down, act), chosen, weights)
 
     def act(self, h: Row8, gate: ExpertStack, up: ExpertStack, chosen) -> Row8:

@@ -3,24 +3,24 @@
 # part under its own limit, results packed in $OUT/pending.tgz (a call brings back only a few files). The
 # patches of tools/device/pending/ are applied first (apply_pending.sh; main's engine kept as the before):
 #   fusions   a decode step's fused kernels (matvec_act, matvec_norm, moe_act, ...): their checks, pdl_check, decode
-#             before and after on the 8B Q4_K_M and 135M shapes (gpu_run.sh fusions, from the patch)
+#             before (when a patch is pending) and after on the 8B Q4_K_M and 135M shapes (gpu_run.sh fusions)
 #   fusions80 the hybrids' fusions: hybrid_check, parity, the 80B-A3B shape before and after (gpu_run.sh fusions80)
-#   fusedswitch 05-fused-matvec-opt-in.patch: decode with the fused matvecs off (the default) and on, 8B and 80B
-#   a3b       the 30B-A3B shape's resident decode, main's engine and the patched one (after a gpu_run.sh part)
+#   fusedswitch decode with the fused matvecs off (the default) and on ($STRATA_FUSED_MATVEC=1), the 8B and 80B shapes
+#   a3b       the 30B-A3B shape's resident decode with moe_act and without ($STRATA_MOE_ACT=0; after a gpu_run.sh part)
 #   sampling  the batched draws (a row alone = in any batch = draw_segmented), the picks' graphs, their times
 #   iq        gpu_run.sh weights: every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types
 #             among them), and mmq.cu's rows against the dp4a matvec's, every kind
 #   spec      n-gram drafts as decode-graph rows: the same tokens with and without (tools/device/speculation_check.py)
-#   draft     03-draft-on-gpu.patch: --speculative draft on the GPU, self-drafts and the 135M drafting for the 8B
-#             shape, the same tokens with and without (gpu_run.sh draftspec, from the patch)
+#   draft     --speculative draft on the GPU, self-drafts and the 135M drafting for the 8B shape, the same tokens
+#             with and without (gpu_run.sh draftspec)
 #   clients   the 64 clients and 16 sub-agents through HTTP as a user starts the server (the batched draws' gain)
 #   hol       B beside A's 46.9K read and 4 / 16 / 64 decoders through HTTP (issue 44's B: short reads first)
 #   hybrid    issue 45's GPU path: the attention kernels (256-wide heads among them), the hybrid fixtures against
 #             transformers, the GPU path's exactness and park/resume parity (gpu_run.sh kernels, hybrid)
-#   offload   issue 46's expert cache: the 30B-A3B shape resident against 32 / 64 slots (gpu_run.sh offload): with
-#             02-expert-tables.patch decode graphs through the tables, the same bits as resident, the refills' counts
+#   offload   issue 46's expert cache: the 30B-A3B shape resident against 32 / 64 slots (gpu_run.sh offload): decode
+#             graphs through the expert tables, the same bits as resident, the refills' counts
 #   moe       the MoE kernels' checks (gpu_run.sh moecheck: routing, a decode step's and a prompt chunk's experts,
-#             through the tables of 02-expert-tables.patch)
+#             through the expert tables)
 #   PARTS=fusions bash tools/device/pending_round.sh        (carry [".whl", ".device"]; tools/device/setup.sh makes them)
 set -uo pipefail
 bash tools/device/apply_pending.sh || { echo "A PENDING PATCH DOES NOT APPLY"; exit 1; }
@@ -33,17 +33,15 @@ for part in ${PARTS:-fusions}; do
     fusions) timeout 560 bash tools/device/gpu_run.sh fusions 2>&1 | tail -40 ;;
     fusions80) timeout 560 bash tools/device/gpu_run.sh fusions80 2>&1 | tail -30 ;;
     fusedswitch) timeout 560 bash tools/device/gpu_run.sh fusedswitch 2>&1 | tail -20 ;;
-    a3b)  # the 30B-A3B shape's resident decode at 1 / 4 / 16 requests, main's engine then the patched one (moe_act,
-      # the expert tables); after a part that ran gpu_run.sh (its wheels in /tmp/site)
+    a3b)  # the 30B-A3B shape's resident decode at 1 / 4 / 16 requests with moe_act (the default) and without
+      # ($STRATA_MOE_ACT=0: moe_matvec then silu_mul); after a part that ran gpu_run.sh (its wheels in /tmp/site)
       export PYTHONPATH=/tmp/site; MQA=/tmp/m/qwen3-30b-a3b-q4_k_m.gguf; rm -f /tmp/m/qwen3-next-80b-a3b-iq3_s.gguf
       [ -f $MQA ] || python3 tools/fixtures/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M \
         --tokenizer .device/tok.gguf 2>&1 | tail -1
-      rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
-        && cp -r .device/base/engine /tmp/base/engine
-      for dir in /tmp/base .; do
-        (cd $dir && timeout 150 python3 bench/batch_decode_bench.py --model $MQA --device gpu --context 512 --steps 32 \
-          --repeats 2 --batches 1,4,16 --label "qwen3-30b-a3b-q4_k_m$([ $dir = . ] || echo -before)" \
-          --json "$OUT/batch_decode_a3b.json" 2>&1 | grep -v "loading weights" | tail -3)
+      for on in 1 0; do
+        STRATA_MOE_ACT=$on timeout 150 python3 bench/batch_decode_bench.py --model $MQA --device gpu --context 512 \
+          --steps 32 --repeats 2 --batches 1,4,16 --label "qwen3-30b-a3b-q4_k_m-moe_act$on" \
+          --json "$OUT/batch_decode_a3b.json" 2>&1 | grep -v "loading weights" | tail -3
       done ;;
     sampling) timeout 150 bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
     iq) timeout 360 bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
