@@ -23,7 +23,8 @@ Q4_K_M (tools/fixtures/fetch_fixture.py --model coder-1.5b / coder-0.5b fetches 
         [--repeats 1] [--arms off,ngram,draft] [--llama-server BIN [--llama-args "..."]]
         [--label NAME --json FILE] [-- strata server flags...]
 
-Exit status 1 if a request failed or a Strata arm's text differed from its arm without drafts.
+Exit status 1 if an arm failed (the others still run; the JSON is written after each arm) or a Strata arm's text
+differed from its arm without drafts.
 """
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def arms(a: argparse.Namespace, port: int, extra: list[str]) -> dict[str, list[s
     """arm name -> its server command."""
     strata = [sys.executable, "-m", "serve", "--model", a.model, "--device", a.device, "--port", str(port), *extra]
     out = {f"strata {s}": strata + ["--speculative", s] + (["--draft", a.draft] if s == "draft" else [])
-           for s in a.arms.split(",")}
+           for s in a.arms.split(",") if s}
     if a.llama_server:
         llama = [a.llama_server, "-m", a.model, "--port", str(port), "--jinja", *shlex.split(a.llama_args)]
         out["llama off"] = llama
@@ -131,15 +132,29 @@ def arms(a: argparse.Namespace, port: int, extra: list[str]) -> dict[str, list[s
 
 
 def compare(result: dict) -> bool:
-    """Each arm's text against its server's arm without drafts (`same_text`); False if a Strata arm's differs."""
+    """Each arm's rows against its server's arm without drafts: `same_text` and `vs_off` (its decode tok/s over the
+    off arm's). False if a Strata arm's text differs."""
     exact = True
     for arm, rows in result.items():
         base = result.get(arm.split()[0] + " off")
+        if "error" in rows or base is None or "error" in base:
+            continue
         for name, row in rows.items():
-            row["same_text"] = None if base is None else row["text"] == base[name]["text"]
-            if arm.startswith("strata") and row["same_text"] is False:
-                exact = False
+            row["same_text"] = row["text"] == base[name]["text"]
+            off = base[name]["decode_tok_s"]
+            row["vs_off"] = round(row["decode_tok_s"] / off, 3) if off else None
+            exact = exact and (row["same_text"] or not arm.startswith("strata"))
     return exact
+
+
+def save(a: argparse.Namespace, result: dict) -> None:
+    """The result so far into --json (after each arm: a later arm's failure loses nothing)."""
+    if a.json:
+        merge_result(Path(a.json), a.label or f"{a.device} speculation", {
+            "machine": machine(a.device), "model": Path(a.model).name, "draft": Path(a.draft).name,
+            "max_tokens": a.max_tokens, "repeats": a.repeats, "python": sys.version.split()[0],
+            "arms": {arm: rows if "error" in rows else {n: {k: v for k, v in r.items() if k != "text"}
+                                                        for n, r in rows.items()} for arm, rows in result.items()}})
 
 
 def main() -> int:
@@ -147,7 +162,8 @@ def main() -> int:
     p.add_argument("--model", help="the target GGUF (default: the Qwen2.5-Coder-1.5B fixture)")
     p.add_argument("--draft", help="the draft GGUF (default: the Qwen2.5-Coder-0.5B fixture)")
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
-    p.add_argument("--arms", default="off,ngram,draft", help="Strata's --speculative values to run, in order")
+    p.add_argument("--arms", default="off,ngram,draft",
+                   help="Strata's --speculative values to run, in order (empty: none)")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds a request may take")
@@ -163,26 +179,20 @@ def main() -> int:
     port = free_port()
     result, logs = {}, Path(tempfile.mkdtemp(prefix="speculation_bench_"))
     for arm, cmd in arms(a, port, [f for f in extra if f != "--"]).items():
-        result[arm] = run_arm(cmd, f"http://127.0.0.1:{port}", cases, a, logs / (arm.replace(" ", "_") + ".log"))
+        try:
+            result[arm] = run_arm(cmd, f"http://127.0.0.1:{port}", cases, a, logs / (arm.replace(" ", "_") + ".log"))
+        except (RuntimeError, TimeoutError, httpx.HTTPError) as e:
+            print(f"{arm}: FAILED: {e}", flush=True)
+            result[arm] = {"error": str(e).splitlines()[0]}
+            continue
+        compare(result)
         for name, row in result[arm].items():
             print(f"{arm:13s} {name:9s} {row['tokens']:4d} tokens  {row['decode_tok_s']:7.2f} tok/s  drafted "
-                  f"{row['drafted']:4d} accepted {row['accepted']:4d}", flush=True)
-    exact = compare(result)
-    for arm, rows in result.items():
-        base = result.get(arm.split()[0] + " off")
-        if base is not None and arm != arm.split()[0] + " off":
-            ratios = {n: round(r["decode_tok_s"] / base[n]["decode_tok_s"], 3) if base[n]["decode_tok_s"] else None
-                      for n, r in rows.items()}
-            print(f"{arm:13s} against its off arm: {ratios}; same text: "
-                  f"{ {n: r['same_text'] for n, r in rows.items()} }", flush=True)
-    if a.json:
-        merge_result(Path(a.json), a.label or f"{a.device} speculation", {
-            "machine": machine(a.device), "model": Path(a.model).name, "draft": Path(a.draft).name,
-            "max_tokens": a.max_tokens, "repeats": a.repeats, "python": sys.version.split()[0],
-            "arms": {arm: {n: {k: v for k, v in r.items() if k != "text"} for n, r in rows.items()}
-                     for arm, rows in result.items()}})
+                  f"{row['drafted']:4d} accepted {row['accepted']:4d}  against off {row.get('vs_off')}  same text "
+                  f"{row.get('same_text')}", flush=True)
+        save(a, result)
     print(f"logs: {logs}")
-    return 0 if exact else 1
+    return 0 if compare(result) and not any("error" in rows for rows in result.values()) else 1
 
 
 if __name__ == "__main__":
