@@ -39,6 +39,7 @@
 # fusions  a decode step's fused kernels: their checks, pdl_check, decode at 1 and 16 rows before and after on the
 #          8B Q4_K_M and 135M shapes (.device/base/engine: tools/device/apply_pending.sh), the 1-row profile
 # fusedswitch the fused matvecs off (default) and on ($STRATA_FUSED_MATVEC=1): decode on the 8B and 80B-A3B shapes
+# moeactswitch the 30B-A3B shape's resident decode with moe_act (default) and without ($STRATA_MOE_ACT=0)
 # fusions80 the hybrids' fusions: the hybrid checks, then the 80B-A3B shape's decode at 1 and 16 rows before and after
 # moedecode a MoE decode step's rows in one launch per kernel (issue 23): the moe kernel checks (a batch's rows
 #          equal to each row alone, bit for bit) and times, tools/device/pdl_check.py and aggregate decode at 1-64 requests
@@ -174,6 +175,13 @@ MQC=/tmp/m/llama3-8b-q4_k_m-chat-l3.gguf  # the 8B shape in Q4_K_M with Llama 3'
 LLAMA=/tmp/llama
 MQW=/tmp/q/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf  # the real-model fixture (issue 22), carried in parts
 quiet() { grep --line-buffered -v "loading weights" || true; }
+
+base_tree() {  # this tree with main's engine (.device/base/engine, kept by apply_pending.sh) at /tmp/base: the
+  # "before" of a before/after run; false when none is kept (no patch pending)
+  [ -d .device/base/engine ] || return 1
+  rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
+    && cp -r .device/base/engine /tmp/base/engine
+}
 synth_mq() {  # the Llama-3-8B shape in Q4_K_M, made once per machine
   [ -f $MQ ] || python3 tools/fixtures/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
 }
@@ -407,10 +415,7 @@ for step in "$@"; do
             | quiet | tail -3) || echo "DECODE FAILED ($m$2)"
         done
       }
-      if [ -d .device/base/engine ]; then
-        rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
-          && cp -r .device/base/engine /tmp/base/engine && decode_rows /tmp/base -before
-      fi
+      base_tree && decode_rows /tmp/base -before
       decode_rows . ""
       timeout 120 python3 tools/profiling/gpu_profile_decode.py --model $MQ --rows 1 --json "$OUT/decode_profile_fused.json" \
         > /tmp/profile_1.txt 2>&1 || echo "PROFILE FAILED"
@@ -425,10 +430,7 @@ for step in "$@"; do
           --repeats 2 --batches 1,16 --label "qwen3-next-80b-a3b-iq3_s$2" --json "$OUT/batch_decode_next.json" 2>&1 \
           | quiet | tail -3) || echo "DECODE FAILED (80B$2)"
       }
-      if [ -d .device/base/engine ]; then
-        rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
-          && cp -r .device/base/engine /tmp/base/engine && next_rows /tmp/base -before
-      fi
+      base_tree && next_rows /tmp/base -before
       next_rows . "" ;;
     fusedswitch)  # the fused matvecs (matvec_act, matvec_norm) off (the default) and on ($STRATA_FUSED_MATVEC=1): one
       # request's and 16 requests' decode on the 8B Q4_K_M and the 80B-A3B IQ3_S shapes, in one call
@@ -440,6 +442,15 @@ for step in "$@"; do
             --steps 32 --repeats 2 --batches 1,16 --label "$(basename $m .gguf)-fused$on" \
             --json "$OUT/batch_decode_switch.json" 2>&1 | quiet | tail -2 || echo "DECODE FAILED ($m fused $on)"
         done
+      done ;;
+    moeactswitch)  # the 30B-A3B shape's resident decode at 1 / 4 / 16 requests with moe_act (the default) and
+      # without ($STRATA_MOE_ACT=0: moe_matvec then silu_mul, the same bits)
+      rm -f $MNX  # (the disk: the 80B-A3B file of an earlier step beside this one's 18 GiB)
+      synth_a3b
+      for on in 1 0; do
+        STRATA_MOE_ACT=$on timeout 150 python3 bench/batch_decode_bench.py --model $MQA --device gpu --context 512 \
+          --steps 32 --repeats 2 --batches 1,4,16 --label "qwen3-30b-a3b-q4_k_m-moe_act$on" \
+          --json "$OUT/batch_decode_a3b.json" 2>&1 | quiet | tail -3 || echo "DECODE FAILED (30B-A3B moe_act $on)"
       done ;;
     moecheck)  # the MoE kernels' checks alone (route, experts, a batch's rows against each alone)
       timeout 150 python3 tools/device/gpu_kernels_check.py --only moe --no-speed --json "$OUT/kernels_moe.json" | grep -v "^ok " \
@@ -455,10 +466,7 @@ for step in "$@"; do
           --repeats 3 --batches 1,4,16,64 --label qwen3moe-4layer-q4_k_m$2 --json "$OUT/batch_decode_gpu_moe.json" 2>&1 \
           | quiet | tail -5) || echo "MOE BATCH FAILED ($2)"
       }
-      if [ -d .device/base/engine ]; then
-        rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
-          && cp -r .device/base/engine /tmp/base/engine && moe_batch /tmp/base -before
-      fi
+      base_tree && moe_batch /tmp/base -before
       moe_batch . "" ;;
     times)
       python3 tools/profiling/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;

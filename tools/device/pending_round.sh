@@ -6,7 +6,7 @@
 #             before (when a patch is pending) and after on the 8B Q4_K_M and 135M shapes (gpu_run.sh fusions)
 #   fusions80 the hybrids' fusions: hybrid_check, parity, the 80B-A3B shape before and after (gpu_run.sh fusions80)
 #   fusedswitch decode with the fused matvecs off (the default) and on ($STRATA_FUSED_MATVEC=1), the 8B and 80B shapes
-#   a3b       the 30B-A3B shape's resident decode with moe_act and without ($STRATA_MOE_ACT=0; after a gpu_run.sh part)
+#   a3b       the 30B-A3B shape's resident decode with moe_act and without ($STRATA_MOE_ACT=0: gpu_run.sh moeactswitch)
 #   sampling  the batched draws (a row alone = in any batch = draw_segmented), the picks' graphs, their times
 #   iq        gpu_run.sh weights: every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types
 #             among them), and mmq.cu's rows against the dp4a matvec's, every kind
@@ -33,16 +33,7 @@ for part in ${PARTS:-fusions}; do
     fusions) timeout 560 bash tools/device/gpu_run.sh fusions 2>&1 | tail -40 ;;
     fusions80) timeout 560 bash tools/device/gpu_run.sh fusions80 2>&1 | tail -30 ;;
     fusedswitch) timeout 560 bash tools/device/gpu_run.sh fusedswitch 2>&1 | tail -20 ;;
-    a3b)  # the 30B-A3B shape's resident decode at 1 / 4 / 16 requests with moe_act (the default) and without
-      # ($STRATA_MOE_ACT=0: moe_matvec then silu_mul); after a part that ran gpu_run.sh (its wheels in /tmp/site)
-      export PYTHONPATH=/tmp/site; MQA=/tmp/m/qwen3-30b-a3b-q4_k_m.gguf; rm -f /tmp/m/qwen3-next-80b-a3b-iq3_s.gguf
-      [ -f $MQA ] || python3 tools/fixtures/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M \
-        --tokenizer .device/tok.gguf 2>&1 | tail -1
-      for on in 1 0; do
-        STRATA_MOE_ACT=$on timeout 150 python3 bench/batch_decode_bench.py --model $MQA --device gpu --context 512 \
-          --steps 32 --repeats 2 --batches 1,4,16 --label "qwen3-30b-a3b-q4_k_m-moe_act$on" \
-          --json "$OUT/batch_decode_a3b.json" 2>&1 | grep -v "loading weights" | tail -3
-      done ;;
+    a3b) timeout 400 bash tools/device/gpu_run.sh moeactswitch 2>&1 | tail -10 ;;
     sampling) timeout 150 bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
     iq) timeout 360 bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
     spec) timeout 240 bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
