@@ -1,10 +1,12 @@
-"""Kernel arguments that several launchers pass alike: a null pointer, an array's address, a KV block size as
-its exponent, a layer's K and V pools."""
+"""Kernel arguments that several launchers pass alike: a null pointer, an array's address, the Q8 units a kernel
+writes beside its fp16 rows, a KV block size as its exponent, a layer's K and V pools."""
 from __future__ import annotations
 
 import numpy as np
 
 from engine.core.kv_types import Q8Array
+from engine.core.quantized import UNIT
+from engine.kernels.limits import Q8_BYTES
 
 NULL = np.uint64(0)  # a null pointer argument
 
@@ -12,6 +14,12 @@ NULL = np.uint64(0)  # a null pointer argument
 def address(a) -> int:
     """A device array's address (a host array's where the caller runs the kernels on the CPU: tests)."""
     return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
+
+
+def q8_units(cp, values: int, q8: bool = True):
+    """Room for the Q8 units (q8.cuh: values / 32 of them) of `values` fp16 values that a kernel writes beside them;
+    None without q8 (the kernel then gets NULL)."""
+    return cp.empty((values // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
 
 
 def log2(block: int) -> np.int32:

@@ -9,11 +9,11 @@ from types import ModuleType
 import numpy as np
 
 from engine.core.kv_types import Q8Array
-from engine.core.quantized import UNIT, Row8
+from engine.core.quantized import Row8
 from engine.core.step import Step
 from engine.kernels import sm90
-from engine.kernels.args import NULL, log2, pool_args
-from engine.kernels.limits import COUNTER_SEQUENCES, Q8_BYTES, THREADS, blocks
+from engine.kernels.args import NULL, log2, pool_args, q8_units
+from engine.kernels.limits import COUNTER_SEQUENCES, THREADS, blocks
 
 ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR in attention.cu
 PROMPT_ATTENTION = ("sm90", "mma")  # prompt-chunk attention kernels: wgmma (attention_sm90.cu, compute
@@ -158,7 +158,7 @@ class AttentionLaunchers:
         part_o = cp.empty((seqs, heads, splits, d), dtype=cp.float32)
         part_ml = cp.empty((seqs, heads, splits, 2), dtype=cp.float32)
         out = cp.empty((seqs, heads, d), dtype=cp.float16)
-        units = cp.empty((seqs * heads * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
+        units = q8_units(cp, seqs * heads * d, q8)
         if self.counters.size < seqs * blocks_y:
             raise ValueError(f"a decode batch of {seqs} sequences exceeds the {COUNTER_SEQUENCES} the kernels hold")
         kind = "_q8" if isinstance(k_cache, Q8Array) else ""

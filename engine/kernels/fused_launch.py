@@ -13,7 +13,8 @@ from types import ModuleType
 import numpy as np
 
 from engine.core.quantized import BLOCKS, UNIT, QuantMatrix, Row8
-from engine.kernels.limits import MATVEC_THREADS, Q8_BYTES, blocks
+from engine.kernels.args import q8_units
+from engine.kernels.limits import MATVEC_THREADS, blocks
 from engine.kernels.matvec_launch import MATVEC_SOLO_ROWS
 
 MATVEC_ACT_COLS = 2  # quant.cu's MV_ACT_COLS: columns of act (a gate row and an up row each) a warp of matvec_act
@@ -49,12 +50,14 @@ class FusedLaunchers:
     def matvec_act(self, w, x: Row8) -> Row8 | None:
         """silu(gate) * up of one decode row x (1, k) against a stacked gate_up w (2 ffn, k) -> (1, ffn) fp16 with
         its Q8 units, in one launch; None unless w's halves are quantized blocks of one kind."""
+        if not self.fused_matvec or len(x.values) != 1:
+            return None
         halves = gate_up_halves(w)
-        if not self.fused_matvec or halves is None or len(x.values) != 1:
+        if halves is None:
             return None
         kind, gate, up, ffn = halves
         out = self.cp.empty((1, ffn), dtype=self.cp.float16)
-        units = self.cp.empty((ffn // UNIT, Q8_BYTES), dtype=self.cp.uint8)
+        units = q8_units(self.cp, ffn)
         self.fn[f"matvec_act_{kind}"]((ffn // UNIT,), (32 // MATVEC_ACT_COLS * 32,),
                                       (gate, up, x.q8, out, units, np.int32(w.shape[1])))
         return Row8(out, units)
@@ -69,7 +72,7 @@ class FusedLaunchers:
         if part.kind not in BLOCKS or m % MATVEC_SOLO_ROWS or m % UNIT:
             return None
         delta, out = (self.cp.empty((1, m), dtype=self.cp.float16) for _ in range(2))
-        units = self.cp.empty((m // UNIT, Q8_BYTES), dtype=self.cp.uint8)
+        units = q8_units(self.cp, m)
         stage = self.stage_bytes(part.kind, part.data, m, k, 1)
         self.fn[f"matvec_norm_{part.kind}"](blocks(m, MATVEC_SOLO_ROWS), (MATVEC_THREADS,),
                                             (part.data, a.q8, delta, np.int32(m), np.int32(k), np.int32(stage), x,

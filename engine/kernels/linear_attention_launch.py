@@ -10,8 +10,7 @@ import numpy as np
 
 from engine.core.quantized import UNIT, Row8
 from engine.core.step import Step
-from engine.kernels.args import NULL, address
-from engine.kernels.limits import Q8_BYTES
+from engine.kernels.args import NULL, address, q8_units
 
 LA_THREADS = 128  # linear_attention.cu's row-wise blocks
 SCAN_THREADS = 32  # a delta_scan block: one warp of columns
@@ -86,7 +85,7 @@ class LinearAttentionLaunchers:
         z_col, b_col, a_col = channels, channels + nv * d, channels + nv * d + nv
         conv = cp.empty((n, channels), dtype=cp.float32)
         out = cp.empty((n, nv * d), dtype=cp.float16)
-        units = cp.empty((n * nv * d // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
+        units = q8_units(cp, n * nv * d, q8)
         norms = (np.int32(kh), np.float32(d ** -0.5), np.float32(hy.l2_eps))
         gates = (lw.a, lw.dt_bias)
         heads = (np.int32(nv), np.int32(kh), np.int32(hy.tiled), np.int32(channels))
@@ -115,7 +114,7 @@ class LinearAttentionLaunchers:
     def sigmoid_mul(self, x, gate, q8: bool = False):
         """x * sigmoid(gate): (n, width) fp16 both (width % 32 == 0) -> fp16 (a Row8 with q8: its 8-bit form too)."""
         out = self.cp.empty(x.shape, dtype=self.cp.float16)
-        units = self.cp.empty((x.size // UNIT, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
+        units = q8_units(self.cp, x.size, q8)
         self.fn["sigmoid_mul"]((math.ceil(x.size // UNIT / LA_THREADS),), (LA_THREADS,),
                                (x, gate, out, units if q8 else NULL, np.int64(x.size // UNIT)))
         return Row8(out, units) if q8 else out

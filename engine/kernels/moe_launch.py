@@ -9,8 +9,8 @@ import os
 
 import numpy as np
 
-from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS, Q8_BYTES
-from engine.kernels.args import address
+from engine.kernels.limits import COUNTER_SEQUENCES, MATVEC_ROWS, MATVEC_THREADS
+from engine.kernels.args import address, q8_units
 from engine.core.experts import Experts, ExpertStack
 from engine.core.quantized import UNIT, Row8
 
@@ -22,6 +22,12 @@ WEIGHT_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", 
 KERNELS = ("router_logits", "moe_route", "router_route", "moe_sort", "moe_combine",
            *(f"moe_{family}_{kind}" for kind in WEIGHT_KINDS for family in ("matvec", "down", "gemm")),
            *(f"moe_act_{kind}" for kind in WEIGHT_KINDS if kind != "F16"))
+
+
+def expert_addresses(stack: ExpertStack) -> np.ndarray:
+    """(experts,) uint64: where each of a stack's experts starts in its data (the experts one after another), as
+    moe.cu's Table holds them."""
+    return np.uint64(address(stack.data)) + np.arange(stack.experts, dtype=np.uint64) * np.uint64(stack.expert_bytes)
 
 
 class MoeKernels:
@@ -44,8 +50,7 @@ class MoeKernels:
             return stack.table
         key = (address(stack.data), stack.experts, stack.expert_bytes)
         if key not in self.tables:
-            offsets = np.arange(stack.experts, dtype=np.uint64) * np.uint64(stack.expert_bytes)
-            self.tables[key] = self.cp.asarray(np.uint64(key[0]) + offsets)
+            self.tables[key] = self.cp.asarray(expert_addresses(stack))
         return self.tables[key]
 
     def route(self, h, router, k: int, normalize: bool, decode: bool = False):
@@ -86,7 +91,7 @@ class MoeKernels:
         cp = self.cp
         (n, k), ffn = chosen.shape, gate.rows
         out = cp.empty((n * k, ffn), dtype=cp.float16)
-        units = cp.empty((n * k * ffn // UNIT, Q8_BYTES), dtype=cp.uint8)
+        units = q8_units(cp, n * k * ffn)
         self.fn[f"moe_act_{gate.kind}"]((ffn // UNIT, k, n), (1024,),
                                         (self.table(gate), self.table(up), np.int32(ffn), np.int32(gate.cols), chosen,
                                          np.int32(k),

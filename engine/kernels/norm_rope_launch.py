@@ -8,8 +8,8 @@ import numpy as np
 from engine.core.deferred import GatedSum
 from engine.core.quantized import UNIT, Row8
 from engine.core.step import Step
-from engine.kernels.args import NULL, log2, pool_args
-from engine.kernels.limits import Q8_BYTES, THREADS, blocks
+from engine.kernels.args import NULL, log2, pool_args, q8_units
+from engine.kernels.limits import THREADS, blocks
 
 NORM_MAX_WIDTH = 8 * 256 * 6  # add_rms_norm: eight values a thread, six times, 256 threads (NORM_OCTETS)
 
@@ -33,7 +33,7 @@ class NormRopeLaunchers:
         n, dim = x.shape
         check_norm_width(dim)
         out = self.cp.empty((n, dim), dtype=self.cp.float16)
-        units = self.cp.empty((n * dim // UNIT, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
+        units = q8_units(self.cp, n * dim, q8)
         has_delta = delta is not None
         self.fn["add_rms_norm"](
             (n,), (THREADS,), (x, delta if has_delta else out, np.int32(has_delta), weight, out,
@@ -46,7 +46,7 @@ class NormRopeLaunchers:
         n, dim = x.shape
         check_norm_width(dim)
         out = self.cp.empty((n, dim), dtype=self.cp.float16)
-        units = self.cp.empty((n * dim // UNIT, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
+        units = q8_units(self.cp, n * dim, q8)
         self.fn["add_gated_rms_norm"](
             (n,), (THREADS,), (x, gated.routed, gated.shared, gated.h, gated.gate_w, weight, out, units if q8 else NULL,
                                np.int32(dim), np.float32(eps)))
@@ -87,7 +87,7 @@ class NormRopeLaunchers:
         out = self.cp.empty((n, two_ffn // 2), dtype=self.cp.float16)
         if (two_ffn // 2) % UNIT:
             raise ValueError(f"an FFN width of {two_ffn // 2} is not a multiple of {UNIT}")
-        units = self.cp.empty((out.size // UNIT, Q8_BYTES), dtype=self.cp.uint8) if q8 else None
+        units = q8_units(self.cp, out.size, q8)
         octets = out.size // 8
         self.fn["silu_mul"](blocks(octets), (THREADS,), (gate_up, out, units if q8 else NULL, np.int32(two_ffn // 2),
                                                          np.int64(octets)))

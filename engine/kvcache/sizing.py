@@ -80,8 +80,8 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
     recurrent states take (a hybrid's), set aside before the pool. beside_row_bytes: on the GPU, a position's
     bytes in a pool of as many positions beside this one (a draft model's, loaded already), sized with it."""
     row = kv_row_bytes(cfg, backend, kv_type)
-    beside = beside_row_bytes if backend.free_bytes() is not None else 0
     free = backend.free_bytes()
+    beside = beside_row_bytes if free is not None else 0
     if cache_ram_bytes is None:
         cache_ram_bytes = 0 if free is None else min(GPU_CACHE_RAM_BYTES, host_memory_bytes() // HOST_SHARE_FOR_CACHE)
     if free is None:

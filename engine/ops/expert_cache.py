@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from engine.core.experts import Experts, ExpertStack
-from engine.kernels.args import address
 from engine.kernels.limits import COUNTER_SEQUENCES
+from engine.kernels.moe_launch import expert_addresses
 
 DECAY = 0.9  # each step's factor on the experts' use scores: a use ten steps ago counts about a third of one now
 
@@ -55,6 +55,7 @@ class ExpertCache:
         self.expert_in = np.full(slots, -1, dtype=np.int64)  # slot -> its expert, -1 if empty
         self.last_use = np.zeros(slots, dtype=np.int64)  # slot -> the step that last wanted it
         self.score = np.zeros(count)  # expert -> its recent use (refill)
+        self.stale = True  # a placement changed since the decode tables were written (write_tables)
         self.step = 0
         self.counts = CacheCounts()
         self.slots_for(np.arange(min(slots, count)))  # the first experts, so that every slot holds one
@@ -66,6 +67,10 @@ class ExpertCache:
             self.mapped = Experts(*(replace(s, table=xp.zeros(count, dtype=xp.uint64))
                                     for s in (host.gate, host.up, host.down)))
             self.routes = xp.zeros((COUNTER_SEQUENCES, used), dtype=xp.int32)  # (rows, used): a decode step's
+            # each stack's table with its experts' host addresses and its slots' device addresses (fixed)
+            self.tables = [(m.table, expert_addresses(h), expert_addresses(d)) for m, h, d in zip(
+                (self.mapped.gate, self.mapped.up, self.mapped.down), (host.gate, host.up, host.down),
+                (self.device.gate, self.device.up, self.device.down))]
             self.write_tables()
 
     @property
@@ -96,11 +101,13 @@ class ExpertCache:
         return self.slot_of[chosen]
 
     def place(self, e: int, slot: int) -> None:
-        """Expert e copied into the slot (its expert before, if any, back to host memory only)."""
+        """Expert e copied into the slot (its expert before, if any, back to host memory only); the tables are
+        stale until write_tables."""
         if self.expert_in[slot] >= 0:
             self.slot_of[self.expert_in[slot]] = -1
         self.copy_in(e, slot)
         self.slot_of[e], self.expert_in[slot], self.last_use[slot] = slot, e, self.step
+        self.stale = True
 
     def copy_in(self, e: int, slot: int) -> None:
         """Expert e's gate, up and down rows into the slot: on a GPU an asynchronous copy on the current stream, from
@@ -115,15 +122,16 @@ class ExpertCache:
             self.counts.bytes_copied += rows.nbytes
 
     def write_tables(self) -> None:
-        """The decode tables from where each expert is now (on the current stream: after the copies before it)."""
-        for mapped, host, slots in ((self.mapped.gate, self.host.gate, self.device.gate),
-                                    (self.mapped.up, self.host.up, self.device.up),
-                                    (self.mapped.down, self.host.down, self.device.down)):
-            size = np.uint64(host.expert_bytes)
-            at = np.uint64(address(host.data)) + np.arange(host.experts, dtype=np.uint64) * size
-            cached = self.slot_of >= 0
-            at[cached] = np.uint64(address(slots.data)) + self.slot_of[cached].astype(np.uint64) * size
-            mapped.table.set(at)
+        """The decode tables from where each expert is now, if a placement changed since they were written (on the
+        current stream: after the copies before it)."""
+        if not self.stale:
+            return
+        cached = self.slot_of >= 0
+        for table, host_at, slot_at in self.tables:
+            at = host_at.copy()
+            at[cached] = slot_at[self.slot_of[cached]]
+            table.set(at)
+        self.stale = False
 
     def placed(self, picks: np.ndarray):
         """picks (n, k) expert numbers on the host -> (rows, slots) for each run of consecutive rows whose experts
@@ -163,19 +171,17 @@ class ExpertCache:
         self.step += 1
         self.last_use[self.slot_of[wanted[self.slot_of[wanted] >= 0]]] = self.step
         outside = wanted[self.slot_of[wanted] < 0]
-        moved = 0
         for e in outside[np.argsort(-self.score[outside], kind="stable")][: self.swaps]:
             held = np.flatnonzero(self.last_use < self.step)  # slots this step did not read
             if not len(held):
                 break
-            kept = np.where(self.expert_in[held] >= 0, self.score[self.expert_in[held]], -np.inf)  # (an empty slot first)
+            # the slots' experts' scores, an empty slot's lowest (filled first)
+            kept = np.where(self.expert_in[held] >= 0, self.score[self.expert_in[held]], -np.inf)
             slot = int(held[np.argmin(kept)])
             if kept.min() >= self.score[e]:
                 break
             self.place(int(e), slot)
-            moved += 1
-        if moved:
-            self.write_tables()
+        self.write_tables()
 
     def runs(self, picks: np.ndarray) -> list[slice]:
         """A step's rows in runs of consecutive rows, in order, each wanting at most `slots` experts."""
