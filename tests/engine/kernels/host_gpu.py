@@ -16,6 +16,9 @@ from engine.kernels.attention_launch import MAX_COUNTER_HEADS
 from engine.kernels.loader import built_kernels
 from engine.kernels.matvec_launch import MMQ_FROM
 from engine.kernels.model_parts import ModelKernels
+from engine.model.weights import load_model
+from engine.modelfile.gguf_file import GGUFFile
+from engine.modelfile.model_config import read_config
 from engine.ops.backend import Backend, HalfCupyOps
 from tests.engine.kernels.host_cuda import Launch, host_library
 from tests.engine.kernels.test_model_parts import defined  # the kernels one compilation holds
@@ -75,3 +78,12 @@ def host_gpu_backend(model: ModelKernels, workdir: Path) -> Backend:
     ops = object.__new__(HalfCupyOps)
     ops.xp, ops.kernels, ops.decoding = cp, k, False
     return Backend("gpu", cp, np.float16, "host-emulated GPU", ops)
+
+
+def host_gpu_model(path: Path, workdir: Path) -> tuple[Backend, object, object]:
+    """A model file loaded on host_gpu_backend, the kernels it needs compiled into workdir -> (backend, its
+    ModelConfig, its Weights)."""
+    reader = GGUFFile(str(path), "r")
+    backend = host_gpu_backend(ModelKernels.of(read_config(reader), reader), workdir)
+    cfg, weights, _ = load_model(str(path), backend, reader=reader)
+    return backend, cfg, weights

@@ -6,14 +6,11 @@ where the experts are."""
 import numpy as np
 
 from engine.kernels.args import address
-from engine.kernels.model_parts import ModelKernels
 from engine.model.weights import load_model
-from engine.modelfile.gguf_file import GGUFFile
-from engine.modelfile.model_config import read_config
 from engine.ops.expert_cache import caches as caches_of
 from engine.runner.runner import ModelRunner
 from tests.engine.kernels.host_cuda import compiler
-from tests.engine.kernels.host_gpu import host_gpu_backend
+from tests.engine.kernels.host_gpu import host_gpu_model
 from tests.engine.kernels.hybrid_reference import FIXTURES, read
 
 SLOTS = 3  # of the fixture's 8 experts (2 a token)
@@ -34,14 +31,12 @@ def run(runner, ids, steps: int) -> list[np.ndarray]:
 def test_three_slots_of_eight_experts_give_the_resident_experts_bits(tmp_path):
     assert compiler() is not None, "a C++ compiler (g++) is needed to run the kernels on the CPU"
     path = FIXTURES / "qwen3next.gguf"
-    reader = GGUFFile(str(path), "r")
-    backend = host_gpu_backend(ModelKernels.of(read_config(reader), reader), tmp_path)
-    cfg, weights, _ = load_model(str(path), backend, reader=reader)
+    backend, cfg, weights = host_gpu_model(path, tmp_path)
     runner = ModelRunner(cfg, weights, backend, ctx=512, chunk=64, eos_ids=frozenset(), max_running=2,
                          cuda_graphs=False)
     ids = np.random.default_rng(6).integers(0, cfg.vocab_size, 100)
     resident = run(runner, ids, 6)
-    cfg, weights, _ = load_model(str(path), backend, reader=reader, expert_slots=SLOTS)  # (the host's in pinned memory)
+    cfg, weights, _ = load_model(str(path), backend, expert_slots=SLOTS)  # (the host's in pinned memory)
     caches = caches_of(weights.layers)
     assert len(caches) == cfg.n_layers
     cached = run(ModelRunner(cfg, weights, backend, ctx=512, chunk=64, eos_ids=frozenset(), max_running=2,

@@ -11,17 +11,13 @@ import numpy as np
 import pytest
 
 from engine.core.quantized import BLOCKS
-from engine.kernels.model_parts import ModelKernels
-from engine.model.weights import load_model
-from engine.modelfile.gguf_file import GGUFFile
-from engine.modelfile.model_config import read_config
 from engine.runner.runner import ModelRunner
 from engine.kernels.fused_launch import FusedLaunchers
 from engine.kernels.matvec_launch import MatvecLaunchers
 from engine.kernels.norm_rope_launch import NormRopeLaunchers
 from engine.kvcache.recurrent import SequenceState
 from tests.engine.kernels.host_cuda import HostKernels
-from tests.engine.kernels.host_gpu import host_gpu_backend
+from tests.engine.kernels.host_gpu import host_gpu_model
 from tools.checks.fused_kernels import KINDS, fused_cases, norm_case
 from tools.profiling.decode_launches import counted
 
@@ -83,9 +79,7 @@ def test_a_lone_decode_row_through_the_fused_kernels_equals_its_row_in_a_batch(m
     SwiGLU and norms apart): a request's tokens do not depend on whether another decodes beside it. A small
     Llama, and the IQ3_S Qwen3-Next fixture (its mixers' rows, gated sums and recurrent states too)."""
     path = small_llama(tmp_path) if model.startswith("llama") else ROOT / "tests/fixtures/iq/qwen3next-IQ3_S.gguf"
-    reader = GGUFFile(str(path), "r")
-    backend = host_gpu_backend(ModelKernels.of(read_config(reader), reader), tmp_path)
-    cfg, weights, _ = load_model(str(path), backend, reader=reader)
+    backend, cfg, weights = host_gpu_model(path, tmp_path)
     runner = ModelRunner(cfg, weights, backend, ctx=512, chunk=64, eos_ids=frozenset(), max_running=2,
                          cuda_graphs=False)
     tables = [runner.pool.allocate(runner.pool.blocks_for(9)) for _ in range(2)]

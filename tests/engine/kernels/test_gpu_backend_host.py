@@ -9,13 +9,9 @@ import hashlib
 import numpy as np
 import pytest
 
-from engine.kernels.model_parts import ModelKernels
-from engine.model.weights import load_model
-from engine.modelfile.gguf_file import GGUFFile
-from engine.modelfile.model_config import read_config
 from engine.runner.runner import ModelRunner
 from tests.engine.kernels.host_cuda import compiler
-from tests.engine.kernels.host_gpu import host_gpu_backend
+from tests.engine.kernels.host_gpu import host_gpu_model
 from tests.engine.kernels.hybrid_reference import FIXTURES, GOLDEN, check_a_cut_read, check_against_transformers
 DECODED = 80  # positions of the longest prompt decoded a row at a time (past the delta rule's first chunk)
 
@@ -27,9 +23,7 @@ def family(request, tmp_path_factory):
     spec = GOLDEN["models"][request.param]
     path = FIXTURES / spec["file"]
     assert hashlib.sha256(path.read_bytes()).hexdigest() == spec["sha256"], "the fixture's file changed"
-    reader = GGUFFile(str(path), "r")
-    backend = host_gpu_backend(ModelKernels.of(read_config(reader), reader), tmp_path_factory.mktemp("gpu"))
-    cfg, weights, _ = load_model(str(path), backend, reader=reader)
+    backend, cfg, weights = host_gpu_model(path, tmp_path_factory.mktemp("gpu"))
     runner = ModelRunner(cfg, weights, backend, ctx=512, chunk=64, eos_ids=frozenset(), max_running=2,
                          cuda_graphs=False)
     runner.warm_up()

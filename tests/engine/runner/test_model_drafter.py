@@ -8,15 +8,12 @@ import sys
 
 import pytest
 
-from engine.kernels.model_parts import ModelKernels
 from engine.model.weights import load_model
-from engine.modelfile.gguf_file import GGUFFile
-from engine.modelfile.model_config import read_config
 from engine.ops.backend import cpu_backend
 from engine.runner.draft_model import DraftModel
 from engine.runner.sampler import Sampler, SamplingParams
 from engine.runner.sequence import Sequence
-from tests.engine.kernels.host_gpu import host_gpu_backend
+from tests.engine.kernels.host_gpu import host_gpu_model
 from tests.harness import ROOT
 
 BLOCK, CHUNK = 16, 32
@@ -104,9 +101,7 @@ def test_on_the_gpu_backend_a_request_s_drafts_are_its_own_and_the_pool_comes_ba
                     "--dim", "128", "--ffn", "256", "--heads", "2", "--kv-heads", "1", "--ctx", "512", "--tied",
                     "--type", "Q8_0", "--tokenizer", str(ROOT / "tests/fixtures/hybrid/qwen3next.gguf")],
                    check=True, capture_output=True)
-    reader = GGUFFile(str(path), "r")
-    backend = host_gpu_backend(ModelKernels.of(read_config(reader), reader), tmp_path)
-    cfg, weights, _ = load_model(str(path), backend, reader=reader)
+    backend, cfg, weights = host_gpu_model(path, tmp_path)
     model = DraftModel(str(path), cfg, weights, backend, ctx=256, chunk=CHUNK, block_size=BLOCK,
                        positions=12 * BLOCK, tokens=cfg.vocab_size)
     a, b = decoding(model, list(range(100, 130))), decoding(model, list(range(200, 220)))
