@@ -39,6 +39,7 @@
 # fusions  a decode step's fused kernels: their checks, pdl_check, decode at 1 and 16 rows before and after on the
 #          8B Q4_K_M and 135M shapes (.device/base/engine: tools/device/apply_pending.sh), the 1-row profile
 # fusedswitch the fused matvecs off (default) and on ($STRATA_FUSED_MATVEC=1): decode on the 8B and 80B-A3B shapes
+# checksonly every kernel check, no timings
 # moeactswitch the 30B-A3B shape's resident decode with moe_act (default) and without ($STRATA_MOE_ACT=0)
 # fusions80 the hybrids' fusions: the hybrid checks, then the 80B-A3B shape's decode at 1 and 16 rows before and after
 # moedecode a MoE decode step's rows in one launch per kernel (issue 23): the moe kernel checks (a batch's rows
@@ -289,6 +290,9 @@ for step in "$@"; do
       cp .device/part* /tmp/sm/ && ls /tmp/sm ;;
     kernels)
       python3 tools/device/gpu_kernels_check.py --json "$OUT/kernels.json" || echo "KERNEL CHECKS FAILED" ;;
+    checksonly)  # every kernel check, no timings
+      python3 tools/device/gpu_kernels_check.py --no-speed --json "$OUT/kernels.json" | grep -v "^ok " \
+        || echo "KERNEL CHECKS FAILED" ;;
     sampling)  # the sampler's checks alone (launched picks against NumPy's, graph picks against launched ones, the
       # batched draws: a row alone = in any batch, = draw_segmented) and the picks' times
       python3 tools/device/gpu_kernels_check.py --only sampling,argmax --json "$OUT/sampling_check.json" \

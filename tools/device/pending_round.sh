@@ -5,6 +5,7 @@
 #   fusions   a decode step's fused kernels (matvec_act, matvec_norm, moe_act, ...): their checks, pdl_check, decode
 #             before (when a patch is pending) and after on the 8B Q4_K_M and 135M shapes (gpu_run.sh fusions)
 #   fusions80 the hybrids' fusions: hybrid_check, parity, the 80B-A3B shape before and after (gpu_run.sh fusions80)
+#   checks    every kernel check without timings (gpu_run.sh checksonly): after a change to the launchers
 #   fusedswitch decode with the fused matvecs off (the default) and on ($STRATA_FUSED_MATVEC=1), the 8B and 80B shapes
 #   a3b       the 30B-A3B shape's resident decode with moe_act and without ($STRATA_MOE_ACT=0: gpu_run.sh moeactswitch)
 #   sampling  the batched draws (a row alone = in any batch = draw_segmented), the picks' graphs, their times
@@ -32,6 +33,7 @@ for part in ${PARTS:-fusions}; do
   case $part in
     fusions) timeout 560 bash tools/device/gpu_run.sh fusions 2>&1 | tail -40 ;;
     fusions80) timeout 560 bash tools/device/gpu_run.sh fusions80 2>&1 | tail -30 ;;
+    checks) timeout 300 bash tools/device/gpu_run.sh checksonly 2>&1 | tail -20 ;;
     fusedswitch) timeout 560 bash tools/device/gpu_run.sh fusedswitch 2>&1 | tail -20 ;;
     a3b) timeout 400 bash tools/device/gpu_run.sh moeactswitch 2>&1 | tail -10 ;;
     sampling) timeout 150 bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
