@@ -82,13 +82,18 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_DECODE_INTERVAL_MS:g}; 0: a step per chunk)")
     p.add_argument("--speculative", choices=SPECULATIVE, default="off",
                    help="speculative decoding: ngram drafts tokens from the request's own context, draft has a "
-                        "smaller model of the same vocabulary (--draft) propose them; either way they are checked in "
-                        "the request's decode step (the text is the same; default: off)")
+                        "smaller model of the same vocabulary (--draft) propose them, auto the draft model when "
+                        "--draft is given, else n-grams; either way they are checked in the request's decode step (the "
+                        "text is the same), as many a step as pay for their rows (default: off)")
     p.add_argument("--draft-max", type=int, default=DEFAULT_DRAFT_MAX,
                    help=f"the most tokens a draft proposes at a step (default {DEFAULT_DRAFT_MAX})")
     p.add_argument("--draft", metavar="FILE",
                    help="--speculative draft: the draft model's GGUF, of the target's vocabulary (its KV pool holds "
                         "as many positions as the target's)")
+    p.add_argument("--draft-row-cost", type=float,
+                   help="what a drafted row costs, against a request's share of a decode step: the drafts' pace "
+                        "weighs their expected tokens against it (default: measured on the decode steps; 0: drafts "
+                        "are free, every draft as long as --draft-max)")
     p.add_argument("--step-tokens", type=int,
                    help="prompt tokens one step may read from several requests at once, each up to a chunk, where "
                         "the kernels' rows do not depend on the step's shape (the CPU's; default: two chunks)")
@@ -123,7 +128,7 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         expert_slots=a.expert_slots, decode_interval_ms=a.decode_interval_ms,
                         rope=rope_from_args(a), kv_type=a.kv_type,
                         tp=a.tp, step_tokens=a.step_tokens, speculative=a.speculative, draft_max=a.draft_max,
-                        draft=a.draft, pooling=a.pooling)
+                        draft=a.draft, draft_row_cost=a.draft_row_cost, pooling=a.pooling)
 
 
 def main(argv: list[str] | None = None) -> int:

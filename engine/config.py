@@ -14,8 +14,17 @@ DEFAULT_CHUNK = {"cpu": 256, "gpu": 2048}
 DEFAULT_MAX_RUNNING = 256
 MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kvcache/kv.py, bench/HISTORY.md)
 DEFAULT_DECODE_INTERVAL_MS = 50.0
-SPECULATIVE = ("off", "ngram", "draft")
+SPECULATIVE = ("off", "auto", "ngram", "draft")  # auto: the draft model with --draft, else n-grams
 DEFAULT_DRAFT_MAX = 8
+
+
+def speculation_refusal(speculative: str | None, draft, row_cost: float | None) -> str | None:
+    """What is wrong with these speculative decoding flags (engine's or server's), or None."""
+    if (speculative == "draft" and draft is None) or (draft is not None and speculative not in ("draft", "auto")):
+        return "--speculative draft takes its draft model from --draft FILE, and --draft is for --speculative draft or auto"
+    if row_cost is not None and not 0 <= row_cost <= 10:
+        return f"--draft-row-cost is 0..10, got {row_cost:g}"
+    return None
 WEIGHT_FORMS = ("quantized", "fp16")
 
 
@@ -45,6 +54,7 @@ class EngineConfig:
     # (a draft model: engine/runner/draft_model.py)
     draft_max: int = DEFAULT_DRAFT_MAX  # the most tokens a request's draft proposes at a step
     draft: str | None = None  # --speculative draft: the draft model's GGUF (the target's vocabulary)
+    draft_row_cost: float | None = None  # a drafted row's cost against a request's share of a step (None: measured)
     pooling: str | None = None  # embeddings' pooling (mean | cls | last) over the file's (engine/runner/pooling.py)
 
     def __post_init__(self):
@@ -63,9 +73,8 @@ class EngineConfig:
         if self.speculative not in SPECULATIVE or not 1 <= self.draft_max <= 32:
             raise ValueError(f"--speculative is one of {', '.join(SPECULATIVE)} and --draft-max 1..32, got "
                              f"{self.speculative} and {self.draft_max}")
-        if (self.speculative == "draft") != (self.draft is not None):
-            raise ValueError("--speculative draft takes its draft model from --draft FILE, and --draft is for "
-                             "--speculative draft")
+        if refusal := speculation_refusal(self.speculative, self.draft, self.draft_row_cost):
+            raise ValueError(refusal)
         if self.pooling not in (None, *POOLINGS):
             raise ValueError(f"--pooling is one of {', '.join(POOLINGS)}, got {self.pooling}")
         if self.chunk is None:  # checked again once the device's default is set

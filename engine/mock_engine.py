@@ -32,6 +32,7 @@ from engine.kvcache.host_tier import HostTier
 from engine.loop.loop import EngineLoop, engine_caps
 from engine.loop.protocol_io import Writer
 from engine.runner.sequence import Sequence
+from engine.runner.row_cost import RowCost
 
 FAULT_EXIT_CODE = 3
 
@@ -59,6 +60,7 @@ class FakeRunner:
         self.shape_free = a.shape_free  # reads share a step (engine/loop/rounds.py), as on a row-invariant backend
         self.recurrent = self.state_cache = None  # no hybrid model's state (engine/runner/runner.py)
         self.draft_max, self.draft_model = 0, None  # no speculative decoding
+        self.row_cost = RowCost(prior=1.0)  # (the decode steps measure it all the same)
         self.expert_caches = []  # no mixture of experts
         self.read_align = 1  # reads end anywhere
         self.step_keys = None

@@ -64,7 +64,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         raise ModelLoadError(f"the model's weights ({os.path.getsize(path) / 2**30:.1f} GiB in its file) do not fit "
                              f"--gpu-memory {cap / 2**30:.1f} GiB (only a mixture of experts' routed experts can stay "
                              "in host memory)")
-    draft = open_draft(config.draft, reader, backend.name, config.tp) if config.speculative == "draft" else None
+    draft = open_draft(config.draft, reader, backend.name, config.tp) if config.draft else None
     # (checked before anything loads)
     log(f"loading {path} on {backend.device_name}")
 
@@ -103,6 +103,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
                                                                              conns=conns)
     runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
     runner.draft_max = config.draft_max if config.speculative != "off" and runner.speculates else 0
+    runner.row_cost.fixed = config.draft_row_cost
     if draft is not None:
         runner.draft_model = load_draft(draft, runner, drafted, config)
         lap("draft model")

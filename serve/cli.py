@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "model of the same vocabulary (--draft) propose; checked in the request's decode step, the "
                         "text unchanged (forwarded to the default engine; default: off)")
     p.add_argument("--draft-max", type=int, help="the most tokens a draft proposes (forwarded; default: 8)")
+    p.add_argument("--draft-row-cost", type=float,
+                   help="a drafted row's cost against a request's share of a decode step (forwarded; default: "
+                        "measured)")
     p.add_argument("--draft", metavar="FILE", help="--speculative draft: the draft model's GGUF, of the model's "
                                                    "vocabulary (forwarded; one model served)")
     p.add_argument("--pooling", choices=("mean", "cls", "last"),
@@ -147,7 +150,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         kv_block=a.kv_block, kv_type=a.kv_type, tp=a.tp, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
         gpu_memory_gib=a.gpu_memory_gib, expert_slots=a.expert_slots,
         decode_interval_ms=a.decode_interval_ms, step_tokens=a.step_tokens,
-        speculative=a.speculative, draft_max=a.draft_max, draft=resolve_model_path(a.draft) if a.draft else None,
+        speculative=a.speculative, draft_max=a.draft_max, draft_row_cost=a.draft_row_cost, draft=resolve_model_path(a.draft) if a.draft else None,
         pooling=a.pooling, allowed_hosts=host_list(a.allowed_hosts),
         cors_origins=origin_list(a.cors_origin), rope=rope_from_args(a),
         **engines_from_args(a))

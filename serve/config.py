@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.config import speculation_refusal
 from engine.core.memory import KV_FLOOR_BYTES, RESERVE_BYTES
 from engine.modelfile.rope_config import RopeOverride
 from serve.api.sampling_defaults import LLAMA_CPP
@@ -66,9 +67,10 @@ class ServerSettings:
     expert_slots: int | None = None  # forwarded to the default engine: a MoE layer's device slots (None: its plan)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
     step_tokens: int | None = None  # forwarded to the default engine: prompt rows a step may take (None: its default)
-    speculative: str | None = None  # forwarded to the default engine: its drafter (off | ngram | draft; None: its default)
+    speculative: str | None = None  # forwarded to the default engine: its drafter (off | auto | ngram | draft; None: its default)
     draft_max: int | None = None  # forwarded to the default engine: a draft's most tokens
     draft: Path | None = None  # forwarded to the default engine: --speculative draft's model file
+    draft_row_cost: float | None = None  # forwarded to the default engine: a drafted row's cost (None: measured)
     pooling: str | None = None  # forwarded to the default engine: embeddings' pooling (None: as the file says)
     allowed_hosts: tuple[str, ...] | None = None  # Host names accepted beside loopback's (None: not given)
     cors_origins: tuple[str, ...] = ()  # origins of other pages allowed to call this server ("*": any)
@@ -110,9 +112,8 @@ class ServerSettings:
         if bad:
             raise ValueError(f"sampling defaults out of range: {', '.join(bad)} (temperature and top_k >= 0, "
                              "top_p in (0, 1], min_p in [0, 1])")
-        if (self.speculative == "draft") != (self.draft is not None):
-            raise ValueError("--speculative draft takes its draft model from --draft FILE, and --draft is for "
-                             "--speculative draft")
+        if refusal := speculation_refusal(self.speculative, self.draft, self.draft_row_cost):
+            raise ValueError(refusal)
         if self.draft is not None and self.models:
             raise ValueError("--draft serves one model in this version (a draft is of one model's vocabulary)")
         if self.engines < 1:
@@ -185,6 +186,7 @@ class ServerSettings:
         cmd += [] if self.speculative is None else ["--speculative", self.speculative]
         cmd += [] if self.draft_max is None else ["--draft-max", str(self.draft_max)]
         cmd += [] if self.draft is None else ["--draft", str(self.draft)]
+        cmd += [] if self.draft_row_cost is None else ["--draft-row-cost", f"{self.draft_row_cost:g}"]
         cmd += [] if self.pooling is None else ["--pooling", self.pooling]
         return cmd + self.preempt.engine_args() + self.rope.engine_args()
 

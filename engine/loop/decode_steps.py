@@ -28,6 +28,7 @@ class DecodeSteps:
     def __init__(self, runner, memory: Memory, admission: Admission, write: Callable[[m.Message], None],
                  trace: StepTrace):
         self.runner, self.memory, self.admission, self.write, self.trace = runner, memory, admission, write, trace
+        self.row_cost = runner.row_cost  # what a drafted row costs (speculative decoding's pace), measured here
 
     def step(self, seqs: list[Sequence]) -> None:
         """Each decoding request's next token from its logits, then one batched forward for those
@@ -46,15 +47,18 @@ class DecodeSteps:
             if not seq.paused and not self.memory.get_blocks(seq, seq.kv_len + 1):
                 self.memory.pause(seq)
         going = [s for s in going if not s.paused]
-        self.run_draft_model(going)
+        cost = self.row_cost.fraction(len(going))  # a drafted row's, against a request's share of the step
+        self.run_draft_model(going, cost)
         for seq in going:  # speculative decoding: drafts after the newest token, in the blocks left free once
-            if (drafts := self.drafts(seq)) and self.memory.grow_from_free(seq, seq.kv_len + 1 + len(drafts)):
+            if (drafts := self.drafts(seq, cost)) and self.memory.grow_from_free(seq, seq.kv_len + 1 + len(drafts)):
                 seq.drafts = drafts  # every request has its row's (never at the cost of a cached prefix or a request)
         batches = self.batches(going)
         for i, batch in enumerate(batches):
             started = time.perf_counter()
-            self.runner.decode_batch(batch)
-            self.trace.step("decode", started, rows=sum(1 + len(seq.drafts) for seq in batch))
+            self.runner.decode_batch(batch)  # (synchronous: a graph's replay waits for its logits, as the CPU)
+            rows = sum(1 + len(seq.drafts) for seq in batch)
+            self.row_cost.observe(rows, time.perf_counter() - started)
+            self.trace.step("decode", started, rows=rows)
             for seq in batch:
                 seq.unstepped = False
                 if i + 1 < len(batches):  # the next batch's replay reuses the buffers
@@ -73,21 +77,25 @@ class DecodeSteps:
             rows += need
         return batches if going else []
 
-    def run_draft_model(self, going: list[Sequence]) -> None:
+    def run_draft_model(self, going: list[Sequence], cost: float) -> None:
         """With a draft model (engine/runner/draft_model.py), its drafts for every request that drafts, in
-        one batched run, before each request takes its own (drafts)."""
+        one batched run, before each request takes its own (drafts). A drafted token costs its row and a
+        forward of the draft model (against the target's step, as measured)."""
         drafting = [s for s in going if s.drafter is not None]
-        if self.runner.draft_model is not None and drafting:
+        model = self.runner.draft_model
+        if model is not None and drafting:
             started = time.perf_counter()
-            self.runner.draft_model.propose(drafting)
+            target = self.row_cost.step_seconds(len(going))
+            own = model.step_seconds / target if target and model.step_seconds else 0.0
+            model.propose(drafting, cost if self.row_cost.fixed is not None else cost + own)
             self.trace.step("draft", started, rows=len(drafting))
 
-    def drafts(self, seq: Sequence) -> list[int]:
-        """The tokens seq's drafter proposes after its newest (none without one), as many as its
-        answer and context may still take."""
+    def drafts(self, seq: Sequence, cost: float) -> list[int]:
+        """The tokens seq's drafter proposes after its newest at `cost` a row (none without one), as many as
+        its answer and context may still take."""
         if seq.drafter is None:
             return []
-        return seq.drafter.propose()[: seq.draft_room(self.runner.ctx)]
+        return seq.drafter.propose(cost)[: seq.draft_room(self.runner.ctx)]
 
     def draw(self, seq: Sequence, now: float) -> bool:
         """The request's next token from its logits, written out; False if that ends it. After a step

@@ -17,6 +17,7 @@ they are read again at its next draft."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -79,6 +80,7 @@ class DraftModel:
         self.model.rope_tables(ctx + 1)  # every position the target reaches, past the draft's trained context too
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks=-(-positions // block_size), kv_type=kv_type)
         self.free: list[int] = list(range(self.kv.usable))  # blocks no request holds
+        self.step_seconds: float | None = None  # a draft forward's time, as measured (draft_steps)
 
     @classmethod
     def load(cls, reader: GGUFFile, runner, loaded: tuple[ModelConfig, Weights] | None = None) -> "DraftModel":
@@ -99,14 +101,15 @@ class DraftModel:
 
     # ------------------------------------------------------------ a step's drafts
 
-    def propose(self, seqs: list[Sequence]) -> None:
+    def propose(self, seqs: list[Sequence], cost: float) -> None:
         """Drafts for these requests (each with a ModelDrafter), left in their drafters for the decode step
-        to take (ModelDrafter.propose): as many as each one's pace, answer and context allow."""
+        to take (ModelDrafter.propose): as many as each one's pace (at `cost` a drafted token), answer and
+        context allow."""
         going = []  # (drafter, its k, the tokens that would end it)
         for seq in seqs:
             d = seq.drafter
             d.ready = []
-            k = self.room(d, min(d.budget(), seq.draft_room(self.ctx)))
+            k = self.room(d, min(d.budget(cost), seq.draft_room(self.ctx)))
             if k > 0 and self.catch_up(d):
                 going.append((d, k, seq.stop_ids))
         self.draft_steps(going)
@@ -137,8 +140,9 @@ class DraftModel:
         """Greedy steps, each one batched forward over the requests still drafting (up to k drafts each, none
         after one that would end it), the draft's likeliest token its next draft. Their newest tokens' rows
         are there after it (`filled`)."""
-        drafting = going
+        drafting, started, steps = going, time.perf_counter(), 0
         while drafting:
+            steps += 1
             tokens = np.asarray([d.ready[-1] if d.ready else d.context[-1] for d, _, _ in drafting],
                                 dtype=np.int64)  # (rows,)
             positions = [len(d.context) - 1 + len(d.ready) for d, _, _ in drafting]
@@ -150,6 +154,9 @@ class DraftModel:
             drafting = [(d, k, stops) for d, k, stops in drafting if len(d.ready) < k and d.ready[-1] not in stops]
         for d, _, _ in going:
             d.filled, d.written = len(d.context), len(d.context) - 1 + len(d.ready)
+        if steps:  # (its forwards' mean, recent ones weighing more: the pace adds it to a drafted token's cost)
+            mean = (time.perf_counter() - started) / steps
+            self.step_seconds = mean if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * mean
 
     def give_back(self, d: "ModelDrafter") -> None:
         """d's blocks back to the free list (its rows are read again at its next draft)."""
@@ -173,8 +180,8 @@ class ModelDrafter(DraftPace):
         """Tokens appended to the context (each accepted draft or drawn token)."""
         self.context.extend(int(t) for t in tokens)
 
-    def propose(self) -> list[int]:
-        """The drafts DraftModel.propose made for this step ([] if none)."""
+    def propose(self, cost: float) -> list[int]:
+        """The drafts DraftModel.propose made for this step ([] if none; their pace was set there)."""
         drafts, self.ready = self.ready, []
         return drafts
 

@@ -1,4 +1,5 @@
-"""Speculative decoding as a user turns it on (`--speculative ngram`): through the API a greedy answer
+"""Speculative decoding as a user turns it on (`--speculative auto`: n-grams, paced by what a row costs as
+measured, a copying answer's drafts paying even on the CPU): through the API a greedy answer
 is the text of a server without it, its timings say what was drafted and accepted, and /metrics counts
 them (strata_spec_drafted_tokens_total, strata_spec_accepted_tokens_total)."""
 import httpx
@@ -21,7 +22,7 @@ def test_drafts_leave_the_text_as_it_was_and_are_counted():
     with ServerProcess(extra=["--device", "cpu", "--ctx", "1024"]) as plain:
         want = complete(plain)["choices"][0]["text"]
         assert "strata_spec_drafted_tokens_total" in metrics(plain.url)  # the counter exists, at 0
-    with ServerProcess(extra=["--device", "cpu", "--ctx", "1024", "--speculative", "ngram"]) as server:
+    with ServerProcess(extra=["--device", "cpu", "--ctx", "1024", "--speculative", "auto"]) as server:
         got = complete(server)
         assert got["choices"][0]["text"] == want
         timings = got["timings"]

@@ -24,7 +24,7 @@ GREEDY, SAMPLED = {"temperature": 0.0, "seed": 0}, {"temperature": 0.7, "top_p":
 
 def engine(draft, most: int, *more: str) -> EngineProcess:
     e = EngineProcess([PY, "-m", "engine", "--serve", "--device", "cpu", "--ctx", "512", "--speculative", "draft",
-                       "--draft", str(draft), "--draft-max", str(most), *more])
+                       "--draft", str(draft), "--draft-max", str(most), "--draft-row-cost", "0", *more])  # (every draft made)
     e.handshake()
     return e
 

@@ -19,7 +19,7 @@ MAX_NEW = 40
 @pytest.fixture(scope="module")
 def engine():
     e = EngineProcess([PY, "-m", "engine", "--serve", "--device", "cpu", "--ctx", "1024", "--speculative", "ngram",
-                       "--draft-max", "6"])
+                       "--draft-max", "6", "--draft-row-cost", "0"])  # (free rows: every draft made, the pace aside)
     e.handshake()
     yield e
     e.close()
@@ -80,7 +80,7 @@ def test_a_step_splits_into_forwards_of_at_most_max_batch_rows():
 
     from engine.loop.decode_steps import DecodeSteps
 
-    steps = DecodeSteps(SimpleNamespace(max_batch=8), None, None, None, None)
+    steps = DecodeSteps(SimpleNamespace(max_batch=8, row_cost=None), None, None, None, None)
     seqs = [SimpleNamespace(name=i, drafts=[0] * d) for i, d in enumerate([3, 3, 0, 6, 7, 0, 0])]
     assert [[s.name for s in batch] for batch in steps.batches(seqs)] == [[0, 1], [2, 3], [4], [5, 6]]
     assert steps.batches([]) == []

@@ -17,6 +17,7 @@ from tests.engine.kernels.host_gpu import host_gpu_model
 from tests.harness import ROOT
 
 BLOCK, CHUNK = 16, 32
+FREE = 0.0  # a drafted row's cost: free, so every draft is as long as its most (the pace is draft_pace's tests')
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +50,17 @@ def decoding(model: DraftModel, prompt: list[int], most: int = 4) -> Sequence:
 def test_drafts_come_from_the_requests_own_rows_and_its_blocks_all_come_back(tiny):
     model = draft_model(tiny, blocks=12)
     a, b = decoding(model, list(range(100, 140))), decoding(model, list(range(200, 250)))
-    model.propose([a, b])  # a's 40 rows read in two chunks (one a step): no drafts for it this step
-    assert a.drafter.propose() == [] and a.drafter.filled == CHUNK and b.drafter.filled == CHUNK
-    model.propose([a, b])
-    drafts = a.drafter.propose()
-    assert len(drafts) == 4 and len(b.drafter.propose()) == 4 and a.drafter.filled == 41  # prompt + its token
+    model.propose([a, b], FREE)  # a's 40 rows read in two chunks (one a step): no drafts for it this step
+    assert a.drafter.propose(FREE) == [] and a.drafter.filled == CHUNK and b.drafter.filled == CHUNK
+    model.propose([a, b], FREE)
+    drafts = a.drafter.propose(FREE)
+    assert len(drafts) == 4 and len(b.drafter.propose(FREE)) == 4 and a.drafter.filled == 41  # prompt + its token
     assert len(a.drafter.table) == model.kv.blocks_for(40 + 4)  # rows up to the last draft's input
     assert len(model.free) == 12 - len(a.drafter.table) - len(b.drafter.table)
     alone = decoding(model, list(range(100, 140)))  # the same context alone: the same drafts
-    model.propose([alone])
-    model.propose([alone])
-    assert alone.drafter.propose() == drafts
+    model.propose([alone], FREE)
+    model.propose([alone], FREE)
+    assert alone.drafter.propose(FREE) == drafts
     for seq in (a, b, alone):
         seq.drafter.release()
     assert sorted(model.free) == list(range(12)) and a.drafter.filled == 0
@@ -68,18 +69,18 @@ def test_drafts_come_from_the_requests_own_rows_and_its_blocks_all_come_back(tin
 def test_a_request_whose_blocks_cannot_be_had_gets_no_drafts(tiny):
     model = draft_model(tiny, blocks=2)
     first, second = decoding(model, list(range(300, 320))), decoding(model, list(range(400, 420)))
-    model.propose([first, second])  # first takes both blocks (20 rows and 4 drafts' rows: 2 blocks)
-    assert len(first.drafter.propose()) == 4 and second.drafter.propose() == [] and model.free == []
+    model.propose([first, second], FREE)  # first takes both blocks (20 rows and 4 drafts' rows: 2 blocks)
+    assert len(first.drafter.propose(FREE)) == 4 and second.drafter.propose(FREE) == [] and model.free == []
     first.drafter.release()
-    model.propose([second])
-    assert len(second.drafter.propose()) == 4
+    model.propose([second], FREE)
+    assert len(second.drafter.propose(FREE)) == 4
 
 
 def test_the_rows_of_kept_drafts_are_not_read_again(tiny):
     model = draft_model(tiny, blocks=8)
     seq = decoding(model, list(range(500, 530)))
-    model.propose([seq])
-    drafts = seq.drafter.propose()
+    model.propose([seq], FREE)
+    drafts = seq.drafter.propose(FREE)
     seq.drafter.verified(len(drafts), 2)  # two kept, then the model's own token
     assert seq.drafter.filled == 31 + 2  # the newest token's row and the two kept drafts'
     seq.drafter.extend([*drafts[:2], 9])
@@ -87,9 +88,9 @@ def test_the_rows_of_kept_drafts_are_not_read_again(tiny):
     reads, forward = [], model.model.forward
     model.model.forward = lambda tokens, start, *args, **kw: reads.append((start, len(tokens))) or forward(
         tokens, start, *args, **kw)
-    model.propose([seq])
+    model.propose([seq], FREE)
     assert reads == [] and seq.drafter.filled == 34  # nothing read again: the draft steps go on from the new token
-    assert len(seq.drafter.propose()) == 3  # (k after two of four kept)
+    assert len(seq.drafter.propose(FREE)) == 4
 
 
 def test_on_the_gpu_backend_a_request_s_drafts_are_its_own_and_the_pool_comes_back(tmp_path):
@@ -105,15 +106,15 @@ def test_on_the_gpu_backend_a_request_s_drafts_are_its_own_and_the_pool_comes_ba
     model = DraftModel(str(path), cfg, weights, backend, ctx=256, chunk=CHUNK, block_size=BLOCK,
                        positions=12 * BLOCK, tokens=cfg.vocab_size)
     a, b = decoding(model, list(range(100, 130))), decoding(model, list(range(200, 220)))
-    model.propose([a, b])
-    together = [a.drafter.propose(), b.drafter.propose()]
+    model.propose([a, b], FREE)
+    together = [a.drafter.propose(FREE), b.drafter.propose(FREE)]
     assert all(len(d) == 4 for d in together)
     for seq in (a, b):
         seq.drafter.release()
     alone = [decoding(model, list(range(100, 130))), decoding(model, list(range(200, 220)))]
     for seq in alone:
-        model.propose([seq])
-    assert [seq.drafter.propose() for seq in alone] == together
+        model.propose([seq], FREE)
+    assert [seq.drafter.propose(FREE) for seq in alone] == together
     for seq in alone:
         seq.drafter.release()
     assert sorted(model.free) == list(range(12))

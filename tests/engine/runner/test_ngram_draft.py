@@ -1,28 +1,70 @@
-"""The n-gram drafter (engine/runner/ngram_draft.py): what it proposes and how its draft length follows
-the request's acceptance."""
-from engine.runner.draft_pace import MISSES_TO_REST, REST_STEPS
+"""The n-gram drafter (engine/runner/ngram_draft.py): what it proposes, how its draft length follows the request's
+acceptance and a drafted row's cost (engine/runner/draft_pace.py), and the drafts it watches while it makes none."""
+from engine.runner.draft_pace import PROBE_STEPS, DraftPace, best_k, expected_tokens
 from engine.runner.ngram_draft import NgramDrafter
+
+FREE = 0.0  # a drafted row's cost: free rows make every draft as long as its most
 
 
 def test_it_proposes_what_followed_the_latest_earlier_occurrence_of_the_longest_tail():
     d = NgramDrafter([1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 6, 2, 3, 4], most=3)
-    assert d.propose() == [7, 8, 6]  # [2, 3, 4] last occurred before 7, 8, 6 (not before 5)
+    assert d.propose(FREE) == [7, 8, 6]  # [2, 3, 4] last occurred before 7, 8, 6 (not before 5)
     d.extend([7])
-    assert d.propose() == [8, 6, 2]  # [3, 4, 7] now matches its earlier occurrence
+    assert d.propose(FREE) == [8, 6, 2]  # [3, 4, 7] now matches its earlier occurrence
 
 
 def test_nothing_is_proposed_without_an_earlier_occurrence():
-    assert NgramDrafter([1, 2, 3, 4, 5], most=4).propose() == []
-    assert NgramDrafter([5], most=4).propose() == []
+    assert NgramDrafter([1, 2, 3, 4, 5], most=4).propose(FREE) == []
+    assert NgramDrafter([5], most=4).propose(FREE) == []
 
 
-def test_the_draft_length_follows_acceptance_and_rests_after_repeated_misses():
-    d = NgramDrafter([1, 2, 3, 1, 2, 3, 1, 2], most=8)
-    d.verified(8, 8)
-    assert d.k == 8 and (d.drafted, d.accepted) == (8, 8)
-    d.verified(8, 2)
-    assert d.k == 3
-    for _ in range(MISSES_TO_REST):
-        d.verified(d.k, 0)
-    assert [d.propose() for _ in range(REST_STEPS)] == [[]] * REST_STEPS  # a request that gains nothing pays nothing
-    assert d.propose() == [3]  # then it probes again with one token
+def test_the_best_length_weighs_the_expected_tokens_against_the_rows_cost():
+    assert expected_tokens([0.5, 0.5], 2) == 1.75 and expected_tokens([0.5, 0.5], 0) == 1.0
+    assert best_k([0.9] * 8, 0.01) == 8  # a GPU's row: nearly free, the longest draft
+    assert best_k([0.9] * 8, 0.75) == 1 and best_k([0.95] * 8, 0.75) == 3  # a CPU's row: short drafts
+    assert best_k([0.9] + [0.99] * 7, 0.75) >= 6  # ... unless the draft's later tokens are near certain (a run)
+    assert best_k([0.6] * 8, 0.75) == 0  # a middling draft does not pay there (one token a step)
+    assert best_k([0.5] * 8, 0.5) == 0  # equal rates: the shorter draft
+    assert best_k([0.3] * 8, 0.05) == 2 and best_k([0.0] * 8, 0.0) == 0
+
+
+def test_the_record_follows_the_drafts_kept_and_tried():
+    d = DraftPace(most=8)
+    assert d.alphas() == [0.5] * 8 and d.budget(FREE) == 8
+    d.verified(8, 8)  # all kept: positions 0 .. 7 tried and kept
+    assert (d.drafted, d.accepted) == (8, 8) and d.alphas()[0] == 2 / 3 and d.alphas()[7] > 0.9
+    for _ in range(6):
+        d.verified(d.budget(FREE), 0)  # a miss at the first position, six times
+    assert d.alphas()[0] < 0.3 and d.budget(0.75) == 0 and d.budget(0.01) > 0
+
+
+def test_a_drafter_that_cannot_watch_probes_with_one_token_after_a_rest():
+    d = DraftPace(most=8)
+    d.verified(4, 0)
+    d.verified(4, 0)
+    assert [d.budget(0.75) for _ in range(PROBE_STEPS)] == [0] * (PROBE_STEPS - 1) + [1]
+
+
+def test_the_whole_lookup_is_watched_against_the_tokens_that_come_whatever_is_drafted():
+    context = [1, 2, 3, 4, 5, 6, 1, 2, 3]
+    d = NgramDrafter(context, most=3)
+    assert d.propose(cost=5.0) == [] and d.watched == [4, 5, 6]  # too dear to draft: watched all the same
+    d.extend([4, 5, 6])  # as looked up: three tried, three kept
+    assert (d.kept, d.tried) == ([1.0] * 3, [1.0] * 3) and (d.drafted, d.accepted) == (0, 0)
+    d.extend([1, 2])  # [1, 2] again: its next lookup misses at once
+    assert d.propose(cost=FREE) == [3, 4, 5] and d.watched == [3, 4, 5]
+    d.verified(3, 0)  # (counted by the watch, not twice)
+    d.extend([9])
+    assert (d.kept, d.tried) == ([0.9] * 3, [1.9, 0.9, 0.9]) and (d.drafted, d.accepted) == (3, 0)
+    assert d.watched == []
+
+
+def test_a_copying_answer_s_watched_lookups_earn_it_drafts_at_a_cpu_s_cost():
+    text = list(range(100, 180))
+    d = NgramDrafter(text + text[:4], most=8)  # the answer starts to copy its prompt
+    drafts = []
+    while not drafts:
+        drafts = d.propose(cost=0.75)
+        if not drafts:
+            d.extend([d.context[len(d.context) - len(text)]])  # the copy goes on, a token a step
+    assert len(d.context) <= len(text) + 4 + 3 * 8 and drafts  # (three lookups watched whole) == text[len(d.context) - len(text):][: len(drafts)]
