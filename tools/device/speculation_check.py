@@ -10,6 +10,9 @@ engine process (`--speculative ngram`, or `draft`), for each model given:
   next uniform, as a one-token step draws it);
 - decode speed with and without drafts on the looping answer (tokens a second, the drafts' share).
 
+Drafted rows are taken as free (`--draft-row-cost 0`): every draft is made at full length, whatever it would
+bring, so that the checks verify many (the measured pace is the server's default: bench/speculation_bench.py).
+
     python tools/device/speculation_check.py MODEL [MODEL...] [--max-new 200] [--device gpu] [--draft FILE|self]
         [--json OUT]
 """
@@ -49,7 +52,7 @@ def check(model: str, max_new: int, device: str, draft: str | None = None) -> di
     """The checks on one model, its drafts n-grams, or a draft model's (draft: a GGUF of its vocabulary, or "self")."""
     drafter = ["ngram"] if draft is None else ["draft", "--draft", model if draft == "self" else draft]
     engine = EnginePipe([sys.executable, "-m", "engine", "--serve", "--model", model, "--device", device,
-                         "--speculative", *drafter, "--draft-max", "8"], cwd=ROOT)
+                         "--speculative", *drafter, "--draft-max", "8", "--draft-row-cost", "0"], cwd=ROOT)
     engine.handshake()
     prompt = prompt_tokens(int(engine.info.get("vocab", 32000)))
     out, ident = {"model": Path(model).name, "drafter": drafter[-1]}, iter(range(1, 1000))
