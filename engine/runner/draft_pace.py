@@ -21,7 +21,7 @@ alpha on; on a CPU, where each row is a pass over the weights, only runs that ar
 adapt and count through it: engine/runner/ngram_draft.py and engine/runner/draft_model.py."""
 from __future__ import annotations
 
-PRIOR_KEPT, PRIOR_TRIED = 1.0, 2.0  # alpha_0 before a request's drafts say: one kept of two tried
+PRIOR_KEPT, PRIOR_TRIED = 1.0, 2.0  # position 0's record at first: one kept of two tried (it decays as the rest)
 LEAN = 1.0  # the weight (in tries) of position i - 1's alpha in position i's
 DECAY = 0.9  # an older record's weight against each newer one (the last ~10 drafts count)
 PROBE_STEPS = 16  # a drafter that cannot watch for free drafts one token after this many steps without
@@ -52,13 +52,13 @@ class DraftPace:
     def __init__(self, most: int):
         self.most = most  # the cap (--draft-max)
         self.kept, self.tried = [0.0] * most, [0.0] * most  # the decayed record per position
+        self.kept[0], self.tried[0] = PRIOR_KEPT, PRIOR_TRIED
         self.idle = 0  # steps since the last draft (a probe's clock)
         self.drafted = self.accepted = 0  # totals, reported with the request's DONE
 
     def alphas(self) -> list[float]:
-        """alpha_0 .. alpha_{most - 1}: each position's record, position 0 from the prior, each later one leaning
-        on the one before."""
-        out = [(self.kept[0] + PRIOR_KEPT) / (self.tried[0] + PRIOR_TRIED)]
+        """alpha_0 .. alpha_{most - 1}: each position's record, each after the first leaning on the one before."""
+        out = [self.kept[0] / self.tried[0]]
         for kept, tried in zip(self.kept[1:], self.tried[1:]):
             out.append((kept + LEAN * out[-1]) / (tried + LEAN))
         return out
@@ -67,7 +67,7 @@ class DraftPace:
         """The most tokens this step's draft may have, at `cost` a drafted row (a fraction of the request's
         share of the step)."""
         k = best_k(self.alphas(), cost)
-        if k or self.watches:
+        if k or self.watches or cost >= 1.0:  # (a row dearer than a step: no draft could ever pay, nor a probe)
             self.idle = 0
             return k
         self.idle += 1

@@ -32,7 +32,8 @@ from serve.http.deps import SSE_HEADERS, check_api_key, state_of, watched_state
 events = APIRouter()
 
 TOTALS = {"prompt_tokens": "strata_prompt_tokens_total", "generated_tokens": "strata_generated_tokens_total",
-          "parks": "strata_prefill_preemptions_total", "resumes": "strata_prefill_resumes_total"}
+          "parks": "strata_prefill_preemptions_total", "resumes": "strata_prefill_resumes_total",
+          "drafted": "strata_spec_drafted_tokens_total", "accepted": "strata_spec_accepted_tokens_total"}
 FINISH_REASONS = ("stop", "length", "cancelled", "error")  # strata_requests_total's labels
 
 

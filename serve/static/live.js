@@ -1,7 +1,7 @@
 // The live view: the server's state from /v1/events (pushed a few times a second, one stream per
 // page, closed while the page is hidden): each request's states over the last 30 s as a timeline
 // with parks and resumes marked, the requests now in the server with their prompt progress, the
-// KV pool, the prefix cache's hit rate and the token rates.
+// KV pool, the prefix cache's hit rate, the token rates and speculative decoding's drafts kept.
 
 import { api, keyChanged, NeedKey, serverEvents } from "./api.js";
 
@@ -114,6 +114,9 @@ export class LiveView {
     text("stat-hits", hitRate == null ? "–" : `${(100 * hitRate).toFixed(0)}%`);
     text("stat-parks", `${msg.totals.parks} / ${msg.totals.resumes}`);
     text("stat-requests", msg.totals.requests);
+    const { drafted, accepted } = msg.totals; // speculative decoding's, since the start (shown once a draft was made)
+    document.getElementById("stat-drafts-box").hidden = !drafted;
+    if (drafted) text("stat-drafts", `${(100 * accepted / drafted).toFixed(0)}% of ${drafted}`);
   }
 
   drawPool(kv) {

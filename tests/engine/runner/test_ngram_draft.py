@@ -32,7 +32,7 @@ def test_the_record_follows_the_drafts_kept_and_tried():
     d = DraftPace(most=8)
     assert d.alphas() == [0.5] * 8 and d.budget(FREE) == 8
     d.verified(8, 8)  # all kept: positions 0 .. 7 tried and kept
-    assert (d.drafted, d.accepted) == (8, 8) and d.alphas()[0] == 2 / 3 and d.alphas()[7] > 0.9
+    assert (d.drafted, d.accepted) == (8, 8) and d.alphas()[0] == 1.9 / 2.8 and d.alphas()[7] > 0.9
     for _ in range(6):
         d.verified(d.budget(FREE), 0)  # a miss at the first position, six times
     assert d.alphas()[0] < 0.3 and d.budget(0.75) == 0 and d.budget(0.01) > 0
@@ -43,6 +43,7 @@ def test_a_drafter_that_cannot_watch_probes_with_one_token_after_a_rest():
     d.verified(4, 0)
     d.verified(4, 0)
     assert [d.budget(0.75) for _ in range(PROBE_STEPS)] == [0] * (PROBE_STEPS - 1) + [1]
+    assert [d.budget(1.2) for _ in range(2 * PROBE_STEPS)] == [0] * 2 * PROBE_STEPS  # no draft could pay
 
 
 def test_the_whole_lookup_is_watched_against_the_tokens_that_come_whatever_is_drafted():
@@ -50,12 +51,12 @@ def test_the_whole_lookup_is_watched_against_the_tokens_that_come_whatever_is_dr
     d = NgramDrafter(context, most=3)
     assert d.propose(cost=5.0) == [] and d.watched == [4, 5, 6]  # too dear to draft: watched all the same
     d.extend([4, 5, 6])  # as looked up: three tried, three kept
-    assert (d.kept, d.tried) == ([1.0] * 3, [1.0] * 3) and (d.drafted, d.accepted) == (0, 0)
+    assert (d.kept, d.tried) == ([1.9, 1, 1], [2.8, 1, 1]) and (d.drafted, d.accepted) == (0, 0)
     d.extend([1, 2])  # [1, 2] again: its next lookup misses at once
     assert d.propose(cost=FREE) == [3, 4, 5] and d.watched == [3, 4, 5]
     d.verified(3, 0)  # (counted by the watch, not twice)
     d.extend([9])
-    assert (d.kept, d.tried) == ([0.9] * 3, [1.9, 0.9, 0.9]) and (d.drafted, d.accepted) == (3, 0)
+    assert (d.kept, d.tried) == ([1.71, 0.9, 0.9], [3.52, 0.9, 0.9]) and (d.drafted, d.accepted) == (3, 0)
     assert d.watched == []
 
 
