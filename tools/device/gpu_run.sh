@@ -447,14 +447,13 @@ for step in "$@"; do
             --json "$OUT/batch_decode_switch.json" 2>&1 | quiet | tail -2 || echo "DECODE FAILED ($m fused $on)"
         done
       done ;;
-    moeactswitch)  # the 30B-A3B shape's resident decode at 1 / 4 / 16 requests with moe_act (the default) and
-      # without ($STRATA_MOE_ACT=0: moe_matvec then silu_mul, the same bits)
-      rm -f $MNX  # (the disk: the 80B-A3B file of an earlier step beside this one's 18 GiB)
-      synth_a3b
-      for on in 1 0; do
-        STRATA_MOE_ACT=$on timeout 150 python3 bench/batch_decode_bench.py --model $MQA --device gpu --context 512 \
-          --steps 32 --repeats 2 --batches 1,4,16 --label "qwen3-30b-a3b-q4_k_m-moe_act$on" \
-          --json "$OUT/batch_decode_a3b.json" 2>&1 | quiet | tail -3 || echo "DECODE FAILED (30B-A3B moe_act $on)"
+    moeactswitch|moeactswitch80)  # a MoE shape's resident decode at 1 / 4 / 16 requests with moe_act and without
+      # ($STRATA_MOE_ACT=0: moe_matvec then silu_mul, the same bits): the 30B-A3B shape, or (80) the 80B-A3B hybrid's
+      if [ $step = moeactswitch ]; then rm -f $MNX; synth_a3b; m=$MQA; else rm -f $MQA; synth_next; m=$MNX; fi
+      for on in 1 0; do  # (the disk holds one of the two files)
+        STRATA_MOE_ACT=$on timeout 150 python3 bench/batch_decode_bench.py --model $m --device gpu --context 512 \
+          --steps 32 --repeats 2 --batches 1,4,16 --label "$(basename $m .gguf)-moe_act$on" \
+          --json "$OUT/batch_decode_moe_act.json" 2>&1 | quiet | tail -3 || echo "DECODE FAILED ($m moe_act $on)"
       done ;;
     moecheck)  # the MoE kernels' checks alone (route, experts, a batch's rows against each alone)
       timeout 150 python3 tools/device/gpu_kernels_check.py --only moe --no-speed --json "$OUT/kernels_moe.json" | grep -v "^ok " \

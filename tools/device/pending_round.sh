@@ -8,6 +8,7 @@
 #   checks    every kernel check without timings (gpu_run.sh checksonly): after a change to the launchers
 #   fusedswitch decode with the fused matvecs off (the default) and on ($STRATA_FUSED_MATVEC=1), the 8B and 80B shapes
 #   a3b       the 30B-A3B shape's resident decode with moe_act and without ($STRATA_MOE_ACT=0: gpu_run.sh moeactswitch)
+#   a3b80     the same on the 80B-A3B hybrid's shape (gpu_run.sh moeactswitch80)
 #   sampling  the batched draws (a row alone = in any batch = draw_segmented), the picks' graphs, their times
 #   iq        gpu_run.sh weights: every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types
 #             among them), and mmq.cu's rows against the dp4a matvec's, every kind
@@ -36,6 +37,7 @@ for part in ${PARTS:-fusions}; do
     checks) timeout 300 bash tools/device/gpu_run.sh checksonly 2>&1 | tail -20 ;;
     fusedswitch) timeout 560 bash tools/device/gpu_run.sh fusedswitch 2>&1 | tail -20 ;;
     a3b) timeout 400 bash tools/device/gpu_run.sh moeactswitch 2>&1 | tail -10 ;;
+    a3b80) timeout 500 bash tools/device/gpu_run.sh moeactswitch80 2>&1 | tail -10 ;;
     sampling) timeout 150 bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
     iq) timeout 360 bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
     spec) timeout 240 bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;

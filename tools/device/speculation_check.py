@@ -11,7 +11,7 @@ engine process (`--speculative ngram`, or `draft`), for each model given:
 - decode speed with and without drafts on the looping answer (tokens a second, the drafts' share).
 
 Drafted rows are taken as free (`--draft-row-cost 0`): every draft is made at full length, whatever it would
-bring, so that the checks verify many (the measured pace is the server's default: bench/speculation_bench.py).
+bring, so that the checks verify many; `--row-cost measured` runs the default pace (what the decode steps measure).
 
     python tools/device/speculation_check.py MODEL [MODEL...] [--max-new 200] [--device gpu] [--draft FILE|self]
         [--json OUT]
@@ -48,11 +48,11 @@ def run(engine: EnginePipe, ident: int, prompt, params: dict, spec: int, max_new
     return lines, time.perf_counter() - started
 
 
-def check(model: str, max_new: int, device: str, draft: str | None = None) -> dict:
+def check(model: str, max_new: int, device: str, draft: str | None = None, row_cost: str = "0") -> dict:
     """The checks on one model, its drafts n-grams, or a draft model's (draft: a GGUF of its vocabulary, or "self")."""
     drafter = ["ngram"] if draft is None else ["draft", "--draft", model if draft == "self" else draft]
     engine = EnginePipe([sys.executable, "-m", "engine", "--serve", "--model", model, "--device", device,
-                         "--speculative", *drafter, "--draft-max", "8", "--draft-row-cost", "0"], cwd=ROOT)
+                         "--speculative", *drafter, "--draft-max", "8", *(["--draft-row-cost", row_cost] if row_cost != "measured" else [])], cwd=ROOT)
     engine.handshake()
     prompt = prompt_tokens(int(engine.info.get("vocab", 32000)))
     out, ident = {"model": Path(model).name, "drafter": drafter[-1]}, iter(range(1, 1000))
@@ -98,9 +98,10 @@ def main() -> int:
     p.add_argument("--device", default="gpu", help="gpu (what this checks), or cpu to try the script")
     p.add_argument("--draft", help="a draft model instead of n-grams (--speculative draft): a GGUF of the models' "
                                    "vocabulary, or self (each model drafting for itself)")
+    p.add_argument("--row-cost", default="0", help="--draft-row-cost for the engine, or `measured` (the default pace)")
     p.add_argument("--json")
     a = p.parse_args()
-    report = [check(model, a.max_new, a.device, a.draft) for model in a.models]
+    report = [check(model, a.max_new, a.device, a.draft, a.row_cost) for model in a.models]
     for r in report:
         print(json.dumps(r), flush=True)
     if a.json:
