@@ -80,13 +80,14 @@ class DecodeSteps:
     def run_draft_model(self, going: list[Sequence], cost: float) -> None:
         """With a draft model (engine/runner/draft_model.py), its drafts for every request that drafts, in
         one batched run, before each request takes its own (drafts). A drafted token costs its row and a
-        forward of the draft model (against the target's step, as measured)."""
+        forward of the draft model (against the target's step, as measured; until then as their files' sizes
+        compare: on a CPU, where a row costs most of a step, a draft model's drafts never pay and never start)."""
         drafting = [s for s in going if s.drafter is not None]
         model = self.runner.draft_model
         if model is not None and drafting:
             started = time.perf_counter()
             target = self.row_cost.step_seconds(len(going))
-            own = model.step_seconds / target if target and model.step_seconds else 0.0
+            own = model.step_seconds / target if target and model.step_seconds else model.size_ratio
             model.propose(drafting, cost if self.row_cost.fixed is not None else cost + own)
             self.trace.step("draft", started, rows=len(drafting))
 

@@ -81,6 +81,7 @@ class DraftModel:
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks=-(-positions // block_size), kv_type=kv_type)
         self.free: list[int] = list(range(self.kv.usable))  # blocks no request holds
         self.step_seconds: float | None = None  # a draft forward's time, as measured (draft_steps)
+        self.size_ratio = 1.0  # its file's bytes against the target's: a draft forward's cost until measured (load)
 
     @classmethod
     def load(cls, reader: GGUFFile, runner, loaded: tuple[ModelConfig, Weights] | None = None) -> "DraftModel":
@@ -89,8 +90,10 @@ class DraftModel:
         the memory plan), else loaded here (float32, on the CPU)."""
         cfg, weights = loaded or load_model(reader.path, runner.backend, keep_blocks=False, reader=reader)[:2]
         tokens = min(len(field_value(reader, "tokenizer.ggml.tokens")), cfg.vocab_size, runner.vocab_size)
-        return cls(str(reader.path), cfg, weights, runner.backend, runner.ctx, runner.chunk, runner.pool.size,
-                   runner.pool.total * runner.pool.size, tokens, runner.kv.type.name)
+        model = cls(str(reader.path), cfg, weights, runner.backend, runner.ctx, runner.chunk, runner.pool.size,
+                    runner.pool.total * runner.pool.size, tokens, runner.kv.type.name)
+        model.size_ratio = os.path.getsize(reader.path) / max(1, os.path.getsize(runner.model_path))
+        return model
 
     def drafter(self, context, most: int) -> "ModelDrafter":
         return ModelDrafter(self, context, most)
