@@ -40,8 +40,9 @@ class MoeKernels:
         self.counters = kernels.cp.zeros(COUNTER_SEQUENCES, dtype=kernels.cp.int32)
         self.tables: dict[tuple, object] = {}  # resident stacks' tables, made at first use (a prompt's, before
         # any graph's capture)
-        self.fused_act = os.environ.get("STRATA_MOE_ACT", "1") != "0"  # moe_act (0: moe_matvec then silu_mul, to
-        # measure one against the other: the same bits)
+        self.fused_act = os.environ.get("STRATA_MOE_ACT", "0") == "1"  # moe_act, opt-in: the same bits as moe_matvec
+        # then silu_mul, but slower on an H100 (30B-A3B shape 378 / 1,178 tok/s at 1 / 16 requests against 408 / 1,383;
+        # 80B-A3B 256 / 920 against 277 / 1,014: bench/results/device_round_20261205d/)
 
     def table(self, stack: ExpertStack):
         """Where the kernels read each expert's rows (moe.cu's Table: (experts,) uint64 device addresses): the

@@ -448,7 +448,8 @@ for step in "$@"; do
         done
       done ;;
     moeactswitch|moeactswitch80)  # a MoE shape's resident decode at 1 / 4 / 16 requests with moe_act and without
-      # ($STRATA_MOE_ACT=0: moe_matvec then silu_mul, the same bits): the 30B-A3B shape, or (80) the 80B-A3B hybrid's
+      # ($STRATA_MOE_ACT=1, and 0 the default: moe_matvec then silu_mul, the same bits): the 30B-A3B shape, or the 80B-A3B
+      # hybrid's (moeactswitch80)
       if [ $step = moeactswitch ]; then rm -f $MNX; synth_a3b; m=$MQA; else rm -f $MQA; synth_next; m=$MNX; fi
       for on in 1 0; do  # (the disk holds one of the two files)
         STRATA_MOE_ACT=$on timeout 150 python3 bench/batch_decode_bench.py --model $m --device gpu --context 512 \
