@@ -34,7 +34,7 @@ class DecodeSteps:
         """Each decoding request's next token from its logits, then one batched forward for those
         that go on (each with a block for its new row; a request that cannot have one is paused)."""
         going = []
-        now = time.perf_counter()
+        now = began = time.perf_counter()
         self.runner.pick_ahead([s for s in seqs if not s.paused and not s.unstepped])  # (the GPU's plain draws at once)
         for seq in seqs:
             if seq.paused:  # paused by an earlier row's need in this step
@@ -48,7 +48,9 @@ class DecodeSteps:
                 self.memory.pause(seq)
         going = [s for s in going if not s.paused]
         cost = self.row_cost.fraction(len(going))  # a drafted row's, against a request's share of the step
+        drafting = time.perf_counter()
         self.run_draft_model(going, cost)
+        began += time.perf_counter() - drafting  # (the draft model's forwards: counted apart, run_draft_model)
         for seq in going:  # speculative decoding: drafts after the newest token, in the blocks left free once
             if (drafts := self.drafts(seq, cost)) and self.memory.grow_from_free(seq, seq.kv_len + 1 + len(drafts)):
                 seq.drafts = drafts  # every request has its row's (never at the cost of a cached prefix or a request)
@@ -56,13 +58,13 @@ class DecodeSteps:
         for i, batch in enumerate(batches):
             started = time.perf_counter()
             self.runner.decode_batch(batch)  # (synchronous: a graph's replay waits for its logits, as the CPU)
-            rows = sum(1 + len(seq.drafts) for seq in batch)
-            self.row_cost.observe(rows, time.perf_counter() - started)
-            self.trace.step("decode", started, rows=rows)
+            self.trace.step("decode", started, rows=sum(1 + len(seq.drafts) for seq in batch))
             for seq in batch:
                 seq.unstepped = False
                 if i + 1 < len(batches):  # the next batch's replay reuses the buffers
                     self.runner.set_aside(seq)
+        if going:  # the whole step against its rows (the draws and the host's work too: a small model's GPU step is
+            self.row_cost.observe(sum(1 + len(s.drafts) for s in going), time.perf_counter() - began)  # mostly those)
 
     def batches(self, going: list[Sequence]) -> list[list[Sequence]]:
         """The step's forwards: requests in order, as many a forward as hold at most max_batch rows (a request's

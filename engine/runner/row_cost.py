@@ -1,32 +1,33 @@
-"""What one more row costs a decode forward, measured on the forwards themselves: speculative decoding's pace
+"""What one more row costs a decode step, measured on the steps themselves: speculative decoding's pace
 (engine/runner/draft_pace.py, through engine/loop/decode_steps.py) weighs a draft's expected tokens against it.
 
-A forward of r rows takes about t(r) = base + slope * r. RowCost fits that line to the recent forwards (least
-squares, older forwards weighing less) once their row counts differ enough to show a slope (several requests, or
-drafts); until then the backend's prior stands. A CPU's rows each pass over the weights: a row costs 0.68-0.82
-of a one-row step (the Qwen2.5-Coder 1.5B and 0.5B fixtures on 2 cores). A GPU's share one pass: the 8B shape's
-Q4_K_M decode on the H200 takes 2.62 ms a step for one row and 4.35 for four, a row 0.22 of the one-row step.
+A step of r rows (its draws, its forward, the host's work between) takes about t(r) = base + slope * r. RowCost
+fits that line to the recent steps (least squares, older steps weighing less) once their row counts differ enough
+to show a slope (several requests, or drafts); until then the backend's prior stands. A CPU's rows each pass over
+the weights: a row costs 0.8-0.97 of a one-row step (the Qwen2.5-Coder 0.5B and 1.5B fixtures on 2 cores). A GPU's
+share one pass: the 8B shape's Q4_K_M decode on the H200 takes 2.62 ms a step for one row and 4.35 for four, a row
+0.22 of the one-row step; a small model's GPU step is mostly the host's work, which the line takes in.
 
 The figure a pace takes is a row's cost against a request's share of the step, requests * slope / t(requests):
 a draft of k rows pays when it brings more than k times that in tokens, the step being shared by every request
 in it."""
 from __future__ import annotations
 
-DECAY = 0.97  # an older forward's weight against each newer one (the last ~30 count)
+DECAY = 0.97  # an older step's weight against each newer one (the last ~30 count)
 MIN_SPREAD = 0.2  # the row counts' weighted variance below which no slope is fitted (the prior stands)
 FLOOR, CEILING = 0.01, 2.0  # the figure's bounds: a fit on noisy steps never says a row is free or absurd
 PRIORS = {"cpu": 0.75, "gpu": 0.2}  # a row against a one-request step, by backend, until measured
-OUTLIER = 5.0  # a forward this many times the expected time is not counted (a graph's capture, a pause)
+OUTLIER = 5.0  # a step this many times the expected time is not counted (a graph's capture, a pause)
 
 
 class RowCost:
     def __init__(self, prior: float, fixed: float | None = None):
-        self.prior = prior  # a row's cost against a one-request step, until the forwards show a slope
+        self.prior = prior  # a row's cost against a one-request step, until the steps show a slope
         self.fixed = fixed  # a cost given by the user (--draft-row-cost): no measurement
         self.w = self.r = self.rr = self.t = self.rt = 0.0  # the decayed sums of 1, rows, rows^2, s, rows * s
 
     def observe(self, rows: int, seconds: float) -> None:
-        """A decode forward of `rows` rows took `seconds`."""
+        """A decode step of `rows` rows took `seconds`."""
         expected = self.step_seconds(rows)
         if expected is not None and seconds > OUTLIER * expected:
             return
@@ -48,7 +49,7 @@ class RowCost:
         return mean_t - slope * mean_r, slope
 
     def step_seconds(self, rows: int) -> float | None:
-        """A forward of `rows` rows' time as measured (the line, else the mean of the forwards seen; None before any)."""
+        """A step of `rows` rows' time as measured (the line, else the mean of the steps seen; None before any)."""
         fit = self.line()
         if fit is not None:
             return max(fit[0] + fit[1] * rows, 1e-6)
