@@ -11,6 +11,7 @@
 #          exactness) and park/resume parity on each fixture (tools/checks/prefill_preempt_test.py)
 # spec     tools/device/speculation_check.py (issue 47): n-gram drafts through the decode graphs, the same tokens
 #          with and without them, on the 135M and 8B Q4_K_M shapes -> $OUT/speculation_gpu.json
+# specpace the drafts' measured pace against every draft made (--draft-row-cost 0), the 135M shape
 # draftspec --speculative draft on the GPU: self-drafts and the 135M drafting for the 8B shape, the same tokens
 # sampling tools/device/gpu_kernels_check.py's sampling and argmax checks alone, with the picks' times (fast)
 # sm90     the wgmma prompt attention (attention_sm90.cu) against NumPy alone (fast); on failure, again with
@@ -316,6 +317,13 @@ for step in "$@"; do
       synth_ms; synth_mq
       timeout 300 python3 tools/device/speculation_check.py $MS $MQ --json "$OUT/speculation_gpu.json" 2>&1 | quiet \
         || echo "SPECULATION CHECK FAILED" ;;
+    specpace)  # issue 47: the drafts' pace on the GPU: the 135M shape's looping answer with every draft made
+      # (--draft-row-cost 0) and with the measured pace (the default), 400 tokens each
+      synth_ms
+      for cost in 0 measured; do
+        timeout 120 python3 tools/device/speculation_check.py $MS --row-cost $cost --max-new 400 \
+          --json "$OUT/speculation_pace_$cost.json" 2>&1 | quiet | tail -1 || echo "SPECULATION CHECK FAILED ($cost)"
+      done ;;
     draftspec)  # issue 47: --speculative draft on the GPU: each of the 135M and 8B shapes drafting for itself (every
       # greedy draft its own pick), then the 135M shape with the 8B's 128,256-token vocabulary drafting for the 8B shape
       # (random drafts): the same tokens with and without, alone, together and seeded (speculation_check.py --draft)

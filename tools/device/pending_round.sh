@@ -13,6 +13,7 @@
 #   iq        gpu_run.sh weights: every GGUF type's dequant, embed and matvec against gguf's NumPy (the IQ types
 #             among them), and mmq.cu's rows against the dp4a matvec's, every kind
 #   spec      n-gram drafts as decode-graph rows: the same tokens with and without (tools/device/speculation_check.py)
+#   specpace  the drafts' measured pace against every draft made, the 135M shape (gpu_run.sh specpace)
 #   draft     --speculative draft on the GPU, self-drafts and the 135M drafting for the 8B shape, the same tokens
 #             with and without (gpu_run.sh draftspec)
 #   clients   the 64 clients and 16 sub-agents through HTTP as a user starts the server (the batched draws' gain)
@@ -41,6 +42,7 @@ for part in ${PARTS:-fusions}; do
     sampling) timeout 150 bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
     iq) timeout 360 bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
     spec) timeout 240 bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
+    specpace) timeout 300 bash tools/device/gpu_run.sh specpace 2>&1 | tail -4 ;;
     draft) timeout 500 bash tools/device/gpu_run.sh draftspec 2>&1 | tail -12 ;;
     clients)
       STRATA_STEP_TRACE=1 CASES="clients subagents" REPEATS=3 LIMIT=70 timeout 220 \
