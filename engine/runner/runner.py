@@ -57,10 +57,9 @@ class ModelRunner:
         self.picks = Picks(backend, self.decoder, cfg.vocab_size)
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
-        self.draft_max, self.draft_model = 0, None  # speculative decoding's most drafts (0: off), draft model,
-        self.row_cost = RowCost(PRIORS[backend.name])  # and what a drafted row costs (engine/runner/row_cost.py)
-        self.speculates = self.recurrent is None  # set at start; not a hybrid (its state moves a token a step). On
-        # the GPU a request's drafts are decode rows of the graph after its newest token's (decode_batch)
+        self.draft_max, self.draft_model = 0, None  # speculative decoding's most drafts (0: off), draft model
+        self.row_cost = RowCost(PRIORS[backend.name])  # what a drafted row costs (engine/runner/row_cost.py)
+        self.speculates = self.recurrent is None  # set at start; not a hybrid (its state moves a token a step)
         # every row's result is the same in any step (engine/ops/blas_order.py; checked by warm_up): reads
         # may share a step, end anywhere, and a cached prefix be reused at any block
         self.shape_free = False
