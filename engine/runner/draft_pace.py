@@ -37,10 +37,13 @@ def expected_tokens(alphas: list[float], k: int) -> float:
 
 
 def best_k(alphas: list[float], cost: float) -> int:
-    """The draft length of 0 .. len(alphas) that brings the most tokens per step time (the shortest of equals)."""
-    best, best_rate = 0, 1.0
-    for k in range(1, len(alphas) + 1):
-        rate = expected_tokens(alphas, k) / (1.0 + cost * k)
+    """The draft length of 0 .. len(alphas) that brings the most tokens per step time (the shortest of equals):
+    expected_tokens(alphas, k) / (1 + cost k), the sum kept as k grows (a step's every request asks)."""
+    best, best_rate, total, run = 0, 1.0, 1.0, 1.0
+    for k, alpha in enumerate(alphas, start=1):
+        run *= alpha
+        total += run
+        rate = total / (1.0 + cost * k)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
     return best
