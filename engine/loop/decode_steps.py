@@ -47,13 +47,14 @@ class DecodeSteps:
             if not seq.paused and not self.memory.get_blocks(seq, seq.kv_len + 1):
                 self.memory.pause(seq)
         going = [s for s in going if not s.paused]
-        cost = self.row_cost.fraction(len(going))  # a drafted row's, against a request's share of the step
-        drafting = time.perf_counter()
-        self.run_draft_model(going, cost)
-        began += time.perf_counter() - drafting  # (the draft model's forwards: counted apart, run_draft_model)
-        for seq in going:  # speculative decoding: drafts after the newest token, in the blocks left free once
-            if (drafts := self.drafts(seq, cost)) and self.memory.grow_from_free(seq, seq.kv_len + 1 + len(drafts)):
-                seq.drafts = drafts  # every request has its row's (never at the cost of a cached prefix or a request)
+        pacing = self.runner.draft_max > 0  # speculative decoding: drafts after each request's newest token
+        if pacing:
+            began += self.run_draft_model(going)  # (its forwards are counted apart: not the step's rows)
+            cost = self.row_cost.fraction(len(going))  # a drafted row's, against a request's share of the step
+            for seq in going:  # in the blocks left free once every request has its row's (never at the cost of a
+                drafts = self.drafts(seq, cost)  # cached prefix or a request)
+                if drafts and self.memory.grow_from_free(seq, seq.kv_len + 1 + len(drafts)):
+                    seq.drafts = drafts
         batches = self.batches(going)
         for i, batch in enumerate(batches):
             started = time.perf_counter()
@@ -63,8 +64,8 @@ class DecodeSteps:
                 seq.unstepped = False
                 if i + 1 < len(batches):  # the next batch's replay reuses the buffers
                     self.runner.set_aside(seq)
-        if going:  # the whole step against its rows (the draws and the host's work too: a small model's GPU step is
-            self.row_cost.observe(sum(1 + len(s.drafts) for s in going), time.perf_counter() - began)  # mostly those)
+        if pacing and going:  # the whole step against its rows (the draws and the host's work too: a small model's
+            self.row_cost.observe(sum(1 + len(s.drafts) for s in going), time.perf_counter() - began)  # GPU step's most)
 
     def batches(self, going: list[Sequence]) -> list[list[Sequence]]:
         """The step's forwards: requests in order, as many a forward as hold at most max_batch rows (a request's
@@ -79,19 +80,18 @@ class DecodeSteps:
             rows += need
         return batches if going else []
 
-    def run_draft_model(self, going: list[Sequence], cost: float) -> None:
+    def run_draft_model(self, going: list[Sequence]) -> float:
         """With a draft model (engine/runner/draft_model.py), its drafts for every request that drafts, in
-        one batched run, before each request takes its own (drafts). A drafted token costs its row and a
-        forward of the draft model (against the target's step, as measured; until then as their files' sizes
-        compare: on a CPU, where a row costs most of a step, a draft model's drafts never pay and never start)."""
+        one batched run, before each request takes its own (drafts), each drafted token at its row's cost and a
+        draft forward's (RowCost.draft_fraction). -> the seconds it took (0 without one)."""
         drafting = [s for s in going if s.drafter is not None]
         model = self.runner.draft_model
-        if model is not None and drafting:
-            started = time.perf_counter()
-            target = self.row_cost.step_seconds(len(going))
-            own = model.step_seconds / target if target and model.step_seconds else model.size_ratio
-            model.propose(drafting, cost if self.row_cost.fixed is not None else cost + own)
-            self.trace.step("draft", started, rows=len(drafting))
+        if model is None or not drafting:
+            return 0.0
+        started = time.perf_counter()
+        model.propose(drafting, self.row_cost.draft_fraction(len(going), model.step_seconds, model.size_ratio))
+        self.trace.step("draft", started, rows=len(drafting))
+        return time.perf_counter() - started
 
     def drafts(self, seq: Sequence, cost: float) -> list[int]:
         """The tokens seq's drafter proposes after its newest at `cost` a row (none without one), as many as

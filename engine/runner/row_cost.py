@@ -67,3 +67,14 @@ class RowCost:
         if whole <= 0.0:
             return self.prior
         return min(CEILING, max(FLOOR, requests * slope / whole))
+
+    def draft_fraction(self, requests: int, forward_seconds: float | None, size_ratio: float) -> float:
+        """A draft model's drafted token's cost: its row's (fraction) and a forward of the draft model against the
+        step (forward_seconds as measured; until then size_ratio, the draft's file against the model's: on a CPU,
+        where a row costs most of a step, a draft model's drafts then never pay and never start). A given cost
+        stands alone."""
+        row = self.fraction(requests)
+        if self.fixed is not None:
+            return row
+        step = self.step_seconds(requests)
+        return row + (forward_seconds / step if step and forward_seconds else size_ratio)

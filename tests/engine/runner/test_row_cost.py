@@ -40,3 +40,12 @@ def test_a_forward_far_slower_than_the_others_is_not_counted():
     before = cost.line()
     cost.observe(2, 2.0)  # a decode graph captured in this step
     assert cost.line() == before
+
+
+def test_a_draft_model_s_token_adds_its_forward_against_the_step():
+    cost = RowCost(prior=0.75)
+    assert cost.draft_fraction(1, None, 0.36) == 0.75 + 0.36  # nothing measured: the files' sizes compare
+    for rows in (1, 3, 1, 3):
+        cost.observe(rows, 0.100 * rows)  # a step: a row 0.1 s
+    assert cost.draft_fraction(1, 0.025, 0.36) == pytest.approx(1.0 + 0.25)  # a draft forward a quarter of a step
+    assert RowCost(prior=0.75, fixed=0.0).draft_fraction(1, 0.025, 0.36) == 0.0  # a given cost stands alone
