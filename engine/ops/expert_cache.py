@@ -163,14 +163,15 @@ class ExpertCache:
             return
         picks = np.asarray(self.routes[:rows].get())  # (rows, k): the step is done (the engine reads its logits)
         wanted = np.unique(picks)
+        cached = self.slot_of[wanted] >= 0
         self.counts.tokens += rows
-        self.counts.hits += int((self.slot_of[wanted] >= 0).sum())
-        self.counts.misses += int((self.slot_of[wanted] < 0).sum())
+        self.counts.hits += int(cached.sum())
+        self.counts.misses += len(wanted) - int(cached.sum())
         self.score *= DECAY
         np.add.at(self.score, picks.reshape(-1), 1.0)
         self.step += 1
-        self.last_use[self.slot_of[wanted[self.slot_of[wanted] >= 0]]] = self.step
-        outside = wanted[self.slot_of[wanted] < 0]
+        self.last_use[self.slot_of[wanted[cached]]] = self.step
+        outside = wanted[~cached]
         for e in outside[np.argsort(-self.score[outside], kind="stable")][: self.swaps]:
             held = np.flatnonzero(self.last_use < self.step)  # slots this step did not read
             if not len(held):
