@@ -95,8 +95,7 @@ class MoeKernels:
         units = q8_units(cp, n * k * ffn)
         self.fn[f"moe_act_{gate.kind}"]((ffn // UNIT, k, n), (1024,),
                                         (self.table(gate), self.table(up), np.int32(ffn), np.int32(gate.cols), chosen,
-                                         np.int32(k),
-                                         self.operand(gate, h), out, units))
+                                         np.int32(k), self.operand(gate, h), out, units))
         return Row8(out, units)
 
     def act_apart(self, h: Row8, experts: Experts, chosen) -> Row8:
