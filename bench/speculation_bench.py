@@ -20,7 +20,7 @@ Medians over --repeats. Defaults: Qwen2.5-Coder-1.5B-Instruct drafted for by Qwe
 Q4_K_M (tools/fixtures/fetch_fixture.py --model coder-1.5b / coder-0.5b fetches and checks them).
 
     python bench/speculation_bench.py [--model M] [--draft D] [--device cpu|gpu] [--max-tokens 256]
-        [--repeats 1] [--arms off,ngram,draft] [--llama-server BIN [--llama-args "..."]]
+        [--repeats 1] [--arms off,ngram,draft] [--llama-server BIN [--llama-args "..."] [--llama-arms off,ngram,draft]]
         [--label NAME --json FILE] [-- strata server flags...]
 
 Exit status 1 if an arm failed (the others still run; the JSON is written after each arm) or a Strata arm's text
@@ -125,9 +125,9 @@ def arms(a: argparse.Namespace, port: int, extra: list[str]) -> dict[str, list[s
            for s in a.arms.split(",") if s}
     if a.llama_server:
         llama = [a.llama_server, "-m", a.model, "--port", str(port), "--jinja", *shlex.split(a.llama_args)]
-        out["llama off"] = llama
-        out["llama ngram"] = llama + ["--spec-type", "ngram-simple"]
-        out["llama draft"] = llama + ["-md", a.draft, "--spec-type", "draft-simple"]
+        flags = {"off": [], "ngram": ["--spec-type", "ngram-simple"],
+                 "draft": ["-md", a.draft, "--spec-type", "draft-simple"]}
+        out.update({f"llama {s}": llama + flags[s] for s in a.llama_arms.split(",") if s})
     return out
 
 
@@ -151,7 +151,7 @@ def save(a: argparse.Namespace, result: dict) -> None:
     """The result so far into --json (after each arm: a later arm's failure loses nothing)."""
     if a.json:
         merge_result(Path(a.json), a.label or f"{a.device} speculation", {
-            "machine": machine(a.device), "model": Path(a.model).name, "draft": Path(a.draft).name,
+            "machine": machine(a.device), "model": Path(a.model).name, "draft": Path(a.draft).name if a.draft else None,
             "max_tokens": a.max_tokens, "repeats": a.repeats, "python": sys.version.split()[0],
             "arms": {arm: rows if "error" in rows else {n: {k: v for k, v in r.items() if k != "text"}
                                                         for n, r in rows.items()} for arm, rows in result.items()}})
@@ -170,11 +170,13 @@ def main() -> int:
     p.add_argument("--start-timeout", type=float, default=900.0)
     p.add_argument("--llama-server", help="llama-server's binary: its arms beside Strata's")
     p.add_argument("--llama-args", default="", help="more llama-server flags (-t 2, -ngl 99 -fa on, ...)")
+    p.add_argument("--llama-arms", default="off,ngram,draft", help="llama-server's arms to run, in order")
     p.add_argument("--label")
     p.add_argument("--json")
     a, extra = p.parse_known_args()
     a.model = a.model or str(fetch(cache_dir(), "coder-1.5b"))
-    a.draft = a.draft or str(fetch(cache_dir(), "coder-0.5b"))
+    needs_draft = "draft" in a.arms.split(",") or (a.llama_server and "draft" in a.llama_arms.split(","))
+    a.draft = a.draft or (str(fetch(cache_dir(), "coder-0.5b")) if needs_draft else "")
     cases = workloads(source_file())
     port = free_port()
     result, logs = {}, Path(tempfile.mkdtemp(prefix="speculation_bench_"))

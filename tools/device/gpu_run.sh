@@ -125,6 +125,8 @@
 # qpart    one part of the Qwen2.5-Coder-0.5B fixture per call (.device/q/partNN from `split -b 50M -d -a 2`),
 #          gathered in /tmp/q on the warm machine; qpeers_strata, qpeers_llama: llama.cpp's server test scripts
 #          (bench/peer_scripts.py) against Strata and llama-server on it -> $OUT/peer_scripts_*_h200.json (issue 22)
+# qspec    issue 47 on the fixture (after qpart): bench/speculation_bench.py, Strata --speculative off / ngram;
+#          qspec_llama: llama-server off / ngram-simple on the same file -> $OUT/speculation_gpu.json
 # peers_build   llama.cpp's llama-server (CUDA, sm_90) built from .device/llama.tgz in /tmp/llama (about
 #          4 minutes on 16 cores; skipped when built; a build cut short by the call's end resumes)
 # peers_llama   the same client against `llama-server -m FILE -ngl 99 -fa on -np 66 -kvu -c 262144` (built
@@ -698,6 +700,19 @@ for step in "$@"; do
       build_llama
       qwen_fixture && [ -x $LLAMA/build/bin/llama-server ] && serve_and_scripts llama.cpp peer_scripts_llama_h200.json \
         $LLAMA/build/bin/llama-server -m $MQW -ngl 99 --jinja --port 8080 ;;
+    qspec)  # issue 47 on a real model: bench/speculation_bench.py's four workloads on the Qwen2.5 fixture through
+      # HTTP, --speculative off / ngram (medians of 3) -> $OUT/speculation_gpu.json
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+      qwen_fixture && timeout -k 10 $((590 - SECONDS)) python3 bench/speculation_bench.py --model $MQW --device gpu \
+        --arms off,ngram --repeats 3 --label "$gpu coder-0.5b, strata" --json "$OUT/speculation_gpu.json" \
+        2>&1 | grep -v "^INFO" | tail -12 ;;
+    qspec_llama)  # the same workloads against llama-server's speculation on the same file (built first if need be)
+      build_llama
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+      qwen_fixture && [ -x $LLAMA/build/bin/llama-server ] && timeout -k 10 $((590 - SECONDS)) python3 \
+        bench/speculation_bench.py --model $MQW --arms "" --llama-server $LLAMA/build/bin/llama-server \
+        --llama-args "-ngl 99 -fa on -c 8192" --llama-arms off,ngram --repeats 3 \
+        --label "$gpu coder-0.5b, llama-server" --json "$OUT/speculation_gpu.json" 2>&1 | tail -12 ;;
     peers_build)
       build_llama
       ls -la $LLAMA/build/bin/llama-server 2>/dev/null || true ;;
