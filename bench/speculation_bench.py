@@ -16,11 +16,14 @@ Per workload and arm: completion tokens, decode tokens per second by the server'
 `timings`: Strata's decode_ms, llama-server's predicted_ms, so the prompt read and HTTP are out of it), the
 tokens drafted and accepted, and whether the text (content and tool calls) equals the same server's arm
 without drafts: greedy decoding with drafts must give the same text (Strata promises it; llama.cpp does not).
+With --concurrency N, also N requests at once, the four workloads in turn (row `together`: aggregate tok/s of
+wall time, the median request's decode tok/s, and every request's text against the arm without drafts).
 Medians over --repeats. Defaults: Qwen2.5-Coder-1.5B-Instruct drafted for by Qwen2.5-Coder-0.5B-Instruct, both
 Q4_K_M (tools/fixtures/fetch_fixture.py --model coder-1.5b / coder-0.5b fetches and checks them).
 
     python bench/speculation_bench.py [--model M] [--draft D] [--device cpu|gpu] [--max-tokens 256]
-        [--repeats 1] [--arms off,ngram,draft] [--llama-server BIN [--llama-args "..."] [--llama-arms off,ngram,draft]]
+        [--repeats 1] [--concurrency N] [--arms off,ngram,draft]
+        [--llama-server BIN [--llama-args "..."] [--llama-arms off,ngram,draft]]
         [--label NAME --json FILE] [-- strata server flags...]
 
 Exit status 1 if an arm failed (the others still run; the JSON is written after each arm) or a Strata arm's text
@@ -35,6 +38,8 @@ import statistics
 import sys
 import tempfile
 import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -113,9 +118,34 @@ def run_arm(cmd: list[str], url: str, cases: dict[str, dict], a: argparse.Namesp
                           "decode_tok_s": statistics.median(r["decode_tok_s"] or 0 for r in runs),
                           "drafted": runs[0]["drafted"], "accepted": runs[0]["accepted"],
                           "same_each_repeat": all(r["text"] == runs[0]["text"] for r in runs)}
+        if a.concurrency > 1:
+            rows["together"] = together(url, cases, a, rows)
         return rows
     finally:
         stop_server(proc)
+
+
+def together(url: str, cases: dict[str, dict], a: argparse.Namespace, alone: dict[str, dict]) -> dict:
+    """--concurrency requests at once, the workloads in turn (an agent's sub-agents and a chat beside them), the
+    median of --repeats rounds: aggregate completion tokens a second of wall time (prompt reads included), and the
+    median request's decode tok/s by the server's clock. Its text: every request's, in order (each must be the
+    one it gives alone, drafts or not: `same_as_alone`, against `alone`, the arm's rows so far)."""
+    names = (list(cases) * (a.concurrency // len(cases) + 1))[: a.concurrency]
+    bodies = [{**cases[name], "max_tokens": a.max_tokens, "temperature": 0} for name in names]
+    rounds = []
+    with ThreadPoolExecutor(a.concurrency) as pool:
+        for _ in range(a.repeats):
+            started = time.perf_counter()
+            answers = list(pool.map(lambda body: ask(url, body, a.timeout), bodies))
+            rounds.append((time.perf_counter() - started, answers))
+    wall, answers = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]
+    tokens = sum(r["tokens"] for r in answers)
+    return {"text": "\n".join(r["text"] for r in answers), "tokens": tokens,
+            "decode_tok_s": statistics.median(r["decode_tok_s"] or 0 for r in answers),
+            "aggregate_tok_s": round(tokens / wall, 2), "requests": a.concurrency,
+            "drafted": sum(r["drafted"] for r in answers), "accepted": sum(r["accepted"] for r in answers),
+            "same_each_repeat": all(x["text"] == y["text"] for _, rs in rounds for x, y in zip(rs, answers)),
+            "same_as_alone": all(r["text"] == alone[name]["text"] for name, r in zip(names, answers))}
 
 
 def arms(a: argparse.Namespace, port: int, extra: list[str]) -> dict[str, list[str]]:
@@ -143,7 +173,9 @@ def compare(result: dict) -> bool:
             row["same_text"] = row["text"] == base[name]["text"]
             off = base[name]["decode_tok_s"]
             row["vs_off"] = round(row["decode_tok_s"] / off, 3) if off else None
-            exact = exact and (row["same_text"] or not arm.startswith("strata"))
+            if "aggregate_tok_s" in row:
+                row["aggregate_vs_off"] = round(row["aggregate_tok_s"] / base[name]["aggregate_tok_s"], 3)
+            exact = exact and ((row["same_text"] and row.get("same_as_alone", True)) or not arm.startswith("strata"))
     return exact
 
 
@@ -166,6 +198,8 @@ def main() -> int:
                    help="Strata's --speculative values to run, in order (empty: none)")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="also send this many requests at once, the workloads in turn (row `together`)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds a request may take")
     p.add_argument("--start-timeout", type=float, default=900.0)
     p.add_argument("--llama-server", help="llama-server's binary: its arms beside Strata's")
@@ -191,7 +225,9 @@ def main() -> int:
         for name, row in result[arm].items():
             print(f"{arm:13s} {name:9s} {row['tokens']:4d} tokens  {row['decode_tok_s']:7.2f} tok/s  drafted "
                   f"{row['drafted']:4d} accepted {row['accepted']:4d}  against off {row.get('vs_off')}  same text "
-                  f"{row.get('same_text')}", flush=True)
+                  f"{row.get('same_text')}" + (f"  aggregate {row['aggregate_tok_s']} tok/s, against off "
+                                               f"{row.get('aggregate_vs_off')}" if "aggregate_tok_s" in row else ""),
+                  flush=True)
         save(a, result)
     print(f"logs: {logs}")
     return 0 if compare(result) and not any("error" in rows for rows in result.values()) else 1

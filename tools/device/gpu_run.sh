@@ -126,6 +126,7 @@
 #          gathered in /tmp/q on the warm machine; qpeers_strata, qpeers_llama: llama.cpp's server test scripts
 #          (bench/peer_scripts.py) against Strata and llama-server on it -> $OUT/peer_scripts_*_h200.json (issue 22)
 # qspec    issue 47 on the fixture (after qpart): bench/speculation_bench.py, Strata --speculative off / ngram;
+#          and 16 requests at once (SPEC_CONCURRENCY); SPEC_TRACE=1: again with each step traced (the logs);
 #          qspec_llama: llama-server off / ngram-simple on the same file -> $OUT/speculation_gpu.json
 # peers_build   llama.cpp's llama-server (CUDA, sm_90) built from .device/llama.tgz in /tmp/llama (about
 #          4 minutes on 16 cores; skipped when built; a build cut short by the call's end resumes)
@@ -704,8 +705,14 @@ for step in "$@"; do
       # HTTP, --speculative off / ngram (medians of 3) -> $OUT/speculation_gpu.json
       gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
       qwen_fixture && timeout -k 10 $((590 - SECONDS)) python3 bench/speculation_bench.py --model $MQW --device gpu \
-        --arms off,ngram --repeats 3 --label "$gpu coder-0.5b, strata" --json "$OUT/speculation_gpu.json" \
-        2>&1 | grep -v "^INFO" | tail -12 ;;
+        --arms off,ngram --repeats 3 --concurrency ${SPEC_CONCURRENCY:-16} --label "$gpu coder-0.5b, strata" \
+        --json "$OUT/speculation_gpu.json" 2>&1 | grep -v "^INFO" | tail -12
+      if [ -n "${SPEC_TRACE:-}" ]; then  # once more, each step traced: the servers' logs -> $OUT/spec_trace_logs.tgz
+        STRATA_STEP_TRACE=1 timeout -k 10 $((590 - SECONDS)) python3 bench/speculation_bench.py --model $MQW \
+          --device gpu --arms off,ngram 2>&1 | grep -v "^INFO" > /tmp/spec_trace.out
+        tail -9 /tmp/spec_trace.out
+        tar -czf "$OUT/spec_trace_logs.tgz" -C "$(sed -n 's/^logs: //p' /tmp/spec_trace.out)" .
+      fi ;;
     qspec_llama)  # the same workloads against llama-server's speculation on the same file (built first if need be)
       build_llama
       gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
