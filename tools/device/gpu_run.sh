@@ -717,7 +717,7 @@ for step in "$@"; do
       build_llama
       gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
       qwen_fixture && [ -x $LLAMA/build/bin/llama-server ] && timeout -k 10 $((590 - SECONDS)) python3 \
-        bench/speculation_bench.py --model $MQW --arms "" --llama-server $LLAMA/build/bin/llama-server \
+        bench/speculation_bench.py --model $MQW --device gpu --arms "" --llama-server $LLAMA/build/bin/llama-server \
         --llama-args "-ngl 99 -fa on -c 8192" --llama-arms off,ngram --repeats 3 \
         --label "$gpu coder-0.5b, llama-server" --json "$OUT/speculation_gpu.json" 2>&1 | tail -12 ;;
     peers_build)
