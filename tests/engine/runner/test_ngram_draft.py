@@ -1,5 +1,7 @@
 """The n-gram drafter (engine/runner/ngram_draft.py): what it proposes, how its draft length follows the request's
 acceptance and a drafted row's cost (engine/runner/draft_pace.py), and the drafts it watches while it makes none."""
+import numpy as np
+
 from engine.runner.draft_pace import PROBE_STEPS, DraftPace, best_k, expected_tokens
 from engine.runner.ngram_draft import NgramDrafter
 
@@ -68,4 +70,36 @@ def test_a_copying_answer_s_watched_lookups_earn_it_drafts_at_a_cpu_s_cost():
         drafts = d.propose(cost=0.75)
         if not drafts:
             d.extend([d.context[len(d.context) - len(text)]])  # the copy goes on, a token a step
-    assert len(d.context) <= len(text) + 4 + 3 * 8 and drafts  # (three lookups watched whole) == text[len(d.context) - len(text):][: len(drafts)]
+    assert len(d.context) <= len(text) + 4 + 3 * 8  # (three lookups watched whole)
+    assert drafts == text[len(d.context) - len(text):][: len(drafts)]
+
+
+def brute_force_lookup(context: list[int], k: int) -> list[int]:
+    """What followed the latest earlier occurrence of the longest tail (n from 4 down to 2), by scanning."""
+    for n in range(4, 1, -1):
+        tail = context[-n:]
+        for at in range(len(context) - 1, n - 1, -1):  # the n-gram ending before `at`, latest first
+            if len(context) >= n and context[at - n : at] == tail:
+                return context[at : at + k]
+    return []
+
+
+def test_the_prompt_s_sorted_index_and_the_answer_s_dict_find_what_a_scan_finds():
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        vocab = int(rng.choice([5, 50, 151_936, 3_000_000]))
+        prompt = rng.integers(0, vocab, int(rng.integers(1, 300))).tolist()
+        d = NgramDrafter(prompt, most=6)
+        context = list(prompt)
+        for _ in range(30):
+            assert d.lookup(6) == brute_force_lookup(context, 6), (trial, len(context))
+            token = int(rng.integers(0, vocab)) if rng.random() < 0.5 or len(context) < 3 else \
+                context[int(rng.integers(0, len(context)))]  # (often a token seen before: matches)
+            d.extend([token])
+            context.append(token)
+
+
+def test_a_long_prompt_is_indexed_whole():
+    text = list(range(1000, 1000 + 50_000))
+    d = NgramDrafter(text + [7] + text[:10], most=8)  # the file, then its start quoted again
+    assert d.propose(FREE) == text[10:18]
