@@ -45,7 +45,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         stages[stage] = time.monotonic() - started - sum(stages.values())
 
     reader = GGUFFile(str(path), "r")
-    backend = select_backend(config.device, ModelKernels.of(read_config(reader), reader))
+    backend = select_backend(config.device, model_kernels(reader, config.draft))
     lap("backend")  # on a GPU, the model's kernels are compiled from here on, beside the weights' upload, on a
     # first start (engine/kernels/build.py), else read from the cache
     config = config.for_device(backend.name)
@@ -120,6 +120,15 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         f"{plan.cache_ram_bytes / 2**30:.2f} GiB in host memory) in {time.monotonic() - started:.1f}s ("
         + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in stages.items()) + ")")
     return runner, tokenizer, policy
+
+
+def model_kernels(reader: GGUFFile, draft: str | None) -> ModelKernels:
+    """The kernels the model needs, and a draft model's beside them (--draft: built at start too)."""
+    kernels = ModelKernels.of(read_config(reader), reader)
+    if draft is None or not os.path.isfile(draft):  # (a missing draft is refused by open_draft, saying so)
+        return kernels
+    theirs = GGUFFile(draft, "r")
+    return replace(kernels, beside=(ModelKernels.of(read_config(theirs), theirs),))
 
 
 def draft_weights(reader: GGUFFile, path, target: tuple, backend, config: EngineConfig) -> tuple:

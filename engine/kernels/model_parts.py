@@ -37,6 +37,9 @@ class ModelKernels:
     group: int
     moe: bool = False
     hybrid: bool = False
+    beside: tuple["ModelKernels", ...] = ()  # other models the engine runs on the same kernels (a draft model's):
+    # their parts are built at start too (one asked for later, once the KV pool holds the card, is built by
+    # load_rest's compiler processes, whose CUDA contexts then find no memory)
 
     @classmethod
     def of(cls, cfg: ModelConfig, reader: GGUFFile) -> ModelKernels:
@@ -67,5 +70,5 @@ class ModelKernels:
         return wanted
 
     def wants(self, unit: Unit) -> bool:
-        """Whether a first start builds this compilation for this model."""
-        return unit.part in self.parts.get(unit.source, ())
+        """Whether a first start builds this compilation for this model (or one beside it)."""
+        return unit.part in self.parts.get(unit.source, ()) or any(model.wants(unit) for model in self.beside)

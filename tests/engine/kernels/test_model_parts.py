@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import replace
 import subprocess
 from types import SimpleNamespace
 
@@ -17,6 +18,7 @@ from engine.kernels.loader import KernelLoader
 from engine.kernels.model_parts import ModelKernels
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import read_config
+from engine.startup import model_kernels
 
 KIND = "|".join(sorted([*BLOCKS, "F16"], key=len, reverse=True))  # a kernel name's weight type (longest first)
 MODELS = {  # name -> what decides its kernels
@@ -114,6 +116,20 @@ def test_a_first_start_builds_a_sixth_of_the_parts_for_the_8b_shape():
         "attention.cu part 10/21", "attention.cu part 14/21", "mmq.cu part 6/15", "mmq.cu part 8/15",
         "norm_rope.cu", "argmax.cu", "mmv.cu"]
     assert len(build.units(built_kernels())) == 71
+
+
+def test_a_draft_models_parts_are_built_at_start_beside_the_targets(model_path):
+    """--draft: the draft's kernels (its kinds, head size, grouping) are among the first start's, so that its first
+    draft asks for none outside them (load_rest's compiler processes, once the KV pool holds the card, found no
+    memory for their CUDA contexts: the 135M shape drafting for the 8B shape on a fresh H100)."""
+    target, draft = MODELS["llama3-8b Q4_K_M"], MODELS["smollm2 F16"]
+    both = replace(target, beside=(draft,))
+    assert set(first_built(both)) == set(first_built(target)) | set(first_built(draft))
+    held = set().union(*(defined(unit) for unit in first_built(both)))
+    assert not (asked_for(draft) | asked_for(target)) - held
+    reader = GGUFFile(model_path, "r")
+    assert model_kernels(reader, None) == ModelKernels.of(read_config(reader), reader)
+    assert model_kernels(reader, model_path).beside == (ModelKernels.of(read_config(reader), reader),)
 
 
 def test_the_default_models_file_gives_its_kinds_head_size_and_group(model_path):
