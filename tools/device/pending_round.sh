@@ -17,6 +17,8 @@
 #   draft     --speculative draft on the GPU, self-drafts and the 135M drafting for the 8B shape, the same tokens
 #             with and without (gpu_run.sh draftspec)
 #   clients   the 64 clients and 16 sub-agents through HTTP as a user starts the server (the batched draws' gain)
+#   qspec     issue 47 on the Qwen2.5-0.5B fixture (its sixteen parts carried first: tools/device/stage_part.sh and
+#             gpu_run.sh qpart): the four workloads, Strata off / ngram, and 16 at once
 #   hol       B beside A's 46.9K read and 4 / 16 / 64 decoders through HTTP (issue 44's B: short reads first)
 #   hybrid    issue 45's GPU path: the attention kernels (256-wide heads among them), the hybrid fixtures against
 #             transformers, the GPU path's exactness and park/resume parity (gpu_run.sh kernels, hybrid)
@@ -54,6 +56,7 @@ for part in ${PARTS:-fusions}; do
         2>&1 | tail -12 ;;
     offload) timeout 420 bash tools/device/gpu_run.sh offload 2>&1 | tail -8 ;;
     moe) timeout 200 bash tools/device/gpu_run.sh moecheck 2>&1 | tail -6 ;;
+    qspec) SPEC_CONCURRENCY=16 timeout 560 bash tools/device/gpu_run.sh qspec 2>&1 | tail -14 ;;  # (after qpart x16)
     hol) PEERS_CASES=hol PEERS_REPEATS=2 timeout 540 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -25 ;;
   esac
 done
