@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# A real model larger than one device call's carry (64 MiB in all, the wheels and .device included) taken to the
-# device machine in parts, one call each while the machine stays warm (it lets go after 30 s idle):
-#   here:   bash tools/device/model_parts.sh split FILE        -> .carry/p1 .. .carry/pN (40 MiB each) and its sha256
-#   device: call k carries [".carry/pk"] (the first also [".whl", ".device"]) and runs
+# A real model larger than one device call's carry (64 MiB in all, the tracked tree's ~33 MiB included) taken to
+# the device machine in parts, one call each while the machine stays warm (it lets go after 30 s idle):
+#   here:   bash tools/device/model_parts.sh split FILE        -> .carry/p1 .. .carry/pN (30 MiB each) and its sha256
+#   device: a first call carries [".whl"] alone (the wheels and a part do not fit together: gpu_run.sh installs
+#           them, and a warm machine keeps them); then call k carries [".carry/pk"] and runs
 #           bash tools/device/model_parts.sh keep               (moves the part to /tmp/parts, out of the next copy)
 #           and the last one: bash tools/device/model_parts.sh join /tmp/m/NAME.gguf   (checks the sha256)
 set -euo pipefail
 case ${1:-} in
   split)
     rm -rf .carry && mkdir -p .carry/tmp
-    split -b 40M -d -a 1 "$2" .carry/tmp/part.
+    split -b 30M -d -a 2 "$2" .carry/tmp/part.
     i=1
     for part in .carry/tmp/part.*; do mkdir -p .carry/p$i; mv "$part" .carry/p$i/part; i=$((i + 1)); done
     rmdir .carry/tmp

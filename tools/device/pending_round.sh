@@ -17,8 +17,9 @@
 #   draft     --speculative draft on the GPU, self-drafts and the 135M drafting for the 8B shape, the same tokens
 #             with and without (gpu_run.sh draftspec)
 #   clients   the 64 clients and 16 sub-agents through HTTP as a user starts the server (the batched draws' gain)
-#   qspec     issue 47 on the Qwen2.5-0.5B fixture (its sixteen parts carried first: tools/device/stage_part.sh and
-#             gpu_run.sh qpart): the four workloads, Strata off / ngram, and 16 at once
+#   qspec     issue 47 on the Qwen2.5-0.5B fixture (carried first in sixteen calls, tools/device/model_parts.sh, and
+#             joined at /tmp/q/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf): the four workloads, Strata off / ngram, and 16
+#             at once
 #   hol       B beside A's 46.9K read and 4 / 16 / 64 decoders through HTTP (issue 44's B: short reads first)
 #   hybrid    issue 45's GPU path: the attention kernels (256-wide heads among them), the hybrid fixtures against
 #             transformers, the GPU path's exactness and park/resume parity (gpu_run.sh kernels, hybrid)
