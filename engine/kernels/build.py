@@ -89,23 +89,42 @@ def log(text: str) -> None:
     print(f"strata: {text}", file=sys.stderr, flush=True)
 
 
+CONTEXT_BYTES = 1 << 30  # device memory a compiler process's CUDA context may take (a few hundred MiB, rounded up)
+
+
+def workers_beside(cp: ModuleType) -> int:
+    """Compiler processes the device's free memory has room for beside a running engine (whose KV pool holds most
+    of the card: each process's CUDA context would find none), one a core at most; 0: compile in this process."""
+    free = cp.cuda.runtime.memGetInfo()[0]
+    return min(os.cpu_count() or 1, free // CONTEXT_BYTES)
+
+
 def prebuild(cp: ModuleType, todo: list[Unit], defines: tuple[str, ...] = (), workers: int | None = None) -> None:
-    """These units in the cache, those whose stamp is missing compiled side by side (none: nothing is
-    done, and a later start pays nothing; a build cut short keeps the units it finished)."""
+    """These units in the cache, those whose stamp is missing compiled side by side, `workers` processes (None: one
+    a core; 0: one after another in this process, whose CUDA context exists already) (none: nothing is done, and a
+    later start pays nothing; a build cut short keeps the units it finished)."""
     stamps = {unit: stamp_path(cp, unit, defines) for unit in todo}
     todo = [unit for unit in todo if not stamps[unit].exists()]
     if not todo:
         return
+    began = time.monotonic()
+
+    def finished(done: int, unit: Unit, seconds: float) -> None:
+        stamps[unit].parent.mkdir(parents=True, exist_ok=True)
+        stamps[unit].write_text(f"{unit.describe()} compiled in {seconds:.1f} s\n")
+        log(f"  compiled {unit.describe()} in {seconds:.1f} s ({done}/{len(todo)}, "
+            f"{time.monotonic() - began:.0f} s so far)")
+
+    if workers == 0:
+        log(f"compiling {len(todo)} parts in the engine's process (no device memory for more compilers)")
+        for done, unit in enumerate(todo, 1):
+            finished(done, unit, compile_unit(unit, defines))
+        return
     workers = min(len(todo), workers or os.cpu_count() or 1)
     log(f"compiling the GPU kernels for this device: {len(todo)} parts on {workers} cores "
         "(once; later starts read them from the cache)")
-    began = time.monotonic()
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         jobs = {pool.submit(compile_unit, unit, defines): unit for unit in todo}
         for done, job in enumerate(as_completed(jobs), 1):
-            seconds, unit = job.result(), jobs[job]
-            stamps[unit].parent.mkdir(parents=True, exist_ok=True)
-            stamps[unit].write_text(f"{unit.describe()} compiled in {seconds:.1f} s\n")
-            log(f"  compiled {unit.describe()} in {seconds:.1f} s ({done}/{len(todo)}, "
-                f"{time.monotonic() - began:.0f} s so far)")
+            finished(done, jobs[job], job.result())
     log(f"GPU kernels compiled in {time.monotonic() - began:.1f} s")

@@ -137,17 +137,20 @@ class KernelLoader:
         self.loaded |= set(todo)
 
     def load_rest(self, name: str) -> None:
-        """The parts not yet loaded, compiled (side by side) and loaded: `name` was asked for and is in none
-        of the model's parts (model_parts.py did not foresee it; said in the log). Asked for before ready():
+        """The parts of `name`'s file not yet loaded, compiled (side by side where the card has room for the
+        compilers' contexts) and loaded: `name` was asked for and is in none of the model's parts (model_parts.py
+        did not foresee it; said in the log). Asked for before ready():
         ready() first, which loads the model's parts."""
         if self.pending is not None:
             self.ready()
             if name in self.fn:
                 return
-        rest = [unit for unit in build.units(built_kernels()) if unit not in self.loaded]
+        sources = [source for source, names in built_kernels().items() if name in names] or list(built_kernels())
+        rest = [unit for unit in build.units(built_kernels()) if unit not in self.loaded and unit.source in sources]
         if rest:
-            build.log(f"kernel {name} is outside the parts built for this model: loading the other {len(rest)}")
-            build.prebuild(self.cp, rest, self.defines)
+            build.log(f"kernel {name} is outside the parts built for this model: loading the other {len(rest)} of "
+                      f"{', '.join(sources)}")
+            build.prebuild(self.cp, rest, self.defines, build.workers_beside(self.cp))
             self.load_units(rest)
 
     def load_sm90(self, defines: tuple[str, ...], wanted: str | None) -> str:

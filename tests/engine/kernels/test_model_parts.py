@@ -151,11 +151,18 @@ class PreprocessedModule:
 
 
 def test_a_kernel_outside_the_models_parts_is_loaded_at_its_first_use(monkeypatch):
-    built = []
-    monkeypatch.setattr(build, "prebuild", lambda cp, todo, defines: built.append(list(todo)))
+    built, workers = [], []
+
+    def prebuild(cp, todo, defines, processes=None):
+        built.append(list(todo))
+        workers.append(processes)
+
+    monkeypatch.setattr(build, "prebuild", prebuild)
     monkeypatch.setattr(build, "module", lambda cp, unit, defines: PreprocessedModule(unit))
     loader = KernelLoader()
-    loader.cp = SimpleNamespace(cuda=SimpleNamespace(Device=lambda: SimpleNamespace(compute_capability="80")))
+    free = [80 << 30]  # the device's free bytes (a running engine's KV pool leaves little)
+    loader.cp = SimpleNamespace(cuda=SimpleNamespace(Device=lambda: SimpleNamespace(compute_capability="80"),
+                                                     runtime=SimpleNamespace(memGetInfo=lambda: (free[0], 80 << 30))))
     monkeypatch.setattr(sm90, "supported", lambda cp: False)
     model = MODELS["llama3-8b Q4_K_M"]
     loader.load_modules((), model, "mma")  # the build starts in a thread; ready() waits for it
@@ -165,7 +172,27 @@ def test_a_kernel_outside_the_models_parts_is_loaded_at_its_first_use(monkeypatc
     assert asked_for(model) <= set(loader.fn) == set().union(*map(defined, first_built(model))) & listed
     assert loader.fn["flash_decode_d128_g4"].name == "flash_decode_d128_g4"  # a decode kernel, wrapped
     assert "matvec_Q8_0_n1" not in loader.fn
-    assert loader.fn["matvec_Q8_0_n1"].name == "matvec_Q8_0_n1"  # built with the rest, then found
-    assert len(built) == 2 and set(built[1]) == set(build.units(built_kernels())) - set(first_built(model))
+    assert loader.fn["matvec_Q8_0_n1"].name == "matvec_Q8_0_n1"  # built with the rest of its file, then found
+    quant = {unit for unit in build.units(built_kernels()) if unit.source == "quant.cu"}
+    assert len(built) == 2 and set(built[1]) == quant - set(first_built(model)) and workers[1] >= 1
+    free[0] = 600 << 20  # the pool holds the card: no room for a compiler process's context
+    assert loader.fn["flash_decode_d64_g7"].name == "flash_decode_d64_g7"
+    attention = {unit for unit in build.units(built_kernels()) if unit.source == "attention.cu"}
+    assert set(built[2]) == attention - set(first_built(model)) and workers[2] == 0  # in the engine's process
     with pytest.raises(KeyError, match="no kernel 'matvec_Q9_9_n1'"):
         loader.fn["matvec_Q9_9_n1"]
+
+
+def test_a_build_with_no_room_for_compiler_processes_runs_in_the_engines_own(monkeypatch, tmp_path):
+    """prebuild(workers=0): each part compiled in this process, one after another, and stamped as the workers'
+    are (a later start finds them in the cache); parts stamped already are not compiled again."""
+    compiled = []
+    monkeypatch.setattr(build, "stamp_path", lambda cp, unit, defines: tmp_path / f"{unit.source}.{unit.part}")
+    monkeypatch.setattr(build, "compile_unit", lambda unit, defines: compiled.append(unit) or 0.5)
+    monkeypatch.setattr(build, "ProcessPoolExecutor", None)  # (no process is started)
+    units = [unit for unit in build.units(built_kernels()) if unit.source == "attention.cu"][:3]
+    (tmp_path / "attention.cu.1").write_text("compiled before\n")
+    build.prebuild(None, units, (), 0)
+    assert compiled == [units[0], units[2]] and all((tmp_path / f"attention.cu.{u.part}").exists() for u in units)
+    build.prebuild(None, units, (), 0)
+    assert len(compiled) == 2
