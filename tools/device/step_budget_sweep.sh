@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Issue 44: `--step-tokens`' default chosen by measurement. For each budget in STEPS, the httpquick step
-# (tools/device/http_quick.sh: the server as a user starts it on the 8B chat model, pool_bench's CASES) with
-# step traces on, each under PER_S seconds; results in $OUT/steps.tgz (st<budget>/: a device call brings back
-# only a few files).
+# Issue 44: a step rule's default chosen by measurement. For each value in VALUES of the server flag FLAG
+# (default: `--step-tokens` over STEPS), the httpquick step (tools/device/http_quick.sh: the server as a user starts
+# it on the 8B chat model, pool_bench's CASES) with step traces on, each under PER_S seconds; results in
+# $OUT/steps.tgz (v<value>/: a device call brings back only a few files).
 #   STEPS="1024 2048 4096" CASES="subagents clients" REPEATS=3 LIMIT=75 bash tools/device/step_budget_sweep.sh
+#   FLAG=--decode-interval-ms VALUES="50 150 300" CASES="clients subagents hol" bash tools/device/step_budget_sweep.sh
+#   (the decode steps' interval during reads: a burst's last first token against the decoders' gaps)
 set -uo pipefail
 export STRATA_STEP_TRACE=1 CASES="${CASES:-subagents clients}" REPEATS=${REPEATS:-3} LIMIT=${LIMIT:-75}
 base=$OUT
-for st in ${STEPS:-1024 2048 4096}; do
-  mkdir -p "$base/st$st"
-  OUT="$base/st$st" SERVER_FLAGS="--step-tokens $st ${SERVER_FLAGS:-}" timeout ${PER_S:-190} \
+for value in ${VALUES:-${STEPS:-1024 2048 4096}}; do
+  mkdir -p "$base/v$value"
+  OUT="$base/v$value" SERVER_FLAGS="${FLAG:---step-tokens} $value ${SERVER_FLAGS:-}" timeout ${PER_S:-190} \
     bash tools/device/gpu_run.sh httpquick 2>&1 | tail -40
-  gzip -f "$base/st$st/server.log"
+  gzip -f "$base/v$value/server.log"
 done
-tar -czf "$base/steps.tgz" -C "$base" $(cd "$base" && ls -d st*) && rm -rf "$base"/st*
+tar -czf "$base/steps.tgz" -C "$base" $(cd "$base" && ls -d v*) && rm -rf "$base"/v*
