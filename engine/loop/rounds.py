@@ -35,6 +35,9 @@ from engine.loop.step_trace import StepTrace
 from engine.runner.sequence import Sequence
 
 
+ROW_RATE_DECAY = 0.8  # an older prompt step's weight against each newer one in the time a row (estimate_ms)
+
+
 class Rounds:
     def __init__(self, runner, requests: RequestTable, memory: Memory, parking: Parking, admission: Admission,
                  write: Callable[[m.Message], None], inbox: Inbox, control: Callable[[m.Message], None],
@@ -44,6 +47,7 @@ class Rounds:
         self.step_tokens = step_budget(step_tokens, runner.chunk)  # prompt rows a step may take (shape_free)
         self.inbox, self.control = inbox, control
         self.chunk_ms: float | None = None  # the latest prompt step's own time, without its pauses
+        self.prompt_ms_rows = [0.0, 0.0]  # recent prompt steps' own ms and rows, older ones weighing less (estimate_ms)
         self.held_last = False  # whether the latest step held the first read in line back (held_back)
         self.paused_ms = 0.0  # decode steps run in the pauses of the current chunk
         self.trace = StepTrace()  # a line per step on stderr with $STRATA_STEP_TRACE
@@ -70,7 +74,8 @@ class Rounds:
             reader = self.requests.next_reader()
             if self.inbox.gone or reader is None or not self.requests.any_decoding():
                 break  # nobody waits for a step: the next round reads on (taking control lines first)
-            if (time.perf_counter() - started) * 1000 + (reader.chunk_ms or self.chunk_ms or 0.0) > self.interval_ms:
+            rows = min(reader.total - reader.pos, self.step_tokens)  # (about: the next step's first read's rows)
+            if (time.perf_counter() - started) * 1000 + (self.estimate_ms(reader, rows) or 0.0) > self.interval_ms:
                 break  # the decoders have waited about interval_ms: their step comes first
 
     # ------------------------------------------------------------ prompt chunks
@@ -151,10 +156,13 @@ class Rounds:
         started = time.perf_counter()
         before = [seq.pos for seq, _ in pieces]
         self.requests.in_step, self.paused_ms = [seq for seq, _ in pieces], 0.0
-        self.runner.read_prompts(pieces, self.pauses(pieces[0][0]))
+        rows = sum(end - pos for (_, end), pos in zip(pieces, before))
+        self.runner.read_prompts(pieces, self.pauses(pieces[0][0], rows))
         ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
         self.chunk_ms = ms - self.paused_ms
-        self.trace.step("prompt", started, rows=sum(end - pos for (_, end), pos in zip(pieces, before)),
+        self.prompt_ms_rows = [self.prompt_ms_rows[0] * ROW_RATE_DECAY + self.chunk_ms,
+                               self.prompt_ms_rows[1] * ROW_RATE_DECAY + rows]
+        self.trace.step("prompt", started, rows=rows,
                         reads=[[seq.id, pos, end] for (seq, end), pos in zip(pieces, before)],
                         paused_ms=round(self.paused_ms, 2))
         size = self.memory.pool.size if self.runner.shape_free else self.runner.chunk
@@ -166,7 +174,7 @@ class Rounds:
                 if not seq.reading:
                     self.memory.drop_settling(seq)
                 continue
-            seq.chunk_ms = self.chunk_ms
+            seq.chunk_ms, seq.chunk_rows = self.chunk_ms, rows
             seq.prompt_ms += self.chunk_ms
             seq.shared_ms += self.paused_ms
         self.take_lines()  # lines that arrived during this step, before its PPs
@@ -191,12 +199,22 @@ class Rounds:
             elif seq.yield_wanted:
                 self.parking.try_park(seq)
 
-    def pauses(self, seq: Sequence) -> Callable[[int], None] | None:
+    def estimate_ms(self, seq: Sequence, rows: int) -> float | None:
+        """A prompt step of `rows` rows whose first read is seq: its own time (pauses aside), by seq's latest step
+        scaled to the rows (the same depth of its prompt), else at the recent prompt steps' time a row (a long read's
+        first chunk after short reads: their time alone said it was as short, and it ran unpaused, the decoders
+        waiting a whole chunk; a row of a short step costs more than a long one's, so this errs long: more pauses);
+        None before any prompt step."""
+        if seq.chunk_ms is not None and seq.chunk_rows:
+            return seq.chunk_ms * rows / seq.chunk_rows
+        ms, seen = self.prompt_ms_rows
+        return ms * rows / seen if seen else None
+
+    def pauses(self, seq: Sequence, rows: int) -> Callable[[int], None] | None:
         """The prompt step's pauses between layers (None: it runs straight through): every `every`
         layers, a decode step for the requests decoding then, so that each waits about interval_ms
-        for its next token. The step's time is estimated by the first read's last step, else the
-        latest prompt step (a first chunk is the shallowest: its estimate errs long, pausing more)."""
-        estimate, layers = seq.chunk_ms or self.chunk_ms, self.runner.layers
+        for its next token. The step's time is estimated (estimate_ms) for its rows, seq its first read."""
+        estimate, layers = self.estimate_ms(seq, rows), self.runner.layers
         if not (self.interval_ms and estimate and self.requests.any_decoding()):
             return None
         every = max(1, int(layers * self.interval_ms / estimate))
