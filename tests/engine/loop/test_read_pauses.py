@@ -60,3 +60,13 @@ def test_nobody_decoding_means_no_pauses():
     r, seq = rounds(decoding=False), read()
     r.prompt_ms_rows = [155.0, 37.0]
     assert r.pauses(seq, 256) is None
+
+
+def test_a_short_read_beside_a_long_one_is_estimated_for_its_own_rows():
+    """A newcomer's short read in a step of its own after a long read's chunk: before, estimated at that chunk's
+    time (2 s), it paused after every layer and its first token waited ~1 s for decode steps (the CPU's trace: 38
+    rows in 1.2-1.4 s, 1.0-1.2 s of it pauses); now at the recent steps' time a row."""
+    r, newcomer = rounds(), read(38)
+    r.prompt_ms_rows = [2000.0, 256.0]  # the long read's latest chunk: 256 rows in 2 s
+    assert abs(r.estimate_ms(newcomer, 38) - 2000 * 38 / 256) < 1e-9
+    assert pause_layers(r, newcomer, 38) == list(range(4, LAYERS, 5))  # ~297 ms: every 5 layers, not every one
