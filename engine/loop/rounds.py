@@ -13,8 +13,8 @@ prompt step reads depends on the runner (engine/runner/runner.py, shape_free):
 A request's first token is drawn right after its prompt's last row (an embed request's vector is written
 then, and its DONE: engine/runner/pooling.py). A step deep in a long read takes longer than a decoding
 client should wait for its next token, so it pauses between layers for further decode steps, about
-every `interval_ms` (the layers per pause estimated from the last prompt step); the pauses change
-neither the step's arithmetic nor its rows. Control lines are taken after the decode
+every `interval_ms` (engine/loop/read_pauses.py); the pauses change neither the step's arithmetic nor
+its rows. Control lines are taken after the decode
 step and after each prompt step, before its PPs.
 """
 from __future__ import annotations
@@ -30,12 +30,10 @@ from engine.loop.memory import Memory
 from engine.core.chunks import chunk_end, step_budget
 from engine.loop.parking import Parking
 from engine.loop.protocol_io import Inbox
+from engine.loop.read_pauses import ReadPauses
 from engine.loop.request_table import RequestTable
 from engine.loop.step_trace import StepTrace
 from engine.runner.sequence import Sequence
-
-
-ROW_RATE_DECAY = 0.8  # an older prompt step's weight against each newer one in the time a row (estimate_ms)
 
 
 class Rounds:
@@ -47,12 +45,11 @@ class Rounds:
         self.step_tokens = step_budget(step_tokens, runner.chunk)  # prompt rows a step may take (shape_free)
         self.inbox, self.control = inbox, control
         self.chunk_ms: float | None = None  # the latest prompt step's own time, without its pauses
-        self.prompt_ms_rows = [0.0, 0.0]  # recent prompt steps' own ms and rows, older ones weighing less (estimate_ms)
         self.held_last = False  # whether the latest step held the first read in line back (held_back)
-        self.paused_ms = 0.0  # decode steps run in the pauses of the current chunk
         self.trace = StepTrace()  # a line per step on stderr with $STRATA_STEP_TRACE
         self.decoding = DecodeSteps(runner, memory, admission, write, self.trace)
         self.decode_step, self.draw = self.decoding.step, self.decoding.draw
+        self.pauses = ReadPauses(runner, requests, self.decode_step, interval_ms)  # a long step's decode steps
 
     def take_lines(self) -> None:
         """The control lines that arrived meanwhile, handled without waiting."""
@@ -64,6 +61,7 @@ class Rounds:
         if decoding:
             started = time.perf_counter()
             self.decode_step(decoding)
+            self.pauses.decoded(started)
             if self.requests.line:  # the read in front waited for it
                 self.requests.line[0].shared_ms += (time.perf_counter() - started) * 1000
             self.take_lines()
@@ -75,7 +73,8 @@ class Rounds:
             if self.inbox.gone or reader is None or not self.requests.any_decoding():
                 break  # nobody waits for a step: the next round reads on (taking control lines first)
             rows = min(reader.total - reader.pos, self.step_tokens)  # (about: the next step's first read's rows)
-            if (time.perf_counter() - started) * 1000 + (self.estimate_ms(reader, rows) or 0.0) > self.interval_ms:
+            estimate = self.pauses.estimate_ms(reader, rows) or 0.0
+            if (time.perf_counter() - started) * 1000 + estimate > self.interval_ms:
                 break  # the decoders have waited about interval_ms: their step comes first
 
     # ------------------------------------------------------------ prompt chunks
@@ -155,16 +154,16 @@ class Rounds:
         """One prompt step over `pieces`; then each read's PP, and its first token, park or end."""
         started = time.perf_counter()
         before = [seq.pos for seq, _ in pieces]
-        self.requests.in_step, self.paused_ms = [seq for seq, _ in pieces], 0.0
+        self.requests.in_step = [seq for seq, _ in pieces]
         rows = sum(end - pos for (_, end), pos in zip(pieces, before))
-        self.runner.read_prompts(pieces, self.pauses(pieces[0][0], rows))
+        self.runner.read_prompts(pieces, self.pauses.plan(pieces[0][0], rows))
         ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
-        self.chunk_ms = ms - self.paused_ms
-        self.prompt_ms_rows = [self.prompt_ms_rows[0] * ROW_RATE_DECAY + self.chunk_ms,
-                               self.prompt_ms_rows[1] * ROW_RATE_DECAY + rows]
+        paused_ms = self.pauses.paused_ms
+        self.chunk_ms = ms - paused_ms
+        self.pauses.observe(rows, self.chunk_ms)
         self.trace.step("prompt", started, rows=rows,
                         reads=[[seq.id, pos, end] for (seq, end), pos in zip(pieces, before)],
-                        paused_ms=round(self.paused_ms, 2))
+                        paused_ms=round(paused_ms, 2))
         size = self.memory.pool.size if self.runner.shape_free else self.runner.chunk
         for seq, _ in pieces:  # shareable now: whole blocks (rows that are the same in any step), else whole chunks
             keys = self.memory.pool.register(seq.table, seq.prompt, seq.pos // size * size)
@@ -176,7 +175,7 @@ class Rounds:
                 continue
             seq.chunk_ms, seq.chunk_rows = self.chunk_ms, rows
             seq.prompt_ms += self.chunk_ms
-            seq.shared_ms += self.paused_ms
+            seq.shared_ms += paused_ms
         self.take_lines()  # lines that arrived during this step, before its PPs
         self.requests.in_step = []
         self.runner.pick_ahead([seq for seq, _ in pieces  # the first tokens the loop below draws, at once on a GPU
@@ -198,39 +197,3 @@ class Rounds:
                     self.draw(seq, time.perf_counter())  # its first token now, not after the next decode step
             elif seq.yield_wanted:
                 self.parking.try_park(seq)
-
-    def estimate_ms(self, seq: Sequence, rows: int) -> float | None:
-        """A prompt step of `rows` rows whose first read is seq: its own time (pauses aside), by seq's latest step
-        scaled to the rows (the same depth of its prompt), else at the recent prompt steps' time a row (a long read's
-        first chunk after short reads: their time alone said it was as short, and it ran unpaused, the decoders
-        waiting a whole chunk; a row of a short step costs more than a long one's, so this errs long: more pauses);
-        None before any prompt step."""
-        if seq.chunk_ms is not None and seq.chunk_rows:
-            return seq.chunk_ms * rows / seq.chunk_rows
-        ms, seen = self.prompt_ms_rows
-        return ms * rows / seen if seen else None
-
-    def pauses(self, seq: Sequence, rows: int) -> Callable[[int], None] | None:
-        """The prompt step's pauses between layers (None: it runs straight through): every `every`
-        layers, a decode step for the requests decoding then, so that each waits about interval_ms
-        for its next token. The step's time is estimated (estimate_ms) for its rows, seq its first read."""
-        estimate, layers = self.estimate_ms(seq, rows), self.runner.layers
-        if not (self.interval_ms and estimate and self.requests.any_decoding()):
-            return None
-        every = max(1, int(layers * self.interval_ms / estimate))
-        if every >= layers:
-            return None
-
-        def pause(layer: int) -> None:
-            if (layer + 1) % every:
-                return
-            decoding = self.requests.decoding()
-            if not decoding:
-                return
-            self.runner.synchronize()  # the layers so far are done: what follows is the step's own time
-            started = time.perf_counter()
-            self.decode_step(decoding)
-            self.runner.synchronize()
-            self.paused_ms += (time.perf_counter() - started) * 1000
-
-        return pause
