@@ -50,38 +50,41 @@ class ReadPauses:
         return ms * rows / seen if seen else None
 
     def layers_ms(self) -> float:
-        """How long the layers between two decode steps run: the interval less a decode step's own time (the
+        """How long the layers between two decode steps may run: the interval less a decode step's own time (the
         decoders' next token comes after it too), but half the interval at least (where a decode step takes as long
         as the interval, a CPU's, the read keeps half the time)."""
         return max(self.interval_ms - self.decode_ms, self.interval_ms / 2)
 
     def plan(self, seq: Sequence, rows: int) -> Callable[[int], None] | None:
         """The step's pause between layers (called after each; None: the step runs straight through), seq its
-        first read and `rows` its rows."""
+        first read and `rows` its rows: a decode step where one more layer would take the decoders' wait past
+        layers_ms (the layer's time as measured so far in this step), once half the interval has gone at least."""
         self.paused_ms = 0.0
         estimate = self.estimate_ms(seq, rows)
         if not (self.interval_ms and estimate and self.requests.any_decoding()):
             return None
-        per_layer = estimate / self.runner.layers
-        waited = [(self.clock() - self.decoded_at) * 1000]  # by the estimate, at the layer in hand
+        per_layer, began = estimate / self.runner.layers, self.clock()
+        waited = [(began - self.decoded_at) * 1000]  # by the estimate, at the layer in hand
         if waited[0] + estimate < EARLY * self.layers_ms():
             return None  # the step ends before the decoders have waited long
 
         def pause(layer: int) -> None:
             waited[0] += per_layer
-            if waited[0] < EARLY * self.layers_ms():
+            if waited[0] + per_layer < EARLY * self.layers_ms():
                 return
             decoding = self.requests.decoding()
             if not decoding:
                 return
             self.runner.synchronize()  # the layers so far are done: the clock is the step's own time
-            if (self.clock() - self.decoded_at) * 1000 < self.layers_ms():
+            now = self.clock()
+            since = (now - self.decoded_at) * 1000
+            layer_ms = ((now - began) * 1000 - self.paused_ms) / (layer + 1)  # as measured in this step
+            if since < self.interval_ms / 2 or since + layer_ms <= self.layers_ms():
                 return
-            started = self.clock()
             self.decode_step(decoding)
             self.runner.synchronize()
-            self.decoded(started)
-            self.paused_ms += (self.decoded_at - started) * 1000
+            self.decoded(now)
+            self.paused_ms += (self.decoded_at - now) * 1000
             waited[0] = 0.0
 
         return pause
