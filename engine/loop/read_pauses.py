@@ -1,7 +1,7 @@
 """A long prompt step's pauses for the decoding requests (engine/loop/rounds.py): between its layers, a decode step
-whenever the decoders would otherwise wait more than `interval_ms` for their next token (the time since their last
-step and a step's own), so that a long read never stops them. The
-pauses change neither the step's arithmetic nor its rows.
+where one more layer would take the decoders' wait for their next token (the time since their last step and a
+decode step's own) past `interval_ms`, so that a long read never stops them. The pauses change neither the step's
+arithmetic nor its rows.
 
 Layer by layer the step's estimated time says how long the decoders have waited; once that nears the interval
 (EARLY of it) the step waits for its layers so far (runner.synchronize: a GPU's launches run ahead of its work) and
@@ -32,7 +32,7 @@ class ReadPauses:
         self.clock = time.perf_counter
 
     def decoded(self, started: float) -> None:
-        """The decoders had a step (a round's), begun at `started` (clock)."""
+        """The decoders had a step (a round's or a pause's), begun at `started` (clock)."""
         self.decoded_at = self.clock()
         self.decode_ms = DECODE_DECAY * self.decode_ms + (1 - DECODE_DECAY) * (self.decoded_at - started) * 1000
 
