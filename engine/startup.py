@@ -45,7 +45,9 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         stages[stage] = time.monotonic() - started - sum(stages.values())
 
     reader = GGUFFile(str(path), "r")
-    backend = select_backend(config.device, model_kernels(reader, config.draft))
+    # (a draft's file, read once: its kernels are built beside the model's, and open_draft checks it)
+    draft_file = GGUFFile(config.draft, "r") if config.draft and os.path.isfile(config.draft) else None
+    backend = select_backend(config.device, model_kernels(reader, draft_file))
     lap("backend")  # on a GPU, the model's kernels are compiled from here on, beside the weights' upload, on a
     # first start (engine/kernels/build.py), else read from the cache
     config = config.for_device(backend.name)
@@ -64,7 +66,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         raise ModelLoadError(f"the model's weights ({os.path.getsize(path) / 2**30:.1f} GiB in its file) do not fit "
                              f"--gpu-memory {cap / 2**30:.1f} GiB (only a mixture of experts' routed experts can stay "
                              "in host memory)")
-    draft = open_draft(config.draft, reader, backend.name, config.tp) if config.draft else None
+    draft = open_draft(config.draft, reader, backend.name, config.tp, draft_file) if config.draft else None
     # (checked before anything loads)
     log(f"loading {path} on {backend.device_name}")
 
@@ -122,13 +124,12 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     return runner, tokenizer, policy
 
 
-def model_kernels(reader: GGUFFile, draft: str | None) -> ModelKernels:
+def model_kernels(reader: GGUFFile, draft: GGUFFile | None) -> ModelKernels:
     """The kernels the model needs, and a draft model's beside them (--draft: built at start too)."""
     kernels = ModelKernels.of(read_config(reader), reader)
-    if draft is None or not os.path.isfile(draft):  # (a missing draft is refused by open_draft, saying so)
+    if draft is None:  # (a missing draft is refused by open_draft, saying so)
         return kernels
-    theirs = GGUFFile(draft, "r")
-    return replace(kernels, beside=(ModelKernels.of(read_config(theirs), theirs),))
+    return replace(kernels, beside=(ModelKernels.of(read_config(draft), draft),))
 
 
 def draft_weights(reader: GGUFFile, path, target: tuple, backend, config: EngineConfig) -> tuple:

@@ -51,9 +51,11 @@ def vocabulary_refusal(target: GGUFFile, draft: GGUFFile) -> str | None:
     return None
 
 
-def open_draft(path: str, target: GGUFFile, backend_name: str, tp: int = 1) -> GGUFFile:
+def open_draft(path: str, target: GGUFFile, backend_name: str, tp: int = 1, opened: GGUFFile | None = None
+               ) -> GGUFFile:
     """The draft's file, checked before anything loads: a model of the target's vocabulary, a dense one
-    (not a hybrid), for a dense target, on one GPU or the CPU (ModelLoadError or ValueError saying why not)."""
+    (not a hybrid), for a dense target, on one GPU or the CPU (ModelLoadError or ValueError saying why not).
+    opened: the file at `path` already read (else read here)."""
     if read_config(target).hybrid:
         raise ValueError("--speculative draft is not for the hybrid families in this version (their recurrent state "
                          "moves a token a step)")
@@ -61,7 +63,7 @@ def open_draft(path: str, target: GGUFFile, backend_name: str, tp: int = 1) -> G
         raise ValueError("--speculative draft runs on one GPU (--tp 1) in this version")
     if not os.path.isfile(path):
         raise ModelLoadError(f"--draft {path}: no such file")
-    draft = GGUFFile(path, "r")
+    draft = opened or GGUFFile(path, "r")
     if read_config(draft).hybrid:
         raise ModelLoadError(f"--draft {path}: a hybrid model cannot draft in this version (its state is per request)")
     if (why := vocabulary_refusal(target, draft)) is not None:

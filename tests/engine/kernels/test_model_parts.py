@@ -129,7 +129,7 @@ def test_a_draft_models_parts_are_built_at_start_beside_the_targets(model_path):
     assert not (asked_for(draft) | asked_for(target)) - held
     reader = GGUFFile(model_path, "r")
     assert model_kernels(reader, None) == ModelKernels.of(read_config(reader), reader)
-    assert model_kernels(reader, model_path).beside == (ModelKernels.of(read_config(reader), reader),)
+    assert model_kernels(reader, GGUFFile(model_path, "r")).beside == (ModelKernels.of(read_config(reader), reader),)
 
 
 def test_the_default_models_file_gives_its_kinds_head_size_and_group(model_path):
