@@ -145,8 +145,9 @@ class KernelLoader:
             self.ready()
             if name in self.fn:
                 return
-        sources = [source for source, names in built_kernels().items() if name in names] or list(built_kernels())
-        rest = [unit for unit in build.units(built_kernels()) if unit not in self.loaded and unit.source in sources]
+        kernels = built_kernels()  # (the names of every file's kernels, made anew each call)
+        sources = [source for source, names in kernels.items() if name in names] or list(kernels)
+        rest = [unit for unit in build.units(kernels) if unit not in self.loaded and unit.source in sources]
         if rest:
             build.log(f"kernel {name} is outside the parts built for this model: loading the other {len(rest)} of "
                       f"{', '.join(sources)}")
