@@ -44,8 +44,8 @@ class ReadPauses:
         """A prompt step of `rows` rows whose first read is seq: its own time, by seq's latest step scaled to the
         rows (the same depth of its prompt), else at the recent steps' time a row (which a short step's overhead
         inflates: it errs long); None before any prompt step."""
-        if seq.chunk_ms is not None and seq.chunk_rows:
-            return seq.chunk_ms * rows / seq.chunk_rows
+        if seq.row_ms is not None:
+            return seq.row_ms * rows
         ms, seen = self.ms_rows
         return ms * rows / seen if seen else None
 

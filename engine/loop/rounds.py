@@ -44,7 +44,6 @@ class Rounds:
         self.admission, self.write, self.interval_ms = admission, write, interval_ms
         self.step_tokens = step_budget(step_tokens, runner.chunk)  # prompt rows a step may take (shape_free)
         self.inbox, self.control = inbox, control
-        self.chunk_ms: float | None = None  # the latest prompt step's own time, without its pauses
         self.held_last = False  # whether the latest step held the first read in line back (held_back)
         self.trace = StepTrace()  # a line per step on stderr with $STRATA_STEP_TRACE
         self.decoding = DecodeSteps(runner, memory, admission, write, self.trace)
@@ -159,8 +158,8 @@ class Rounds:
         self.runner.read_prompts(pieces, self.pauses.plan(pieces[0][0], rows))
         ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
         paused_ms = self.pauses.paused_ms
-        self.chunk_ms = ms - paused_ms
-        self.pauses.observe(rows, self.chunk_ms)
+        own_ms = ms - paused_ms  # the step's own time, without its pauses
+        self.pauses.observe(rows, own_ms)
         self.trace.step("prompt", started, rows=rows,
                         reads=[[seq.id, pos, end] for (seq, end), pos in zip(pieces, before)],
                         paused_ms=round(paused_ms, 2))
@@ -173,8 +172,8 @@ class Rounds:
                 if not seq.reading:
                     self.memory.drop_settling(seq)
                 continue
-            seq.chunk_ms, seq.chunk_rows = self.chunk_ms, rows
-            seq.prompt_ms += self.chunk_ms
+            seq.row_ms = own_ms / max(rows, 1)
+            seq.prompt_ms += own_ms
             seq.shared_ms += paused_ms
         self.take_lines()  # lines that arrived during this step, before its PPs
         self.requests.in_step = []

@@ -43,8 +43,7 @@ class Sequence:
     parks: int = 0
     park_ms: float = 0.0  # time spent copying snapshots out and back in
     prompt_ms: float = 0.0
-    chunk_ms: float | None = None  # its latest prompt step's own time (the next one's pauses are planned by it)
-    chunk_rows: int = 0  # that step's rows
+    row_ms: float | None = None  # its latest prompt step's own time a row (its next step's pauses are planned by it)
     decode_ms: float = 0.0
     shared_ms: float = 0.0  # the others' decode steps run while it was reading (between and inside its chunks)
     decode_started: float | None = None  # perf_counter at its first token

@@ -56,14 +56,14 @@ def test_the_decoders_get_a_step_each_interval_whatever_the_estimate_says_above_
     seq = read()
     for estimate_ms in (375.0, 1500.0):  # right, and four times too long
         step = Step()
-        seq.chunk_ms, seq.chunk_rows = estimate_ms, 256
+        seq.row_ms = estimate_ms / 256
         assert step.run(seq, 256, layer_ms=12.6) == WITHIN_50_MS
     assert step.waits > len(WITHIN_50_MS)  # the long estimate's cost: waits for the layers, not more pauses
 
 
 def test_an_estimate_that_errs_short_leaves_that_much_of_a_gap():
     seq, step = read(), Step()
-    seq.chunk_ms, seq.chunk_rows = 375.0 / 4, 256  # a quarter of the step's 375 ms
+    seq.row_ms = 375.0 / 4 / 256  # a quarter of the step's 375 ms
     assert step.run(seq, 256, layer_ms=12.6) == [10, 21]  # ~140 ms apart
 
 
@@ -92,7 +92,7 @@ def test_a_decode_steps_own_time_counts_in_the_decoders_wait():
     """A decoder's next token comes after the prompt layers and the decode step: with steps of 20 ms the pauses come
     within ~30 ms of layers (once the steps' time is learnt), so that a token follows the one before within 50."""
     seq, step = read(), Step(decode_ms=20.0)
-    seq.chunk_ms, seq.chunk_rows = 375.0, 256
+    seq.row_ms = 375.0 / 256
     ends = []
     step.pauses.decode_step = lambda decoding: (step.decode(decoding), ends.append(step.now))
     step.run(seq, 256, layer_ms=12.6)
@@ -105,11 +105,11 @@ def test_where_a_decode_step_takes_the_interval_the_read_keeps_half_the_time():
     """A CPU's decode step of two rows takes ~50 ms: the layers between two of them still run half the interval."""
     seq, step = read(), Step(decode_ms=60.0)
     step.pauses.decode_ms = 60.0
-    seq.chunk_ms, seq.chunk_rows = 375.0, 256
+    seq.row_ms = 375.0 / 256
     assert step.run(seq, 256, layer_ms=12.6) == list(range(1, LAYERS, 2))  # 25.2 ms of layers, then 60 of decode
 
 
 def test_nobody_decoding_means_no_pauses():
     seq, step = read(), Step(decoding=False)
-    seq.chunk_ms, seq.chunk_rows = 375.0, 256
+    seq.row_ms = 375.0 / 256
     assert step.pauses.plan(seq, 256) is None
