@@ -64,13 +64,14 @@ class ReadPauses:
         if not (self.interval_ms and estimate and self.requests.any_decoding()):
             return None
         per_layer, began = estimate / self.runner.layers, self.clock()
-        waited = [(began - self.decoded_at) * 1000]  # by the estimate, at the layer in hand
-        if waited[0] + estimate < EARLY * self.layers_ms():
+        waited = (began - self.decoded_at) * 1000  # by the estimate, at the layer in hand
+        if waited + estimate < EARLY * self.layers_ms():
             return None  # the step ends before the decoders have waited long
 
         def pause(layer: int) -> None:
-            waited[0] += per_layer
-            if waited[0] + per_layer < EARLY * self.layers_ms():
+            nonlocal waited
+            waited += per_layer
+            if waited + per_layer < EARLY * self.layers_ms():
                 return
             decoding = self.requests.decoding()
             if not decoding:
@@ -85,6 +86,6 @@ class ReadPauses:
             self.runner.synchronize()
             self.decoded(now)
             self.paused_ms += (self.decoded_at - now) * 1000
-            waited[0] = 0.0
+            waited = 0.0
 
         return pause
