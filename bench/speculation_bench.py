@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.clients_bench import free_port, start_server, stop_server, wait_healthy  # noqa: E402
 from bench.engine_bench import machine, merge_result  # noqa: E402
+from bench.pool_bench import gpu_name  # noqa: E402
 from tools.fixtures.fetch_fixture import fetch, cache_dir  # noqa: E402
 
 FILE_CHARS = 7000  # the most characters of code: ~1,550 tokens (__init__, _munge_whitespace, _split)
@@ -183,7 +184,7 @@ def save(a: argparse.Namespace, result: dict) -> None:
     """The result so far into --json (after each arm: a later arm's failure loses nothing)."""
     if a.json:
         merge_result(Path(a.json), a.label or f"{a.device} speculation", {
-            "machine": machine(a.device), "model": Path(a.model).name, "draft": Path(a.draft).name if a.draft else None,
+            "machine": machine((gpu_name() or "gpu") if a.device == "gpu" else "cpu"), "model": Path(a.model).name, "draft": Path(a.draft).name if a.draft else None,
             "max_tokens": a.max_tokens, "repeats": a.repeats, "python": sys.version.split()[0],
             "arms": {arm: rows if "error" in rows else {n: {k: v for k, v in r.items() if k != "text"}
                                                         for n, r in rows.items()} for arm, rows in result.items()}})

@@ -703,9 +703,8 @@ for step in "$@"; do
         $LLAMA/build/bin/llama-server -m $MQW -ngl 99 --jinja --port 8080 ;;
     qspec)  # issue 47 on a real model: bench/speculation_bench.py's four workloads on the Qwen2.5 fixture through
       # HTTP, --speculative off / ngram (medians of 3) -> $OUT/speculation_gpu.json
-      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
       qwen_fixture && timeout -k 10 $((590 - SECONDS)) python3 bench/speculation_bench.py --model $MQW --device gpu \
-        --arms off,ngram --repeats 3 --concurrency ${SPEC_CONCURRENCY:-16} --label "$gpu coder-0.5b, strata" \
+        --arms off,ngram --repeats 3 --concurrency ${SPEC_CONCURRENCY:-16} --label "coder-0.5b, strata" \
         --json "$OUT/speculation_gpu.json" 2>&1 | grep -v "^INFO" | tail -12
       if [ -n "${SPEC_TRACE:-}" ]; then  # once more, each step traced: the servers' logs -> $OUT/spec_trace_logs.tgz
         STRATA_STEP_TRACE=1 timeout -k 10 $((590 - SECONDS)) python3 bench/speculation_bench.py --model $MQW \
@@ -715,11 +714,10 @@ for step in "$@"; do
       fi ;;
     qspec_llama)  # the same workloads against llama-server's speculation on the same file (built first if need be)
       build_llama
-      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
       qwen_fixture && [ -x $LLAMA/build/bin/llama-server ] && timeout -k 10 $((590 - SECONDS)) python3 \
         bench/speculation_bench.py --model $MQW --device gpu --arms "" --llama-server $LLAMA/build/bin/llama-server \
         --llama-args "-ngl 99 -fa on -c 8192" --llama-arms off,ngram --repeats 3 \
-        --label "$gpu coder-0.5b, llama-server" --json "$OUT/speculation_gpu.json" 2>&1 | tail -12 ;;
+        --label "coder-0.5b, llama-server" --json "$OUT/speculation_gpu.json" 2>&1 | tail -12 ;;
     peers_build)
       build_llama
       ls -la $LLAMA/build/bin/llama-server 2>/dev/null || true ;;
