@@ -51,8 +51,9 @@ def run(engine: EnginePipe, ident: int, prompt, params: dict, spec: int, max_new
 def check(model: str, max_new: int, device: str, draft: str | None = None, row_cost: str = "0") -> dict:
     """The checks on one model, its drafts n-grams, or a draft model's (draft: a GGUF of its vocabulary, or "self")."""
     drafter = ["ngram"] if draft is None else ["draft", "--draft", model if draft == "self" else draft]
+    pace = [] if row_cost == "measured" else ["--draft-row-cost", row_cost]
     engine = EnginePipe([sys.executable, "-m", "engine", "--serve", "--model", model, "--device", device,
-                         "--speculative", *drafter, "--draft-max", "8", *(["--draft-row-cost", row_cost] if row_cost != "measured" else [])], cwd=ROOT)
+                         "--speculative", *drafter, "--draft-max", "8", *pace], cwd=ROOT)
     engine.handshake()
     prompt = prompt_tokens(int(engine.info.get("vocab", 32000)))
     out, ident = {"model": Path(model).name, "drafter": drafter[-1]}, iter(range(1, 1000))
