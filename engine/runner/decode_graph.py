@@ -28,7 +28,7 @@ import numpy as np
 
 from engine.ops.backend import Backend
 from engine.core.step import Step
-from engine.runner.graph_pool import graph_memory_pool
+from engine.runner.graph_pool import GraphMemoryError, graph_memory_pool
 from engine.kvcache.kv import KVCache
 
 MIN_BUCKET = 1024
@@ -189,3 +189,25 @@ class GraphDecoder:
               f"positions in {time.perf_counter() - began:.2f} s ({len(self.captured)} graphs, "
               f"{self.capture_s:.1f} s in all)", file=sys.stderr, flush=True)
         return logits
+
+
+def decode_or_eager(decoder: GraphDecoder | None, model, kv: KVCache, tokens: list[int], tables: list[list[int]],
+                    positions: list[int], states=()):
+    """A decode step through `decoder`'s graphs, or eagerly (model.forward_batch) without one -> (logits (rows,
+    vocab) on the device, the decoder to use from now on). A graph that does not fit the device runs this step
+    eagerly; a capture the driver refuses leaves the graphs off (None) from now on. A hybrid's failed capture
+    raises: its states may have moved in the capture's eager run (the engine stops; the server restarts it and
+    reads its requests again)."""
+    if decoder is not None:
+        try:
+            return decoder.decode(tokens, tables, positions, states), decoder
+        except Exception as e:
+            if states:
+                raise
+            if isinstance(e, GraphMemoryError):  # this batch size's graph does not fit: this step eagerly
+                print(f"strata: {e}; this decode step runs eagerly", file=sys.stderr, flush=True)
+                return model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, kv), decoder
+            print(f"strata: CUDA graph decode unavailable ({type(e).__name__}: {e}); decoding eagerly",
+                  file=sys.stderr, flush=True)
+            decoder = None
+    return model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, kv, tuple(states)), decoder

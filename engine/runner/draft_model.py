@@ -4,15 +4,16 @@ decode step as any drafter's do (engine/loop/decode_steps.py), so what it propos
 kept, never the output.
 
 DraftModel holds the draft's weights (LlamaModel over them on the target's backend: the CPU, or the target's
-GPU, where the memory plan counts its weights and its pool beside the target's) and a KV pool of its own: blocks of the target's block size and cache type (--kv-type), as many
-positions as the target's pool, handed out from a free list (no prefix cache: a draft's rows serve only its own proposals). Each
-request it drafts for has a ModelDrafter: its block table there and `filled`, how many of its context's
-tokens have rows in it. One call a decode step, propose(), drafts for all of them: each request's rows
-are caught up from `filled` to the token before its newest (a chunk at most a step, at absolute
-boundaries: a long prompt's catch-up never holds the decoders for long; it drafts once caught up), then
-k greedy steps, each one batched forward over the requests still drafting (row i: its newest token,
-then its latest draft; none drafts past a token that would end it). A request whose blocks cannot be had gets fewer drafts, or none, that step.
-Its rows go back to the free list when it ends or leaves the pool (paused, a parked read moved out):
+GPU, where the memory plan counts its weights and its pool beside the target's, and its draft steps are decode
+graphs of its own, as the target's) and a KV pool of its own: blocks of the target's block size and cache type
+(--kv-type), as many positions as the target's pool, handed out from a free list (no prefix cache: a draft's rows
+serve only its own proposals). Each request it drafts for has a ModelDrafter: its block table there and `filled`,
+how many of its context's tokens have rows in it. One call a decode step, propose(), drafts for all of them: each
+request's rows are caught up from `filled` to the token before its newest (a chunk at most a step, at absolute
+boundaries: a long prompt's catch-up never holds the decoders for long; it drafts once caught up), then k greedy
+steps, each one batched forward over the requests still drafting (row i: its newest token, then its latest draft;
+none drafts past a token that would end it). A request whose blocks cannot be had gets fewer drafts, or none, that
+step. Its rows go back to the free list when it ends or leaves the pool (paused, a parked read moved out):
 they are read again at its next draft."""
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from engine.model.weights import load_model
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import ModelConfig, ModelLoadError, field_value, read_config
 from engine.ops.backend import Backend
+from engine.runner.decode_graph import BATCH_SIZES, GraphDecoder, decode_or_eager
 from engine.runner.draft_pace import DraftPace
 from engine.runner.sequence import Sequence
 
@@ -74,14 +76,17 @@ def open_draft(path: str, target: GGUFFile, backend_name: str, tp: int = 1, open
 
 class DraftModel:
     def __init__(self, path: str, cfg: ModelConfig, weights: Weights, backend: Backend, ctx: int, chunk: int,
-                 block_size: int, positions: int, tokens: int, kv_type: str = "auto"):
+                 block_size: int, positions: int, tokens: int, kv_type: str = "auto", graphs: bool = False):
         """ctx, chunk, block_size, kv_type: the target's; positions: the pool's (the target pool's by default);
-        tokens: the ids a draft may be (those both files name)."""
+        tokens: the ids a draft may be (those both files name); graphs: its steps as decode-graph replays (a GPU's,
+        as the target's: an eager forward of a small model is its kernels' launches, several times its work)."""
         self.path, self.cfg, self.backend, self.ctx, self.chunk, self.tokens = path, cfg, backend, ctx, chunk, tokens
         self.model = LlamaModel(cfg, weights, backend)
         self.model.rope_tables(ctx + 1)  # every position the target reaches, past the draft's trained context too
-        self.kv = KVCache(cfg, ctx, backend, block_size, blocks=-(-positions // block_size), kv_type=kv_type)
+        self.kv = KVCache(cfg, ctx, backend, block_size, blocks=-(-positions // block_size), kv_type=kv_type,
+                          spare=int(graphs))  # (a spare block past the pool: the graphs' padding rows write there)
         self.free: list[int] = list(range(self.kv.usable))  # blocks no request holds
+        self.graphs = GraphDecoder(self.model, self.kv, backend, self.kv.usable) if graphs else None
         self.step_seconds: float | None = None  # a draft forward's time, as measured (draft_steps)
         self.size_ratio = 1.0  # its file's bytes against the target's: a draft forward's cost until measured (load)
 
@@ -93,7 +98,7 @@ class DraftModel:
         cfg, weights = loaded or load_model(reader.path, runner.backend, keep_blocks=False, reader=reader)[:2]
         tokens = min(len(field_value(reader, "tokenizer.ggml.tokens")), cfg.vocab_size, runner.vocab_size)
         model = cls(str(reader.path), cfg, weights, runner.backend, runner.ctx, runner.chunk, runner.pool.size,
-                    runner.pool.total * runner.pool.size, tokens, runner.kv.type.name)
+                    runner.pool.total * runner.pool.size, tokens, runner.kv.type.name, runner.decoder is not None)
         model.size_ratio = os.path.getsize(reader.path) / max(1, os.path.getsize(runner.model_path))
         return model
 
@@ -151,8 +156,12 @@ class DraftModel:
             tokens = np.asarray([d.ready[-1] if d.ready else d.context[-1] for d, _, _ in drafting],
                                 dtype=np.int64)  # (rows,)
             positions = [len(d.context) - 1 + len(d.ready) for d, _, _ in drafting]
-            logits = self.model.forward_batch(tokens, [d.table for d, _, _ in drafting], positions,
-                                              self.kv)  # (rows, vocab)
+            tables = [d.table for d, _, _ in drafting]
+            if len(drafting) <= BATCH_SIZES[-1]:  # (rows, vocab), a graph's until its next replay
+                logits, self.graphs = decode_or_eager(self.graphs, self.model, self.kv, tokens.tolist(), tables,
+                                                      positions)
+            else:
+                logits = self.model.forward_batch(tokens, tables, positions, self.kv)  # (rows, vocab)
             picks = self.backend.to_host(logits[:, : self.tokens].argmax(axis=-1))  # (rows,)
             for (d, _, _), token in zip(drafting, picks.tolist()):
                 d.ready.append(int(token))

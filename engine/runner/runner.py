@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 import hashlib
-import sys
 from typing import Callable
 
 import numpy as np
 
 from engine import __version__
 from engine.ops.backend import Backend
-from engine.runner.decode_graph import GraphDecoder
+from engine.runner.decode_graph import GraphDecoder, decode_or_eager
 from engine.runner.grammar_mask import compile_constraint
 from engine.runner.picks import Picks
-from engine.runner.graph_pool import GraphMemoryError
 from engine.modelfile.model_config import ModelConfig
 from engine.model.layer_weights import Weights
 from engine.kvcache.block_pool import BlockPool
@@ -189,19 +187,8 @@ class ModelRunner:
         return logits
 
     def step_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
-        if self.decoder is not None:  # (decode_logits' step alone)
-            try:
-                return self.decoder.decode(tokens, tables, positions, states)
-            except Exception as e:  # a hybrid's states may have moved in a failed capture's eager run: not run
-                if states:  # again (the engine stops; the server restarts it and reads its requests again)
-                    raise
-                if isinstance(e, GraphMemoryError):  # this batch size's graph does not fit: this step eagerly
-                    print(f"strata: {e}; this decode step runs eagerly", file=sys.stderr, flush=True)
-                    return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv)
-                print(f"strata: CUDA graph decode unavailable ({type(e).__name__}: {e}); decoding eagerly",
-                      file=sys.stderr, flush=True)  # a capture the driver refuses: decode eagerly from now on
-                self.decoder = None
-        return self.model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, self.kv, tuple(states))
+        logits, self.decoder = decode_or_eager(self.decoder, self.model, self.kv, tokens, tables, positions, states)
+        return logits
 
     def set_aside(self, seq: Sequence) -> None:
         """A request leaves the running set (paused for memory) with logits still to draw from: they
