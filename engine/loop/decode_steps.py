@@ -23,6 +23,8 @@ from engine.loop.step_trace import StepTrace
 from engine.runner.grammar_mask import GrammarError
 from engine.runner.sequence import Sequence
 
+FREE_ROW_KEYS = 4096  # the longest context whose spare graph rows carry drafts (fill_spare_rows)
+
 
 class DecodeSteps:
     def __init__(self, runner, memory: Memory, admission: Admission, write: Callable[[m.Message], None],
@@ -55,6 +57,7 @@ class DecodeSteps:
                 drafts = self.drafts(seq, cost)  # cached prefix or a request)
                 if drafts and self.memory.grow_from_free(seq, seq.kv_len + 1 + len(drafts)):
                     seq.drafts = drafts
+            self.fill_spare_rows(going)
         batches = self.batches(going)
         for i, batch in enumerate(batches):
             started = time.perf_counter()
@@ -66,6 +69,27 @@ class DecodeSteps:
                     self.runner.set_aside(seq)
         if pacing and going:  # the whole step against its rows (the draws and the host's work too: a small model's
             self.row_cost.observe(sum(1 + len(s.drafts) for s in going), time.perf_counter() - began)  # GPU step's most)
+
+    def fill_spare_rows(self, going: list[Sequence]) -> None:
+        """A decode graph computes its batch size's rows whatever the step holds (engine/runner/decode_graph.py:
+        the rest are padding): rows that would be padding go to longer n-gram drafts, which cost the step nothing,
+        the likeliest kept first (each drafter's record at its next position). Nothing without graphs (the CPU's
+        rows each cost their pass), past one forward's rows, or for a request past FREE_ROW_KEYS positions (a row's
+        attention reads the request's keys: 4K keys of the 8B shape are ~4% of its one-row step, 32K a third)."""
+        decoder = getattr(self.runner, "decoder", None)
+        rows = sum(1 + len(s.drafts) for s in going)
+        if decoder is None or not rows or rows > self.runner.max_batch:
+            return
+        spare = decoder.size(rows) - rows
+        watching = [s for s in going
+                    if s.drafter is not None and s.drafter.watches and s.kv_len <= FREE_ROW_KEYS]
+        for seq in sorted(watching, key=lambda s: -s.drafter.alphas()[min(len(s.drafts), s.drafter.most - 1)]):
+            if spare <= 0:
+                return
+            longer = seq.drafter.lookup(min(len(seq.drafts) + spare, seq.draft_room(self.runner.ctx)))
+            if len(longer) > len(seq.drafts) and self.memory.grow_from_free(seq, seq.kv_len + 1 + len(longer)):
+                spare -= len(longer) - len(seq.drafts)
+                seq.drafts = longer
 
     def batches(self, going: list[Sequence]) -> list[list[Sequence]]:
         """The step's forwards: requests in order, as many a forward as hold at most max_batch rows (a request's
