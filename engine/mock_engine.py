@@ -49,6 +49,7 @@ class FakeRunner:
         self.a, self.write_raw = a, write_raw
         self.ctx, self.chunk, self.vocab_size, self.layers = a.ctx, a.chunk, a.vocab, a.layers
         self.max_running, self.max_batch = a.max_running, 64
+        self.decoder = None  # no decode graphs (engine/runner/decode_graph.py): every row costs its pass
         block = a.kv_block or default_block(a.chunk)
         block_bytes = block * a.bytes_per_token
         tier = HostTier.sized(round((a.cache_ram_gib or 0) * 2**30), block_bytes, fake_rows, lambda *_: None)

@@ -76,7 +76,7 @@ class DecodeSteps:
         the likeliest kept first (each drafter's record at its next position). Nothing without graphs (the CPU's
         rows each cost their pass), past one forward's rows, or for a request past FREE_ROW_KEYS positions (a row's
         attention reads the request's keys: 4K keys of the 8B shape are ~4% of its one-row step, 32K a third)."""
-        decoder = getattr(self.runner, "decoder", None)
+        decoder = self.runner.decoder
         rows = sum(1 + len(s.drafts) for s in going)
         if decoder is None or not rows or rows > self.runner.max_batch:
             return
