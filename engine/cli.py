@@ -9,7 +9,7 @@ from engine.ops.blas_order import prefer_row_invariant_blas
 
 prefer_row_invariant_blas()  # before NumPy loads (the imports below load it); inherited by the TP workers
 
-from engine.config import (DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_DRAFT_MAX,  # noqa: E402
+from engine.config import (DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_DRAFT_MAX, DEFAULT_STEP_MS,  # noqa: E402
                            DEFAULT_MAX_RUNNING, MAX_BLOCK, SPECULATIVE, WEIGHT_FORMS, EngineConfig)
 from engine.core.kv_types import KV_TYPES  # noqa: E402
 from engine.loop.park_policy import ParkPolicy  # noqa: E402
@@ -97,6 +97,10 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-tokens", type=int,
                    help="prompt tokens one step may read from several requests at once, each up to a chunk, where "
                         "the kernels' rows do not depend on the step's shape (the CPU's; default: two chunks)")
+    p.add_argument("--step-ms", type=float, default=DEFAULT_STEP_MS,
+                   help="while other requests decode, a prompt step takes no more rows than its estimated time "
+                        "allows: a request that arrives meanwhile waits for the step in progress (where rows may "
+                        f"share a step; default {DEFAULT_STEP_MS:g}; 0: no bound)")
 
 
 def add_preempt_args(p: argparse.ArgumentParser) -> None:
@@ -127,7 +131,8 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         cache_ram_gib=a.cache_ram_gib, gpu_memory_gib=a.gpu_memory_gib,
                         expert_slots=a.expert_slots, decode_interval_ms=a.decode_interval_ms,
                         rope=rope_from_args(a), kv_type=a.kv_type,
-                        tp=a.tp, step_tokens=a.step_tokens, speculative=a.speculative, draft_max=a.draft_max,
+                        tp=a.tp, step_tokens=a.step_tokens, step_ms=a.step_ms, speculative=a.speculative,
+                        draft_max=a.draft_max,
                         draft=a.draft, draft_row_cost=a.draft_row_cost, pooling=a.pooling)
 
 

@@ -14,6 +14,7 @@ DEFAULT_CHUNK = {"cpu": 256, "gpu": 2048}
 DEFAULT_MAX_RUNNING = 256
 MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kvcache/kv.py, bench/HISTORY.md)
 DEFAULT_DECODE_INTERVAL_MS = 50.0
+DEFAULT_STEP_MS = 0.0
 SPECULATIVE = ("off", "auto", "ngram", "draft")  # auto: the draft model with --draft, else n-grams
 DEFAULT_DRAFT_MAX = 8
 
@@ -47,6 +48,7 @@ class EngineConfig:
     prompt_reuse: bool = True  # the prefix cache: a prompt that starts as an earlier one reads only the rest
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
     step_tokens: int | None = None  # prompt rows a step may take from several reads (None: step_budget's default)
+    step_ms: float = DEFAULT_STEP_MS  # while others decode, a prompt step's rows by its estimated time (0: no bound)
     rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/modelfile/rope_config.py)
     kv_type: str = "auto"  # the cache's element type (engine/core/kv_types.py)
     tp: int = 1  # tensor-parallel ranks, one process each (engine/parallel/tp_workers.py)
@@ -66,6 +68,8 @@ class EngineConfig:
             raise ValueError("--decode-interval-ms must be >= 0")
         if self.step_tokens is not None and self.step_tokens < 1:
             raise ValueError("--step-tokens must be >= 1")
+        if self.step_ms < 0:
+            raise ValueError("--step-ms must be >= 0")
         if self.max_running < 1:
             raise ValueError("--max-running must be >= 1")
         if self.tp < 1:

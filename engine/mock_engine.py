@@ -30,6 +30,7 @@ from engine.cli import add_preempt_args, add_slots_arg, policy_from_args
 from engine.config import default_block
 from engine.kvcache.host_tier import HostTier
 from engine.loop.loop import EngineLoop, engine_caps
+from engine.loop.step_limits import StepLimits
 from engine.loop.protocol_io import Writer
 from engine.runner.sequence import Sequence
 from engine.runner.row_cost import RowCost
@@ -205,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     policy = policy_from_args(args)
     caps = ("stop",) if args.no_preempt_cap else engine_caps(policy)
     write = Writer(sys.stdout)
-    EngineLoop(FakeRunner(args, write.raw), policy, write, caps, args.prompt_reuse,
-               args.decode_interval_ms, args.step_tokens).serve(sys.stdin)
+    limits = StepLimits(args.decode_interval_ms, args.step_tokens, args.step_ms)
+    EngineLoop(FakeRunner(args, write.raw), policy, write, caps, args.prompt_reuse, limits).serve(sys.stdin)
     return 0
 
 

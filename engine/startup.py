@@ -15,6 +15,7 @@ from engine.modelfile.model_config import ModelLoadError, file_pooling, read_con
 from engine.kernels.model_parts import ModelKernels
 from engine.model.weights import load_model
 from engine.loop.loop import run_loop
+from engine.loop.step_limits import StepLimits
 from engine.core.chunks import step_budget
 from engine.kvcache.expert_plan import plan_experts
 from engine.core.memory import RESERVE_BYTES, available_memory
@@ -187,8 +188,8 @@ def serve(config: EngineConfig) -> int:
     gc.freeze()  # what start-up built lives as long as the process: the collector no longer walks it (a full
     # collection walked the vocabulary's lists, ~45 ms on an idle core, a stalled step)
     try:
-        run_loop(runner, policy, config.prompt_reuse, config.decode_interval_ms,
-                 step_budget(config.step_tokens, runner.chunk))  # (config.chunk: None when the device's default)
+        run_loop(runner, policy, config.prompt_reuse,  # (config.chunk: None when the device's default)
+                 StepLimits(config.decode_interval_ms, step_budget(config.step_tokens, runner.chunk), config.step_ms))
     finally:
         runner.close()
     return 0

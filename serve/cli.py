@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-tokens", type=int,
                    help="prompt tokens one engine step may read from several requests at once (forwarded to the "
                         "default engine; default: the engine's, two chunks)")
+    p.add_argument("--step-ms", type=float,
+                   help="while other requests decode, a prompt step takes no more rows than its estimated time "
+                        "allows, so that a newcomer's wait for the step in progress is short (forwarded to the "
+                        "default engine; default: the engine's)")
     p.add_argument("--speculative", choices=SPECULATIVE,
                    help="speculative decoding: ngram drafts from the request's own context, draft has a smaller "
                         "model of the same vocabulary (--draft) propose; checked in the request's decode step, the "
@@ -149,7 +153,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
         kv_block=a.kv_block, kv_type=a.kv_type, tp=a.tp, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
         gpu_memory_gib=a.gpu_memory_gib, expert_slots=a.expert_slots,
-        decode_interval_ms=a.decode_interval_ms, step_tokens=a.step_tokens,
+        decode_interval_ms=a.decode_interval_ms, step_tokens=a.step_tokens, step_ms=a.step_ms,
         speculative=a.speculative, draft_max=a.draft_max, draft_row_cost=a.draft_row_cost, draft=resolve_model_path(a.draft) if a.draft else None,
         pooling=a.pooling, allowed_hosts=host_list(a.allowed_hosts),
         cors_origins=origin_list(a.cors_origin), rope=rope_from_args(a),

@@ -67,6 +67,7 @@ class ServerSettings:
     expert_slots: int | None = None  # forwarded to the default engine: a MoE layer's device slots (None: its plan)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
     step_tokens: int | None = None  # forwarded to the default engine: prompt rows a step may take (None: its default)
+    step_ms: float | None = None  # forwarded to the default engine: a prompt step's time while others decode
     speculative: str | None = None  # forwarded to the default engine: its drafter (off | auto | ngram | draft; None: its default)
     draft_max: int | None = None  # forwarded to the default engine: a draft's most tokens
     draft: Path | None = None  # forwarded to the default engine: --speculative draft's model file
@@ -107,6 +108,8 @@ class ServerSettings:
             raise ValueError(f"--decode-interval-ms must be >= 0, got {self.decode_interval_ms}")
         if self.step_tokens is not None and self.step_tokens < 1:
             raise ValueError(f"--step-tokens must be >= 1, got {self.step_tokens}")
+        if self.step_ms is not None and self.step_ms < 0:
+            raise ValueError(f"--step-ms must be >= 0, got {self.step_ms}")
         bad = [f"{k} {v}" for k, v in self.sampling.items() if v < 0 or (k in ("top_p", "min_p") and v > 1)
                or (k == "top_p" and v == 0)]
         if bad:
@@ -183,6 +186,7 @@ class ServerSettings:
         cmd += [] if self.expert_slots is None else ["--expert-slots", str(self.expert_slots)]
         cmd += [] if self.decode_interval_ms is None else ["--decode-interval-ms", f"{self.decode_interval_ms:g}"]
         cmd += [] if self.step_tokens is None else ["--step-tokens", str(self.step_tokens)]
+        cmd += [] if self.step_ms is None else ["--step-ms", f"{self.step_ms:g}"]
         cmd += [] if self.speculative is None else ["--speculative", self.speculative]
         cmd += [] if self.draft_max is None else ["--draft-max", str(self.draft_max)]
         cmd += [] if self.draft is None else ["--draft", str(self.draft)]

@@ -9,6 +9,7 @@ EngineLoop only wires its parts and dispatches the lines, each part owning its s
   memory.py         KV blocks under pressure: parked reads moved out, running requests paused
   parking.py        park at a chunk boundary (YIELD), resume (RESUME)
   rounds.py         one round: a batched decode step, then prompt chunks; tokens drawn and written
+  step_limits.py    what bounds the steps (the decoders' interval, a step's rows and time)
 """
 from __future__ import annotations
 
@@ -25,13 +26,13 @@ from engine.loop.parking import Parking
 from engine.loop.protocol_io import Inbox, LogOnce, Writer
 from engine.loop.request_table import RequestTable
 from engine.loop.rounds import Rounds
+from engine.loop.step_limits import StepLimits
 from engine.runner.sequence import Sequence
 
 
 class EngineLoop:
     def __init__(self, runner, policy: ParkPolicy, write: Callable[[m.Message], None],
-                 caps: tuple[str, ...] = ("stop",), reuse: bool = True, interval_ms: float = 0.0,
-                 step_tokens: int | None = None):
+                 caps: tuple[str, ...] = ("stop",), reuse: bool = True, limits: StepLimits = StepLimits()):
         self.runner, self.write, self.caps = runner, write, caps
         self.inbox = Inbox()
         self.requests = RequestTable()
@@ -40,7 +41,7 @@ class EngineLoop:
         self.parking = Parking(runner, policy, self.requests, self.memory, write, log_once)
         self.admission = Admission(runner, self.requests, self.memory, self.parking, write, reuse)
         self.rounds = Rounds(runner, self.requests, self.memory, self.parking, self.admission, write,
-                             self.inbox, self.control, interval_ms, step_tokens)
+                             self.inbox, self.control, limits)
         self.quitting = False  # QUIT: finish what runs, then exit
 
     def serve(self, stdin: TextIO) -> None:
@@ -104,7 +105,5 @@ def engine_caps(policy: ParkPolicy) -> tuple[str, ...]:
     return ("stop", "preempt") if policy.enabled else ("stop",)
 
 
-def run_loop(runner, policy: ParkPolicy, reuse: bool = True, interval_ms: float = 0.0,
-             step_tokens: int | None = None) -> None:
-    EngineLoop(runner, policy, Writer(sys.stdout), engine_caps(policy), reuse, interval_ms,
-               step_tokens).serve(sys.stdin)
+def run_loop(runner, policy: ParkPolicy, reuse: bool = True, limits: StepLimits = StepLimits()) -> None:
+    EngineLoop(runner, policy, Writer(sys.stdout), engine_caps(policy), reuse, limits).serve(sys.stdin)

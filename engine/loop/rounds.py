@@ -14,8 +14,9 @@ A request's first token is drawn right after its prompt's last row (an embed req
 then, and its DONE: engine/runner/pooling.py). A step deep in a long read takes longer than a decoding
 client should wait for its next token, so it pauses between layers for further decode steps, about
 every `interval_ms` (engine/loop/read_pauses.py); the pauses change neither the step's arithmetic nor
-its rows. Control lines are taken after the decode
-step and after each prompt step, before its PPs.
+its rows. While others decode, a step takes no more rows than its estimated time allows (step_ms,
+engine/loop/step_limits.py): a request that arrives meanwhile waits for the step in progress. Control
+lines are taken after the decode step and after each prompt step, before its PPs.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from engine.loop.parking import Parking
 from engine.loop.protocol_io import Inbox
 from engine.loop.read_pauses import ReadPauses
 from engine.loop.request_table import RequestTable
+from engine.loop.step_limits import StepLimits
 from engine.loop.step_trace import StepTrace
 from engine.runner.sequence import Sequence
 
@@ -39,16 +41,16 @@ from engine.runner.sequence import Sequence
 class Rounds:
     def __init__(self, runner, requests: RequestTable, memory: Memory, parking: Parking, admission: Admission,
                  write: Callable[[m.Message], None], inbox: Inbox, control: Callable[[m.Message], None],
-                 interval_ms: float = 0.0, step_tokens: int | None = None):
+                 limits: StepLimits = StepLimits()):
         self.runner, self.requests, self.memory, self.parking = runner, requests, memory, parking
-        self.admission, self.write, self.interval_ms = admission, write, interval_ms
-        self.step_tokens = step_budget(step_tokens, runner.chunk)  # prompt rows a step may take (shape_free)
+        self.admission, self.write, self.interval_ms, self.limits = admission, write, limits.interval_ms, limits
+        self.step_tokens = step_budget(limits.step_tokens, runner.chunk)  # prompt rows a step may take (shape_free)
         self.inbox, self.control = inbox, control
         self.held_last = False  # whether the latest step held the first read in line back (held_back)
         self.trace = StepTrace()  # a line per step on stderr with $STRATA_STEP_TRACE
         self.decoding = DecodeSteps(runner, memory, admission, write, self.trace)
         self.decode_step, self.draw = self.decoding.step, self.decoding.draw
-        self.pauses = ReadPauses(runner, requests, self.decode_step, interval_ms)  # a long step's decode steps
+        self.pauses = ReadPauses(runner, requests, self.decode_step, limits.interval_ms)  # a long step's decode steps
 
     def take_lines(self) -> None:
         """The control lines that arrived meanwhile, handled without waiting."""
@@ -71,7 +73,7 @@ class Rounds:
             reader = self.requests.next_reader()
             if self.inbox.gone or reader is None or not self.requests.any_decoding():
                 break  # nobody waits for a step: the next round reads on (taking control lines first)
-            rows = min(reader.total - reader.pos, self.step_tokens)  # (about: the next step's first read's rows)
+            rows = min(reader.total - reader.pos, self.step_rows(reader))  # (about: the next step's first read's rows)
             estimate = self.pauses.estimate_ms(reader, rows) or 0.0
             if (time.perf_counter() - started) * 1000 + estimate > self.interval_ms:
                 break  # the decoders have waited about interval_ms: their step comes first
@@ -86,7 +88,8 @@ class Rounds:
         if not readers:
             return []
         held = self.held_back(readers)
-        first, budget = next(seq for seq in readers if seq not in held), self.step_tokens
+        first = next(seq for seq in readers if seq not in held)
+        budget = self.step_rows(first)
         end = self.piece_end(first, budget)
         if not self.memory.get_blocks(first, end):
             self.short_of_blocks(first)
@@ -115,6 +118,14 @@ class Rounds:
             left -= end - seq.pos
         self.requests.in_step = []
         return pieces
+
+    def step_rows(self, first: Sequence) -> int:
+        """The rows the next prompt step may take, first its first read: step_tokens, and while others decode, as
+        many as keep its time within step_ms by first's latest step (where rows may share a step and so end
+        anywhere; a read's first step has no such estimate: other steps' time a row says little of its own)."""
+        if not (self.runner.shape_free and self.requests.any_decoding()):
+            return self.step_tokens
+        return self.limits.capped_rows(self.step_tokens, first.row_ms)
 
     def held_back(self, readers: list[Sequence]) -> list[Sequence]:
         """The reads whose chunks wait a step: where rows may share a step and the first read in line will

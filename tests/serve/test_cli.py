@@ -25,12 +25,13 @@ def test_an_unknown_weights_form_is_refused(parser, capsys):
     assert e.value.code == 2 and "invalid choice: 'int3'" in capsys.readouterr().err
 
 
-def test_decode_interval_is_forwarded_only_when_given_and_a_negative_one_refused():
-    assert "--decode-interval-ms" not in engine_args()
-    cmd = engine_args("--decode-interval-ms", "20")
-    assert engine_parser().parse_args(cmd[cmd.index("--serve"):]).decode_interval_ms == 20.0  # the engine takes it
-    with pytest.raises(ValueError, match="--decode-interval-ms must be >= 0"):
-        engine_args("--decode-interval-ms", "-1")
+@pytest.mark.parametrize("flag, field", [("--decode-interval-ms", "decode_interval_ms"), ("--step-ms", "step_ms")])
+def test_a_step_bound_is_forwarded_only_when_given_and_a_negative_one_refused(flag, field):
+    assert flag not in engine_args()
+    cmd = engine_args(flag, "20")
+    assert getattr(engine_parser().parse_args(cmd[cmd.index("--serve"):]), field) == 20.0  # the engine takes it
+    with pytest.raises(ValueError, match=f"{flag} must be >= 0"):
+        engine_args(flag, "-1")
 
 
 def test_a_draft_model_is_forwarded_with_its_mode_and_refused_without_it(model_path):

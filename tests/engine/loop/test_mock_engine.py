@@ -178,3 +178,23 @@ def test_a_short_newcomer_reads_in_a_step_of_its_own_before_the_long_reads_next_
     assert b.done == 20 and all(x.ms != b.ms for x in progress if x.id == 1)  # B's step was its own
     assert len([x for x in seen if isinstance(x, m.PromptProgress) and x.id == 1]) <= 1
     assert [x.done for x in progress if x.id == 1][-1] == 640
+
+
+def test_step_ms_bounds_a_reads_steps_while_others_decode_and_not_alone(engine_factory):
+    """--step-ms: while a request decodes, a long read's steps take the rows their estimated time allows (the
+    mock's step takes --chunk-s whatever its rows, so its estimate a row grows as its steps shrink: down to the
+    floor of 256); alone, the read takes whole chunks again."""
+    e = engine_factory("--shape-free", "--max-running", "2", "--chunk", "1024", "--step-tokens", "1024",
+                       "--ctx", "16384", "--chunk-s", "0.02", "--token-s", "0.002", "--step-ms", "10", mock=True)
+    e.handshake()
+    e.send(gen(8, 400, 1))  # decoding beside the reads
+    e.read_until(m.Token, ident=1)
+    e.send(gen(4096, 1, 2))
+    rows = [x.done for x in e.read_until(m.Done, ident=2) if isinstance(x, m.PromptProgress) and x.id == 2]
+    steps = [b - a for a, b in zip([0] + rows, rows)]
+    assert steps[0] == 1024 and all(256 <= s < 1024 for s in steps[1:-1]) and 256 in steps, steps
+    e.send(m.Stop(1))
+    e.read_until(m.Done, ident=1)
+    e.send(m.Gen(1, tuple(range(5000, 9096)), {}, 3))  # (not the prompt read before: its blocks are cached)
+    rows = [x.done for x in e.read_until(m.Done, ident=3) if isinstance(x, m.PromptProgress) and x.id == 3]
+    assert rows == [1024, 2048, 3072, 4096]  # alone: nobody waits on its steps

@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from engine.loop.loop import EngineLoop, engine_caps
 from engine.loop.park_policy import ParkPolicy
+from engine.loop.step_limits import StepLimits
 from protocol import messages as m
 from protocol.codec import decode, encode
 from engine.mock_engine import FakeRunner, build_parser
@@ -56,7 +57,8 @@ class InProcessEngine:
                                           "--step-tokens", "40"] + (["--shape-free"] if shape_free else []))
         runner = FakeRunner(args, lambda line: None)
         self.info = EngineInfo(ctx=kv_tokens, caps=engine_caps(POLICY), fields=runner.info())
-        self.loop = EngineLoop(runner, POLICY, self.out.append, self.info.caps, step_tokens=args.step_tokens)
+        self.loop = EngineLoop(runner, POLICY, self.out.append, self.info.caps,
+                               limits=StepLimits(step_tokens=args.step_tokens))
 
     @property
     def ready(self) -> bool:
