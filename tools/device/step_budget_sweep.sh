@@ -6,13 +6,19 @@
 #   STEPS="1024 2048 4096" CASES="subagents clients" REPEATS=3 LIMIT=75 bash tools/device/step_budget_sweep.sh
 #   FLAG=--decode-interval-ms VALUES="50 150 300" CASES="clients subagents hol" bash tools/device/step_budget_sweep.sh
 #   (the decode steps' interval during reads: a burst's last first token against the decoders' gaps)
+#   SETS="--decode-interval-ms=50,--step-ms=0 --decode-interval-ms=35,--step-ms=60" CASES=hol bash ...
+#   (several flags a run: each set's flags comma-separated, each flag's value after =; v<the set>/ its results)
 set -uo pipefail
 export STRATA_STEP_TRACE=1 CASES="${CASES:-subagents clients}" REPEATS=${REPEATS:-3} LIMIT=${LIMIT:-75}
 base=$OUT
-for value in ${VALUES:-${STEPS:-1024 2048 4096}}; do
-  mkdir -p "$base/v$value"
-  OUT="$base/v$value" SERVER_FLAGS="${FLAG:---step-tokens} $value ${SERVER_FLAGS:-}" timeout ${PER_S:-190} \
+if [ -n "${SETS:-}" ]; then runs=$SETS; else runs=${VALUES:-${STEPS:-1024 2048 4096}}; fi
+for value in $runs; do
+  if [ -n "${SETS:-}" ]; then flags=$(echo "$value" | tr ',=' '  '); name=$(echo "$value" | tr -d '-' | tr ',=' '_-')
+  else flags="${FLAG:---step-tokens} $value"; name=$value; fi
+  mkdir -p "$base/v$name"
+  echo "=== $flags"
+  OUT="$base/v$name" SERVER_FLAGS="$flags ${SERVER_FLAGS:-}" timeout ${PER_S:-190} \
     bash tools/device/gpu_run.sh httpquick 2>&1 | tail -40
-  gzip -f "$base/v$value/server.log"
+  gzip -f "$base/v$name/server.log"
 done
 tar -czf "$base/steps.tgz" -C "$base" $(cd "$base" && ls -d v*) && rm -rf "$base"/v*
