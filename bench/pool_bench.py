@@ -239,8 +239,10 @@ def hol_run(url: str, n: int, prompt: list[int], a: argparse.Namespace) -> dict:
         t.join(max(0.0, deadline - time.monotonic()))
     b_first = b["first"] if b["first"] is not None else b["done"]
     a_from, a_to = a_out.get("sent", b["sent"]), a_out.get("done", b["done"])
-    gaps = [t1 - t0 for s in stamps for t0, t1 in zip(s, s[1:]) if a_from <= t0 and t1 <= a_to]
+    spans = [(t0, t1) for s in stamps for t0, t1 in zip(s, s[1:]) if a_from <= t0 and t1 <= a_to]
+    gaps = [t1 - t0 for t0, t1 in spans]
     gaps_ms = [g * 1000 for g in gaps]  # the decoders' time between streamed chunks while A was in the server
+    longest = sorted(spans, key=lambda span: span[0] - span[1])[:12]  # where the tail is: (ends, s after A's send; ms)
     timings = a_out.get("timings", {})
     return {"decoders": n, "decoders_ready": ready, "decoders_ready_s": round(ready_s, 3),
             "b_ttft_s": round(b_first - b["sent"], 3), "b_done_s": round(b["done"] - b["sent"], 3),
@@ -250,7 +252,9 @@ def hol_run(url: str, n: int, prompt: list[int], a: argparse.Namespace) -> dict:
             "decoders_streaming_during_b": sum(any(b["sent"] <= t <= b["done"] for t in s) for s in stamps),
             "decoder_restarts": sum(restarts), "decoder_chunks_during_a": len(gaps),
             "decoder_gap_p50_ms": pct(gaps_ms, 50), "decoder_gap_p99_ms": pct(gaps_ms, 99),
-            "decoder_gap_max_ms": round(max(gaps_ms), 3) if gaps else None}
+            "decoder_gap_max_ms": round(max(gaps_ms), 3) if gaps else None,
+            "b_sent_after_a_s": round(b["sent"] - a_from, 3),
+            "decoder_gaps_longest": [[round(t1 - a_from, 3), round((t1 - t0) * 1000, 1)] for t0, t1 in longest]}
 
 
 def case_hol(url: str, a: argparse.Namespace, log, out: dict, save) -> dict:
