@@ -59,9 +59,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine_bench import machine, merge_result  # noqa: E402
-from mixed_load_bench import decode_stream  # noqa: E402
 from prefill_preempt_bench import long_prompt, send_a, send_b  # noqa: E402
-from sse_client import StreamRefused, stream_chunks  # noqa: E402
+from sse_client import StreamRefused, shared_client, stream_chunks  # noqa: E402
 
 CASES = ("hol", "clients", "subagents", "agent", "kv")
 # bench/subagent_bench.py's words: that module imports openai, which the device image lacks
@@ -204,6 +203,23 @@ def medians(runs: list[dict]) -> dict:
 
 # ---------------------------------------------------------------- hol: B beside A and N decoders
 
+def decode_stream(url: str, i: int, max_tokens: int, stamps: list[tuple[float, int]], stop: threading.Event) -> None:
+    """A decoder's stream with log-probabilities: when each chunk came and how many tokens it carries (a token
+    whose text is held back, a partial UTF-8 sequence or a special token, comes with the next one: the chunk's gap
+    is two tokens' time, the server's pace aside)."""
+    body = {"messages": [{"role": "user", "content": f"Tell a long story number {i}."}], "max_tokens": max_tokens,
+            "temperature": 0.7, "seed": i, "stream": True, "logprobs": True}
+    with shared_client().stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                tokens = len(((choices[0].get("logprobs") or {}).get("content")) or ())
+                if tokens:
+                    stamps.append((time.monotonic(), tokens))
+            if stop.is_set():
+                return
+
+
 def hol_run(url: str, n: int, prompt: list[int], a: argparse.Namespace) -> dict:
     stop, stamps, restarts = threading.Event(), [[] for _ in range(n)], [0] * n
 
@@ -239,22 +255,25 @@ def hol_run(url: str, n: int, prompt: list[int], a: argparse.Namespace) -> dict:
         t.join(max(0.0, deadline - time.monotonic()))
     b_first = b["first"] if b["first"] is not None else b["done"]
     a_from, a_to = a_out.get("sent", b["sent"]), a_out.get("done", b["done"])
-    spans = [(t0, t1) for s in stamps for t0, t1 in zip(s, s[1:]) if a_from <= t0 and t1 <= a_to]
-    gaps = [t1 - t0 for t0, t1 in spans]
+    spans = [(t0, t1, k) for s in stamps for (t0, _), (t1, k) in zip(s, s[1:]) if a_from <= t0 and t1 <= a_to]
+    gaps = [t1 - t0 for t0, t1, _ in spans]
     gaps_ms = [g * 1000 for g in gaps]  # the decoders' time between streamed chunks while A was in the server
-    longest = sorted(spans, key=lambda span: span[0] - span[1])[:12]  # where the tail is: (ends, s after A's send; ms)
+    token_ms = [(t1 - t0) * 1000 / k for t0, t1, k in spans]  # the same a token (a chunk of k tokens: k gaps)
+    longest = sorted(spans, key=lambda span: span[0] - span[1])[:12]  # where the tail is: (ends, s after A's send; ms,
+    # tokens)
     timings = a_out.get("timings", {})
     return {"decoders": n, "decoders_ready": ready, "decoders_ready_s": round(ready_s, 3),
             "b_ttft_s": round(b_first - b["sent"], 3), "b_done_s": round(b["done"] - b["sent"], 3),
             "b_first_token_seen": b["first"] is not None, "b_queue_wait_ms": b["timings"].get("queue_wait_ms"),
             "a_wall_s": round(a_to - a_from, 3), "a_status": a_out.get("status"),
             "a_prompt_ms": timings.get("prompt_ms"), "a_cache_n": timings.get("cache_n"),
-            "decoders_streaming_during_b": sum(any(b["sent"] <= t <= b["done"] for t in s) for s in stamps),
+            "decoders_streaming_during_b": sum(any(b["sent"] <= t <= b["done"] for t, _ in s) for s in stamps),
             "decoder_restarts": sum(restarts), "decoder_chunks_during_a": len(gaps),
             "decoder_gap_p50_ms": pct(gaps_ms, 50), "decoder_gap_p99_ms": pct(gaps_ms, 99),
             "decoder_gap_max_ms": round(max(gaps_ms), 3) if gaps else None,
+            "decoder_token_gap_p99_ms": pct(token_ms, 99), "decoder_held_chunks": sum(k > 1 for *_, k in spans),
             "b_sent_after_a_s": round(b["sent"] - a_from, 3),
-            "decoder_gaps_longest": [[round(t1 - a_from, 3), round((t1 - t0) * 1000, 1)] for t0, t1 in longest]}
+            "decoder_gaps_longest": [[round(t1 - a_from, 3), round((t1 - t0) * 1000, 1), k] for t0, t1, k in longest]}
 
 
 def case_hol(url: str, a: argparse.Namespace, log, out: dict, save) -> dict:
