@@ -1,0 +1,102 @@
+"""How much a decode row's activations lose in 8 bits, by the form of their scales (issue 48's question: which x
+format an integer-order kernel may take). On the CPU, a real model's decode steps teacher-forced over a real text,
+every matrix product's x first quantized and dequantized as each form would carry it:
+  q8_32   a float scale per 32 values (today's GPU decode rows: q8.cuh, the matvec and mmq kernels)
+  q8_256  a float scale per 256 (llama.cpp's Q8_K: one scale a K-quant super-block, integer sums across it)
+  mx_32   a power-of-two scale per 32 (OCP's MXINT8: per-32 resolution, and integer sums across a super-block
+          by shifts, the scales' exponents being integers)
+against the unquantized rows: the logits' KL divergence from them, the greedy token's agreement, the largest logit
+difference.
+
+    python tools/profiling/x_quant_accuracy.py [MODEL.gguf] [--tokens 160] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+DEFAULT = Path.home() / ".cache/strata/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+
+
+def quantized(x: np.ndarray, group: int, pow2: bool) -> np.ndarray:
+    """x (n, k) float32 as int8 quants by groups of `group` values times their scale (round to nearest)."""
+    n, k = x.shape
+    pad = -k % group  # a last group short of `group` values (zeros change no scale)
+    g = np.pad(x, ((0, 0), (0, pad))).reshape(n, -1, group).astype(np.float64)
+    amax = np.abs(g).max(axis=2, keepdims=True)
+    d = amax / 127.0
+    if pow2:
+        d = np.where(amax > 0, np.exp2(np.ceil(np.log2(np.maximum(d, 1e-38)))), 0.0)
+    q = np.where(d > 0, np.clip(np.rint(g / np.where(d > 0, d, 1)), -127, 127), 0)
+    return (q * d).reshape(n, k + pad)[:, :k].astype(np.float32)
+
+
+FORMS = {"q8_32": (32, False), "q8_256": (256, False), "mx_32": (32, True)}
+
+
+def run(path: str, tokens: int, form: str | None) -> np.ndarray:
+    from engine.model.weights import load_model
+    from engine.modelfile.gguf_file import GGUFFile
+    from engine.modelfile.tokenizer import GGUFTokenizer
+    from engine.ops import backend as be
+    from engine.runner.runner import ModelRunner
+
+    backend = be.cpu_backend()
+    ops = backend.ops
+    plain = type(ops).matmul
+    if form is not None:
+        group, pow2 = FORMS[form]
+
+        def matmul(self, x, w):
+            if self.decoding:
+                x = quantized(np.asarray(x, np.float32), group, pow2)
+            return plain(self, x, w)
+        ops.matmul = matmul.__get__(ops)
+    cfg, weights, _ = load_model(path, backend, keep_blocks=False)
+    runner = ModelRunner(cfg, weights, backend, 1024, 256, frozenset(), max_running=1)
+    text = (ROOT / "engine/loop/rounds.py").read_text()[:6000]
+    ids = GGUFTokenizer(GGUFFile(path)).encode(text)[: 64 + tokens]
+    table = runner.pool.allocate(runner.pool.blocks_for(len(ids) + 1))
+    runner.model.forward_reads([(np.asarray(ids[:64]), 0, table, False)], runner.kv)
+    out = []
+    for pos in range(64, len(ids)):
+        out.append(np.asarray(runner.decode_logits([ids[pos]], [table], [pos]))[0].astype(np.float64))
+    return np.stack(out)
+
+
+def compare(ref: np.ndarray, got: np.ndarray) -> dict:
+    def log_softmax(z):
+        z = z - z.max(axis=1, keepdims=True)
+        return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    lp, lq = log_softmax(ref), log_softmax(got)
+    kl = (np.exp(lp) * (lp - lq)).sum(axis=1)
+    return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+            "greedy_agree": float((ref.argmax(1) == got.argmax(1)).mean()),
+            "logit_diff_max": float(np.abs(ref - got).max()), "positions": int(len(ref))}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=str(DEFAULT))
+    p.add_argument("--tokens", type=int, default=160)
+    p.add_argument("--json")
+    a = p.parse_args()
+    ref = run(a.model, a.tokens, None)
+    report = {"model": Path(a.model).name, "forms": {}}
+    for form in FORMS:
+        report["forms"][form] = compare(ref, run(a.model, a.tokens, form))
+        print(form, json.dumps(report["forms"][form]), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
