@@ -5,6 +5,8 @@ every matrix product's x first quantized and dequantized as each form would carr
   q8_256  a float scale per 256 (llama.cpp's Q8_K: one scale a K-quant super-block, integer sums across it)
   mx_32   a power-of-two scale per 32 (OCP's MXINT8: per-32 resolution, and integer sums across a super-block
           by shifts, the scales' exponents being integers)
+  q8_256x32  a float scale per 256 times an 8-bit integer per 32 (as the K-quants scale their sub-blocks): per-32
+          resolution, and integer sums across a super-block (each unit's sum times its integer)
 against the unquantized rows: the logits' KL divergence from them, the greedy token's agreement, the largest logit
 difference.
 
@@ -25,20 +27,28 @@ sys.path.insert(0, str(ROOT))
 DEFAULT = Path.home() / ".cache/strata/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
-def quantized(x: np.ndarray, group: int, pow2: bool) -> np.ndarray:
-    """x (n, k) float32 as int8 quants by groups of `group` values times their scale (round to nearest)."""
+def quantized(x: np.ndarray, group: int, scale: str) -> np.ndarray:
+    """x (n, k) float32 as int8 quants by groups of `group` values times their scale (round to nearest): a float
+    (`float`), a power of two at least the float (`pow2`), or a float per 256 times an integer 1..255 per group
+    (`sub8`: the least multiple of the 256's step at least the group's float)."""
     n, k = x.shape
-    pad = -k % group  # a last group short of `group` values (zeros change no scale)
+    span = 256 if scale == "sub8" else group
+    pad = -k % span  # a last group short of `group` values (zeros change no scale)
     g = np.pad(x, ((0, 0), (0, pad))).reshape(n, -1, group).astype(np.float64)
     amax = np.abs(g).max(axis=2, keepdims=True)
     d = amax / 127.0
-    if pow2:
+    if scale == "pow2":
         d = np.where(amax > 0, np.exp2(np.ceil(np.log2(np.maximum(d, 1e-38)))), 0.0)
+    elif scale == "sub8":
+        per = span // group
+        top = d.reshape(n, -1, per).max(axis=2, keepdims=True)  # (n, supers, 1): the 256's largest float
+        step = np.repeat(top / 255.0, per, axis=1)  # the 256's step, one a group
+        d = np.where(step > 0, np.ceil(d / np.where(step > 0, step, 1)) * step, 0.0)
     q = np.where(d > 0, np.clip(np.rint(g / np.where(d > 0, d, 1)), -127, 127), 0)
     return (q * d).reshape(n, k + pad)[:, :k].astype(np.float32)
 
 
-FORMS = {"q8_32": (32, False), "q8_256": (256, False), "mx_32": (32, True)}
+FORMS = {"q8_32": (32, "float"), "q8_256": (256, "float"), "mx_32": (32, "pow2"), "q8_256x32": (32, "sub8")}
 
 
 def run(path: str, tokens: int, form: str | None) -> np.ndarray:
@@ -52,11 +62,11 @@ def run(path: str, tokens: int, form: str | None) -> np.ndarray:
     ops = backend.ops
     plain = type(ops).matmul
     if form is not None:
-        group, pow2 = FORMS[form]
+        group, scale = FORMS[form]
 
         def matmul(self, x, w):
             if self.decoding:
-                x = quantized(np.asarray(x, np.float32), group, pow2)
+                x = quantized(np.asarray(x, np.float32), group, scale)
             return plain(self, x, w)
         ops.matmul = matmul.__get__(ops)
     cfg, weights, _ = load_model(path, backend, keep_blocks=False)
@@ -86,11 +96,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", default=str(DEFAULT))
     p.add_argument("--tokens", type=int, default=160)
+    p.add_argument("--forms", default=",".join(FORMS), help=f"a comma list of {', '.join(FORMS)}")
     p.add_argument("--json")
     a = p.parse_args()
     ref = run(a.model, a.tokens, None)
     report = {"model": Path(a.model).name, "forms": {}}
-    for form in FORMS:
+    for form in a.forms.split(","):
         report["forms"][form] = compare(ref, run(a.model, a.tokens, form))
         print(form, json.dumps(report["forms"][form]), flush=True)
     if a.json:
