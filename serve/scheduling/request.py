@@ -27,7 +27,8 @@ class EngineFailure:
     status: int = 503
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: `in` and `remove` over the queues compare identities (by value they
+# walked the prompts, whose first thousands of tokens sub-agents share)
 class Request:
     prompt: list[int]
     max_tokens: int
