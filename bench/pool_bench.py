@@ -41,7 +41,9 @@ model Strata would load: $STRATA_MODEL, else the default model).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -60,7 +62,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from engine_bench import machine, merge_result  # noqa: E402
 from prefill_preempt_bench import long_prompt, send_a, send_b  # noqa: E402
-from sse_client import StreamRefused, shared_client, stream_chunks  # noqa: E402
+from sse_client import StreamRefused, stream_chunks  # noqa: E402
 
 CASES = ("hol", "clients", "subagents", "agent", "kv")
 # bench/subagent_bench.py's words: that module imports openai, which the device image lacks
@@ -203,46 +205,64 @@ def medians(runs: list[dict]) -> dict:
 
 # ---------------------------------------------------------------- hol: B beside A and N decoders
 
-def decode_stream(url: str, i: int, max_tokens: int, stamps: list[tuple[float, int]], stop: threading.Event) -> None:
-    """A decoder's stream with log-probabilities: when each chunk came and how many tokens it carries (a token
-    whose text is held back, a partial UTF-8 sequence or a special token, comes with the next one: the chunk's gap
-    is two tokens' time, the server's pace aside)."""
-    body = {"messages": [{"role": "user", "content": f"Tell a long story number {i}."}], "max_tokens": max_tokens,
-            "temperature": 0.7, "seed": i, "stream": True, "logprobs": True}
-    with shared_client().stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                choices = json.loads(line[6:]).get("choices") or [{}]
-                tokens = len(((choices[0].get("logprobs") or {}).get("content")) or ())
-                if tokens:
-                    stamps.append((time.monotonic(), tokens))
-            if stop.is_set():
-                return
+def chunk_tokens(line: str) -> int:
+    """The tokens a streamed chunk carries, by its log-probabilities (0 for any other line): a token whose text is
+    held back (a partial UTF-8 sequence, a special token) comes with the next one, whose gap is two tokens' time."""
+    if not line.startswith("data: {"):
+        return 0
+    choices = json.loads(line[6:]).get("choices") or [{}]
+    return len(((choices[0].get("logprobs") or {}).get("content")) or ())
+
+
+def decode_streams(url: str, n: int, max_tokens: int, ready, stop, out) -> None:
+    """In a process of its own: n streams decoding all along on one event loop, each started again when its answer
+    ends, until `stop`; `ready` once each has streamed 4 chunks; then sends `out` (per stream, (monotonic time,
+    tokens) of each chunk; the restarts). In the bench's own process 64 threads took turns at the GIL (a switch
+    every 5 ms), and the time a chunk was seen could lag its arrival by tens of ms; CLOCK_MONOTONIC is the
+    machine's, so the parent compares these times with its own."""
+    stamps, restarts = [[] for _ in range(n)], [0] * n
+
+    async def stream(client: httpx.AsyncClient, i: int) -> None:
+        while True:
+            began = time.monotonic()
+            body = {"messages": [{"role": "user", "content": f"Tell a long story number {i}."}],
+                    "max_tokens": max_tokens, "temperature": 0.7, "seed": i, "stream": True, "logprobs": True}
+            try:
+                async with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+                    async for line in r.aiter_lines():
+                        if tokens := chunk_tokens(line):
+                            stamps[i].append((time.monotonic(), tokens))
+            except httpx.HTTPError:
+                pass
+            restarts[i] += 1
+            if time.monotonic() - began < 0.5:
+                await asyncio.sleep(0.5)
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=0)
+        async with httpx.AsyncClient(verify=False, limits=limits) as client:
+            tasks = [asyncio.create_task(stream(client, i)) for i in range(n)]
+            while not stop.is_set():
+                if not ready.is_set() and min(len(s) for s in stamps) >= 4:
+                    ready.set()
+                await asyncio.sleep(0.01)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
+    out.send((stamps, restarts))
 
 
 def hol_run(url: str, n: int, prompt: list[int], a: argparse.Namespace) -> dict:
-    stop, stamps, restarts = threading.Event(), [[] for _ in range(n)], [0] * n
-
-    def keep_decoding(i: int) -> None:
-        while not stop.is_set():
-            began = time.monotonic()
-            try:
-                decode_stream(url, i, a.decode_tokens, stamps[i], stop)
-            except httpx.HTTPError:
-                pass
-            if not stop.is_set():
-                restarts[i] += 1
-                if time.monotonic() - began < 0.5:
-                    time.sleep(0.5)
-
-    decoders = [threading.Thread(target=keep_decoding, args=(i,), daemon=True) for i in range(n)]
+    fork = multiprocessing.get_context("fork")  # (the child takes none of this process's threads or clients)
+    ready, stop = fork.Event(), fork.Event()
+    results, sent = fork.Pipe(duplex=False)
+    decoders = fork.Process(target=decode_streams, args=(url, n, a.decode_tokens, ready, stop, sent), daemon=True)
     began = time.monotonic()
-    for t in decoders:
-        t.start()
-    while min(len(s) for s in stamps) < 4 and time.monotonic() - began < a.ready_timeout:  # all decoding
-        time.sleep(0.01)
+    decoders.start()
+    ready.wait(a.ready_timeout)  # all decoding
     ready_s = time.monotonic() - began
-    ready = sum(len(s) >= 4 for s in stamps)
     a_out: dict = {}
     reader = threading.Thread(target=send_a, args=(url, prompt, 4, a_out), daemon=True)
     reader.start()
@@ -250,9 +270,9 @@ def hol_run(url: str, n: int, prompt: list[int], a: argparse.Namespace) -> dict:
     b = send_b(url, 16)
     reader.join(TIMEOUT_S)
     stop.set()
-    deadline = time.monotonic() + 60  # a decoder sees the stop at its next streamed line
-    for t in decoders:
-        t.join(max(0.0, deadline - time.monotonic()))
+    stamps, restarts = results.recv() if results.poll(60) else ([[] for _ in range(n)], [0] * n)
+    decoders.join(10)
+    ready = sum(sum(t < a_out.get("sent", b["sent"]) for t, _ in s) >= 4 for s in stamps)
     b_first = b["first"] if b["first"] is not None else b["done"]
     a_from, a_to = a_out.get("sent", b["sent"]), a_out.get("done", b["done"])
     spans = [(t0, t1, k) for s in stamps for (t0, _), (t1, k) in zip(s, s[1:]) if a_from <= t0 and t1 <= a_to]
