@@ -91,7 +91,7 @@ class FakeRunner:
         pass
 
     def read_prompts(self, pieces: list[tuple[Sequence, int]], between=None) -> None:
-        """A step's time (a chunk's, whatever the reads in it) in `layers` equal parts, `between(i)`
+        """A step's time (a chunk's whatever the reads in it, or --row-s a row) in `layers` equal parts, `between(i)`
         after each but the last."""
         for seq, _ in pieces:
             if seq.pos == 0:
@@ -100,8 +100,9 @@ class FakeRunner:
                     self.die()
                 if self.a.poison_token in seq.prompt:
                     self.die(once=False)
+        seconds = self.a.row_s * sum(end - seq.pos for seq, end in pieces) if self.a.row_s else self.a.chunk_s
         for layer in range(self.layers):
-            time.sleep(self.a.chunk_s / self.layers)
+            time.sleep(seconds / self.layers)
             if between is not None and layer + 1 < self.layers:
                 between(layer)
         self.chunks_read += 1
@@ -171,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=8192)
     p.add_argument("--chunk", type=int, default=64, help="prompt tokens per chunk")
     p.add_argument("--chunk-s", type=float, default=0.01, help="seconds per prompt chunk")
+    p.add_argument("--row-s", type=float, default=0.0,
+                   help="seconds per prompt row instead (a step's time its rows', as on a GPU; 0: --chunk-s a step)")
     p.add_argument("--layers", type=int, default=1,
                    help="parts of a chunk, between which it may pause for decode steps (--decode-interval-ms)")
     p.add_argument("--token-s", type=float, default=0.005, help="seconds per generated token")
