@@ -8,8 +8,9 @@ the prefix cache, DEFER and pauses behave as in strata).
 
     python -m engine.mock_engine [--max-running 1] [--kv-tokens T] [--kv-block B] [--no-prompt-reuse] [--chunk 64]
         [--chunk-s 0.01] [--row-s 0] [--token-s 0.005] [--layers 1] [--decode-interval-ms 50] [--script 1,2,3]
-        [--no-prefill-preempt] [--die-at-chunk K] [--die-at-gen K] [--die-after-tokens K] [--die-while-parked] [--poison-token T] [--faults-once PATH]
-        [--malformed-at-chunk K] [--fail-snapshot] [--no-preempt-cap] [--start-delay S]
+        [--no-prefill-preempt] [--die-at-chunk K] [--die-at-gen K] [--die-after-tokens K] [--die-while-parked]
+        [--poison-token T] [--faults-once PATH] [--malformed-at-chunk K] [--fail-snapshot] [--no-preempt-cap]
+        [--start-delay S]
 
 Output depends only on the request and the position in its answer, so a request continued on a
 restarted mock (GEN with prompt + tokens so far, drawn=k) goes on with the very same tokens.
