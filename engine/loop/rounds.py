@@ -43,7 +43,7 @@ class Rounds:
                  write: Callable[[m.Message], None], inbox: Inbox, control: Callable[[m.Message], None],
                  limits: StepLimits = StepLimits()):
         self.runner, self.requests, self.memory, self.parking = runner, requests, memory, parking
-        self.admission, self.write, self.interval_ms, self.limits = admission, write, limits.interval_ms, limits
+        self.admission, self.write, self.limits = admission, write, limits
         self.step_tokens = step_budget(limits.step_tokens, runner.chunk)  # prompt rows a step may take (shape_free)
         self.inbox, self.control = inbox, control
         self.held_last = False  # whether the latest step held the first read in line back (held_back)
@@ -75,7 +75,7 @@ class Rounds:
                 break  # nobody waits for a step: the next round reads on (taking control lines first)
             rows = min(reader.total - reader.pos, self.step_rows(reader))  # (about: the next step's first read's rows)
             estimate = self.pauses.estimate_ms(reader, rows) or 0.0
-            if (time.perf_counter() - started) * 1000 + estimate > self.interval_ms:
+            if (time.perf_counter() - started) * 1000 + estimate > self.limits.interval_ms:
                 break  # the decoders have waited about interval_ms: their step comes first
 
     # ------------------------------------------------------------ prompt chunks
