@@ -184,7 +184,7 @@ def save(a: argparse.Namespace, result: dict) -> None:
     """The result so far into --json (after each arm: a later arm's failure loses nothing)."""
     if a.json:
         merge_result(Path(a.json), a.label or f"{a.device} speculation", {
-            "machine": machine((gpu_name() or "gpu") if a.device == "gpu" else "cpu"), "model": Path(a.model).name, "draft": Path(a.draft).name if a.draft else None,
+            "machine": a.machine, "model": Path(a.model).name, "draft": Path(a.draft).name if a.draft else None,
             "max_tokens": a.max_tokens, "repeats": a.repeats, "python": sys.version.split()[0],
             "arms": {arm: rows if "error" in rows else {n: {k: v for k, v in r.items() if k != "text"}
                                                         for n, r in rows.items()} for arm, rows in result.items()}})
@@ -209,6 +209,7 @@ def main() -> int:
     p.add_argument("--label")
     p.add_argument("--json")
     a, extra = p.parse_known_args()
+    a.machine = machine((gpu_name() or "gpu") if a.device == "gpu" else "cpu")  # (once: nvidia-smi names the GPU)
     a.model = a.model or str(fetch(cache_dir(), "coder-1.5b"))
     needs_draft = "draft" in a.arms.split(",") or (a.llama_server and "draft" in a.llama_arms.split(","))
     a.draft = a.draft or (str(fetch(cache_dir(), "coder-0.5b")) if needs_draft else "")
