@@ -194,19 +194,20 @@ class GraphDecoder:
 def decode_or_eager(decoder: GraphDecoder | None, model, kv: KVCache, tokens: list[int], tables: list[list[int]],
                     positions: list[int], states=()):
     """A decode step through `decoder`'s graphs, or eagerly (model.forward_batch) without one -> (logits (rows,
-    vocab) on the device, the decoder to use from now on). A graph that does not fit the device runs this step
-    eagerly; a capture the driver refuses leaves the graphs off (None) from now on. A hybrid's failed capture
-    raises: its states may have moved in the capture's eager run (the engine stops; the server restarts it and
-    reads its requests again)."""
-    if decoder is not None:
+    vocab) on the device, the decoder to use from now on). A step of more rows than the graphs hold (BATCH_SIZES'
+    largest: their output buffer's) and one whose graph does not fit the device run eagerly; a capture the driver
+    refuses leaves the graphs off (None) from now on. A hybrid's failed capture raises: its states may have moved in
+    the capture's eager run (the engine stops; the server restarts it and reads its requests again)."""
+    if decoder is not None and len(tokens) <= BATCH_SIZES[-1]:
         try:
             return decoder.decode(tokens, tables, positions, states), decoder
+        except GraphMemoryError as e:  # this batch size's graph does not fit: this step eagerly
+            if states:
+                raise
+            print(f"strata: {e}; this decode step runs eagerly", file=sys.stderr, flush=True)
         except Exception as e:
             if states:
                 raise
-            if isinstance(e, GraphMemoryError):  # this batch size's graph does not fit: this step eagerly
-                print(f"strata: {e}; this decode step runs eagerly", file=sys.stderr, flush=True)
-                return model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, kv), decoder
             print(f"strata: CUDA graph decode unavailable ({type(e).__name__}: {e}); decoding eagerly",
                   file=sys.stderr, flush=True)
             decoder = None

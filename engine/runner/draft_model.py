@@ -30,7 +30,7 @@ from engine.model.weights import load_model
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import ModelConfig, ModelLoadError, field_value, read_config
 from engine.ops.backend import Backend
-from engine.runner.decode_graph import BATCH_SIZES, GraphDecoder, decode_or_eager
+from engine.runner.decode_graph import GraphDecoder, decode_or_eager
 from engine.runner.draft_pace import DraftPace
 from engine.runner.sequence import Sequence
 
@@ -153,15 +153,10 @@ class DraftModel:
         drafting, started, steps = going, time.perf_counter(), 0
         while drafting:
             steps += 1
-            tokens = np.asarray([d.ready[-1] if d.ready else d.context[-1] for d, _, _ in drafting],
-                                dtype=np.int64)  # (rows,)
+            tokens = [d.ready[-1] if d.ready else d.context[-1] for d, _, _ in drafting]
             positions = [len(d.context) - 1 + len(d.ready) for d, _, _ in drafting]
-            tables = [d.table for d, _, _ in drafting]
-            if len(drafting) <= BATCH_SIZES[-1]:  # (rows, vocab), a graph's until its next replay
-                logits, self.graphs = decode_or_eager(self.graphs, self.model, self.kv, tokens.tolist(), tables,
-                                                      positions)
-            else:
-                logits = self.model.forward_batch(tokens, tables, positions, self.kv)  # (rows, vocab)
+            logits, self.graphs = decode_or_eager(self.graphs, self.model, self.kv, tokens,  # (rows, vocab), a graph's
+                                                  [d.table for d, _, _ in drafting], positions)  # until its next replay
             picks = self.backend.to_host(logits[:, : self.tokens].argmax(axis=-1))  # (rows,)
             for (d, _, _), token in zip(drafting, picks.tolist()):
                 d.ready.append(int(token))
