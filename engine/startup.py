@@ -188,8 +188,8 @@ def serve(config: EngineConfig) -> int:
     gc.freeze()  # what start-up built lives as long as the process: the collector no longer walks it (a full
     # collection walked the vocabulary's lists, ~45 ms on an idle core, a stalled step)
     try:
-        run_loop(runner, policy, config.prompt_reuse,  # (config.chunk: None when the device's default)
-                 StepLimits(config.decode_interval_ms, step_budget(config.step_tokens, runner.chunk), config.step_ms))
+        run_loop(runner, policy, config.prompt_reuse,
+                 StepLimits(config.decode_interval_ms, config.step_tokens, config.step_ms))  # (Rounds: step_budget)
     finally:
         runner.close()
     return 0
