@@ -276,11 +276,9 @@ def hol_run(url: str, n: int, prompt: list[int], a: argparse.Namespace) -> dict:
     b_first = b["first"] if b["first"] is not None else b["done"]
     a_from, a_to = a_out.get("sent", b["sent"]), a_out.get("done", b["done"])
     spans = [(t0, t1, k) for s in stamps for (t0, _), (t1, k) in zip(s, s[1:]) if a_from <= t0 and t1 <= a_to]
-    gaps = [t1 - t0 for t0, t1, _ in spans]
-    gaps_ms = [g * 1000 for g in gaps]  # the decoders' time between streamed chunks while A was in the server
+    gaps_ms = [(t1 - t0) * 1000 for t0, t1, _ in spans]  # the decoders' time between chunks while A was in the server
     token_ms = [(t1 - t0) * 1000 / k for t0, t1, k in spans]  # the same a token (a chunk of k tokens: k gaps)
-    longest = sorted(spans, key=lambda span: span[0] - span[1])[:12]  # where the tail is: (ends, s after A's send; ms,
-    # tokens)
+    longest = sorted(spans, key=lambda span: span[0] - span[1])[:12]  # where the tail is
     timings = a_out.get("timings", {})
     return {"decoders": n, "decoders_ready": ready, "decoders_ready_s": round(ready_s, 3),
             "b_ttft_s": round(b_first - b["sent"], 3), "b_done_s": round(b["done"] - b["sent"], 3),
@@ -288,12 +286,13 @@ def hol_run(url: str, n: int, prompt: list[int], a: argparse.Namespace) -> dict:
             "a_wall_s": round(a_to - a_from, 3), "a_status": a_out.get("status"),
             "a_prompt_ms": timings.get("prompt_ms"), "a_cache_n": timings.get("cache_n"),
             "decoders_streaming_during_b": sum(any(b["sent"] <= t <= b["done"] for t, _ in s) for s in stamps),
-            "decoder_restarts": sum(restarts), "decoder_chunks_during_a": len(gaps),
+            "decoder_restarts": sum(restarts), "decoder_chunks_during_a": len(spans),
             "decoder_gap_p50_ms": pct(gaps_ms, 50), "decoder_gap_p99_ms": pct(gaps_ms, 99),
-            "decoder_gap_max_ms": round(max(gaps_ms), 3) if gaps else None,
+            "decoder_gap_max_ms": round(max(gaps_ms), 3) if spans else None,
             "decoder_token_gap_p99_ms": pct(token_ms, 99), "decoder_held_chunks": sum(k > 1 for *_, k in spans),
             "b_sent_after_a_s": round(b["sent"] - a_from, 3),
-            "decoder_gaps_longest": [[round(t1 - a_from, 3), round((t1 - t0) * 1000, 1), k] for t0, t1, k in longest]}
+            "decoder_gaps_longest": [[round(t1 - a_from, 3), round((t1 - t0) * 1000, 1), k]  # (ends after A's send, s;
+                                     for t0, t1, k in longest]}  # ms; tokens)
 
 
 def case_hol(url: str, a: argparse.Namespace, log, out: dict, save) -> dict:
