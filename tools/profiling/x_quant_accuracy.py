@@ -51,34 +51,40 @@ def quantized(x: np.ndarray, group: int, scale: str) -> np.ndarray:
 FORMS = {"q8_32": (32, "float"), "q8_256": (256, "float"), "mx_32": (32, "pow2"), "q8_256x32": (32, "sub8")}
 
 
-def run(path: str, tokens: int, form: str | None) -> np.ndarray:
-    from engine.model.weights import load_model
-    from engine.modelfile.gguf_file import GGUFFile
-    from engine.modelfile.tokenizer import GGUFTokenizer
-    from engine.ops import backend as be
-    from engine.runner.runner import ModelRunner
+class TeacherForced:
+    """The model loaded once on the CPU and the text's tokens; logits(form) runs the decode steps over them, every
+    decode row's matrix products taking x in `form` (None: as it comes)."""
 
-    backend = be.cpu_backend()
-    ops = backend.ops
-    plain = type(ops).matmul
-    if form is not None:
-        group, scale = FORMS[form]
+    def __init__(self, path: str, tokens: int):
+        from engine.model.weights import load_model
+        from engine.modelfile.gguf_file import GGUFFile
+        from engine.modelfile.tokenizer import GGUFTokenizer
+        from engine.ops import backend as be
+        from engine.runner.runner import ModelRunner
 
-        def matmul(self, x, w):
-            if self.decoding:
-                x = quantized(np.asarray(x, np.float32), group, scale)
-            return plain(self, x, w)
-        ops.matmul = matmul.__get__(ops)
-    cfg, weights, _ = load_model(path, backend, keep_blocks=False)
-    runner = ModelRunner(cfg, weights, backend, 1024, 256, frozenset(), max_running=1)
-    text = (ROOT / "engine/loop/rounds.py").read_text()[:6000]
-    ids = GGUFTokenizer(GGUFFile(path)).encode(text)[: 64 + tokens]
-    table = runner.pool.allocate(runner.pool.blocks_for(len(ids) + 1))
-    runner.model.forward_reads([(np.asarray(ids[:64]), 0, table, False)], runner.kv)
-    out = []
-    for pos in range(64, len(ids)):
-        out.append(np.asarray(runner.decode_logits([ids[pos]], [table], [pos]))[0].astype(np.float64))
-    return np.stack(out)
+        backend = be.cpu_backend()
+        plain, teacher = type(backend.ops).matmul, self
+        self.form: str | None = None
+
+        def matmul(ops, x, w):
+            if ops.decoding and teacher.form is not None:
+                x = quantized(np.asarray(x, np.float32), *FORMS[teacher.form])
+            return plain(ops, x, w)
+        backend.ops.matmul = matmul.__get__(backend.ops)
+        cfg, weights, _ = load_model(path, backend, keep_blocks=False)
+        self.runner = ModelRunner(cfg, weights, backend, 1024, 256, frozenset(), max_running=1)
+        text = (ROOT / "engine/loop/rounds.py").read_text()[:6000]
+        self.ids = GGUFTokenizer(GGUFFile(path)).encode(text)[: 64 + tokens]
+
+    def logits(self, form: str | None) -> np.ndarray:
+        """(positions, vocab) float64: after the first 64 tokens (read unquantized), each next one's decode step."""
+        self.form, runner, ids = form, self.runner, self.ids
+        table = runner.pool.allocate(runner.pool.blocks_for(len(ids) + 1))
+        runner.model.forward_reads([(np.asarray(ids[:64]), 0, table, False)], runner.kv)
+        out = [np.asarray(runner.decode_logits([ids[pos]], [table], [pos]))[0].astype(np.float64)
+               for pos in range(64, len(ids))]
+        runner.pool.release(table)
+        return np.stack(out)
 
 
 def compare(ref: np.ndarray, got: np.ndarray) -> dict:
@@ -99,10 +105,11 @@ def main() -> int:
     p.add_argument("--forms", default=",".join(FORMS), help=f"a comma list of {', '.join(FORMS)}")
     p.add_argument("--json")
     a = p.parse_args()
-    ref = run(a.model, a.tokens, None)
+    teacher = TeacherForced(a.model, a.tokens)
+    ref = teacher.logits(None)
     report = {"model": Path(a.model).name, "forms": {}}
     for form in a.forms.split(","):
-        report["forms"][form] = compare(ref, run(a.model, a.tokens, form))
+        report["forms"][form] = compare(ref, teacher.logits(form))
         print(form, json.dumps(report["forms"][form]), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1) + "\n")
