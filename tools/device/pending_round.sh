@@ -23,6 +23,8 @@
 #   hol       B beside A's 46.9K read and 4 / 16 / 64 decoders through HTTP (issue 44's B: short reads first)
 #   hybrid    issue 45's GPU path: the attention kernels (256-wide heads among them), the hybrid fixtures against
 #             transformers, the GPU path's exactness and park/resume parity (gpu_run.sh kernels, hybrid)
+#   hybridbench issue 45's speed: the 80B-A3B shape (IQ3_S), its reads of 4K and 32K with their profile, decode at
+#             1 / 16 / 64 (gpu_run.sh hybridbench)
 #   offload   issue 46's expert cache: the 30B-A3B shape resident against 32 / 64 slots (gpu_run.sh offload): decode
 #             graphs through the expert tables, the same bits as resident, the refills' counts
 #   moe       the MoE kernels' checks (gpu_run.sh moecheck: routing, a decode step's and a prompt chunk's experts,
@@ -55,6 +57,7 @@ for part in ${PARTS:-fusions}; do
       timeout 300 bash tools/device/gpu_run.sh hybrid 2>&1 | tail -20
       timeout 200 python3 tools/device/gpu_kernels_check.py --only attention --no-speed --json "$OUT/attention.json" \
         2>&1 | tail -12 ;;
+    hybridbench) timeout 200 bash tools/device/gpu_run.sh hybridbench 2>&1 | tail -10 ;;
     offload) timeout 420 bash tools/device/gpu_run.sh offload 2>&1 | tail -8 ;;
     moe) timeout 200 bash tools/device/gpu_run.sh moecheck 2>&1 | tail -6 ;;
     qspec) SPEC_CONCURRENCY=16 timeout 560 bash tools/device/gpu_run.sh qspec 2>&1 | tail -14 ;;  # (after qpart x16)
