@@ -48,8 +48,11 @@ def run(engine: EnginePipe, ident: int, prompt, params: dict, spec: int, max_new
     return lines, time.perf_counter() - started
 
 
-def check(model: str, max_new: int, device: str, draft: str | None = None, row_cost: str = "0") -> dict:
-    """The checks on one model, its drafts n-grams, or a draft model's (draft: a GGUF of its vocabulary, or "self")."""
+def check(model: str, max_new: int, device: str, draft: str | None = None, row_cost: str = "0",
+          drafts_optional: bool = False) -> dict:
+    """The checks on one model, its drafts n-grams, or a draft model's (draft: a GGUF of its vocabulary, or "self").
+    Some drafts must have been made, unless drafts_optional (a model whose text never repeats: only the exactness
+    and what speculating costs when nothing is drafted)."""
     drafter = ["ngram"] if draft is None else ["draft", "--draft", model if draft == "self" else draft]
     pace = [] if row_cost == "measured" else ["--draft-row-cost", row_cost]
     engine = EnginePipe([sys.executable, "-m", "engine", "--serve", "--model", model, "--device", device,
@@ -88,7 +91,7 @@ def check(model: str, max_new: int, device: str, draft: str | None = None, row_c
     finally:
         engine.close()
     out["ok"] = all(out[k] for k in ("greedy_same_tokens", "greedy_same_state", "together_same_tokens",
-                                    "seeded_same_tokens")) and out["drafted"] > 0
+                                    "seeded_same_tokens")) and (out["drafted"] > 0 or drafts_optional)
     return out
 
 
@@ -100,9 +103,11 @@ def main() -> int:
     p.add_argument("--draft", help="a draft model instead of n-grams (--speculative draft): a GGUF of the models' "
                                    "vocabulary, or self (each model drafting for itself)")
     p.add_argument("--row-cost", default="0", help="--draft-row-cost for the engine, or `measured` (the default pace)")
+    p.add_argument("--drafts-optional", nargs="*", default=[], metavar="MODEL",
+                   help="these of the models pass without drafts (random weights whose text never repeats)")
     p.add_argument("--json")
     a = p.parse_args()
-    report = [check(model, a.max_new, a.device, a.draft, a.row_cost) for model in a.models]
+    report = [check(model, a.max_new, a.device, a.draft, a.row_cost, model in a.drafts_optional) for model in a.models]
     for r in report:
         print(json.dumps(r), flush=True)
     if a.json:
