@@ -32,9 +32,14 @@ from bench.sse_client import shared_client  # noqa: E402
 from tests.harness import ServerProcess  # noqa: E402
 
 
-def decode_stream(url: str, i: int, max_tokens: int, stamps: list[float], stop: threading.Event) -> None:
-    body = {"messages": [{"role": "user", "content": f"Tell a long story number {i}."}], "max_tokens": max_tokens,
+def story_body(i: int, max_tokens: int) -> dict:
+    """Decoder i's streamed chat request: a long answer of its own (seeded by i)."""
+    return {"messages": [{"role": "user", "content": f"Tell a long story number {i}."}], "max_tokens": max_tokens,
             "temperature": 0.7, "seed": i, "stream": True}
+
+
+def decode_stream(url: str, i: int, max_tokens: int, stamps: list[float], stop: threading.Event) -> None:
+    body = story_body(i, max_tokens)
     with shared_client().stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data: {") and '"content"' in line:

@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine_bench import machine, merge_result  # noqa: E402
+from mixed_load_bench import story_body  # noqa: E402
 from prefill_preempt_bench import long_prompt, send_a, send_b  # noqa: E402
 from sse_client import StreamRefused, stream_chunks  # noqa: E402
 
@@ -225,8 +226,7 @@ def decode_streams(url: str, n: int, max_tokens: int, ready, stop, out) -> None:
     async def stream(client: httpx.AsyncClient, i: int) -> None:
         while True:
             began = time.monotonic()
-            body = {"messages": [{"role": "user", "content": f"Tell a long story number {i}."}],
-                    "max_tokens": max_tokens, "temperature": 0.7, "seed": i, "stream": True, "logprobs": True}
+            body = story_body(i, max_tokens) | {"logprobs": True}  # (each chunk's tokens: chunk_tokens)
             try:
                 async with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
                     async for line in r.aiter_lines():
