@@ -23,8 +23,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-DEFAULT = Path.home() / ".cache/strata/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+from kv_type_bench import log_softmax  # noqa: E402
+from tools.fixtures.fetch_fixture import fixture_path  # noqa: E402
 
 
 def quantized(x: np.ndarray, group: int, scale: str) -> np.ndarray:
@@ -88,9 +90,6 @@ class TeacherForced:
 
 
 def compare(ref: np.ndarray, got: np.ndarray) -> dict:
-    def log_softmax(z):
-        z = z - z.max(axis=1, keepdims=True)
-        return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
     lp, lq = log_softmax(ref), log_softmax(got)
     kl = (np.exp(lp) * (lp - lq)).sum(axis=1)
     return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
@@ -100,7 +99,7 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", default=str(DEFAULT))
+    p.add_argument("model", nargs="?", default=str(fixture_path()), help="default: the Qwen2.5-Coder-0.5B fixture")
     p.add_argument("--tokens", type=int, default=160)
     p.add_argument("--forms", default=",".join(FORMS), help=f"a comma list of {', '.join(FORMS)}")
     p.add_argument("--json")
