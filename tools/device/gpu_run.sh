@@ -23,6 +23,8 @@
 #          PROFILE_ROWS="1 16 64" profiles batch steps too
 # mmqround a change to mmq.cu in one call: tools/device/mmq_check.py (every kind bit for bit, Q4_K and Q6_K times), the 8B
 #          step's profile at 64 rows, pdl_check (logits, greedy = eager), one request at 512, 16 and 64 requests
+# order    issue 48's slab order (a pending patch): mmq_check (every kind bit for bit, times, block shapes), the weight
+#          and fused kernels' checks, pdl_check; orderbench: the 8B Q4_K_M decode at 1-64 requests before and after
 # detail   ncu's full sections (warp stalls, pipes, the SASS with its samples) for the kernels matching DETAIL_RE
 #          (mmq) of the 8B Q4_K_M step at DETAIL_ROWS (64) rows -> $OUT/detail_<rows>rows_{details,source}.txt, and
 #          tools/profiling/ncu_source_summary.py's instructions and stalls by opcode and code region -> _summary.txt
@@ -377,6 +379,27 @@ for step in "$@"; do
         --decode-contexts 512 --label llama3-8b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | grep decode_at
       timeout 70 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 --repeats 1 \
         --batches 16,64 --label llama3-8b-shape-q4_k_m --json "$OUT/batch_decode_gpu.json" 2>&1 | grep "requests:" ;;
+    order)  # issue 48's slab order (tools/device/pending/04-slab-order.patch) checked: mmq against the dp4a rows alone at
+      # 1-256 rows and against NumPy (every kind), its times beside the dp4a kernels' and its block shapes; the dp4a
+      # and fused matvecs against NumPy; the decode graphs' logits (pdl_check)
+      synth_mq
+      timeout 240 python3 tools/device/mmq_check.py --time-kinds Q4_K,Q6_K --json "$OUT/mmq_check.json" 2>&1 \
+        | grep -v "checked:" | cut -c1-600 || echo "MMQ CHECK FAILED"
+      timeout 150 python3 tools/device/gpu_kernels_check.py --only weights,fused,fused_q8 --no-speed \
+        --json "$OUT/kernels_order.json" | grep -v "^ok " || echo "KERNEL CHECKS FAILED OR CUT SHORT"
+      timeout 60 python3 tools/device/pdl_check.py --model $MQ --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1 ;;
+    orderbench)  # the slab order's speed: the 8B Q4_K_M shape's decode at 1 / 16 / 32 / 64 requests with main's engine
+      # (.device/base/engine: apply_pending.sh) and the patched one, then the 64-row step's profile
+      synth_mq
+      order_decode() {  # DIR TAG
+        (cd $1 && timeout 150 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 \
+          --repeats 3 --batches 1,16,32,64 --label "llama3-8b-shape-q4_k_m$2" --json "$OUT/batch_decode_order.json" \
+          2>&1 | grep "requests:") || echo "DECODE FAILED$2"
+      }
+      base_tree && order_decode /tmp/base -before
+      order_decode . ""
+      timeout 90 python3 tools/profiling/gpu_profile_decode.py --model $MQ --rows 64 --json "$OUT/decode_profile_64.json" \
+        2>&1 | sed -n 1,14p || echo "PROFILE FAILED" ;;
     detail)  # DETAIL_RE (mmq), DETAIL_ROWS (64): ncu's full sections for those kernels of the 8B step
       synth_mq
       for rows in ${DETAIL_ROWS:-64}; do
