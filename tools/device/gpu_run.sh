@@ -388,6 +388,20 @@ for step in "$@"; do
       timeout 150 python3 tools/device/gpu_kernels_check.py --only weights,fused,fused_q8 --no-speed \
         --json "$OUT/kernels_order.json" | grep -v "^ok " || echo "KERNEL CHECKS FAILED OR CUT SHORT"
       timeout 60 python3 tools/device/pdl_check.py --model $MQ --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1 ;;
+    ordershot)  # order and orderbench in one call's ten minutes (a session with one machine in sight): mmq_check without
+      # the block shapes (Q4_K times), the weight kernels' checks, the 8B decode at 1 / 16 / 64 before and after
+      synth_mq
+      timeout 150 python3 tools/device/mmq_check.py --no-knobs --time-kinds Q4_K --json "$OUT/mmq_check.json" 2>&1 \
+        | grep -v "checked:" | cut -c1-400 || echo "MMQ CHECK FAILED"
+      timeout 100 python3 tools/device/gpu_kernels_check.py --only weights,fused_q8 --no-speed \
+        --json "$OUT/kernels_order.json" | grep -v "^ok " || echo "KERNEL CHECKS FAILED OR CUT SHORT"
+      shot_decode() {  # DIR TAG
+        (cd $1 && timeout 100 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 \
+          --repeats 1 --batches 1,16,64 --label "llama3-8b-shape-q4_k_m$2" --json "$OUT/batch_decode_order.json" \
+          2>&1 | grep "requests:") || echo "DECODE FAILED$2"
+      }
+      shot_decode . ""
+      base_tree && shot_decode /tmp/base -before ;;
     orderbench)  # the slab order's speed: the 8B Q4_K_M shape's decode at 1 / 16 / 32 / 64 requests with main's engine
       # (.device/base/engine: apply_pending.sh) and the patched one, then the 64-row step's profile
       synth_mq

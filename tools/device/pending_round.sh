@@ -30,7 +30,8 @@
 #   moe       the MoE kernels' checks (gpu_run.sh moecheck: routing, a decode step's and a prompt chunk's experts,
 #             through the expert tables)
 #   order     issue 48's slab order: mmq and the weight kernels' checks (gpu_run.sh order); orderbench: the 8B shape's
-#             decode at 1-64 requests before and after, the 64-row profile (gpu_run.sh orderbench)
+#             decode at 1-64 requests before and after, the 64-row profile (gpu_run.sh orderbench); ordershot: the two
+#             trimmed to one call (no block shapes, no profile, one repeat)
 #   PARTS=fusions bash tools/device/pending_round.sh        (carry [".whl", ".device"]; tools/device/setup.sh makes them)
 set -uo pipefail
 bash tools/device/apply_pending.sh || { echo "A PENDING PATCH DOES NOT APPLY"; exit 1; }
@@ -62,6 +63,7 @@ for part in ${PARTS:-fusions}; do
     hybridbench) timeout 200 bash tools/device/gpu_run.sh hybridbench 2>&1 | tail -10 ;;
     offload) timeout 420 bash tools/device/gpu_run.sh offload 2>&1 | tail -8 ;;
     order) timeout 520 bash tools/device/gpu_run.sh order 2>&1 | tail -40 ;;
+    ordershot) timeout 560 bash tools/device/gpu_run.sh ordershot 2>&1 | tail -40 ;;
     orderbench) timeout 520 bash tools/device/gpu_run.sh orderbench 2>&1 | tail -30 ;;
     moe) timeout 200 bash tools/device/gpu_run.sh moecheck 2>&1 | tail -6 ;;
     qspec) SPEC_CONCURRENCY=16 timeout 560 bash tools/device/gpu_run.sh qspec 2>&1 | tail -14 ;;  # (after qpart x16)
