@@ -402,6 +402,18 @@ for step in "$@"; do
       }
       shot_decode . ""
       base_tree && shot_decode /tmp/base -before ;;
+    orderprobe)  # the slab order's kernels timed beside main's on one machine, and where mmq's time goes: mmq_check's
+      # times (Q4_K, no block shapes) with main's engine and tool (kept by pending_round.sh at /tmp/mmq_check_main.py)
+      # and with the patch; then ncu's full sections for the mmq kernels of the 8B Q4_K_M step at 64 rows
+      synth_mq
+      if base_tree && [ -f /tmp/mmq_check_main.py ]; then
+        cp /tmp/mmq_check_main.py /tmp/base/tools/device/mmq_check.py
+        (cd /tmp/base && timeout 120 python3 tools/device/mmq_check.py --no-knobs --time-kinds Q4_K \
+          --json "$OUT/mmq_check_before.json" 2>&1 | grep -v "checked:\|compiled" | cut -c1-300)
+      fi
+      timeout 120 python3 tools/device/mmq_check.py --no-knobs --time-kinds Q4_K --json "$OUT/mmq_check.json" 2>&1 \
+        | grep -v "checked:\|compiled" | cut -c1-300 || echo "MMQ CHECK FAILED"
+      ncu_detail "$OUT" 64 --model $MQ --detail mmq ;;
     orderbench)  # the slab order's speed: the 8B Q4_K_M shape's decode at 1 / 16 / 32 / 64 requests with main's engine
       # (.device/base/engine: apply_pending.sh) and the patched one, then the 64-row step's profile
       synth_mq

@@ -31,9 +31,11 @@
 #             through the expert tables)
 #   order     issue 48's slab order: mmq and the weight kernels' checks (gpu_run.sh order); orderbench: the 8B shape's
 #             decode at 1-64 requests before and after, the 64-row profile (gpu_run.sh orderbench); ordershot: the two
-#             trimmed to one call (no block shapes, no profile, one repeat)
+#             trimmed to one call (no block shapes, no profile, one repeat); orderprobe: the kernels' times before and
+#             after on one machine, and ncu's sections for mmq at 64 rows
 #   PARTS=fusions bash tools/device/pending_round.sh        (carry [".whl", ".device"]; tools/device/setup.sh makes them)
 set -uo pipefail
+cp tools/device/mmq_check.py /tmp/mmq_check_main.py  # main's, before a patch changes it (orderprobe's before)
 bash tools/device/apply_pending.sh || { echo "A PENDING PATCH DOES NOT APPLY"; exit 1; }
 base=$OUT
 mkdir -p "$base/p"
@@ -63,6 +65,7 @@ for part in ${PARTS:-fusions}; do
     hybridbench) timeout 200 bash tools/device/gpu_run.sh hybridbench 2>&1 | tail -10 ;;
     offload) timeout 420 bash tools/device/gpu_run.sh offload 2>&1 | tail -8 ;;
     order) timeout 520 bash tools/device/gpu_run.sh order 2>&1 | tail -40 ;;
+    orderprobe) timeout 560 bash tools/device/gpu_run.sh orderprobe 2>&1 | tail -50 ;;
     ordershot) timeout 560 bash tools/device/gpu_run.sh ordershot 2>&1 | tail -40 ;;
     orderbench) timeout 520 bash tools/device/gpu_run.sh orderbench 2>&1 | tail -30 ;;
     moe) timeout 200 bash tools/device/gpu_run.sh moecheck 2>&1 | tail -6 ;;
