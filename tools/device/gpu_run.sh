@@ -413,7 +413,7 @@ for step in "$@"; do
       fi
       timeout 120 python3 tools/device/mmq_check.py --no-knobs --time-kinds Q4_K --json "$OUT/mmq_check.json" 2>&1 \
         | grep -v "checked:\|compiled" | cut -c1-300 || echo "MMQ CHECK FAILED"
-      ncu_detail "$OUT" 64 --model $MQ --detail mmq ;;
+      [ "${ORDERPROBE_NCU:-1}" = 1 ] && ncu_detail "$OUT" 64 --model $MQ --detail mmq ;;  # (ORDERPROBE_NCU=0: times only)
     orderbench)  # the slab order's speed: the 8B Q4_K_M shape's decode at 1 / 16 / 32 / 64 requests with main's engine
       # (.device/base/engine: apply_pending.sh) and the patched one, then the 64-row step's profile
       synth_mq
