@@ -192,7 +192,7 @@ def assert_same_weights(a, b, where: str) -> None:
         assert_equal_arrays(np.asarray(a), np.asarray(b), where)
 
 
-@pytest.mark.parametrize("which, world, backend", [("default", 3, "cpu"), ("default", 3, "blocks"),
+@pytest.mark.parametrize("which, world, backend", [("q4_1", 3, "cpu"), ("default", 3, "blocks"),
                                                    ("qwen2", 2, "cpu"), ("qwen3", 2, "cpu"), ("q4_k_m", 2, "blocks"),
                                                    ("q4_k_m", 2, "fp16")])
 def test_a_shard_loaded_alone_is_the_split_of_the_whole(which, world, backend, model_path, families, tmp_path):
@@ -201,10 +201,14 @@ def test_a_shard_loaded_alone_is_the_split_of_the_whole(which, world, backend, m
     model gives: dense float32 as the CPU loads it, and GGUF blocks as the GPU keeps them."""
     from engine.parallel.tensor_parallel import shard_weights
 
-    path = {"default": str(model_path)}.get(which) or str(families.get(which, tmp_path / "q4_k_m.gguf"))
+    path = {"default": str(model_path)}.get(which) or str(families.get(which, tmp_path / f"{which}.gguf"))
     if which == "q4_k_m":
         make_synthetic([path, "--layers", "2", "--dim", "512", "--ffn", "1024", "--heads", "4", "--kv-heads", "2",
                         "--ctx", "256", "--type", "Q4_K_M"])
+    if which == "q4_1":  # the default model's block type and its split over three, at a size the CPU expands at once
+        # (the default model itself expanded four times took a twentieth of the suite)
+        make_synthetic([path, "--layers", "2", "--dim", "192", "--ffn", "384", "--heads", "3", "--kv-heads", "3",
+                        "--ctx", "256", "--type", "Q4_1"])
     device, blocks = (cpu_backend(), True) if backend == "cpu" else (host_gpu(), backend == "blocks")
     cfg, whole, _ = load_model(path, device, keep_blocks=blocks)
     for rank in range(world):
