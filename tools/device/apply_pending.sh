@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Kernel work waiting for its device check, kept on main as patches (a kernel change lands only after a GPU ran
 # its checks, and a branch does not outlive the session that made it): tools/device/pending/*.patch, applied in
-# name order to the device's copy of the tree. The tree as main has it is kept first at .device/base (its engine/
-# is the "before" of a before/after run). On the device machine only; the files a patch added, which a warm machine
-# keeps between calls beside a fresh copy of the tracked ones, are removed before it is applied again.
+# name order to the device's copy of the tree. The tree as main has it is kept first at .device/base (the
+# "before" of a before/after run: its engine and the tools that drive it). On the device machine only; the files a
+# patch added, which a warm machine keeps between calls beside a fresh copy of the tracked ones, are removed before
+# it is applied again.
 #   bash tools/device/apply_pending.sh && PARTS=fusions bash tools/device/pending_round.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +19,7 @@ rm -rf .device/base && mkdir -p .device/base
 for p in "${patches[@]}"; do  # files a patch adds, left by an earlier call on this machine, go first
   for added in $(git apply --numstat --summary "$p" | sed -n 's/^ create mode [0-7]* //p'); do rm -f "$added"; done
 done
-cp -r engine .device/base/engine
+cp -r bench engine protocol serve tools pyproject.toml .device/base/  # main's tree: a patch may change a tool too
 for p in "${patches[@]}"; do
   git apply --whitespace=nowarn "$p"
   echo "applied $p ($(git apply --numstat "$p" | awk '{print $3}' | sort -u | wc -l) files)"

@@ -40,7 +40,7 @@
 # long32k  issue 23's 32K target: the 8B shape in Q4_K_M decoding at 512 and 32,768 context, with the f16 and the
 #          q8_0 cache -> $OUT/engine_gpu_32k.json
 # fusions  a decode step's fused kernels: their checks, pdl_check, decode at 1 and 16 rows before and after on the
-#          8B Q4_K_M and 135M shapes (.device/base/engine: tools/device/apply_pending.sh), the 1-row profile
+#          8B Q4_K_M and 135M shapes (.device/base: tools/device/apply_pending.sh), the 1-row profile
 # fusedswitch the fused matvecs off (default) and on ($STRATA_FUSED_MATVEC=1): decode on the 8B and 80B-A3B shapes
 # checksonly every kernel check, no timings
 # moeactswitch the 30B-A3B shape's resident decode with moe_act (default) and without ($STRATA_MOE_ACT=0)
@@ -183,11 +183,22 @@ LLAMA=/tmp/llama
 MQW=/tmp/q/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf  # the real-model fixture (issue 22), carried in parts
 quiet() { grep --line-buffered -v "loading weights" || true; }
 
-base_tree() {  # this tree with main's engine (.device/base/engine, kept by apply_pending.sh) at /tmp/base: the
-  # "before" of a before/after run; false when none is kept (no patch pending)
+base_tree() {  # the "before" of a before/after run at /tmp/base: this tree under what .device/base holds (main's
+  # engine, bench and tools, kept by apply_pending.sh; or an engine alone put there by hand); false when none is kept
   [ -d .device/base/engine ] || return 1
   rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
-    && cp -r .device/base/engine /tmp/base/engine
+    && cp -r .device/base/. /tmp/base/
+}
+decode_before_after() {  # MODEL LABEL JSON REPEATS BATCHES [LIMIT] [STEPS]: bench/batch_decode_bench.py's aggregate
+  # decode at 512 context with main's tree (base_tree, labelled LABEL-before; when a patch is pending) and this one
+  local model=$1 label=$2 json=$3 repeats=$4 batches=$5 limit=${6:-150} steps=${7:-32} dir tag
+  for dir in /tmp/base .; do
+    tag=""
+    if [ $dir = /tmp/base ]; then base_tree || continue; tag=-before; fi
+    (cd $dir && timeout $limit python3 bench/batch_decode_bench.py --model $model --device gpu --context 512 \
+      --steps $steps --repeats $repeats --batches $batches --label "$label$tag" --json "$OUT/$json" 2>&1 \
+      | grep "requests:") || echo "DECODE FAILED ($label$tag)"
+  done
 }
 synth_mq() {  # the Llama-3-8B shape in Q4_K_M, made once per machine
   [ -f $MQ ] || python3 tools/fixtures/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
@@ -395,19 +406,12 @@ for step in "$@"; do
         | grep -v "checked:" | cut -c1-400 || echo "MMQ CHECK FAILED"
       timeout 100 python3 tools/device/gpu_kernels_check.py --only weights,fused_q8 --no-speed \
         --json "$OUT/kernels_order.json" | grep -v "^ok " || echo "KERNEL CHECKS FAILED OR CUT SHORT"
-      shot_decode() {  # DIR TAG
-        (cd $1 && timeout 100 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 \
-          --repeats 1 --batches 1,16,64 --label "llama3-8b-shape-q4_k_m$2" --json "$OUT/batch_decode_order.json" \
-          2>&1 | grep "requests:") || echo "DECODE FAILED$2"
-      }
-      shot_decode . ""
-      base_tree && shot_decode /tmp/base -before ;;
+      decode_before_after $MQ llama3-8b-shape-q4_k_m batch_decode_order.json 1 1,16,64 100 ;;
     orderprobe)  # the slab order's kernels timed beside main's on one machine, and where mmq's time goes: mmq_check's
-      # times (Q4_K, no block shapes) with main's engine and tool (kept by pending_round.sh at /tmp/mmq_check_main.py)
-      # and with the patch; then ncu's full sections for the mmq kernels of the 8B Q4_K_M step at 64 rows
+      # times (Q4_K, no block shapes) with main's tree (base_tree) and with the patch; then ncu's full sections for
+      # the mmq kernels of the 8B Q4_K_M step at 64 rows
       synth_mq
-      if base_tree && [ -f /tmp/mmq_check_main.py ]; then
-        cp /tmp/mmq_check_main.py /tmp/base/tools/device/mmq_check.py
+      if base_tree; then
         (cd /tmp/base && timeout 120 python3 tools/device/mmq_check.py --no-knobs --time-kinds Q4_K \
           --json "$OUT/mmq_check_before.json" 2>&1 | grep -v "checked:\|compiled" | cut -c1-300)
       fi
@@ -415,15 +419,9 @@ for step in "$@"; do
         | grep -v "checked:\|compiled" | cut -c1-300 || echo "MMQ CHECK FAILED"
       [ "${ORDERPROBE_NCU:-1}" = 1 ] && ncu_detail "$OUT" 64 --model $MQ --detail mmq ;;  # (ORDERPROBE_NCU=0: times only)
     orderbench)  # the slab order's speed: the 8B Q4_K_M shape's decode at 1 / 16 / 32 / 64 requests with main's engine
-      # (.device/base/engine: apply_pending.sh) and the patched one, then the 64-row step's profile
+      # (.device/base: apply_pending.sh) and the patched one, then the 64-row step's profile
       synth_mq
-      order_decode() {  # DIR TAG
-        (cd $1 && timeout 150 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 \
-          --repeats 3 --batches 1,16,32,64 --label "llama3-8b-shape-q4_k_m$2" --json "$OUT/batch_decode_order.json" \
-          2>&1 | grep "requests:") || echo "DECODE FAILED$2"
-      }
-      base_tree && order_decode /tmp/base -before
-      order_decode . ""
+      decode_before_after $MQ llama3-8b-shape-q4_k_m batch_decode_order.json 3 1,16,32,64
       timeout 90 python3 tools/profiling/gpu_profile_decode.py --model $MQ --rows 64 --json "$OUT/decode_profile_64.json" \
         2>&1 | sed -n 1,14p || echo "PROFILE FAILED" ;;
     detail)  # DETAIL_RE (mmq), DETAIL_ROWS (64): ncu's full sections for those kernels of the 8B step
@@ -464,7 +462,7 @@ for step in "$@"; do
     fusions)  # a lone decode row's fused kernels (quant.cu's matvec_act_<T>, matvec_norm_<T>): their checks (the bits of
       # the launches each replaces, staged and not, the norm's scale to its last bit), the decode graphs' logits and
       # greedy tokens (pdl_check), and one request's decode (1 and 16 rows, the latter unfused) on the 8B Q4_K_M and
-      # 135M Q4_1 shapes before (.device/base/engine: tools/device/apply_pending.sh keeps it) and after; the 1-row
+      # 135M Q4_1 shapes before (.device/base: tools/device/apply_pending.sh keeps it) and after; the 1-row
       # profile after
       synth_mq
       synth_ms
@@ -474,15 +472,9 @@ for step in "$@"; do
         timeout 90 python3 tools/device/pdl_check.py --model $m --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1 \
           || echo "PDL CHECK FAILED ($m)"
       done
-      decode_rows() {  # DIR TAG: one request's and 16 requests' decode with the engine in DIR
-        for m in $MQ $MS; do
-          (cd $1 && timeout 120 python3 bench/batch_decode_bench.py --model $m --device gpu --context 512 --steps 64 \
-            --repeats 3 --batches 1,16 --label "$(basename $m .gguf)$2" --json "$OUT/batch_decode_fused.json" 2>&1 \
-            | quiet | tail -3) || echo "DECODE FAILED ($m$2)"
-        done
-      }
-      base_tree && decode_rows /tmp/base -before
-      decode_rows . ""
+      for m in $MQ $MS; do  # one request's and 16 requests' decode
+        decode_before_after $m "$(basename $m .gguf)" batch_decode_fused.json 3 1,16 120 64
+      done
       timeout 120 python3 tools/profiling/gpu_profile_decode.py --model $MQ --rows 1 --json "$OUT/decode_profile_fused.json" \
         > /tmp/profile_1.txt 2>&1 || echo "PROFILE FAILED"
       head -16 /tmp/profile_1.txt ;;
@@ -491,13 +483,7 @@ for step in "$@"; do
       # resumed), then the Qwen3-Next-80B-A3B shape in IQ3_S decoding 1 / 16 requests before (.device/base) and after
       bash tools/device/gpu_run.sh hybrid 2>&1 | tail -8
       synth_next
-      next_rows() {  # DIR TAG
-        (cd $1 && timeout 200 python3 bench/batch_decode_bench.py --model $MNX --device gpu --context 512 --steps 32 \
-          --repeats 2 --batches 1,16 --label "qwen3-next-80b-a3b-iq3_s$2" --json "$OUT/batch_decode_next.json" 2>&1 \
-          | quiet | tail -3) || echo "DECODE FAILED (80B$2)"
-      }
-      base_tree && next_rows /tmp/base -before
-      next_rows . "" ;;
+      decode_before_after $MNX qwen3-next-80b-a3b-iq3_s batch_decode_next.json 2 1,16 200 ;;
     fusedswitch)  # the fused matvecs (matvec_act, matvec_norm) off (the default) and on ($STRATA_FUSED_MATVEC=1): one
       # request's and 16 requests' decode on the 8B Q4_K_M and the 80B-A3B IQ3_S shapes, in one call
       synth_mq
@@ -527,13 +513,7 @@ for step in "$@"; do
         || echo "MOE CHECKS FAILED OR CUT SHORT"
       timeout 90 python3 tools/device/pdl_check.py --model $MQS --json "$OUT/pdl_check.json" 2>&1 | quiet | tail -1 \
         || echo "PDL CHECK FAILED ($MQS)"
-      moe_batch() {  # DIR TAG: aggregate decode on the 4-layer MoE shape with the engine in DIR
-        (cd $1 && timeout 150 python3 bench/batch_decode_bench.py --model $MQS --device gpu --context 512 --steps 32 \
-          --repeats 3 --batches 1,4,16,64 --label qwen3moe-4layer-q4_k_m$2 --json "$OUT/batch_decode_gpu_moe.json" 2>&1 \
-          | quiet | tail -5) || echo "MOE BATCH FAILED ($2)"
-      }
-      base_tree && moe_batch /tmp/base -before
-      moe_batch . "" ;;
+      decode_before_after $MQS qwen3moe-4layer-q4_k_m batch_decode_gpu_moe.json 3 1,4,16,64 ;;
     times)
       python3 tools/profiling/decode_kernel_times.py --json "$OUT/decode_kernel_times.json" ;;
     grammar)  # constrained decoding through the GPU sampler path (a small synthetic model, graphs on)

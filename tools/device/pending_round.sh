@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What waits for a device check, in device calls back to back (each under ten minutes on a fresh machine), each
 # part under its own limit, results packed in $OUT/pending.tgz (a call brings back only a few files). The
-# patches of tools/device/pending/ are applied first (apply_pending.sh; main's engine kept as the before):
+# patches of tools/device/pending/ are applied first (apply_pending.sh; main's tree kept as the before):
 #   fusions   a decode step's fused kernels (matvec_act, matvec_norm, moe_act, ...): their checks, pdl_check, decode
 #             before (when a patch is pending) and after on the 8B Q4_K_M and 135M shapes (gpu_run.sh fusions)
 #   fusions80 the hybrids' fusions: hybrid_check, parity, the 80B-A3B shape before and after (gpu_run.sh fusions80)
@@ -35,7 +35,6 @@
 #             after on one machine, and ncu's sections for mmq at 64 rows
 #   PARTS=fusions bash tools/device/pending_round.sh        (carry [".whl", ".device"]; tools/device/setup.sh makes them)
 set -uo pipefail
-cp tools/device/mmq_check.py /tmp/mmq_check_main.py  # main's, before a patch changes it (orderprobe's before)
 bash tools/device/apply_pending.sh || { echo "A PENDING PATCH DOES NOT APPLY"; exit 1; }
 base=$OUT
 mkdir -p "$base/p"
