@@ -1,13 +1,8 @@
 """The CPU's expanded weights kept on disk (engine/model/expanded_cache.py): a later load reads the files the
 first wrote, its values bit for bit the expansion's; a shard is its own file; a folder that cannot be written
-is said once and the load goes on without it. On a small synthetic model (two layers, the default model's
-vocabulary and block type, heads that split over three ranks): the cache's logic is the same at any size, and
-the default model's five loads took a fifth of a minute of the suite."""
+is said once and the load goes on without it. On a small synthetic model (tests/engine/conftest.py small_q4_1):
+the cache's logic is the same at any size, and the default model's five loads took a fifth of a minute."""
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,16 +11,10 @@ from engine.model.expanded_cache import ENV
 from engine.model.weights import load_model
 from engine.ops.backend import select_backend
 
-ROOT = Path(__file__).resolve().parents[3]
 
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("expanded") / "small.gguf"
-    shape = ["--layers", "2", "--dim", "192", "--ffn", "384", "--heads", "3", "--kv-heads", "3", "--ctx", "512"]
-    subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), *shape,
-                    "--type", "Q4_1"], check=True, capture_output=True)
-    return path
+@pytest.fixture
+def model_path(small_q4_1):
+    return small_q4_1
 
 
 def matrices(weights) -> list[np.ndarray]:

@@ -195,20 +195,20 @@ def assert_same_weights(a, b, where: str) -> None:
 @pytest.mark.parametrize("which, world, backend", [("q4_1", 3, "cpu"), ("default", 3, "blocks"),
                                                    ("qwen2", 2, "cpu"), ("qwen3", 2, "cpu"), ("q4_k_m", 2, "blocks"),
                                                    ("q4_k_m", 2, "fp16")])
-def test_a_shard_loaded_alone_is_the_split_of_the_whole(which, world, backend, model_path, families, tmp_path):
+def test_a_shard_loaded_alone_is_the_split_of_the_whole(which, world, backend, model_path, small_q4_1, families,
+                                                        tmp_path):
     """load_model(shard=(rank, world)) reads only a rank's rows and columns from the file (a model
     larger than one GPU never lands whole on any of them), and gets exactly what splitting the whole
     model gives: dense float32 as the CPU loads it, and GGUF blocks as the GPU keeps them."""
     from engine.parallel.tensor_parallel import shard_weights
 
-    path = {"default": str(model_path)}.get(which) or str(families.get(which, tmp_path / f"{which}.gguf"))
+    # q4_1: the default model's block type split over three at a size the CPU expands at once (the default model
+    # itself expanded four times took a twentieth of the suite)
+    named = {"default": str(model_path), "q4_1": small_q4_1}
+    path = named.get(which) or str(families.get(which, tmp_path / "q4_k_m.gguf"))
     if which == "q4_k_m":
         make_synthetic([path, "--layers", "2", "--dim", "512", "--ffn", "1024", "--heads", "4", "--kv-heads", "2",
                         "--ctx", "256", "--type", "Q4_K_M"])
-    if which == "q4_1":  # the default model's block type and its split over three, at a size the CPU expands at once
-        # (the default model itself expanded four times took a twentieth of the suite)
-        make_synthetic([path, "--layers", "2", "--dim", "192", "--ffn", "384", "--heads", "3", "--kv-heads", "3",
-                        "--ctx", "256", "--type", "Q4_1"])
     device, blocks = (cpu_backend(), True) if backend == "cpu" else (host_gpu(), backend == "blocks")
     cfg, whole, _ = load_model(path, device, keep_blocks=blocks)
     for rank in range(world):
