@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from engine.ops.backend import select_backend
+from engine.ops.host_pages import plain_pages
 from engine.config import EngineConfig
 from engine.modelfile.gguf_file import GGUFFile, GGUFFormatError
 from engine.modelfile.model_config import ModelLoadError, file_pooling, read_config
@@ -102,19 +103,21 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
             plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32", "pooling": pooling,
                            "dim": str(cfg.dim)},
             config.cuda_graphs, config.max_running, plan.blocks, plan.block, plan.cache_ram_bytes, config.kv_type)
-    runner = ModelRunner(*args) if config.tp == 1 else TensorParallelRunner(*args, world=config.tp, workers=workers,
-                                                                             conns=conns)
-    runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
-    runner.draft_max = config.draft_max if config.speculative != "off" and runner.speculates else 0
-    runner.row_cost.fixed = config.draft_row_cost
-    if draft is not None:
-        runner.draft_model = load_draft(draft, runner, drafted, config)
-        lap("draft model")
-    runner.pooling = pooling
-    policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
-    lap("pool")
-    runner.warm_up()
-    lap("warm-up")
+    # (the KV pool and the warm-up's arrays on plain pages, as the weights: engine/ops/host_pages.py)
+    with plain_pages(backend.name == "cpu"):
+        runner = ModelRunner(*args) if config.tp == 1 else TensorParallelRunner(*args, world=config.tp, workers=workers,
+                                                                                 conns=conns)
+        runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
+        runner.draft_max = config.draft_max if config.speculative != "off" and runner.speculates else 0
+        runner.row_cost.fixed = config.draft_row_cost
+        if draft is not None:
+            runner.draft_model = load_draft(draft, runner, drafted, config)
+            lap("draft model")
+        runner.pooling = pooling
+        policy = replace(config.policy, budget_bytes=plan.snapshot_bytes)
+        lap("pool")
+        runner.warm_up()
+        lap("warm-up")
     if cfg.rope.active:
         log(f"rope scaling: {cfg.rope.describe()} (base {cfg.rope_base:g}; the model serves up to {cfg.max_context} tokens)")
     log(f"loaded {cfg.name} ({cfg.n_layers} layers, {runner.kv.type.name} KV pool of {plan.tokens} tokens in blocks of {plan.block} "

@@ -4,8 +4,8 @@ On the CPU every matrix is expanded from its GGUF blocks to float32 at load (eng
 host_matrix): about a second for the default model, most of an engine's start. With
 $STRATA_CPU_WEIGHT_CACHE set to a folder, each expanded matrix is written there once (a `.npy`, its
 column-major layout kept) and later starts read it (from the page cache, mostly: a copy, not the
-expansion's arithmetic). Read, not mapped: NumPy's own arrays get transparent huge pages, a file's mapping
-does not, and the decode steps' GEMVs over 4 KiB pages ran ~25% slower. The values are the expansion's,
+expansion's arithmetic). Read, not mapped: the decode steps' GEMVs over a file's mapping ran ~25% slower
+(over the start's plain 4 KiB pages about 2%: engine/ops/host_pages.py). The values are the expansion's,
 bit for bit. Off by default: the folder takes 4 bytes a weight (8x a 4-bit file).
 A file is named after what its values depend on: the model file (its path, size and modification
 time), the tensors and their de-interleaving, a tensor-parallel shard's ranges, and this format's

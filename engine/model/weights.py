@@ -16,6 +16,7 @@ from engine.model.hybrid_weights import hybrid_layer
 from engine.model.layer_weights import LayerWeights, Weights
 from engine.model.dequant import dequantize, dequantize_into
 from engine.ops.backend import Backend
+from engine.ops.host_pages import plain_pages
 from engine.model.expanded_cache import ExpandedCache
 from engine.ops.expert_cache import ExpertCache
 from engine.modelfile.gguf_file import GGUFFile
@@ -327,4 +328,6 @@ def load_model(path: str, backend: Backend, keep_blocks: bool = True, rope: Rope
     scaling, base = rope.apply(cfg.rope, cfg.rope_base)
     cfg = replace(cfg, rope=scaling, rope_base=base)
     ranks = shard_config(cfg, shard[1]) if shard else cfg  # refuses what does not split, before any load
-    return ranks, WeightLoader(reader, cfg, backend, keep_blocks, shard, expert_slots).load(), reader
+    with plain_pages(backend.name == "cpu"):  # (the CPU's expanded weights: engine/ops/host_pages.py)
+        weights = WeightLoader(reader, cfg, backend, keep_blocks, shard, expert_slots).load()
+    return ranks, weights, reader
