@@ -137,9 +137,9 @@ def mock_server():
 def engine_factory():
     started = []
 
-    def start(*args: str, mock: bool = False) -> EngineProcess:
+    def start(*args: str, mock: bool = False, env: dict[str, str] | None = None) -> EngineProcess:
         module = "engine.mock_engine" if mock else "engine"
-        engine = EngineProcess([PY, "-m", module, "--serve", *args])
+        engine = EngineProcess([PY, "-m", module, "--serve", *args], env)
         started.append(engine)
         return engine
 

@@ -30,6 +30,10 @@ from protocol.pipe_client import EnginePipe
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+# the CPU engines' expanded-weight cache (tests/conftest.py turns it on for the run) off, for a model started
+# once or twice a run, whose expansion costs less than writing it: the Qwen fixture starts in 4.7 s, and in
+# 30 s writing its 2.4 GB of float32 (engine/model/expanded_cache.py)
+NO_WEIGHT_CACHE = {"STRATA_CPU_WEIGHT_CACHE": ""}
 TEST_RUN_ENV = "STRATA_TEST_RUN"
 
 
@@ -128,6 +132,7 @@ class ServerProcess:
     api_key: str | None = None
     keepalive_s: float = 0.5
     extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # over this process's environment
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
@@ -147,7 +152,7 @@ class ServerProcess:
         self.log_path = Path(os.environ.get("STRATA_TEST_RUN_DIR") or os.environ.get("TMPDIR", "/tmp")) / \
             f"strata-server-{self.port}.log"
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ | self.env,
                                          start_new_session=True, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -211,8 +216,8 @@ class ServerProcess:
 class EngineProcess(EnginePipe):
     """An engine (real or mock) driven directly over its pipes, from the repository root."""
 
-    def __init__(self, cmd: list[str]):
-        super().__init__(cmd, cwd=ROOT)
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None):
+        super().__init__(cmd, cwd=ROOT, env=os.environ | (env or {}))
 
     def __enter__(self):
         return self

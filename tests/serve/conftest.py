@@ -5,7 +5,7 @@ import pytest
 
 import openai
 
-from tests.harness import ServerProcess
+from tests.harness import NO_WEIGHT_CACHE, ServerProcess
 from tools.fixtures.fetch_fixture import fixture_path
 
 
@@ -19,7 +19,7 @@ def qwen_server():
     # the CPU's default chunk (256): the tools' prompt, the same in most requests, is reused from one to
     # the next to the 64-token block whatever the chunk (it took chunks of 64 when reuse kept whole chunks;
     # a 510-token read then took 8.3 s against 6.2)
-    with ServerProcess(extra=["--model", str(model), "--device", "cpu"]).start(timeout_s=300) as s:
+    with ServerProcess(extra=["--model", str(model), "--device", "cpu"], env=NO_WEIGHT_CACHE).start(timeout_s=300) as s:
         yield s
 
 

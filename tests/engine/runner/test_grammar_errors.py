@@ -6,13 +6,14 @@ the grammar, which reads that token as a special one, refuses it."""
 import llguidance
 
 from protocol import messages as m
+from tests.harness import NO_WEIGHT_CACHE
 from tools.fixtures.fetch_fixture import fixture_path
 
 
 def test_a_token_the_grammar_refuses_is_an_err_and_the_next_request_runs(engine_factory):
     model = fixture_path()
     assert model.is_file(), f"{model} is missing: `make fixture` fetches it"
-    engine = engine_factory("--model", str(model), "--device", "cpu")
+    engine = engine_factory("--model", str(model), "--device", "cpu", env=NO_WEIGHT_CACHE)
     engine.handshake()
     text_only = llguidance.LLMatcher.grammar_from_lark('start: "<tool_call>\\n" "{}"\n')
     engine.send(m.Gen(8, (9707, 11, 1879), {"temperature": 0.0, "grammar": text_only}, 1))
