@@ -6,10 +6,11 @@
 # patch added, which a warm machine keeps between calls beside a fresh copy of the tracked ones, are removed before
 # it is applied again.
 #   bash tools/device/apply_pending.sh && PARTS=fusions bash tools/device/pending_round.sh
+# PENDING=03 applies only the patches whose names start so (one patch's checks without the others').
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 shopt -s nullglob
-patches=(tools/device/pending/*.patch)
+patches=(tools/device/pending/${PENDING:-}*.patch)
 if [ ${#patches[@]} -eq 0 ]; then echo "no pending patches"; exit 0; fi
 if git apply --reverse --check "${patches[@]}" 2>/dev/null; then  # this copy has them already (the same call again)
   echo "pending patches applied already: ${patches[*]}"

@@ -33,6 +33,7 @@
 #             decode at 1-64 requests before and after, the 64-row profile (gpu_run.sh orderbench); ordershot: the two
 #             trimmed to one call (no block shapes, no profile, one repeat); orderprobe: the kernels' times before and
 #             after on one machine, and ncu's sections for mmq at 64 rows
+#   PENDING=03 applies only tools/device/pending/03*.patch (apply_pending.sh).
 #   PARTS=fusions bash tools/device/pending_round.sh        (carry [".whl", ".device"]; tools/device/setup.sh makes them)
 set -uo pipefail
 bash tools/device/apply_pending.sh || { echo "A PENDING PATCH DOES NOT APPLY"; exit 1; }
