@@ -4,6 +4,9 @@ after a cached prefix, runs the same shapes in the same order as the uninterrupt
 "Exactness")."""
 from __future__ import annotations
 
+DELTA_CHUNK = 64  # positions of one chunk of the delta rule's chunked form (a hybrid's reads: engine/ops/delta_rule.py,
+# engine/kernels/linear_attention.cu), at absolute multiples: a KV block's size
+
 
 def chunk_end(pos: int, total: int, chunk: int) -> int:
     """Chunk k covers [k*chunk, (k+1)*chunk): a read resumed at a boundary runs the same shapes."""

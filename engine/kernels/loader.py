@@ -41,10 +41,11 @@ def built_kernels() -> dict[str, tuple[str, ...]]:
              "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in MMV_TILE_ROWS for suffix in ("", "_f32")),
              "mmq.cu": tuple(f"mmq_{kind}_t{nt}{suffix}" for kind in BLOCKS for nt in MMQ_TILES for suffix in ("", "_f32")),
              "moe.cu": moe_launch.KERNELS,
-             "linear_attention.cu": ("sigmoid_mul", *(f"conv_scan_k{k}" for k in CONV_KERNELS),
+             "linear_attention.cu": ("sigmoid_mul",
+                                     *(f"conv_{part}_k{k}" for k in CONV_KERNELS for part in ("rows", "window")),
                                      *(f"{name}{d}" for d in SCAN_WIDTHS
-                                       for name in ("delta_scan_k", "l2_heads_d", "gated_norm_d", "delta_norm_k",
-                                                    *(f"conv_l2_k{k}_d" for k in CONV_KERNELS))))}
+                                       for name in ("delta_prep_d", "delta_chunks_d", "l2_heads_d", "gated_norm_d",
+                                                    "delta_norm_k", *(f"conv_l2_k{k}_d" for k in CONV_KERNELS))))}
 
 
 def find_function(modules, name: str):

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-CHUNK = 64  # positions of one chunk of the chunked form, at absolute multiples (a KV block's size)
+from engine.core.chunks import DELTA_CHUNK
+
+CHUNK = DELTA_CHUNK  # positions of one chunk of the chunked form, at absolute multiples (a KV block's size)
 F32 = np.float32
 
 

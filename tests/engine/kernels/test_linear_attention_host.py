@@ -1,7 +1,7 @@
 """linear_attention.cu's kernels through their launchers (engine/kernels/linear_attention_launch.py), run on the
 CPU one thread at a time (host_cuda.py), against the NumPy mixer (engine/ops/gated_delta_net.py), and the
-exactness the GPU path promises: a position's output and state are the same bits however its read is cut,
-decoded or read, and whatever else shares the step."""
+exactness the GPU path promises: a position's output and state are the same bits however its read is cut (at a
+chunk boundary, or short of one and read again from the mark) and whatever else shares the step."""
 import numpy as np
 import pytest
 
@@ -29,10 +29,11 @@ def kernels(tmp_path_factory):
     return launchers
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["grouped", "tiled"])
+@pytest.fixture(scope="module", params=[(False, 32), (True, 32), (False, 128)], ids=["grouped", "tiled", "d128"])
 def layer(request):
-    hy = HybridConfig(n_layers=4, interval=4, conv_kernel=4, k_heads=2, v_heads=4, dk=32, dv=32, rope_dim=16,
-                      tiled=request.param)
+    tiled, d = request.param  # (d 128: Qwen3-Next's and Qwen3.5's heads)
+    hy = HybridConfig(n_layers=4, interval=4, conv_kernel=4, k_heads=2, v_heads=4, dk=d, dv=d, rope_dim=16,
+                      tiled=tiled)
     rng = np.random.default_rng(7)
     f32 = lambda *shape, scale=1.0: (rng.standard_normal(shape) * scale).astype(np.float32)  # noqa: E731
     lw = LinearAttentionWeights(w_in=None, conv=f32(hy.channels, hy.conv_kernel, scale=0.5),
@@ -91,22 +92,36 @@ def test_a_read_and_decode_rows_match_the_numpy_mixer(kernels, layer):
     np.testing.assert_allclose(state.now.ssm, ref.now.ssm, rtol=1e-4, atol=1e-5)
 
 
-def test_a_position_s_bits_do_not_depend_on_how_its_read_is_cut_or_whether_it_is_decoded(kernels, layer):
+def test_a_position_s_bits_do_not_depend_on_how_its_read_is_cut(kernels, layer):
     hy, lw = layer
     proj = projections(hy, 101, seed=3)
     whole = fresh(hy)
     all_rows = read(kernels, hy, lw, whole, proj, 0)
-    cut = fresh(hy)
+    cut = fresh(hy)  # cut at a chunk boundary: the rest continues from the mark
     first = read(kernels, hy, lw, cut, proj[:64], 0)
-    rest = read(kernels, hy, lw, cut, proj[64:100], 64)
-    last = decode(kernels, hy, lw, [cut], proj[100:])
-    assert np.array_equal(np.concatenate([first, rest, last]), all_rows)
+    rest = read(kernels, hy, lw, cut, proj[64:], 64)
+    assert np.array_equal(np.concatenate([first, rest]), all_rows)
     assert np.array_equal(cut.now.ssm, whole.now.ssm) and np.array_equal(cut.now.conv, whole.now.conv)
+    assert np.array_equal(cut.mark.ssm, whole.mark.ssm) and cut.mark_at == whole.mark_at == 64
     again = fresh(hy)  # a read cut short of a boundary is read again from its mark: the same bits
     read(kernels, hy, lw, again, proj[:80], 0)
     again.rewind()
     assert np.array_equal(read(kernels, hy, lw, again, proj[64:101], 64), all_rows[64:])
     assert np.array_equal(again.now.ssm, whole.now.ssm)
+
+
+def test_a_decoded_position_continues_the_read_s_state_in_the_recurrent_form(kernels, layer):
+    """A decode row after a read (the recurrent form from `now`) equals the same position read (the chunked form)
+    up to the two forms' rounding, and leaves the mark where the read put it."""
+    hy, lw = layer
+    proj = projections(hy, 101, seed=3)
+    whole = fresh(hy)
+    all_rows = read(kernels, hy, lw, whole, proj, 0)
+    state = fresh(hy)
+    read(kernels, hy, lw, state, proj[:100], 0)
+    close(decode(kernels, hy, lw, [state], proj[100:]), all_rows[100:].astype(np.float32))
+    np.testing.assert_allclose(state.now.ssm, whole.now.ssm, rtol=1e-4, atol=1e-5)
+    assert state.mark_at == 64 and np.array_equal(state.mark.ssm, whole.mark.ssm)
 
 
 def test_sequences_sharing_a_step_get_each_its_bits_alone(kernels, layer):
