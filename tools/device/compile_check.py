@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,8 @@ def main() -> int:
     p.add_argument("--arch", default="sm_90")
     p.add_argument("-D", dest="defines", action="append", default=[])
     p.add_argument("--kernels", default=".", help="report only kernels whose name matches")
+    p.add_argument("--keep", help="a folder to keep each file's cubin in (FILE.cubin), for nvdisasm / cuobjdump "
+                   "(tools/device/sass_counts.py reads them)")
     a = p.parse_args()
     files = a.files or sorted(f.name for f in KERNEL_DIR.glob("*.cu"))
     include = str(nvidia_dir("cuda_runtime") / "include")
@@ -71,6 +74,9 @@ def main() -> int:
             (Path(tmp) / "k.ptx").write_text(ptx)
             run = subprocess.run([str(ptxas), f"-arch={a.arch}", "-v", "-o", f"{tmp}/k.cubin", f"{tmp}/k.ptx"],
                                  capture_output=True, text=True)
+            if a.keep and not run.returncode:
+                Path(a.keep).mkdir(parents=True, exist_ok=True)
+                shutil.copy(f"{tmp}/k.cubin", Path(a.keep) / f"{Path(name).stem}.cubin")
         if run.returncode:
             print(run.stderr)
             return 1
