@@ -105,8 +105,8 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
             config.cuda_graphs, config.max_running, plan.blocks, plan.block, plan.cache_ram_bytes, config.kv_type)
     # (the KV pool and the warm-up's arrays on plain pages, as the weights: engine/ops/host_pages.py)
     with plain_pages(backend.name == "cpu"):
-        runner = ModelRunner(*args) if config.tp == 1 else TensorParallelRunner(*args, world=config.tp, workers=workers,
-                                                                                 conns=conns)
+        runner = ModelRunner(*args) if config.tp == 1 else \
+            TensorParallelRunner(*args, world=config.tp, workers=workers, conns=conns)
         runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
         runner.draft_max = config.draft_max if config.speculative != "off" and runner.speculates else 0
         runner.row_cost.fixed = config.draft_row_cost

@@ -5,9 +5,9 @@ defrag policy ("madvise") makes a process that asks wait while the kernel compac
 it cannot find free. On a host whose memory is fragmented by the page cache (a machine that has read files
 for a while) that wait dominates a start: the first touch of the Qwen2.5-0.5B fixture's 2.4 GB of expanded
 weights took 15-20 s of an 18.9 s start, against 3.4 s on plain pages, the whole start 4.1 s (bench/README.md,
-"CPU start"). The steady state pays about 2% of the CPU decode step (4 KiB pages' TLB misses over the weights,
-measured on the same machine), so only the start's allocations (the weights, the KV pool, the warm-up's
-scratch) are taken this way; the arrays made while serving keep NumPy's default.
+"The CPU engine's start"). The steady state pays about 2% of the CPU decode step (4 KiB pages' TLB misses over
+the weights, measured on the same machine), so only the start's allocations (the weights, the KV pool, the
+warm-up's scratch) are taken this way; the arrays made while serving keep NumPy's default.
 """
 from __future__ import annotations
 
