@@ -174,7 +174,8 @@ M70=/tmp/m/llama3-70b-q4_k_m.gguf
 MQ3=/tmp/m/qwen3-8b-q4_k_m.gguf
 MQ3Q=/tmp/m/qwen3-8b-q4_k_m-qwen-vocab.gguf  # with Qwen2.5's 151,665-token vocabulary (.device/qwen_tok.gguf)
 MQA=/tmp/m/qwen3-30b-a3b-q4_k_m.gguf
-MNX=/tmp/m/qwen3-next-80b-a3b-iq3_s.gguf
+NEXT_TYPE=${NEXT_TYPE:-IQ3_S}  # the Qwen3-Next-80B-A3B shape's type (IQ3_S ~35 GB, Q4_K_M ~48 GB): the hybrid steps'
+MNX=/tmp/m/qwen3-next-80b-a3b-${NEXT_TYPE,,}.gguf
 MQS=/tmp/m/qwen3moe-4layer-q4_k_m.gguf
 MQC=/tmp/m/llama3-8b-q4_k_m-chat-l3.gguf  # the 8B shape in Q4_K_M with Llama 3's own vocabulary (llama.cpp's
 # ggml-vocab-llama-bpe.gguf, 128,256 tokens) and the Llama-3.1 chat template: servers render chats, and the template's
@@ -214,9 +215,29 @@ synth_a3b() {  # the Qwen3-30B-A3B shape in Q4_K_M, made once per machine
   [ -f $MQA ] || python3 tools/fixtures/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
 }
 
-synth_next() {  # the Qwen3-Next-80B-A3B shape in IQ3_S (~35 GB), made once per machine (disk: no other large file beside)
-  [ -f $MNX ] || python3 tools/fixtures/make_synthetic_gguf.py $MNX --preset qwen3-next-80b-a3b --type IQ3_S \
+synth_next() {  # the Qwen3-Next-80B-A3B shape in $NEXT_TYPE, made once per machine (disk: no other large file beside,
+  # the shape's other type removed first)
+  for f in /tmp/m/qwen3-next-80b-a3b-*.gguf; do [ "$f" = $MNX ] || rm -f "$f"; done
+  [ -f $MNX ] || python3 tools/fixtures/make_synthetic_gguf.py $MNX --preset qwen3-next-80b-a3b --type $NEXT_TYPE \
     --tokenizer .device/tok.gguf 2>&1 | tail -1  # (the default model's 49K vocabulary: a smaller head than Qwen's 152K)
+}
+
+next_strata() {  # issue 45's speed, Strata's half: the 80B-A3B shape's prompt reads of 4K and 32K (with the 4K read's
+  # profile), decode at 1 / 16 / 64 requests (bench/engine_bench.py drives no hybrid: batch_decode_bench's reads alone)
+  rm -f $M8 $MQ $MQA; synth_next
+  timeout 300 python3 bench/batch_decode_bench.py --model $MNX --device gpu --context 512 --steps 32 --repeats 1 \
+    --chunk 2048 --reads 4096,32768 --profile 4096 --batches 1,16,64 --label qwen3-next-80b-a3b-shape-${NEXT_TYPE,,} \
+    --json "$OUT/batch_decode_next.json" 2>&1 | quiet | tail -8
+}
+
+next_llama() {  # llama.cpp on the same file: llama-bench (prompt 4K / 32K, decode) and llama-batched-bench
+  synth_next; build_llama
+  timeout -k 10 $((580 - SECONDS)) cmake --build $LLAMA/build --target llama-bench llama-batched-bench -j 16 \
+    > /tmp/llama_build_bench.log 2>&1 || tail -5 /tmp/llama_build_bench.log
+  timeout 240 $LLAMA/build/bin/llama-bench -m $MNX -ngl 99 -fa 1 -p 4096,32768 -n 64 -r 2 -o json \
+    > "$OUT/llama_bench_next.json" 2> /tmp/llama_bench.log || tail -5 /tmp/llama_bench.log
+  timeout 200 $LLAMA/build/bin/llama-batched-bench -m $MNX -ngl 99 -fa on -c 40960 -npp 128 -ntg 128 \
+    -npl 1,16,64 > "$OUT/llama_batched_next.txt" 2>&1 || tail -5 "$OUT/llama_batched_next.txt"
 }
 
 synth_moe_small() {  # a 4-layer Qwen3-MoE shape in Q4_K_M (128 experts, 8 used), made once per machine
@@ -637,12 +658,9 @@ for step in "$@"; do
           --decode-steps 64 --decode-contexts 512,32768 --kv-type $kv --label llama3-8b-shape-q4_k_m-kv-$kv \
           --json "$OUT/engine_gpu_32k.json" 2>&1 | grep decode_at || echo "BENCH FAILED ($kv)"
       done ;;
-    hybridbench)  # issue 45's speed: the Qwen3-Next-80B-A3B shape in IQ3_S, prompt reads of 4K and 32K, decode at 1 /
-      # 16 / 64 requests (Strata's half; hybridbench_llama is llama.cpp's on the same file)
-      rm -f $M8 $MQ $MQA; synth_next  # (bench/engine_bench.py drives no hybrid: batch_decode_bench's reads alone)
-      timeout 300 python3 bench/batch_decode_bench.py --model $MNX --device gpu --context 512 --steps 32 --repeats 1 \
-        --chunk 2048 --reads 4096,32768 --profile 4096 --batches 1,16,64 --label qwen3-next-80b-a3b-shape-iq3_s \
-        --json "$OUT/batch_decode_next.json" 2>&1 | quiet | tail -8 ;;
+    hybridbench) next_strata ;;  # issue 45's speed on the 80B-A3B shape ($NEXT_TYPE, IQ3_S unless set): Strata's half
+    hybridbench_llama) next_llama ;;  # llama.cpp's half on the same file
+    hybridpair) next_strata; next_llama ;;  # both halves in one call (NEXT_TYPE=Q4_K_M: the issue's second file)
     hybridlong)  # issue 45: a 262,144-token request on the Qwen3-Next-80B-A3B shape (IQ3_S) read, parked half-way and
       # resumed (its tokens and state fingerprint, the recurrent states included, equal the uninterrupted run's)
       rm -f $M8 $MQ $MQA; synth_next
@@ -660,14 +678,6 @@ for step in "$@"; do
       synth_a3b
       timeout 400 python3 tools/device/expert_cache_check.py $MQA --slots 32 64 --batch 1 4 16 --prompt 256 --steps 16 --json "$OUT/expert_cache.json" 2>&1 \
         | quiet | tail -5 || echo "EXPERT CACHE CHECK FAILED" ;;
-    hybridbench_llama)  # llama.cpp on the same file: llama-bench (prompt 4K / 32K, decode) and llama-batched-bench
-      synth_next; build_llama
-      timeout -k 10 $((580 - SECONDS)) cmake --build $LLAMA/build --target llama-bench llama-batched-bench -j 16 \
-        > /tmp/llama_build_bench.log 2>&1 || tail -5 /tmp/llama_build_bench.log
-      timeout 240 $LLAMA/build/bin/llama-bench -m $MNX -ngl 99 -fa 1 -p 4096,32768 -n 64 -r 2 -o json \
-        > "$OUT/llama_bench_next.json" 2> /tmp/llama_bench.log || tail -5 /tmp/llama_bench.log
-      timeout 200 $LLAMA/build/bin/llama-batched-bench -m $MNX -ngl 99 -fa on -c 40960 -npp 128 -ntg 128 \
-        -npl 1,16,64 > "$OUT/llama_batched_next.txt" 2>&1 || tail -5 "$OUT/llama_batched_next.txt" ;;
     bencha3b)
       synth_a3b
       python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
