@@ -809,6 +809,11 @@ for step in "$@"; do
       timeout ${CLIENTS_LIMIT:-420} python3 bench/clients_bench.py --model $MQC --clients ${CLIENTS:-1,16,64,128,256} \
         --words 300 --max-tokens 256 --solo 8 --log "$OUT/clients_server.log" --json "$OUT/clients_h200.json" \
         || echo "CLIENTS BENCH FAILED" ;;
+    clientsnext)  # the same on the 80B-A3B hybrid shape ($NEXT_TYPE): its reads chunked, its states in the memory plan
+      rm -f $M8 $MQ $MQA; synth_next
+      timeout ${CLIENTS_LIMIT:-500} python3 bench/clients_bench.py --model $MNX --clients ${CLIENTS:-1,16,64,256} \
+        --words 300 --max-tokens 256 --solo 8 --log "$OUT/clients_next_server.log" --json "$OUT/clients_next.json" \
+        || echo "CLIENTS BENCH FAILED" ;;
     clientsbase)  # the same on the server and engine before issue 42's fix (.device/base)
       chat_model
       (cd .device/base && timeout ${CLIENTS_LIMIT:-300} python3 bench/clients_bench.py --model $MQC \
