@@ -277,7 +277,7 @@ serve_and_bench() {  # NAME JSON VERSION COMMAND...
   if [ $SECONDS -gt 500 ]; then
     echo "no time left in this call for the bench"
   else timeout -k 10 $((560 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label $name \
-    --server-flags "$*" --server-version "$version" --tokenizer $MQC --repeats ${PEERS_REPEATS:-3} --cases ${PEERS_CASES:-hol,clients,subagents,kv} \
+    --server-flags "$*" --server-version "$version" --tokenizer ${BENCH_TOKENIZER:-$MQC} --repeats ${PEERS_REPEATS:-3} --cases ${PEERS_CASES:-hol,clients,subagents,kv} \
     --json "$OUT/$json" || echo "POOL BENCH ($name) FAILED OR CUT SHORT"
   fi
   stop_server $name
@@ -734,6 +734,11 @@ for step in "$@"; do
       chat_model
       serve_and_bench strata pool_strata.json "strata $(python3 -c 'import engine; print(engine.__version__)' 2>/dev/null)" \
         python3 -m serve --model $MQC ;;
+    holnext)  # the mixed case (pool_bench's hol: a short request beside a 46.9K read and 4 / 16 / 64 decoders; PEERS_CASES
+      # for others) on the 80B-A3B hybrid shape ($NEXT_TYPE), as a user starts the server
+      rm -f $M8 $MQ $MQA; synth_next
+      BENCH_TOKENIZER=$MNX PEERS_CASES=${PEERS_CASES:-hol} serve_and_bench strata pool_next.json \
+        "strata $(python3 -c 'import engine; print(engine.__version__)' 2>/dev/null)" python3 -m serve --model $MNX ;;
     qpart)  # parts of the Qwen2.5 fixture (469 MiB; a call carries 64 MiB): .device/q/partNN, kept in /tmp/q
       mkdir -p /tmp/q && cp .device/q/part* /tmp/q/ && ls /tmp/q | tr '\n' ' ' && du -sh /tmp/q ;;
     qpeers_strata)  # llama.cpp's three server test scripts against Strata on the fixture, as a user starts it
