@@ -342,8 +342,11 @@ for step in "$@"; do
       timeout 150 python3 tools/device/mmq_check.py --quick --json "$OUT/mmq_check.json" | grep -v "^ok " \
         || echo "MMQ CHECK FAILED" ;;
     hybrid)  # issue 45: the hybrid families on the GPU: the fixtures against transformers and the GPU path's exactness
-      # (tools/device/hybrid_check.py), then park/resume parity through the engine on each fixture
+      # (tools/device/hybrid_check.py), the attention kernels (256-wide heads among them), then park/resume parity
+      # through the engine on each fixture
       python3 tools/device/hybrid_check.py --json "$OUT/hybrid_check.json" || echo "HYBRID CHECK FAILED"
+      timeout 200 python3 tools/device/gpu_kernels_check.py --only attention --no-speed --json "$OUT/attention.json" \
+        2>&1 | grep -v "^ok " | tail -12 || echo "ATTENTION CHECKS FAILED"
       for arch in qwen3next qwen35 qwen35moe; do  # a read parked half-way and resumed: the same tokens and state
         timeout 200 python3 tools/checks/long_context_run.py --model tests/fixtures/hybrid/$arch.gguf --device gpu \
           --ctx 2048 --prompt-tokens 1000 --chunk 128 --vocab-high 4000 --max-new 16 \
