@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.core.chunks import DELTA_CHUNK
-
-CHUNK = DELTA_CHUNK  # positions of one chunk of the chunked form, at absolute multiples (a KV block's size)
+from engine.core.chunks import DELTA_CHUNK as CHUNK  # positions of one chunk of the chunked form (a KV block's size)
 F32 = np.float32
 
 

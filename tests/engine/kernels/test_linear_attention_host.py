@@ -7,6 +7,8 @@ import pytest
 
 from engine.core.quantized import quantize_q8
 from engine.core.step import Step
+from engine.kernels import KERNEL_DIR
+from engine.kernels import linear_attention_launch as launch
 from engine.kernels.linear_attention_launch import LinearAttentionLaunchers
 from engine.kernels.loader import built_kernels
 from engine.kvcache.recurrent import RecurrentState, SequenceState
@@ -14,6 +16,7 @@ from engine.model.layer_weights import LinearAttentionWeights
 from engine.modelfile.model_config import HybridConfig
 from engine.ops import gated_delta_net as gdn
 from tests.engine.kernels.host_cuda import HostKernels, compiler, q8_values
+from tests.engine.kernels.test_kernels_sm90 import constants
 
 EPS = 1e-6
 LAYERS, LAYER = 2, 1  # the states hold two linear-attention layers; the mixer runs the second
@@ -147,3 +150,11 @@ def test_the_attention_gate_matches_numpy(kernels):
     close(gated.values, x.astype(np.float32) * gdn.sigmoid(gate.astype(np.float32)))
     assert np.array_equal(gated.values, kernels.sigmoid_mul(x, gate))
     assert np.array_equal(q8_values(gated.q8), quantize_q8(gated.values.reshape(-1)))
+
+
+def test_the_launchers_geometry_is_the_kernels():
+    """The block sizes and the chunk the launchers size their grids and buffers by are linear_attention.cu's own
+    (each is written on both sides)."""
+    c = constants((KERNEL_DIR / "linear_attention.cu").read_text())
+    assert (c["LA_THREADS"], c["CHUNK"], c["CHUNK_THREADS"], c["TILE"]) == \
+        (launch.LA_THREADS, launch.CHUNK, launch.CHUNK_THREADS, launch.TILE)
