@@ -183,6 +183,7 @@ MQC=/tmp/m/llama3-8b-q4_k_m-chat-l3.gguf  # the 8B shape in Q4_K_M with Llama 3'
 LLAMA=/tmp/llama
 MQW=/tmp/q/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf  # the real-model fixture (issue 22), carried in parts
 quiet() { grep --line-buffered -v "loading weights" || true; }
+strata_version() { echo "strata $(python3 -c 'import engine; print(engine.__version__)' 2>/dev/null)"; }
 
 base_tree() {  # the "before" of a before/after run at /tmp/base: this tree under what .device/base holds (main's
   # engine, bench and tools, kept by apply_pending.sh; or an engine alone put there by hand); false when none is kept
@@ -215,8 +216,9 @@ synth_a3b() {  # the Qwen3-30B-A3B shape in Q4_K_M, made once per machine
   [ -f $MQA ] || python3 tools/fixtures/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
 }
 
-synth_next() {  # the Qwen3-Next-80B-A3B shape in $NEXT_TYPE, made once per machine (disk: no other large file beside,
-  # the shape's other type removed first)
+synth_next() {  # the Qwen3-Next-80B-A3B shape in $NEXT_TYPE, made once per machine; the disk (64 GB) holds it beside
+  # the 8B Q4_K_M shape only: the F16 8B, the 30B-A3B and the shape's other type are removed first
+  rm -f $M8 $MQA
   for f in /tmp/m/qwen3-next-80b-a3b-*.gguf; do [ "$f" = $MNX ] || rm -f "$f"; done
   [ -f $MNX ] || python3 tools/fixtures/make_synthetic_gguf.py $MNX --preset qwen3-next-80b-a3b --type $NEXT_TYPE \
     --tokenizer .device/tok.gguf 2>&1 | tail -1  # (the default model's 49K vocabulary: a smaller head than Qwen's 152K)
@@ -224,7 +226,7 @@ synth_next() {  # the Qwen3-Next-80B-A3B shape in $NEXT_TYPE, made once per mach
 
 next_strata() {  # issue 45's speed, Strata's half: the 80B-A3B shape's prompt reads of 4K and 32K (with the 4K read's
   # profile), decode at 1 / 16 / 64 requests (bench/engine_bench.py drives no hybrid: batch_decode_bench's reads alone)
-  rm -f $M8 $MQ $MQA; synth_next
+  synth_next
   timeout 300 python3 bench/batch_decode_bench.py --model $MNX --device gpu --context 512 --steps 32 --repeats 1 \
     --chunk 2048 --reads 4096,32768 --profile 4096 --batches 1,16,64 --label qwen3-next-80b-a3b-shape-${NEXT_TYPE,,} \
     --json "$OUT/batch_decode_next.json" 2>&1 | quiet | tail -8
@@ -507,7 +509,7 @@ for step in "$@"; do
       # resumed), then the Qwen3-Next-80B-A3B shape in IQ3_S decoding 1 / 16 requests before (.device/base) and after
       bash tools/device/gpu_run.sh hybrid 2>&1 | tail -8
       synth_next
-      decode_before_after $MNX qwen3-next-80b-a3b-iq3_s batch_decode_next.json 2 1,16 200 ;;
+      decode_before_after $MNX qwen3-next-80b-a3b-${NEXT_TYPE,,} batch_decode_next.json 2 1,16 200 ;;
     fusedswitch)  # the fused matvecs (matvec_act, matvec_norm) off (the default) and on ($STRATA_FUSED_MATVEC=1): one
       # request's and 16 requests' decode on the 8B Q4_K_M and the 80B-A3B IQ3_S shapes, in one call
       synth_mq
@@ -522,7 +524,7 @@ for step in "$@"; do
     moeactswitch|moeactswitch80)  # a MoE shape's resident decode at 1 / 4 / 16 requests with moe_act and without
       # ($STRATA_MOE_ACT=1, and 0 the default: moe_matvec then silu_mul, the same bits): the 30B-A3B shape, or the 80B-A3B
       # hybrid's (moeactswitch80)
-      if [ $step = moeactswitch ]; then rm -f $MNX; synth_a3b; m=$MQA; else rm -f $MQA; synth_next; m=$MNX; fi
+      if [ $step = moeactswitch ]; then rm -f $MNX; synth_a3b; m=$MQA; else synth_next; m=$MNX; fi
       for on in 1 0; do  # (the disk holds one of the two files)
         STRATA_MOE_ACT=$on timeout 150 python3 bench/batch_decode_bench.py --model $m --device gpu --context 512 \
           --steps 32 --repeats 2 --batches 1,4,16 --label "$(basename $m .gguf)-moe_act$on" \
@@ -666,7 +668,7 @@ for step in "$@"; do
     hybridpair) next_strata; next_llama ;;  # both halves in one call (NEXT_TYPE=Q4_K_M: the issue's second file)
     hybridlong)  # issue 45: a 262,144-token request on the Qwen3-Next-80B-A3B shape (IQ3_S) read, parked half-way and
       # resumed (its tokens and state fingerprint, the recurrent states included, equal the uninterrupted run's)
-      rm -f $M8 $MQ $MQA; synth_next
+      synth_next
       timeout 560 python3 tools/checks/long_context_run.py --model $MNX --device gpu --ctx 262400 --prompt-tokens 262144 \
         --chunk 2048 --vocab-high 150000 --json "$OUT/long_context_next.json" 2>&1 | quiet | tail -8 \
         || echo "HYBRID LONG RUN FAILED" ;;
@@ -735,13 +737,13 @@ for step in "$@"; do
         --prompt-tokens 3000 --json "$OUT/preempt_parity_gpu.json" 2>&1 | quiet ;;
     peers_strata)
       chat_model
-      serve_and_bench strata pool_strata.json "strata $(python3 -c 'import engine; print(engine.__version__)' 2>/dev/null)" \
+      serve_and_bench strata pool_strata.json "$(strata_version)" \
         python3 -m serve --model $MQC ;;
     holnext)  # the mixed case (pool_bench's hol: a short request beside a 46.9K read and 4 / 16 / 64 decoders; PEERS_CASES
       # for others) on the 80B-A3B hybrid shape ($NEXT_TYPE), as a user starts the server
-      rm -f $M8 $MQ $MQA; synth_next
+      synth_next
       BENCH_TOKENIZER=$MNX PEERS_CASES=${PEERS_CASES:-hol} serve_and_bench strata pool_next.json \
-        "strata $(python3 -c 'import engine; print(engine.__version__)' 2>/dev/null)" python3 -m serve --model $MNX ;;
+        "$(strata_version)" python3 -m serve --model $MNX ;;
     qpart)  # parts of the Qwen2.5 fixture (469 MiB; a call carries 64 MiB): .device/q/partNN, kept in /tmp/q
       mkdir -p /tmp/q && cp .device/q/part* /tmp/q/ && ls /tmp/q | tr '\n' ' ' && du -sh /tmp/q ;;
     qpeers_strata)  # llama.cpp's three server test scripts against Strata on the fixture, as a user starts it
@@ -818,7 +820,7 @@ for step in "$@"; do
         --words 300 --max-tokens 256 --solo 8 --log "$OUT/clients_server.log" --json "$OUT/clients_h200.json" \
         || echo "CLIENTS BENCH FAILED" ;;
     clientsnext)  # the same on the 80B-A3B hybrid shape ($NEXT_TYPE): its reads chunked, its states in the memory plan
-      rm -f $M8 $MQ $MQA; synth_next
+      synth_next
       timeout ${CLIENTS_LIMIT:-500} python3 bench/clients_bench.py --model $MNX --clients ${CLIENTS:-1,16,64,256} \
         --words 300 --max-tokens 256 --solo 8 --log "$OUT/clients_next_server.log" --json "$OUT/clients_next.json" \
         || echo "CLIENTS BENCH FAILED" ;;
