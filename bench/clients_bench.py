@@ -264,7 +264,8 @@ def start_server(cmd: list[str], log_path: Path) -> subprocess.Popen:
 
 
 def wait_healthy(proc: subprocess.Popen | None, url: str, log_path: Path | None, timeout_s: float) -> None:
-    """Poll /health until 200, printing progress; fail at once if the server process has ended."""
+    """Poll /health until 200, printing progress; fail at once if the server process has ended or its engine
+    could not be started."""
     t0 = last_print = time.monotonic()
     state = "no answer"
     while time.monotonic() - t0 < timeout_s:
@@ -277,6 +278,9 @@ def wait_healthy(proc: subprocess.Popen | None, url: str, log_path: Path | None,
                 print(f"server ready after {time.monotonic() - t0:.1f} s", flush=True)
                 return
             state = f"HTTP {r.status_code} {r.text[:80]}"
+            if r.json().get("status") == "failed":  # its engine could not be started: waiting longer will not help
+                raise RuntimeError(f"the server's engine failed to start: {r.json().get('error', '?')}; its log's "
+                                   f"end:\n{log_tail(log_path)}")
         except httpx.TransportError as e:
             state = type(e).__name__
         if time.monotonic() - last_print >= 5:

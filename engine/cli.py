@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_slots_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-running", "--slots", dest="max_running", type=int, default=DEFAULT_MAX_RUNNING,
+    p.add_argument("--max-running", "--slots", dest="max_running", type=int,
                    help="requests in the engine at once, reading or decoding (their decode steps run as one "
                         f"batch); memory is the real limit: requests hold KV blocks, not slots (default "
                         f"{DEFAULT_MAX_RUNNING}; --slots is the old name)")
@@ -126,7 +126,9 @@ def policy_from_args(a: argparse.Namespace) -> ParkPolicy:
 def config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(a.model, a.ctx, a.chunk, a.device, policy_from_args(a),
                         snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None,
-                        cuda_graphs=not a.no_cuda_graphs, weights=a.weights, max_running=a.max_running,
+                        cuda_graphs=not a.no_cuda_graphs, weights=a.weights,
+                        max_running=DEFAULT_MAX_RUNNING if a.max_running is None else a.max_running,
+                        max_running_given=a.max_running is not None,
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
                         cache_ram_gib=a.cache_ram_gib, gpu_memory_gib=a.gpu_memory_gib,
                         expert_slots=a.expert_slots, decode_interval_ms=a.decode_interval_ms,

@@ -40,6 +40,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # GPU decode steps as graph replays (engine/runner/decode_graph.py)
     weights: str = "quantized"  # GPU: quantized tensors stay in their blocks; "fp16" expands them at load
     max_running: int = DEFAULT_MAX_RUNNING  # requests in the engine at once (memory permitting)
+    max_running_given: bool = False  # else fewer where a hybrid's recurrent states do not fit (engine/kvcache/sizing.py)
     kv_block: int | None = None  # positions per KV block (None: default_block(chunk))
     kv_tokens: int | None = None  # the KV pool's size in positions (None: engine/kvcache/sizing.py sizes it)
     cache_ram_gib: float | None = None  # the host tier for evicted prefix blocks (None: engine/kvcache/sizing.py's default)

@@ -8,6 +8,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from protocol.codec import encode
+from protocol.messages import START_REFUSED, Err
 from engine.ops.backend import select_backend
 from engine.ops.host_pages import plain_pages
 from engine.config import EngineConfig
@@ -22,7 +24,7 @@ from engine.kvcache.expert_plan import plan_experts
 from engine.core.memory import RESERVE_BYTES, available_memory
 from engine.kvcache.recurrent import state_bytes
 from engine.kvcache.kv import kv_row_bytes
-from engine.kvcache.sizing import plan_context
+from engine.kvcache.sizing import Running, plan_context
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
 from engine.runner.draft_model import DraftModel, open_draft
@@ -92,17 +94,21 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     plan = plan_context(cfg, backend, config.ctx, step_budget(config.step_tokens, config.chunk),
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type,
-                        cap, 2 * config.max_running * state_bytes(cfg),
+                        cap, Running(config.max_running, config.max_running_given, 2 * state_bytes(cfg)),
                         kv_row_bytes(drafted[0], backend, config.kv_type) if drafted else 0)
     if backend.name == "gpu":
         log(plan.split())
+    if plan.max_running < config.max_running:
+        log(f"up to {plan.max_running} requests run at once (not {config.max_running}): each holds "
+            f"{2 * state_bytes(cfg) / 2**20:.0f} MiB of recurrent states, which take at most half of the memory the "
+            "weights leave by default; the others wait their turn (--max-running sets it, the KV pool shrinks)")
     elif config.gpu_memory_gib is not None:
         log("--gpu-memory applies to a GPU: ignored on the CPU")
     pooling = config.pooling or file_pooling(reader, cfg.arch)  # embeddings' (engine/runner/pooling.py)
     args = (cfg, weights, backend, plan.ctx, config.chunk, tokenizer.end_ids, str(path),
             plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32", "pooling": pooling,
                            "dim": str(cfg.dim)},
-            config.cuda_graphs, config.max_running, plan.blocks, plan.block, plan.cache_ram_bytes, config.kv_type)
+            config.cuda_graphs, plan.max_running, plan.blocks, plan.block, plan.cache_ram_bytes, config.kv_type)
     # (the KV pool and the warm-up's arrays on plain pages, as the weights: engine/ops/host_pages.py)
     with plain_pages(backend.name == "cpu"):
         runner = ModelRunner(*args) if config.tp == 1 else \
@@ -171,10 +177,17 @@ def start_workers(config: EngineConfig, path: str, device: str) -> tuple[list, l
     return TensorParallelRunner.start_workers(config.tp, WorkerSpec(path, device, config.rope))
 
 
-def load_or_exit(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, ParkPolicy]:
+def load_or_exit(config: EngineConfig, announce: bool = False) -> tuple[ModelRunner, GGUFTokenizer, ParkPolicy]:
+    """The model loaded, or the process ended with the reason on stderr. A refusal (the file or the options)
+    ends it with START_REFUSED, and with `announce` (serving) an ERR line before READY tells the server why."""
     try:
         return build_runner(config)
-    except (ModelLoadError, ModelNotFound, GGUFFormatError, RuntimeError, ValueError) as e:
+    except (ModelLoadError, ModelNotFound, GGUFFormatError, ValueError) as e:
+        log(f"error: {e}")
+        if announce:
+            print(encode(Err(str(e))), flush=True)
+        sys.exit(START_REFUSED)
+    except RuntimeError as e:
         log(f"error: {e}")
     except MemoryError:
         log("error: out of memory while loading the model (try a smaller model or --ctx)")
@@ -186,7 +199,7 @@ def load_or_exit(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
 
 
 def serve(config: EngineConfig) -> int:
-    runner, _, policy = load_or_exit(config)
+    runner, _, policy = load_or_exit(config, announce=True)
     gc.collect()
     gc.freeze()  # what start-up built lives as long as the process: the collector no longer walks it (a full
     # collection walked the vocabulary's lists, ~45 ms on an idle core, a stalled step)

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The engine's exit status when it refuses its model or options at start-up (an ERR line before READY says
+# why: a file it cannot read, a --ctx or --max-running that does not fit): starting it again would not help.
+START_REFUSED = 3
+
 # GEN keys and their value types: the one list of what a GEN may carry.
 GEN_KEYS: dict[str, type] = {
     "temperature": float,

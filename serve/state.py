@@ -60,6 +60,11 @@ class ServerState:
     def health(self) -> str:
         return "ok" if self.ready else next((e.state.value for e in self.engines if not e.ready), "starting")
 
+    @property
+    def failure(self) -> str:
+        """Why the engines that could not be started failed (their refusal or last error), else empty."""
+        return "; ".join(e.failure for e in self.engines if e.state is EngineState.FAILED and e.failure)
+
     def start(self) -> None:
         """The engines start in the background: /health answers 503 until they are ready."""
         self.loop = asyncio.get_running_loop()

@@ -171,8 +171,11 @@ class ServerProcess:
     def wait_healthy(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+            r = httpx.get(self.url + "/health", timeout=2)
+            if r.status_code == 200:
                 return
+            if r.json().get("status") == "failed":  # (waiting longer would not help)
+                raise RuntimeError(f"the server's engine could not be started: {r.json().get('error')}")
             time.sleep(0.1)
         raise TimeoutError("server did not become healthy")
 

@@ -16,6 +16,8 @@ DEFAULT_SNAPSHOT_BYTES = 2048 * MiB  # on the CPU, or when the GPU plan is not a
 CPU_POOL_CONTEXTS = 4  # on the CPU the pool holds this many full contexts by default (pages touched only when used)
 GPU_CACHE_RAM_BYTES = 8 << 30  # the host tier's default on the GPU (llama.cpp's --cache-ram default), at most
 HOST_SHARE_FOR_CACHE = 4  # ... a quarter of the host's memory
+STATES_SHARE = 2  # by default a hybrid's running requests' recurrent states take at most 1/STATES_SHARE of the
+# GPU memory the weights, the scratch and the reserve leave; the KV pool takes the rest
 
 
 def scratch_bytes(cfg: ModelConfig, chunk: int) -> int:
@@ -23,6 +25,14 @@ def scratch_bytes(cfg: ModelConfig, chunk: int) -> int:
     fp16 norms, projections, attention output and the feed-forward's widest tensors."""
     per_token = cfg.dim * (4 + 2 * 6) + cfg.kv_dim * 4 + cfg.ffn_dim * 2 * 3
     return 2 * chunk * per_token + cfg.vocab_size * 4
+
+
+@dataclass(frozen=True)
+class Running:
+    """The requests in the engine at once (--max-running) and what each holds beside its KV rows."""
+    count: int = 1
+    given: bool = True  # on the command line: refused if their states cannot fit, never lowered
+    state_bytes: int = 0  # a running request's recurrent states (a hybrid's two: engine/kvcache/recurrent.py)
 
 
 @dataclass(frozen=True)
@@ -38,12 +48,14 @@ class MemoryPlan:
     scratch_bytes: int | None = None  # GPU: a prompt step's activations
     cap_bytes: int | None = None  # GPU: --gpu-memory, the most the engine takes
     states_bytes: int = 0  # GPU: the running requests' recurrent states (a hybrid's: engine/kvcache/recurrent.py)
+    max_running: int = 1  # requests in the engine at once: --max-running, or fewer where their states do not fit
 
     def split(self) -> str:
         """How the GPU's memory was shared out (the start-up log): weights, KV pool, scratch, reserve."""
         gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
         cap = f"of --gpu-memory {gib(self.cap_bytes)}" if self.cap_bytes is not None else f"of {gib(self.free_bytes or 0)} free after the weights"
-        states = f", recurrent states {gib(self.states_bytes)}" if self.states_bytes else ""
+        states = (f", recurrent states {gib(self.states_bytes)} ({self.max_running} running requests)"
+                  if self.states_bytes else "")
         return (f"GPU memory: weights {gib(self.weights_bytes or 0)}, KV pool {gib(self.kv_bytes)}{states}, prompt scratch "
                 f"{gib(self.scratch_bytes or 0)}, reserve {gib(RESERVE_BYTES)} ({cap}); host memory: park snapshots "
                 f"up to {gib(self.snapshot_bytes)}, evicted prefix blocks up to {gib(self.cache_ram_bytes)}")
@@ -65,7 +77,7 @@ class MemoryPlan:
 def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step_rows: int,
                  snapshot_bytes: int | None, block: int = 64, pool_tokens: int | None = None,
                  cache_ram_bytes: int | None = None, kv_type: str = "auto", cap_bytes: int | None = None,
-                 states_bytes: int = 0, beside_row_bytes: int = 0) -> MemoryPlan:
+                 running: Running = Running(), beside_row_bytes: int = 0) -> MemoryPlan:
     """The pool of KV blocks, the most one request may hold, and the park snapshots' budget (None:
     sized here). CPU: --ctx, else the model's capped at ModelConfig.default_ctx; the pool
     --kv-tokens, else CPU_POOL_CONTEXTS of those; snapshots 2 GiB. GPU: the pool takes what the
@@ -76,8 +88,9 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
     prefix blocks: `cache_ram_bytes`, else beside a GPU 8 GiB (a quarter of the host's memory if
     that is less) and on the CPU none, the pool itself being host memory (a larger --kv-tokens does
     the same). cap_bytes (--gpu-memory): on the GPU, the most the engine takes, weights included; the
-    free memory counted is what the weights leave of it. states_bytes: on the GPU, what the running requests'
-    recurrent states take (a hybrid's), set aside before the pool. beside_row_bytes: on the GPU, a position's
+    free memory counted is what the weights leave of it. running: on the GPU, the running requests' recurrent
+    states (a hybrid's) are set aside before the pool (fit_running: fewer requests by default where they do not
+    fit, a refusal where --max-running was given). beside_row_bytes: on the GPU, a position's
     bytes in a pool of as many positions beside this one (a draft model's, loaded already), sized with it."""
     row = kv_row_bytes(cfg, backend, kv_type)
     free = backend.free_bytes()
@@ -92,16 +105,18 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
         blocks = -(-tokens // block)
         return MemoryPlan(ctx, blocks, block, blocks * block * row,
                           snapshot_bytes if snapshot_bytes is not None else DEFAULT_SNAPSHOT_BYTES,
-                          cache_ram_bytes=cache_ram_bytes)
+                          cache_ram_bytes=cache_ram_bytes, max_running=running.count)
     weights = int(backend.xp.get_default_memory_pool().used_bytes())
     scratch = scratch_bytes(cfg, step_rows)  # a prompt step's rows (engine/config.py step_budget)
     if cap_bytes is not None:
-        if weights + scratch + states_bytes + RESERVE_BYTES > cap_bytes:
+        if weights + scratch + RESERVE_BYTES > cap_bytes:
             raise ModelLoadError(
                 f"--gpu-memory {cap_bytes / 2**30:.1f} GiB is less than the weights ({weights / 2**30:.1f} GiB), a prompt "
                 f"step's scratch ({scratch / 2**30:.1f} GiB) and the reserve ({RESERVE_BYTES / 2**30:.1f} GiB) need")
         free = min(free, cap_bytes - weights)
-    room = free - scratch - states_bytes - RESERVE_BYTES  # (states: a hybrid's running requests', set aside)
+    max_running = fit_running(running, free - scratch - RESERVE_BYTES, free)
+    states_bytes = max_running * running.state_bytes  # (a hybrid's running requests', set aside)
+    room = free - scratch - states_bytes - RESERVE_BYTES
     fits = max(0, room // ((row + beside) * block))  # blocks
     if resolve(kv_type, backend.weight_dtype).dtype is None:
         # q8_0: a prompt chunk's attention reads one layer's K and V of its sequence widened to fp16
@@ -128,4 +143,27 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
     if snapshot_bytes is None:
         snapshot_bytes = min(ctx * row, host_memory_bytes() // 2)
     return MemoryPlan(ctx, fits, block, fits * block * row, snapshot_bytes, weights, free, cache_ram_bytes, scratch,
-                      cap_bytes, states_bytes)
+                      cap_bytes, states_bytes, max_running)
+
+
+def fit_running(running: Running, room: int, free: int) -> int:
+    """How many requests may run at once on the GPU, given `room` bytes beside the weights, the scratch and the
+    reserve: --max-running where nothing is held per request; else, where it was given, all of them or a refusal
+    with the most that fits; by default as many as fit in 1/STATES_SHARE of the room, up to the default."""
+    each = running.state_bytes
+    if not each:
+        return running.count
+    most = max(0, room) // each
+    if running.given:
+        if running.count >= most:  # (and a KV block's room beside them)
+            raise ModelLoadError(
+                f"--max-running {running.count} does not fit: the running requests' recurrent states take "
+                f"{each / MiB:.0f} MiB each ({running.count * each / 2**30:.1f} GiB), but {max(0, room) / 2**30:.1f} GiB "
+                f"are left once the weights, the prompt scratch and the reserve have theirs; "
+                f"at most --max-running {max(0, most - 1)} fits")
+        return running.count
+    count = min(running.count, most // STATES_SHARE)
+    if count < 1:
+        raise ModelLoadError(f"no room for a request's recurrent states ({each / MiB:.0f} MiB) and a KV cache: "
+                             f"{free / 2**30:.1f} GiB free after loading the weights")
+    return count

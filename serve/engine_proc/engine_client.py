@@ -28,6 +28,11 @@ class HandshakeError(RuntimeError):
     pass
 
 
+class StartRefused(HandshakeError):
+    """The engine refused its model or options (an ERR before READY, exit status START_REFUSED): starting it
+    again would not help."""
+
+
 @dataclass
 class EngineInfo:
     ctx: int = 0
@@ -75,6 +80,11 @@ class EngineClient:
                 self._reader = asyncio.create_task(self._read_lines(self.proc))
                 self.on_ready()
                 return
+            except StartRefused as e:
+                self.failure = str(e)
+                log.error("engine refused to start: %s", e)
+                await self._kill()
+                break
             except (HandshakeError, OSError) as e:
                 self.failure = str(e)
                 log.error("engine start failed (attempt %d/%d): %s", attempt + 1, self.max_restarts + 1, e)
@@ -97,11 +107,15 @@ class EngineClient:
         log.info("engine ready: ctx=%d caps=%s %s", self.info.ctx, ",".join(self.info.caps), self.info.fields)
 
     async def _handshake(self, proc) -> EngineInfo:
-        info = EngineInfo()
+        info, refusal = EngineInfo(), ""
         while True:
             raw = await proc.stdout.readline()
             if not raw:
-                raise HandshakeError(f"engine exited during start-up (exit code {await proc.wait()})")
+                code = await proc.wait()
+                if code == m.START_REFUSED:
+                    raise StartRefused(refusal or "the engine refused its model or options (its log says why)")
+                raise HandshakeError(f"engine exited during start-up (exit code {code})"
+                                     + (f": {refusal}" if refusal else ""))
             line = raw.decode("utf-8", "replace")
             try:
                 msg = decode(line)
@@ -112,6 +126,8 @@ class EngineClient:
             elif isinstance(msg, m.Ready):
                 info.ctx, info.caps = msg.ctx, msg.caps
                 return info
+            elif isinstance(msg, m.Err):
+                refusal = msg.message  # why it will end (engine/startup.py load_or_exit)
             else:
                 log.warning("ignoring %s before READY", verb(msg))
 

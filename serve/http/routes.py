@@ -241,7 +241,9 @@ async def models(http: HTTPRequest):
 @ops.get("/health")
 async def health(http: HTTPRequest):
     state = state_of(http)
-    return JSONResponse({"status": state.health}, status_code=200 if state.ready else 503)
+    error = state.failure
+    return JSONResponse({"status": state.health} | ({"error": error} if error else {}),
+                        status_code=200 if state.ready else 503)
 
 
 @ops.get("/status")

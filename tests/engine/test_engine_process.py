@@ -111,7 +111,8 @@ def test_terminal_mode_streams_an_answer():
 def test_missing_model_file_is_a_clear_error_and_nonzero_exit(tmp_path):
     out = subprocess.run([PY, "-m", "engine", "--serve", "--model", str(tmp_path / "nope.gguf")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "model file not found" in out.stderr
+    assert out.returncode == m.START_REFUSED and "model file not found" in out.stderr
+    assert decode(out.stdout.splitlines()[-1]) == m.Err(f"model file not found: {tmp_path / 'nope.gguf'}")  # (the server)
 
 
 def test_unsupported_architecture_is_refused_by_name(tmp_path):
@@ -126,7 +127,7 @@ def test_unsupported_architecture_is_refused_by_name(tmp_path):
     w.close()
     out = subprocess.run([PY, "-m", "engine", "--serve", "--model", str(path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "unsupported architecture 'mamba'" in out.stderr
+    assert out.returncode == m.START_REFUSED and "unsupported architecture 'mamba'" in out.stderr
 
 
 def test_a_reused_start_gives_the_tokens_and_state_of_a_cold_read(engine):

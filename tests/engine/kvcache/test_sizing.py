@@ -6,9 +6,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.modelfile.model_config import ModelConfig, ModelLoadError
+from engine.modelfile.model_config import HybridConfig, ModelConfig, ModelLoadError
 from engine.kvcache import sizing as memory
-from engine.kvcache.sizing import CPU_POOL_CONTEXTS, DEFAULT_SNAPSHOT_BYTES, plan_context
+from engine.kvcache.recurrent import state_bytes
+from engine.kvcache.sizing import CPU_POOL_CONTEXTS, DEFAULT_SNAPSHOT_BYTES, Running, plan_context
 
 GiB = 2**30
 LLAMA3_8B = ModelConfig(arch="llama", name="8b", n_layers=32, dim=4096, ffn_dim=14336, n_heads=32, n_kv_heads=8,
@@ -105,3 +106,34 @@ def test_gpu_memory_caps_what_the_engine_takes_and_refuses_what_cannot_fit():
     assert plan_context(LLAMA3_8B, device(5), None, 2048, None, cap_bytes=24 * GiB).kv_bytes < 5 * GiB  # the card's free
     with pytest.raises(ModelLoadError, match="--gpu-memory 16.0 GiB is less than the weights"):
         plan_context(LLAMA3_8B, device(120), None, 2048, None, cap_bytes=16 * GiB)
+
+
+NEXT_80B = ModelConfig(arch="qwen3next", name="80b-a3b", n_layers=48, dim=2048, ffn_dim=512, n_heads=16, n_kv_heads=2,
+                       head_dim=256, vocab_size=151936, context_length=262144, rope_base=1e7, norm_eps=1e-6,
+                       hybrid=HybridConfig(n_layers=48, interval=4, conv_kernel=4, k_heads=16, v_heads=32, dk=128,
+                                           dv=128, rope_dim=64))
+
+
+def test_a_hybrids_running_requests_take_half_the_room_by_default_and_the_rest_of_them_wait():
+    """The 80B-A3B shape in Q4_K_M on an H100 (48.2 GiB of weights, 30.3 GiB left): 256 running requests'
+    recurrent states (two of 75 MiB each) would take 38 GiB, more than there is (the server failed to start
+    with "no room for a KV cache"). By default they take at most half of the room, the KV pool the rest."""
+    each = 2 * state_bytes(NEXT_80B)
+    assert 150 * 2**20 < each < 152 * 2**20
+    h100 = device(30.3, weights_gib=48.2)
+    plan = plan_context(NEXT_80B, h100, None, 4096, None, running=Running(256, given=False, state_bytes=each))
+    room = int(30.3 * GiB) - memory.scratch_bytes(NEXT_80B, 4096) - memory.RESERVE_BYTES
+    assert plan.max_running == room // each // memory.STATES_SHARE and 64 < plan.max_running < 256
+    assert plan.states_bytes == plan.max_running * each
+    assert plan.kv_bytes <= room - plan.states_bytes < plan.kv_bytes + 64 * 12 * 2 * 2 * 256 * 2  # a block short
+    assert plan.ctx == 262144 and f"({plan.max_running} running requests)" in plan.split()
+    # given on the command line: kept where it fits, refused with the most that fits where it does not
+    assert plan_context(NEXT_80B, h100, None, 4096, None, running=Running(150, True, each)).max_running == 150
+    with pytest.raises(ModelLoadError, match=rf"--max-running 256 does not fit.*at most --max-running {room // each - 1}"):
+        plan_context(NEXT_80B, h100, None, 4096, None, running=Running(256, True, each))
+    # a model without recurrent states runs what was asked; so does the CPU, whose states are host memory
+    assert plan_context(LLAMA3_8B, device(40), None, 2048, None, running=Running(256, False, 0)).max_running == 256
+    cpu = SimpleNamespace(weight_dtype=np.float32, free_bytes=lambda: None)
+    assert plan_context(NEXT_80B, cpu, 4096, 256, None, running=Running(256, False, each)).max_running == 256
+    with pytest.raises(ModelLoadError, match="no room for a request's recurrent states"):
+        plan_context(NEXT_80B, device(1.5, weights_gib=48.2), None, 4096, None, running=Running(256, False, each))

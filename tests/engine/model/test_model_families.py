@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from engine.ops.backend import cpu_backend
+from protocol.messages import START_REFUSED
 from engine.model.weights import load_model
 from engine.kvcache.kv import KVCache
 from engine.model.forward import LlamaModel
@@ -135,5 +136,5 @@ def test_an_unknown_architecture_is_still_refused_by_name(tmp_path):
     w.close()
     out = subprocess.run([PY, "-m", "engine", "--serve", "--device", "cpu", "--model", str(path)], input="QUIT\n",
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "unsupported architecture 'qwen2moe'" in out.stderr
+    assert out.returncode == START_REFUSED and "unsupported architecture 'qwen2moe'" in out.stderr
     assert "qwen3moe" in out.stderr  # the supported ones are listed

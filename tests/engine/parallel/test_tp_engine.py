@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from protocol.messages import START_REFUSED
 from tests.engine.loop.test_preempt_parity import INTERIM, MAX_NEW, PROMPT, SAMPLING
 from tests.harness import PY, ROOT, EngineProcess, alive
 from tools.checks import preempt_scenarios as sc
@@ -84,5 +85,5 @@ def test_the_workers_end_with_the_engine():
 def test_a_split_that_does_not_divide_is_refused_at_start():
     done = subprocess.run([PY, "-m", "engine", *ARGS, "--tp", "2"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, stdin=subprocess.DEVNULL, env=os.environ)
-    assert done.returncode == 1
+    assert done.returncode == START_REFUSED
     assert "tensor parallel over 2: the model's 9 query heads do not split evenly" in done.stderr

@@ -30,3 +30,17 @@ def test_an_engine_that_cannot_start_gives_clear_errors(server_factory):
     wait_for(lambda: httpx.get(server.url + "/health").json()["status"] == "failed", timeout_s=15)
     r = complete_tokens(server.url, 10, 2)
     assert r.status_code == 503 and "engine is unavailable" in r.json()["error"]["message"]
+
+
+def test_an_engine_that_refuses_its_options_is_not_restarted_and_says_why(server_factory):
+    """The real engine asked for a request longer than its KV pool (--ctx 4096 beside --kv-tokens 1024) refuses
+    at start-up: one attempt, not the restarts' four, and /health and the requests carry its reason."""
+    server = server_factory(extra=["--ctx", "4096", "--kv-tokens", "1024", "--max-restarts", "3"], wait_ready=False)
+    wait_for(lambda: httpx.get(server.url + "/health").json()["status"] == "failed", timeout_s=60)
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 503 and "--ctx 4096 is larger than the KV pool" in health.json()["error"]
+    r = complete_tokens(server.url, 10, 2)
+    assert r.status_code == 503 and "--ctx 4096 is larger than the KV pool" in r.json()["error"]["message"]
+    log = server.log()
+    assert "engine refused to start" in log and "start failed (attempt" not in log
+    assert log.count("strata: error: --ctx 4096") == 1  # one engine started
