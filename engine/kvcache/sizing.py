@@ -10,6 +10,7 @@ from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.kvcache.kv import kv_row_bytes
 from engine.core.memory import RESERVE_BYTES, MiB, host_memory_bytes
 from engine.core.kv_types import resolve
+from engine.core.chunks import DELTA_CHUNK as CHUNK
 
 CTX_ALIGN = 256
 DEFAULT_SNAPSHOT_BYTES = 2048 * MiB  # on the CPU, or when the GPU plan is not asked to size it
@@ -22,9 +23,33 @@ STATES_SHARE = 2  # by default a hybrid's running requests' recurrent states tak
 
 def scratch_bytes(cfg: ModelConfig, chunk: int) -> int:
     """Activations of one prompt step of `chunk` rows, twice over for the allocator's sake: the fp32 residual,
-    fp16 norms, projections, attention output and the feed-forward's widest tensors."""
-    per_token = cfg.dim * (4 + 2 * 6) + cfg.kv_dim * 4 + cfg.ffn_dim * 2 * 3
-    return 2 * chunk * per_token + cfg.vocab_size * 4
+    fp16 norms, projections and attention output, and the widest of a layer's passing tensors (the dense
+    feed-forward's, the routed experts', a Gated DeltaNet layer's); and the rope tables of the longest request."""
+    per_token = cfg.dim * (4 + 2 * 6) + cfg.kv_dim * 4 + max(cfg.ffn_dim * 2 * 3, experts_row_bytes(cfg),
+                                                               delta_row_bytes(cfg))
+    return 2 * chunk * per_token + cfg.vocab_size * 4 + cfg.max_context * cfg.head_dim * 4
+
+
+def experts_row_bytes(cfg: ModelConfig) -> int:
+    """A prompt row's bytes in the routed experts' pass (engine/kernels/moe_launch.py MoeKernels.prompt): for each
+    of its k entries the fp16 gate/up, activation and down rows and its place in the grouped order (two int32),
+    and its fp16 sum."""
+    if not cfg.n_experts:
+        return 0
+    ffn = cfg.expert_ffn_dim
+    return cfg.n_experts_used * ((2 * ffn + ffn + cfg.dim) * 2 + 2 * 4) + cfg.dim * 2
+
+
+def delta_row_bytes(cfg: ModelConfig) -> int:
+    """A prompt row's bytes in a Gated DeltaNet layer (engine/kernels/linear_attention_launch.py delta_net, the
+    chunked form): the fp16 in-projection, the fp32 convolution, the chunks' values, keys, inner products, decays
+    and output (fp32), and the fp16 gated output."""
+    h = cfg.hybrid
+    if h is None:
+        return 0
+    value = h.v_heads * h.dv
+    projection = (h.channels + value + 2 * h.v_heads) * 2
+    return projection + h.channels * 4 + (2 * h.v_heads * h.dk + h.v_heads * (CHUNK + 1) + value) * 4 + value * 2
 
 
 @dataclass(frozen=True)

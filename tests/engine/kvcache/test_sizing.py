@@ -108,10 +108,11 @@ def test_gpu_memory_caps_what_the_engine_takes_and_refuses_what_cannot_fit():
         plan_context(LLAMA3_8B, device(120), None, 2048, None, cap_bytes=16 * GiB)
 
 
-NEXT_80B = ModelConfig(arch="qwen3next", name="80b-a3b", n_layers=48, dim=2048, ffn_dim=512, n_heads=16, n_kv_heads=2,
-                       head_dim=256, vocab_size=151936, context_length=262144, rope_base=1e7, norm_eps=1e-6,
+NEXT_80B = ModelConfig(arch="qwen3next", name="80b-a3b", n_layers=48, dim=2048, ffn_dim=5120, n_heads=16,
+                       n_kv_heads=2, head_dim=256, vocab_size=151936, context_length=262144, rope_base=1e7,
+                       norm_eps=1e-6, n_experts=512, n_experts_used=10, expert_ffn_dim=512,
                        hybrid=HybridConfig(n_layers=48, interval=4, conv_kernel=4, k_heads=16, v_heads=32, dk=128,
-                                           dv=128, rope_dim=64))
+                                           dv=128, rope_dim=64, shared_ffn_dim=512))
 
 
 def test_a_hybrids_running_requests_take_half_the_room_by_default_and_the_rest_of_them_wait():
@@ -137,3 +138,56 @@ def test_a_hybrids_running_requests_take_half_the_room_by_default_and_the_rest_o
     assert plan_context(NEXT_80B, cpu, 4096, 256, None, running=Running(256, False, each)).max_running == 256
     with pytest.raises(ModelLoadError, match="no room for a request's recurrent states"):
         plan_context(NEXT_80B, device(1.5, weights_gib=48.2), None, 4096, None, running=Running(256, False, each))
+
+
+class Counting:
+    """NumPy for a launcher, counting the bytes of the arrays it makes (its kernels are not run)."""
+    float16, float32, int32, uint8, uint64 = np.float16, np.float32, np.int32, np.uint8, np.uint64
+
+    def __init__(self):
+        self.made = 0
+
+    def empty(self, shape, dtype):
+        a = np.empty(shape, dtype)  # (untouched: no pages)
+        self.made += a.nbytes
+        return a
+
+
+class NoKernels(dict):
+    def __missing__(self, name):
+        return lambda grid, block, args: None
+
+
+def test_the_scratch_estimate_covers_what_a_hybrid_moe_prompt_step_makes():
+    """The scratch the plan sets aside for a prompt step of 4,096 rows on the 80B-A3B shape covers, twice over, what
+    the GPU path's widest passes make: a Gated DeltaNet layer's chunked form (linear_attention_launch.delta_net,
+    its in-projection included) and the routed experts' grouped GEMMs (moe_launch.MoeKernels.prompt). (An estimate
+    of half the real need let a server at 97 running requests run out of memory on an H100.)"""
+    from engine.kernels.linear_attention_launch import Chunks, LinearAttentionLaunchers, StatePointers
+    from engine.kernels.moe_launch import MoeKernels
+    from engine.kernels.norm_rope_launch import NormRopeLaunchers
+    from engine.core.experts import ExpertStack
+
+    n, hy, dim = 4096, NEXT_80B.hybrid, NEXT_80B.dim
+    counting = Counting()
+    delta = LinearAttentionLaunchers()
+    delta.cp, delta.fn = counting, NoKernels()
+    proj = counting.empty((n, hy.channels + hy.v_heads * hy.dv + 2 * hy.v_heads), np.float16)  # (its input)
+    rows = StatePointers(1, (0, 0, 0, 0), 0, 0, Chunks(n // 64, 0, 0, 0))
+    delta.delta_net(proj, SimpleNamespace(a=0, dt_bias=0, conv=0, norm=0), hy, 0, rows, 1e-6)
+    assert counting.made == n * memory.delta_row_bytes(NEXT_80B)
+
+    counting = Counting()
+    act = NormRopeLaunchers()
+    act.cp, act.fn = counting, NoKernels()
+    moe = MoeKernels.__new__(MoeKernels)
+    moe.kernels, moe.cp, moe.fn = act, counting, NoKernels()
+    ffn = NEXT_80B.expert_ffn_dim
+    stacks = [ExpertStack("Q4_K", None, 512, rows, cols, table=0) for rows, cols in ((ffn, dim), (ffn, dim), (dim, ffn))]
+    h = np.empty((n, dim), np.float16)
+    chosen = np.empty((n, NEXT_80B.n_experts_used), np.int32)
+    moe.prompt(h, SimpleNamespace(gate=stacks[0], up=stacks[1], down=stacks[2]), chosen, None)
+    assert n * memory.experts_row_bytes(NEXT_80B) <= counting.made <= n * memory.experts_row_bytes(NEXT_80B) + 8 * 513
+
+    widest = max(memory.delta_row_bytes(NEXT_80B), memory.experts_row_bytes(NEXT_80B))
+    assert memory.scratch_bytes(NEXT_80B, n) >= 2 * n * widest
