@@ -140,7 +140,8 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
                 f"step's scratch ({scratch / 2**30:.1f} GiB) and the reserve ({RESERVE_BYTES / 2**30:.1f} GiB) need")
         free = min(free, cap_bytes - weights)
     max_running = fit_running(running, free - scratch - RESERVE_BYTES, free)
-    states_bytes = max_running * running.state_bytes  # (a hybrid's running requests', set aside)
+    states_bytes = max_running * running.state_bytes + (running.state_bytes // 2 if running.state_bytes else 0)
+    # (a hybrid's running requests' and the zero state, set aside)
     room = free - scratch - states_bytes - RESERVE_BYTES
     fits = max(0, room // ((row + beside) * block))  # blocks
     if resolve(kv_type, backend.weight_dtype).dtype is None:
@@ -178,6 +179,7 @@ def fit_running(running: Running, room: int, free: int) -> int:
     each = running.state_bytes
     if not each:
         return running.count
+    room -= each // 2  # the zero state every request's first two copy (the runner's, held for good)
     most = max(0, room) // each
     if running.given:
         if running.count >= most:  # (and a KV block's room beside them)
