@@ -202,6 +202,17 @@ decode_before_after() {  # MODEL LABEL JSON REPEATS BATCHES [LIMIT] [STEPS]: ben
       | grep "requests:") || echo "DECODE FAILED ($label$tag)"
   done
 }
+reads_before_after() {  # MODEL LABEL JSON: bench/batch_decode_bench.py's prompt reads alone of 4K and 32K (the 4K
+  # read profiled) with main's tree (base_tree, labelled LABEL-before; when a patch is pending) and this one
+  local model=$1 label=$2 json=$3 dir tag
+  for dir in /tmp/base .; do
+    tag=""
+    if [ $dir = /tmp/base ]; then base_tree || continue; tag=-before; fi
+    (cd $dir && timeout 150 python3 bench/batch_decode_bench.py --model $model --device gpu --context 512 --steps 8 \
+      --repeats 1 --batches 1 --chunk 2048 --reads 4096,32768 --profile 4096 --label "$label$tag" \
+      --json "$OUT/$json" 2>&1 | grep "read\|profile, read") || echo "READS FAILED ($label$tag)"
+  done
+}
 synth_mq() {  # the Llama-3-8B shape in Q4_K_M, made once per machine
   [ -f $MQ ] || python3 tools/fixtures/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
 }
@@ -530,6 +541,10 @@ for step in "$@"; do
           --steps 32 --repeats 2 --batches 1,4,16 --label "$(basename $m .gguf)-moe_act$on" \
           --json "$OUT/batch_decode_moe_act.json" 2>&1 | quiet | tail -3 || echo "DECODE FAILED ($m moe_act $on)"
       done ;;
+    moeread)  # the 80B-A3B shape's ($NEXT_TYPE) reads of 4K and 32K before (main) and after a pending patch: the
+      # routed experts' grouped GEMM (05-moe-gemm-bm128) is 60% of them
+      synth_next
+      reads_before_after $MNX qwen3-next-80b-a3b-${NEXT_TYPE,,} reads_next.json ;;
     moecheck)  # the MoE kernels' checks alone (route, experts, a batch's rows against each alone)
       timeout 150 python3 tools/device/gpu_kernels_check.py --only moe --no-speed --json "$OUT/kernels_moe.json" | grep -v "^ok " \
         || echo "MOE CHECKS FAILED OR CUT SHORT" ;;

@@ -29,6 +29,8 @@
 #             graphs through the expert tables, the same bits as resident, the refills' counts
 #   moe       the MoE kernels' checks (gpu_run.sh moecheck: routing, a decode step's and a prompt chunk's experts,
 #             through the expert tables)
+#   moeread   the 80B-A3B shape's ($NEXT_TYPE) reads of 4K and 32K, main's tree and the patched one (gpu_run.sh
+#             moeread: the grouped experts' GEMM of 05-moe-gemm-bm128)
 #   order     issue 48's slab order: mmq and the weight kernels' checks (gpu_run.sh order); orderbench: the 8B shape's
 #             decode at 1-64 requests before and after, the 64-row profile (gpu_run.sh orderbench); ordershot: the two
 #             trimmed to one call (no block shapes, no profile, one repeat); orderprobe: the kernels' times before and
@@ -66,6 +68,7 @@ for part in ${PARTS:-fusions}; do
     ordershot) timeout 560 bash tools/device/gpu_run.sh ordershot 2>&1 | tail -40 ;;
     orderbench) timeout 520 bash tools/device/gpu_run.sh orderbench 2>&1 | tail -30 ;;
     moe) timeout 200 bash tools/device/gpu_run.sh moecheck 2>&1 | tail -6 ;;
+    moeread) timeout 560 bash tools/device/gpu_run.sh moeread 2>&1 | tail -12 ;;
     qspec) SPEC_CONCURRENCY=16 timeout 560 bash tools/device/gpu_run.sh qspec 2>&1 | tail -14 ;;  # (after qpart x16)
     hol) PEERS_CASES=hol PEERS_REPEATS=2 timeout 540 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -25 ;;
   esac

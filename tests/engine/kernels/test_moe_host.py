@@ -10,12 +10,14 @@ import pytest
 from engine.core.experts import Experts, ExpertStack
 from engine.core.quantized import BLOCKS, Row8
 from engine.kernels.matvec_launch import MatvecLaunchers
-from engine.kernels.moe_launch import KERNELS, MoeKernels
+from engine.kernels import KERNEL_DIR
+from engine.kernels.moe_launch import GEMM_BM, GEMM_BN, GEMM_THREADS, KERNELS, MoeKernels
 from engine.kernels.norm_rope_launch import NormRopeLaunchers
 from engine.ops.backend import ArrayOps
 from engine.ops.moe import route, run_experts
 from gguf import GGMLQuantizationType, quants
 from tests.engine.kernels.host_cuda import HostKernels, compiler
+from tests.engine.kernels.test_kernels_sm90 import constants
 from tests.engine.kernels.test_quant_blocks_host import random_blocks
 from tools.checks.fused_kernels import moe_act_case
 
@@ -92,6 +94,23 @@ def test_a_prompt_chunk_s_experts_match_numpy(moe, kind):
     close(moe.prompt(h, blocked, chosen, weights), reference(h, values, chosen, weights))
 
 
+@pytest.mark.parametrize("kind", ("Q4_K", "IQ3_S"))
+def test_an_expert_past_a_tile_and_a_row_alone_give_the_chunk_s_bits(moe, kind):
+    """A chunk where expert 0 has 150 entries (two of moe_gemm's row tiles, the second part full) and the others a
+    few (warps past their last entry): NumPy's values, and a token's row read alone the bits of its row in the
+    chunk (each output row is computed alone, whatever the tile holds)."""
+    blocked, values = stacks(kind, seed=4)
+    rng = np.random.default_rng(5)
+    n = 150
+    h = (rng.standard_normal((n, DIM)) * 0.5).astype(np.float16)
+    chosen = np.stack([[0, rng.integers(1, EXPERTS)] for _ in range(n)]).astype(np.int32)
+    weights = rng.dirichlet(np.ones(K), n).astype(np.float32)
+    chunk = moe.prompt(h, blocked, chosen, weights)
+    close(chunk, reference(h, values, chosen, weights))
+    for t in (7, 149):
+        assert np.array_equal(moe.prompt(h[t:t + 1], blocked, chosen[t:t + 1], weights[t:t + 1]), chunk[t:t + 1])
+
+
 @pytest.mark.parametrize("decode", [False, True], ids=["chunk", "decode"])
 def test_512_experts_are_routed_as_numpy_routes_them(moe, decode):
     """Qwen3-Next's 512 experts, 10 a token: router_logits and moe_route (a chunk's), router_route (a decode
@@ -103,3 +122,10 @@ def test_512_experts_are_routed_as_numpy_routes_them(moe, decode):
     want_chosen, want_weights = route(h.astype(np.float32) @ router.T, 10, True)
     assert np.array_equal(chosen, want_chosen)
     np.testing.assert_allclose(weights, want_weights, rtol=1e-5)
+
+
+def test_the_launchers_gemm_tiles_are_the_kernels():
+    """The grouped GEMM's tile and block sizes the launcher sizes its grid by are moe.cu's own (written on both
+    sides: a launcher's smaller row tile would leave entries unread)."""
+    c = constants((KERNEL_DIR / "moe.cu").read_text())
+    assert (c["GEMM_BM"], c["GEMM_BN"], c["GEMM_THREADS"]) == (GEMM_BM, GEMM_BN, GEMM_THREADS)
