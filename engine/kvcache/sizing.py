@@ -139,7 +139,7 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
                 f"--gpu-memory {cap_bytes / 2**30:.1f} GiB is less than the weights ({weights / 2**30:.1f} GiB), a prompt "
                 f"step's scratch ({scratch / 2**30:.1f} GiB) and the reserve ({RESERVE_BYTES / 2**30:.1f} GiB) need")
         free = min(free, cap_bytes - weights)
-    max_running = fit_running(running, free - scratch - RESERVE_BYTES, free)
+    max_running = fit_running(running, free - scratch - RESERVE_BYTES, free, scratch)
     states_bytes = max_running * running.state_bytes + (running.state_bytes // 2 if running.state_bytes else 0)
     # (a hybrid's running requests' and the zero state, set aside)
     room = free - scratch - states_bytes - RESERVE_BYTES
@@ -161,7 +161,8 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
                 f"reserve; at most --kv-tokens {fits * block} fits")
         fits = -(-pool_tokens // block)
     if fits * block < 16:
-        raise ModelLoadError(f"no room for a KV cache: {free / 2**30:.1f} GiB free after loading the weights")
+        raise ModelLoadError(f"no room for a KV cache: {free / 2**30:.1f} GiB free after loading the weights, "
+                             + short_of_room(scratch, states_bytes))
     if requested is not None and requested > fits * block:
         raise ModelLoadError(f"--ctx {requested} is larger than the KV pool that fits ({fits * block} tokens, "
                              f"{fits * block * row / 2**30:.1f} GiB)")
@@ -172,7 +173,7 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
                       cap_bytes, states_bytes, max_running)
 
 
-def fit_running(running: Running, room: int, free: int) -> int:
+def fit_running(running: Running, room: int, free: int, scratch: int) -> int:
     """How many requests may run at once on the GPU, given `room` bytes beside the weights, the scratch and the
     reserve: --max-running where nothing is held per request; else, where it was given, all of them or a refusal
     with the most that fits; by default as many as fit in 1/STATES_SHARE of the room, up to the default."""
@@ -192,5 +193,13 @@ def fit_running(running: Running, room: int, free: int) -> int:
     count = min(running.count, most // STATES_SHARE)
     if count < 1:
         raise ModelLoadError(f"no room for a request's recurrent states ({each / MiB:.0f} MiB) and a KV cache: "
-                             f"{free / 2**30:.1f} GiB free after loading the weights")
+                             f"{free / 2**30:.1f} GiB free after loading the weights, " + short_of_room(scratch, 0))
     return count
+
+
+def short_of_room(scratch: int, states: int) -> str:
+    """What takes the room a refused plan lacked, and the options that give it back."""
+    held = f", the running requests' recurrent states {states / 2**30:.1f} GiB (--max-running)" if states else ""
+    return (f"of which a prompt step's scratch takes {scratch / 2**30:.1f} GiB (a smaller --chunk or --step-tokens "
+            f"shrinks it){held} and {RESERVE_BYTES / 2**30:.1f} GiB are kept in reserve; a smaller quant of the model "
+            "leaves more")
