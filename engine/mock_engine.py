@@ -9,7 +9,8 @@ the prefix cache, DEFER and pauses behave as in strata).
     python -m engine.mock_engine [--max-running 1] [--kv-tokens T] [--kv-block B] [--no-prompt-reuse] [--chunk 64]
         [--chunk-s 0.01] [--row-s 0] [--token-s 0.005] [--layers 1] [--decode-interval-ms 50] [--script 1,2,3]
         [--no-prefill-preempt] [--die-at-chunk K] [--die-at-gen K] [--die-after-tokens K] [--die-while-parked]
-        [--poison-token T] [--faults-once PATH] [--malformed-at-chunk K] [--fail-snapshot] [--no-preempt-cap]
+        [--poison-token T] [--faults-once PATH] [--malformed-at-chunk K] [--fail-snapshot] [--oom-at-running N]
+        [--no-preempt-cap]
         [--start-delay S]
 
 Output depends only on the request and the position in its answer, so a request continued on a
@@ -36,7 +37,7 @@ from engine.loop.protocol_io import Writer
 from engine.runner.sequence import Sequence
 from engine.runner.row_cost import RowCost
 
-FAULT_EXIT_CODE = 3
+FAULT_EXIT_CODE = 70  # (EX_SOFTWARE: none of the engine's own statuses, protocol/messages.py)
 
 
 def fake_rows(indices) -> tuple[np.ndarray, np.ndarray]:
@@ -118,6 +119,8 @@ class FakeRunner:
 
     def decode_batch(self, seqs: list[Sequence]) -> None:
         """One step for the whole batch: it takes a token's time, whatever the batch size."""
+        if self.a.oom_at_running and len(seqs) >= self.a.oom_at_running:
+            raise MemoryError(f"injected: out of memory with {len(seqs)} decoding")
         for seq in seqs:
             self.tokens_written += 1  # the loop has written one more T line for each
             if self.tokens_written == self.a.die_after_tokens:
@@ -193,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--faults-once", metavar="PATH",
                    help="the die-at/after faults fire in the first process only (PATH marks it)")
     f.add_argument("--fail-snapshot", action="store_true", help="every snapshot copy fails (MemoryError)")
+    f.add_argument("--oom-at-running", type=int, default=0,
+                   help="a decode step of this many requests or more runs out of memory (MemoryError)")
     f.add_argument("--malformed-at-chunk", type=int, default=0, help="print a malformed line at chunk K")
     f.add_argument("--no-preempt-cap", action="store_true", help="omit `preempt` from READY")
     f.add_argument("--start-delay", type=float, default=0.0, help="seconds before INFO/READY")

@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 # The engine's exit status when it refuses its model or options at start-up (an ERR line before READY says
 # why: a file it cannot read, a --ctx or --max-running that does not fit): starting it again would not help.
 START_REFUSED = 3
+# Its exit status when the device ran out of memory in a step: an INFO out_of_memory_running=N before it says how
+# many requests were in the engine, and the server starts it again with --max-running below that (nothing is lost:
+# the requests continue on the new engine, as after any death).
+OUT_OF_MEMORY = 4
+OUT_OF_MEMORY_RUNNING = "out_of_memory_running"
 
 # GEN keys and their value types: the one list of what a GEN may carry.
 GEN_KEYS: dict[str, type] = {

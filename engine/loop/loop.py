@@ -58,12 +58,24 @@ class EngineLoop:
         return self.requests.busy
 
     def process(self) -> None:
-        """Rounds until QUIT (once what runs has finished) or the end of input."""
+        """Rounds until QUIT (once what runs has finished) or the end of input. A round that runs out of the device's
+        memory ends the process (OUT_OF_MEMORY, after an INFO of how many requests were in it): a step cut short has
+        advanced some layers' states and not others, and the server continues its requests on a new engine that
+        takes fewer at once."""
         while True:
             self.take_lines(block=not self.busy and not self.quitting)
             if self.inbox.gone or (self.quitting and not self.busy):
                 return
-            self.round()
+            try:
+                self.round()
+            except Exception as e:  # (CuPy's OutOfMemoryError is not a MemoryError)
+                if not isinstance(e, MemoryError) and "OutOfMemory" not in type(e).__name__:
+                    raise
+                held = self.requests.held()
+                print(f"strata: out of memory in a step with {held} requests in the engine ({e}); ending, for the "
+                      "server to start the engine again with fewer", file=sys.stderr, flush=True)
+                self.write(m.Info({m.OUT_OF_MEMORY_RUNNING: str(held)}))
+                raise SystemExit(m.OUT_OF_MEMORY) from None
 
     def take_lines(self, block: bool) -> None:
         """Handle the lines that arrived; with block, wait for one first (the engine is idle)."""

@@ -62,6 +62,7 @@ class EngineClient:
         self.failure = ""
         self._reader: asyncio.Task | None = None
         self.stopping = False  # set once at shutdown: from then on an exit is expected, never restarted
+        self.out_of_memory_at = 0  # requests in the engine when it said it ran out of memory (then exits)
 
     @property
     def ready(self) -> bool:
@@ -143,12 +144,21 @@ class EngineClient:
                 log.error("malformed engine line: %s", e)
                 self.on_malformed(line.rstrip("\n"), str(e))
                 continue
+            if isinstance(msg, m.Info) and m.OUT_OF_MEMORY_RUNNING in msg.fields:
+                self.out_of_memory_at = int(msg.fields[m.OUT_OF_MEMORY_RUNNING])
             self.on_message(msg)
         code = await proc.wait()
         if self.stopping:
             return
         self.state = EngineState.RESTARTING
-        log.error("engine exited unexpectedly (exit code %s); restarting", code)
+        if code == m.OUT_OF_MEMORY and self.out_of_memory_at:
+            fewer = max(1, self.out_of_memory_at * 3 // 4)
+            self.cmd = with_max_running(self.cmd, fewer)
+            log.error("the engine ran out of memory with %d requests in it; starting it again with --max-running %d",
+                      self.out_of_memory_at, fewer)
+            self.out_of_memory_at = 0
+        else:
+            log.error("engine exited unexpectedly (exit code %s); restarting", code)
         self.on_exit(f"the engine process exited unexpectedly (exit code {code})")
         self.restarts += 1
         await self.start()
@@ -191,3 +201,16 @@ class EngineClient:
         except (BrokenPipeError, ConnectionResetError, RuntimeError):
             if not self.stopping:
                 log.warning("engine stdin closed while sending %s", verb(msg))
+
+
+def with_max_running(cmd: list[str], n: int) -> list[str]:
+    """The engine's command with --max-running n (its own, or --slots, replaced; else added)."""
+    out, skip = [], False
+    for word in cmd:
+        if skip:
+            skip = False
+        elif word in ("--max-running", "--slots"):
+            skip = True
+        elif not word.startswith(("--max-running=", "--slots=")):
+            out.append(word)
+    return out + ["--max-running", str(n)]

@@ -126,7 +126,7 @@ def test_a_draft_of_another_vocabulary_or_none_is_refused_at_start():
                        str(other)])
     with pytest.raises(EOFError):
         e.handshake()
-    assert e.close() == 1 and "its vocabulary is not the target's" in "".join(e.stderr)
+    assert e.close() == m.START_REFUSED and "its vocabulary is not the target's" in "".join(e.stderr)
     missing = subprocess.run([PY, "-m", "engine", "--serve", "--speculative", "draft"], cwd=ROOT, capture_output=True,
                              text=True)
     assert missing.returncode == 2 and "--speculative draft takes its draft model from --draft FILE" in missing.stderr

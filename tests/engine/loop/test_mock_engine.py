@@ -1,6 +1,7 @@
 """The mock engine over its pipes: the whole protocol and each fault knob."""
 import time
 
+from engine.mock_engine import FAULT_EXIT_CODE
 from protocol import messages as m
 
 
@@ -74,7 +75,7 @@ def test_fault_die_at_chunk(engine_factory):
         raise AssertionError("the engine should have died")
     except EOFError:
         pass
-    assert e.proc.wait(5) == 3
+    assert e.proc.wait(5) == FAULT_EXIT_CODE
 
 
 def test_fault_malformed_line(engine_factory):
@@ -103,7 +104,7 @@ def test_fault_die_while_parked(engine_factory):
     e.read()
     e.send(m.Yield())
     e.read_until(m.Suspended)
-    assert e.proc.wait(5) == 3
+    assert e.proc.wait(5) == FAULT_EXIT_CODE
 
 
 def test_no_prefill_preempt_drops_the_capability(engine_factory):
@@ -127,7 +128,7 @@ def test_fault_die_at_gen_answers_nothing(engine_factory):
     e.send(gen(5, 1, 1))
     e.read_until(m.Done)
     e.send(gen(5, 1, 2))
-    assert e.proc.wait(5) == 3
+    assert e.proc.wait(5) == FAULT_EXIT_CODE
     # the first request's pool report after its DONE, then the second taken (its INFO and the pool's): no PP, T or DONE
     assert [line.split()[0] for line in e.proc.stdout.read().splitlines()] == ["INFO", "INFO", "INFO"]
 
@@ -136,7 +137,7 @@ def test_fault_die_after_tokens(engine_factory):
     e = engine_factory("--die-after-tokens", "3", mock=True)
     e.handshake()
     e.send(gen(5, 10, 1))
-    assert e.proc.wait(5) == 3
+    assert e.proc.wait(5) == FAULT_EXIT_CODE
     assert [line.split()[0] for line in e.proc.stdout.read().splitlines()].count("T") == 3
 
 
@@ -145,7 +146,7 @@ def test_faults_once_fire_in_the_first_process_only(engine_factory, tmp_path):
     first = engine_factory("--die-at-chunk", "1", "--faults-once", marker, mock=True)
     first.handshake()
     first.send(gen(5, 1, 1))
-    assert first.proc.wait(5) == 3
+    assert first.proc.wait(5) == FAULT_EXIT_CODE
     second = engine_factory("--die-at-chunk", "1", "--faults-once", marker, mock=True)
     second.handshake()
     second.send(gen(5, 1, 1))
@@ -157,7 +158,7 @@ def test_fault_poison_token_kills_every_process(engine_factory, tmp_path):
         e = engine_factory("--poison-token", "12", "--faults-once", str(tmp_path / "x"), mock=True)
         e.handshake()
         e.send(gen(5, 1, 1))  # the prompt 10..14 holds 12
-        assert e.proc.wait(5) == 3
+        assert e.proc.wait(5) == FAULT_EXIT_CODE
 
 
 def test_a_short_newcomer_reads_in_a_step_of_its_own_before_the_long_reads_next_chunk(engine_factory):

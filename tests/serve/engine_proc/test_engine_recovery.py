@@ -148,3 +148,24 @@ def test_requests_decoding_together_in_slots_all_survive_a_death(server_factory,
     assert sum(r.json()["timings"]["engine_restarts"] for r in answers) >= 2  # the batch was hit
     solo = [complete(server, 16, p).json()["choices"][0]["text"] for p in prompts]  # the fault fired once
     assert [r.json()["choices"][0]["text"] for r in answers] == solo
+
+
+def test_an_engine_out_of_memory_is_started_again_with_fewer_requests_and_nothing_is_lost(server_factory):
+    """The engine's decode step runs out of memory at 4 rows (the mock's stand-in for a GPU memory plan that fell
+    short): it says how many requests were in it (6) and exits; the server starts it again with 3/4 of them (4),
+    which still runs out, then with 3, which does not. Every request gets the answer it gets alone. (Before, an
+    engine that ran out was started again as it was, and ran out again at the same load: 8 times in 3 minutes.)"""
+    server = server_factory(engine_cmd=mock_engine_cmd("--chunk", "64", "--chunk-s", "0.02", "--token-s", "0.01",
+                                                       "--max-running", "8", "--oom-at-running", "4"))
+    prompts = [list(range(300 + 10 * i, 300 + 10 * i + 100)) for i in range(6)]
+    runs = [Background(complete, server, 24, p) for p in prompts]
+    for run in runs:
+        run.start()
+    answers = [run.get() for run in runs]
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    for prompt, r in zip(prompts, answers):  # the mock echoes the prompt: the answer it gives alone
+        assert r.json()["choices"][0]["text"] == complete(server, 24, prompt).json()["choices"][0]["text"]
+    log = server.log()
+    assert "ran out of memory with 6 requests in it; starting it again with --max-running 4" in log
+    assert "ran out of memory with 4 requests in it; starting it again with --max-running 3" in log
+    assert log.count("starting it again") == 2 and status(server)["max_running"] == 3
