@@ -36,6 +36,16 @@ def stream(server, max_tokens: int = 12, prompt=PROMPT) -> tuple[list[str], dict
     return pieces, last | {"usage": usage}
 
 
+def concurrently(server, max_tokens: int, prompts: list) -> list[httpx.Response]:
+    """The prompts' completions sent at once, each answered 200."""
+    clients = [Background(complete, server, max_tokens, p) for p in prompts]
+    for c in clients:
+        c.start()
+    answers = [c.get() for c in clients]
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    return answers
+
+
 def recovered(server) -> float:
     return metrics(server.url).get('strata_engine_death_requests_total{outcome=recovered}', 0)
 
@@ -139,11 +149,7 @@ def test_requests_decoding_together_in_slots_all_survive_a_death(server_factory,
     the queue, continue on the restarted engine from the tokens they had, and answer in full."""
     server = fault_server(server_factory, tmp_path, "--slots", "3", "--die-after-tokens", "20")
     prompts = [list(range(1000 + 100 * i, 1000 + 100 * i + 70)) for i in range(3)]
-    clients = [Background(complete, server, 16, p) for p in prompts]
-    for c in clients:
-        c.start()
-    answers = [c.get() for c in clients]
-    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    answers = concurrently(server, 16, prompts)
     assert metrics(server.url)["strata_engine_restarts_total"] == 1
     assert sum(r.json()["timings"]["engine_restarts"] for r in answers) >= 2  # the batch was hit
     solo = [complete(server, 16, p).json()["choices"][0]["text"] for p in prompts]  # the fault fired once
@@ -158,11 +164,7 @@ def test_an_engine_out_of_memory_is_started_again_with_fewer_requests_and_nothin
     server = server_factory(engine_cmd=mock_engine_cmd("--chunk", "64", "--chunk-s", "0.02", "--token-s", "0.01",
                                                        "--max-running", "8", "--oom-at-running", "4"))
     prompts = [list(range(300 + 10 * i, 300 + 10 * i + 100)) for i in range(6)]
-    runs = [Background(complete, server, 24, p) for p in prompts]
-    for run in runs:
-        run.start()
-    answers = [run.get() for run in runs]
-    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    answers = concurrently(server, 24, prompts)
     for prompt, r in zip(prompts, answers):  # the mock echoes the prompt: the answer it gives alone
         assert r.json()["choices"][0]["text"] == complete(server, 24, prompt).json()["choices"][0]["text"]
     log = server.log()
