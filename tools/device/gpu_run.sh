@@ -541,6 +541,28 @@ for step in "$@"; do
           --steps 32 --repeats 2 --batches 1,4,16 --label "$(basename $m .gguf)-moe_act$on" \
           --json "$OUT/batch_decode_moe_act.json" 2>&1 | quiet | tail -3 || echo "DECODE FAILED ($m moe_act $on)"
       done ;;
+    moegemm)  # the routed experts' prompt pass alone (tools/device/moe_gemm_bench.py: the 80B-A3B layer's shapes over
+      # 4,096 rows, Q4_K / IQ3_S / Q6_K stacks): each grouped GEMM's time and tensor-core rate with main's tree
+      # (base_tree, when a patch is pending) and this one, and the outputs' digests (a patch that keeps the bits keeps
+      # them); then ncu's full sections for this tree's moe_gemm_Q4_K (the gate's launch) and the SASS's stalls
+      for dir in /tmp/base .; do
+        tag=""
+        if [ $dir = /tmp/base ]; then base_tree || continue; tag=-before; fi
+        (cd $dir && timeout 200 python3 tools/device/moe_gemm_bench.py --label "moe_gemm$tag" --json "$OUT/moe_gemm.json") \
+          || echo "MOE GEMM BENCH FAILED ($tag)"
+      done
+      mkdir -p "$OUT/moe_ncu"
+      rep=/tmp/moe_gemm.ncu-rep
+      timeout 240 ncu --clock-control none --set full -k regex:moe_gemm_Q4_K --launch-count 1 -f -o "${rep%.ncu-rep}" \
+        python3 tools/device/moe_gemm_bench.py --once --kinds Q4_K > /tmp/moe_ncu.log 2>&1 || tail -5 /tmp/moe_ncu.log
+      if [ -f $rep ]; then
+        ncu --import $rep --page details > "$OUT/moe_ncu/details.txt" 2>&1
+        ncu --import $rep --page source --csv --print-source sass > "$OUT/moe_ncu/source.txt" 2>&1
+        python3 tools/profiling/ncu_source_summary.py "$OUT/moe_ncu/source.txt" > "$OUT/moe_ncu/summary.txt" \
+          && sed -n 1,25p "$OUT/moe_ncu/summary.txt"
+        grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy" \
+          "$OUT/moe_ncu/details.txt" | head -12
+      fi ;;
     moeread)  # the 80B-A3B shape's ($NEXT_TYPE) reads of 4K and 32K before (main) and after a pending patch: the
       # routed experts' grouped GEMM (05-moe-gemm-bm128) is 60% of them
       synth_next

@@ -29,6 +29,8 @@
 #             graphs through the expert tables, the same bits as resident, the refills' counts
 #   moe       the MoE kernels' checks (gpu_run.sh moecheck: routing, a decode step's and a prompt chunk's experts,
 #             through the expert tables)
+#   moegemm   the routed experts' prompt pass alone (tools/device/moe_gemm_bench.py), main's kernels and the patched
+#             ones: each grouped GEMM's time, tensor-core rate and output digest; ncu's sections for moe_gemm_Q4_K
 #   moeread   the 80B-A3B shape's ($NEXT_TYPE) reads of 4K and 32K, main's tree and the patched one (gpu_run.sh
 #             moeread: the grouped experts' GEMM of 05-moe-gemm-bm128)
 #   order     issue 48's slab order: mmq and the weight kernels' checks (gpu_run.sh order); orderbench: the 8B shape's
@@ -69,6 +71,7 @@ for part in ${PARTS:-fusions}; do
     orderbench) timeout 520 bash tools/device/gpu_run.sh orderbench 2>&1 | tail -30 ;;
     moe) timeout 200 bash tools/device/gpu_run.sh moecheck 2>&1 | tail -6 ;;
     moeread) timeout 560 bash tools/device/gpu_run.sh moeread 2>&1 | tail -12 ;;
+    moegemm) timeout 500 bash tools/device/gpu_run.sh moegemm 2>&1 | tail -40 ;;
     qspec) SPEC_CONCURRENCY=16 timeout 560 bash tools/device/gpu_run.sh qspec 2>&1 | tail -14 ;;  # (after qpart x16)
     hol) PEERS_CASES=hol PEERS_REPEATS=2 timeout 540 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -25 ;;
   esac
