@@ -109,9 +109,14 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited ({self.proc.returncode}); log:\n{self.tail()}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                r = httpx.get(self.url + "/health", timeout=2)
+                if r.status_code == 200:
                     break
-            except httpx.HTTPError:
+                if r.json().get("status") == "failed":  # its engine could not be started: waiting will not help
+                    self.stop()
+                    raise RuntimeError(f"the server's engine failed to start: {r.json().get('error')}; log:\n"
+                                       f"{self.tail()}")
+            except (httpx.HTTPError, ValueError):
                 pass
             if time.monotonic() - started > self.start_limit_s:
                 self.stop()
