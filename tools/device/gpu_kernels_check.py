@@ -393,7 +393,9 @@ def check_moe(k: GpuKernels) -> None:
 
     cases = [(kind, 16, 4, 512, 256) for kind in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16")]
     for kind, count, used, dim, ffn in cases + [("Q4_K", 128, 8, 2048, 768), ("F16", 8, 3, 128, 64),
-                                                 ("Q4_K,Q6_K,Q5_K", 16, 4, 512, 256)]:  # gate and up apart
+                                                 ("Q4_K,Q6_K,Q5_K", 16, 4, 512, 256),  # gate and up apart
+                                                 ("Q4_K", 4, 2, 512, 256), ("Q6_K", 4, 2, 512, 256)]:  # 150
+        # entries an expert at n=300: more than one of moe_gemm's row tiles
         gpu, ref = expert_stacks(kind, count, dim, ffn)
         router = (rng.standard_normal((count, dim)) * 0.05).astype(np.float32)
         for n in (1, 37, 300):
@@ -416,7 +418,12 @@ def check_moe(k: GpuKernels) -> None:
                 differ = sum(not np.array_equal(out[t], alone[t][0]) for t in range(n))
                 record("moe_decode", case + " rows = alone", float(differ), 0)
             else:
-                record("moe_gemm", case, rel_err(k.moe.prompt(cp.asarray(h), gpu, chosen, weights), want), 5e-3)
+                out = k.moe.prompt(cp.asarray(h), gpu, chosen, weights)
+                record("moe_gemm", case, rel_err(out, want), 5e-3)
+                picked = (0, 150, 299)  # a row alone: the bits of its row in the chunk
+                alone = [k.moe.prompt(cp.asarray(h[t:t + 1]), gpu, chosen[t:t + 1], weights[t:t + 1]) for t in picked]
+                differ = sum(not np.array_equal(out[t].get(), a[0].get()) for t, a in zip(picked, alone))
+                record("moe_gemm", case + " rows = alone", float(differ), 0)
 
 
 def check_argmax(k: GpuKernels) -> None:
