@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from engine.runner import prompt_scores
 from engine.runner.prompt_scores import PromptScorer
 from protocol import messages as m
 from tests.engine.model.test_hybrid import CHUNK, engine, model_file, read, runner  # noqa: F401 (fixtures)
@@ -32,6 +33,25 @@ def test_a_row_read_again_from_a_mark_is_not_scored_twice():
     got = [v for line in lines for v in line.logprobs]
     want = log_softmax(rows[:-1])[np.arange(len(prompt) - 1), [t % VOCAB for t in prompt[1:]]]
     assert got == pytest.approx(list(want), abs=1e-12)  # rows 0..8 once each, in order (9 draws the first token)
+
+
+def test_a_long_read_goes_through_the_head_a_slice_of_rows_at_a_time(monkeypatch):
+    """A step's rows through the head SCORE_ROWS at a time (their logits would otherwise be the step's rows times the
+    vocabulary, 2.5 GB at 4,096 rows of Qwen's), each prompt token still scored once, as from the whole."""
+    monkeypatch.setattr(prompt_scores, "SCORE_ROWS", 3)
+    prompt = tuple(t % VOCAB for t in range(11))
+    rows = np.random.default_rng(1).standard_normal((len(prompt), VOCAB))
+    seen = []
+    model = SimpleNamespace(ops=SimpleNamespace(logits=lambda hidden, head: seen.append(len(hidden)) or hidden),
+                            w=SimpleNamespace(head=None), backend=SimpleNamespace(to_host=lambda a: a))
+    scorer = PromptScorer(prompt, 2, model)
+    for start, end in ((0, 8), (8, 11)):
+        scorer.add(rows[start:end][scorer.wanted(start, end)], start, end)
+    lines = scorer.take(1)
+    assert seen == [3, 3, 2, 2] and [line.start for line in lines] == [1, 4, 7, 9]
+    want = log_softmax(rows[:-1])[np.arange(len(prompt) - 1), list(prompt[1:])]
+    assert [v for line in lines for v in line.logprobs] == pytest.approx(list(want), abs=1e-12)
+    assert sum(len(line.top) for line in lines) == len(prompt) - 1
 
 
 @pytest.mark.parametrize("model_file", ["qwen3next"], indirect=True)  # (the families share the scorer; one engine)
