@@ -1,7 +1,8 @@
 """The routed experts' prompt pass alone on the GPU (engine/kernels/moe.cu: moe_sort, moe_gemm over the gate, up
 and down stacks, silu_mul, moe_combine, through MoeKernels.prompt), on a mixture's shapes: by default the
 Qwen3-Next-80B-A3B shape's layer (512 experts of 2,048 x 512, 10 a token) over a 4,096-row prompt step, routed at
-random. Per stack type: the time of each grouped GEMM and of the whole pass (medians), the tensor-core rate it
+random. Per stack type: the time of the route (router_logits and moe_route: the prompt's routing, done before the
+pass), of each grouped GEMM and of the whole pass (medians), the tensor-core rate it
 reaches (2 x entries x rows x cols flops) and the weights it decodes a second, against the chip's limits; and the
 output's digest, so that a kernel change that must keep the bits can be compared across trees.
 
@@ -67,6 +68,7 @@ def main() -> int:
     h = cp.asarray((rng.standard_normal((n, a.dim)) * 0.5).astype(np.float16))
     chosen = cp.asarray(np.stack([rng.choice(a.experts, k, replace=False) for _ in range(n)]).astype(np.int32))
     weights = cp.asarray(rng.dirichlet(np.ones(k), n).astype(np.float32))
+    router = cp.asarray((rng.standard_normal((a.experts, a.dim)) * 0.05).astype(np.float32))  # (experts, dim)
     entries = n * k
     out = {"label": a.label, "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": n,
            "experts": a.experts, "used": k, "dim": a.dim, "ffn": a.ffn, "kinds": {}}
@@ -89,6 +91,7 @@ def main() -> int:
         act = cp.empty((entries, a.ffn), dtype=cp.float16)
         down = cp.empty((entries, a.dim), dtype=cp.float16)
         ms = {
+            "route": timed(cp, lambda: moe.route(h, router, k, True)),  # (router_logits: a block an (expert, row))
             "gate": timed(cp, lambda: moe.gemm(experts.gate, h, k, groups, gate_up, 2 * a.ffn, row_tiles)),
             "down": timed(cp, lambda: moe.gemm(experts.down, act, 0, groups, down, a.dim, row_tiles)),
             "pass": timed(cp, lambda: moe.prompt(h, experts, chosen, weights), launches=5),
@@ -99,7 +102,7 @@ def main() -> int:
                "of_tensor_cores": {key: round(flops[key] / ms[key] / 1e9 / H100_DENSE_FP16_TFLOPS, 4) for key in flops},
                "tiles": int(cp.asnumpy(tiles)[-1])}
         out["kinds"][kind] = row
-        print(f"{kind}: gate {ms['gate']:.3f} ms ({row['tflops']['gate']} TFLOP/s, "
+        print(f"{kind}: route {ms['route']:.3f} ms, gate {ms['gate']:.3f} ms ({row['tflops']['gate']} TFLOP/s, "
               f"{100 * row['of_tensor_cores']['gate']:.1f}% of the tensor cores), down {ms['down']:.3f} ms "
               f"({row['tflops']['down']} TFLOP/s), whole pass {ms['pass']:.3f} ms; {row['tiles']} row tiles; "
               f"output {digest}", flush=True)
