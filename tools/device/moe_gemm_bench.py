@@ -1,8 +1,8 @@
 """The routed experts' prompt pass alone on the GPU (engine/kernels/moe.cu: moe_sort, moe_gemm over the gate, up
 and down stacks, silu_mul, moe_combine, through MoeKernels.prompt), on a mixture's shapes: by default the
 Qwen3-Next-80B-A3B shape's layer (512 experts of 2,048 x 512, 10 a token) over a 4,096-row prompt step, routed at
-random. Per stack type: the time of the route (router_logits and moe_route: the prompt's routing, done before the
-pass), of each grouped GEMM and of the whole pass (medians), the tensor-core rate it
+random. Per stack type: the time of the route (the router's logits and moe_route: the prompt's routing, done before
+the pass), of each grouped GEMM and of the whole pass (medians), the tensor-core rate it
 reaches (2 x entries x rows x cols flops) and the weights it decodes a second, against the chip's limits; and the
 output's digest, so that a kernel change that must keep the bits can be compared across trees.
 
@@ -91,7 +91,7 @@ def main() -> int:
         act = cp.empty((entries, a.ffn), dtype=cp.float16)
         down = cp.empty((entries, a.dim), dtype=cp.float16)
         ms = {
-            "route": timed(cp, lambda: moe.route(h, router, k, True)),  # (router_logits: a block an (expert, row))
+            "route": timed(cp, lambda: moe.route(h, router, k, True)),  # the prompt's router and route
             "gate": timed(cp, lambda: moe.gemm(experts.gate, h, k, groups, gate_up, 2 * a.ffn, row_tiles)),
             "down": timed(cp, lambda: moe.gemm(experts.down, act, 0, groups, down, a.dim, row_tiles)),
             "pass": timed(cp, lambda: moe.prompt(h, experts, chosen, weights), launches=5),
