@@ -98,12 +98,12 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
                         kv_row_bytes(drafted[0], backend, config.kv_type) if drafted else 0)
     if backend.name == "gpu":
         log(plan.split())
+    elif config.gpu_memory_gib is not None:
+        log("--gpu-memory applies to a GPU: ignored on the CPU")
     if plan.max_running < config.max_running:
         log(f"up to {plan.max_running} requests run at once (not {config.max_running}): each holds "
             f"{2 * state_bytes(cfg) / 2**20:.0f} MiB of recurrent states, which take at most half of the memory the "
             "weights leave by default; the others wait their turn (--max-running sets it, the KV pool shrinks)")
-    elif config.gpu_memory_gib is not None:
-        log("--gpu-memory applies to a GPU: ignored on the CPU")
     pooling = config.pooling or file_pooling(reader, cfg.arch)  # embeddings' (engine/runner/pooling.py)
     args = (cfg, weights, backend, plan.ctx, config.chunk, tokenizer.end_ids, str(path),
             plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32", "pooling": pooling,

@@ -189,3 +189,9 @@ def test_the_engine_with_its_defaults_reads_in_shared_steps_and_answers(tokenize
         assert tokenizer.decode([t.token for t in got if isinstance(t, m.Token)]) == "The capital of France is Paris."
     finally:
         assert e.close() == 0
+
+
+def test_gpu_memory_on_the_cpu_is_said_to_be_ignored():
+    e = EngineProcess([PY, "-m", "engine", "--serve", "--device", "cpu", "--ctx", "1024", "--gpu-memory", "8"])
+    e.handshake()
+    assert e.close() == 0 and "--gpu-memory applies to a GPU: ignored on the CPU" in "".join(e.stderr)
