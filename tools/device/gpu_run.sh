@@ -544,9 +544,10 @@ for step in "$@"; do
           --json "$OUT/batch_decode_moe_act.json" 2>&1 | quiet | tail -3 || echo "DECODE FAILED ($m moe_act $on)"
       done ;;
     moegemm)  # the routed experts' prompt pass alone (tools/device/moe_gemm_bench.py: the 80B-A3B layer's shapes over
-      # 4,096 rows, Q4_K / IQ3_S / Q6_K stacks; the 30B-A3B layer's, 256 entries an expert): each grouped GEMM's time and tensor-core rate with main's tree
-      # (base_tree, when a patch is pending) and this one, and the outputs' digests (a patch that keeps the bits keeps
-      # them); then ncu's full sections for this tree's moe_gemm_Q4_K (the gate's launch) and the SASS's stalls
+      # 4,096 rows, Q4_K / IQ3_S / Q6_K stacks; the 30B-A3B layer's, 256 entries an expert): the route's and each
+      # grouped GEMM's time and tensor-core rate with main's tree (base_tree, when a patch is pending) and this one, and
+      # the outputs' digests (a patch that keeps the bits keeps them); then ncu's full sections for this tree's
+      # moe_gemm_Q4_K (the gate's launch) and the SASS's stalls
       for dir in /tmp/base .; do
         tag=""
         if [ $dir = /tmp/base ]; then base_tree || continue; tag=-before; fi
