@@ -44,6 +44,50 @@ def stacks(cp, kind: str, experts: int, dim: int, ffn: int, rng):
     return Experts(stack(ffn, dim), stack(ffn, dim), stack(dim, ffn))
 
 
+class Layer:
+    """A mixture layer's prompt pass on `moe` (engine/kernels/moe_launch.py MoeKernels: the GPU's, or the host's in a
+    test) over arrays of `xp`: n rows of width dim routed to `used` of `experts` (ffn wide), in `kind` blocks."""
+
+    def __init__(self, xp, moe, kind: str, n: int, experts: int, used: int, dim: int, ffn: int, rng):
+        from engine.kernels.moe_launch import GEMM_BM
+
+        self.xp, self.moe, self.n, self.k, self.dim, self.ffn = xp, moe, n, used, dim, ffn
+        self.h = xp.asarray((rng.standard_normal((n, dim)) * 0.5).astype(np.float16))  # (n, dim)
+        picks = np.stack([rng.choice(experts, used, replace=False) for _ in range(n)]).astype(np.int32)  # (n, used)
+        self.chosen = xp.asarray(picks)
+        self.weights = xp.asarray(rng.dirichlet(np.ones(used), n).astype(np.float32))  # (n, used)
+        self.router = xp.asarray((rng.standard_normal((experts, dim)) * 0.05).astype(np.float32))  # (experts, dim)
+        self.experts = stacks(xp, kind, experts, dim, ffn, rng)
+        entries = self.entries = n * used
+        # the grouping moe.prompt makes, for the grouped GEMMs alone
+        self.offsets, self.tiles = xp.empty(experts + 1, dtype=np.int32), xp.empty(experts + 1, dtype=np.int32)
+        order, inv = xp.empty(entries, dtype=np.int32), xp.empty(entries, dtype=np.int32)
+        moe.fn["moe_sort"]((1,), (1024,), (self.chosen, np.int32(entries), np.int32(experts), self.offsets, self.tiles,
+                                           order, inv))
+        self.groups = (order, self.offsets, self.tiles, np.int32(experts))
+        self.row_tiles = -(-entries // GEMM_BM) + experts
+        self.gate_up = xp.empty((entries, 2 * ffn), dtype=np.float16)
+        self.act = xp.empty((entries, ffn), dtype=np.float16)
+        self.down = xp.empty((entries, dim), dtype=np.float16)
+
+    def launches(self) -> dict:
+        """What is timed: the route (the prompt's router and moe_route), the gate's grouped GEMM (the up's is the
+        same), the down's, and the whole pass (sort, gate, up, SwiGLU, down, combine)."""
+        moe, x = self.moe, self.experts
+        return {"route": lambda: moe.route(self.h, self.router, self.k, True),
+                "gate": lambda: moe.gemm(x.gate, self.h, self.k, self.groups, self.gate_up, 2 * self.ffn,
+                                         self.row_tiles),
+                "down": lambda: moe.gemm(x.down, self.act, 0, self.groups, self.down, self.dim, self.row_tiles),
+                "pass": lambda: moe.prompt(self.h, x, self.chosen, self.weights)}
+
+    def flops(self) -> dict:
+        return {"gate": 2 * self.entries * self.ffn * self.dim, "down": 2 * self.entries * self.dim * self.ffn}
+
+    def digest(self, host) -> str:
+        """The pass's output (n, dim) fp16, by its bytes: `host` brings it to the host."""
+        return hashlib.blake2b(host(self.launches()["pass"]()).tobytes(), digest_size=8).hexdigest()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kinds", default="Q4_K,IQ3_S,Q6_K")
@@ -59,48 +103,23 @@ def main() -> int:
     import cupy as cp
 
     from engine.kernels import GpuKernels
-    from engine.kernels.moe_launch import GEMM_BM
 
-    kernels = GpuKernels(cp)
-    moe = kernels.moe
+    moe = GpuKernels(cp).moe
     rng = np.random.default_rng(11)
-    n, k = a.rows, a.used
-    h = cp.asarray((rng.standard_normal((n, a.dim)) * 0.5).astype(np.float16))
-    chosen = cp.asarray(np.stack([rng.choice(a.experts, k, replace=False) for _ in range(n)]).astype(np.int32))
-    weights = cp.asarray(rng.dirichlet(np.ones(k), n).astype(np.float32))
-    router = cp.asarray((rng.standard_normal((a.experts, a.dim)) * 0.05).astype(np.float32))  # (experts, dim)
-    entries = n * k
-    out = {"label": a.label, "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": n,
-           "experts": a.experts, "used": k, "dim": a.dim, "ffn": a.ffn, "kinds": {}}
+    out = {"label": a.label, "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": a.rows,
+           "experts": a.experts, "used": a.used, "dim": a.dim, "ffn": a.ffn, "kinds": {}}
     for kind in a.kinds.split(","):
-        experts = stacks(cp, kind, a.experts, a.dim, a.ffn, rng)
-        y = moe.prompt(h, experts, chosen, weights)
-        cp.cuda.Device().synchronize()
-        digest = hashlib.blake2b(cp.asnumpy(y).tobytes(), digest_size=8).hexdigest()
+        layer = Layer(cp, moe, kind, a.rows, a.experts, a.used, a.dim, a.ffn, rng)
+        digest = layer.digest(cp.asnumpy)
         if a.once:
             print(f"{kind}: one pass, output {digest}", flush=True)
             continue
-        # the grouped GEMMs alone, on the grouping moe.prompt makes
-        count = a.experts
-        offsets, tiles = cp.empty(count + 1, dtype=cp.int32), cp.empty(count + 1, dtype=cp.int32)
-        order, inv = cp.empty(entries, dtype=cp.int32), cp.empty(entries, dtype=cp.int32)
-        moe.fn["moe_sort"]((1,), (1024,), (chosen, np.int32(entries), np.int32(count), offsets, tiles, order, inv))
-        groups = (order, offsets, tiles, np.int32(count))
-        row_tiles = -(-entries // GEMM_BM) + count
-        gate_up = cp.empty((entries, 2 * a.ffn), dtype=cp.float16)
-        act = cp.empty((entries, a.ffn), dtype=cp.float16)
-        down = cp.empty((entries, a.dim), dtype=cp.float16)
-        ms = {
-            "route": timed(cp, lambda: moe.route(h, router, k, True)),  # the prompt's router and route
-            "gate": timed(cp, lambda: moe.gemm(experts.gate, h, k, groups, gate_up, 2 * a.ffn, row_tiles)),
-            "down": timed(cp, lambda: moe.gemm(experts.down, act, 0, groups, down, a.dim, row_tiles)),
-            "pass": timed(cp, lambda: moe.prompt(h, experts, chosen, weights), launches=5),
-        }
-        flops = {"gate": 2 * entries * a.ffn * a.dim, "down": 2 * entries * a.dim * a.ffn}
+        ms = {key: timed(cp, fn, launches=5 if key == "pass" else 20) for key, fn in layer.launches().items()}
+        flops = layer.flops()
         row = {"ms": {key: round(v, 4) for key, v in ms.items()}, "output": digest,
                "tflops": {key: round(flops[key] / ms[key] / 1e9, 1) for key in flops},
                "of_tensor_cores": {key: round(flops[key] / ms[key] / 1e9 / H100_DENSE_FP16_TFLOPS, 4) for key in flops},
-               "tiles": int(cp.asnumpy(tiles)[-1])}
+               "tiles": int(cp.asnumpy(layer.tiles)[-1])}
         out["kinds"][kind] = row
         print(f"{kind}: route {ms['route']:.3f} ms, gate {ms['gate']:.3f} ms ({row['tflops']['gate']} TFLOP/s, "
               f"{100 * row['of_tensor_cores']['gate']:.1f}% of the tensor cores), down {ms['down']:.3f} ms "

@@ -124,6 +124,30 @@ def test_512_experts_are_routed_as_numpy_routes_them(moe, decode):
     np.testing.assert_allclose(weights, want_weights, rtol=1e-5)
 
 
+def test_what_the_device_bench_times_runs_on_the_host_kernels(moe):
+    """tools/device/moe_gemm_bench.py's layer, what a device call times, over the host's kernels at a small shape:
+    its gate GEMM alone gives each grouped entry its token's row times its expert's gate matrix (gguf's values), its
+    row tiles are each expert's entries in GEMM_BM tiles, its route NumPy's, and its pass runs."""
+    from gguf import GGMLQuantizationType
+    from tools.device.moe_gemm_bench import Layer
+
+    n, experts, used, dim, ffn = 37, 4, 2, 256, 256
+    layer = Layer(np, moe, "Q4_K", n, experts, used, dim, ffn, np.random.default_rng(3))
+    runs = layer.launches()
+    chosen, _ = runs["route"]()
+    assert np.array_equal(chosen, route(layer.h.astype(np.float32) @ layer.router.T, used, True)[0])
+    runs["gate"]()
+    order, offsets, tiles, _ = layer.groups
+    gate = quants.dequantize(layer.experts.gate.data, GGMLQuantizationType.Q4_K).reshape(experts, ffn, dim)
+    for e in range(experts):
+        for p in range(offsets[e], offsets[e + 1]):
+            want = layer.h[order[p] // used].astype(np.float32) @ gate[e].T
+            np.testing.assert_allclose(layer.gate_up[p, :ffn].astype(np.float32), want, atol=0.03 * np.abs(want).max())
+    counts = np.bincount(layer.chosen.reshape(-1), minlength=experts)
+    assert tiles[-1] == sum(-(-c // GEMM_BM) for c in counts)
+    assert runs["pass"]().shape == (n, dim) and runs["down"]() is None
+
+
 def test_the_launchers_gemm_tiles_are_the_kernels():
     """The grouped GEMM's tile and block sizes the launcher sizes its grid by are moe.cu's own (written on both
     sides: a launcher's smaller row tile would leave entries unread)."""
