@@ -567,6 +567,7 @@ for step in "$@"; do
         grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy" \
           "$OUT/moe_ncu/details.txt" | head -12
       fi ;;
+    synthnext) synth_next ;;  # the 80B-A3B shape's file ($NEXT_TYPE) alone, for the calls after on a warm machine
     moeread)  # the 80B-A3B shape's ($NEXT_TYPE) reads of 4K and 32K before (main) and after a pending patch: the
       # routed experts' grouped GEMM (05-moe-gemm-bm128) is 60% of them
       synth_next
