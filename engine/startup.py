@@ -21,7 +21,7 @@ from engine.loop.loop import run_loop
 from engine.loop.step_limits import StepLimits
 from engine.core.chunks import step_budget
 from engine.kvcache.expert_plan import plan_experts
-from engine.core.memory import RESERVE_BYTES, available_memory
+from engine.core.memory import RESERVE_BYTES, available_memory, out_of_memory
 from engine.kvcache.recurrent import state_bytes
 from engine.kvcache.kv import kv_row_bytes
 from engine.kvcache.sizing import Running, plan_context
@@ -189,12 +189,10 @@ def load_or_exit(config: EngineConfig, announce: bool = False) -> tuple[ModelRun
         sys.exit(START_REFUSED)
     except RuntimeError as e:
         log(f"error: {e}")
-    except MemoryError:
-        log("error: out of memory while loading the model (try a smaller model or --ctx)")
-    except Exception as e:  # CuPy's OutOfMemoryError is not a MemoryError
-        if "OutOfMemory" not in type(e).__name__:
+    except Exception as e:
+        if not out_of_memory(e):
             raise
-        log(f"error: out of GPU memory while loading the model: {e}")
+        log(f"error: out of memory while loading the model (try a smaller model or --ctx): {e}")
     sys.exit(1)
 
 

@@ -9,6 +9,12 @@ RESERVE_BYTES = 1024 * MiB  # on a GPU beside the weights and the KV pool: cuBLA
 KV_FLOOR_BYTES = 1 << 30  # the least a KV pool, the prompt scratch and the allocator's slack are left
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """Whether e says the host's or a device's memory ran out: a MemoryError, or CuPy's OutOfMemoryError (which is
+    not one, and is named here rather than imported: the CPU engine has no CuPy)."""
+    return isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__
+
+
 def available_memory() -> int:
     """Bytes of host memory the kernel says a new process may take (MemAvailable: free pages and those it can
     reclaim, a model file's cached pages among them); very large if unknown."""

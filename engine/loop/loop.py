@@ -19,6 +19,7 @@ from typing import Callable, TextIO
 from protocol import messages as m
 from protocol.codec import verb
 
+from engine.core.memory import out_of_memory
 from engine.loop.admission import Admission
 from engine.loop.memory import Memory
 from engine.loop.park_policy import ParkPolicy
@@ -68,8 +69,8 @@ class EngineLoop:
                 return
             try:
                 self.round()
-            except Exception as e:  # (CuPy's OutOfMemoryError is not a MemoryError)
-                if not isinstance(e, MemoryError) and "OutOfMemory" not in type(e).__name__:
+            except Exception as e:
+                if not out_of_memory(e):
                     raise
                 held = self.requests.held()
                 print(f"strata: out of memory in a step with {held} requests in the engine ({e}); ending, for the "
