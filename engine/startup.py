@@ -91,10 +91,11 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     drafted = draft_weights(draft, path, (cfg, weights), backend, config) if draft is not None else None
     if drafted is not None:
         lap("draft model's weights")
+    states = 2 * state_bytes(cfg)  # a running request's recurrent states (a hybrid's; 0 for other models)
     plan = plan_context(cfg, backend, config.ctx, step_budget(config.step_tokens, config.chunk),
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type,
-                        cap, Running(config.max_running, config.max_running_given, 2 * state_bytes(cfg)),
+                        cap, Running(config.max_running, config.max_running_given, states),
                         kv_row_bytes(drafted[0], backend, config.kv_type) if drafted else 0)
     if backend.name == "gpu":
         log(plan.split())
@@ -102,7 +103,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         log("--gpu-memory applies to a GPU: ignored on the CPU")
     if plan.max_running < config.max_running:
         log(f"up to {plan.max_running} requests run at once (not {config.max_running}): each holds "
-            f"{2 * state_bytes(cfg) / 2**20:.0f} MiB of recurrent states, which take at most half of the memory the "
+            f"{states / 2**20:.0f} MiB of recurrent states, which take at most half of the memory the "
             "weights leave by default; the others wait their turn (--max-running sets it, the KV pool shrinks)")
     pooling = config.pooling or file_pooling(reader, cfg.arch)  # embeddings' (engine/runner/pooling.py)
     args = (cfg, weights, backend, plan.ctx, config.chunk, tokenizer.end_ids, str(path),

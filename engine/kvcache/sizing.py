@@ -139,9 +139,7 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
                 f"--gpu-memory {cap_bytes / 2**30:.1f} GiB is less than the weights ({weights / 2**30:.1f} GiB), a prompt "
                 f"step's scratch ({scratch / 2**30:.1f} GiB) and the reserve ({RESERVE_BYTES / 2**30:.1f} GiB) need")
         free = min(free, cap_bytes - weights)
-    max_running = fit_running(running, free - scratch - RESERVE_BYTES, free, scratch)
-    states_bytes = max_running * running.state_bytes + (running.state_bytes // 2 if running.state_bytes else 0)
-    # (a hybrid's running requests' and the zero state, set aside)
+    max_running, states_bytes = fit_running(running, free - scratch - RESERVE_BYTES, free, scratch)
     room = free - scratch - states_bytes - RESERVE_BYTES
     fits = max(0, room // ((row + beside) * block))  # blocks
     if resolve(kv_type, backend.weight_dtype).dtype is None:
@@ -173,14 +171,17 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
                       cap_bytes, states_bytes, max_running)
 
 
-def fit_running(running: Running, room: int, free: int, scratch: int) -> int:
+def fit_running(running: Running, room: int, free: int, scratch: int) -> tuple[int, int]:
     """How many requests may run at once on the GPU, given `room` bytes beside the weights, the scratch and the
-    reserve: --max-running where nothing is held per request; else, where it was given, all of them or a refusal
-    with the most that fits; by default as many as fit in 1/STATES_SHARE of the room, up to the default."""
+    reserve, and the bytes their states take: --max-running where nothing is held per request; else, where it was
+    given, all of them or a refusal with the most that fits; by default as many as fit in 1/STATES_SHARE of the
+    room, up to the default. The states' bytes count the zero state every request's first two copy (the
+    runner's, one state: half a request's two, held for good)."""
     each = running.state_bytes
     if not each:
-        return running.count
-    room -= each // 2  # the zero state every request's first two copy (the runner's, held for good)
+        return running.count, 0
+    zero = each // 2
+    room -= zero
     most = max(0, room) // each
     if running.given:
         if running.count >= most:  # (and a KV block's room beside them)
@@ -189,12 +190,12 @@ def fit_running(running: Running, room: int, free: int, scratch: int) -> int:
                 f"{each / MiB:.0f} MiB each ({running.count * each / 2**30:.1f} GiB), but {max(0, room) / 2**30:.1f} GiB "
                 f"are left once the weights, the prompt scratch and the reserve have theirs; "
                 f"at most --max-running {max(0, most - 1)} fits")
-        return running.count
+        return running.count, running.count * each + zero
     count = min(running.count, most // STATES_SHARE)
     if count < 1:
         raise ModelLoadError(f"no room for a request's recurrent states ({each / MiB:.0f} MiB) and a KV cache: "
                              f"{free / 2**30:.1f} GiB free after loading the weights, " + short_of_room(scratch, 0))
-    return count
+    return count, count * each + zero
 
 
 def short_of_room(scratch: int, states: int) -> str:
