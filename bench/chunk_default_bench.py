@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import machine as engine_machine  # noqa: E402
+from bench.server_health import FAILED, READY, server_health  # noqa: E402
 from bench.sse_client import StreamRefused, stream_chunks  # noqa: E402
 
 T0 = time.monotonic()
@@ -108,16 +109,12 @@ class Server:
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited ({self.proc.returncode}); log:\n{self.tail()}")
-            try:
-                r = httpx.get(self.url + "/health", timeout=2)
-                if r.status_code == 200:
-                    break
-                if r.json().get("status") == "failed":  # its engine could not be started: waiting will not help
-                    self.stop()
-                    raise RuntimeError(f"the server's engine failed to start: {r.json().get('error')}; log:\n"
-                                       f"{self.tail()}")
-            except (httpx.HTTPError, ValueError):
-                pass
+            health, said = server_health(self.url)
+            if health == READY:
+                break
+            if health == FAILED:  # its engine could not be started: waiting will not help
+                self.stop()
+                raise RuntimeError(f"the server's engine failed to start: {said}; log:\n{self.tail()}")
             if time.monotonic() - started > self.start_limit_s:
                 self.stop()
                 raise RuntimeError(f"server not healthy after {self.start_limit_s:.0f} s; log:\n{self.tail()}")

@@ -48,6 +48,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.server_health import FAILED, READY, server_health  # noqa: E402
 from bench.sse_client import StreamRefused, stream_chunks  # noqa: E402
 from engine.core.parent_death import die_with_parent  # noqa: E402
 
@@ -272,17 +273,12 @@ def wait_healthy(proc: subprocess.Popen | None, url: str, log_path: Path | None,
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode} while starting; its log's end:\n"
                                f"{log_tail(log_path)}")
-        try:
-            r = httpx.get(url + "/health", timeout=2)
-            if r.status_code == 200:
-                print(f"server ready after {time.monotonic() - t0:.1f} s", flush=True)
-                return
-            state = f"HTTP {r.status_code} {r.text[:80]}"
-            if r.json().get("status") == "failed":  # its engine could not be started: waiting longer will not help
-                raise RuntimeError(f"the server's engine failed to start: {r.json().get('error', '?')}; its log's "
-                                   f"end:\n{log_tail(log_path)}")
-        except httpx.TransportError as e:
-            state = type(e).__name__
+        health, state = server_health(url)
+        if health == READY:
+            print(f"server ready after {time.monotonic() - t0:.1f} s", flush=True)
+            return
+        if health == FAILED:  # its engine could not be started: waiting longer will not help
+            raise RuntimeError(f"the server's engine failed to start: {state}; its log's end:\n{log_tail(log_path)}")
         if time.monotonic() - last_print >= 5:
             print(f"  waiting for {url}/health: {time.monotonic() - t0:.0f} s, {state}", flush=True)
             last_print = time.monotonic()

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from engine.core.parent_death import die_with_parent  # noqa: F401 - the servers' preexec_fn, and tests'
+from bench.server_health import FAILED, READY, server_health
 from protocol.pipe_client import EnginePipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,27 +156,36 @@ class ServerProcess:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ | self.env,
                                          start_new_session=True, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:  # until it answers at all (503 while its engine starts)
             if self.proc.poll() is not None:
                 raise RuntimeError(f"strata-server exited with {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise TimeoutError(f"strata-server not ready in {timeout_s}s:\n{self.log()}")
             try:
-                r = httpx.get(self.url + "/health", timeout=1)
-                if r.status_code == 200 or (not wait_ready and r.status_code == 503):
-                    return self
+                httpx.get(self.url + "/health", timeout=1)
+                break
             except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"strata-server not ready in {timeout_s}s:\n{self.log()}")
+                time.sleep(0.1)
+        if wait_ready:
+            try:
+                self.wait_healthy(deadline - time.monotonic())
+            except (RuntimeError, TimeoutError) as e:
+                self.stop()
+                raise type(e)(f"{e}:\n{self.log()}") from None
+        return self
 
     def wait_healthy(self, timeout_s: float = 60.0) -> None:
+        """Until /health says ready; at once an error where the server has ended or its engine could not start."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            r = httpx.get(self.url + "/health", timeout=2)
-            if r.status_code == 200:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"strata-server exited with {self.proc.returncode}")
+            health, said = server_health(self.url)
+            if health == READY:
                 return
-            if r.json().get("status") == "failed":  # (waiting longer would not help)
-                raise RuntimeError(f"the server's engine could not be started: {r.json().get('error')}")
+            if health == FAILED:  # (waiting longer would not help)
+                raise RuntimeError(f"the server's engine could not be started: {said}")
             time.sleep(0.1)
         raise TimeoutError("server did not become healthy")
 

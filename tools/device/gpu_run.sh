@@ -261,13 +261,13 @@ synth_moe_small() {  # a 4-layer Qwen3-MoE shape in Q4_K_M (128 experts, 8 used)
 
 # peers: one server on :8080 at a time, bench/pool_bench.py against it, then the server stopped
 start_server() {  # NAME COMMAND...: the server in the background, SERVER_PID set once /health answers (else 1, at
-  # once when its engine could not be started: tools/device/server_health.py)
+  # once when its engine could not be started: bench/server_health.py)
   local name=$1 waited=0 state
   shift
   "$@" > /tmp/server_$name.log 2>&1 &
   SERVER_PID=$!
   while true; do
-    python3 tools/device/server_health.py; state=$?
+    python3 bench/server_health.py; state=$?
     [ $state = 0 ] && break
     if [ $state = 2 ] || ! kill -0 $SERVER_PID 2>/dev/null || [ $waited -ge 600 ]; then
       echo "$name did not start"; tail -30 /tmp/server_$name.log; kill -9 $SERVER_PID 2>/dev/null || true; return 1

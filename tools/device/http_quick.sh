@@ -11,7 +11,7 @@ pkill -f "python3 -m serve --model" ; pkill -f "engine --serve"; sleep 2
 python3 -m serve --model $M "$@" > "$OUT/server.log" 2>&1 &
 server=$!
 for i in $(seq 120); do
-  python3 tools/device/server_health.py; state=$?
+  python3 bench/server_health.py; state=$?
   [ $state = 0 ] && break
   [ $state = 2 ] && { tail -20 "$OUT/server.log"; kill -9 $server; exit 1; }  # its engine refused to start
   sleep 1
