@@ -191,27 +191,33 @@ base_tree() {  # the "before" of a before/after run at /tmp/base: this tree unde
   rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
     && cp -r .device/base/. /tmp/base/
 }
-decode_before_after() {  # MODEL LABEL JSON REPEATS BATCHES [LIMIT] [STEPS]: bench/batch_decode_bench.py's aggregate
-  # decode at 512 context with main's tree (base_tree, labelled LABEL-before; when a patch is pending) and this one
-  local model=$1 label=$2 json=$3 repeats=$4 batches=$5 limit=${6:-150} steps=${7:-32} dir tag
+in_both_trees() {  # FN: FN from main's tree's root (base_tree, with TAG=-before; when a patch is pending), then from
+  # this one's (TAG empty): a before/after run on one machine
+  local dir
   for dir in /tmp/base .; do
-    tag=""
-    if [ $dir = /tmp/base ]; then base_tree || continue; tag=-before; fi
-    (cd $dir && timeout $limit python3 bench/batch_decode_bench.py --model $model --device gpu --context 512 \
-      --steps $steps --repeats $repeats --batches $batches --label "$label$tag" --json "$OUT/$json" 2>&1 \
-      | grep "requests:") || echo "DECODE FAILED ($label$tag)"
+    TAG=""
+    if [ $dir = /tmp/base ]; then base_tree || continue; TAG=-before; fi
+    (cd $dir && "$@")
   done
 }
-reads_before_after() {  # MODEL LABEL JSON: bench/batch_decode_bench.py's prompt reads alone of 4K and 32K (the 4K
-  # read profiled) with main's tree (base_tree, labelled LABEL-before; when a patch is pending) and this one
-  local model=$1 label=$2 json=$3 dir tag
-  for dir in /tmp/base .; do
-    tag=""
-    if [ $dir = /tmp/base ]; then base_tree || continue; tag=-before; fi
-    (cd $dir && timeout 150 python3 bench/batch_decode_bench.py --model $model --device gpu --context 512 --steps 8 \
-      --repeats 1 --batches 1 --chunk 2048 --reads 4096,32768 --profile 4096 --label "$label$tag" \
-      --json "$OUT/$json" 2>&1 | grep "read\|profile, read") || echo "READS FAILED ($label$tag)"
-  done
+batch_before_after() {  # LABEL JSON LIMIT PATTERN ARGS...: bench/batch_decode_bench.py ARGS in both trees (in_both_trees),
+  # labelled LABEL-before and LABEL, into $OUT/JSON; its lines matching PATTERN shown
+  local label=$1 json=$2 limit=$3 pattern=$4
+  shift 4
+  local args=("$@")
+  batch_run() {
+    timeout $limit python3 bench/batch_decode_bench.py "${args[@]}" --label "$label$TAG" --json "$OUT/$json" 2>&1 \
+      | grep "$pattern" || echo "BATCH DECODE BENCH FAILED ($label$TAG)"
+  }
+  in_both_trees batch_run
+}
+decode_before_after() {  # MODEL LABEL JSON REPEATS BATCHES [LIMIT] [STEPS]: the aggregate decode at 512 context
+  batch_before_after "$2" "$3" ${6:-150} "requests:" --model $1 --device gpu --context 512 --steps ${7:-32} \
+    --repeats $4 --batches $5
+}
+reads_before_after() {  # MODEL LABEL JSON: the prompt reads alone of 4K and 32K, the 4K read profiled
+  batch_before_after "$2" "$3" 150 "read\|profile, read" --model $1 --device gpu --context 512 --steps 8 --repeats 1 \
+    --batches 1 --chunk 2048 --reads 4096,32768 --profile 4096
 }
 synth_mq() {  # the Llama-3-8B shape in Q4_K_M, made once per machine
   [ -f $MQ ] || python3 tools/fixtures/make_synthetic_gguf.py $MQ --preset llama3-8b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
@@ -548,13 +554,12 @@ for step in "$@"; do
       # grouped GEMM's time and tensor-core rate with main's tree (base_tree, when a patch is pending) and this one, and
       # the outputs' digests (a patch that keeps the bits keeps them); then ncu's full sections for this tree's
       # moe_gemm_Q4_K (the gate's launch) and the SASS's stalls
-      for dir in /tmp/base .; do
-        tag=""
-        if [ $dir = /tmp/base ]; then base_tree || continue; tag=-before; fi
-        (cd $dir && timeout 200 python3 tools/device/moe_gemm_bench.py --label "moe_gemm$tag" --json "$OUT/moe_gemm.json" \
+      moe_gemm_run() {
+        timeout 200 python3 tools/device/moe_gemm_bench.py --label "moe_gemm$TAG" --json "$OUT/moe_gemm.json" \
           && timeout 150 python3 tools/device/moe_gemm_bench.py --experts 128 --used 8 --ffn 768 --kinds Q4_K,Q6_K \
-            --label "moe_gemm_a3b$tag" --json "$OUT/moe_gemm.json") || echo "MOE GEMM BENCH FAILED ($tag)"
-      done
+            --label "moe_gemm_a3b$TAG" --json "$OUT/moe_gemm.json" || echo "MOE GEMM BENCH FAILED ($TAG)"
+      }
+      in_both_trees moe_gemm_run
       mkdir -p "$OUT/moe_ncu"
       rep=/tmp/moe_gemm.ncu-rep
       timeout 240 ncu --clock-control none --set full -k regex:moe_gemm_Q4_K --launch-count 1 -f -o "${rep%.ncu-rep}" \
