@@ -4,7 +4,8 @@
 // tensor (ffn_{gate,up,down}_exps) are rows e*m .. e*m + m, in blocks of one type (or fp16).
 // NumPy reference: engine/ops/moe.py (route, run_experts), checked by tools/device/gpu_kernels_check.py.
 //
-//   router_logits(w, x, out, E, dim)     out (n, E) fp32 = x (n, dim) fp16 . w (E, dim) fp32
+//   router_gemm(w, x, out, n, E, dim)    a prompt chunk's router logits: out (n, E) fp32 = x (n, dim) fp16 .
+//                                        w (E, dim) fp32, tiled through shared memory
 //   moe_route(logits, ids, wts, E, k, norm)   per token: softmax over the E experts, the k most
 //                                        probable (ties to the lower index), rescaled to sum to 1
 //                                        when norm; ids (n, k) int32, wts (n, k) fp32
@@ -65,14 +66,50 @@ __device__ __forceinline__ float router_logit(const float* __restrict__ w, const
     return block_sum<ROUTER_THREADS>(acc);
 }
 
-// grid (E, n), ROUTER_THREADS: a block per (expert, token).
-extern "C" __global__ void __launch_bounds__(ROUTER_THREADS) router_logits(const float* __restrict__ w,
-                                                                          const __half* __restrict__ x,
-                                                                          float* __restrict__ out, int experts, int dim) {
+constexpr int ROUTE_TILE = 64;     // router_gemm: tokens and experts a block
+constexpr int ROUTE_K = 32;        // columns of dim a step
+constexpr int ROUTE_THREADS = 256; // 16 x 16 threads, each 4 tokens x 4 experts
+
+// grid (ceil(E / ROUTE_TILE), ceil(n / ROUTE_TILE)), ROUTE_THREADS: out (n, E) fp32 = x (n, dim) fp16 . w (E, dim)^T
+// fp32 for a prompt chunk's rows: tiles of both through shared memory, each output the sum over dim in order, one fmaf
+// a term, so a row's logits are the same in any chunk. (A block of 128 threads for each (expert, token), as a decode
+// step's router_route, is 2M blocks for a 4K chunk on 512 experts, each reading its two rows again.) dim % ROUTE_K == 0.
+extern "C" __global__ void __launch_bounds__(ROUTE_THREADS) router_gemm(const float* __restrict__ w,
+                                                                        const __half* __restrict__ x,
+                                                                        float* __restrict__ out, int n, int experts,
+                                                                        int dim) {
     after_producer();
-    const int e = blockIdx.x, t = blockIdx.y;
-    const float acc = router_logit(w, x + (size_t)t * dim, e, dim);
-    if (threadIdx.x == 0) out[(size_t)t * experts + e] = acc;
+    __shared__ float ws[ROUTE_K][ROUTE_TILE + 1];  // [column][expert]
+    __shared__ float xs[ROUTE_K][ROUTE_TILE + 1];  // [column][token]
+    const int e0 = blockIdx.x * ROUTE_TILE, t0 = blockIdx.y * ROUTE_TILE;
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;  // experts e0 + tx + 16 i, tokens t0 + ty + 16 j
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < dim; k0 += ROUTE_K) {
+        for (int i = threadIdx.x; i < ROUTE_TILE * ROUTE_K; i += ROUTE_THREADS) {  // a row's 32 columns a warp
+            const int r = i / ROUTE_K, c = i % ROUTE_K;
+            ws[c][r] = e0 + r < experts ? w[(size_t)(e0 + r) * dim + k0 + c] : 0.f;
+            xs[c][r] = t0 + r < n ? __half2float(x[(size_t)(t0 + r) * dim + k0 + c]) : 0.f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int c = 0; c < ROUTE_K; ++c) {
+            float a[4], b[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) b[q] = ws[c][tx + 16 * q], a[q] = xs[c][ty + 16 * q];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) acc[j][q] = fmaf(a[j], b[q], acc[j][q]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int t = t0 + ty + 16 * j, e = e0 + tx + 16 * q;
+            if (t < n && e < experts) out[(size_t)t * experts + e] = acc[j][q];
+        }
 }
 
 // One token's route by one warp, from its E logits l: lane j < k ends holding the j-th choice. k <= 32.
@@ -132,7 +169,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int* __re
 
 // A decode step's router and route in one launch: grid (E, n), ROUTER_THREADS; token t's blocks
 // write its experts' logits, and the last of them to finish (an atomic counter per token, zero at
-// rest, reset by it) routes the token: router_logits + moe_route's logits and choices.
+// rest, reset by it) routes the token: router_logit per block, then moe_route's choices.
 extern "C" __global__ void __launch_bounds__(ROUTER_THREADS) router_route(
     const float* __restrict__ w, const __half* __restrict__ x, float* __restrict__ logits, int* __restrict__ counter,
     int* __restrict__ ids, float* __restrict__ wts, int experts, int dim, int k, int normalize) {

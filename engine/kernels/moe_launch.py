@@ -19,9 +19,12 @@ GEMM_BM, GEMM_BN, GEMM_THREADS = 64, 64, 128  # moe.cu's grouped GEMM tiles
 ROUTER_THREADS = 128  # moe.cu's: a block per (expert, token)
 WEIGHT_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S",
                 "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "F16")  # moe_*_<kind> kernels
-KERNELS = ("router_logits", "moe_route", "router_route", "moe_sort", "moe_combine",
+KERNELS = ("router_gemm", "moe_route", "router_route", "moe_sort", "moe_combine",
            *(f"moe_{family}_{kind}" for kind in WEIGHT_KINDS for family in ("matvec", "down", "gemm")),
            *(f"moe_act_{kind}" for kind in WEIGHT_KINDS if kind != "F16"))
+
+
+ROUTE_TILE, ROUTE_K, ROUTE_THREADS = 64, 32, 256  # moe.cu's router_gemm: a prompt chunk's router logits
 
 
 def expert_addresses(stack: ExpertStack) -> np.ndarray:
@@ -57,7 +60,7 @@ class MoeKernels:
     def route(self, h, router, k: int, normalize: bool, decode: bool = False):
         """h: (n, dim) fp16, router: (experts, dim) fp32 -> chosen (n, k) int32 in descending
         probability and their weights (n, k) fp32, on the device. A decode step's rows in one launch
-        (router_route: each row's last block routes it); a prompt chunk's in two."""
+        (router_route: each row's last block routes it); a prompt chunk's in two (router_gemm, moe_route)."""
         cp = self.cp
         n, dim = h.shape
         experts = router.shape[0]
@@ -72,7 +75,10 @@ class MoeKernels:
             self.fn["router_route"]((experts, n), (ROUTER_THREADS,), (router, h, logits, self.counters, chosen, weights,
                                                           np.int32(experts), np.int32(dim), np.int32(k), np.int32(normalize)))
             return chosen, weights
-        self.fn["router_logits"]((experts, n), (ROUTER_THREADS,), (router, h, logits, np.int32(experts), np.int32(dim)))
+        if dim % ROUTE_K:
+            raise ValueError(f"a model width of {dim}: the prompt's router reads it {ROUTE_K} columns a step")
+        self.fn["router_gemm"]((math.ceil(experts / ROUTE_TILE), math.ceil(n / ROUTE_TILE)), (ROUTE_THREADS,),
+                               (router, h, logits, np.int32(n), np.int32(experts), np.int32(dim)))
         self.fn["moe_route"]((n,), (32,), (logits, chosen, weights, np.int32(experts), np.int32(k), np.int32(normalize)))
         return chosen, weights
 

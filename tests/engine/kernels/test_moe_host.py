@@ -11,7 +11,8 @@ from engine.core.experts import Experts, ExpertStack
 from engine.core.quantized import BLOCKS, Row8
 from engine.kernels.matvec_launch import MatvecLaunchers
 from engine.kernels import KERNEL_DIR
-from engine.kernels.moe_launch import GEMM_BM, GEMM_BN, GEMM_THREADS, KERNELS, MoeKernels
+from engine.kernels.moe_launch import (GEMM_BM, GEMM_BN, GEMM_THREADS, KERNELS, ROUTE_K, ROUTE_THREADS, ROUTE_TILE,
+                                       MoeKernels)
 from engine.kernels.norm_rope_launch import NormRopeLaunchers
 from engine.ops.backend import ArrayOps
 from engine.ops.moe import route, run_experts
@@ -113,7 +114,7 @@ def test_an_expert_past_a_tile_and_a_row_alone_give_the_chunk_s_bits(moe, kind):
 
 @pytest.mark.parametrize("decode", [False, True], ids=["chunk", "decode"])
 def test_512_experts_are_routed_as_numpy_routes_them(moe, decode):
-    """Qwen3-Next's 512 experts, 10 a token: router_logits and moe_route (a chunk's), router_route (a decode
+    """Qwen3-Next's 512 experts, 10 a token: router_gemm and moe_route (a chunk's), router_route (a decode
     step's) against engine/ops/moe.py's softmax and top-k over the same logits."""
     rng = np.random.default_rng(9)
     h = rng.standard_normal((2, 64)).astype(np.float16)
@@ -148,8 +149,23 @@ def test_what_the_device_bench_times_runs_on_the_host_kernels(moe):
     assert runs["pass"]().shape == (n, dim) and runs["down"]() is None
 
 
+def test_a_chunk_s_route_of_a_row_is_the_row_s_alone(moe):
+    """router_gemm's tiles (64 tokens, 64 experts): 70 rows over two row tiles and 130 experts over three, every
+    logit summed in the same order whatever the tile, so a row routed alone gets the bits it gets in the chunk;
+    and NumPy's choices."""
+    rng = np.random.default_rng(12)
+    h = rng.standard_normal((70, 96)).astype(np.float16)
+    router = (rng.standard_normal((130, 96)) * 0.3).astype(np.float32)
+    chosen, weights = moe.route(h, router, 8, True)
+    assert np.array_equal(chosen, route(h.astype(np.float32) @ router.T, 8, True)[0])
+    for t in (0, 63, 64, 69):
+        alone = moe.route(h[t:t + 1], router, 8, True)
+        assert np.array_equal(alone[0], chosen[t:t + 1]) and np.array_equal(alone[1], weights[t:t + 1])
+
+
 def test_the_launchers_gemm_tiles_are_the_kernels():
-    """The grouped GEMM's tile and block sizes the launcher sizes its grid by are moe.cu's own (written on both
-    sides: a launcher's smaller row tile would leave entries unread)."""
+    """The grouped GEMM's and the router's tile and block sizes the launcher sizes its grids by are moe.cu's own
+    (written on both sides: a launcher's smaller tile would leave entries unread)."""
     c = constants((KERNEL_DIR / "moe.cu").read_text())
     assert (c["GEMM_BM"], c["GEMM_BN"], c["GEMM_THREADS"]) == (GEMM_BM, GEMM_BN, GEMM_THREADS)
+    assert (c["ROUTE_TILE"], c["ROUTE_K"], c["ROUTE_THREADS"]) == (ROUTE_TILE, ROUTE_K, ROUTE_THREADS)
