@@ -145,6 +145,9 @@ class FakeRunner:
         logits[token] = 0.0
         return logits
 
+    def memory_report(self) -> str:
+        return f"a mock's pool of {self.pool.total} blocks"
+
     def snapshot_nbytes(self, seq: Sequence) -> int:
         return seq.pos * self.a.bytes_per_token
 

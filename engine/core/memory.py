@@ -33,3 +33,15 @@ def host_memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 16 << 30
+
+
+def device_memory_report(cp, pools: dict[str, object]) -> str:
+    """Where a GPU's memory is (an out-of-memory's log line): the device's free and total, CuPy's default pool (the
+    weights, the KV pool, a step's temporaries) in use and held, and each of `pools` (MemoryPools by what they
+    hold) held."""
+    gib = lambda n: f"{n / 2**30:.2f}"  # noqa: E731
+    free, total = cp.cuda.runtime.memGetInfo()
+    arrays = cp.get_default_memory_pool()
+    return "; ".join([f"device {gib(free)} of {gib(total)} GiB free",
+                      f"arrays {gib(arrays.used_bytes())} GiB in use of {gib(arrays.total_bytes())} held"]
+                     + [f"{name} {gib(pool.total_bytes())} GiB held" for name, pool in pools.items() if pool is not None])

@@ -10,12 +10,23 @@ the next read continues from; reading again the rows from the mark to where `now
 bits). A park keeps both (they are the request's, like its KV rows)."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.ops.delta_rule import CHUNK
+
+
+_allocating = nullcontext  # where a device state's arrays come from: a GPU engine's states' own pool once set
+
+
+def allocate_states_in(allocating) -> None:
+    """Every state made on a device from now on is made inside `allocating()` (engine/kvcache/state_memory.py:
+    one engine process, one GPU and its states' pool)."""
+    global _allocating
+    _allocating = allocating
 
 
 @dataclass
@@ -25,16 +36,19 @@ class RecurrentState:
 
     @classmethod
     def zeros(cls, layers: int, kernel: int, channels: int, heads: int, dk: int, dv: int, xp=np) -> RecurrentState:
-        return cls(xp.zeros((layers, kernel - 1, channels), np.float32), xp.zeros((layers, heads, dk, dv), np.float32))
+        with _allocating():
+            return cls(xp.zeros((layers, kernel - 1, channels), np.float32),
+                       xp.zeros((layers, heads, dk, dv), np.float32))
 
     def copy(self, xp=None) -> RecurrentState:
         """A copy where this one is, or on xp's device (numpy: the host; a GPU's prefix states and parked
         requests' states are kept in host memory)."""
-        if xp is None:
-            return RecurrentState(self.conv.copy(), self.ssm.copy())
         if xp is np:
             return RecurrentState(host_copy(self.conv), host_copy(self.ssm))
-        return RecurrentState(xp.array(self.conv), xp.array(self.ssm))
+        with _allocating():
+            if xp is None:
+                return RecurrentState(self.conv.copy(), self.ssm.copy())
+            return RecurrentState(xp.array(self.conv), xp.array(self.ssm))
 
     @property
     def nbytes(self) -> int:

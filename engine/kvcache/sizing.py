@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from engine.ops.backend import Backend
 from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.kvcache.kv import kv_row_bytes
+from engine.kvcache.state_memory import SPARE_STATES
 from engine.core.memory import RESERVE_BYTES, MiB, host_memory_bytes
 from engine.core.kv_types import resolve
 from engine.core.chunks import DELTA_CHUNK as CHUNK
@@ -175,13 +176,14 @@ def fit_running(running: Running, room: int, free: int, scratch: int) -> tuple[i
     """How many requests may run at once on the GPU, given `room` bytes beside the weights, the scratch and the
     reserve, and the bytes their states take: --max-running where nothing is held per request; else, where it was
     given, all of them or a refusal with the most that fits; by default as many as fit in 1/STATES_SHARE of the
-    room, up to the default. The states' bytes count the zero state every request's first two copy (the
-    runner's, one state: half a request's two, held for good)."""
+    room, up to the default. The states' bytes count SPARE_STATES beside the requests' (the zero state every
+    request's first two copy, the decode graphs' padding rows', a rewind's): all of them made at start, in a pool
+    of their own (engine/kvcache/state_memory.py)."""
     each = running.state_bytes
     if not each:
         return running.count, 0
-    zero = each // 2
-    room -= zero
+    spare = SPARE_STATES * each // 2  # (a request holds two)
+    room -= spare
     most = max(0, room) // each
     if running.given:
         if running.count >= most:  # (and a KV block's room beside them)
@@ -190,12 +192,12 @@ def fit_running(running: Running, room: int, free: int, scratch: int) -> tuple[i
                 f"{each / MiB:.0f} MiB each ({running.count * each / 2**30:.1f} GiB), but {max(0, room) / 2**30:.1f} GiB "
                 f"are left once the weights, the prompt scratch and the reserve have theirs; "
                 f"at most --max-running {max(0, most - 1)} fits")
-        return running.count, running.count * each + zero
+        return running.count, running.count * each + spare
     count = min(running.count, most // STATES_SHARE)
     if count < 1:
         raise ModelLoadError(f"no room for a request's recurrent states ({each / MiB:.0f} MiB) and a KV cache: "
                              f"{free / 2**30:.1f} GiB free after loading the weights, " + short_of_room(scratch, 0))
-    return count, count * each + zero
+    return count, count * each + spare
 
 
 def short_of_room(scratch: int, states: int) -> str:

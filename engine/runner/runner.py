@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -19,10 +20,12 @@ from engine.kvcache.kv import KVCache, KVSnapshot
 from engine.model.forward import LlamaModel
 from engine.model.hybrid import HybridModel
 from engine.kvcache.recurrent import SequenceState, zero_state
+from engine.kvcache.state_memory import SPARE_STATES, StateMemory
 from engine.ops.expert_cache import caches
 from engine.kvcache.state_cache import StateCache
 from engine.ops.delta_rule import CHUNK as STATE_CHUNK
 from engine.core.chunks import chunk_end
+from engine.core.memory import device_memory_report
 from engine.runner.hidden_rows import hidden_rows, take_hidden
 from engine.runner.row_check import rows_invariant_said
 from engine.runner.row_cost import PRIORS, RowCost
@@ -41,6 +44,10 @@ class ModelRunner:
         self.max_running, self.max_batch = max_running, MAX_BATCH
         self.memory = memory or {}
         self.model = (HybridModel if cfg.hybrid else LlamaModel)(cfg, weights, backend)
+        # (on a GPU a hybrid's states are made in a pool of their own, its room taken now: the memory plan's)
+        self.state_memory = StateMemory(backend.xp, 2 * max_running + SPARE_STATES,
+                                        partial(zero_state, cfg, backend.xp, chunk)) \
+            if cfg.hybrid and backend.name == "gpu" else None
         self.recurrent = zero_state(cfg, backend.xp, chunk)  # a hybrid's fresh recurrent state, else None
         self.read_align = 1 if self.recurrent is None else STATE_CHUNK  # where a read short of its prompt's end may end
         self.expert_caches = caches(weights.layers)  # routed experts behind device slots (engine/ops/expert_cache.py)
@@ -82,6 +89,13 @@ class ModelRunner:
                 "shape_free": str(int(self.shape_free)),
                 "state_bytes": str(0 if self.recurrent is None else 2 * self.recurrent.nbytes),  # a hybrid's state
                 "version": __version__} | self.memory | (self.draft_model.info() if self.draft_model else {})
+
+    def memory_report(self) -> str:
+        """Where the GPU's memory is (engine/core/memory.py device_memory_report); on the CPU, nothing to say."""
+        if self.backend.name != "gpu":
+            return "host memory"
+        return device_memory_report(self.backend.xp, {"recurrent states": self.state_memory and self.state_memory.pool,
+                                                      "decode graphs": self.decoder and self.decoder.pool})
 
     def warm_up(self) -> None:
         """One small forward before READY, so the first request does not pay first-call costs

@@ -153,9 +153,10 @@ class EngineClient:
         self.state = EngineState.RESTARTING
         if code == m.OUT_OF_MEMORY and self.out_of_memory_at:
             fewer = max(1, self.out_of_memory_at * 3 // 4)
-            self.cmd = with_max_running(self.cmd, fewer)
-            log.error("the engine ran out of memory with %d requests in it; starting it again with --max-running %d",
-                      self.out_of_memory_at, fewer)
+            pool = kv_tokens(self.info.fields)
+            self.cmd = with_max_running(self.cmd, fewer, pool)
+            log.error("the engine ran out of memory with %d requests in it; starting it again with --max-running %d%s",
+                      self.out_of_memory_at, fewer, f" and its KV pool as it was (--kv-tokens {pool})" if pool else "")
             self.out_of_memory_at = 0
         else:
             log.error("engine exited unexpectedly (exit code %s); restarting", code)
@@ -203,14 +204,30 @@ class EngineClient:
                 log.warning("engine stdin closed while sending %s", verb(msg))
 
 
-def with_max_running(cmd: list[str], n: int) -> list[str]:
-    """The engine's command with --max-running n (its own, or --slots, replaced; else added)."""
+def with_max_running(cmd: list[str], n: int, pool_tokens: int | None = None) -> list[str]:
+    """The engine's command with --max-running n (its own, or --slots, replaced; else added) and, given
+    pool_tokens, --kv-tokens that (its own replaced): a KV pool no larger than the one that ran out of memory, so
+    that what the fewer requests leave becomes room, where the memory plan would give it to a larger pool."""
+    out = without(cmd, ("--max-running", "--slots") + (("--kv-tokens",) if pool_tokens else ()))
+    return out + ["--max-running", str(n)] + (["--kv-tokens", str(pool_tokens)] if pool_tokens else [])
+
+
+def without(cmd: list[str], options: tuple[str, ...]) -> list[str]:
+    """cmd less these options and their values (as `--opt v` or `--opt=v`)."""
     out, skip = [], False
     for word in cmd:
         if skip:
             skip = False
-        elif word in ("--max-running", "--slots"):
+        elif word in options:
             skip = True
-        elif not word.startswith(("--max-running=", "--slots=")):
+        elif not word.startswith(tuple(o + "=" for o in options)):
             out.append(word)
-    return out + ["--max-running", str(n)]
+    return out
+
+
+def kv_tokens(fields: dict[str, str]) -> int | None:
+    """The positions of the KV pool an engine's READY said it holds (kv_blocks x kv_block); None if it did not."""
+    try:
+        return int(fields["kv_blocks"]) * int(fields["kv_block"])
+    except (KeyError, ValueError):
+        return None

@@ -577,6 +577,8 @@ for step in "$@"; do
       # routed experts' grouped GEMM (05-moe-gemm-bm128) is 60% of them
       synth_next
       reads_before_after $MNX qwen3-next-80b-a3b-${NEXT_TYPE,,} reads_next.json ;;
+    statemem)  # a hybrid's recurrent states in their own pool, made at start (tools/device/state_memory_check.py)
+      timeout 120 python3 tools/device/state_memory_check.py --json "$OUT/state_memory.json" || echo "STATE MEMORY CHECK FAILED" ;;
     moecheck)  # the MoE kernels' checks alone (route, experts, a batch's rows against each alone)
       timeout 150 python3 tools/device/gpu_kernels_check.py --only moe --no-speed --json "$OUT/kernels_moe.json" | grep -v "^ok " \
         || echo "MOE CHECKS FAILED OR CUT SHORT" ;;

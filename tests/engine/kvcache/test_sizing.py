@@ -9,6 +9,7 @@ import pytest
 from engine.modelfile.model_config import HybridConfig, ModelConfig, ModelLoadError
 from engine.kvcache import sizing as memory
 from engine.kvcache.recurrent import state_bytes
+from engine.kvcache.state_memory import SPARE_STATES
 from engine.kvcache.sizing import CPU_POOL_CONTEXTS, DEFAULT_SNAPSHOT_BYTES, Running, plan_context
 
 GiB = 2**30
@@ -123,10 +124,11 @@ def test_a_hybrids_running_requests_take_half_the_room_by_default_and_the_rest_o
     assert 150 * 2**20 < each < 152 * 2**20
     h100 = device(30.3, weights_gib=48.2)
     plan = plan_context(NEXT_80B, h100, None, 4096, None, running=Running(256, given=False, state_bytes=each))
-    room = int(30.3 * GiB) - memory.scratch_bytes(NEXT_80B, 4096) - memory.RESERVE_BYTES - each // 2  # (a zero state)
+    spare = SPARE_STATES * each // 2  # (the zero state, the padding rows', a rewind's)
+    room = int(30.3 * GiB) - memory.scratch_bytes(NEXT_80B, 4096) - memory.RESERVE_BYTES - spare
     assert plan.max_running == room // each // memory.STATES_SHARE and 64 < plan.max_running < 256
-    assert plan.states_bytes == plan.max_running * each + each // 2
-    left = room + each // 2 - plan.states_bytes  # what the states leave the pool
+    assert plan.states_bytes == plan.max_running * each + spare
+    left = room + spare - plan.states_bytes  # what the states leave the pool
     assert plan.kv_bytes <= left < plan.kv_bytes + 64 * 12 * 2 * 2 * 256 * 2  # at most a block short
     assert plan.ctx == 262144 and f"({plan.max_running} running requests)" in plan.split()
     # given on the command line: kept where it fits, refused with the most that fits where it does not

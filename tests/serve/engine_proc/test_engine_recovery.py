@@ -159,7 +159,7 @@ def test_requests_decoding_together_in_slots_all_survive_a_death(server_factory,
 def test_an_engine_out_of_memory_is_started_again_with_fewer_requests_and_nothing_is_lost(server_factory):
     """The engine's decode step runs out of memory at 4 rows (the mock's stand-in for a GPU memory plan that fell
     short): it says how many requests were in it (6) and exits; the server starts it again with 3/4 of them (4),
-    which still runs out, then with 3, which does not. Every request gets the answer it gets alone. (Before, an
+    which still runs out, then with 3, which does not, its KV pool kept as it was each time. Every request gets the answer it gets alone. (Before, an
     engine that ran out was started again as it was, and ran out again at the same load: 8 times in 3 minutes.)"""
     server = server_factory(engine_cmd=mock_engine_cmd("--chunk", "64", "--chunk-s", "0.02", "--token-s", "0.01",
                                                        "--max-running", "8", "--oom-at-running", "4"))
@@ -167,7 +167,11 @@ def test_an_engine_out_of_memory_is_started_again_with_fewer_requests_and_nothin
     answers = concurrently(server, 24, prompts)
     for prompt, r in zip(prompts, answers):  # the mock echoes the prompt: the answer it gives alone
         assert r.json()["choices"][0]["text"] == complete(server, 24, prompt).json()["choices"][0]["text"]
-    log = server.log()
-    assert "ran out of memory with 6 requests in it; starting it again with --max-running 4" in log
-    assert "ran out of memory with 4 requests in it; starting it again with --max-running 3" in log
+    kv = status(server)["kv"]
+    log, pool = server.log(), kv["kv_blocks"] * kv["kv_block"]
+    # (the KV pool kept at the size that ran out: what fewer requests leave is room, not a larger pool)
+    assert (f"ran out of memory with 6 requests in it; starting it again with --max-running 4 and its KV pool as it "
+            f"was (--kv-tokens {pool})") in log
+    assert "ran out of memory with 4 requests in it; starting it again with --max-running 3 and its KV pool" in log
+    assert f"a mock's pool of {kv['kv_blocks']} blocks); ending" in log  # (where the memory was: a GPU's figures)
     assert log.count("starting it again") == 2 and status(server)["max_running"] == 3
