@@ -1,14 +1,15 @@
 """Where a GPU's recurrent states live (a hybrid model's: engine/kvcache/recurrent.py): a CuPy memory pool of their
 own, its room taken when the engine starts, as the KV pool's is.
 
-Each running request holds two states (75 MiB each on Qwen3-Next-80B) made when it starts, dropped when it ends
-and made again on a rewind. Taken from CuPy's default pool, between a prompt step's temporaries of every size, they
-split its free chunks and pin them: at 256 clients on an H100 the engine ran out of memory with the states of only
-29 requests in it (the plan's room for them given to a larger KV pool on each restart). Here the states' chunks are
-all of the states' two sizes, made at start for as many states as the memory plan counts (engine/kvcache/sizing.py
-fit_running: two a running request and SPARE_STATES), and reused as states come and go; the default pool never
-sees them. A state past those (a plan that fell short) is asked of the device, after the default pool's unused
-chunks are handed back to it."""
+Each running request holds two states (75 MiB each on Qwen3-Next-80B), made when it starts, dropped when it ends,
+made again on a rewind; so do an answer read again for the prefix cache and a read parked in place. At 256 clients
+on an H100 the engine ran out of memory with 93 requests in it, and again with 69 (the pool held the states of 106,
+the answers read again uncounted by the plan), 51, ...: each restart gave the fewer requests' room to a larger KV
+pool. Here the states' chunks, of the states' two sizes, are made at start for as many as the memory plan counts
+(engine/kvcache/sizing.py fit_running: two a running request, an answer read again counted as one, and
+SPARE_STATES), and reused as states come and go, never split by a step's temporaries in CuPy's default pool; the
+pool's figures say how many there are. A state past those (a plan that fell short) is asked of the device, after
+the default pool's unused chunks are handed back to it."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -17,8 +18,11 @@ from typing import Callable
 from engine.kvcache import recurrent
 from engine.kvcache.recurrent import RecurrentState
 
-SPARE_STATES = 4  # beside the running requests' two each: the zero state, the decode graphs' padding rows' two,
-# and a rewind's copy of its mark made before the state it replaces is dropped
+PARKED_READS = 4  # parked reads at a time (engine/loop/park_policy.py max_parked's default): parked in place,
+# a read keeps its two states on the device
+SPARE_STATES = 4 + 2 * PARKED_READS  # beside the running requests' two each (--max-running counts the answers read
+# again too: engine/loop/admission.py state_room): the zero state, the decode graphs' padding rows' two, a rewind's
+# copy of its mark made before the state it replaces is dropped; and the parked reads'.
 
 
 class StateMemory:

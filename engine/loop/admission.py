@@ -43,6 +43,7 @@ class Admission:
         if self.requests.held() >= self.runner.max_running:
             self.write(m.Defer("busy", gen.id))  # the server's cap is the engine's: it sent one too many
             return
+        self.state_room()
         reuse = self.reuse and bool(gen.params.get("reuse", 1)) and all(r.reuses for r in readers(seq))
         if self.memory.paused or not self.place(seq, reuse=reuse):
             self.write(m.Defer("memory", gen.id))  # the server keeps it queued and sends it again
@@ -93,6 +94,18 @@ class Admission:
             drafter=self.drafter(gen.tokens) if speculate else None,
             pool=SequencePool(self.runner.pooling, len(gen.tokens), self.runner.backend.xp) if embed else None,
             scorer=PromptScorer(gen.tokens, scored, self.runner.model) if scored is not None else None)
+
+    def state_room(self) -> None:
+        """A hybrid's requests and its answers read again each hold two recurrent states, in the room the memory
+        plan set aside for --max-running requests' (engine/kvcache/state_memory.py): a new request takes the
+        newest answer's read again where it needs its room."""
+        if self.runner.recurrent is None:
+            return
+        while self.requests.held() + self.requests.settling() >= self.runner.max_running:
+            settling = self.memory.droppable_settling()
+            if not settling:
+                return
+            self.memory.drop_settling(settling[-1])
 
     def drafter(self, prompt: tuple[int, ...]):
         """A request's drafter: the draft model's (engine/runner/draft_model.py), else the n-gram one."""
@@ -172,10 +185,14 @@ class Admission:
         (it takes what the steps leave), its blocks are given back when it is done, and it is the first
         thing dropped when memory runs short. seq becomes that read: its prompt grown by the answer's
         tokens up to the last block they fill (only whole blocks are shared; the newest token's row
-        was never written); none if they fill none."""
+        was never written); none if they fill none. A hybrid's read again holds two recurrent states: only
+        while the running requests leave room for them (state_room)."""
         upto = (seq.total + len(seq.generated) - 1) // self.pool.size * self.pool.size
         if not (self.reuse and self.runner.shape_free and reason in ("stop", "length") and seq.table
                 and not seq.paused and upto > seq.total):
+            return False
+        if self.runner.recurrent is not None and \
+                self.requests.held() + self.requests.settling() >= self.runner.max_running:
             return False
         seq.prompt = seq.prompt + tuple(seq.generated[: upto - seq.total])
         seq.settling = True

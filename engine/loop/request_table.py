@@ -36,6 +36,10 @@ class RequestTable:
         """Requests that hold a place in the engine (reading, decoding or paused; not parked)."""
         return sum(1 for s in self.seqs.values() if not s.parked)
 
+    def settling(self) -> int:
+        """Answers read again (engine/loop/admission.py settles) in line."""
+        return sum(1 for s in self.line if s.settling)
+
     def decoding(self) -> list[Sequence]:
         return [s for s in self.seqs.values() if s.decoding]
 
