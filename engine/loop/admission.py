@@ -98,14 +98,19 @@ class Admission:
     def state_room(self) -> None:
         """A hybrid's requests and its answers read again each hold two recurrent states, in the room the memory
         plan set aside for --max-running requests' (engine/kvcache/state_memory.py): a new request takes the
-        newest answer's read again where it needs its room."""
+        newest answer's read again where it needs its room; one in the step whose lines these are is let go
+        once that step is done (before the new request's first read makes its states)."""
         if self.runner.recurrent is None:
             return
-        while self.requests.held() + self.requests.settling() >= self.runner.max_running:
+        while self.requests.held() + self.requests.settling() - len(self.memory.let_go) >= self.runner.max_running:
             settling = self.memory.droppable_settling()
-            if not settling:
+            in_step = [s for s in self.requests.in_step if s.settling and s not in self.memory.let_go]
+            if settling:
+                self.memory.drop_settling(settling[-1])
+            elif in_step:
+                self.memory.let_go.append(in_step[-1])
+            else:
                 return
-            self.memory.drop_settling(settling[-1])
 
     def drafter(self, prompt: tuple[int, ...]):
         """A request's drafter: the draft model's (engine/runner/draft_model.py), else the n-gram one."""

@@ -73,7 +73,8 @@ class EngineLoop:
                 if not out_of_memory(e):
                     raise
                 held = self.requests.held()
-                print(f"strata: out of memory in a step with {held} requests in the engine ({e}; "
+                print(f"strata: out of memory in a step with {held} requests in the engine and "
+                      f"{self.requests.settling()} answers read again ({e}; "
                       f"{self.runner.memory_report()}); ending, for the server to start the engine again with fewer",
                       file=sys.stderr, flush=True)
                 self.write(m.Info({m.OUT_OF_MEMORY_RUNNING: str(held)}))

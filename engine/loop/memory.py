@@ -40,6 +40,7 @@ class Memory:
         self.pauses_total = 0
         self.experts = runner.expert_caches  # routed experts behind a cache (engine/ops/expert_cache.py): reported
         self.reported = 0.0  # when the pool was last reported (time.monotonic)
+        self.let_go: list[Sequence] = []  # answers read again in the step now ending, dropped once it is done
 
     def get_blocks(self, seq: Sequence, positions: int, pause_others: bool = True) -> bool:
         """Grow seq's table to cover `positions`: evicting cached blocks, then moving parked reads
@@ -91,6 +92,14 @@ class Memory:
         self.requests.line.remove(seq)
         self.release(seq)
         self.report_pool()
+
+    def drop_let_go(self) -> None:
+        """The answers read again that a new request took the room of (Admission.state_room), once their step is
+        done."""
+        for seq in self.let_go:
+            if seq in self.requests.line:
+                self.drop_settling(seq)
+        self.let_go.clear()
 
     def release(self, seq: Sequence) -> None:
         """seq's blocks back to the pool (a session's stay cached longer), and its rows in a draft model's

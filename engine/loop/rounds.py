@@ -188,6 +188,7 @@ class Rounds:
             seq.shared_ms += paused_ms
         self.take_lines()  # lines that arrived during this step, before its PPs
         self.requests.in_step = []
+        self.memory.drop_let_go()
         self.runner.pick_ahead([seq for seq, _ in pieces  # the first tokens the loop below draws, at once on a GPU
                                 if not seq.settling and seq.finish is None and not seq.reading and seq.pool is None])
         for (seq, _), pos in zip(pieces, before):
