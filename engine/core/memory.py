@@ -42,6 +42,6 @@ def device_memory_report(cp, pools: dict[str, object]) -> str:
     gib = lambda n: f"{n / 2**30:.2f}"  # noqa: E731
     free, total = cp.cuda.runtime.memGetInfo()
     arrays = cp.get_default_memory_pool()
+    held = [f"{name} {gib(pool.total_bytes())} GiB held" for name, pool in pools.items() if pool is not None]
     return "; ".join([f"device {gib(free)} of {gib(total)} GiB free",
-                      f"arrays {gib(arrays.used_bytes())} GiB in use of {gib(arrays.total_bytes())} held"]
-                     + [f"{name} {gib(pool.total_bytes())} GiB held" for name, pool in pools.items() if pool is not None])
+                      f"arrays {gib(arrays.used_bytes())} GiB in use of {gib(arrays.total_bytes())} held", *held])
