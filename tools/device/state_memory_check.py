@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import cupy as cp
 import numpy as np
 
-from engine.kvcache.recurrent import RecurrentState, SequenceState
-from engine.kvcache.state_memory import StateMemory
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # (run as a script from the repository's root)
+from engine.kvcache.recurrent import RecurrentState, SequenceState  # noqa: E402
+from engine.kvcache.state_memory import StateMemory  # noqa: E402
 
 LAYERS, KERNEL, CHANNELS, HEADS, DK, DV = 36, 4, 8192, 32, 128, 128  # Qwen3-Next-80B's linear layers
 
