@@ -136,9 +136,10 @@ class FakeRunner:
         """(A GPU's draws of a step's rows at once: none here.)"""
 
     def scripted(self, seq: Sequence, i: int) -> int:
-        """Token i of this request's answer: the script, or the original prompt echoed, cycled."""
-        source = self.script or seq.prompt[: seq.total - seq.drawn]
-        return source[(seq.drawn + i) % len(source)]
+        """Token i of this request's answer: the script, or the original prompt echoed, cycled (a continuation's
+        prompt is the original's: its tokens so far are generated's first, engine/runner/sequence.py replay)."""
+        source = self.script or seq.prompt
+        return source[i % len(source)]
 
     def one_hot(self, token: int) -> np.ndarray:
         logits = np.full(self.vocab_size, -np.inf, dtype=np.float32)  # (vocab,)

@@ -32,8 +32,9 @@ GEN_KEYS: dict[str, type] = {
     "frequency_penalty": float,
     "stop": tuple,  # extra stop token ids, comma-separated on the wire
     "fp": int,  # 1 = print state fingerprints at park, resume and DONE
-    "drawn": int,  # tokens this request already generated before an engine restart (they end
-    # the prompt): the continuation skips their random draws, so a seeded stream goes on unchanged
+    "drawn": int,  # tokens this request already generated before an engine restart (they end the prompt): they
+    # go through as decode rows, not written again, and their random draws are skipped, so the state and a seeded
+    # stream go on unchanged; DONE counts the tokens after them
     "grammar": str,  # the output must match this grammar (llguidance's grammar text, escaped)
     "reuse": int,  # 0 = read the whole prompt even if a slot kept its start (default 1: reuse it)
     "session": str,  # the client's session (a prompt_cache_key): its cached prefix outlives one-off requests'

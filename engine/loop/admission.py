@@ -86,12 +86,14 @@ class Admission:
         if scored is not None and (refusal := scores_refusal(self.runner)):
             raise ValueError(refusal)
         speculate = self.runner.draft_max and gen.params.get("spec", 1) and not embed
+        read = gen.tokens[: len(gen.tokens) - drawn]  # a continuation's tokens so far go through as decode rows
         return Sequence(
-            id=gen.id, prompt=gen.tokens, max_new=min(gen.max_new, self.runner.ctx - len(gen.tokens)),
+            id=gen.id, prompt=read, max_new=drawn + min(gen.max_new, self.runner.ctx - len(gen.tokens)),
             sampler=Sampler(sampling, gen.tokens, drawn, constraint),
             stop_ids=self.runner.eos_ids | frozenset(sampling.stop),
-            fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, session=gen.params.get("session"), logprobs=logprobs,
-            drafter=self.drafter(gen.tokens) if speculate else None,
+            fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, replay=list(gen.tokens[len(read):]),
+            session=gen.params.get("session"), logprobs=logprobs,
+            drafter=self.drafter(read) if speculate else None,
             pool=SequencePool(self.runner.pooling, len(gen.tokens), self.runner.backend.xp) if embed else None,
             scorer=PromptScorer(gen.tokens, scored, self.runner.model) if scored is not None else None)
 
@@ -172,7 +174,8 @@ class Admission:
             seq.drafter.release()
         if seq.fingerprints and (seq.table or not seq.kv_len):
             extra["fp"] = self.runner.fingerprint(seq)
-        self.write(m.Done(len(seq.generated), seq.total, seq.prompt_ms, seq.decode_ms, reason, extra, seq.id))
+        self.write(m.Done(len(seq.generated) - seq.drawn, seq.total + seq.drawn, seq.prompt_ms, seq.decode_ms, reason,
+                          extra, seq.id))  # (a continuation's: what its GEN asked for)
         self.requests.remove(seq)
         self.memory.forget(seq)
         self.parking.forget(seq)

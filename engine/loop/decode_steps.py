@@ -37,7 +37,8 @@ class DecodeSteps:
         that go on (each with a block for its new row; a request that cannot have one is paused)."""
         going = []
         now = began = time.perf_counter()
-        self.runner.pick_ahead([s for s in seqs if not s.paused and not s.unstepped])  # (the GPU's plain draws at once)
+        self.runner.pick_ahead([s for s in seqs if not s.paused and not s.unstepped and not s.replay])  # (the GPU's
+        # plain draws at once)
         for seq in seqs:
             if seq.paused:  # paused by an earlier row's need in this step
                 continue
@@ -82,7 +83,7 @@ class DecodeSteps:
             return
         spare = decoder.size(rows) - rows
         watching = [s for s in going
-                    if s.drafter is not None and s.drafter.watches and s.kv_len <= FREE_ROW_KEYS]
+                    if s.drafter is not None and s.drafter.watches and s.kv_len <= FREE_ROW_KEYS and not s.replay]
         for seq in sorted(watching, key=lambda s: -s.drafter.alphas()[min(len(s.drafts), s.drafter.most - 1)]):
             if spare <= 0:
                 return
@@ -108,7 +109,7 @@ class DecodeSteps:
         """With a draft model (engine/runner/draft_model.py), its drafts for every request that drafts, in
         one batched run, before each request takes its own (drafts), each drafted token at its row's cost and a
         draft forward's (RowCost.draft_fraction). -> the seconds it took (0 without one)."""
-        drafting = [s for s in going if s.drafter is not None]
+        drafting = [s for s in going if s.drafter is not None and not s.replay]
         model = self.runner.draft_model
         if model is None or not drafting:
             return 0.0
@@ -120,7 +121,7 @@ class DecodeSteps:
     def drafts(self, seq: Sequence, cost: float) -> list[int]:
         """The tokens seq's drafter proposes after its newest at `cost` a row (none without one), as many as
         its answer and context may still take."""
-        if seq.drafter is None:
+        if seq.drafter is None or seq.replay:  # (a continuation's next rows are its tokens so far)
             return []
         return seq.drafter.propose(cost)[: seq.draft_room(self.runner.ctx)]
 
@@ -131,6 +132,13 @@ class DecodeSteps:
         drafter counts its drafts before a DONE reports them."""
         if seq.decode_started is None:
             seq.decode_started = now
+        if seq.replay:  # a continuation's token drawn before the engine restarted: through the model again, as it went
+            token = seq.replay.pop(0)
+            seq.generated.append(token)
+            if seq.drafter is not None:
+                seq.drafter.extend([token])
+            seq.unstepped = True
+            return True
         drafts, accepted, start = seq.drafts[: len(seq.draft_logits)], 0, len(seq.generated)
         while True:
             token = self.runner.sample(seq)

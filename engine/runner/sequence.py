@@ -16,7 +16,10 @@ class Sequence:
     sampler: Sampler
     stop_ids: frozenset[int]
     fingerprints: bool = False
-    drawn: int = 0  # tokens generated before an engine restart; the prompt ends with them
+    drawn: int = 0  # tokens generated before an engine restart (GEN drawn=): `replay` first, then generated's first
+    replay: list[int] = field(default_factory=list)  # of those, the ones not yet through the model: each goes through
+    # as a decode row, as it did before the restart (not drawn again, not written out), so that its rows have those
+    # bits and the tokens after it are the ones the request would have had (engine/loop/decode_steps.py draw)
     session: str | None = None  # its client's session (GEN session=): its cached blocks are evicted last
     logprobs: int | None = None  # GEN logprobs=N: each token's log-probability and the N likeliest, or none
     pos: int = 0  # prompt tokens read so far (KV rows filled)

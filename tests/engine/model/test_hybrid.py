@@ -161,3 +161,15 @@ def test_mtp_layers_counted_in_the_file_are_not_run(tmp_path):
                     *SHAPE, "--mtp-layers", "1"], check=True, capture_output=True)
     cfg, weights, _ = load_model(str(path), cpu_backend())
     assert cfg.n_layers == 4 and len(weights.layers) == 4 and cfg.hybrid.attention_layers == [1, 3]
+
+
+def test_a_continuation_after_a_restart_has_the_uninterrupted_state(engine):
+    """GEN drawn=k (a request continued on a restarted engine): its k tokens go through as the decode rows they were,
+    so the recurrent state and the tokens after them are the uninterrupted request's (engine/runner/sequence.py
+    replay; read as prompt rows, a hybrid's state took other bits)."""
+    params = {**SAMPLING["seeded"], "fp": 1, "reuse": 0}
+    whole = run(engine, 60, PROMPT, 20, params, reuse=False)
+    tokens = sc.tokens_of(whole, 60)
+    engine.send(m.Gen(12, tuple(PROMPT) + tuple(tokens[:8]), {**params, "drawn": 8}, 61))
+    rest = engine.read_until(m.Done, ident=61)
+    assert sc.tokens_of(rest, 61) == tokens[8:] and rest[-1].extra["fp"] == whole[-1].extra["fp"]
