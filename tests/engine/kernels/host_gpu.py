@@ -5,6 +5,7 @@ then goes through every kernel launch and launcher a GPU's would, without CUDA g
 sm_90-only kernels (the prompt attention is mma.sync's); its numbers follow the host's float rules."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,11 +39,29 @@ def host(a):
     return a.view(HostArray) if isinstance(a, np.ndarray) and not isinstance(a, HostArray) else a
 
 
+class HostMemoryPool:
+    """CuPy's MemoryPool by name (engine/kvcache/state_memory.py makes one): the host's arrays come from NumPy,
+    whatever allocator is in use, so it holds nothing."""
+
+    def __init__(self, allocator=None):
+        self.allocator = allocator
+
+    def malloc(self, size: int):
+        return bytearray(size)
+
+    def used_bytes(self) -> int:
+        return 0
+
+    total_bytes = used_bytes
+
+
 class HostCupy:
-    """NumPy under CuPy's name: arrays it makes are HostArrays; cuda's synchronizations are nothing."""
+    """NumPy under CuPy's name: arrays it makes are HostArrays; cuda's synchronizations are nothing, its memory
+    pools hold nothing."""
 
     cuda = SimpleNamespace(Stream=SimpleNamespace(null=SimpleNamespace(synchronize=lambda: None)),
-                           alloc_pinned_memory=bytearray)  # (page-locked memory: plain host memory here)
+                           alloc_pinned_memory=bytearray,  # (page-locked memory: plain host memory here)
+                           MemoryPool=HostMemoryPool, using_allocator=lambda allocator=None: nullcontext())
     ndarray = HostArray
 
     def __getattr__(self, name: str):
