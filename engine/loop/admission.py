@@ -174,8 +174,9 @@ class Admission:
             seq.drafter.release()
         if seq.fingerprints and (seq.table or not seq.kv_len):
             extra["fp"] = self.runner.fingerprint(seq)
-        self.write(m.Done(len(seq.generated) - seq.drawn, seq.total + seq.drawn, seq.prompt_ms, seq.decode_ms, reason,
-                          extra, seq.id))  # (a continuation's: what its GEN asked for)
+        new = max(0, len(seq.generated) - seq.drawn)  # (a continuation's tokens after those it had; none if it
+        # ended, a cancel, before they were through again)
+        self.write(m.Done(new, seq.total + seq.drawn, seq.prompt_ms, seq.decode_ms, reason, extra, seq.id))
         self.requests.remove(seq)
         self.memory.forget(seq)
         self.parking.forget(seq)

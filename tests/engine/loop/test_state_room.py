@@ -1,0 +1,72 @@
+"""A hybrid's recurrent states are made in the room the memory plan set aside for --max-running requests
+(engine/kvcache/state_memory.py): an answer read again for the prefix cache holds two states as a request does, and
+gives them up to a new request (engine/loop/admission.py state_room). The engine's loop in this process over the
+real runner and a tiny qwen3next file, one running request at most, the new request's GEN put in while the answer's
+read again is in its step."""
+import subprocess
+import sys
+
+import pytest
+
+from engine.loop.loop import EngineLoop
+from engine.loop.park_policy import ParkPolicy
+from engine.model.weights import load_model
+from engine.ops.backend import cpu_backend
+from engine.runner.runner import ModelRunner
+from protocol import messages as m
+from tests.engine.model.test_hybrid import CHUNK, ROOT, SHAPE
+
+GREEDY = {"temperature": 0.0, "seed": 0}
+A, B = list(range(300, 450)), list(range(900, 960))
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hybrid") / "qwen3next.gguf"
+    subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--arch",
+                    "qwen3next", *SHAPE, "--seed", "7"], check=True, capture_output=True)
+    backend = cpu_backend()
+    cfg, weights, _ = load_model(str(path), backend)
+    runner = ModelRunner(cfg, weights, backend, ctx=1024, chunk=CHUNK, eos_ids=frozenset(), max_running=1)
+    runner.warm_up()
+    assert runner.shape_free  # (answers are read again only where rows do not depend on the step)
+    return runner
+
+
+def serve(runner, gens: list[m.Gen], on_line=None) -> tuple[EngineLoop, list]:
+    """A loop given `gens`, run until every request is done; on_line(loop, line) for each line it writes."""
+    out = []
+
+    def write(msg):
+        out.append(msg)
+        if on_line is not None:
+            on_line(loop, msg)
+
+    loop = EngineLoop(runner, ParkPolicy(), write)
+    for gen in gens:
+        loop.control(gen)
+    while loop.busy or not loop.inbox.empty():
+        loop.take_lines(block=False)
+        loop.round()
+    return loop, out
+
+
+def tokens(out, ident) -> list[int]:
+    return [x.token for x in out if isinstance(x, m.Token) and x.id == ident]
+
+
+def test_a_new_request_takes_the_room_of_an_answer_read_again(runner):
+    alone = tokens(serve(runner, [m.Gen(8, tuple(B), {**GREEDY, "reuse": 0}, 2)])[1], 2)
+    dropped = []  # (id, still reading) of each answer read again let go
+
+    def b_arrives(loop, line):  # B's GEN comes as A ends: its answer (200 tokens) is read again, a few steps long
+        if isinstance(line, m.Done) and line.id == 1:
+            let_go = loop.memory.drop_settling
+            loop.memory.drop_settling = lambda seq: (dropped.append((seq.id, seq.reading)), let_go(seq))
+            loop.inbox.put(m.Gen(8, tuple(B), {**GREEDY, "reuse": 0}, 2))
+
+    loop, out = serve(runner, [m.Gen(200, tuple(A), GREEDY, 1)], b_arrives)
+    assert len(tokens(out, 1)) == 200 and tokens(out, 2) == alone
+    assert not any(isinstance(x, (m.Err, m.Defer)) for x in out)
+    assert dropped[0] == (1, True)  # A's read again let go before its end, for B (B's own, later, to its end)
+    assert loop.requests.settling() == 0 and loop.memory.let_go == []
