@@ -94,8 +94,8 @@ class Admission:
             fingerprints=bool(gen.params.get("fp", 0)), drawn=drawn, replay=list(gen.tokens[len(read):]),
             session=gen.params.get("session"), logprobs=logprobs,
             drafter=self.drafter(read) if speculate else None,
-            pool=SequencePool(self.runner.pooling, len(gen.tokens), self.runner.backend.xp) if embed else None,
-            scorer=PromptScorer(gen.tokens, scored, self.runner.model) if scored is not None else None)
+            pool=SequencePool(self.runner.pooling, len(read), self.runner.backend.xp) if embed else None,
+            scorer=PromptScorer(read, scored, self.runner.model) if scored is not None else None)
 
     def state_room(self) -> None:
         """A hybrid's requests and its answers read again each hold two recurrent states, in the room the memory
