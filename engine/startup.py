@@ -92,10 +92,11 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     if drafted is not None:
         lap("draft model's weights")
     states = 2 * state_bytes(cfg)  # a running request's recurrent states (a hybrid's; 0 for other models)
+    parked = config.policy.max_parked if config.policy.enabled else 0  # reads parked at a time, their states kept
     plan = plan_context(cfg, backend, config.ctx, step_budget(config.step_tokens, config.chunk),
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type,
-                        cap, Running(config.max_running, config.max_running_given, states),
+                        cap, Running(config.max_running, config.max_running_given, states, parked),
                         kv_row_bytes(drafted[0], backend, config.kv_type) if drafted else 0)
     if backend.name == "gpu":
         log(plan.split())
@@ -109,7 +110,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     args = (cfg, weights, backend, plan.ctx, config.chunk, tokenizer.end_ids, str(path),
             plan.info() | {"weights": config.weights if backend.name == "gpu" else "float32", "pooling": pooling,
                            "dim": str(cfg.dim)},
-            config.cuda_graphs, plan.max_running, plan.blocks, plan.block, plan.cache_ram_bytes, config.kv_type)
+            config.cuda_graphs, plan.max_running, plan.blocks, plan.block, plan.cache_ram_bytes, config.kv_type, parked)
     # (the KV pool and the warm-up's arrays on plain pages, as the weights: engine/ops/host_pages.py)
     with plain_pages(backend.name == "cpu"):
         runner = ModelRunner(*args) if config.tp == 1 else \

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from engine.ops.backend import Backend
 from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.kvcache.kv import kv_row_bytes
-from engine.kvcache.state_memory import SPARE_STATES
+from engine.kvcache.state_memory import PARKED_READS, states_made
 from engine.core.memory import RESERVE_BYTES, MiB, host_memory_bytes
 from engine.core.kv_types import resolve
 from engine.core.chunks import DELTA_CHUNK as CHUNK
@@ -59,6 +59,8 @@ class Running:
     count: int = 1
     given: bool = True  # on the command line: refused if their states cannot fit, never lowered
     state_bytes: int = 0  # a running request's recurrent states (a hybrid's two: engine/kvcache/recurrent.py)
+    parked: int = PARKED_READS  # reads parked at a time (--prefill-preempt-max-parked; 0 without parks): each keeps
+    # its states on the device
 
 
 @dataclass(frozen=True)
@@ -176,13 +178,13 @@ def fit_running(running: Running, room: int, free: int, scratch: int) -> tuple[i
     """How many requests may run at once on the GPU, given `room` bytes beside the weights, the scratch and the
     reserve, and the bytes their states take: --max-running where nothing is held per request; else, where it was
     given, all of them or a refusal with the most that fits; by default as many as fit in 1/STATES_SHARE of the
-    room, up to the default. The states' bytes count SPARE_STATES beside the requests' (the zero state every
-    request's first two copy, the decode graphs' padding rows', a rewind's): all of them made at start, in a pool
-    of their own (engine/kvcache/state_memory.py)."""
+    room, up to the default. The states' bytes count the parked reads' and the spare beside the requests' (the
+    zero state every request's first two copy, the decode graphs' padding rows', a rewind's): all of them made at
+    start, in a pool of their own (engine/kvcache/state_memory.py states_made)."""
     each = running.state_bytes
     if not each:
         return running.count, 0
-    spare = SPARE_STATES * each // 2  # (a request holds two)
+    spare = states_made(0, running.parked) * each // 2  # (a request holds two)
     room -= spare
     most = max(0, room) // each
     if running.given:

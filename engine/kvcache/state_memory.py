@@ -6,10 +6,10 @@ made again on a rewind; so do an answer read again for the prefix cache and a re
 on an H100 the engine ran out of memory with 93 requests in it, and again with 69 (the pool held the states of 106,
 the answers read again uncounted by the plan), 51, ...: each restart gave the fewer requests' room to a larger KV
 pool. Here the states' chunks, of the states' two sizes, are made at start for as many as the memory plan counts
-(engine/kvcache/sizing.py fit_running: two a running request, an answer read again counted as one, and
-SPARE_STATES), and reused as states come and go, never split by a step's temporaries in CuPy's default pool; the
-pool's figures say how many there are. A state past those (a plan that fell short) is asked of the device, after
-the default pool's unused chunks are handed back to it."""
+(engine/kvcache/sizing.py fit_running, states_made: two a running request, an answer read again counted as one, two
+a parked read, and SPARE_STATES), and reused as states come and go, never split by a step's temporaries in CuPy's
+default pool; the pool's figures say how many there are. A state past those (a plan that fell short) is asked of
+the device, after the default pool's unused chunks are handed back to it."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -18,11 +18,16 @@ from typing import Callable
 from engine.kvcache import recurrent
 from engine.kvcache.recurrent import RecurrentState
 
-PARKED_READS = 4  # parked reads at a time (engine/loop/park_policy.py max_parked's default): parked in place,
-# a read keeps its two states on the device
-SPARE_STATES = 4 + 2 * PARKED_READS  # beside the running requests' two each (--max-running counts the answers read
-# again too: engine/loop/admission.py state_room): the zero state, the decode graphs' padding rows' two, a rewind's
-# copy of its mark made before the state it replaces is dropped; and the parked reads'.
+PARKED_READS = 4  # parked reads at a time by default (engine/loop/park_policy.py max_parked): parked in place, a
+# read keeps its two states on the device
+SPARE_STATES = 4  # beside the running requests' two each (--max-running counts the answers read again too:
+# engine/loop/admission.py state_room) and the parked reads': the zero state, the decode graphs' padding rows' two,
+# a rewind's copy of its mark made before the state it replaces is dropped
+
+
+def states_made(running: int, parked: int = PARKED_READS) -> int:
+    """The states a hybrid's engine makes at start: two for each running request and parked read, and the spare."""
+    return 2 * (running + parked) + SPARE_STATES
 
 
 class StateMemory:

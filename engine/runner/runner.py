@@ -20,7 +20,7 @@ from engine.kvcache.kv import KVCache, KVSnapshot
 from engine.model.forward import LlamaModel
 from engine.model.hybrid import HybridModel
 from engine.kvcache.recurrent import SequenceState, zero_state
-from engine.kvcache.state_memory import SPARE_STATES, StateMemory
+from engine.kvcache.state_memory import PARKED_READS, StateMemory, states_made
 from engine.ops.expert_cache import caches
 from engine.kvcache.state_cache import StateCache
 from engine.ops.delta_rule import CHUNK as STATE_CHUNK
@@ -39,15 +39,14 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: Weights, backend: Backend, ctx: int, chunk: int,
                  eos_ids: frozenset[int], model_path: str = "", memory: dict[str, str] | None = None,
                  cuda_graphs: bool = True, max_running: int = 1, blocks: int | None = None,
-                 block_size: int = 64, cache_ram_bytes: int = 0, kv_type: str = "auto"):
+                 block_size: int = 64, cache_ram_bytes: int = 0, kv_type: str = "auto", parked: int = PARKED_READS):
         self.cfg, self.backend, self.ctx, self.chunk = cfg, backend, ctx, chunk
         self.max_running, self.max_batch = max_running, MAX_BATCH
         self.memory = memory or {}
-        self.model = (HybridModel if cfg.hybrid else LlamaModel)(cfg, weights, backend)
+        self.model, gpu = (HybridModel if cfg.hybrid else LlamaModel)(cfg, weights, backend), backend.name == "gpu"
         # (on a GPU a hybrid's states are made in a pool of their own, its room taken now: the memory plan's)
-        self.state_memory = StateMemory(backend.xp, 2 * max_running + SPARE_STATES,
-                                        partial(zero_state, cfg, backend.xp, chunk)) \
-            if cfg.hybrid and backend.name == "gpu" else None
+        self.state_memory = StateMemory(backend.xp, states_made(max_running, parked),  # (parked: reads at a time)
+                                        partial(zero_state, cfg, backend.xp, chunk)) if cfg.hybrid and gpu else None
         self.recurrent = zero_state(cfg, backend.xp, chunk)  # a hybrid's fresh recurrent state, else None
         self.read_align = 1 if self.recurrent is None else STATE_CHUNK  # where a read short of its prompt's end may end
         self.expert_caches = caches(weights.layers)  # routed experts behind device slots (engine/ops/expert_cache.py)

@@ -9,7 +9,7 @@ import pytest
 from engine.modelfile.model_config import HybridConfig, ModelConfig, ModelLoadError
 from engine.kvcache import sizing as memory
 from engine.kvcache.recurrent import state_bytes
-from engine.kvcache.state_memory import SPARE_STATES
+from engine.kvcache.state_memory import PARKED_READS, SPARE_STATES
 from engine.kvcache.sizing import CPU_POOL_CONTEXTS, DEFAULT_SNAPSHOT_BYTES, Running, plan_context
 
 GiB = 2**30
@@ -124,13 +124,16 @@ def test_a_hybrids_running_requests_take_half_the_room_by_default_and_the_rest_o
     assert 150 * 2**20 < each < 152 * 2**20
     h100 = device(30.3, weights_gib=48.2)
     plan = plan_context(NEXT_80B, h100, None, 4096, None, running=Running(256, given=False, state_bytes=each))
-    spare = SPARE_STATES * each // 2  # (the zero state, the padding rows', a rewind's)
+    spare = (SPARE_STATES + 2 * PARKED_READS) * each // 2  # (the zero state, the padding rows', a rewind's; 4 parked)
     room = int(30.3 * GiB) - memory.scratch_bytes(NEXT_80B, 4096) - memory.RESERVE_BYTES - spare
     assert plan.max_running == room // each // memory.STATES_SHARE and 64 < plan.max_running < 256
     assert plan.states_bytes == plan.max_running * each + spare
     left = room + spare - plan.states_bytes  # what the states leave the pool
     assert plan.kv_bytes <= left < plan.kv_bytes + 64 * 12 * 2 * 2 * 256 * 2  # at most a block short
     assert plan.ctx == 262144 and f"({plan.max_running} running requests)" in plan.split()
+    # reads parked at a time keep their states: 16 of them (--prefill-preempt-max-parked) take 12 more than the 4
+    more = plan_context(NEXT_80B, h100, None, 4096, None, running=Running(plan.max_running, True, each, parked=16))
+    assert more.states_bytes == plan.states_bytes + 12 * each and more.kv_bytes < plan.kv_bytes
     # given on the command line: kept where it fits, refused with the most that fits where it does not
     assert plan_context(NEXT_80B, h100, None, 4096, None, running=Running(150, True, each)).max_running == 150
     with pytest.raises(ModelLoadError, match=rf"--max-running 256 does not fit.*at most --max-running {room // each - 1}"):
