@@ -38,7 +38,6 @@ class StateMemory:
         self.pool = cp.cuda.MemoryPool(self.device_malloc)
         with self.allocating():
             held = [make() for _ in range(states)]
-        self.held_bytes = sum(s.nbytes for s in held)
         del held  # (their chunks stay in the pool, free for the states to come)
         recurrent.allocate_states_in(self.allocating)
 
