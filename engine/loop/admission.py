@@ -102,9 +102,7 @@ class Admission:
         plan set aside for --max-running requests' (engine/kvcache/state_memory.py): a new request takes the
         newest answer's read again where it needs its room; one in the step whose lines these are is let go
         once that step is done (before the new request's first read makes its states)."""
-        if self.runner.recurrent is None:
-            return
-        while self.requests.held() + self.requests.settling() - len(self.memory.let_go) >= self.runner.max_running:
+        while self.states_full():
             settling = self.memory.droppable_settling()
             in_step = [s for s in self.requests.in_step if s.settling and s not in self.memory.let_go]
             if settling:
@@ -113,6 +111,14 @@ class Admission:
                 self.memory.let_go.append(in_step[-1])
             else:
                 return
+
+    def states_full(self) -> bool:
+        """A hybrid's running requests and answers read again (less those let go at the end of this step) hold all
+        the room for recurrent states the memory plan set aside (--max-running requests'); never for other models."""
+        if self.runner.recurrent is None:
+            return False
+        taken = self.requests.held() + self.requests.settling() - len(self.memory.let_go)
+        return taken >= self.runner.max_running
 
     def drafter(self, prompt: tuple[int, ...]):
         """A request's drafter: the draft model's (engine/runner/draft_model.py), else the n-gram one."""
@@ -200,8 +206,7 @@ class Admission:
         if not (self.reuse and self.runner.shape_free and reason in ("stop", "length") and seq.table
                 and not seq.paused and upto > seq.total):
             return False
-        if self.runner.recurrent is not None and \
-                self.requests.held() + self.requests.settling() >= self.runner.max_running:
+        if self.states_full():
             return False
         seq.prompt = seq.prompt + tuple(seq.generated[: upto - seq.total])
         seq.settling = True
