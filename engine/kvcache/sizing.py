@@ -187,15 +187,13 @@ def fit_running(running: Running, room: int, free: int, scratch: int) -> tuple[i
     spare = states_made(0, running.parked) * each // 2  # (a request holds two)
     room -= spare
     most = max(0, room) // each
-    if running.given:
-        if running.count >= most:  # (and a KV block's room beside them)
-            raise ModelLoadError(
-                f"--max-running {running.count} does not fit: the running requests' recurrent states take "
-                f"{each / MiB:.0f} MiB each ({running.count * each / 2**30:.1f} GiB), but {max(0, room) / 2**30:.1f} GiB "
-                f"are left once the weights, the prompt scratch and the reserve have theirs; "
-                f"at most --max-running {max(0, most - 1)} fits")
-        return running.count, running.count * each + spare
-    count = min(running.count, most // STATES_SHARE)
+    count = running.count if running.given else min(running.count, most // STATES_SHARE)
+    if running.given and count >= most:  # (and a KV block's room beside them)
+        raise ModelLoadError(
+            f"--max-running {count} does not fit: the running requests' recurrent states take "
+            f"{each / MiB:.0f} MiB each ({count * each / 2**30:.1f} GiB), but {max(0, room) / 2**30:.1f} GiB "
+            f"are left once the weights, the prompt scratch and the reserve have theirs; "
+            f"at most --max-running {max(0, most - 1)} fits")
     if count < 1:
         raise ModelLoadError(f"no room for a request's recurrent states ({each / MiB:.0f} MiB) and a KV cache: "
                              f"{free / 2**30:.1f} GiB free after loading the weights, " + short_of_room(scratch, 0))
