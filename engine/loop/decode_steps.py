@@ -37,8 +37,7 @@ class DecodeSteps:
         that go on (each with a block for its new row; a request that cannot have one is paused)."""
         going = []
         now = began = time.perf_counter()
-        self.runner.pick_ahead([s for s in seqs if not s.paused and not s.unstepped and not s.replay])  # (the GPU's
-        # plain draws at once)
+        self.runner.pick_ahead([s for s in seqs if not s.paused and not s.unstepped])  # (the GPU's plain draws at once)
         for seq in seqs:
             if seq.paused:  # paused by an earlier row's need in this step
                 continue
@@ -83,7 +82,7 @@ class DecodeSteps:
             return
         spare = decoder.size(rows) - rows
         watching = [s for s in going
-                    if s.drafter is not None and s.drafter.watches and s.kv_len <= FREE_ROW_KEYS and not s.replay]
+                    if s.drafting and s.drafter.watches and s.kv_len <= FREE_ROW_KEYS]
         for seq in sorted(watching, key=lambda s: -s.drafter.alphas()[min(len(s.drafts), s.drafter.most - 1)]):
             if spare <= 0:
                 return
@@ -109,7 +108,7 @@ class DecodeSteps:
         """With a draft model (engine/runner/draft_model.py), its drafts for every request that drafts, in
         one batched run, before each request takes its own (drafts), each drafted token at its row's cost and a
         draft forward's (RowCost.draft_fraction). -> the seconds it took (0 without one)."""
-        drafting = [s for s in going if s.drafter is not None and not s.replay]
+        drafting = [s for s in going if s.drafting]
         model = self.runner.draft_model
         if model is None or not drafting:
             return 0.0
@@ -121,7 +120,7 @@ class DecodeSteps:
     def drafts(self, seq: Sequence, cost: float) -> list[int]:
         """The tokens seq's drafter proposes after its newest at `cost` a row (none without one), as many as
         its answer and context may still take."""
-        if seq.drafter is None or seq.replay:  # (a continuation's next rows are its tokens so far)
+        if not seq.drafting:
             return []
         return seq.drafter.propose(cost)[: seq.draft_room(self.runner.ctx)]
 

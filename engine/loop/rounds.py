@@ -190,8 +190,7 @@ class Rounds:
         self.requests.in_step = []
         self.memory.drop_let_go()
         self.runner.pick_ahead([seq for seq, _ in pieces  # the first tokens the loop below draws, at once on a GPU
-                                if not seq.settling and seq.finish is None and not seq.reading and seq.pool is None
-                                and not seq.replay])
+                                if not seq.settling and seq.finish is None and not seq.reading and seq.pool is None])
         for (seq, _), pos in zip(pieces, before):
             if seq.settling:
                 continue

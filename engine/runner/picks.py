@@ -40,10 +40,11 @@ class Picks:
 
     def ahead(self, seqs: list[Sequence]) -> None:
         """The next tokens of the plain sampling requests among seqs (each about to be drawn, in this order)
-        drawn together, each kept in seq.picked for its sample(); the uniforms taken here, one each."""
+        drawn together, each kept in seq.picked for its sample(); the uniforms taken here, one each. (Not a
+        continuation's tokens so far: they go through again, not drawn.)"""
         if self.batch is None:
             return
-        rows = [s for s in seqs if s.sampler.batchable and s.picked is None and not s.draft_logits]
+        rows = [s for s in seqs if s.sampler.batchable and s.picked is None and not s.draft_logits and not s.replay]
         for start in range(0, len(rows), self.batch.rows):
             batch = rows[start : start + self.batch.rows]
             graph_rows = [s.graph_row for s in batch]  # (a decode step's rows: one gather from the graph's output)

@@ -65,6 +65,12 @@ class Sequence:
         return not self.reading and self.finish is None and not self.paused
 
     @property
+    def drafting(self) -> bool:
+        """It drafts the rows after its newest token (speculative decoding): a drafter, and no continuation's tokens
+        so far still to go through (those are its next rows)."""
+        return self.drafter is not None and not self.replay
+
+    @property
     def kv_len(self) -> int:
         """The newest token's position: the prompt plus all generated tokens but the newest (the rows
         a decode step attends to before writing the newest token's)."""
