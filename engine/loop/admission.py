@@ -189,7 +189,7 @@ class Admission:
         if self.settles(seq, reason):
             self.requests.settle(seq)
             return
-        self.memory.release(seq)
+        self.memory.end(seq)
         self.memory.report_pool()
 
     def settles(self, seq: Sequence, reason: str) -> bool:
@@ -216,4 +216,4 @@ class Admission:
         """End a request with an ERR (nothing else can be done for it); its blocks go back."""
         self.write(m.Err(message, seq.id))
         self.requests.remove(seq)
-        self.memory.release(seq)
+        self.memory.end(seq)

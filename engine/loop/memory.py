@@ -90,7 +90,7 @@ class Memory:
         """A finished request's answer, read again for sharing, is let go (what is registered stays); the
         pool's state goes to the server (its DONE reported the blocks still held)."""
         self.requests.line.remove(seq)
-        self.release(seq)
+        self.end(seq)
         self.report_pool()
 
     def drop_let_go(self) -> None:
@@ -100,6 +100,14 @@ class Memory:
             if seq in self.requests.line:
                 self.drop_settling(seq)
         self.let_go.clear()
+
+    def end(self, seq: Sequence) -> None:
+        """A request, or an answer read again, done with: its blocks back (release) and a hybrid's two recurrent
+        states back to their pool now, not once the last reference to seq goes (a step's lists, a cycle the
+        collector has yet to find): at 256 clients the states of requests ended in a step outlived it beside
+        their successors', past the room the memory plan made (engine/kvcache/state_memory.py)."""
+        self.release(seq)
+        seq.state = None
 
     def release(self, seq: Sequence) -> None:
         """seq's blocks back to the pool (a session's stay cached longer), and its rows in a draft model's

@@ -290,6 +290,9 @@ stop_server() {  # NAME: SIGINT, then SIGKILL to the server and its children aft
   kill -9 $SERVER_PID $children 2>/dev/null || true
   wait $SERVER_PID 2>/dev/null || true
   echo "--- $1 server log, last lines"; tail -5 /tmp/server_$1.log
+  [ -n "${KEEP_SERVER_LOG:-}" ] && gzip -c /tmp/server_$1.log > "$OUT/server_$1.log.gz"  # (with STRATA_STEP_TRACE=1:
+  # a line per engine step, engine/loop/step_trace.py)
+  return 0
 }
 serve_and_bench() {  # NAME JSON VERSION COMMAND...
   local name=$1 json=$2 version=$3

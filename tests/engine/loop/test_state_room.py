@@ -70,3 +70,18 @@ def test_a_new_request_takes_the_room_of_an_answer_read_again(runner):
     assert not any(isinstance(x, (m.Err, m.Defer)) for x in out)
     assert dropped[0] == (1, True)  # A's read again let go before its end, for B (B's own, later, to its end)
     assert loop.requests.settling() == 0 and loop.memory.let_go == []
+
+
+def test_an_ended_request_gives_its_states_back_at_once(runner):
+    """A request's two recurrent states go back to their pool when it ends (its answer read again ends too),
+    not when the last reference to it goes: the room its successor's states are made in."""
+    seqs = []
+
+    def taken(loop, line):  # each request as the engine took it
+        if isinstance(line, m.Info) and line.id in loop.requests.seqs:
+            seqs.append(loop.requests.seqs[line.id])
+
+    for gen in (m.Gen(70, tuple(A), GREEDY, 1), m.Gen(8, tuple(B), {**GREEDY, "reuse": 0}, 2)):
+        assert tokens(serve(runner, [gen], taken)[1], gen.id)
+    assert [seq.id for seq in seqs] == [1, 2] and seqs[0].settling  # (A's answer was read again)
+    assert all(seq.state is None for seq in seqs)  # A's after its answer's read again, B's at its DONE
