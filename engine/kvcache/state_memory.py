@@ -12,6 +12,7 @@ default pool; the pool's figures say how many there are. A state past those (a p
 the device, after the default pool's unused chunks are handed back to it."""
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from typing import Callable
 
@@ -36,9 +37,11 @@ class StateMemory:
         made from now on (RecurrentState's allocations: engine/kvcache/recurrent.py allocate_states_in)."""
         self.cp, self.states = cp, states
         self.pool = cp.cuda.MemoryPool(self.device_malloc)
+        self.past: int | None = None  # chunks asked of the device after those made at start (None while they are made)
         with self.allocating():
             held = [make() for _ in range(states)]
         del held  # (their chunks stay in the pool, free for the states to come)
+        self.past = 0
         recurrent.allocate_states_in(self.allocating)
 
     @contextmanager
@@ -49,6 +52,10 @@ class StateMemory:
     def device_malloc(self, size: int):
         """The device's memory for a chunk past the states made at start: the default pool's unused chunks handed
         back first (CuPy frees only the pool that ran out's own)."""
+        if self.past is not None:
+            self.past += 1
+            print(f"strata: a recurrent state's chunk ({size / 2**20:.1f} MiB) past the {self.states} states made at start "
+                  f"({self.past} so far): more states live than the memory plan counted", file=sys.stderr, flush=True)
         runtime = self.cp.cuda.runtime
         try:
             return self.cp.cuda.memory._malloc(size)
