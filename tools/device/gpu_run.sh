@@ -438,7 +438,7 @@ for step in "$@"; do
         --decode-contexts 512 --label llama3-8b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | grep decode_at
       timeout 70 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 --repeats 1 \
         --batches 16,64 --label llama3-8b-shape-q4_k_m --json "$OUT/batch_decode_gpu.json" 2>&1 | grep "requests:" ;;
-    order)  # issue 48's slab order (tools/device/pending/04-slab-order.patch) checked: mmq against the dp4a rows alone at
+    order)  # issue 48's slab order (the dropped pending 04, bench/HISTORY.md) checked: mmq against the dp4a rows alone at
       # 1-256 rows and against NumPy (every kind), its times beside the dp4a kernels' and its block shapes; the dp4a
       # and fused matvecs against NumPy; the decode graphs' logits (pdl_check)
       synth_mq
