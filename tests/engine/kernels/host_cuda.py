@@ -40,13 +40,36 @@ def host_source(name: str) -> str:
     return DYNAMIC_SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(host_grid::arena);", source)
 
 
+def without_launch_bounds(text: str) -> str:
+    while (at := text.find("__launch_bounds__")) >= 0:
+        depth, end = 0, text.index("(", at)
+        for end in range(end, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        text = text[:at] + text[end + 1:]
+    return text
+
+
+@functools.lru_cache(maxsize=None)
+def kernels_in(name: str, defines: tuple[str, ...] = ()) -> frozenset[str]:
+    """The extern "C" kernels of engine/kernels' file `name` as compiled with -D `defines` (a file's part): its
+    source preprocessed, as NVRTC sees it, by the C preprocessor."""
+    source = "\n".join(line for line in kernel_source(name).splitlines() if not line.startswith("#include <"))
+    text = subprocess.run(["cpp", "-P", *(f"-D{d}" for d in defines)], input=source, capture_output=True, text=True,
+                          check=True).stdout
+    return frozenset(re.findall(r'extern "C"\s+__global__\s+void\s+(\w+)\s*\(', without_launch_bounds(text)))
+
+
 def host_library(name: str, workdir: Path, kernels: tuple[str, ...] = (), extra: str = "",
                  defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     """`name` compiled for the host with cuda_host.h (and -D `defines`: a file's part), a launch_<kernel> entry for
-    each of `kernels`, and `extra` (host code calling into it), loaded; compiled once for all that make it the same
-    (built_dir), in workdir."""
+    each of `kernels` and every other kernel the file (part) holds, and `extra` (host code calling into it), loaded;
+    compiled once for all that make it the same (built_dir), in workdir: a part compiles once whichever of its
+    kernels a test asks for (they asked for different ones, and the same part compiled two or three times)."""
+    every = sorted(set(kernels) | (kernels_in(name, defines) if kernels else set()))
     wrappers = "".join(f'\nextern "C" void launch_{k}(const unsigned* dims, void** args) '
-                       f"{{ host_grid::launch_kernel(&{k}, dims, args); }}" for k in kernels)
+                       f"{{ host_grid::launch_kernel(&{k}, dims, args); }}" for k in every)
     source = host_source(name) + wrappers + "\n" + extra
     flags = ["-std=c++17", "-O1", "-shared", "-fPIC", *(f"-D{d}" for d in defines)]
     key = hashlib.sha256("\0".join([compiler_identity(), HEADER.read_text(), source, *flags]).encode()).hexdigest()

@@ -7,18 +7,18 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import replace
-import subprocess
 from types import SimpleNamespace
 
 import pytest
 
 from engine.core.quantized import BLOCKS
-from engine.kernels import build, built_kernels, kernel_source, sm90
+from engine.kernels import build, built_kernels, sm90
 from engine.kernels.loader import KernelLoader
 from engine.kernels.model_parts import ModelKernels
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import read_config
 from engine.startup import model_kernels
+from tests.engine.kernels.host_cuda import kernels_in
 
 KIND = "|".join(sorted([*BLOCKS, "F16"], key=len, reverse=True))  # a kernel name's weight type (longest first)
 MODELS = {  # name -> what decides its kernels
@@ -36,24 +36,10 @@ def first_built(model: ModelKernels) -> list[build.Unit]:
     return [unit for unit in build.units(built_kernels()) if model.wants(unit)]
 
 
-def without_launch_bounds(text: str) -> str:
-    while (at := text.find("__launch_bounds__")) >= 0:
-        depth, end = 0, text.index("(", at)
-        for end in range(end, len(text)):
-            depth += {"(": 1, ")": -1}.get(text[end], 0)
-            if depth == 0:
-                break
-        text = text[:at] + text[end + 1:]
-    return text
-
-
 @functools.cache
 def defined(unit: build.Unit) -> frozenset[str]:
     """The kernels one compilation holds: its source preprocessed with its -D options."""
-    source = "\n".join(line for line in kernel_source(unit.source).splitlines() if not line.startswith("#include <"))
-    defines = [o for o in unit.options(()) if o.startswith("-D")]
-    text = subprocess.run(["cpp", "-P", *defines], input=source, capture_output=True, text=True, check=True).stdout
-    return frozenset(re.findall(r'extern "C"\s+__global__\s+void\s+(\w+)\s*\(', without_launch_bounds(text)))
+    return kernels_in(unit.source, tuple(o[2:] for o in unit.options(()) if o.startswith("-D")))
 
 
 def asked_for(model: ModelKernels) -> set[str]:
