@@ -23,8 +23,11 @@ DECODE_DECAY = 0.7  # an older decode step's weight against each newer one in a 
 
 
 class ReadPauses:
-    def __init__(self, runner, requests, decode_step: Callable[[list[Sequence]], None], interval_ms: float):
+    def __init__(self, runner, requests, decode_step: Callable[[list[Sequence]], None], interval_ms: float,
+                 newcomers: Callable[[], None] | None = None):
+        """newcomers(): after a pause's decode step, the reads that came meanwhile (engine/loop/rounds.py)."""
         self.runner, self.requests, self.decode_step, self.interval_ms = runner, requests, decode_step, interval_ms
+        self.newcomers = newcomers
         self.ms_rows = [0.0, 0.0]  # recent prompt steps' own ms and rows, older ones weighing less
         self.decoded_at = 0.0  # when the decoders' latest step ended (clock)
         self.decode_ms = 0.0  # a decode step's time, recent ones weighing more: a token's wait is the step's too
@@ -85,7 +88,10 @@ class ReadPauses:
             self.decode_step(decoding)
             self.runner.synchronize()
             self.decoded(now)
-            self.paused_ms += (self.decoded_at - now) * 1000
-            waited = 0.0
+            if self.newcomers is not None:
+                self.newcomers()
+            after = self.clock()
+            self.paused_ms += (after - now) * 1000
+            waited = (after - self.decoded_at) * 1000  # (a newcomer's read since the decoders' step)
 
         return pause

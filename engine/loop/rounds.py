@@ -50,7 +50,8 @@ class Rounds:
         self.trace = StepTrace()  # a line per step on stderr with $STRATA_STEP_TRACE
         self.decoding = DecodeSteps(runner, memory, admission, write, self.trace)
         self.decode_step, self.draw = self.decoding.step, self.decoding.draw
-        self.pauses = ReadPauses(runner, requests, self.decode_step, limits.interval_ms)  # a long step's decode steps
+        self.pauses = ReadPauses(runner, requests, self.decode_step, limits.interval_ms,  # a long step's decode steps
+                                 self.read_newcomers)
 
     def take_lines(self) -> None:
         """The control lines that arrived meanwhile, handled without waiting."""
@@ -160,15 +161,38 @@ class Rounds:
             self.admission.drop(reader, f"the KV pool ({pool.total} blocks of {pool.size}) cannot hold "
                                         f"this request's next chunk")
 
-    def read_step(self, pieces: list[tuple[Sequence, int]]) -> None:
-        """One prompt step over `pieces`; then each read's PP, and its first token, park or end."""
+    def read_newcomers(self) -> None:
+        """In a long prompt step's pause for the decoders (engine/loop/read_pauses.py), where rows do not depend on
+        the step: the lines that came meanwhile, then the reads that came and end within a step, read now in a step
+        of their own. Their first token comes in the pause, not after the long step, which the decoders' steps in its
+        pauses stretch (a 2,048-row step of the 80B hybrid ~0.7 s beside 64 decoders: bench/HISTORY.md, fourteenth
+        session). The long step's reads stay in_step: a STOP for one waits for its end."""
+        if not self.runner.shape_free:
+            return  # (one read a step: the server parks the long read for a newcomer instead)
+        self.take_lines()
+        outer, left, keys, pieces = self.requests.in_step, min(self.step_tokens, self.runner.chunk), 0, []
+        for seq in self.requests.readers():
+            if seq in outer or seq.settling or seq.pos > seq.cached or seq.total - seq.pos > left:
+                continue
+            if self.runner.step_keys is not None and keys + seq.total > self.runner.step_keys:
+                break
+            if not self.memory.get_blocks(seq, seq.total, pause_others=False):
+                break
+            pieces.append((seq, seq.total))
+            left, keys = left - (seq.total - seq.pos), keys + seq.total
+        if pieces:
+            self.read_step(pieces, outer)
+
+    def read_step(self, pieces: list[tuple[Sequence, int]], outer: list[Sequence] | None = None) -> None:
+        """One prompt step over `pieces`; then each read's PP, and its first token, park or end. outer: the reads of
+        the long step in whose pause this one runs (read_newcomers), its own pauses none."""
         started = time.perf_counter()
         before = [seq.pos for seq, _ in pieces]
-        self.requests.in_step = [seq for seq, _ in pieces]
+        self.requests.in_step = [*(outer or ()), *(seq for seq, _ in pieces)]
         rows = sum(end - pos for (_, end), pos in zip(pieces, before))
-        self.runner.read_prompts(pieces, self.pauses.plan(pieces[0][0], rows))
+        self.runner.read_prompts(pieces, None if outer else self.pauses.plan(pieces[0][0], rows))
         ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
-        paused_ms = self.pauses.paused_ms
+        paused_ms = 0.0 if outer else self.pauses.paused_ms
         own_ms = ms - paused_ms  # the step's own time, without its pauses
         self.pauses.observe(rows, own_ms)
         self.trace.step("prompt", started, rows=rows,
@@ -187,8 +211,9 @@ class Rounds:
             seq.prompt_ms += own_ms
             seq.shared_ms += paused_ms
         self.take_lines()  # lines that arrived during this step, before its PPs
-        self.requests.in_step = []
-        self.memory.drop_let_go()
+        self.requests.in_step = list(outer or ())
+        if not outer:  # (the long step's answers read again, let go, are dropped once it is done)
+            self.memory.drop_let_go()
         self.runner.pick_ahead([seq for seq, _ in pieces  # the first tokens the loop below draws, at once on a GPU
                                 if not seq.settling and seq.finish is None and not seq.reading and seq.pool is None])
         for (seq, _), pos in zip(pieces, before):

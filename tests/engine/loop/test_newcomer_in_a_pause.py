@@ -1,0 +1,76 @@
+"""A short request that comes while a long prompt step pauses for the decoders is read in that pause, in a step of
+its own, where rows do not depend on the step (engine/loop/rounds.py read_newcomers): its first token comes before
+the long step's end, and every request's tokens are those it has alone. The engine's loop in this process over the
+real runner and a tiny qwen3next file (its rows the same in any step on the CPU), the decoders given a step at
+every layer of a read (a decode interval of 0.01 ms)."""
+import subprocess
+import sys
+
+import pytest
+
+from engine.loop.loop import EngineLoop
+from engine.loop.park_policy import ParkPolicy
+from engine.loop.step_limits import StepLimits
+from engine.model.weights import load_model
+from engine.ops.backend import cpu_backend
+from engine.runner.runner import ModelRunner
+from protocol import messages as m
+from tests.engine.model.test_hybrid import CHUNK, ROOT, SHAPE
+
+GREEDY = {"temperature": 0.0, "seed": 0, "reuse": 0}
+D = m.Gen(60, tuple(range(40, 60)), GREEDY, 1)  # a decoder
+A = m.Gen(4, tuple(range(300, 300 + 5 * CHUNK)), GREEDY, 2)  # a long read: five steps
+B = m.Gen(6, tuple(range(900, 930)), GREEDY, 3)  # the newcomer
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hybrid") / "qwen3next.gguf"
+    subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--arch",
+                    "qwen3next", *SHAPE, "--seed", "7"], check=True, capture_output=True)
+    backend = cpu_backend()
+    cfg, weights, _ = load_model(str(path), backend)
+    runner = ModelRunner(cfg, weights, backend, ctx=1024, chunk=CHUNK, eos_ids=frozenset(), max_running=4)
+    runner.warm_up()
+    assert runner.shape_free
+    return runner
+
+
+def serve(runner, gens: list[m.Gen], arrives: m.Gen | None = None) -> list:
+    """The loop's lines for `gens` given at once, and `arrives` put in at the first pause of A's read."""
+    out = []
+    loop = EngineLoop(runner, ParkPolicy(), out.append, limits=StepLimits(interval_ms=0.01))
+    decode_step = loop.rounds.pauses.decode_step
+
+    def in_a_pause(decoding):
+        nonlocal arrives
+        if arrives is not None and any(seq.id == A.id for seq in loop.requests.in_step):
+            loop.inbox.put(arrives)
+            out.append("arrived")
+            arrives = None
+        decode_step(decoding)
+
+    loop.rounds.pauses.decode_step = in_a_pause
+    for gen in gens:
+        loop.control(gen)
+    while loop.busy or not loop.inbox.empty():
+        loop.take_lines(block=False)
+        loop.round()
+    assert not any(isinstance(x, (m.Err, m.Defer)) for x in out), out
+    return out
+
+
+def tokens(out, ident) -> list[int]:
+    return [x.token for x in out if isinstance(x, m.Token) and x.id == ident]
+
+
+def test_a_newcomer_is_read_in_a_pause_of_the_long_step_with_the_tokens_it_has_alone(runner):
+    out = serve(runner, [D, A], arrives=B)
+    at = out.index("arrived")
+    b_first = next(i for i, x in enumerate(out) if isinstance(x, m.Token) and x.id == B.id)
+    a_step_end = next(i for i, x in enumerate(out) if i > at and isinstance(x, m.PromptProgress) and x.id == A.id)
+    assert at < b_first < a_step_end  # B's first token before the end of the step it came in
+    assert a_step_end < next(i for i, x in enumerate(out) if i > a_step_end and isinstance(x, m.PromptProgress)
+                             and x.id == A.id)  # (A read on after it: B came in its first steps)
+    for gen in (D, A, B):
+        assert tokens(out, gen.id) == tokens(serve(runner, [gen]), gen.id) and len(tokens(out, gen.id)) == gen.max_new
