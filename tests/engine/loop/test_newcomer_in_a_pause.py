@@ -3,19 +3,15 @@ its own, where rows do not depend on the step (engine/loop/rounds.py read_newcom
 the long step's end, and every request's tokens are those it has alone. The engine's loop in this process over the
 real runner and a tiny qwen3next file (its rows the same in any step on the CPU), the decoders given a step at
 every layer of a read (a decode interval of 0.01 ms)."""
-import subprocess
-import sys
 
 import pytest
 
 from engine.loop.loop import EngineLoop
 from engine.loop.park_policy import ParkPolicy
 from engine.loop.step_limits import StepLimits
-from engine.model.weights import load_model
-from engine.ops.backend import cpu_backend
-from engine.runner.runner import ModelRunner
 from protocol import messages as m
-from tests.engine.model.test_hybrid import CHUNK, ROOT, SHAPE
+from tests.engine.loop.hybrid_runner import hybrid_runner
+from tests.engine.model.test_hybrid import CHUNK
 
 GREEDY = {"temperature": 0.0, "seed": 0, "reuse": 0}
 D = m.Gen(60, tuple(range(40, 60)), GREEDY, 1)  # a decoder
@@ -25,15 +21,7 @@ B = m.Gen(6, tuple(range(900, 930)), GREEDY, 3)  # the newcomer
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
-    path = tmp_path_factory.mktemp("hybrid") / "qwen3next.gguf"
-    subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--arch",
-                    "qwen3next", *SHAPE, "--seed", "7"], check=True, capture_output=True)
-    backend = cpu_backend()
-    cfg, weights, _ = load_model(str(path), backend)
-    runner = ModelRunner(cfg, weights, backend, ctx=1024, chunk=CHUNK, eos_ids=frozenset(), max_running=4)
-    runner.warm_up()
-    assert runner.shape_free
-    return runner
+    return hybrid_runner(tmp_path_factory.mktemp("hybrid"), max_running=4)
 
 
 def serve(runner, gens: list[m.Gen], arrives: m.Gen | None = None) -> list:

@@ -3,18 +3,13 @@
 gives them up to a new request (engine/loop/admission.py state_room). The engine's loop in this process over the
 real runner and a tiny qwen3next file, one running request at most, the new request's GEN put in while the answer's
 read again is in its step."""
-import subprocess
-import sys
 
 import pytest
 
 from engine.loop.loop import EngineLoop
 from engine.loop.park_policy import ParkPolicy
-from engine.model.weights import load_model
-from engine.ops.backend import cpu_backend
-from engine.runner.runner import ModelRunner
 from protocol import messages as m
-from tests.engine.model.test_hybrid import CHUNK, ROOT, SHAPE
+from tests.engine.loop.hybrid_runner import hybrid_runner
 
 GREEDY = {"temperature": 0.0, "seed": 0}
 A, B = list(range(300, 450)), list(range(900, 960))
@@ -22,15 +17,7 @@ A, B = list(range(300, 450)), list(range(900, 960))
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
-    path = tmp_path_factory.mktemp("hybrid") / "qwen3next.gguf"
-    subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--arch",
-                    "qwen3next", *SHAPE, "--seed", "7"], check=True, capture_output=True)
-    backend = cpu_backend()
-    cfg, weights, _ = load_model(str(path), backend)
-    runner = ModelRunner(cfg, weights, backend, ctx=1024, chunk=CHUNK, eos_ids=frozenset(), max_running=1)
-    runner.warm_up()
-    assert runner.shape_free  # (answers are read again only where rows do not depend on the step)
-    return runner
+    return hybrid_runner(tmp_path_factory.mktemp("hybrid"), max_running=1)
 
 
 def serve(runner, gens: list[m.Gen], on_line=None) -> tuple[EngineLoop, list]:

@@ -1,0 +1,22 @@
+"""The real runner over a tiny qwen3next file on the CPU, for tests that drive the engine's loop in process: its
+rows are the same in any step there (shape_free), so its reads share steps and answers are read again."""
+import subprocess
+import sys
+
+from engine.model.weights import load_model
+from engine.ops.backend import cpu_backend
+from engine.runner.runner import ModelRunner
+from tests.engine.model.test_hybrid import CHUNK, ROOT, SHAPE
+
+
+def hybrid_runner(folder, max_running: int) -> ModelRunner:
+    """A warmed-up runner (a 1,024-token context, CHUNK-row chunks) of a qwen3next file written into `folder`."""
+    path = folder / "qwen3next.gguf"
+    subprocess.run([sys.executable, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--arch",
+                    "qwen3next", *SHAPE, "--seed", "7"], check=True, capture_output=True)
+    backend = cpu_backend()
+    cfg, weights, _ = load_model(str(path), backend)
+    runner = ModelRunner(cfg, weights, backend, ctx=1024, chunk=CHUNK, eos_ids=frozenset(), max_running=max_running)
+    runner.warm_up()
+    assert runner.shape_free
+    return runner
