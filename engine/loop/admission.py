@@ -145,9 +145,8 @@ class Admission:
                 seq.from_host = (self.pool.tier.loaded - loaded) * size
         if self.memory.get_blocks(seq, chunk_end(seq.pos, seq.total, chunk), pause_others=False):
             return True
-        self.memory.release(seq)
+        self.memory.end(seq)  # (and a hybrid's state at its cached prefix)
         seq.pos = seq.cached = seq.from_host = 0
-        seq.state = None  # (a hybrid's state at its cached prefix)
         return False
 
     def resume_state(self, seq: Sequence) -> None:

@@ -103,9 +103,9 @@ class Memory:
 
     def end(self, seq: Sequence) -> None:
         """A request, or an answer read again, done with: its blocks back (release) and a hybrid's two recurrent
-        states back to their pool now, not once the last reference to seq goes (a step's lists, a cycle the
-        collector has yet to find): at 256 clients the states of requests ended in a step outlived it beside
-        their successors', past the room the memory plan made (engine/kvcache/state_memory.py)."""
+        states back to their pool now, not once the last reference to seq goes: at 256 clients the states of
+        requests ended in a step outlived it beside their successors', past the room the memory plan made
+        (engine/kvcache/state_memory.py)."""
         self.release(seq)
         seq.state = None
 
