@@ -183,12 +183,12 @@ class Rounds:
         if pieces:
             self.read_step(pieces, outer)
 
-    def read_step(self, pieces: list[tuple[Sequence, int]], outer: list[Sequence] | None = None) -> None:
+    def read_step(self, pieces: list[tuple[Sequence, int]], outer: list[Sequence] | tuple = ()) -> None:
         """One prompt step over `pieces`; then each read's PP, and its first token, park or end. outer: the reads of
         the long step in whose pause this one runs (read_newcomers), its own pauses none."""
         started = time.perf_counter()
         before = [seq.pos for seq, _ in pieces]
-        self.requests.in_step = [*(outer or ()), *(seq for seq, _ in pieces)]
+        self.requests.in_step = [*outer, *(seq for seq, _ in pieces)]
         rows = sum(end - pos for (_, end), pos in zip(pieces, before))
         self.runner.read_prompts(pieces, None if outer else self.pauses.plan(pieces[0][0], rows))
         ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
@@ -211,7 +211,7 @@ class Rounds:
             seq.prompt_ms += own_ms
             seq.shared_ms += paused_ms
         self.take_lines()  # lines that arrived during this step, before its PPs
-        self.requests.in_step = list(outer or ())
+        self.requests.in_step = list(outer)
         if not outer:  # (the long step's answers read again, let go, are dropped once it is done)
             self.memory.drop_let_go()
         self.runner.pick_ahead([seq for seq, _ in pieces  # the first tokens the loop below draws, at once on a GPU
