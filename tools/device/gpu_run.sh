@@ -58,6 +58,9 @@
 #          tools/fixtures/make_synthetic_gguf.py OUT --vocab-only), for the fixtures' synthetic files to come out the same
 # synth    synthetic GGUFs in /tmp/m: the Llama-3-8B shape (F16) and the SmolLM2-135M shape (Q4_1)
 # small    bench/engine_bench.py on the 135M shape -> $OUT/engine_gpu.json (load, prefill, decode, profile)
+# gpucheck tools/device/gpu_check.py on the 135M shape (Q4_1): the GPU's logits against NumPy's on the golden prompts,
+#          decode graphs against eager steps, the engine process on the GPU, engine_bench at chunk 512 and 2048
+#          -> $OUT/gpu_check_135m_shape.json (the real model's run is `real`, which needs its parts carried first)
 # bench    the same on the 8B F16 shape
 # synthq   the Llama-3-8B shape in Q4_K_M (Q4_K, with Q6_K for attn_v, ffn_down and the head)
 # benchq   bench/engine_bench.py on it, quantized weights and --weights fp16 -> $OUT/engine_gpu.json
@@ -608,6 +611,9 @@ for step in "$@"; do
     synth)
       [ -f $M8 ] || python3 tools/fixtures/make_synthetic_gguf.py $M8 --preset llama3-8b --type F16 --tokenizer .device/tok.gguf 2>&1 | tail -2
       synth_ms ;;
+    gpucheck)
+      synth_ms
+      python3 tools/device/gpu_check.py --model $MS --out "$OUT/gpu_check_135m_shape.json" 2>&1 | quiet ;;
     small)
       synth_ms
       python3 bench/engine_bench.py --model $MS --device gpu --chunk 2048 --sizes 2048,8192 --repeats 5 \
