@@ -24,8 +24,9 @@ DECODE_DECAY = 0.7  # an older decode step's weight against each newer one in a 
 
 class ReadPauses:
     def __init__(self, runner, requests, decode_step: Callable[[list[Sequence]], None], interval_ms: float,
-                 newcomers: Callable[[], None] | None = None):
-        """newcomers(): after a pause's decode step, the reads that came meanwhile (engine/loop/rounds.py)."""
+                 newcomers: Callable[[float], None] | None = None):
+        """newcomers(left_ms): after a pause's decode step, the reads that came meanwhile (engine/loop/rounds.py),
+        left_ms the step's own time still to run by its layers so far."""
         self.runner, self.requests, self.decode_step, self.interval_ms = runner, requests, decode_step, interval_ms
         self.newcomers = newcomers
         self.ms_rows = [0.0, 0.0]  # recent prompt steps' own ms and rows, older ones weighing less
@@ -89,7 +90,7 @@ class ReadPauses:
             self.runner.synchronize()
             self.decoded(now)
             if self.newcomers is not None:
-                self.newcomers()
+                self.newcomers(layer_ms * (self.runner.layers - layer - 1))
             after = self.clock()
             self.paused_ms += (after - now) * 1000
             waited = (after - self.decoded_at) * 1000  # (a newcomer's read since the decoders' step)

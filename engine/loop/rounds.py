@@ -161,18 +161,23 @@ class Rounds:
             self.admission.drop(reader, f"the KV pool ({pool.total} blocks of {pool.size}) cannot hold "
                                         f"this request's next chunk")
 
-    def read_newcomers(self) -> None:
+    def read_newcomers(self, left_ms: float) -> None:
         """In a long prompt step's pause for the decoders (engine/loop/read_pauses.py), where rows do not depend on
         the step: the lines that came meanwhile, then the reads that came and end within a step, read now in a step
-        of their own. Their first token comes in the pause, not after the long step, which the decoders' steps in its
-        pauses stretch (a 2,048-row step of the 80B hybrid ~0.7 s beside 64 decoders: bench/HISTORY.md, fourteenth
-        session). The long step's reads stay in_step: a STOP for one waits for its end."""
+        of their own, their first token in the pause, not after the long step that the decoders' steps stretch (2,048
+        rows of the 80B hybrid ~0.7 s beside 64 decoders: bench/HISTORY.md, fourteenth session). Only where that
+        shortens the waits in all: the newcomer's estimated read, which each of the step's reads then waits, times
+        their count, under the step's own time left (left_ms), which it would wait (sub-agents' reads went before a
+        step of three such and held it 0.37 s: fifteenth session). The step's reads stay in_step (a STOP waits)."""
         if not self.runner.shape_free:
             return  # (one read a step: the server parks the long read for a newcomer instead)
         self.take_lines()
         outer, left, keys, pieces = self.requests.in_step, min(self.step_tokens, self.runner.chunk), 0, []
         for seq in self.requests.readers():
             if seq in outer or seq.settling or seq.pos > seq.cached or seq.total - seq.pos > left:
+                continue
+            estimate = self.pauses.estimate_ms(seq, seq.total - seq.pos)
+            if estimate is None or estimate * max(len(outer), 1) >= left_ms:
                 continue
             if self.runner.step_keys is not None and keys + seq.total > self.runner.step_keys:
                 break
