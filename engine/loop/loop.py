@@ -10,6 +10,7 @@ EngineLoop only wires its parts and dispatches the lines, each part owning its s
   parking.py        park at a chunk boundary (YIELD), resume (RESUME)
   rounds.py         one round: a batched decode step, then prompt chunks; tokens drawn and written
   step_limits.py    what bounds the steps (the decoders' interval, a step's rows and time)
+  ahead_captures.py the decode graphs an idle engine captures before their first use
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from protocol.codec import verb
 
 from engine.core.memory import out_of_memory
 from engine.loop.admission import Admission
+from engine.loop.ahead_captures import IDLE_S, AheadCaptures
 from engine.loop.memory import Memory
 from engine.loop.park_policy import ParkPolicy
 from engine.loop.parking import Parking
@@ -44,6 +46,7 @@ class EngineLoop:
         self.rounds = Rounds(runner, self.requests, self.memory, self.parking, self.admission, write,
                              self.inbox, self.control, limits)
         self.quitting = False  # QUIT: finish what runs, then exit
+        self.ahead = AheadCaptures(runner)
 
     def serve(self, stdin: TextIO) -> None:
         self.announce()
@@ -81,7 +84,13 @@ class EngineLoop:
                 raise SystemExit(m.OUT_OF_MEMORY) from None
 
     def take_lines(self, block: bool) -> None:
-        """Handle the lines that arrived; with block, wait for one first (the engine is idle)."""
+        """Handle the lines that arrived; with block, wait for one first (the engine is idle), capturing decode
+        graphs ahead of their use while none comes."""
+        while block and self.ahead.pending():
+            self.inbox.take(self.control, block, IDLE_S)
+            if self.busy or self.quitting or self.inbox.gone or not self.inbox.empty():
+                return
+            self.ahead.capture_one()
         self.inbox.take(self.control, block)
 
     def round(self) -> None:

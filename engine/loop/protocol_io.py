@@ -55,11 +55,12 @@ class Inbox:
     def start_reading(self, stdin: TextIO, write: Callable[[m.Message], None]) -> None:
         threading.Thread(target=self.read, args=(stdin, write), daemon=True).start()
 
-    def take(self, handle: Callable[[m.Message], None], block: bool) -> None:
-        """Hand the lines that arrived to `handle`; with block, wait for one first (the engine is idle)."""
+    def take(self, handle: Callable[[m.Message], None], block: bool, timeout_s: float | None = None) -> None:
+        """Hand the lines that arrived to `handle`; with block, wait for one first (the engine is idle), for
+        timeout_s at most where given."""
         while not self.gone:
             try:
-                msg = self.queue.get(block=block)
+                msg = self.queue.get(block=block, timeout=timeout_s if block else None)
             except queue.Empty:
                 return
             block = False

@@ -44,6 +44,8 @@ def bucket(pos: int, ctx: int) -> int:
 
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)  # captured batch sizes (up to MAX_BATCH, engine/runner/runner.py)
+AHEAD_ROWS, AHEAD_KEYS = 16, 8192  # the graphs captured ahead of their first use while the engine is idle: batch
+# sizes up to AHEAD_ROWS at buckets up to AHEAD_KEYS (20 graphs, ~1 s of idle time, their temporaries a few MiB)
 
 
 def padded_rows(rows: int) -> int:
@@ -113,6 +115,29 @@ class GraphDecoder:
             return list(tokens), list(tables), list(positions), list(states)
         return ([*tokens, *[0] * pad], [*tables, *[[self.pad_block]] * pad], [*positions, *[0] * pad],
                 [*states, *[self.pad_state] * pad] if states else [])
+
+    def ahead(self, max_rows: int) -> list[tuple[int, int]]:
+        """The (batch size, bucket) graphs not yet captured that capture_ahead would take, in its order: smaller
+        buckets first, smaller batches first within one; none without a pad block (every row is a request's)."""
+        if self.pad_block is None:
+            return []
+        buckets = sorted({bucket(keys - 1, self.kv.ctx) for keys in (MIN_BUCKET, 2048, 4096, AHEAD_KEYS)})
+        sizes = [size for size in BATCH_SIZES if size <= min(AHEAD_ROWS, max(max_rows, 1))]
+        return [(size, keys) for keys in buckets for size in sizes if (size, keys) not in self.captured]
+
+    def capture_ahead(self, max_rows: int) -> bool:
+        """Capture the first graph of ahead(max_rows), its rows all padding (token 0 at position 0 of the pad block,
+        a hybrid's advancing the pad state): the first step of that batch size and bucket then replays it, where its
+        capture held every request in the step ~50 ms (16 sub-agents met four within three runs: bench/HISTORY.md,
+        fifteenth session). Whether one was; GraphMemoryError where it does not fit (those before it stay)."""
+        keys = self.ahead(max_rows)
+        if not keys:
+            return False
+        size, bucket_keys = keys[0]
+        states = [self.pad_state] * size if self.pad_state is not None else []
+        self.backend.synchronize()
+        self.capture((size, bucket_keys), [0] * size, [[self.pad_block]] * size, [0] * size, states)
+        return True
 
     def decode_one(self, token: int, pos: int, table=None):
         """One sequence's step: logits (vocab,) on the device (a row of the graph's buffer); its
