@@ -19,10 +19,10 @@ IDLE_S = 0.05  # the quiet before each capture
 class AheadCaptures:
     def __init__(self, runner):
         self.runner = runner
-        self.stopped = bool(getattr(runner, "expert_caches", ()))
+        self.stopped = bool(runner.expert_caches)
 
     def pending(self) -> bool:
-        decoder = getattr(self.runner, "decoder", None)  # (None on the CPU, after a failed capture, in the mock)
+        decoder = self.runner.decoder  # (None on the CPU, in the mock, and after a capture the driver refused)
         return not self.stopped and decoder is not None and bool(decoder.ahead(self.runner.max_running))
 
     def capture_one(self) -> None:

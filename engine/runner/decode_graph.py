@@ -121,23 +121,20 @@ class GraphDecoder:
         buckets first, smaller batches first within one; none without a pad block (every row is a request's)."""
         if self.pad_block is None:
             return []
-        buckets = sorted({bucket(keys - 1, self.kv.ctx) for keys in (MIN_BUCKET, 2048, 4096, AHEAD_KEYS)})
-        sizes = [size for size in BATCH_SIZES if size <= min(AHEAD_ROWS, max(max_rows, 1))]
+        doublings = (AHEAD_KEYS // MIN_BUCKET).bit_length()
+        buckets = sorted({bucket((MIN_BUCKET << i) - 1, self.kv.ctx) for i in range(doublings)})  # (at most ctx)
+        sizes = [size for size in BATCH_SIZES if size <= min(AHEAD_ROWS, max_rows)]
         return [(size, keys) for keys in buckets for size in sizes if (size, keys) not in self.captured]
 
-    def capture_ahead(self, max_rows: int) -> bool:
-        """Capture the first graph of ahead(max_rows), its rows all padding (token 0 at position 0 of the pad block,
-        a hybrid's advancing the pad state): the first step of that batch size and bucket then replays it, where its
-        capture held every request in the step ~50 ms (16 sub-agents met four within three runs: bench/HISTORY.md,
-        fifteenth session). Whether one was; GraphMemoryError where it does not fit (those before it stay)."""
-        keys = self.ahead(max_rows)
-        if not keys:
-            return False
-        size, bucket_keys = keys[0]
+    def capture_ahead(self, max_rows: int) -> None:
+        """Capture the first graph of ahead(max_rows) (there is one), its rows all padding (token 0 at position 0 of
+        the pad block, a hybrid's advancing the pad state): the first step of that batch size and bucket then replays
+        it, where its capture held every request in the step ~50 ms (16 sub-agents met four within three runs:
+        bench/HISTORY.md, fifteenth session). GraphMemoryError where it does not fit (those before it stay)."""
+        size, bucket_keys = self.ahead(max_rows)[0]
         states = [self.pad_state] * size if self.pad_state is not None else []
         self.backend.synchronize()
         self.capture((size, bucket_keys), [0] * size, [[self.pad_block]] * size, [0] * size, states)
-        return True
 
     def decode_one(self, token: int, pos: int, table=None):
         """One sequence's step: logits (vocab,) on the device (a row of the graph's buffer); its

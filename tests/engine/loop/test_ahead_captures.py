@@ -23,12 +23,11 @@ class StandInDecoder:
     def ahead(self, max_rows: int) -> list[int]:
         return list(range(len(self.captured), self.keys))
 
-    def capture_ahead(self, max_rows: int) -> bool:
+    def capture_ahead(self, max_rows: int) -> None:
         if len(self.captured) == self.fails:
             raise GraphMemoryError("no device memory for 1,024 bytes of CUDA graph temporaries")
         self.captured.append(self.ahead(max_rows)[0])
         self.events.append(f"capture {self.captured[-1]}")
-        return True
 
 
 def serve(keys: int, gen: m.Gen, fails: int | None = None) -> list:
