@@ -177,7 +177,7 @@ class Rounds:
             if seq in outer or seq.settling or seq.pos > seq.cached or seq.total - seq.pos > left:
                 continue
             estimate = self.pauses.estimate_ms(seq, seq.total - seq.pos)
-            if estimate is None or estimate * max(len(outer), 1) >= left_ms:
+            if estimate is None or estimate * len(outer) >= left_ms:  # (outer: the pausing step's reads, never none)
                 continue
             if self.runner.step_keys is not None and keys + seq.total > self.runner.step_keys:
                 break
