@@ -1,7 +1,7 @@
 """Encode and decode protocol lines. Strict: anything off raises ProtocolError quoting the line.
 
 Grammar (one message per line, verb first, single spaces, optional trailing ` id=N`):
-  GEN <max_new> [k=v ...] <tok,tok,...>     STOP   YIELD   RESUME   CANCEL   QUIT
+  GEN <max_new> [k=v ...] <tokens>     STOP   YIELD   RESUME   CANCEL   QUIT
   INFO [k=v ...]   READY <ctx> [cap ...]   PP <done> <total> <ms> <tok/s>   T <token> [lp= top=]   EMB <dim> <base64>
   PLP <start> <lp,lp,...> [top=id:lp,...;...]
   SUSPENDED <done> <total>   DECLINE <reason> <done> <total>   DEFER <reason>   FP <stage> <pos> <hex>
@@ -9,7 +9,8 @@ Grammar (one message per line, verb first, single spaces, optional trailing ` id
 Free text is backslash-escaped so that it never holds a newline: INFO and DONE values also escape
 space and `=`; ERR text keeps them, except a text without an id that would read as an id suffix.
 EMB's vector is its `dim` float32 values, little-endian, in standard base64 (exact, and a third of decimal's
-length).
+length). GEN's <tokens> are written `b64:` and the ids' uint32 values, little-endian, in standard base64; a line typed
+by hand may give them in decimal, `1,2,3`.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class ProtocolError(ValueError):
         self.id = ident
 
 
+TOKENS_B64 = "b64:"  # a GEN token list in base64 (format_tokens) starts so
+_U32 = next(code for code in "IL" if array(code).itemsize == 4)  # the array typecode of a uint32
 _INT = re.compile(r"-?[0-9]+\Z")
 _FLOAT = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
 _WORD = re.compile(r"[A-Za-z0-9_.:/+-]+\Z")
@@ -91,7 +94,29 @@ def parse_word(s: str, what: str, allowed: tuple[str, ...] | None = None) -> str
     return s
 
 
+def format_tokens(tokens) -> str:
+    """A GEN line's token ids as TOKENS_B64 and their uint32 values, little-endian, in standard base64: a prompt's
+    line is written and read at C speed (the decimal list took ~1.3 ms to write and ~1.9 ms to read for 6K tokens,
+    on the server's one event loop and between the engine's steps)."""
+    ids = array(_U32, tokens)
+    if sys.byteorder != "little":
+        ids.byteswap()
+    return TOKENS_B64 + base64.b64encode(ids.tobytes()).decode("ascii")
+
+
 def parse_tokens(s: str) -> tuple[int, ...]:
+    """TOKENS_B64 and base64 (as format_tokens writes them), or decimal ids between single commas (as typed)."""
+    if s.startswith(TOKENS_B64):
+        try:
+            raw = base64.b64decode(s[len(TOKENS_B64):], validate=True)
+        except binascii.Error as e:
+            raise ValueError(f"bad base64 token list: {e}") from None
+        if not raw or len(raw) % 4:
+            raise ValueError(f"a base64 token list holds whole uint32 ids, got {len(raw)} bytes")
+        ids = array(_U32, raw)
+        if sys.byteorder != "little":
+            ids.byteswap()
+        return tuple(ids)
     if not s:
         raise ValueError("empty token list")
     digits = s.replace(",", "")  # ASCII digits between single commas: checked at C speed for a 97K-token prompt
@@ -194,7 +219,7 @@ def verb(msg: m.Message) -> str:
 
 
 _ENCODERS = {
-    m.Gen: lambda g: " ".join(["GEN", str(g.max_new), *format_kv(g.params), ",".join(map(str, g.tokens))]),
+    m.Gen: lambda g: " ".join(["GEN", str(g.max_new), *format_kv(g.params), format_tokens(g.tokens)]),
     m.Stop: lambda _: "STOP",
     m.Yield: lambda _: "YIELD",
     m.Resume: lambda _: "RESUME",

@@ -99,7 +99,7 @@ class EngineRouter:
         return min(usable, key=lambda i: (self.load(self.schedulers[i]), -self.schedulers[i].free_blocks, i))
 
     def submit(self, req: Request) -> None:
-        chain = block_chain(req.prompt)
+        chain = block_chain(req.prompt) if len(self.schedulers) > 1 else []  # one engine: nothing to choose by
         self._place(req, self.choose(chain), chain)
 
     def _place(self, req: Request, i: int, chain: list[bytes]) -> None:

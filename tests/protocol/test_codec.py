@@ -93,6 +93,10 @@ def test_err_text_that_looks_like_an_id_suffix_is_not_one():
     ("GEN 5 1,+2", "token id must be an integer, got '+2'"),
     ("GEN 5 1,\uff12", "token id must be an integer"),
     ("GEN 5 1,-2", "token id must be >= 0, got -2"),
+    ("GEN 5 b64:", "whole uint32 ids, got 0 bytes"),
+    ("GEN 5 b64:AQAA", "whole uint32 ids, got 3 bytes"),
+    ("GEN 5 b64:AQ$AAAA=", "bad base64 token list"),
+    ("GEN 5 b64:AQAAAA", "bad base64 token list"),  # unpadded
     ("DONE 1 2 3.0 4.0 exploded", "bad finish 'exploded'"),
     ("READY", "READY takes at least 1 fields"),
     ("T 1  id=2", "empty field"),
@@ -129,6 +133,14 @@ def test_an_embedding_is_little_endian_float32_in_base64():
     tiny = 2.0 ** -149  # the least subnormal float32
     assert decode(encode(m.Embedding((float("inf"), tiny, 3.4028234663852886e38)))).vector == (
         float("inf"), tiny, 3.4028234663852886e38)
+
+
+def test_a_gen_lines_tokens_are_little_endian_uint32_in_base64_and_typed_ones_are_read_too():
+    """What format_tokens writes (a numpy client's frombuffer(..., "<u4") reads it); a hand-typed decimal list means
+    the same message."""
+    assert encode(m.Gen(5, (1, 2, 70000), {}, 3)) == "GEN 5 b64:AQAAAAIAAABwEQEA id=3"
+    assert decode("GEN 5 b64:AQAAAAIAAABwEQEA id=3") == decode("GEN 5 1,2,70000 id=3") == m.Gen(5, (1, 2, 70000), {}, 3)
+    assert decode(encode(m.Gen(1, (0, 2**32 - 1)))).tokens == (0, 2**32 - 1)
 
 
 def test_a_long_prompts_gen_line_round_trips():
