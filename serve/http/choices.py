@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from contextlib import aclosing
 from typing import AsyncIterator
 
 from serve.http.run_request import events
@@ -42,6 +43,11 @@ async def merged(state, reqs: list[Request]) -> AsyncIterator[tuple[int, object]
     """(choice, event) as they come: keep-alives (of the first choice only), pieces, and each choice's
     Finished; a GenerationError of any choice ends them all. Leaving early (the client gone) cancels
     every choice still running, which frees the engine of them."""
+    if len(reqs) == 1:  # one answer: its events as they are, without a task and a queue between (a hop per token)
+        async with aclosing(events(state, reqs[0])) as answer:  # (closed early: the answer's end frees the engine)
+            async for event in answer:
+                yield 0, event
+        return
     queue: asyncio.Queue = asyncio.Queue()
     prompt_read = asyncio.Event()
 
