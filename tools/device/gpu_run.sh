@@ -155,6 +155,7 @@
 #          65, 128, 256 rows and back, each row against its solo decode; graphseqbase: the same on the engine before
 #          the fix (.device/base, `git archive REV engine serve protocol | tar -x -C .device/base` plus this tool, at
 #          tools/device/, and bench/clients_bench.py); graphseqmem: on the 135M shape under compute-sanitizer's memcheck
+# servercost bench/server_cost_bench.py on this machine's CPU: the server's own CPU a request and a token (no model)
 # clients  bench/clients_bench.py: the server as a user starts it, 1, 16, 64, 128, 256 streaming clients (300-word
 #          prompts, 256 tokens), gaps between tokens, restarts, texts against solo runs; clientsbase: on .device/base
 # Python packages the device image lacks travel as wheels in .whl/ (gguf, fastapi and their needs): made here by
@@ -793,6 +794,8 @@ for step in "$@"; do
       python3 tools/device/gpu_check.py --model /tmp/sm/model.gguf --out "$OUT/gpu_check.json" 2>&1 | quiet
       python3 tools/checks/prefill_preempt_test.py --model /tmp/sm/model.gguf --device gpu --chunk 256 \
         --prompt-tokens 3000 --json "$OUT/preempt_parity_gpu.json" 2>&1 | quiet ;;
+    servercost)  # the HTTP server's own CPU a request and a streamed token, before the mock engine (no model)
+      python3 bench/server_cost_bench.py --repeats 5 --json "$OUT/server_cost.json" 2>&1 | tail -2 ;;
     peers_strata)
       chat_model
       serve_and_bench strata pool_strata.json "$(strata_version)" \
