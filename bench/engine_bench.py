@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from engine.ops.backend import Backend, select_backend  # noqa: E402
 from engine.runner.decode_graph import GraphDecoder  # noqa: E402
 from engine.runner.sampling_graph import DrawGraphs  # noqa: E402
-from engine.model.weights import load_model  # noqa: E402
+from engine.model.weights import expanded_matrices, load_model  # noqa: E402
 from engine.kvcache.kv import KVCache  # noqa: E402
 from engine.core.kv_types import KV_TYPES  # noqa: E402
 from engine.model.forward import LlamaModel  # noqa: E402
@@ -197,7 +197,10 @@ def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: in
         kv_type: str = "auto") -> dict:
     backend = select_backend(device)
     started = time.perf_counter()
-    cfg, weights, reader = load_model(model_path, backend, keep_blocks=weights_form == "quantized")
+    cfg, weights, reader = load_model(model_path, backend, keep_blocks=weights_form != "fp16")
+    if weights_form == "kept":  # the blocks, and the prompt steps' matrices expanded once (--prompt-weights resident)
+        for w in expanded_matrices(weights.layers):
+            backend.kernels.keep(w)
     backend.synchronize()
     load_s = time.perf_counter() - started
     file_mib = sum(int(t.n_bytes) for t in reader.tensors) / 2**20
@@ -244,8 +247,10 @@ def main() -> None:
     p.add_argument("--sizes", default="512,2048")
     p.add_argument("--profile-depth", type=int, help="GPU: profile one chunk read at this depth")
     p.add_argument("--decode-contexts", default="128", help="GPU: decode (graphs) after prompts of these lengths")
-    p.add_argument("--weights", choices=("quantized", "fp16"), default="quantized",
-                   help="GPU: keep quantized weights in their blocks, or expand them at load")
+    p.add_argument("--weights", choices=("quantized", "kept", "fp16"), default="quantized",
+                   help="GPU: keep quantized weights in their blocks (a prompt step expands each matrix), the blocks "
+                        "and the prompt steps' matrices expanded once (kept: the engine's --prompt-weights resident), "
+                        "or expand them at load")
     p.add_argument("--kv-type", choices=KV_TYPES, default="auto", help="the KV cache's element type (engine/core/kv_types.py)")
     p.add_argument("--json", help="also write the result here")
     p.add_argument("--label", help="merge the result into --json under this label")

@@ -12,6 +12,7 @@ prefer_row_invariant_blas()  # before NumPy loads (the imports below load it); i
 from engine.config import (DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_DRAFT_MAX, DEFAULT_STEP_MS,  # noqa: E402
                            DEFAULT_MAX_RUNNING, MAX_BLOCK, SPECULATIVE, WEIGHT_FORMS, EngineConfig)
 from engine.core.kv_types import KV_TYPES  # noqa: E402
+from engine.kvcache.prompt_weights import MODES  # noqa: E402
 from engine.loop.park_policy import ParkPolicy  # noqa: E402
 from engine.modelfile.model_config import POOLINGS  # noqa: E402
 from engine.modelfile.rope_config import add_rope_args, rope_from_args  # noqa: E402
@@ -37,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", choices=WEIGHT_FORMS, default="quantized",
                    help="GPU: keep quantized tensors in their GGUF blocks (default; about the file's size in "
                         "memory) or expand them to fp16 at load (up to 4x larger; the CPU always expands)")
+    p.add_argument("--prompt-weights", choices=MODES, default="auto",
+                   help="GPU: a prompt step reads quantized matrices expanded to fp16, kept so from the start (resident: 2 bytes a weight beside the blocks) or expanded again each step (per-step); auto: resident where that takes at most a quarter of the memory the weights leave and the longest request still fits (default)")
     p.add_argument("--pooling", choices=POOLINGS,
                    help="how an embedding request's hidden states are pooled: the mean of the prompt's rows, its "
                         "first (cls) or its last (default: as the model's file says, <arch>.pooling_type; a file "
@@ -126,7 +129,7 @@ def policy_from_args(a: argparse.Namespace) -> ParkPolicy:
 def config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(a.model, a.ctx, a.chunk, a.device, policy_from_args(a),
                         snapshot_budget_given=a.prefill_preempt_snapshot_mib is not None,
-                        cuda_graphs=not a.no_cuda_graphs, weights=a.weights,
+                        cuda_graphs=not a.no_cuda_graphs, weights=a.weights, prompt_weights=a.prompt_weights,
                         max_running=DEFAULT_MAX_RUNNING if a.max_running is None else a.max_running,
                         max_running_given=a.max_running is not None,
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,

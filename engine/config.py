@@ -39,6 +39,7 @@ class EngineConfig:
     snapshot_budget_given: bool = False  # else the engine sizes it with the KV cache (engine/kvcache/sizing.py)
     cuda_graphs: bool = True  # GPU decode steps as graph replays (engine/runner/decode_graph.py)
     weights: str = "quantized"  # GPU: quantized tensors stay in their blocks; "fp16" expands them at load
+    prompt_weights: str = "auto"  # GPU: a prompt step's expanded matrices kept (engine/kvcache/prompt_weights.py)
     max_running: int = DEFAULT_MAX_RUNNING  # requests in the engine at once (memory permitting)
     max_running_given: bool = False  # else fewer where a hybrid's recurrent states do not fit (engine/kvcache/sizing.py)
     kv_block: int | None = None  # positions per KV block (None: default_block(chunk))

@@ -16,7 +16,7 @@ from engine.config import EngineConfig
 from engine.modelfile.gguf_file import GGUFFile, GGUFFormatError
 from engine.modelfile.model_config import ModelLoadError, file_pooling, read_config
 from engine.kernels.model_parts import ModelKernels
-from engine.model.weights import load_model
+from engine.model.weights import expanded_matrices, load_model
 from engine.loop.loop import run_loop
 from engine.loop.step_limits import StepLimits
 from engine.core.chunks import step_budget
@@ -24,7 +24,8 @@ from engine.kvcache.expert_plan import plan_experts
 from engine.core.memory import RESERVE_BYTES, available_memory, out_of_memory
 from engine.kvcache.recurrent import state_bytes
 from engine.kvcache.kv import kv_row_bytes
-from engine.kvcache.sizing import Running, plan_context
+from engine.kvcache.prompt_weights import Room, describe, keep_expanded
+from engine.kvcache.sizing import Running, plan_context, scratch_bytes
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
 from engine.runner.draft_model import DraftModel, open_draft
@@ -92,6 +93,9 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     if drafted is not None:
         lap("draft model's weights")
     states = 2 * state_bytes(cfg)  # a running request's recurrent states (a hybrid's; 0 for other models)
+    if backend.name == "gpu" and config.weights == "quantized":
+        keep_prompt_weights(cfg, weights, backend, config, cap, stateful=states > 0)
+        lap("prompt weights")
     parked = config.policy.max_parked if config.policy.enabled else 0  # reads parked at a time, their states kept
     plan = plan_context(cfg, backend, config.ctx, step_budget(config.step_tokens, config.chunk),
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
@@ -134,6 +138,25 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         f"{plan.cache_ram_bytes / 2**30:.2f} GiB in host memory) in {time.monotonic() - started:.1f}s ("
         + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in stages.items()) + ")")
     return runner, tokenizer, policy
+
+
+def keep_prompt_weights(cfg, weights, backend, config: EngineConfig, cap: int | None, stateful: bool) -> None:
+    """The prompt steps' quantized matrices expanded once and kept, where --prompt-weights and the room say so
+    (engine/kvcache/prompt_weights.py), before the KV pool is sized from what is left."""
+    matrices = expanded_matrices(weights.layers)
+    expansions = sum(w.rows * w.cols * 2 for w in matrices)
+    free = backend.free_bytes()
+    if cap is not None:
+        free = min(free, cap - int(backend.xp.get_default_memory_pool().used_bytes()))
+    beside = ((config.ctx or cfg.max_context) * kv_row_bytes(cfg, backend, config.kv_type)
+              + scratch_bytes(cfg, step_budget(config.step_tokens, config.chunk)) + RESERVE_BYTES)
+    if not keep_expanded(config.prompt_weights, expansions, Room(free, beside), stateful, config.tp):
+        return
+    began = time.monotonic()
+    for w in matrices:
+        backend.kernels.keep(w)
+    backend.synchronize()
+    log(describe(expansions, len(matrices), time.monotonic() - began))
 
 
 def model_kernels(reader: GGUFFile, draft: GGUFFile | None) -> ModelKernels:

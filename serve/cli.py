@@ -15,6 +15,7 @@ import uvicorn
 from engine.modelfile.rope_config import add_rope_args, rope_from_args
 from engine.config import SPECULATIVE, WEIGHT_FORMS
 from engine.core.kv_types import KV_TYPES
+from engine.kvcache.prompt_weights import MODES
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from serve.config import REASONING_FORMATS, PreemptSettings, ServerSettings, split_command
 
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--weights", choices=WEIGHT_FORMS,
                    help="GPU: keep quantized weights in their blocks (default) or expand them to fp16 at load")
+    p.add_argument("--prompt-weights", choices=MODES,
+                   help="GPU: a prompt step's quantized matrices expanded once and kept (resident) or each step "
+                        "(per-step); default auto: resident where the card has the room (forwarded)")
     p.add_argument("--keepalive-s", type=float, default=5.0, help="SSE comment interval while a stream waits")
     p.add_argument("--handshake-timeout-s", type=float, default=300.0, help="engine start-up limit")
     p.add_argument("--max-restarts", type=int, default=3, help="engine start attempts after a failure")
@@ -146,7 +150,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         preload=tuple(n.strip() for value in a.preload or () for n in value.split(",") if n.strip()),
         idle_unload_s=a.idle_unload_s, host=a.host, port=a.port,
         engine_cmd=split_command(a.engine_cmd) if a.engine_cmd is not None else (), api_key=a.api_key,
-        ctx=a.ctx, chunk=a.chunk, device=a.device, weights=a.weights, preempt=preempt, keepalive_s=a.keepalive_s,
+        ctx=a.ctx, chunk=a.chunk, device=a.device, weights=a.weights, prompt_weights=a.prompt_weights, preempt=preempt, keepalive_s=a.keepalive_s,
         handshake_timeout_s=a.handshake_timeout_s, max_restarts=a.max_restarts, max_queue=a.max_queue,
         max_body_mb=a.max_body_mb, max_request_retries=a.max_request_retries,
         shutdown_grace_s=a.shutdown_grace_s,

@@ -46,6 +46,7 @@ class ServerSettings:
     chunk: int | None = None
     device: str = "auto"
     weights: str | None = None  # forwarded to the default engine: quantized | fp16
+    prompt_weights: str | None = None  # forwarded to the default engine: auto | resident | per-step
     preempt: PreemptSettings = field(default_factory=PreemptSettings)
     keepalive_s: float = 5.0
     handshake_timeout_s: float = 300.0
@@ -175,6 +176,7 @@ class ServerSettings:
         cmd += ["--ctx", str(self.ctx)] if self.ctx else []
         cmd += ["--chunk", str(self.chunk)] if self.chunk else []
         cmd += ["--weights", self.weights] if self.weights else []
+        cmd += ["--prompt-weights", self.prompt_weights] if self.prompt_weights else []
         cmd += ["--max-running", str(self.max_running)] if self.max_running else []
         cmd += ["--kv-tokens", str(self.kv_tokens)] if self.kv_tokens else []
         cmd += ["--kv-block", str(self.kv_block)] if self.kv_block else []

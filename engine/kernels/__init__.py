@@ -90,4 +90,5 @@ class GpuKernels(KernelLoader, DeviceSteps, NormRopeLaunchers, ArgmaxLauncher, A
         self.counters = cp.zeros(COUNTER_SEQUENCES * MAX_COUNTER_HEADS, dtype=cp.int32)
         self.norm_counter = cp.zeros(1, dtype=cp.int32)  # matvec_norm's blocks finished, likewise
         self.scratch = None  # fp16 values of the largest quantized matrix: a prompt chunk's GEMM operand
+        self.kept = {}  # quantized matrices expanded once and kept (DequantLaunchers.keep)
         self.moe = moe_launch.MoeKernels(self)

@@ -18,11 +18,13 @@ DEQUANT = (*BLOCKS, "BF16")  # the GGUF types the device expands to fp16 itself
 
 class DequantLaunchers:
     """Mixed into GpuKernels, which sets what these read: cp (CuPy), fn (kernel name -> function),
-    scratch (reserve_scratch's buffer), parts (MatvecLaunchers.parts: a weight's parts)."""
+    scratch (reserve_scratch's buffer), kept (id of a matrix -> the matrix and its expansion, keep's: empty unless
+    prompt weights are kept), parts (MatvecLaunchers.parts: a weight's parts)."""
 
     cp: ModuleType
     fn: dict
     scratch: object
+    kept: dict
     parts: Callable
 
     def embed(self, table: QuantMatrix, tokens):
@@ -42,8 +44,19 @@ class DequantLaunchers:
             self.scratch = self.cp.empty(values, dtype=self.cp.float16)
 
     def expand(self, w: QuantMatrix):
-        """A quantized matrix -> (rows, cols) fp16 in the scratch (valid until the next expand)."""
-        out = self.scratch[: w.rows * w.cols].reshape(w.rows, w.cols)
+        """A quantized matrix -> (rows, cols) fp16: its expansion kept at start (keep), else expanded into the
+        scratch (valid until the next expand)."""
+        kept = self.kept.get(id(w))
+        if kept is not None and kept[0] is w:  # (the matrix is held with it: its id is never another's)
+            return kept[1]
+        return self._expand_into(w, self.scratch[: w.rows * w.cols].reshape(w.rows, w.cols))
+
+    def keep(self, w: QuantMatrix) -> None:
+        """w expanded once into memory of its own, which every later expand(w) returns: the same values bit for bit
+        (engine/kvcache/prompt_weights.py)."""
+        self.kept[id(w)] = (w, self._expand_into(w, self.cp.empty((w.rows, w.cols), dtype=self.cp.float16)))
+
+    def _expand_into(self, w: QuantMatrix, out):
         row = 0
         for kind, data, rows in self.parts(w):
             units = rows * w.cols // UNIT

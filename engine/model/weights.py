@@ -192,14 +192,18 @@ class WeightLoader:
         return Weights(embd, layers, out_norm, head)
 
 
-def reserve_expansion(backend: Backend, layers) -> None:
-    """Room on the device for the largest quantized layer matrix in fp16: a prompt chunk's GEMMs read
-    the layers' matrices expanded there (a hybrid's linear-attention and gate matrices among them; not the head's,
-    nor the experts': moe.cu)."""
+def expanded_matrices(layers) -> list[QuantMatrix]:
+    """The quantized layer matrices a prompt chunk's GEMMs read expanded to fp16 (a hybrid's linear-attention and
+    gate matrices among them; not the head's, nor the experts': moe.cu)."""
     linear = lambda layer: (layer.linear.w_in, layer.linear.w_out) if layer.linear is not None else ()  # noqa: E731
-    expanded = [w.rows * w.cols for layer in layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down,
-                                                              layer.w_gate, *linear(layer))
-                if isinstance(w, QuantMatrix)]
+    return [w for layer in layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down, layer.w_gate,
+                                            *linear(layer))
+            if isinstance(w, QuantMatrix)]
+
+
+def reserve_expansion(backend: Backend, layers) -> None:
+    """Room on the device for the largest of them in fp16, where a prompt chunk's GEMMs read it expanded."""
+    expanded = [w.rows * w.cols for w in expanded_matrices(layers)]
     if expanded:
         backend.kernels.reserve_scratch(max(expanded))
 

@@ -11,17 +11,20 @@ def engine_args(*flags: str) -> list[str]:
     return settings_from_args(build_parser().parse_args(list(flags))).engine_command()
 
 
-def test_weights_form_is_forwarded_only_when_given():
-    assert "--weights" not in engine_args()
-    cmd = engine_args("--weights", "fp16")
-    assert cmd[cmd.index("--weights") + 1] == "fp16"
-    assert engine_parser().parse_args(cmd[cmd.index("--serve"):]).weights == "fp16"  # the engine takes it
+@pytest.mark.parametrize("flag, value", [("--weights", "fp16"), ("--prompt-weights", "per-step")])
+def test_a_weights_form_is_forwarded_only_when_given(flag, value):
+    assert flag not in engine_args()
+    cmd = engine_args(flag, value)
+    assert cmd[cmd.index(flag) + 1] == value
+    parsed = vars(engine_parser().parse_args(cmd[cmd.index("--serve"):]))  # the engine takes it
+    assert parsed[flag[2:].replace("-", "_")] == value
 
 
 @pytest.mark.parametrize("parser", [build_parser, engine_parser])
-def test_an_unknown_weights_form_is_refused(parser, capsys):
+@pytest.mark.parametrize("flag", ["--weights", "--prompt-weights"])
+def test_an_unknown_weights_form_is_refused(parser, flag, capsys):
     with pytest.raises(SystemExit) as e:
-        parser().parse_args(["--weights", "int3"])
+        parser().parse_args([flag, "int3"])
     assert e.value.code == 2 and "invalid choice: 'int3'" in capsys.readouterr().err
 
 

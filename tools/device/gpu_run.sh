@@ -63,7 +63,7 @@
 #          -> $OUT/gpu_check_135m_shape.json (the real model's run is `real`, which needs its parts carried first)
 # bench    the same on the 8B F16 shape
 # synthq   the Llama-3-8B shape in Q4_K_M (Q4_K, with Q6_K for attn_v, ffn_down and the head)
-# benchq   bench/engine_bench.py on it, quantized weights and --weights fp16 -> $OUT/engine_gpu.json
+# benchq   bench/engine_bench.py on it, --weights quantized and kept (FORMS: e.g. "quantized kept fp16") -> $OUT/engine_gpu.json
 # big      the Llama-3-70B shape in Q4_K_M (~45 GB, made in /tmp/m after the others are removed):
 #          load on one H200 and decode -> $OUT/engine_gpu.json
 # paged    the KV pool on the GPU, 135M shape: park/resume parity (tools/checks/prefill_preempt_test.py), a prefix
@@ -155,6 +155,8 @@
 #          65, 128, 256 rows and back, each row against its solo decode; graphseqbase: the same on the engine before
 #          the fix (.device/base, `git archive REV engine serve protocol | tar -x -C .device/base` plus this tool, at
 #          tools/device/, and bench/clients_bench.py); graphseqmem: on the 135M shape under compute-sanitizer's memcheck
+# promptweights tools/device/prompt_weights_check.py on the 8B Q4_K_M and 135M shapes: kept prompt weights give the
+#          expanded-each-step bits, and the prompt steps' times both ways
 # servercost bench/server_cost_bench.py on this machine's CPU: the server's own CPU a request and a token (no model)
 # clients  bench/clients_bench.py: the server as a user starts it, 1, 16, 64, 128, 256 streaming clients (300-word
 #          prompts, 256 tokens), gaps between tokens, restarts, texts against solo runs; clientsbase: on .device/base
@@ -627,7 +629,7 @@ for step in "$@"; do
     synthq)
       synth_mq ;;
     benchq)
-      for form in quantized fp16; do
+      for form in ${FORMS:-quantized kept}; do
         python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
           --decode-steps 64 --decode-contexts 512,16384 --profile-depth 14336 --weights $form \
           --label llama3-8b-shape-q4_k_m-$form --json "$OUT/engine_gpu.json" 2>&1 | quiet
@@ -794,6 +796,10 @@ for step in "$@"; do
       python3 tools/device/gpu_check.py --model /tmp/sm/model.gguf --out "$OUT/gpu_check.json" 2>&1 | quiet
       python3 tools/checks/prefill_preempt_test.py --model /tmp/sm/model.gguf --device gpu --chunk 256 \
         --prompt-tokens 3000 --json "$OUT/preempt_parity_gpu.json" 2>&1 | quiet ;;
+    promptweights)  # prompt weights kept expanded: the same bits as expanded each step, and the steps' times
+      synth_mq; synth_ms
+      python3 tools/device/prompt_weights_check.py $MQ $MS --json "$OUT/prompt_weights_check.json" 2>&1 | quiet \
+        || echo "PROMPT WEIGHTS CHECK FAILED" ;;
     servercost)  # the HTTP server's own CPU a request and a streamed token, before the mock engine (no model)
       python3 bench/server_cost_bench.py --repeats 5 --json "$OUT/server_cost.json" 2>&1 | tail -2 ;;
     peers_strata)
