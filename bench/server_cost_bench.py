@@ -5,7 +5,7 @@ measured is the server's: parsing, the chat template and tokenizer, admission, t
 detokenizer and the streamed events.
 
     python bench/server_cost_bench.py [--model GGUF] [--burst 16] [--system-words 4400] [--tail-words 220]
-        [--answer 16] [--streams 64] [--stream-tokens 256] [--cases burst,streams] [--repeats 3]
+        [--answer 16] [--streams 64] [--stream-tokens 256] [--cases burst,streams] [--repeats 3] [--pin]
         [--label NAME --json FILE]
 
 Cases, each repeated --repeats times (medians reported beside every run):
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import os
 import statistics
 import subprocess
@@ -43,13 +44,26 @@ from tests.harness import PY, ROOT, ServerProcess, mock_engine_cmd  # noqa: E402
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
          "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
-TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_s(pid: int) -> float:
-    """The process's own user + system CPU seconds (its children, the engine, not counted)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S
+    """The process's CPU seconds, its threads' together (the scheduler's nanoseconds: /proc/PID/stat's ticks are
+    10 ms); its children, the engine, not counted. A thread that ended meanwhile is not counted either."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def pin(server_pid: int) -> None:
+    """The server alone on the first core, its engine and this client on the others (a small machine's figures then
+    vary less with the client's own work)."""
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(server_pid, cores[:1])
+    for child in Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split():
+        os.sched_setaffinity(int(child), cores[1:])
+    os.sched_setaffinity(0, cores[1:])
 
 
 def chat_model(folder: Path) -> Path:
@@ -117,6 +131,8 @@ def run(a: argparse.Namespace) -> dict:
         engine = mock_engine_cmd("--shape-free", "--chunk", "2048", "--chunk-s", "0", "--token-s", "0", "--vocab",
                                  str(a.vocab), "--ctx", "32768")
         with ServerProcess(engine_cmd=engine, extra=["--model", str(model)]).start() as server:
+            if a.pin:
+                pin(server.proc.pid)
             out = {"machine": machine("none"), "server": "python -m serve --model MODEL --engine-cmd '<mock, no compute>'",
                    "cases": {}}
             for name in a.cases.split(","):
@@ -139,6 +155,7 @@ def main() -> int:
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--stream-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pin", action="store_true", help="the server on a core of its own (see pin)")
     p.add_argument("--label", default="server cost")
     p.add_argument("--json")
     a = p.parse_args()
