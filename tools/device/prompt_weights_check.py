@@ -10,10 +10,10 @@ Exit status 0 when every check passes.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.ops.blas_order import prefer_row_invariant_blas  # noqa: E402
+from tools.device.model_checks import report  # noqa: E402
 
 prefer_row_invariant_blas()  # as the engine process does, before CuPy makes its cuBLAS handle
 
@@ -76,19 +77,8 @@ def main() -> int:
     p.add_argument("models", nargs="+")
     p.add_argument("--json")
     a = p.parse_args()
-    report = []
-    for path in a.models:
-        try:
-            row = check_model(path)
-        except Exception as e:  # a failure is a result: the other models still run
-            row = {"model": Path(path).name, "ok": False, "error": f"{type(e).__name__}: {e}"}
-        print(json.dumps(row), flush=True)
-        report.append(row)
-    if a.json:
-        Path(a.json).write_text(json.dumps(report, indent=1))
-    ok = all(row["ok"] for row in report)
-    print("PROMPT WEIGHTS CHECK", "PASSED" if ok else "FAILED")
-    return 0 if ok else 1
+    return report((({"model": Path(path).name}, partial(check_model, path)) for path in a.models),
+                  "PROMPT WEIGHTS CHECK", a.json)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,8 @@ Exit status 0 when every check passes.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.ops.blas_order import prefer_row_invariant_blas  # noqa: E402
+from tools.device.model_checks import report  # noqa: E402
 
 prefer_row_invariant_blas()  # as the engine process does, before CuPy makes its cuBLAS handle
 
@@ -92,22 +92,8 @@ def main() -> int:
     p.add_argument("--kv-types", default="auto,q8_0")
     p.add_argument("--json")
     a = p.parse_args()
-    report = []
-    for path in a.models:
-        for kv_type in a.kv_types.split(","):
-            started = time.perf_counter()
-            try:
-                row = check_model(path, kv_type)
-            except Exception as e:  # a failure is a result: the other models still run
-                row = {"model": Path(path).name, "kv_type": kv_type, "ok": False, "error": f"{type(e).__name__}: {e}"}
-            row["seconds"] = round(time.perf_counter() - started, 1)
-            print(json.dumps(row), flush=True)
-            report.append(row)
-    if a.json:
-        Path(a.json).write_text(json.dumps(report, indent=1))
-    ok = all(row["ok"] for row in report)
-    print("SHARED STEPS CHECK", "PASSED" if ok else "FAILED")
-    return 0 if ok else 1
+    return report((({"model": Path(path).name, "kv_type": kv_type}, partial(check_model, path, kv_type))
+                   for path in a.models for kv_type in a.kv_types.split(",")), "SHARED STEPS CHECK", a.json)
 
 
 if __name__ == "__main__":
