@@ -92,7 +92,7 @@ def host_gpu_backend(model: ModelKernels, workdir: Path) -> Backend:
     k.driver, k.pdl, k.dependent, k.stage, k.pairs, k.mmq_from, k.sms = None, False, False, False, True, MMQ_FROM, 4
     k.counters = cp.zeros(COUNTER_SEQUENCES * MAX_COUNTER_HEADS, dtype=np.int32)
     k.norm_counter = cp.zeros(1, dtype=np.int32)
-    k.scratch = None
+    k.scratch, k.kept = None, {}
     k.moe = moe_launch.MoeKernels(k)
     ops = object.__new__(HalfCupyOps)
     ops.xp, ops.kernels, ops.decoding = cp, k, False
