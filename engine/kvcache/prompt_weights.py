@@ -1,11 +1,11 @@
 """Prompt weights kept expanded. On a GPU a prompt step's GEMMs read each quantized layer matrix expanded to fp16
 (engine/ops/backend.py matmul: cuBLAS on the expansion); by default that expansion is written into a scratch buffer
-at every step, ~14 GiB written and read again a step for an 8B model: ~10 ms of a 2,048-row step, the fixed cost of
+at every step, ~13 GiB written and read again a step for an 8B model: ~10 ms of a 2,048-row step, the fixed cost of
 every short one. Where the card has the room, each matrix is expanded once at start and kept
 (engine/kernels/dequant_launch.py keep), and a step reads it as it is. The values are the very bits the per-step
 expansion writes (the same kernel), so nothing a request computes changes.
 
-They take 2 bytes a weight beside the blocks (14 GiB for an 8B model), memory the KV pool would otherwise have, so by
+They take 2 bytes a weight beside the blocks (13 GiB for an 8B model), memory the KV pool would otherwise have, so by
 default (`--prompt-weights auto`) they are kept only where that is at most a quarter of the memory the weights leave
 (within --gpu-memory) and the longest request's KV rows, the prompt scratch and the reserve still fit beside them;
 never for a model whose running requests hold recurrent states (a hybrid's: that room sizes how many run at once),
