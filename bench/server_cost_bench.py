@@ -72,7 +72,8 @@ def chat_model(folder: Path) -> Path:
     fixtures = ROOT / "tests" / "fixtures"
     subprocess.run([PY, str(ROOT / "tools/fixtures/make_synthetic_gguf.py"), str(path), "--preset", "tiny", "--type",
                     "F16", "--tokenizer", str(fixtures / "vocab/ggml-vocab-llama-bpe.gguf"), "--chat-template",
-                    str(fixtures / "templates/meta-llama-Llama-3.1-8B-Instruct.jinja")], check=True, capture_output=True)
+                    str(fixtures / "templates/meta-llama-Llama-3.1-8B-Instruct.jinja")],
+                   check=True, capture_output=True)
     return path
 
 
@@ -102,7 +103,8 @@ def burst(server: ServerProcess, a: argparse.Namespace, seed: int) -> dict:
     ttfts = at_once(a.burst, lambda i: first_token_s(
         server.url, [{"role": "system", "content": system}, {"role": "user", "content": tails[i]}], a.answer)[0])
     spent = cpu_s(server.proc.pid) - before
-    return {"server_cpu_ms_per_request": round(spent * 1000 / a.burst, 2), "ttft_p50_s": round(statistics.median(ttfts), 3),
+    return {"server_cpu_ms_per_request": round(spent * 1000 / a.burst, 2),
+            "ttft_p50_s": round(statistics.median(ttfts), 3),
             "ttft_max_s": round(max(ttfts), 3)}
 
 
@@ -133,7 +135,8 @@ def run(a: argparse.Namespace) -> dict:
         with ServerProcess(engine_cmd=engine, extra=["--model", str(model)]).start() as server:
             if a.pin:
                 pin(server.proc.pid)
-            out = {"machine": machine("none"), "server": "python -m serve --model MODEL --engine-cmd '<mock, no compute>'",
+            out = {"machine": machine("none"),
+                   "server": "python -m serve --model MODEL --engine-cmd '<mock, no compute>'",
                    "cases": {}}
             for name in a.cases.split(","):
                 case = CASES[name]

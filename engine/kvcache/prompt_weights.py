@@ -38,5 +38,6 @@ def keep_expanded(mode: str, expansions: int, room: Room, stateful: bool = False
 
 def describe(expansions: int, count: int, seconds: float) -> str:
     """The start-up log's line."""
-    return (f"prompt weights kept expanded: {count} matrices, {expansions / 2**30:.2f} GiB in fp16 beside their blocks, "
-            f"counted with the weights ({seconds:.1f} s; --prompt-weights per-step gives the room to the KV pool)")
+    return (f"prompt weights kept expanded: {count} matrices, {expansions / 2**30:.2f} GiB in fp16 beside their "
+            f"blocks, counted with the weights ({seconds:.1f} s; --prompt-weights per-step gives the room to the KV "
+            "pool)")
