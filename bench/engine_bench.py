@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from engine.ops.backend import Backend, select_backend  # noqa: E402
 from engine.runner.decode_graph import GraphDecoder  # noqa: E402
 from engine.runner.sampling_graph import DrawGraphs  # noqa: E402
-from engine.model.weights import expanded_matrices, load_model  # noqa: E402
+from engine.model.weights import keep_expansions, load_model  # noqa: E402
 from engine.kvcache.kv import KVCache  # noqa: E402
 from engine.core.kv_types import KV_TYPES  # noqa: E402
 from engine.model.forward import LlamaModel  # noqa: E402
@@ -199,8 +199,7 @@ def run(model_path: str, device: str, chunk: int, repeats: int, decode_steps: in
     started = time.perf_counter()
     cfg, weights, reader = load_model(model_path, backend, keep_blocks=weights_form != "fp16")
     if weights_form == "kept":  # the blocks, and the prompt steps' matrices expanded once (--prompt-weights resident)
-        for w in expanded_matrices(weights.layers):
-            backend.kernels.keep(w)
+        keep_expansions(backend, weights.layers)
     backend.synchronize()
     load_s = time.perf_counter() - started
     file_mib = sum(int(t.n_bytes) for t in reader.tensors) / 2**20

@@ -16,7 +16,7 @@ from engine.config import EngineConfig
 from engine.modelfile.gguf_file import GGUFFile, GGUFFormatError
 from engine.modelfile.model_config import ModelLoadError, file_pooling, read_config
 from engine.kernels.model_parts import ModelKernels
-from engine.model.weights import expanded_matrices, load_model
+from engine.model.weights import expanded_matrices, expansion_bytes, keep_expansions, load_model
 from engine.loop.loop import run_loop
 from engine.loop.step_limits import StepLimits
 from engine.core.chunks import step_budget
@@ -143,8 +143,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
 def keep_prompt_weights(cfg, weights, backend, config: EngineConfig, cap: int | None, stateful: bool) -> None:
     """The prompt steps' quantized matrices expanded once and kept, where --prompt-weights and the room say so
     (engine/kvcache/prompt_weights.py), before the KV pool is sized from what is left."""
-    matrices = expanded_matrices(weights.layers)
-    expansions = sum(w.rows * w.cols * 2 for w in matrices)
+    expansions = expansion_bytes(expanded_matrices(weights.layers))
     free = backend.free_bytes()
     if cap is not None:
         free = min(free, cap - int(backend.xp.get_default_memory_pool().used_bytes()))
@@ -153,10 +152,9 @@ def keep_prompt_weights(cfg, weights, backend, config: EngineConfig, cap: int | 
     if not keep_expanded(config.prompt_weights, expansions, Room(free, beside), stateful, config.tp):
         return
     began = time.monotonic()
-    for w in matrices:
-        backend.kernels.keep(w)
+    kept = keep_expansions(backend, weights.layers)
     backend.synchronize()
-    log(describe(expansions, len(matrices), time.monotonic() - began))
+    log(describe(expansions, len(kept), time.monotonic() - began))
 
 
 def model_kernels(reader: GGUFFile, draft: GGUFFile | None) -> ModelKernels:

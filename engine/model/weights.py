@@ -201,6 +201,20 @@ def expanded_matrices(layers) -> list[QuantMatrix]:
             if isinstance(w, QuantMatrix)]
 
 
+def expansion_bytes(matrices: list[QuantMatrix]) -> int:
+    """What their expansions take, in fp16."""
+    return sum(w.rows * w.cols * 2 for w in matrices)
+
+
+def keep_expansions(backend: Backend, layers) -> list[QuantMatrix]:
+    """Each of the layers' expanded matrices expanded once and kept (engine/kvcache/prompt_weights.py): a prompt
+    chunk's GEMMs then read those. Returns them."""
+    matrices = expanded_matrices(layers)
+    for w in matrices:
+        backend.kernels.keep(w)
+    return matrices
+
+
 def reserve_expansion(backend: Backend, layers) -> None:
     """Room on the device for the largest of them in fp16, where a prompt chunk's GEMMs read it expanded."""
     expanded = [w.rows * w.cols for w in expanded_matrices(layers)]

@@ -30,7 +30,7 @@ STEPS = (2048, 512, 64)  # rows of the timed prompt steps
 
 
 def check_model(path: str) -> dict:
-    from engine.model.weights import expanded_matrices, load_model
+    from engine.model.weights import expansion_bytes, keep_expansions, load_model
     from engine.ops.backend import gpu_backend
     from engine.runner.runner import ModelRunner
 
@@ -61,13 +61,11 @@ def check_model(path: str) -> dict:
         return round(statistics.median(times[2:]), 2)
 
     per_step, per_step_ms = reads(), {rows: step_ms(rows) for rows in STEPS}
-    matrices = expanded_matrices(weights.layers)
-    for w in matrices:
-        backend.kernels.keep(w)
+    matrices = keep_expansions(backend, weights.layers)
     kept, kept_ms = reads(), {rows: step_ms(rows) for rows in STEPS}
     equal = [bool(np.array_equal(x, y)) for x, y in zip(per_step, kept)]
     return {"model": Path(path).name, "matrices": len(matrices),
-            "kept_gib": round(sum(w.rows * w.cols * 2 for w in matrices) / 2**30, 2),
+            "kept_gib": round(expansion_bytes(matrices) / 2**30, 2),
             "equal_logits_alone_together_k_rows": equal, "ok": all(equal),
             "step_ms_per_step_expansion": per_step_ms, "step_ms_kept": kept_ms}
 

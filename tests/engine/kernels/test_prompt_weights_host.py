@@ -3,7 +3,7 @@ the kept expansions gives the logits, bit for bit, of the same read whose every 
 the scratch at its step (the device's check: tools/device/prompt_weights_check.py)."""
 import numpy as np
 
-from engine.model.weights import expanded_matrices
+from engine.model.weights import keep_expansions
 from engine.runner.runner import ModelRunner
 from tests.engine.kernels.host_gpu import host_gpu_model
 from tests.engine.kernels.test_fused_host import small_llama
@@ -20,11 +20,9 @@ def test_a_read_through_kept_expansions_has_the_bits_of_one_expanded_at_each_ste
         return np.array(runner.forward(prompt, 0, table, want_logits=True))
 
     per_step = read()
-    matrices = expanded_matrices(weights.layers)
-    assert matrices and not kernels.kept
-    for w in matrices:
-        kernels.keep(w)
-    assert all(kernels.expand(w) is kernels.kept[id(w)][1] for w in matrices)  # not the scratch
+    assert not kernels.kept
+    matrices = keep_expansions(backend, weights.layers)
+    assert matrices and all(kernels.expand(w) is kernels.kept[id(w)][1] for w in matrices)  # not the scratch
     kept = read()
     assert np.isfinite(per_step).all() and per_step.std() > 0
     assert np.array_equal(kept, per_step)
