@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU: keep quantized tensors in their GGUF blocks (default; about the file's size in "
                         "memory) or expand them to fp16 at load (up to 4x larger; the CPU always expands)")
     p.add_argument("--prompt-weights", choices=MODES, default="auto",
-                   help="GPU: a prompt step reads quantized matrices expanded to fp16, kept so from the start (resident: 2 bytes a weight beside the blocks) or expanded again each step (per-step); auto: resident where that takes at most a quarter of the memory the weights leave and the longest request still fits (default)")
+                   help="GPU: a prompt step reads quantized matrices expanded to fp16, kept so from the start "
+                        "(resident: 2 bytes a weight beside the blocks) or expanded again each step (per-step); auto: "
+                        "resident where that takes at most a quarter of the memory the weights leave and the longest "
+                        "request still fits (default)")
     p.add_argument("--pooling", choices=POOLINGS,
                    help="how an embedding request's hidden states are pooled: the mean of the prompt's rows, its "
                         "first (cls) or its last (default: as the model's file says, <arch>.pooling_type; a file "
