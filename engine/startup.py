@@ -24,8 +24,8 @@ from engine.kvcache.expert_plan import plan_experts
 from engine.core.memory import RESERVE_BYTES, available_memory, out_of_memory
 from engine.kvcache.recurrent import state_bytes
 from engine.kvcache.kv import kv_row_bytes
-from engine.kvcache.prompt_weights import Room, describe, keep_expanded
-from engine.kvcache.sizing import Running, plan_context, scratch_bytes
+from engine.kvcache.prompt_weights import Expansions, describe
+from engine.kvcache.sizing import Running, plan_context
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
 from engine.runner.draft_model import DraftModel, open_draft
@@ -93,15 +93,17 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     if drafted is not None:
         lap("draft model's weights")
     states = 2 * state_bytes(cfg)  # a running request's recurrent states (a hybrid's; 0 for other models)
-    if backend.name == "gpu" and config.weights == "quantized":
-        keep_prompt_weights(cfg, weights, backend, config, cap, stateful=states > 0)
-        lap("prompt weights")
     parked = config.policy.max_parked if config.policy.enabled else 0  # reads parked at a time, their states kept
     plan = plan_context(cfg, backend, config.ctx, step_budget(config.step_tokens, config.chunk),
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type,
                         cap, Running(config.max_running, config.max_running_given, states, parked),
-                        kv_row_bytes(drafted[0], backend, config.kv_type) if drafted else 0)
+                        kv_row_bytes(drafted[0], backend, config.kv_type) if drafted else 0,
+                        Expansions(config.prompt_weights, expansion_bytes(expanded_matrices(weights.layers)), config.tp)
+                        if backend.name == "gpu" and config.weights == "quantized" else None)
+    if plan.expanded_bytes:  # before the KV pool takes the rest
+        keep_prompt_weights(weights, backend, plan.expanded_bytes)
+        lap("prompt weights")
     if backend.name == "gpu":
         log(plan.split())
     elif config.gpu_memory_gib is not None:
@@ -140,17 +142,9 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     return runner, tokenizer, policy
 
 
-def keep_prompt_weights(cfg, weights, backend, config: EngineConfig, cap: int | None, stateful: bool) -> None:
-    """The prompt steps' quantized matrices expanded once and kept, where --prompt-weights and the room say so
-    (engine/kvcache/prompt_weights.py), before the KV pool is sized from what is left."""
-    expansions = expansion_bytes(expanded_matrices(weights.layers))
-    free = backend.free_bytes()
-    if cap is not None:
-        free = min(free, cap - int(backend.xp.get_default_memory_pool().used_bytes()))
-    beside = ((config.ctx or cfg.max_context) * kv_row_bytes(cfg, backend, config.kv_type)
-              + scratch_bytes(cfg, step_budget(config.step_tokens, config.chunk)) + RESERVE_BYTES)
-    if not keep_expanded(config.prompt_weights, expansions, Room(free, beside), stateful, config.tp):
-        return
+def keep_prompt_weights(weights, backend, expansions: int) -> None:
+    """The prompt steps' quantized matrices expanded once and kept, where the memory plan set room aside for them
+    (engine/kvcache/prompt_weights.py)."""
     began = time.monotonic()
     kept = keep_expansions(backend, weights.layers)
     backend.synchronize()

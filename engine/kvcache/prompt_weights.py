@@ -7,7 +7,8 @@ expansion writes (the same kernel), so nothing a request computes changes.
 
 They take 2 bytes a weight beside the blocks (13 GiB for an 8B model), memory the KV pool would otherwise have, so by
 default (`--prompt-weights auto`) they are kept only where that is at most a quarter of the memory the weights leave
-(within --gpu-memory) and the longest request's KV rows, the prompt scratch and the reserve still fit beside them;
+(within --gpu-memory) and the longest request's KV rows (or --kv-tokens), the prompt scratch and the reserve still
+fit beside them (the memory plan decides: engine/kvcache/sizing.py plan_context);
 never for a model whose running requests hold recurrent states (a hybrid's: that room sizes how many run at once),
 nor across several GPUs (--tp). `resident` keeps them whatever the room, `per-step` never."""
 from __future__ import annotations
@@ -26,6 +27,18 @@ class Room:
     beside: int
 
 
+@dataclass(frozen=True)
+class Expansions:
+    """A GPU engine's prompt weights as the memory plan weighs them (engine/kvcache/sizing.py plan_context): the
+    mode asked, their fp16 bytes, the tensor-parallel ranks."""
+    mode: str
+    nbytes: int
+    tp: int = 1
+
+    def kept(self, room: Room, stateful: bool) -> bool:
+        return keep_expanded(self.mode, self.nbytes, room, stateful, self.tp)
+
+
 def keep_expanded(mode: str, expansions: int, room: Room, stateful: bool = False, tp: int = 1) -> bool:
     """Whether a GPU engine keeps its prompt weights expanded (`expansions`: their fp16 bytes)."""
     if mode not in MODES:
@@ -39,5 +52,4 @@ def keep_expanded(mode: str, expansions: int, room: Room, stateful: bool = False
 def describe(expansions: int, count: int, seconds: float) -> str:
     """The start-up log's line."""
     return (f"prompt weights kept expanded: {count} matrices, {expansions / 2**30:.2f} GiB in fp16 beside their "
-            f"blocks, counted with the weights ({seconds:.1f} s; --prompt-weights per-step gives the room to the KV "
-            "pool)")
+            f"blocks ({seconds:.1f} s; --prompt-weights per-step gives the room to the KV pool)")

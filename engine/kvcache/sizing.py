@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from engine.ops.backend import Backend
 from engine.modelfile.model_config import ModelConfig, ModelLoadError
 from engine.kvcache.kv import kv_row_bytes
+from engine.kvcache.prompt_weights import Expansions, Room
 from engine.kvcache.state_memory import PARKED_READS, states_made
 from engine.core.memory import RESERVE_BYTES, MiB, host_memory_bytes
 from engine.core.kv_types import resolve
@@ -77,6 +78,7 @@ class MemoryPlan:
     cap_bytes: int | None = None  # GPU: --gpu-memory, the most the engine takes
     states_bytes: int = 0  # GPU: the running requests' recurrent states (a hybrid's: engine/kvcache/recurrent.py)
     max_running: int = 1  # requests in the engine at once: --max-running, or fewer where their states do not fit
+    expanded_bytes: int = 0  # GPU: the prompt weights kept expanded (engine/kvcache/prompt_weights.py), 0: none
 
     def split(self) -> str:
         """How the GPU's memory was shared out (the start-up log): weights, KV pool, scratch, reserve."""
@@ -84,7 +86,9 @@ class MemoryPlan:
         cap = f"of --gpu-memory {gib(self.cap_bytes)}" if self.cap_bytes is not None else f"of {gib(self.free_bytes or 0)} free after the weights"
         states = (f", recurrent states {gib(self.states_bytes)} ({self.max_running} running requests)"
                   if self.states_bytes else "")
-        return (f"GPU memory: weights {gib(self.weights_bytes or 0)}, KV pool {gib(self.kv_bytes)}{states}, prompt scratch "
+        expanded = f", prompt weights expanded {gib(self.expanded_bytes)}" if self.expanded_bytes else ""
+        return (f"GPU memory: weights {gib(self.weights_bytes or 0)}{expanded}, KV pool {gib(self.kv_bytes)}{states}, "
+                f"prompt scratch "
                 f"{gib(self.scratch_bytes or 0)}, reserve {gib(RESERVE_BYTES)} ({cap}); host memory: park snapshots "
                 f"up to {gib(self.snapshot_bytes)}, evicted prefix blocks up to {gib(self.cache_ram_bytes)}")
 
@@ -105,7 +109,8 @@ class MemoryPlan:
 def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step_rows: int,
                  snapshot_bytes: int | None, block: int = 64, pool_tokens: int | None = None,
                  cache_ram_bytes: int | None = None, kv_type: str = "auto", cap_bytes: int | None = None,
-                 running: Running = Running(), beside_row_bytes: int = 0) -> MemoryPlan:
+                 running: Running = Running(), beside_row_bytes: int = 0,
+                 expansions: Expansions | None = None) -> MemoryPlan:
     """The pool of KV blocks, the most one request may hold, and the park snapshots' budget (None:
     sized here). CPU: --ctx, else the model's capped at ModelConfig.default_ctx; the pool
     --kv-tokens, else CPU_POOL_CONTEXTS of those; snapshots 2 GiB. GPU: the pool takes what the
@@ -119,7 +124,9 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
     free memory counted is what the weights leave of it. running: on the GPU, the running requests' recurrent
     states (a hybrid's) are set aside before the pool (fit_running: fewer requests by default where they do not
     fit, a refusal where --max-running was given). beside_row_bytes: on the GPU, a position's
-    bytes in a pool of as many positions beside this one (a draft model's, loaded already), sized with it."""
+    bytes in a pool of as many positions beside this one (a draft model's, loaded already), sized with it.
+    expansions: on the GPU, the prompt weights that may be kept expanded, set aside before the pool where their rule
+    says (the longest request's KV rows, or --kv-tokens, the scratch and the reserve still fitting beside them)."""
     row = kv_row_bytes(cfg, backend, kv_type)
     free = backend.free_bytes()
     beside = beside_row_bytes if free is not None else 0
@@ -142,6 +149,11 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
                 f"--gpu-memory {cap_bytes / 2**30:.1f} GiB is less than the weights ({weights / 2**30:.1f} GiB), a prompt "
                 f"step's scratch ({scratch / 2**30:.1f} GiB) and the reserve ({RESERVE_BYTES / 2**30:.1f} GiB) need")
         free = min(free, cap_bytes - weights)
+    free_after_weights, expanded = free, 0
+    if expansions is not None:
+        need = max(requested or cfg.max_context, pool_tokens or 0) * (row + beside) + scratch + RESERVE_BYTES
+        if expansions.kept(Room(free, need), running.state_bytes > 0):
+            expanded, free = expansions.nbytes, free - expansions.nbytes
     max_running, states_bytes = fit_running(running, free - scratch - RESERVE_BYTES, free, scratch)
     room = free - scratch - states_bytes - RESERVE_BYTES
     fits = max(0, room // ((row + beside) * block))  # blocks
@@ -170,8 +182,8 @@ def plan_context(cfg: ModelConfig, backend: Backend, requested: int | None, step
     ctx = requested or min(cfg.max_context, fits * block // CTX_ALIGN * CTX_ALIGN or fits * block)
     if snapshot_bytes is None:
         snapshot_bytes = min(ctx * row, host_memory_bytes() // 2)
-    return MemoryPlan(ctx, fits, block, fits * block * row, snapshot_bytes, weights, free, cache_ram_bytes, scratch,
-                      cap_bytes, states_bytes, max_running)
+    return MemoryPlan(ctx, fits, block, fits * block * row, snapshot_bytes, weights, free_after_weights,
+                      cache_ram_bytes, scratch, cap_bytes, states_bytes, max_running, expanded)
 
 
 def fit_running(running: Running, room: int, free: int, scratch: int) -> tuple[int, int]:

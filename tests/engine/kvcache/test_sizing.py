@@ -10,6 +10,7 @@ from engine.modelfile.model_config import HybridConfig, ModelConfig, ModelLoadEr
 from engine.kvcache import sizing as memory
 from engine.kvcache.recurrent import state_bytes
 from engine.kvcache.state_memory import PARKED_READS, SPARE_STATES
+from engine.kvcache.prompt_weights import Expansions
 from engine.kvcache.sizing import CPU_POOL_CONTEXTS, DEFAULT_SNAPSHOT_BYTES, Running, plan_context
 
 GiB = 2**30
@@ -197,3 +198,17 @@ def test_the_scratch_estimate_covers_what_a_hybrid_moe_prompt_step_makes():
 
     widest = max(memory.delta_row_bytes(NEXT_80B), memory.experts_row_bytes(NEXT_80B))
     assert memory.scratch_bytes(NEXT_80B, n) >= 2 * n * widest
+
+
+def test_prompt_weights_kept_expanded_are_set_aside_before_the_pool_and_named_in_the_split():
+    """engine/kvcache/prompt_weights.py's rule, applied where the memory is planned: 13 GiB of an 8B's expansions on
+    an 80 GB card come out of the pool and show in the start-up line; a --kv-tokens they would leave no room for keeps
+    them per step."""
+    expansions = Expansions("auto", 13 * GiB)
+    kept = plan_context(LLAMA3_8B, device(73, 5), None, 2048, None, expansions=expansions)
+    alone = plan_context(LLAMA3_8B, device(73, 5), None, 2048, None)
+    assert kept.expanded_bytes == 13 * GiB and alone.expanded_bytes == 0
+    assert alone.kv_bytes - kept.kv_bytes == 13 * GiB // (128 * 1024 * 64) * 128 * 1024 * 64
+    assert "prompt weights expanded 13.00 GiB" in kept.split() and "expanded" not in alone.split()
+    pool = plan_context(LLAMA3_8B, device(73, 5), None, 2048, None, pool_tokens=500_000, expansions=expansions)
+    assert pool.expanded_bytes == 0 and pool.tokens >= 500_000
