@@ -135,6 +135,9 @@ class FakeRunner:
     def pick_ahead(self, seqs: list[Sequence]) -> None:
         """(A GPU's draws of a step's rows at once: none here.)"""
 
+    def logprobs(self, seq: Sequence, token: int):
+        return seq.sampler.logprobs(seq.logits, token, seq.logprobs)
+
     def scripted(self, seq: Sequence, i: int) -> int:
         """Token i of this request's answer: the script, or the original prompt echoed, cycled (a continuation's
         prompt is the original's: its tokens so far are generated's first, engine/runner/sequence.py replay)."""

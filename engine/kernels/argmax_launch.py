@@ -1,5 +1,6 @@
-"""Launcher of argmax.cu: each row's first index of its maximum (the greedy pick), and a batch's
-temperature draws (engine/runner/batch_draws.py), on the device."""
+"""Launcher of argmax.cu: each row's first index of its maximum (the greedy pick), a batch's temperature
+draws (engine/runner/batch_draws.py) and its rows' log-probabilities (engine/runner/logprob_rows.py), on the
+device."""
 from __future__ import annotations
 
 from types import ModuleType
@@ -7,7 +8,7 @@ from types import ModuleType
 import numpy as np
 
 PICK_PARAMS = 5  # a row's draw parameters (argmax.cu's pick_keys, pick_draw): temperature, top_k, top_p, min_p, u
-KEY_THREADS, DRAW_THREADS = 256, 1024  # argmax.cu's
+KEY_THREADS, DRAW_THREADS, LOGZ_THREADS = 256, 1024, 256  # argmax.cu's
 
 
 def index_bits(vocab: int) -> int:
@@ -43,3 +44,12 @@ class ArgmaxLauncher:
                              (logits, params, scaled, keys, np.int32(n), np.int32(bits)))
         keys.sort()  # (a radix sort: the keys are unique, so their order is the only one)
         self.fn["pick_draw"]((rows,), (DRAW_THREADS,), (scaled, keys, params, out, np.int32(n), np.int32(bits)))
+
+    def row_logprobs(self, logits, tokens):
+        """logits (rows, n) fp32, tokens (rows,) int64 -> (rows, 2) fp64 on the device: each row's log-partition
+        (fp64 sums in a fixed order, a block a row: a row's figures are its own alone) and its token's
+        log-probability."""
+        rows, n = logits.shape
+        out = self.cp.empty((rows, 2), dtype=self.cp.float64)
+        self.fn["row_logprobs"]((rows,), (LOGZ_THREADS,), (logits, tokens, out, np.int32(n)))
+        return out

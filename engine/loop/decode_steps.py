@@ -166,7 +166,7 @@ class DecodeSteps:
         if the request asked, from the logits it was drawn from: before the sampler moves on). None if
         the request goes on, else why it ends: stop or length (the caller finishes it), or dropped (an
         ERR has ended it)."""
-        logprob, top = seq.sampler.logprobs(seq.logits, token, seq.logprobs) if seq.logprobs is not None \
+        logprob, top = self.runner.logprobs(seq, token) if seq.logprobs is not None \
             else (None, ())
         try:
             seq.sampler.accept(token)

@@ -11,6 +11,7 @@ from engine import __version__
 from engine.ops.backend import Backend
 from engine.runner.decode_graph import GraphDecoder, decode_or_eager
 from engine.runner.grammar_mask import compile_constraint
+from engine.runner.logprob_rows import LogprobRows
 from engine.runner.picks import Picks
 from engine.modelfile.model_config import ModelConfig
 from engine.model.layer_weights import Weights
@@ -59,6 +60,8 @@ class ModelRunner:
         self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable,
                                     self.recurrent and SequenceState.fresh(self.recurrent)) if graphs else None
         self.picks = Picks(backend, self.decoder, cfg.vocab_size)
+        # the log-probabilities requests ask for, on the GPU a step's rows at once (engine/runner/logprob_rows.py)
+        self.scores = LogprobRows(backend.xp, backend.kernels, self.decoder) if gpu else None
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
         self.draft_max, self.draft_model = 0, None  # speculative decoding's most drafts (0: off), draft model
@@ -187,8 +190,18 @@ class ModelRunner:
         return self.picks.sample(seq)
 
     def pick_ahead(self, seqs: list[Sequence]) -> None:
-        """The GPU's plain draws of a step's rows at once, before each is drawn (engine/runner/picks.py)."""
+        """The GPU's plain draws of a step's rows at once, before each is drawn (engine/runner/picks.py), then the
+        log-probabilities of the tokens known so (engine/runner/logprob_rows.py)."""
         self.picks.ahead(seqs)
+        if self.scores is not None:
+            self.scores.ahead(seqs)
+
+    def logprobs(self, seq: Sequence, token: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+        """The log-probability of seq's drawn token and of its seq.logprobs likeliest (Sampler.logprobs), under
+        the logits the draw read: on the GPU, where they are as the model left them, by row_logprobs."""
+        if self.scores is not None and seq.sampler.plain:
+            return self.scores.logprobs(seq, token)
+        return seq.sampler.logprobs(seq.logits, token, seq.logprobs)
 
     def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
         """Logits (rows, vocab) after each row's token at its position, its rows in the blocks of its

@@ -85,9 +85,7 @@ class Sampler:
         x = logits.astype(np.float64)  # (vocab,)
         peak = x.max()
         logz = peak + np.log(np.exp(x - peak).sum())
-        order = canonical_prefix(logits, top)[:top] if top else np.empty(0, dtype=np.intp)
-        best = tuple((int(t), float(x[t] - logz)) for t in order if np.isfinite(x[t]))
-        return float(x[token] - logz), best
+        return float(x[token] - logz), top_scores(logits, top, float(logz))
 
     @property
     def penalized(self) -> bool:
@@ -108,9 +106,14 @@ class Sampler:
         return float(self.rng.random())
 
     @property
+    def plain(self) -> bool:
+        """The next draw reads the logits as they are (no penalty, no grammar's mask)."""
+        return not self.penalized and self.constraint is None
+
+    @property
     def plain_greedy(self) -> bool:
         """The next token is the argmax of the logits as they are (a decode graph computes it)."""
-        return self.params.temperature == 0 and not self.penalized and self.constraint is None
+        return self.params.temperature == 0 and self.plain
 
     def apply_penalties(self, logits, xp=np):
         """A penalized copy of `logits`, or `logits` itself when no penalty applies."""
@@ -267,3 +270,10 @@ def canonical_prefix(x: np.ndarray, m: int) -> np.ndarray:
     edge = np.partition(x, len(x) - m)[len(x) - m]
     idx = np.flatnonzero(x >= edge)
     return idx[descending_order(x[idx])]
+
+
+def top_scores(logits: np.ndarray, top: int, logz: float) -> tuple[tuple[int, float], ...]:
+    """The `top` likeliest tokens of logits (vocab,) on the host (ties by index) and their log-probabilities
+    under the log-partition logz; tokens the logits rule out (-inf: a grammar's mask) are never among them."""
+    order = canonical_prefix(logits, top)[:top] if top else ()
+    return tuple((int(t), float(np.float64(logits[t]) - logz)) for t in order if np.isfinite(logits[t]))

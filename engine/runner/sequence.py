@@ -30,6 +30,8 @@ class Sequence:
     logits: np.ndarray | None = None  # (vocab,) of the last position read, until sampled
     graph_row: int | None = None  # the logits are this row of the latest decode graph replay's
     picked: int | None = None  # its next token, drawn with the step's other rows (engine/runner/batch_draws.py)
+    scored: tuple | None = None  # (that token, logz, its log-probability) scored with the step's other rows
+    # (engine/runner/logprob_rows.py), where it asked for them
     yield_wanted: bool = False  # a boundary offer: park at the next chunk boundary if the gates pass
     parked: bool = False  # parked at a chunk boundary: its rows stay in its blocks until moved out
     paused: bool = False  # moved to host memory under memory pressure; brought back first

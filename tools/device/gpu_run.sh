@@ -14,6 +14,7 @@
 # specpace the drafts' measured pace against every draft made (--draft-row-cost 0), the 135M shape
 # draftspec --speculative draft on the GPU: self-drafts and the 135M drafting for the 8B shape, the same tokens
 # sampling tools/device/gpu_kernels_check.py's sampling and argmax checks alone, with the picks' times (fast)
+# logprobs tools/device/logprob_rows_check.py: a step's log-probabilities in one launch against the host sampler's, times
 # sm90     the wgmma prompt attention (attention_sm90.cu) against NumPy alone (fast); on failure, again with
 #          V's descriptor offsets swapped (V_LBO_IS_PANEL=0)
 # longread bench/engine_bench.py prompt reads of 65,536 and 131,072 tokens, 8B shape in Q4_K_M, chunk 2048,
@@ -800,6 +801,9 @@ for step in "$@"; do
       synth_mq; synth_ms
       python3 tools/device/prompt_weights_check.py $MQ $MS --json "$OUT/prompt_weights_check.json" 2>&1 | quiet \
         || echo "PROMPT WEIGHTS CHECK FAILED" ;;
+    logprobs)  # a step's log-probabilities in one launch (engine/runner/logprob_rows.py) against the host sampler's
+      python3 tools/device/logprob_rows_check.py --json "$OUT/logprob_rows_check.json" 2>&1 | tail -25 \
+        || echo "LOGPROB ROWS CHECK FAILED" ;;
     servercost)  # the HTTP server's own CPU a request and a streamed token, before the mock engine (no model)
       python3 bench/server_cost_bench.py --repeats 5 --json "$OUT/server_cost.json" 2>&1 | tail -2 ;;
     peers_strata)
