@@ -13,6 +13,7 @@ from serve.http.host_check import HostCheck, allowed_host_names
 from serve.http.origin_check import OriginCheck
 from serve.http.web_page import include_page
 from serve.http.routes import include_routes
+from serve.loop_stalls import start_stall_watch
 from serve.model_set import ModelSet
 from serve.state import ServerState
 
@@ -27,9 +28,12 @@ def create_app(settings: ServerSettings, tokenizer, model_ctx: int, launched: li
         models = app.state.models = ModelSet(settings, state, build_state)
         state.start()
         models.start()
+        stalls = start_stall_watch()  # ($STRATA_STALL_MS: where the event loop stalls, to stderr)
         try:
             yield
         finally:
+            if stalls is not None:
+                stalls.stopped.set()
             await models.stop()
             await state.stop()
 
