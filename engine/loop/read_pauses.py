@@ -33,6 +33,7 @@ class ReadPauses:
         self.decoded_at = 0.0  # when the decoders' latest step ended (clock)
         self.decode_ms = 0.0  # a decode step's time, recent ones weighing more: a token's wait is the step's too
         self.paused_ms = 0.0  # decode steps run in the pauses of the current prompt step
+        self.lent_ms = 0.0  # of which newcomers' reads took, by their estimates (engine/loop/rounds.py read_newcomers)
         self.clock = time.perf_counter
 
     def decoded(self, started: float) -> None:
@@ -63,7 +64,7 @@ class ReadPauses:
         """The step's pause between layers (called after each; None: the step runs straight through), seq its
         first read and `rows` its rows: a decode step where one more layer would take the decoders' wait past
         layers_ms (the layer's time as measured so far in this step), once half the interval has gone at least."""
-        self.paused_ms = 0.0
+        self.paused_ms = self.lent_ms = 0.0
         estimate = self.estimate_ms(seq, rows)
         if not (self.interval_ms and estimate and self.requests.any_decoding()):
             return None

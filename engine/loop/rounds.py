@@ -182,26 +182,30 @@ class Rounds:
         the step: the lines that came meanwhile, then the reads that came and end within a step, read now in a step
         of their own, their first token in the pause, not after the long step that the decoders' steps stretch (2,048
         rows of the 80B hybrid ~0.7 s beside 64 decoders: bench/HISTORY.md, fourteenth session). Only where that
-        shortens the waits in all: the newcomer's estimated read, which each of the step's reads then waits, times
-        their count, under the step's own time left (left_ms), which it would wait (sub-agents' reads went before a
-        step of three such and held it 0.37 s: fifteenth session). The step's reads stay in_step (a STOP waits)."""
+        shortens the waits in all and never holds the step's own reads past twice their wait: the newcomers' reads
+        in this step's pauses so far and now, which each of the step's reads then waits, times their count, under the
+        step's own time left (left_ms), which each newcomer would wait (sub-agents' reads went before a step of three
+        such and held it 0.37 s: fifteenth session; 64 clients' prompts, a few at each pause of a step of two, held
+        those two 0.9-1.7 s: seventeenth). The step's reads stay in_step (a STOP waits)."""
         if not self.runner.shape_free:
             return  # (one read a step: the server parks the long read for a newcomer instead)
         self.take_lines()
         outer, left, keys, pieces = self.requests.in_step, min(self.step_tokens, self.runner.chunk), 0, []
+        lent = self.pauses.lent_ms  # (the newcomers' reads in this step's pauses so far, and the ones chosen now)
         for seq in self.requests.readers():
             if seq in outer or seq.settling or seq.pos > seq.cached or seq.total - seq.pos > left:
                 continue
             estimate = self.pauses.estimate_ms(seq, seq.total - seq.pos)
-            if estimate is None or estimate * len(outer) >= left_ms:  # (outer: the pausing step's reads, never none)
+            if estimate is None or (lent + estimate) * len(outer) >= left_ms:  # (outer: the pausing step's reads)
                 continue
             if self.runner.step_keys is not None and keys + seq.total > self.runner.step_keys:
                 break
             if not self.memory.get_blocks(seq, seq.total, pause_others=False):
                 break
             pieces.append((seq, seq.total))
-            left, keys = left - (seq.total - seq.pos), keys + seq.total
+            left, keys, lent = left - (seq.total - seq.pos), keys + seq.total, lent + estimate
         if pieces:
+            self.pauses.lent_ms = lent  # (by the estimates the rule weighs, as left_ms is)
             self.read_step(pieces, outer)
 
     def read_step(self, pieces: list[tuple[Sequence, int]], outer: list[Sequence] | tuple = ()) -> None:

@@ -81,3 +81,37 @@ def test_a_newcomer_waits_for_a_step_of_short_reads_its_own_read_would_hold_up_l
     assert at < max(step_end) < b_first
     for gen in (D, *SHORT, B):
         assert tokens(out, gen.id) == tokens(serve(runner, [gen]), gen.id) and len(tokens(out, gen.id)) == gen.max_new
+
+
+def test_newcomers_at_every_pause_hold_the_long_step_no_longer_than_its_own_time_left(runner):
+    """A newcomer comes at each pause of A's first step; by the estimates (10 ms each, 25 ms of A's step left at each
+    pause, pinned here) the first two are read in its pauses, the third after it: the newcomers' reads in one step's
+    pauses stay under the time its own reads have left (64 clients' prompts, a few at each pause, held a step of two
+    for 0.9-1.7 s). Every request's tokens are its own."""
+    news = [m.Gen(3, tuple(range(1200 + 20 * i, 1210 + 20 * i)), GREEDY, 20 + i) for i in range(3)]
+    out, coming = [], list(news)
+    loop = EngineLoop(runner, ParkPolicy(), out.append, limits=StepLimits(interval_ms=0.01))
+    pauses, decode_step = loop.rounds.pauses, loop.rounds.pauses.decode_step
+    pauses.estimate_ms = lambda seq, rows: 10.0
+    pauses.newcomers = lambda left_ms: loop.rounds.read_newcomers(25.0)
+
+    def in_a_pause(decoding):
+        if coming and any(seq.id == A.id for seq in loop.requests.in_step):
+            loop.inbox.put(coming.pop(0))
+            out.append("arrived")
+        decode_step(decoding)
+
+    pauses.decode_step = in_a_pause
+    for gen in (D, A):
+        loop.control(gen)
+    while loop.busy or not loop.inbox.empty():
+        loop.take_lines(block=False)
+        loop.round()
+    assert not coming and not any(isinstance(x, (m.Err, m.Defer)) for x in out), out
+    at = out.index("arrived")
+    a_step_end = next(i for i, x in enumerate(out) if i > at and isinstance(x, m.PromptProgress) and x.id == A.id)
+    assert out[at:a_step_end].count("arrived") == 3  # all three came in the pauses of one step of A's
+    first = [next(i for i, x in enumerate(out) if isinstance(x, m.Token) and x.id == gen.id) for gen in news]
+    assert first[0] < first[1] < a_step_end < first[2]
+    for gen in (A, *news):
+        assert tokens(out, gen.id) == tokens(serve(runner, [gen]), gen.id) and len(tokens(out, gen.id)) == gen.max_new
