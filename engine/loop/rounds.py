@@ -4,13 +4,9 @@ tokens drawn and written out.
 A round is one decode step for every decoding request together (one pass over the weights), then
 prompt steps while the decoders have waited less than `interval_ms` (at least one step), so that a
 long read never stops the others from decoding and reads get the time the interval allows. What a
-prompt step reads depends on the runner (engine/runner/runner.py, shape_free):
-- with kernels whose rows do not depend on the step's shape, the reads in line share the step: the
-  first one reads up to a chunk, the ones behind it fill what is left of `step_tokens` (where the first
-  ends its read in the step, the reads that end theirs take a chunk's rows in all: a burst of short reads
-  goes a few a step), each ending anywhere; when reads behind a long one end theirs within a chunk, they go first, in a step of their
-  own (every other step at most): a short newcomer's read waits for neither a park nor a long chunk;
-- else one read a step, its next chunk at absolute boundaries (engine/core/chunks.py).
+prompt step reads (which reads, how many rows of each) is engine/loop/step_plan.py's: where the kernels'
+rows do not depend on the step's shape, several reads share a step, each ending anywhere; else one read a
+step, its next chunk at absolute boundaries.
 A request's first token is drawn right after its prompt's last row (an embed request's vector is written
 then, and its DONE: engine/runner/pooling.py). A step deep in a long read takes longer than a decoding
 client should wait for its next token, so it pauses between layers for further decode steps, about
@@ -29,12 +25,13 @@ from protocol import messages as m
 from engine.loop.admission import Admission
 from engine.loop.decode_steps import DecodeSteps
 from engine.loop.memory import Memory
-from engine.core.chunks import chunk_end, step_budget
+from engine.core.chunks import step_budget
 from engine.loop.parking import Parking
 from engine.loop.protocol_io import Inbox
 from engine.loop.read_pauses import ReadPauses
 from engine.loop.request_table import RequestTable
 from engine.loop.step_limits import StepLimits
+from engine.loop.step_plan import StepPlan
 from engine.loop.step_trace import StepTrace
 from engine.runner.sequence import Sequence
 
@@ -46,8 +43,8 @@ class Rounds:
         self.runner, self.requests, self.memory, self.parking = runner, requests, memory, parking
         self.admission, self.write, self.limits = admission, write, limits
         self.step_tokens = step_budget(limits.step_tokens, runner.chunk)  # prompt rows a step may take (shape_free)
+        self.plan = StepPlan(runner, requests, memory, limits, self.step_tokens, self.short_of_blocks)
         self.inbox, self.control = inbox, control
-        self.held_last = False  # whether the latest step held the first read in line back (held_back)
         self.trace = StepTrace()  # a line per step on stderr with $STRATA_STEP_TRACE
         self.decoding = DecodeSteps(runner, memory, admission, write, self.trace)
         self.decode_step, self.draw = self.decoding.step, self.decoding.draw
@@ -70,103 +67,17 @@ class Rounds:
             self.take_lines()
         self.memory.report_now_and_then()
         started = time.perf_counter()
-        while (pieces := self.plan_reads()) and not self.inbox.gone:
+        while (pieces := self.plan.pieces()) and not self.inbox.gone:
             self.read_step(pieces)
             reader = self.requests.next_reader()
             if self.inbox.gone or reader is None or not self.requests.any_decoding():
                 break  # nobody waits for a step: the next round reads on (taking control lines first)
-            rows = min(reader.total - reader.pos, self.step_rows(reader))  # (about: the next step's first read's rows)
+            rows = min(reader.total - reader.pos, self.plan.step_rows(reader))  # (about: the next step's first read's rows)
             estimate = self.pauses.estimate_ms(reader, rows) or 0.0
             if (time.perf_counter() - started) * 1000 + estimate > self.limits.interval_ms:
                 break  # the decoders have waited about interval_ms: their step comes first
 
     # ------------------------------------------------------------ prompt chunks
-
-    def plan_reads(self) -> list[tuple[Sequence, int]]:
-        """The next prompt step: (read, the position its rows end at) for the first read in line and,
-        when rows may share a step, the reads behind it while step_tokens allows, each with its
-        blocks had first. Empty if nobody reads (or the first read could not have its blocks)."""
-        readers = self.requests.readers()
-        if not readers:
-            return []
-        held = self.held_back(readers)
-        first = next(seq for seq in readers if seq not in held)
-        budget = self.step_rows(first)
-        end = self.piece_end(first, budget)
-        if not self.memory.get_blocks(first, end):
-            self.short_of_blocks(first)
-            return []
-        pieces, keys = [(first, end)], end
-        self.requests.in_step = [first]  # the reads chosen: the blocks had for the next ones never come from them
-        left = budget - (end - first.pos)
-        # a step that a short read leads: the reads that end in it take a chunk's rows in all (burst_rows)
-        burst = self.burst_rows(budget) - (end - first.pos) if end == first.total else None
-        for seq in self.requests.readers() if self.runner.shape_free else ():  # (as the first's blocks left them:
-            # room for it may have paused a newer read, or dropped an answer read again)
-            if seq is first or seq in held:
-                continue
-            if left <= 0:
-                break
-            if seq not in self.requests.line or seq.paused:
-                continue  # let go by a companion's blocks (an answer read again) in this loop
-            end = self.piece_end(seq, left)
-            if end <= seq.pos:
-                continue  # too few rows left in the step for this read's next piece
-            if burst is not None and end == seq.total:
-                if end - seq.pos > burst:
-                    continue  # a short read past the burst's rows: the next step's (a long one's piece still goes)
-                burst -= end - seq.pos
-            if self.runner.step_keys is not None and keys + end > self.runner.step_keys:
-                break  # the step's keys would not fit the scratch its attention widens them into
-            if not self.memory.get_blocks(seq, end, pause_others=False):
-                break  # a read behind the first waits for room rather than take it from others
-            pieces.append((seq, end))
-            self.requests.in_step.append(seq)
-            keys += end
-            left -= end - seq.pos
-        self.requests.in_step = []
-        return pieces
-
-    def step_rows(self, first: Sequence) -> int:
-        """The rows the next prompt step may take, first its first read: step_tokens, and while others decode, as
-        many as keep its time within step_ms by first's latest step (where rows may share a step and so end
-        anywhere; a read's first step has no such estimate: other steps' time a row says little of its own)."""
-        if not (self.runner.shape_free and self.requests.any_decoding()):
-            return self.step_tokens
-        return self.limits.capped_rows(self.step_tokens, first.row_ms)
-
-    def burst_rows(self, budget: int) -> int:
-        """The rows that reads ending in a step may take in all where one leads it (a burst of short reads: sixteen
-        sub-agents' tails, 64 clients' prompts): a chunk's at most, so that the first of them are answered after a
-        short step, not after one step of all (sixteen tails of ~350 rows: TTFT p50 0.18 s at a chunk's rows a
-        step, 0.24 s at two chunks', the last about the same; bench/HISTORY.md, seventeenth session). A long
-        read behind them still takes its piece of the rest of step_tokens, and a long read's chunk leading a step
-        leaves the rest to the reads behind it as before."""
-        return min(budget, self.runner.chunk)
-
-    def held_back(self, readers: list[Sequence]) -> list[Sequence]:
-        """The reads whose chunks wait a step: where rows may share a step and the first read in line will
-        not end its read in this one while reads behind it end theirs within a chunk (a short newcomer
-        beside a long read), every read that will not end in this step, so that the short ones get a step
-        of their own: a newcomer's first token comes after the step in progress and its own short one, not
-        after a long chunk too. Every other step at most: a long read never waits two steps in a row."""
-        chunk = self.runner.chunk
-        long = [seq for seq in readers if seq.total - seq.pos > chunk]
-        hold = (self.runner.shape_free and not self.held_last and bool(long) and long[0] is readers[0]
-                and len(long) < len(readers))
-        self.held_last = hold
-        return long if hold else []
-
-    def piece_end(self, seq: Sequence, left: int) -> int:
-        """Where seq's rows in the next step end: up to a chunk (of `left` rows at most) when rows may
-        share a step, else its next absolute chunk."""
-        chunk = self.runner.chunk
-        if self.runner.shape_free:
-            end = min(seq.total, seq.pos + min(chunk, left))
-            if end < seq.total:  # a read ends where the runner's reads may (a hybrid's: the delta rule's
-                end = max(seq.pos, end // self.runner.read_align * self.runner.read_align)  # chunks), or at its end
-            return end
-        return chunk_end(seq.pos, seq.total, chunk)
 
     def short_of_blocks(self, reader: Sequence) -> None:
         """The first read in line cannot have the blocks of its next rows."""

@@ -1,4 +1,4 @@
-"""A step that a short read leads (engine/loop/rounds.py burst_rows): the reads that end in it take a chunk's rows in
+"""A step that a short read leads (engine/loop/step_plan.py burst_rows): the reads that end in it take a chunk's rows in
 all, so a burst of short reads goes a few a step and the first are answered after a short one, while a long read
 behind a short one still takes its piece of the step; every request's tokens are those it has alone. The engine's
 loop in this process over the real runner and a tiny llama file on the CPU (its rows the same in any step)."""

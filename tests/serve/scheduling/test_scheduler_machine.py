@@ -317,13 +317,13 @@ def test_a_paused_request_comes_back_by_moving_a_parked_read_out():
     requests, rounds, memory, parking = loop.requests, loop.rounds, loop.memory, loop.parking
     p, x = requests.seqs[1], requests.seqs[2]
     for _ in range(3):
-        rounds.read_step(rounds.plan_reads())  # P reads three chunks
+        rounds.read_step(rounds.plan.pieces())  # P reads three chunks
     parking.try_park(p)
     for _ in range(3):
-        rounds.read_step(rounds.plan_reads())  # X reads its prompt and draws its first token
+        rounds.read_step(rounds.plan.pieces())  # X reads its prompt and draws its first token
     memory.pause(x)
     parking.resume(p.id)
-    rounds.read_step(rounds.plan_reads())  # P's fourth chunk
+    rounds.read_step(rounds.plan.pieces())  # P's fourth chunk
     parking.try_park(p)  # P holds four blocks of six; X needs three to come back
     assert p.parked and len(p.table) == 4 and x.paused and memory.pool.available < 3
     loop.round()
