@@ -1,10 +1,11 @@
 """Which reads a prompt step takes, and how many rows of each (engine/loop/rounds.py runs the step).
 
 Where the kernels' rows do not depend on the step's shape (runner.shape_free), the reads in line share a step: the
-first takes up to a chunk, the ones behind it fill what is left of `step_tokens`, each ending anywhere; in a step
-that a short read leads, the reads that end in it take a chunk's rows in all (a burst of short reads goes a few a
-step); where reads behind a long one end theirs within a chunk, they go first, in a step of their own (every other
-step at most). Elsewhere one read a step, its next chunk at absolute boundaries (engine/core/chunks.py).
+first takes up to a chunk, the ones behind it fill what is left of `step_tokens`, each ending anywhere (a burst of
+short reads in as few steps as that allows: a chunk's rows a step instead cost 64 clients' burst a quarter more
+time, their decode steps coming as often between smaller steps, for no gain in sixteen sub-agents' first tokens,
+bench/HISTORY.md, seventeenth session); where reads behind a long one end theirs within a chunk, they go first, in
+a step of their own (every other step at most). Elsewhere one read a step, its next chunk at absolute boundaries (engine/core/chunks.py).
 """
 from __future__ import annotations
 
@@ -42,8 +43,6 @@ class StepPlan:
         pieces, keys = [(first, end)], end
         self.requests.in_step = [first]  # the reads chosen: the blocks had for the next ones never come from them
         left = budget - (end - first.pos)
-        # a step that a short read leads: the reads that end in it take a chunk's rows in all (burst_rows)
-        burst = self.burst_rows(budget) - (end - first.pos) if end == first.total else None
         for seq in self.requests.readers() if self.runner.shape_free else ():  # (as the first's blocks left them:
             # room for it may have paused a newer read, or dropped an answer read again)
             if seq is first or seq in held:
@@ -55,10 +54,6 @@ class StepPlan:
             end = self.piece_end(seq, left)
             if end <= seq.pos:
                 continue  # too few rows left in the step for this read's next piece
-            if burst is not None and end == seq.total:
-                if end - seq.pos > burst:
-                    continue  # a short read past the burst's rows: the next step's (a long one's piece still goes)
-                burst -= end - seq.pos
             if self.runner.step_keys is not None and keys + end > self.runner.step_keys:
                 break  # the step's keys would not fit the scratch its attention widens them into
             if not self.memory.get_blocks(seq, end, pause_others=False):
@@ -77,15 +72,6 @@ class StepPlan:
         if not (self.runner.shape_free and self.requests.any_decoding()):
             return self.step_tokens
         return self.limits.capped_rows(self.step_tokens, first.row_ms)
-
-    def burst_rows(self, budget: int) -> int:
-        """The rows that reads ending in a step may take in all where one leads it (a burst of short reads: sixteen
-        sub-agents' tails, 64 clients' prompts): a chunk's at most, so that the first of them are answered after a
-        short step, not after one step of all (sixteen tails of ~350 rows: TTFT p50 0.18 s at a chunk's rows a
-        step, 0.24 s at two chunks', the last about the same; bench/HISTORY.md, seventeenth session). A long
-        read behind them still takes its piece of the rest of step_tokens, and a long read's chunk leading a step
-        leaves the rest to the reads behind it as before."""
-        return min(budget, self.runner.chunk)
 
     def held_back(self, readers: list[Sequence]) -> list[Sequence]:
         """The reads whose chunks wait a step: where rows may share a step and the first read in line will
