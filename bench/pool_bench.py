@@ -41,6 +41,7 @@ model Strata would load: $STRATA_MODEL, else the default model).
 from __future__ import annotations
 
 import argparse
+import gc
 import asyncio
 import json
 import multiprocessing
@@ -220,7 +221,10 @@ def decode_streams(url: str, n: int, max_tokens: int, ready, stop, out) -> None:
     ends, until `stop`; `ready` once each has streamed 4 chunks; then sends `out` (per stream, (monotonic time,
     tokens) of each chunk; the restarts). In the bench's own process 64 threads took turns at the GIL (a switch
     every 5 ms), and the time a chunk was seen could lag its arrival by tens of ms; CLOCK_MONOTONIC is the
-    machine's, so the parent compares these times with its own."""
+    machine's, so the parent compares these times with its own. What the fork inherited (the tokenizer the parent
+    loaded, ~44K objects) is frozen out of the collector's walks: a full collection over it took ~40 ms in a child on
+    a small machine, a stall of this client's own in the gaps it measures."""
+    gc.freeze()
     stamps, restarts = [[] for _ in range(n)], [0] * n
 
     async def stream(client: httpx.AsyncClient, i: int) -> None:
