@@ -41,8 +41,8 @@ model Strata would load: $STRATA_MODEL, else the default model).
 from __future__ import annotations
 
 import argparse
-import gc
 import asyncio
+import gc
 import json
 import multiprocessing
 import os
