@@ -223,7 +223,7 @@ def decode_streams(url: str, n: int, max_tokens: int, ready, stop, out) -> None:
     every 5 ms), and the time a chunk was seen could lag its arrival by tens of ms; CLOCK_MONOTONIC is the
     machine's, so the parent compares these times with its own. What the fork inherited (the tokenizer the parent
     loaded, ~44K objects) is frozen out of the collector's walks: a full collection over it took ~40 ms in a child on
-    a small machine, a stall of this client's own in the gaps it measures."""
+    a small machine, a stall this client could add to the gaps it measures."""
     gc.freeze()
     stamps, restarts = [[] for _ in range(n)], [0] * n
 
