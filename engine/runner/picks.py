@@ -8,10 +8,13 @@ what the request asks for, the same way for each of its tokens:
   the step's other such rows (ahead: one launch and one copy back a step), or as a batch of one (a
   prompt's last row) — the same arithmetic either way;
 - penalized or constrained: a captured draw of its parameter set (engine/runner/sampling_graph.py).
+The log-probabilities a request asks for: on the GPU a step's rows in one launch where the draw reads the logits
+as the model left them (engine/runner/logprob_rows.py), else Sampler.logprobs on the host.
 """
 from __future__ import annotations
 
 from engine.runner.batch_draws import BatchDraws
+from engine.runner.logprob_rows import LogprobRows
 from engine.runner.sampler import SamplingParams
 from engine.runner.sampling_graph import DrawGraphs
 from engine.runner.sequence import Sequence
@@ -24,6 +27,7 @@ class Picks:
         gpu = decoder is not None
         self.draws = DrawGraphs(backend.xp) if gpu else None
         self.batch = BatchDraws(backend.xp, backend.kernels, vocab) if gpu else None
+        self.scores = LogprobRows(backend.xp, backend.kernels, decoder) if backend.name == "gpu" else None
 
     def sample(self, seq: Sequence) -> int:
         if seq.picked is not None:  # drawn with its step's other rows (ahead)
@@ -41,9 +45,14 @@ class Picks:
     def ahead(self, seqs: list[Sequence]) -> None:
         """The next tokens of the plain sampling requests among seqs (each about to be drawn, in this order)
         drawn together, each kept in seq.picked for its sample(); the uniforms taken here, one each. (Not a
-        continuation's tokens so far: they go through again, not drawn.)"""
-        if self.batch is None:
-            return
+        continuation's tokens so far: they go through again, not drawn.) Then the log-probabilities of the tokens
+        known so, where asked (LogprobRows.ahead)."""
+        if self.batch is not None:
+            self.draw_ahead(seqs)
+        if self.scores is not None:
+            self.scores.ahead(seqs)
+
+    def draw_ahead(self, seqs: list[Sequence]) -> None:
         rows = [s for s in seqs if s.sampler.batchable and s.picked is None and not s.draft_logits and not s.replay]
         for start in range(0, len(rows), self.batch.rows):
             batch = rows[start : start + self.batch.rows]
@@ -52,6 +61,13 @@ class Picks:
             tokens = self.batch.draw([(s.logits, s.sampler.params, s.sampler.uniform()) for s in batch], gather)
             for seq, token in zip(batch, tokens):
                 seq.picked = token
+
+    def logprobs(self, seq: Sequence, token: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+        """The log-probability of seq's drawn token and of its seq.logprobs likeliest (Sampler.logprobs), under the
+        logits the draw read."""
+        if self.scores is not None and seq.sampler.plain:
+            return self.scores.logprobs(seq, token)
+        return seq.sampler.logprobs(seq.logits, token, seq.logprobs)
 
     def prepare(self, logits) -> None:
         """At start, on logits (vocab,) of the warm-up's decode: every kind of pick once (the GPU's sampling

@@ -11,7 +11,6 @@ from engine import __version__
 from engine.ops.backend import Backend
 from engine.runner.decode_graph import GraphDecoder, decode_or_eager
 from engine.runner.grammar_mask import compile_constraint
-from engine.runner.logprob_rows import LogprobRows
 from engine.runner.picks import Picks
 from engine.modelfile.model_config import ModelConfig
 from engine.model.layer_weights import Weights
@@ -60,8 +59,9 @@ class ModelRunner:
         self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable,
                                     self.recurrent and SequenceState.fresh(self.recurrent)) if graphs else None
         self.picks = Picks(backend, self.decoder, cfg.vocab_size)
-        # the log-probabilities requests ask for, on the GPU a step's rows at once (engine/runner/logprob_rows.py)
-        self.scores = LogprobRows(backend.xp, backend.kernels, self.decoder) if gpu else None
+        # a token drawn from a request's logits where they are, a step's draws at once before each is drawn (on a
+        # GPU), and the log-probabilities a request asks for (engine/runner/picks.py)
+        self.sample, self.pick_ahead, self.logprobs = self.picks.sample, self.picks.ahead, self.picks.logprobs
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
         self.draft_max, self.draft_model = 0, None  # speculative decoding's most drafts (0: off), draft model
@@ -184,24 +184,6 @@ class ModelRunner:
         for i, seq in zip(first, seqs):
             seq.logits, seq.graph_row = logits[i], i if graph else None
             seq.draft_logits = [logits[i + 1 + j] for j in range(len(seq.drafts))]
-
-    def sample(self, seq: Sequence) -> int:
-        """The next token from the logits where they are (engine/runner/picks.py)."""
-        return self.picks.sample(seq)
-
-    def pick_ahead(self, seqs: list[Sequence]) -> None:
-        """The GPU's plain draws of a step's rows at once, before each is drawn (engine/runner/picks.py), then the
-        log-probabilities of the tokens known so (engine/runner/logprob_rows.py)."""
-        self.picks.ahead(seqs)
-        if self.scores is not None:
-            self.scores.ahead(seqs)
-
-    def logprobs(self, seq: Sequence, token: int) -> tuple[float, tuple[tuple[int, float], ...]]:
-        """The log-probability of seq's drawn token and of its seq.logprobs likeliest (Sampler.logprobs), under
-        the logits the draw read: on the GPU, where they are as the model left them, by row_logprobs."""
-        if self.scores is not None and seq.sampler.plain:
-            return self.scores.logprobs(seq, token)
-        return seq.sampler.logprobs(seq.logits, token, seq.logprobs)
 
     def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
         """Logits (rows, vocab) after each row's token at its position, its rows in the blocks of its

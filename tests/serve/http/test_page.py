@@ -81,9 +81,10 @@ def test_chat_streams_stops_regenerates_and_keeps_the_conversation():
         driver.execute_cdp_cmd("Browser.grantPermissions", {"origin": server.url, "permissions": [
             "clipboardReadWrite", "clipboardSanitizedWrite"]})
         driver.find_element(By.CSS_SELECTOR, "#messages .msg.assistant button.copy").click()
-        # found again at each look: the answer's view may be drawn anew meanwhile (a stale element otherwise)
-        wait_until(lambda: driver.find_element(By.CSS_SELECTOR, "#messages .msg.assistant button.copy").text == "Copied",
-                   what="the copy")
+        # read in one script at each look: the answer's view may be drawn anew between finding the button and
+        # reading it (a stale element otherwise)
+        copy_label = "return document.querySelector('#messages .msg.assistant button.copy').textContent"
+        wait_until(lambda: driver.execute_script(copy_label) == "Copied", what="the copy")
         assert driver.execute_script("return await navigator.clipboard.readText()") == first["content"]
 
         # a long system prompt: the echo runs for seconds, and shows that the setting was sent
