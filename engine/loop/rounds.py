@@ -72,7 +72,7 @@ class Rounds:
             reader = self.requests.next_reader()
             if self.inbox.gone or reader is None or not self.requests.any_decoding():
                 break  # nobody waits for a step: the next round reads on (taking control lines first)
-            rows = min(reader.total - reader.pos, self.plan.step_rows(reader))  # (about: the next step's first read's rows)
+            rows = min(reader.total - reader.pos, self.plan.step_rows(reader))  # (about: the next step's first read's)
             estimate = self.pauses.estimate_ms(reader, rows) or 0.0
             if (time.perf_counter() - started) * 1000 + estimate > self.limits.interval_ms:
                 break  # the decoders have waited about interval_ms: their step comes first

@@ -5,7 +5,8 @@ first takes up to a chunk, the ones behind it fill what is left of `step_tokens`
 short reads in as few steps as that allows: a chunk's rows a step instead cost 64 clients' burst a quarter more
 time, their decode steps coming as often between smaller steps, for no gain in sixteen sub-agents' first tokens,
 bench/HISTORY.md, seventeenth session); where reads behind a long one end theirs within a chunk, they go first, in
-a step of their own (every other step at most). Elsewhere one read a step, its next chunk at absolute boundaries (engine/core/chunks.py).
+a step of their own (every other step at most). Elsewhere one read a step, its next chunk at absolute boundaries
+(engine/core/chunks.py).
 """
 from __future__ import annotations
 

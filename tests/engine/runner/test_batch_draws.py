@@ -67,7 +67,8 @@ def sequence(i: int, params: SamplingParams) -> Sequence:
 
 
 def test_plain_draws_go_through_the_batch_with_one_uniform_each():
-    picks = Picks(type("HostBackend", (), {"xp": np, "name": "cpu"})(), None, 10)  # the CPU's picks, then the GPU's batch faked
+    picks = Picks(type("HostBackend", (), {"xp": np, "name": "cpu"})(), None, 10)  # the CPU's picks, the GPU's
+    # batch faked
     picks.batch = FakeBatch()
     plain = [sequence(i, SamplingParams(temperature=0.8, seed=i)) for i in range(3)]
     greedy = sequence(5, SamplingParams())
