@@ -33,7 +33,7 @@ def create_app(settings: ServerSettings, tokenizer, model_ctx: int, launched: li
             yield
         finally:
             if stalls is not None:
-                stalls.stopped.set()
+                stalls.stop()
             await models.stop()
             await state.stop()
 

@@ -17,6 +17,12 @@ class StallWatch:
         self.beat = time.perf_counter()
         self.loop_thread = threading.get_ident()
         self.stopped = threading.Event()
+        self.task: asyncio.Task | None = None  # the heartbeat (held: the loop keeps only a weak reference)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.task is not None:
+            self.task.cancel()
 
     async def heartbeat(self) -> None:
         """On the loop: the time it last ran, renewed a few times a stall's length."""
@@ -44,6 +50,6 @@ def start_stall_watch() -> StallWatch | None:
     if stall_ms <= 0:
         return None
     watch = StallWatch(stall_ms)
-    watch.task = asyncio.get_running_loop().create_task(watch.heartbeat())
+    watch.task = asyncio.get_running_loop().create_task(watch.heartbeat())  # (on the loop's thread, as __init__ ran)
     threading.Thread(target=watch.watch, name="stall-watch", daemon=True).start()
     return watch

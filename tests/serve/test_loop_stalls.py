@@ -18,7 +18,7 @@ def test_a_held_loop_is_reported_once_with_what_held_it(monkeypatch, capsys):
         await asyncio.sleep(0.05)
         hold_the_loop(0.15)
         await asyncio.sleep(0.05)
-        watch.stopped.set()
+        watch.stop()
 
     asyncio.run(main())
     reports = capsys.readouterr().err.split("strata-stall")[1:]
