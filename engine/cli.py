@@ -9,7 +9,7 @@ from engine.ops.blas_order import prefer_row_invariant_blas
 
 prefer_row_invariant_blas()  # before NumPy loads (the imports below load it); inherited by the TP workers
 
-from engine.config import (DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_DRAFT_MAX, DEFAULT_STEP_MS,  # noqa: E402
+from engine.config import (DEFAULT_BURST_MS, DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_DRAFT_MAX, DEFAULT_STEP_MS,  # noqa: E402
                            DEFAULT_MAX_RUNNING, MAX_BLOCK, SPECULATIVE, WEIGHT_FORMS, EngineConfig)
 from engine.core.kv_types import KV_TYPES  # noqa: E402
 from engine.kvcache.prompt_weights import MODES  # noqa: E402
@@ -86,6 +86,10 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
                    help="while a long prompt is read, the decoding requests get a step about this often: a "
                         "chunk that takes longer pauses between layers for them (default "
                         f"{DEFAULT_DECODE_INTERVAL_MS:g}; 0: a step per chunk)")
+    p.add_argument("--burst-ms", type=float, default=DEFAULT_BURST_MS,
+                   help="while short prompts (a chunk or less to read) wait, the decoding requests' next token may "
+                        "wait up to this long for their first tokens: a burst of newcomers is read first (default "
+                        f"{DEFAULT_BURST_MS:g}; 0: the decode interval always)")
     p.add_argument("--speculative", choices=SPECULATIVE, default="off",
                    help="speculative decoding: ngram drafts tokens from the request's own context, draft has a "
                         "smaller model of the same vocabulary (--draft) propose them, auto the draft model when "
@@ -137,7 +141,7 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
                         max_running_given=a.max_running is not None,
                         kv_block=a.kv_block, kv_tokens=a.kv_tokens, prompt_reuse=a.prompt_reuse,
                         cache_ram_gib=a.cache_ram_gib, gpu_memory_gib=a.gpu_memory_gib,
-                        expert_slots=a.expert_slots, decode_interval_ms=a.decode_interval_ms,
+                        expert_slots=a.expert_slots, decode_interval_ms=a.decode_interval_ms, burst_ms=a.burst_ms,
                         rope=rope_from_args(a), kv_type=a.kv_type,
                         tp=a.tp, step_tokens=a.step_tokens, step_ms=a.step_ms, speculative=a.speculative,
                         draft_max=a.draft_max,

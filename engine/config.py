@@ -17,6 +17,7 @@ MAX_BLOCK = 64  # the default block size, when the chunk allows it (engine/kvcac
 # 4 / 16 / 64 decoders on an H100 takes 40 (45: 46-60 ms; 50: 50-66); bench/HISTORY.md, eighteenth session
 DEFAULT_DECODE_INTERVAL_MS = 40.0
 DEFAULT_STEP_MS = 0.0
+DEFAULT_BURST_MS = 1000.0  # the decoders' next token may wait this long for a burst of short reads' first tokens
 SPECULATIVE = ("off", "auto", "ngram", "draft")  # auto: the draft model with --draft, else n-grams
 DEFAULT_DRAFT_MAX = 8
 
@@ -53,6 +54,7 @@ class EngineConfig:
     decode_interval_ms: float = DEFAULT_DECODE_INTERVAL_MS  # decode steps in a long chunk's pauses, about this often
     step_tokens: int | None = None  # prompt rows a step may take from several reads (None: step_budget's default)
     step_ms: float = DEFAULT_STEP_MS  # while others decode, a prompt step's rows by its estimated time (0: no bound)
+    burst_ms: float = DEFAULT_BURST_MS  # the decoders' wait for short reads' first tokens (engine/loop/step_limits.py)
     rope: RopeOverride = RopeOverride()  # the command line's rope scaling over the file's (engine/modelfile/rope_config.py)
     kv_type: str = "auto"  # the cache's element type (engine/core/kv_types.py)
     tp: int = 1  # tensor-parallel ranks, one process each (engine/parallel/tp_workers.py)
@@ -74,6 +76,8 @@ class EngineConfig:
             raise ValueError("--step-tokens must be >= 1")
         if self.step_ms < 0:
             raise ValueError("--step-ms must be >= 0")
+        if self.burst_ms < 0:
+            raise ValueError("--burst-ms must be >= 0")
         if self.max_running < 1:
             raise ValueError("--max-running must be >= 1")
         if self.tp < 1:

@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = policy_from_args(args)
     caps = ("stop",) if args.no_preempt_cap else engine_caps(policy)
     write = Writer(sys.stdout)
-    limits = StepLimits(args.decode_interval_ms, args.step_tokens, args.step_ms)
+    limits = StepLimits(args.decode_interval_ms, args.step_tokens, args.step_ms, args.burst_ms)
     EngineLoop(FakeRunner(args, write.raw), policy, write, caps, args.prompt_reuse, limits).serve(sys.stdin)
     return 0
 

@@ -103,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: all on the GPU when the model fits, else as many slots as --gpu-memory leaves)")
     p.add_argument("--decode-interval-ms", type=float,
                    help="while a long prompt is read, decoding requests get a step about this often (forwarded to "
-                        "the default engine; default: the engine's, 50)")
+                        "the default engine; default: the engine's, 40)")
+    p.add_argument("--burst-ms", type=float,
+                   help="while short prompts wait, decoding requests' next token may wait up to this long for their "
+                        "first tokens (forwarded to the default engine; default: the engine's, 1000; 0: the decode "
+                        "interval always)")
     p.add_argument("--step-tokens", type=int,
                    help="prompt tokens one engine step may read from several requests at once (forwarded to the "
                         "default engine; default: the engine's, two chunks)")
@@ -158,7 +162,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerSettings:
         reasoning_format=a.reasoning_format, max_running=a.max_running, kv_tokens=a.kv_tokens,
         kv_block=a.kv_block, kv_type=a.kv_type, tp=a.tp, prompt_reuse=a.prompt_reuse, cache_ram_gib=a.cache_ram_gib,
         gpu_memory_gib=a.gpu_memory_gib, expert_slots=a.expert_slots,
-        decode_interval_ms=a.decode_interval_ms, step_tokens=a.step_tokens, step_ms=a.step_ms,
+        decode_interval_ms=a.decode_interval_ms, burst_ms=a.burst_ms, step_tokens=a.step_tokens, step_ms=a.step_ms,
         speculative=a.speculative, draft_max=a.draft_max, draft_row_cost=a.draft_row_cost, draft=resolve_model_path(a.draft) if a.draft else None,
         pooling=a.pooling, allowed_hosts=host_list(a.allowed_hosts),
         cors_origins=origin_list(a.cors_origin), rope=rope_from_args(a),

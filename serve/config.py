@@ -67,6 +67,7 @@ class ServerSettings:
     gpu_memory_gib: float | None = None  # forwarded to the default engine: the most GPU memory it takes
     expert_slots: int | None = None  # forwarded to the default engine: a MoE layer's device slots (None: its plan)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
+    burst_ms: float | None = None  # forwarded to the default engine: the decoders' wait for short reads (None: its default)
     step_tokens: int | None = None  # forwarded to the default engine: prompt rows a step may take (None: its default)
     step_ms: float | None = None  # forwarded to the default engine: a prompt step's time while others decode
     speculative: str | None = None  # forwarded to the default engine: its drafter (off | auto | ngram | draft; None: its default)
@@ -107,6 +108,8 @@ class ServerSettings:
             raise ValueError(f"--cache-ram must be >= 0 GiB, got {self.cache_ram_gib:g}")
         if self.decode_interval_ms is not None and self.decode_interval_ms < 0:
             raise ValueError(f"--decode-interval-ms must be >= 0, got {self.decode_interval_ms}")
+        if self.burst_ms is not None and self.burst_ms < 0:
+            raise ValueError(f"--burst-ms must be >= 0, got {self.burst_ms}")
         if self.step_tokens is not None and self.step_tokens < 1:
             raise ValueError(f"--step-tokens must be >= 1, got {self.step_tokens}")
         if self.step_ms is not None and self.step_ms < 0:
@@ -187,6 +190,7 @@ class ServerSettings:
         cmd += [] if self.gpu_memory_gib is None else ["--gpu-memory", f"{self.gpu_memory_gib:g}"]
         cmd += [] if self.expert_slots is None else ["--expert-slots", str(self.expert_slots)]
         cmd += [] if self.decode_interval_ms is None else ["--decode-interval-ms", f"{self.decode_interval_ms:g}"]
+        cmd += [] if self.burst_ms is None else ["--burst-ms", f"{self.burst_ms:g}"]
         cmd += [] if self.step_tokens is None else ["--step-tokens", str(self.step_tokens)]
         cmd += [] if self.step_ms is None else ["--step-ms", f"{self.step_ms:g}"]
         cmd += [] if self.speculative is None else ["--speculative", self.speculative]

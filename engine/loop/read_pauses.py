@@ -60,16 +60,20 @@ class ReadPauses:
         as the interval, a CPU's, the read keeps half the time)."""
         return max(self.interval_ms - self.decode_ms, self.interval_ms / 2)
 
-    def plan(self, seq: Sequence, rows: int) -> Callable[[int], None] | None:
+    def plan(self, seq: Sequence, rows: int, wait_ms: float = 0.0) -> Callable[[int], None] | None:
         """The step's pause between layers (called after each; None: the step runs straight through), seq its
         first read and `rows` its rows: a decode step where one more layer would take the decoders' wait past
-        layers_ms (the layer's time as measured so far in this step), once half the interval has gone at least."""
+        layers_ms (the layer's time as measured so far in this step), once half the interval has gone at least.
+        wait_ms, past the interval: the decoders may wait that long for this step (a burst of short reads': the
+        step runs through where its estimate ends within it)."""
         self.paused_ms = self.lent_ms = 0.0
         estimate = self.estimate_ms(seq, rows)
         if not (self.interval_ms and estimate and self.requests.any_decoding()):
             return None
         per_layer, began = estimate / self.runner.layers, self.clock()
         waited = (began - self.decoded_at) * 1000  # by the estimate, at the layer in hand
+        if wait_ms > self.interval_ms and waited + estimate <= wait_ms:
+            return None  # (past it, the interval's pauses: the first comes at once)
         if waited + estimate < EARLY * self.layers_ms():
             return None  # the step ends before the decoders have waited long
 

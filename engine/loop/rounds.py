@@ -74,8 +74,13 @@ class Rounds:
                 break  # nobody waits for a step: the next round reads on (taking control lines first)
             rows = min(reader.total - reader.pos, self.plan.step_rows(reader))  # (about: the next step's first read's)
             estimate = self.pauses.estimate_ms(reader, rows) or 0.0
-            if (time.perf_counter() - started) * 1000 + estimate > self.limits.interval_ms:
-                break  # the decoders have waited about interval_ms: their step comes first
+            if (time.perf_counter() - started) * 1000 + estimate > self.limits.wait_ms(self.short(reader)):
+                break  # the decoders have waited about interval_ms (burst_ms for short reads): their step comes first
+
+    def short(self, seq: Sequence) -> bool:
+        """Whether seq's read, past its cached prefix, is a chunk or less: a short read, whose first token a burst of
+        them waits for (StepLimits.wait_ms); a long read's last chunk is not one (its steps pause at the interval)."""
+        return seq.total - seq.cached <= self.runner.chunk
 
     # ------------------------------------------------------------ prompt chunks
 
@@ -126,7 +131,8 @@ class Rounds:
         before = [seq.pos for seq, _ in pieces]
         self.requests.in_step = [*outer, *(seq for seq, _ in pieces)]
         rows = sum(end - pos for (_, end), pos in zip(pieces, before))
-        self.runner.read_prompts(pieces, None if outer else self.pauses.plan(pieces[0][0], rows))
+        wait_ms = self.limits.wait_ms(all(self.short(seq) for seq, _ in pieces))
+        self.runner.read_prompts(pieces, None if outer else self.pauses.plan(pieces[0][0], rows, wait_ms))
         ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
         paused_ms = 0.0 if outer else self.pauses.paused_ms
         own_ms = ms - paused_ms  # the step's own time, without its pauses

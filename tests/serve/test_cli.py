@@ -28,7 +28,8 @@ def test_an_unknown_weights_form_is_refused(parser, flag, capsys):
     assert e.value.code == 2 and "invalid choice: 'int3'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, field", [("--decode-interval-ms", "decode_interval_ms"), ("--step-ms", "step_ms")])
+@pytest.mark.parametrize("flag, field", [("--decode-interval-ms", "decode_interval_ms"), ("--step-ms", "step_ms"),
+                                         ("--burst-ms", "burst_ms")])
 def test_a_step_bound_is_forwarded_only_when_given_and_a_negative_one_refused(flag, field):
     assert flag not in engine_args()
     cmd = engine_args(flag, "20")

@@ -1,0 +1,88 @@
+"""A burst of short reads (each a chunk or less past its cached prefix) beside a decoder: with a burst budget the decoder's next
+token waits for their first tokens, up to that long, their steps neither paused nor cut for it (engine/loop/
+step_limits.py wait_ms); a long read's steps still pause for it at the interval; with no budget the burst's steps
+pause as any. Every request's tokens are those it has alone. The engine's loop in this process over the real runner
+and a tiny qwen3next file (its rows the same in any step on the CPU), the decoder given a step at every layer of a
+read where the interval rules (0.01 ms)."""
+
+import pytest
+
+from engine.loop.loop import EngineLoop
+from engine.loop.park_policy import ParkPolicy
+from engine.loop.step_limits import StepLimits
+from protocol import messages as m
+from tests.engine.loop.hybrid_runner import hybrid_runner
+from tests.engine.model.test_hybrid import CHUNK
+
+GREEDY = {"temperature": 0.0, "seed": 0, "reuse": 0}
+D = m.Gen(40, tuple(range(40, 60)), GREEDY, 1)  # the decoder
+SHORTS = [m.Gen(3, tuple(range(1000 + 50 * i, 1040 + 50 * i)), GREEDY, 10 + i) for i in range(6)]  # two steps' reads
+A = m.Gen(3, tuple(range(300, 300 + 4 * CHUNK)), GREEDY, 2)  # a long read: two steps of its own
+BUDGET = 60_000.0  # ms: the whole burst within it
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    return hybrid_runner(tmp_path_factory.mktemp("hybrid"), max_running=8)
+
+
+def serve(runner, first: list[m.Gen], then: list[m.Gen], burst_ms: float) -> list:
+    """The loop's lines for `first` given at once and `then` after the first round."""
+    out: list = []
+    loop = EngineLoop(runner, ParkPolicy(), out.append, limits=StepLimits(interval_ms=0.01, burst_ms=burst_ms))
+    for gen in first:
+        loop.control(gen)
+    while loop.busy or not loop.inbox.empty():
+        loop.take_lines(block=False)
+        loop.round()
+        for gen in then:
+            loop.control(gen)
+        then = []
+    assert not any(isinstance(x, (m.Err, m.Defer)) for x in out), out
+    return out
+
+
+def tokens(out: list, ident: int) -> list[int]:
+    return [x.token for x in out if isinstance(x, m.Token) and x.id == ident]
+
+
+def decoder_tokens_while_read(out: list, gens: list[m.Gen]) -> int:
+    """D's tokens from the first of gens' prompt progress lines to the last of their first tokens."""
+    ids = {gen.id for gen in gens}
+    start = next(i for i, x in enumerate(out) if isinstance(x, m.PromptProgress) and x.id in ids)
+    end = max(next(i for i, x in enumerate(out) if isinstance(x, m.Token) and x.id == ident) for ident in ids)
+    return sum(isinstance(x, m.Token) and x.id == D.id for x in out[start:end])
+
+
+def prompt_steps(out: list, gens: list[m.Gen]) -> int:
+    """How many prompt steps read gens: runs of their progress lines that nothing else separates."""
+    ids, steps, inside = {gen.id for gen in gens}, 0, False
+    for x in out:
+        ours = isinstance(x, m.PromptProgress) and x.id in ids
+        steps, inside = steps + (ours and not inside), ours
+    return steps
+
+
+def test_a_burst_of_short_reads_goes_before_the_decoders_next_token_within_the_budget(runner):
+    burst, paced = serve(runner, [D], SHORTS, BUDGET), serve(runner, [D], SHORTS, 0.0)
+    assert prompt_steps(burst, SHORTS) >= 2  # (the burst is more than one step)
+    assert decoder_tokens_while_read(burst, SHORTS) == 0
+    assert decoder_tokens_while_read(paced, SHORTS) >= 2  # without a budget, their steps pause for the decoder
+    for gen in (D, *SHORTS):
+        alone = tokens(serve(runner, [gen], [], 0.0), gen.id)
+        assert tokens(burst, gen.id) == tokens(paced, gen.id) == alone and len(alone) == gen.max_new
+
+
+def test_a_long_read_pauses_for_the_decoder_whatever_the_burst_budget(runner):
+    """Its last chunk too: a chunk or less from its end, but not a short read."""
+    out = serve(runner, [D], [A], BUDGET)
+    reads = [i for i, x in enumerate(out) if isinstance(x, m.PromptProgress) and x.id == A.id]
+    between = [sum(isinstance(x, m.Token) and x.id == D.id for x in out[i:j]) for i, j in zip(reads, reads[1:])]
+    assert len(reads) == 4 and all(n >= 1 for n in between), between
+    assert tokens(out, A.id) == tokens(serve(runner, [A], [], 0.0), A.id)
+
+
+def test_the_budget_is_spent_then_the_decoder_steps_between_the_bursts_steps(runner):
+    """A budget shorter than the burst's first step: the decoder waits no longer for it than without one."""
+    out = serve(runner, [D], SHORTS, 1e-6)
+    assert decoder_tokens_while_read(out, SHORTS) >= 2
