@@ -66,12 +66,14 @@ class Rounds:
                 self.requests.line[0].shared_ms += (time.perf_counter() - started) * 1000
             self.take_lines()
         self.memory.report_now_and_then()
-        started = time.perf_counter()
+        started, idle = time.perf_counter(), not decoding
         while (pieces := self.plan.pieces()) and not self.inbox.gone:
             self.read_step(pieces)
             reader = self.requests.next_reader()
             if self.inbox.gone or reader is None or not self.requests.any_decoding():
                 break  # nobody waits for a step: the next round reads on (taking control lines first)
+            if idle:  # the first decoders' wait for their next token starts at their first
+                started, idle = self.pauses.decoded_at, False
             rows = min(reader.total - reader.pos, self.plan.step_rows(reader))  # (about: the next step's first read's)
             estimate = self.pauses.estimate_ms(reader, rows) or 0.0
             if (time.perf_counter() - started) * 1000 + estimate > self.limits.wait_ms(self.short(reader)):
@@ -127,7 +129,7 @@ class Rounds:
     def read_step(self, pieces: list[tuple[Sequence, int]], outer: list[Sequence] | tuple = ()) -> None:
         """One prompt step over `pieces`; then each read's PP, and its first token, park or end. outer: the reads of
         the long step in whose pause this one runs (read_newcomers), its own pauses none."""
-        started = time.perf_counter()
+        started, idle = time.perf_counter(), not self.requests.any_decoding()
         before = [seq.pos for seq, _ in pieces]
         self.requests.in_step = [*outer, *(seq for seq, _ in pieces)]
         rows = sum(end - pos for (_, end), pos in zip(pieces, before))
@@ -175,3 +177,5 @@ class Rounds:
                     self.draw(seq, time.perf_counter())  # its first token now, not after the next decode step
             elif seq.yield_wanted:
                 self.parking.try_park(seq)
+        if idle and self.requests.any_decoding():  # decoding again: the decoders' wait starts at their first tokens
+            self.pauses.decoded_at = self.pauses.clock()  # (not at the last decode step, before the idle reads)

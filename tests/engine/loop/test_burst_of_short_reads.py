@@ -26,10 +26,12 @@ def runner(tmp_path_factory):
     return hybrid_runner(tmp_path_factory.mktemp("hybrid"), max_running=8)
 
 
-def serve(runner, first: list[m.Gen], then: list[m.Gen], burst_ms: float) -> list:
-    """The loop's lines for `first` given at once and `then` after the first round."""
+def serve(runner, first: list[m.Gen], then: list[m.Gen], burst_ms: float, idle_s: float = 0.0) -> list:
+    """The loop's lines for `first` given at once and `then` after the first round; idle_s: the decoders' last step
+    that long before."""
     out: list = []
     loop = EngineLoop(runner, ParkPolicy(), out.append, limits=StepLimits(interval_ms=0.01, burst_ms=burst_ms))
+    loop.rounds.pauses.decoded_at = loop.rounds.pauses.clock() - idle_s
     for gen in first:
         loop.control(gen)
     while loop.busy or not loop.inbox.empty():
@@ -86,3 +88,15 @@ def test_the_budget_is_spent_then_the_decoder_steps_between_the_bursts_steps(run
     """A budget shorter than the burst's first step: the decoder waits no longer for it than without one."""
     out = serve(runner, [D], SHORTS, 1e-6)
     assert decoder_tokens_while_read(out, SHORTS) >= 2
+
+
+
+def test_after_idle_reads_the_budget_counts_from_the_first_decoders_first_tokens(runner):
+    """The decoders' last step long before (past the budget) and nobody decoding when a burst comes: the first step's
+    requests decode from then on, and the budget counts from their first tokens, not from that last step (an earlier
+    run's answers read again for the cache had spent a burst's budget: eighteenth session). Their second tokens come
+    after the burst's first tokens."""
+    out = serve(runner, SHORTS, [], BUDGET / 2, idle_s=BUDGET / 1000)
+    at = [[i for i, x in enumerate(out) if isinstance(x, m.Token) and x.id == gen.id] for gen in SHORTS]
+    early, rest = at[:3], at[3:]  # (the first step reads three: 120 rows of its 128)
+    assert prompt_steps(out, SHORTS) >= 2 and max(r[0] for r in rest) < min(e[1] for e in early)
