@@ -6,6 +6,7 @@ import sys
 from engine.model.weights import load_model
 from engine.ops.backend import cpu_backend
 from engine.runner.runner import ModelRunner
+from protocol import messages as m
 from tests.engine.model.test_hybrid import CHUNK, ROOT, SHAPE
 
 
@@ -20,3 +21,18 @@ def hybrid_runner(folder, max_running: int) -> ModelRunner:
     runner.warm_up()
     assert runner.shape_free
     return runner
+
+
+def serve_until_idle(loop, first: list, then: list, out: list) -> list:
+    """The engine loop's rounds for the GEN lines `first` given at once and `then` after the first round, until
+    nothing is left to do: out, its lines, none an ERR or a DEFER."""
+    for gen in first:
+        loop.control(gen)
+    while loop.busy or not loop.inbox.empty():
+        loop.take_lines(block=False)
+        loop.round()
+        for gen in then:
+            loop.control(gen)
+        then = []
+    assert not any(isinstance(x, (m.Err, m.Defer)) for x in out), out
+    return out

@@ -11,7 +11,7 @@ from engine.loop.loop import EngineLoop
 from engine.loop.park_policy import ParkPolicy
 from engine.loop.step_limits import StepLimits
 from protocol import messages as m
-from tests.engine.loop.hybrid_runner import hybrid_runner
+from tests.engine.loop.hybrid_runner import hybrid_runner, serve_until_idle
 from tests.engine.model.test_hybrid import CHUNK
 
 GREEDY = {"temperature": 0.0, "seed": 0, "reuse": 0}
@@ -32,16 +32,7 @@ def serve(runner, first: list[m.Gen], then: list[m.Gen], burst_ms: float, idle_s
     out: list = []
     loop = EngineLoop(runner, ParkPolicy(), out.append, limits=StepLimits(interval_ms=0.01, burst_ms=burst_ms))
     loop.rounds.pauses.decoded_at = loop.rounds.pauses.clock() - idle_s
-    for gen in first:
-        loop.control(gen)
-    while loop.busy or not loop.inbox.empty():
-        loop.take_lines(block=False)
-        loop.round()
-        for gen in then:
-            loop.control(gen)
-        then = []
-    assert not any(isinstance(x, (m.Err, m.Defer)) for x in out), out
-    return out
+    return serve_until_idle(loop, first, then, out)
 
 
 def tokens(out: list, ident: int) -> list[int]:

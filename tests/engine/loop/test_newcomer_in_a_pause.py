@@ -11,7 +11,7 @@ from engine.loop.loop import EngineLoop
 from engine.loop.park_policy import ParkPolicy
 from engine.loop.step_limits import StepLimits
 from protocol import messages as m
-from tests.engine.loop.hybrid_runner import hybrid_runner
+from tests.engine.loop.hybrid_runner import hybrid_runner, serve_until_idle
 from tests.engine.model.test_hybrid import CHUNK
 
 GREEDY = {"temperature": 0.0, "seed": 0, "reuse": 0}
@@ -42,16 +42,7 @@ def serve(runner, gens: list[m.Gen], arrives: m.Gen | None = None, during: int =
         decode_step(decoding)
 
     loop.rounds.pauses.decode_step = in_a_pause
-    for gen in gens:
-        loop.control(gen)
-    while loop.busy or not loop.inbox.empty():
-        loop.take_lines(block=False)
-        loop.round()
-        for gen in then:
-            loop.control(gen)
-        then = ()
-    assert not any(isinstance(x, (m.Err, m.Defer)) for x in out), out
-    return out
+    return serve_until_idle(loop, gens, list(then), out)
 
 
 def tokens(out, ident) -> list[int]:
