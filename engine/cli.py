@@ -9,8 +9,9 @@ from engine.ops.blas_order import prefer_row_invariant_blas
 
 prefer_row_invariant_blas()  # before NumPy loads (the imports below load it); inherited by the TP workers
 
-from engine.config import (DEFAULT_BURST_MS, DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS, DEFAULT_DRAFT_MAX, DEFAULT_STEP_MS,  # noqa: E402
-                           DEFAULT_MAX_RUNNING, MAX_BLOCK, SPECULATIVE, WEIGHT_FORMS, EngineConfig)
+from engine.config import (DEFAULT_BURST_MS, DEFAULT_CHUNK, DEFAULT_DECODE_INTERVAL_MS,  # noqa: E402
+                           DEFAULT_DRAFT_MAX, DEFAULT_STEP_MS, DEFAULT_MAX_RUNNING, MAX_BLOCK, SPECULATIVE,
+                           WEIGHT_FORMS, EngineConfig)
 from engine.core.kv_types import KV_TYPES  # noqa: E402
 from engine.kvcache.prompt_weights import MODES  # noqa: E402
 from engine.loop.park_policy import ParkPolicy  # noqa: E402
@@ -88,7 +89,8 @@ def add_slots_arg(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_DECODE_INTERVAL_MS:g}; 0: a step per chunk)")
     p.add_argument("--burst-ms", type=float, default=DEFAULT_BURST_MS,
                    help="while short prompts (a chunk or less to read) wait, the decoding requests' next token may "
-                        "wait up to this long for their first tokens: a burst of newcomers is read first (default "
+                        "wait up to this long for their first tokens: a burst of newcomers is read first; the next "
+                        "burst only after the decoders have had as long at their own pace (default "
                         f"{DEFAULT_BURST_MS:g}; 0: the decode interval always)")
     p.add_argument("--speculative", choices=SPECULATIVE, default="off",
                    help="speculative decoding: ngram drafts tokens from the request's own context, draft has a "

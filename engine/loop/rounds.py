@@ -50,6 +50,7 @@ class Rounds:
         self.decode_step, self.draw = self.decoding.step, self.decoding.draw
         self.pauses = ReadPauses(runner, requests, self.decode_step, limits.interval_ms,  # a long step's decode steps
                                  self.read_newcomers)
+        self.burst_free_at = 0.0  # (clock) from when a burst of short reads may hold the decoders again (wait_ms)
 
     def take_lines(self) -> None:
         """The control lines that arrived meanwhile, handled without waiting."""
@@ -76,13 +77,22 @@ class Rounds:
                 started, idle = self.pauses.decoded_at, False
             rows = min(reader.total - reader.pos, self.plan.step_rows(reader))  # (about: the next step's first read's)
             estimate = self.pauses.estimate_ms(reader, rows) or 0.0
-            if (time.perf_counter() - started) * 1000 + estimate > self.limits.wait_ms(self.short(reader)):
+            if (time.perf_counter() - started) * 1000 + estimate > self.wait_ms(self.short(reader)):
                 break  # the decoders have waited about interval_ms (burst_ms for short reads): their step comes first
+        if self.requests.any_decoding():  # held past the interval by a burst: as long at their pace before the next
+            held_ms = (time.perf_counter() - self.pauses.decoded_at) * 1000 - self.limits.interval_ms
+            self.burst_free_at = max(self.burst_free_at, time.perf_counter() + held_ms / 1000)
 
     def short(self, seq: Sequence) -> bool:
         """Whether seq's read, past its cached prefix, is a chunk or less: a short read, whose first token a burst of
         them waits for (StepLimits.wait_ms); a long read's last chunk is not one (its steps pause at the interval)."""
         return seq.total - seq.cached <= self.runner.chunk
+
+    def wait_ms(self, short: bool) -> float:
+        """How long the decoders may wait for their next step while prompt steps run (StepLimits.wait_ms): a burst's
+        budget for short reads, but only once the decoders have had as long at their own pace as the last burst held
+        them past the interval (a stream of short reads that never ends leaves them half the time at least)."""
+        return self.limits.wait_ms(short and time.perf_counter() >= self.burst_free_at)
 
     # ------------------------------------------------------------ prompt chunks
 
@@ -133,7 +143,7 @@ class Rounds:
         before = [seq.pos for seq, _ in pieces]
         self.requests.in_step = [*outer, *(seq for seq, _ in pieces)]
         rows = sum(end - pos for (_, end), pos in zip(pieces, before))
-        wait_ms = self.limits.wait_ms(all(self.short(seq) for seq, _ in pieces))
+        wait_ms = self.wait_ms(all(self.short(seq) for seq, _ in pieces))
         self.runner.read_prompts(pieces, None if outer else self.pauses.plan(pieces[0][0], rows, wait_ms))
         ms = (time.perf_counter() - started) * 1000  # PP reports the wall time, pauses included
         paused_ms = 0.0 if outer else self.pauses.paused_ms

@@ -1,6 +1,7 @@
-"""A burst of short reads (each a chunk or less past its cached prefix) beside a decoder: with a burst budget the decoder's next
-token waits for their first tokens, up to that long, their steps neither paused nor cut for it (engine/loop/
-step_limits.py wait_ms); a long read's steps still pause for it at the interval; with no budget the burst's steps
+"""A burst of short reads (each a chunk or less past its cached prefix) beside a decoder: with a burst budget the
+decoder's next token waits for their first tokens, up to that long, their steps neither paused nor cut for it
+(engine/loop/step_limits.py wait_ms, engine/loop/rounds.py); a long read's steps still pause for it at the interval;
+with no budget, or before the decoder has had as long at its own pace as the last burst held it, the burst's steps
 pause as any. Every request's tokens are those it has alone. The engine's loop in this process over the real runner
 and a tiny qwen3next file (its rows the same in any step on the CPU), the decoder given a step at every layer of a
 read where the interval rules (0.01 ms)."""
@@ -26,12 +27,14 @@ def runner(tmp_path_factory):
     return hybrid_runner(tmp_path_factory.mktemp("hybrid"), max_running=8)
 
 
-def serve(runner, first: list[m.Gen], then: list[m.Gen], burst_ms: float, idle_s: float = 0.0) -> list:
+def serve(runner, first: list[m.Gen], then: list[m.Gen], burst_ms: float, idle_s: float = 0.0,
+          burst_in_s: float = 0.0) -> list:
     """The loop's lines for `first` given at once and `then` after the first round; idle_s: the decoders' last step
-    that long before."""
+    that long before; burst_in_s: a burst may hold them again only that long after the start."""
     out: list = []
     loop = EngineLoop(runner, ParkPolicy(), out.append, limits=StepLimits(interval_ms=0.01, burst_ms=burst_ms))
     loop.rounds.pauses.decoded_at = loop.rounds.pauses.clock() - idle_s
+    loop.rounds.burst_free_at = loop.rounds.pauses.clock() + burst_in_s
     return serve_until_idle(loop, first, then, out)
 
 
@@ -91,3 +94,30 @@ def test_after_idle_reads_the_budget_counts_from_the_first_decoders_first_tokens
     at = [[i for i, x in enumerate(out) if isinstance(x, m.Token) and x.id == gen.id] for gen in SHORTS]
     early, rest = at[:3], at[3:]  # (the first step reads three: 120 rows of its 128)
     assert prompt_steps(out, SHORTS) >= 2 and max(r[0] for r in rest) < min(e[1] for e in early)
+
+
+def test_a_burst_holds_the_decoder_again_only_after_as_long_at_its_own_pace(runner):
+    """The last burst held the decoder past the interval, and the time it has since had at its pace is shorter: the
+    next burst's steps pause for it as any (a stream of short reads that never ends would otherwise leave it a token
+    a budget)."""
+    out = serve(runner, [D], SHORTS, BUDGET, burst_in_s=BUDGET / 1000)
+    assert decoder_tokens_while_read(out, SHORTS) >= 2
+
+
+def test_after_a_burst_the_next_waits_as_long_as_it_held_the_decoder(runner):
+    """The burst's round leaves the next burst's start at least the decoder's wait past the interval ahead of the
+    wait's end (a burst of six reads: more than their first step's time)."""
+    out: list = []
+    loop = EngineLoop(runner, ParkPolicy(), out.append, limits=StepLimits(interval_ms=0.01, burst_ms=BUDGET))
+    clock, steps = loop.rounds.pauses.clock, []
+    decode_step = loop.rounds.decoding.step
+
+    def stamped(decoding):  # each decode step's start (the decoder's wait ends there), and the next burst's start then
+        steps.append((clock(), loop.rounds.burst_free_at))
+        decode_step(decoding)
+
+    loop.rounds.decode_step = stamped
+    serve_until_idle(loop, [D], SHORTS, out)
+    waits = [b[0] - a[0] for a, b in zip(steps, steps[1:])]  # (from one step's start to the next: a wait and a step)
+    after, free_at = steps[waits.index(max(waits)) + 1]  # the step after the burst's wait
+    assert decoder_tokens_while_read(out, SHORTS) == 0 and free_at >= after + 0.5 * max(waits) > after
