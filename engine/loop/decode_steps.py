@@ -67,8 +67,9 @@ class DecodeSteps:
                 seq.unstepped = False
                 if i + 1 < len(batches):  # the next batch's replay reuses the buffers
                     self.runner.set_aside(seq)
-        if pacing and going:  # the whole step against its rows (the draws and the host's work too: a small model's
-            self.row_cost.observe(sum(1 + len(s.drafts) for s in going), time.perf_counter() - began)  # GPU step's most)
+        if pacing and going:  # the whole step against its rows (the draws and the host's work too: a small
+            # model's GPU step's most)
+            self.row_cost.observe(sum(1 + len(s.drafts) for s in going), time.perf_counter() - began)
 
     def fill_spare_rows(self, going: list[Sequence]) -> None:
         """A decode graph computes its batch size's rows whatever the step holds (engine/runner/decode_graph.py:
