@@ -105,19 +105,21 @@ def test_a_burst_holds_the_decoder_again_only_after_as_long_at_its_own_pace(runn
 
 
 def test_after_a_burst_the_next_waits_as_long_as_it_held_the_decoder(runner):
-    """The burst's round leaves the next burst's start at least the decoder's wait past the interval ahead of the
-    wait's end (a burst of six reads: more than their first step's time)."""
+    """The burst's round leaves the next burst's start about the decoder's wait past the interval ahead of that wait's
+    end (the decoder's step after the burst's first tokens: its start less the step before's end)."""
     out: list = []
     loop = EngineLoop(runner, ParkPolicy(), out.append, limits=StepLimits(interval_ms=0.01, burst_ms=BUDGET))
     clock, steps = loop.rounds.pauses.clock, []
     decode_step = loop.rounds.decoding.step
 
-    def stamped(decoding):  # each decode step's start (the decoder's wait ends there), and the next burst's start then
-        steps.append((clock(), loop.rounds.burst_free_at))
+    def stamped(decoding):  # each decode step: its start, the next burst's start then, the lines so far, its end
+        began, free_at, lines = clock(), loop.rounds.burst_free_at, len(out)
         decode_step(decoding)
+        steps.append((began, free_at, lines, clock()))
 
     loop.rounds.decode_step = stamped
     serve_until_idle(loop, [D], SHORTS, out)
-    waits = [b[0] - a[0] for a, b in zip(steps, steps[1:])]  # (from one step's start to the next: a wait and a step)
-    after, free_at = steps[waits.index(max(waits)) + 1]  # the step after the burst's wait
-    assert decoder_tokens_while_read(out, SHORTS) == 0 and free_at >= after + 0.5 * max(waits) > after
+    burst_end = max(next(i for i, x in enumerate(out) if isinstance(x, m.Token) and x.id == gen.id) for gen in SHORTS)
+    k = next(k for k, (*_, lines, _) in enumerate(steps) if lines > burst_end)  # the decoder's first step after it
+    (after, free_at, _, _), held = steps[k], steps[k][0] - steps[k - 1][3]
+    assert decoder_tokens_while_read(out, SHORTS) == 0 and free_at >= after + 0.5 * held > after
