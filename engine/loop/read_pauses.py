@@ -34,12 +34,30 @@ class ReadPauses:
         self.decode_ms = 0.0  # a decode step's time, recent ones weighing more: a token's wait is the step's too
         self.paused_ms = 0.0  # decode steps run in the pauses of the current prompt step
         self.lent_ms = 0.0  # of which newcomers' reads took, by their estimates (engine/loop/rounds.py read_newcomers)
+        self.burst_free_at = 0.0  # (clock) from when a burst of short reads may hold the decoders again (may_burst)
         self.clock = time.perf_counter
 
     def decoded(self, started: float) -> None:
         """The decoders had a step (a round's or a pause's), begun at `started` (clock)."""
         self.decoded_at = self.clock()
         self.decode_ms = DECODE_DECAY * self.decode_ms + (1 - DECODE_DECAY) * (self.decoded_at - started) * 1000
+
+    def decoding_began(self) -> None:
+        """Requests decode again after reads that nobody decoding waited for: their wait for the next token starts at
+        their first tokens, not at the last decode step before those reads."""
+        self.decoded_at = self.clock()
+
+    def reads_done(self) -> None:
+        """A round's reads are done and the decoders' step comes: held past the interval (by a burst of short reads),
+        they get as long at their own pace before the next burst may hold them (a stream of short reads that never
+        ends leaves them half the time at least)."""
+        now = self.clock()
+        held_ms = (now - self.decoded_at) * 1000 - self.interval_ms
+        self.burst_free_at = max(self.burst_free_at, now + held_ms / 1000)
+
+    def may_burst(self) -> bool:
+        """Whether a burst of short reads may hold the decoders past the interval now (reads_done)."""
+        return self.clock() >= self.burst_free_at
 
     def observe(self, rows: int, ms: float) -> None:
         """A prompt step of `rows` rows took `ms` of its own (its pauses aside)."""

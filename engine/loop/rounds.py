@@ -50,7 +50,6 @@ class Rounds:
         self.decode_step, self.draw = self.decoding.step, self.decoding.draw
         self.pauses = ReadPauses(runner, requests, self.decode_step, limits.interval_ms,  # a long step's decode steps
                                  self.read_newcomers)
-        self.burst_free_at = 0.0  # (clock) from when a burst of short reads may hold the decoders again (wait_ms)
 
     def take_lines(self) -> None:
         """The control lines that arrived meanwhile, handled without waiting."""
@@ -79,9 +78,8 @@ class Rounds:
             estimate = self.pauses.estimate_ms(reader, rows) or 0.0
             if (time.perf_counter() - started) * 1000 + estimate > self.wait_ms(self.short(reader)):
                 break  # the decoders have waited about interval_ms (burst_ms for short reads): their step comes first
-        if self.requests.any_decoding():  # held past the interval by a burst: as long at their pace before the next
-            held_ms = (time.perf_counter() - self.pauses.decoded_at) * 1000 - self.limits.interval_ms
-            self.burst_free_at = max(self.burst_free_at, time.perf_counter() + held_ms / 1000)
+        if self.requests.any_decoding():
+            self.pauses.reads_done()  # (held past the interval by a burst: as long at their pace before the next)
 
     def short(self, seq: Sequence) -> bool:
         """Whether seq's read, past its cached prefix, is a chunk or less: a short read, whose first token a burst of
@@ -90,9 +88,8 @@ class Rounds:
 
     def wait_ms(self, short: bool) -> float:
         """How long the decoders may wait for their next step while prompt steps run (StepLimits.wait_ms): a burst's
-        budget for short reads, but only once the decoders have had as long at their own pace as the last burst held
-        them past the interval (a stream of short reads that never ends leaves them half the time at least)."""
-        return self.limits.wait_ms(short and time.perf_counter() >= self.burst_free_at)
+        budget for short reads, where the last burst has left them their pace since (ReadPauses.may_burst)."""
+        return self.limits.wait_ms(short and self.pauses.may_burst())
 
     # ------------------------------------------------------------ prompt chunks
 
@@ -187,5 +184,5 @@ class Rounds:
                     self.draw(seq, time.perf_counter())  # its first token now, not after the next decode step
             elif seq.yield_wanted:
                 self.parking.try_park(seq)
-        if idle and self.requests.any_decoding():  # decoding again: the decoders' wait starts at their first tokens
-            self.pauses.decoded_at = self.pauses.clock()  # (not at the last decode step, before the idle reads)
+        if idle and self.requests.any_decoding():
+            self.pauses.decoding_began()

@@ -34,7 +34,7 @@ def serve(runner, first: list[m.Gen], then: list[m.Gen], burst_ms: float, idle_s
     out: list = []
     loop = EngineLoop(runner, ParkPolicy(), out.append, limits=StepLimits(interval_ms=0.01, burst_ms=burst_ms))
     loop.rounds.pauses.decoded_at = loop.rounds.pauses.clock() - idle_s
-    loop.rounds.burst_free_at = loop.rounds.pauses.clock() + burst_in_s
+    loop.rounds.pauses.burst_free_at = loop.rounds.pauses.clock() + burst_in_s
     return serve_until_idle(loop, first, then, out)
 
 
@@ -113,7 +113,7 @@ def test_after_a_burst_the_next_waits_as_long_as_it_held_the_decoder(runner):
     decode_step = loop.rounds.decoding.step
 
     def stamped(decoding):  # each decode step: its start, the next burst's start then, the lines so far, its end
-        began, free_at, lines = clock(), loop.rounds.burst_free_at, len(out)
+        began, free_at, lines = clock(), loop.rounds.pauses.burst_free_at, len(out)
         decode_step(decoding)
         steps.append((began, free_at, lines, clock()))
 
