@@ -220,7 +220,8 @@ def serve(config: EngineConfig) -> int:
     # collection walked the vocabulary's lists, ~45 ms on an idle core, a stalled step)
     try:
         run_loop(runner, policy, config.prompt_reuse,
-                 StepLimits(config.decode_interval_ms, config.step_tokens, config.step_ms, config.burst_ms))  # (Rounds: step_budget)
+                 StepLimits(config.decode_interval_ms, config.step_tokens, config.step_ms,  # (Rounds: step_budget)
+                            config.burst_ms))
     finally:
         runner.close()
     return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from engine.modelfile.rope_config import add_rope_args, rope_from_args
-from engine.config import SPECULATIVE, WEIGHT_FORMS
+from engine.config import DEFAULT_BURST_MS, DEFAULT_DECODE_INTERVAL_MS, SPECULATIVE, WEIGHT_FORMS
 from engine.core.kv_types import KV_TYPES
 from engine.kvcache.prompt_weights import MODES
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
@@ -103,11 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: all on the GPU when the model fits, else as many slots as --gpu-memory leaves)")
     p.add_argument("--decode-interval-ms", type=float,
                    help="while a long prompt is read, decoding requests get a step about this often (forwarded to "
-                        "the default engine; default: the engine's, 40)")
+                        f"the default engine; default: the engine's, {DEFAULT_DECODE_INTERVAL_MS:g})")
     p.add_argument("--burst-ms", type=float,
                    help="while short prompts wait, decoding requests' next token may wait up to this long for their "
-                        "first tokens (forwarded to the default engine; default: the engine's, 1000; 0: the decode "
-                        "interval always)")
+                        f"first tokens (forwarded to the default engine; default: the engine's, {DEFAULT_BURST_MS:g}; "
+                        "0: the decode interval always)")
     p.add_argument("--step-tokens", type=int,
                    help="prompt tokens one engine step may read from several requests at once (forwarded to the "
                         "default engine; default: the engine's, two chunks)")

@@ -67,7 +67,7 @@ class ServerSettings:
     gpu_memory_gib: float | None = None  # forwarded to the default engine: the most GPU memory it takes
     expert_slots: int | None = None  # forwarded to the default engine: a MoE layer's device slots (None: its plan)
     decode_interval_ms: float | None = None  # forwarded to the default engine; None = the engine's default
-    burst_ms: float | None = None  # forwarded to the default engine: the decoders' wait for short reads (None: its default)
+    burst_ms: float | None = None  # forwarded to the default engine: the decoders' wait for short reads (None: its)
     step_tokens: int | None = None  # forwarded to the default engine: prompt rows a step may take (None: its default)
     step_ms: float | None = None  # forwarded to the default engine: a prompt step's time while others decode
     speculative: str | None = None  # forwarded to the default engine: its drafter (off | auto | ngram | draft; None: its default)

@@ -2,8 +2,9 @@
 tokens drawn and written out.
 
 A round is one decode step for every decoding request together (one pass over the weights), then
-prompt steps while the decoders have waited less than `interval_ms` (at least one step), so that a
-long read never stops the others from decoding and reads get the time the interval allows. What a
+prompt steps while the decoders have waited less than `interval_ms` (at least one step; `burst_ms` for a
+burst of short reads: StepLimits.wait_ms), so that a long read never stops the others from decoding and
+reads get the time the interval allows. What a
 prompt step reads (which reads, how many rows of each) is engine/loop/step_plan.py's: where the kernels'
 rows do not depend on the step's shape, several reads share a step, each ending anywhere; else one read a
 step, its next chunk at absolute boundaries.

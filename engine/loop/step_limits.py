@@ -18,7 +18,7 @@ class StepLimits:
 
     def wait_ms(self, short: bool) -> float:
         """How long the decoders may wait for their next step while prompt steps run: interval_ms, or burst_ms where
-        the steps are short reads' (each a chunk or less from its end: first tokens a burst of newcomers waits for)."""
+        the steps are short reads' (each a chunk or less past its cached prefix: a burst of newcomers' first tokens)."""
         return max(self.burst_ms, self.interval_ms) if short else self.interval_ms
 
     def capped_rows(self, rows: int, ms_a_row: float | None) -> int:
