@@ -36,3 +36,8 @@ def serve_until_idle(loop, first: list, then: list, out: list) -> list:
         then = []
     assert not any(isinstance(x, (m.Err, m.Defer)) for x in out), out
     return out
+
+
+def tokens(out: list, ident: int) -> list[int]:
+    """The tokens of request `ident` among the loop's lines."""
+    return [x.token for x in out if isinstance(x, m.Token) and x.id == ident]

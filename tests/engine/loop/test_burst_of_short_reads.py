@@ -12,7 +12,7 @@ from engine.loop.loop import EngineLoop
 from engine.loop.park_policy import ParkPolicy
 from engine.loop.step_limits import StepLimits
 from protocol import messages as m
-from tests.engine.loop.hybrid_runner import hybrid_runner, serve_until_idle
+from tests.engine.loop.hybrid_runner import hybrid_runner, serve_until_idle, tokens
 from tests.engine.model.test_hybrid import CHUNK
 
 GREEDY = {"temperature": 0.0, "seed": 0, "reuse": 0}
@@ -37,9 +37,6 @@ def serve(runner, first: list[m.Gen], then: list[m.Gen], burst_ms: float, idle_s
     loop.rounds.pauses.burst_free_at = loop.rounds.pauses.clock() + burst_in_s
     return serve_until_idle(loop, first, then, out)
 
-
-def tokens(out: list, ident: int) -> list[int]:
-    return [x.token for x in out if isinstance(x, m.Token) and x.id == ident]
 
 
 def decoder_tokens_while_read(out: list, gens: list[m.Gen]) -> int:

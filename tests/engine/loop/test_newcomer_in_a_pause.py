@@ -11,7 +11,7 @@ from engine.loop.loop import EngineLoop
 from engine.loop.park_policy import ParkPolicy
 from engine.loop.step_limits import StepLimits
 from protocol import messages as m
-from tests.engine.loop.hybrid_runner import hybrid_runner, serve_until_idle
+from tests.engine.loop.hybrid_runner import hybrid_runner, serve_until_idle, tokens
 from tests.engine.model.test_hybrid import CHUNK
 
 GREEDY = {"temperature": 0.0, "seed": 0, "reuse": 0}
@@ -44,9 +44,6 @@ def serve(runner, gens: list[m.Gen], arrives: m.Gen | None = None, during: int =
     loop.rounds.pauses.decode_step = in_a_pause
     return serve_until_idle(loop, gens, list(then), out)
 
-
-def tokens(out, ident) -> list[int]:
-    return [x.token for x in out if isinstance(x, m.Token) and x.id == ident]
 
 
 def test_a_newcomer_is_read_in_a_pause_of_the_long_step_with_the_tokens_it_has_alone(runner):

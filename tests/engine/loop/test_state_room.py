@@ -9,7 +9,7 @@ import pytest
 from engine.loop.loop import EngineLoop
 from engine.loop.park_policy import ParkPolicy
 from protocol import messages as m
-from tests.engine.loop.hybrid_runner import hybrid_runner
+from tests.engine.loop.hybrid_runner import hybrid_runner, tokens
 
 GREEDY = {"temperature": 0.0, "seed": 0}
 A, B = list(range(300, 450)), list(range(900, 960))
@@ -37,9 +37,6 @@ def serve(runner, gens: list[m.Gen], on_line=None) -> tuple[EngineLoop, list]:
         loop.round()
     return loop, out
 
-
-def tokens(out, ident) -> list[int]:
-    return [x.token for x in out if isinstance(x, m.Token) and x.id == ident]
 
 
 def test_a_new_request_takes_the_room_of_an_answer_read_again(runner):
