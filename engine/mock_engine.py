@@ -30,6 +30,7 @@ import numpy as np
 from engine.kvcache.block_pool import BlockPool
 from engine.cli import add_preempt_args, add_slots_arg, policy_from_args
 from engine.config import default_block
+from engine.kvcache.host_shelf import HostShelf
 from engine.kvcache.host_tier import HostTier
 from engine.loop.loop import EngineLoop, engine_caps
 from engine.loop.step_limits import StepLimits
@@ -38,11 +39,6 @@ from engine.runner.sequence import Sequence
 from engine.runner.row_cost import RowCost
 
 FAULT_EXIT_CODE = 70  # (EX_SOFTWARE: none of the engine's own statuses, protocol/messages.py)
-
-
-def fake_rows(indices) -> tuple[np.ndarray, np.ndarray]:
-    """The mock has no KV rows: its host tier keeps empty stand-ins, (1, n, 1, 1, 1) each."""
-    return np.zeros((1, len(indices), 1, 1, 1), np.float32), np.zeros((1, len(indices), 1, 1, 1), np.float32)
 
 
 class FakeRunner:
@@ -55,7 +51,7 @@ class FakeRunner:
         self.decoder = None  # no decode graphs (engine/runner/decode_graph.py): every row costs its pass
         block = a.kv_block or default_block(a.chunk)
         block_bytes = block * a.bytes_per_token
-        tier = HostTier.sized(round((a.cache_ram_gib or 0) * 2**30), block_bytes, fake_rows, lambda *_: None)
+        tier = HostTier.sized(round((a.cache_ram_gib or 0) * 2**30), block_bytes, lambda slots: HostShelf([], slots))  # (no rows)
         self.pool = BlockPool(-(-(a.kv_tokens or a.ctx * max(4, a.max_running)) // block), block, tier)
         self.ctx = min(self.ctx, self.pool.total * block)  # one request always fits the pool, as in strata
         self.eos_ids = frozenset({a.eos})

@@ -233,3 +233,5 @@ class BlockPool:
             assert len(self.tier.entries) <= self.tier.capacity
             for key, entry in self.tier.entries.items():
                 assert key == block_key(entry.parent, entry.tokens)
+            slots = [entry.slot for entry in self.tier.entries.values()] + self.tier.free  # (none taken between calls)
+            assert sorted(slots) == list(range(self.tier.capacity))

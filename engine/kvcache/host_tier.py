@@ -6,77 +6,89 @@ The pool (engine/kvcache/block_pool.py) hands the tier the blocks it evicts, bef
 and asks it for the rest of a chain when its own cached blocks end. An entry is found by the same
 hash-chain key as in the pool, its tokens checked; it lives in one tier at a time (taken out when
 copied back, dropped when the pool registers the same key again). The least recently stored
-entries go first when the budget is full.
+entries go first when the budget is full. The rows themselves sit in a shelf's slots
+(engine/kvcache/host_shelf.py: an eviction's blocks copied out together, not a copy a block); an entry
+names its slot, and a slot taken with its entry stays its own until the rows are copied back.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Sequence
-
-import numpy as np
-
-from engine.core.kv_types import stack
+from typing import Callable, Protocol, Sequence
 
 
 @dataclass
 class HostBlock:
     tokens: tuple[int, ...]
     parent: bytes
-    k: np.ndarray  # (layers, kv_heads, block_size, d): one block's rows, a private host copy
-    v: np.ndarray
+    slot: int  # where its rows are on the shelf
 
 
-# read(indices) -> (k, v) host copies of those pool blocks, each (layers, n, kv_heads, block_size, d);
-# write(indices, k, v) copies such arrays into those pool blocks
-ReadBlocks = Callable[[Sequence[int]], tuple[np.ndarray, np.ndarray]]
-WriteBlocks = Callable[[Sequence[int], np.ndarray, np.ndarray], None]
+class Shelf(Protocol):
+    """Where the rows go (engine/kvcache/host_shelf.py HostShelf)."""
+
+    def put(self, slots: Sequence[int], blocks: Sequence[int]) -> None: ...  # pool blocks' rows into slots
+
+    def get(self, slots: Sequence[int], blocks: Sequence[int]) -> None: ...  # slots' rows into pool blocks
 
 
 class HostTier:
     @classmethod
-    def sized(cls, budget_bytes: int, block_bytes: int, read: ReadBlocks, write: WriteBlocks) -> "HostTier | None":
-        """A tier of `budget_bytes`, or None when that does not hold one block (no tier)."""
-        return cls(budget_bytes, block_bytes, read, write) if block_bytes and budget_bytes >= block_bytes else None
+    def sized(cls, budget_bytes: int, block_bytes: int, shelf: Callable[[int], Shelf]) -> "HostTier | None":
+        """A tier of `budget_bytes` over shelf(slots), or None when that does not hold one block (no tier)."""
+        if not block_bytes or budget_bytes < block_bytes:
+            return None
+        capacity = budget_bytes // block_bytes
+        return cls(capacity, shelf(capacity))
 
-    def __init__(self, budget_bytes: int, block_bytes: int, read: ReadBlocks, write: WriteBlocks):
-        self.capacity = budget_bytes // block_bytes if block_bytes else 0  # blocks it may hold
-        self.block_bytes, self.read, self.write = block_bytes, read, write
+    def __init__(self, capacity: int, shelf: Shelf):
+        self.capacity, self.shelf = capacity, shelf  # blocks it may hold, their rows' slots
         self.entries: OrderedDict[bytes, HostBlock] = OrderedDict()  # least recently stored first
+        self.free = list(range(capacity - 1, -1, -1))  # slots no entry holds (popped from the end: 0 first)
         self.stored = self.loaded = self.dropped = 0  # blocks: copied out, copied back, let go for room
 
     def store(self, blocks) -> None:
         """Evicted pool blocks (engine/kvcache/block_pool.py Block: index, key, tokens, parent still set) copied
-        out before their rows are reused; the oldest entries make room."""
-        if not self.capacity or not blocks:
-            return
-        for block in list(blocks)[-self.capacity :]:
-            k, v = self.read([block.index])  # one copy a block: an entry owns exactly its own rows
-            self.entries.pop(block.key, None)
-            self.entries[block.key] = HostBlock(block.tokens, block.parent, k[:, 0], v[:, 0])
-            self.stored += 1
-        while len(self.entries) > self.capacity:
-            self.entries.popitem(last=False)
-            self.dropped += 1
+        out, all in one go, before their rows are reused; the oldest entries make room. Slots taken with
+        their entries and not yet copied back are not room."""
+        room = len(self.free) + len(self.entries)
+        blocks = list(blocks)[-room:] if room else []
+        slots = []
+        for block in blocks:
+            old = self.entries.pop(block.key, None)
+            if old is not None:
+                self.free.append(old.slot)
+            elif not self.free:
+                self.free.append(self.entries.popitem(last=False)[1].slot)
+                self.dropped += 1
+            slot = self.free.pop()
+            self.entries[block.key] = HostBlock(block.tokens, block.parent, slot)
+            slots.append(slot)
+        self.shelf.put(slots, [block.index for block in blocks])
+        self.stored += len(blocks)
 
     def has(self, key: bytes, tokens: tuple[int, ...]) -> bool:
         entry = self.entries.get(key)
         return entry is not None and entry.tokens == tokens
 
     def take(self, keys: list[bytes]) -> list[HostBlock]:
-        """These entries out of the tier (the caller copies them back with `load`)."""
+        """These entries out of the tier (the caller copies them back with `load`; their slots wait for it)."""
         return [self.entries.pop(key) for key in keys]
 
     def load(self, indices: list[int], entries: list[HostBlock]) -> None:
-        """Taken entries' rows into these pool blocks (one copy)."""
+        """Taken entries' rows into these pool blocks; their slots free again."""
         if not indices:
             return
-        self.write(indices, stack([e.k for e in entries], axis=1), stack([e.v for e in entries], axis=1))
+        slots = [entry.slot for entry in entries]
+        self.shelf.get(slots, indices)
+        self.free.extend(slots)
         self.loaded += len(indices)
 
     def discard(self, key: bytes) -> None:
         """The pool holds this key again (a fresh read registered it): one copy is enough."""
-        self.entries.pop(key, None)
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self.free.append(entry.slot)
 
     def status(self) -> dict[str, int]:
         return {"host_blocks": len(self.entries), "host_capacity": self.capacity, "host_loaded": self.loaded,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.ops.backend import Backend
+from engine.kvcache.host_shelf import HostShelf
 from engine.modelfile.model_config import ModelConfig
 from engine.core.kv_types import Q8Array, resolve
 
@@ -91,6 +92,13 @@ class KVCache:
     def held(self, table, pos: int) -> np.ndarray:
         """The blocks of `table` that hold its rows [0, pos), as an index array."""
         return np.asarray(table[: self.blocks_for(pos)], dtype=np.int64)
+
+    def shelf(self, capacity: int) -> HostShelf:
+        """Host slots for `capacity` whole blocks of this pool (the prefix cache's host tier keeps evicted
+        blocks there): the K and V arrays, a q8_0 pool's values and scales each."""
+        parts = [part for pool in (self.keys, self.values)
+                 for part in ((pool.q, pool.scale) if isinstance(pool, Q8Array) else (pool,))]
+        return HostShelf(parts, capacity, self.backend.xp)
 
     def read_blocks(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """Host copies of these blocks' K and V: (layers, len(indices), kv_heads, block_size, d) each,

@@ -53,7 +53,7 @@ class ModelRunner:
         graphs = cuda_graphs and backend.name == "gpu"  # (an expert cache's decode reads through device tables)
         # (with decode graphs a spare block past the pool for the padding rows of a graph's batch to write in)
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks, kv_type, spare=int(graphs))
-        tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.read_blocks, self.kv.write_blocks)
+        tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.shelf)
         self.pool = BlockPool(self.kv.usable, block_size, tier)
         self.state_cache = StateCache(block_size) if self.recurrent is not None else None  # a hybrid's, at prefixes
         self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable,

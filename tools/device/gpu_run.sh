@@ -14,6 +14,8 @@
 # specpace the drafts' measured pace against every draft made (--draft-row-cost 0), the 135M shape
 # draftspec --speculative draft on the GPU: self-drafts and the 135M drafting for the 8B shape, the same tokens
 # sampling tools/device/gpu_kernels_check.py's sampling and argmax checks alone, with the picks' times (fast)
+# hosttier tools/device/host_tier_check.py: the host tier's shelf (page-locked slots, strided copies) against a copy a
+#          block, 800 blocks of the 8B shape's KV evicted at once, f16 and q8_0, every block equal after the round trip
 # logprobs tools/device/logprob_rows_check.py: a step's log-probabilities in one launch against the host sampler's, times
 # sm90     the wgmma prompt attention (attention_sm90.cu) against NumPy alone (fast); on failure, again with
 #          V's descriptor offsets swapped (V_LBO_IS_PANEL=0)
@@ -801,6 +803,9 @@ for step in "$@"; do
       synth_mq; synth_ms
       python3 tools/device/prompt_weights_check.py $MQ $MS --json "$OUT/prompt_weights_check.json" 2>&1 | quiet \
         || echo "PROMPT WEIGHTS CHECK FAILED" ;;
+    hosttier)  # the host tier's copies (engine/kvcache/host_shelf.py): times against a copy a block, every byte back
+      python3 tools/device/host_tier_check.py --json "$OUT/host_tier_check.json" 2>&1 | tail -4 \
+        || echo "HOST TIER CHECK FAILED" ;;
     logprobs)  # a step's log-probabilities in one launch (engine/runner/logprob_rows.py) against the host sampler's
       python3 tools/device/logprob_rows_check.py --json "$OUT/logprob_rows_check.json" 2>&1 | tail -25 \
         || echo "LOGPROB ROWS CHECK FAILED" ;;

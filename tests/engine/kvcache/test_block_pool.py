@@ -11,6 +11,7 @@ import pytest
 import numpy as np
 
 from engine.kvcache.block_pool import BlockPool, OutOfBlocks, block_key
+from engine.kvcache.host_shelf import HostShelf
 from engine.kvcache.host_tier import HostTier
 
 SIZE = 4
@@ -29,12 +30,9 @@ class FakeRows:
     def __init__(self, blocks: int):
         self.rows = np.full((1, blocks, 1, SIZE, 1), -1, dtype=np.int64)
 
-    def read(self, indices):
-        return self.rows[:, list(indices)].copy(), self.rows[:, list(indices)].copy()
-
-    def write(self, indices, k, v):
-        assert (k == v).all()
-        self.rows[:, list(indices)] = k
+    def tier(self, capacity: int) -> HostTier:
+        """A host tier of `capacity` blocks over these rows."""
+        return HostTier(capacity, HostShelf([self.rows], capacity, chunk=4))  # (chunks of 4: runs cross them)
 
     def tokens(self, index: int) -> tuple[int, ...]:
         return tuple(int(t) for t in self.rows[0, index, 0, :, 0])
@@ -44,7 +42,7 @@ class PoolMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.kv = FakeRows(24)
-        self.pool = BlockPool(24, SIZE, HostTier(6 * 8, 8, self.kv.read, self.kv.write))  # 6 blocks of 8 bytes
+        self.pool = BlockPool(24, SIZE, self.kv.tier(6))
         self.tables: dict[int, tuple[list[int], tuple[int, ...]]] = {}  # id -> (table, prompt)
         self.next_id = 0
 
@@ -101,7 +99,8 @@ class PoolMachine(RuleBasedStateMachine):
         for index in self.pool.cached.values():
             assert self.kv.tokens(index) == self.pool.blocks[index].tokens
         for entry in self.pool.tier.entries.values():  # a host copy holds its own tokens' rows
-            assert tuple(int(t) for t in entry.k[0, 0, :, 0]) == entry.tokens
+            (rows,) = self.pool.tier.shelf.rows(entry.slot)
+            assert tuple(int(t) for t in rows[0, 0, :, 0]) == entry.tokens
 
 
 TestPoolMachine = PoolMachine.TestCase
@@ -174,7 +173,7 @@ def test_asking_more_than_the_pool_is_refused_whole():
 
 def test_an_evicted_prefix_comes_back_from_the_host_tier_by_copy():
     kv = FakeRows(3)
-    pool = BlockPool(3, SIZE, HostTier(4 * 8, 8, kv.read, kv.write))
+    pool = BlockPool(3, SIZE, kv.tier(4))
     prompt = tuple(range(12))
     table = pool.allocate(3)
     kv.rows[0, table, 0, :, 0] = np.asarray(prompt).reshape(3, SIZE)

@@ -1,0 +1,109 @@
+"""Slots of host memory that hold whole pool blocks: where the prefix cache's host tier
+(engine/kvcache/host_tier.py) keeps the rows of the blocks the pool evicts.
+
+A pool array is (layers, blocks, *row) (engine/kvcache/kv.py; a q8_0 pool is two such arrays, the int8
+values and the scales). The shelf keeps, for each pool array, chunks of CHUNK_SLOTS slots laid out the
+same way, (layers, slots, *row), made when first used. Moving a run of consecutive blocks into a run of
+consecutive slots is then one strided copy: `layers` pieces of run x row bytes, a pitch apart on each side.
+
+On a GPU the chunks are page-locked and the copies are queued on the current stream without waiting: a
+thousand evicted blocks (8 GiB of the 8B model's rows) leave at the link's rate in one pass of the copy
+engine, behind the step that released them and ahead of the step that writes over them, where a copy a
+block to pageable memory, each waited for, held the engine ~3 s (bench/HISTORY.md, nineteenth session).
+Stream order keeps every byte right: a block's rows are copied out before the kernels that write its new
+rows, and a slot's rows are copied back before a later eviction writes over the slot. `rows` (tests,
+checks) waits for the copies first.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+CHUNK_SLOTS = 64  # slots a chunk of host memory holds (512 MiB of the 8B model's f16 rows)
+MAX_PITCH = 2**31 - 1  # the widest pitch a strided copy takes (cudaDevAttrMaxPitch); past it, a copy a layer
+HOST_TO_DEVICE, DEVICE_TO_HOST = 1, 2  # cudaMemcpyKind
+
+
+def runs(blocks: Sequence[int], slots: Sequence[int], chunk: int) -> list[tuple[int, int, int]]:
+    """(first block, first slot, length) of the runs where both blocks and slots go up by one, a run
+    never crossing a chunk of slots."""
+    out: list[tuple[int, int, int]] = []
+    for block, slot in zip(blocks, slots):
+        if out:
+            b, s, n = out[-1]
+            if block == b + n and slot == s + n and slot % chunk:
+                out[-1] = (b, s, n + 1)
+                continue
+        out.append((block, slot, 1))
+    return out
+
+
+class HostShelf:
+    def __init__(self, pools: Sequence, capacity: int, xp=np, chunk: int = CHUNK_SLOTS):
+        """pools: the pool's arrays, each (layers, blocks, *row), contiguous; capacity: slots (blocks) it holds."""
+        self.pools, self.capacity, self.xp, self.chunk = list(pools), capacity, xp, chunk
+        self.chunks: dict[int, list[np.ndarray]] = {}  # chunk number -> per pool array (layers, chunk, *row)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.xp is not np
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory the shelf holds now (its chunks are made as slots are first used)."""
+        return sum(part.nbytes for parts in self.chunks.values() for part in parts)
+
+    def put(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
+        """The rows of these pool blocks into these slots, slots[i] <- blocks[i]."""
+        for block, slot, n in runs(blocks, slots, self.chunk):
+            for pool, part in zip(self.pools, self._chunk(slot)):
+                self._copy(part, slot % self.chunk, pool, block, n, DEVICE_TO_HOST)
+
+    def get(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
+        """These slots' rows into these pool blocks, blocks[i] <- slots[i]."""
+        for block, slot, n in runs(blocks, slots, self.chunk):
+            for pool, part in zip(self.pools, self._chunk(slot)):
+                self._copy(pool, block, part, slot % self.chunk, n, HOST_TO_DEVICE)
+
+    def rows(self, slot: int) -> list[np.ndarray]:
+        """One slot's rows, (layers, *row) per pool array (copies), once the queued copies are done."""
+        if self.on_gpu:
+            self.xp.cuda.get_current_stream().synchronize()
+        return [part[:, slot % self.chunk].copy() for part in self._chunk(slot)]
+
+    def _chunk(self, slot: int) -> list[np.ndarray]:
+        if not 0 <= slot < self.capacity:
+            raise IndexError(f"slot {slot} of a shelf of {self.capacity}")
+        number = slot // self.chunk
+        if number not in self.chunks:
+            self.chunks[number] = [self._host((pool.shape[0], self.chunk, *pool.shape[2:]), pool.dtype)
+                                   for pool in self.pools]
+        return self.chunks[number]
+
+    def _host(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        if not self.on_gpu:
+            return np.zeros(shape, dtype)
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape))
+        memory = self.xp.cuda.alloc_pinned_memory(size * dtype.itemsize)
+        return np.frombuffer(memory, dtype, size).reshape(shape)  # (keeps `memory` alive: its base)
+
+    def _copy(self, dst, d0: int, src, s0: int, n: int, kind: int) -> None:
+        """dst[:, d0:d0+n] = src[:, s0:s0+n], arrays (layers, count, *row): on a GPU one strided copy queued on
+        the current stream (a copy a layer where a pitch is too wide for one)."""
+        if not self.on_gpu:
+            dst[:, d0 : d0 + n] = src[:, s0 : s0 + n]
+            return
+        row = int(np.prod(dst.shape[2:])) * dst.dtype.itemsize  # bytes of one block's rows in one layer
+        dpitch, spitch, width = dst.shape[1] * row, src.shape[1] * row, n * row
+        dptr, sptr = self._address(dst) + d0 * row, self._address(src) + s0 * row
+        runtime, stream = self.xp.cuda.runtime, self.xp.cuda.get_current_stream().ptr
+        if max(dpitch, spitch) <= MAX_PITCH:
+            runtime.memcpy2DAsync(dptr, dpitch, sptr, spitch, width, dst.shape[0], kind, stream)
+            return
+        for layer in range(dst.shape[0]):
+            runtime.memcpyAsync(dptr + layer * dpitch, sptr + layer * spitch, width, kind, stream)
+
+    def _address(self, array) -> int:
+        return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr

@@ -1,0 +1,70 @@
+"""The host tier's shelf (engine/kvcache/host_shelf.py): pool blocks copied into slots and back in runs, every
+row in its place whatever the order of blocks and slots, chunks made only as slots are used; and a q8_0
+pool's shelf carries both of its parts."""
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from engine.kvcache.host_shelf import HostShelf, runs
+
+LAYERS, BLOCKS, ROW = 3, 12, (2, 4)
+
+
+def pool(seed: int) -> np.ndarray:
+    """(layers, blocks, *row) of distinct values."""
+    return np.random.default_rng(seed).permutation(LAYERS * BLOCKS * 8).reshape(LAYERS, BLOCKS, *ROW)
+
+
+def test_runs_join_consecutive_pairs_within_a_chunk():
+    assert runs([4, 5, 6, 9, 10], [0, 1, 2, 3, 4], chunk=64) == [(4, 0, 3), (9, 3, 2)]
+    assert runs([4, 5, 6], [2, 3, 4], chunk=4) == [(4, 2, 2), (6, 4, 1)]  # slot 4 opens the next chunk
+    assert runs([5, 4], [0, 1], chunk=64) == [(5, 0, 1), (4, 1, 1)]  # blocks going down: no run
+    assert runs([], [], chunk=4) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_blocks_come_back_as_they_went(data):
+    keys, values = pool(0), pool(1)
+    shelf = HostShelf([keys, values], capacity=10, chunk=4)
+    blocks = data.draw(st.lists(st.integers(0, BLOCKS - 1), min_size=1, max_size=10, unique=True))
+    slots = data.draw(st.permutations(range(10)))[: len(blocks)]
+    shelf.put(slots, blocks)
+    for slot, block in zip(slots, blocks):
+        k, v = shelf.rows(slot)
+        assert (k == keys[:, block]).all() and (v == values[:, block]).all()
+    before_k, before_v = keys.copy(), values.copy()
+    keys[:], values[:] = -1, -1  # the pool's rows written over, as by the blocks' next owners
+    back = data.draw(st.permutations(range(BLOCKS)))[: len(blocks)]  # copied back to other blocks
+    shelf.get(slots, back)
+    for block, new in zip(blocks, back):
+        assert (keys[:, new] == before_k[:, block]).all() and (values[:, new] == before_v[:, block]).all()
+    untouched = sorted(set(range(BLOCKS)) - set(back))
+    assert (keys[:, untouched] == -1).all()
+
+
+def test_chunks_are_made_as_slots_are_first_used():
+    keys = pool(2)
+    shelf = HostShelf([keys], capacity=12, chunk=4)
+    assert shelf.nbytes == 0
+    shelf.put([5], [0])
+    assert shelf.nbytes == keys[:, :4].nbytes  # one chunk of four slots
+    shelf.put([0, 11], [1, 2])
+    assert shelf.nbytes == 3 * keys[:, :4].nbytes
+
+
+def test_a_q8_0_pools_shelf_carries_values_and_scales(loaded):
+    from engine.kvcache.kv import KVCache
+
+    kv = KVCache(loaded.cfg, 256, loaded.backend, 16, 8, kv_type="q8_0")
+    rng = np.random.default_rng(3)
+    for part in (kv.keys.q, kv.values.q):
+        part[:] = rng.integers(-127, 128, part.shape)
+    for part in (kv.keys.scale, kv.values.scale):
+        part[:] = rng.random(part.shape)
+    shelf = kv.shelf(4)
+    assert len(shelf.pools) == 4
+    shelf.put([0, 1], [6, 2])
+    expect = [part[:, [6, 2]].copy() for part in shelf.pools]
+    shelf.get([0, 1], [3, 4])
+    for part, rows in zip(shelf.pools, expect):
+        assert (part[:, [3, 4]] == rows).all()
