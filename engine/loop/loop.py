@@ -98,6 +98,7 @@ class EngineLoop:
 
     def control(self, msg: m.Message) -> None:
         if isinstance(msg, m.Gen):
+            self.rounds.trace.event("gen", id=msg.id, tokens=len(msg.tokens))
             self.admission.admit(msg)
         elif isinstance(msg, m.Quit):
             self.quitting = True

@@ -21,3 +21,8 @@ class StepTrace:
         now = time.perf_counter()
         line = {"t": round(started - self.origin, 4), "ms": round((now - started) * 1000, 2), "kind": kind} | fields
         print("strata-trace " + json.dumps(line), file=sys.stderr, flush=True)
+
+    def event(self, kind: str, **fields) -> None:
+        """A moment, not a step (kind gen: a request taken in), at its time."""
+        if self.enabled:
+            self.step(kind, time.perf_counter(), **fields)
