@@ -21,3 +21,20 @@ def test_an_event_is_a_line_at_its_moment(capsys):
     assert fields["kind"] == "gen" and fields["id"] == 7 and fields["tokens"] == 12 and fields["ms"] < 5
     StepTrace(enabled=False).event("gen", id=7)
     assert capsys.readouterr().err == ""
+
+
+def test_trace_waits_reads_each_requests_wait_from_a_log(tmp_path):
+    """tools/profiling/trace_waits.py over lines as StepTrace writes them: a request's first token is the end of
+    the step that read its prompt's last row; an idle stretch while it waits is reported."""
+    from tools.profiling import trace_waits
+
+    log = tmp_path / "server.log"
+    lines = [{"t": 1.0, "ms": 0.0, "kind": "gen", "id": 5, "tokens": 300},
+             {"t": 1.01, "ms": 40.0, "kind": "prompt", "rows": 256, "reads": [[5, 0, 256]], "paused_ms": 0.0},
+             {"t": 1.05, "ms": 10.0, "kind": "decode", "rows": 4},
+             {"t": 1.2, "ms": 20.0, "kind": "prompt", "rows": 44, "reads": [[5, 256, 300]], "paused_ms": 0.0}]
+    log.write_text("INFO: other lines\n" + "".join(f"strata-trace {json.dumps(e)}\n" for e in lines))
+    events = list(trace_waits.lines(str(log)))
+    (wait,) = trace_waits.waits(events, 0, 10)
+    assert wait["id"] == 5 and round((wait["first"] - wait["gen"]) * 1000) == 220 and wait["steps"] == 2
+    assert [round(ms) for _, ms in trace_waits.idle_gaps(events, 20)] == [140]

@@ -1,0 +1,84 @@
+"""A traced server log ($STRATA_STEP_TRACE=1, engine/loop/step_trace.py) taken apart: for each request, when the
+engine took its GEN, when the step that read its prompt's last row ended (its first token), and what the engine
+did between; and the gaps where the engine ran no step while requests waited.
+
+    python tools/profiling/trace_waits.py SERVER_LOG[.gz] [--from ID] [--to ID] [--idle-ms 20]
+
+Prints one line per request (id, prompt tokens, engine wait to its first token, steps before it) and the idle
+gaps over --idle-ms with requests waiting, then the waits' median and largest.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+
+
+def lines(path: str):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", errors="replace") as f:
+        for line in f:
+            if line.startswith("strata-trace "):
+                try:
+                    yield json.JSONDecoder().raw_decode(line[len("strata-trace "):])[0]
+                except json.JSONDecodeError:
+                    continue
+
+
+def waits(events: list[dict], first: int, last: int) -> list[dict]:
+    """Per request in [first, last]: gen time, tokens, the end of the step that read its last row."""
+    out: dict[int, dict] = {}
+    for e in events:
+        if e["kind"] == "gen" and first <= e.get("id", -1) <= last:
+            out[e["id"]] = {"id": e["id"], "tokens": e.get("tokens"), "gen": e["t"], "steps": 0}
+        elif e["kind"] == "prompt":
+            end = e["t"] + e["ms"] / 1000
+            for rid, start, stop in e.get("reads", []):
+                r = out.get(rid)
+                if r is not None and "first" not in r and stop >= (r["tokens"] or 0):
+                    r["first"] = end
+            for r in out.values():
+                if "first" not in r:
+                    r["steps"] += 1
+        elif e["kind"] == "decode":
+            for r in out.values():
+                if "first" not in r:
+                    r["steps"] += 1
+    return [r for r in out.values() if "first" in r]
+
+
+def idle_gaps(events: list[dict], min_ms: float) -> list[tuple[float, float]]:
+    """(start, ms) of the gaps between one step's end and the next step's start of at least min_ms."""
+    steps = sorted((e for e in events if e["kind"] != "gen"), key=lambda e: e["t"])
+    out, end = [], None
+    for e in steps:
+        if end is not None and (e["t"] - end) * 1000 >= min_ms:
+            out.append((end, (e["t"] - end) * 1000))
+        end = max(end or 0.0, e["t"] + e["ms"] / 1000)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("log")
+    p.add_argument("--from", dest="first", type=int, default=0)
+    p.add_argument("--to", dest="last", type=int, default=1 << 62)
+    p.add_argument("--idle-ms", type=float, default=20.0)
+    a = p.parse_args(argv)
+    events = list(lines(a.log))
+    found = waits(events, a.first, a.last)
+    for r in found:
+        print(f"id {r['id']:5d} tokens {r['tokens']:6d} gen {r['gen']:9.3f} first token after "
+              f"{(r['first'] - r['gen']) * 1000:8.1f} ms ({r['steps']} steps)")
+    if found:
+        lo, hi = min(r["gen"] for r in found), max(r["first"] for r in found)
+        for start, ms in idle_gaps([e for e in events if lo <= e["t"] <= hi], a.idle_ms):
+            print(f"idle {ms:7.1f} ms from {start:9.3f}")
+        ms = [(r["first"] - r["gen"]) * 1000 for r in found]
+        print(f"{len(ms)} requests: engine wait p50 {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
