@@ -22,7 +22,6 @@ import numpy as np
 
 CHUNK_SLOTS = 64  # slots a chunk of host memory holds (512 MiB of the 8B model's f16 rows)
 MAX_PITCH = 2**31 - 1  # the widest pitch a strided copy takes (cudaDevAttrMaxPitch); past it, a copy a layer
-HOST_TO_DEVICE, DEVICE_TO_HOST = 1, 2  # cudaMemcpyKind
 
 
 def runs(blocks: Sequence[int], slots: Sequence[int], chunk: int) -> list[tuple[int, int, int]]:
@@ -58,13 +57,13 @@ class HostShelf:
         """The rows of these pool blocks into these slots, slots[i] <- blocks[i]."""
         for block, slot, n in runs(blocks, slots, self.chunk):
             for pool, part in zip(self.pools, self._chunk(slot)):
-                self._copy(part, slot % self.chunk, pool, block, n, DEVICE_TO_HOST)
+                self._copy(part, slot % self.chunk, pool, block, n, to_host=True)
 
     def get(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
         """These slots' rows into these pool blocks, blocks[i] <- slots[i]."""
         for block, slot, n in runs(blocks, slots, self.chunk):
             for pool, part in zip(self.pools, self._chunk(slot)):
-                self._copy(pool, block, part, slot % self.chunk, n, HOST_TO_DEVICE)
+                self._copy(pool, block, part, slot % self.chunk, n, to_host=False)
 
     def rows(self, slot: int) -> list[np.ndarray]:
         """One slot's rows, (layers, *row) per pool array (copies), once the queued copies are done."""
@@ -89,7 +88,7 @@ class HostShelf:
         memory = self.xp.cuda.alloc_pinned_memory(size * dtype.itemsize)
         return np.frombuffer(memory, dtype, size).reshape(shape)  # (keeps `memory` alive: its base)
 
-    def _copy(self, dst, d0: int, src, s0: int, n: int, kind: int) -> None:
+    def _copy(self, dst, d0: int, src, s0: int, n: int, to_host: bool) -> None:
         """dst[:, d0:d0+n] = src[:, s0:s0+n], arrays (layers, count, *row): on a GPU one strided copy queued on
         the current stream (a copy a layer where a pitch is too wide for one)."""
         if not self.on_gpu:
@@ -99,6 +98,7 @@ class HostShelf:
         dpitch, spitch, width = dst.shape[1] * row, src.shape[1] * row, n * row
         dptr, sptr = self._address(dst) + d0 * row, self._address(src) + s0 * row
         runtime, stream = self.xp.cuda.runtime, self.xp.cuda.get_current_stream().ptr
+        kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
         if max(dpitch, spitch) <= MAX_PITCH:
             runtime.memcpy2DAsync(dptr, dpitch, sptr, spitch, width, dst.shape[0], kind, stream)
             return
