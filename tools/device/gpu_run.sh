@@ -14,8 +14,9 @@
 # specpace the drafts' measured pace against every draft made (--draft-row-cost 0), the 135M shape
 # draftspec --speculative draft on the GPU: self-drafts and the 135M drafting for the 8B shape, the same tokens
 # sampling tools/device/gpu_kernels_check.py's sampling and argmax checks alone, with the picks' times (fast)
-# hosttier tools/device/host_tier_check.py: the host tier's shelf (page-locked slots, strided copies) against a copy a
-#          block, 800 blocks of the 8B shape's KV evicted at once, f16 and q8_0, every block equal after the round trip
+# hosttier tools/device/host_tier_check.py: the host tier's shelf against a copy a block, 800 blocks of the 8B shape's
+#          KV evicted at once, f16 and q8_0, every block equal after the round trip (after apply_pending.sh: the
+#          pending patch's page-locked slots and strided copies queued on the stream)
 # logprobs tools/device/logprob_rows_check.py: a step's log-probabilities in one launch against the host sampler's, times
 # sm90     the wgmma prompt attention (attention_sm90.cu) against NumPy alone (fast); on failure, again with
 #          V's descriptor offsets swapped (V_LBO_IS_PANEL=0)

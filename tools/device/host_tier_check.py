@@ -1,7 +1,9 @@
 """The prefix cache's host tier on the GPU (engine/kvcache/host_shelf.py): an eviction's blocks copied to the shelf's
-page-locked slots in strided copies queued on the stream, against the earlier way (a gather and a copy to pageable
-memory a block, each waited for, KVCache.read_blocks); every block's rows equal after the round trip, f16 and
-q8_0 pools, on the Llama-3-8B shape's KV (32 layers, 8 KV heads of 128, blocks of 64: 8 MiB a block in f16).
+slots, against the earlier way (a gather and a copy to pageable memory a block, each waited for,
+KVCache.read_blocks); every block's rows equal after the round trip, f16 and q8_0 pools, on the Llama-3-8B shape's
+KV (32 layers, 8 KV heads of 128, blocks of 64: 8 MiB a block in f16). With
+tools/device/pending/01-host-shelf-async-copies.patch applied (tools/device/apply_pending.sh), the shelf's
+page-locked chunks and strided copies queued on the stream.
 
     python tools/device/host_tier_check.py [--blocks 2048] [--evict 800] [--json OUT]
 
