@@ -87,4 +87,4 @@ class HostShelf:
         elif to_host:
             dst[:, d0 : d0 + n] = self.xp.asnumpy(src[:, s0 : s0 + n])
         else:
-            dst[:, d0 : d0 + n] = self.xp.asarray(src[:, s0 : s0 + n])
+            dst[:, d0 : d0 + n] = self.xp.asarray(np.ascontiguousarray(src[:, s0 : s0 + n]))
