@@ -95,13 +95,6 @@ def widened(rows):
     return rows.dequantize() if isinstance(rows, Q8Array) else rows
 
 
-def stack(parts: list, axis: int):
-    """np.stack of pool copies, Q8Arrays included."""
-    if parts and isinstance(parts[0], Q8Array):
-        return Q8Array(np.stack([p.q for p in parts], axis), np.stack([p.scale for p in parts], axis))
-    return np.stack(parts, axis)
-
-
 @dataclass(frozen=True)
 class KVType:
     """One element type of the pool: its name as INFO reports it, the bytes a value takes, and the
