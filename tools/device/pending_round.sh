@@ -21,6 +21,10 @@
 #             joined at /tmp/q/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf): the four workloads, Strata off / ngram, and 16
 #             at once
 #   hol       B beside A's 46.9K read and 4 / 16 / 64 decoders through HTTP (issue 44's B: short reads first)
+#   hosttier  01-host-shelf-async-copies (issue 44): the shelf's every byte back and its copies' times
+#             (gpu_run.sh hosttier), the real engine's paged checks with an f16 and a q8_0 cache, then, traced, the
+#             defaults through HTTP (peers_strata: hol, clients, subagents x3; the 64 clients after the pool fills)
+#             with the server log kept
 #   hybrid    issue 45's GPU path: the attention kernels (256-wide heads among them), the hybrid fixtures against
 #             transformers, the GPU path's exactness and park/resume parity (gpu_run.sh kernels, hybrid)
 #   hybridbench issue 45's speed: the 80B-A3B shape (IQ3_S), its reads of 4K and 32K with their profile, decode at
@@ -39,41 +43,54 @@
 #             after on one machine, and ncu's sections for mmq at 64 rows
 #   PENDING=03 applies only tools/device/pending/03*.patch (apply_pending.sh).
 #   PARTS=fusions bash tools/device/pending_round.sh        (carry [".whl", ".device"]; tools/device/setup.sh makes them)
+# LIMIT_S: the call's timeout_s where a start left less than 600 s; every part's limit is cut to what is left of
+# it (a part with under 30 s left is skipped), and gpu_run.sh's own deadlines move up to the call's end.
 set -uo pipefail
+limit=${LIMIT_S:-600}
+cap() {  # a part's limit cut to what is left of the call's, at least 1 s (`timeout 0` would mean no limit)
+  local left=$(( limit - 15 - SECONDS )); left=$(( $1 < left ? $1 : left )); echo $(( left > 1 ? left : 1 ))
+}
 bash tools/device/apply_pending.sh || { echo "A PENDING PATCH DOES NOT APPLY"; exit 1; }
 base=$OUT
 mkdir -p "$base/p"
 export OUT="$base/p"
 for part in ${PARTS:-fusions}; do
   echo "=== $part ($(date +%T), ${SECONDS} s into the call)"
+  [ "$(cap 30)" -ge 30 ] || { echo "no time left for $part"; continue; }
   case $part in
-    fusions) timeout 560 bash tools/device/gpu_run.sh fusions 2>&1 | tail -40 ;;
-    fusions80) timeout 560 bash tools/device/gpu_run.sh fusions80 2>&1 | tail -30 ;;
-    checks) timeout 300 bash tools/device/gpu_run.sh checksonly 2>&1 | tail -20 ;;
-    fusedswitch) timeout 560 bash tools/device/gpu_run.sh fusedswitch 2>&1 | tail -20 ;;
-    a3b) timeout 400 bash tools/device/gpu_run.sh moeactswitch 2>&1 | tail -10 ;;
-    a3b80) timeout 500 bash tools/device/gpu_run.sh moeactswitch80 2>&1 | tail -10 ;;
-    sampling) timeout 150 bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
-    iq) timeout 360 bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
-    spec) timeout 240 bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
-    specpace) timeout 300 bash tools/device/gpu_run.sh specpace 2>&1 | tail -4 ;;
-    draft) timeout 500 bash tools/device/gpu_run.sh draftspec 2>&1 | tail -12 ;;
+    fusions) timeout $(cap 560) bash tools/device/gpu_run.sh fusions 2>&1 | tail -40 ;;
+    fusions80) timeout $(cap 560) bash tools/device/gpu_run.sh fusions80 2>&1 | tail -30 ;;
+    checks) timeout $(cap 300) bash tools/device/gpu_run.sh checksonly 2>&1 | tail -20 ;;
+    fusedswitch) timeout $(cap 560) bash tools/device/gpu_run.sh fusedswitch 2>&1 | tail -20 ;;
+    a3b) timeout $(cap 400) bash tools/device/gpu_run.sh moeactswitch 2>&1 | tail -10 ;;
+    a3b80) timeout $(cap 500) bash tools/device/gpu_run.sh moeactswitch80 2>&1 | tail -10 ;;
+    sampling) timeout $(cap 150) bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
+    iq) timeout $(cap 360) bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
+    spec) timeout $(cap 240) bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
+    specpace) timeout $(cap 300) bash tools/device/gpu_run.sh specpace 2>&1 | tail -4 ;;
+    draft) timeout $(cap 500) bash tools/device/gpu_run.sh draftspec 2>&1 | tail -12 ;;
     clients)
-      STRATA_STEP_TRACE=1 CASES="clients subagents" REPEATS=3 LIMIT=70 timeout 220 \
+      STRATA_STEP_TRACE=1 CASES="clients subagents" REPEATS=3 LIMIT=70 timeout $(cap 220) \
         bash tools/device/gpu_run.sh httpquick 2>&1 | grep -v "^INFO" | tail -20
       gzip -f "$OUT/server.log" ;;
-    hybrid) timeout 480 bash tools/device/gpu_run.sh hybrid 2>&1 | tail -30 ;;
-    hybridbench) timeout 200 bash tools/device/gpu_run.sh hybridbench 2>&1 | tail -10 ;;
-    offload) timeout 420 bash tools/device/gpu_run.sh offload 2>&1 | tail -8 ;;
-    order) timeout 520 bash tools/device/gpu_run.sh order 2>&1 | tail -40 ;;
-    orderprobe) timeout 560 bash tools/device/gpu_run.sh orderprobe 2>&1 | tail -50 ;;
-    ordershot) timeout 560 bash tools/device/gpu_run.sh ordershot 2>&1 | tail -40 ;;
-    orderbench) timeout 520 bash tools/device/gpu_run.sh orderbench 2>&1 | tail -30 ;;
-    moe) timeout 200 bash tools/device/gpu_run.sh moecheck 2>&1 | tail -6 ;;
-    moeread) timeout 560 bash tools/device/gpu_run.sh moeread 2>&1 | tail -12 ;;
-    moegemm) timeout 500 bash tools/device/gpu_run.sh moegemm 2>&1 | tail -40 ;;
-    qspec) SPEC_CONCURRENCY=16 timeout 560 bash tools/device/gpu_run.sh qspec 2>&1 | tail -14 ;;  # (after qpart x16)
-    hol) PEERS_CASES=hol PEERS_REPEATS=2 timeout 540 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -25 ;;
+    hybrid) timeout $(cap 480) bash tools/device/gpu_run.sh hybrid 2>&1 | tail -30 ;;
+    hybridbench) timeout $(cap 200) bash tools/device/gpu_run.sh hybridbench 2>&1 | tail -10 ;;
+    offload) timeout $(cap 420) bash tools/device/gpu_run.sh offload 2>&1 | tail -8 ;;
+    order) timeout $(cap 520) bash tools/device/gpu_run.sh order 2>&1 | tail -40 ;;
+    orderprobe) timeout $(cap 560) bash tools/device/gpu_run.sh orderprobe 2>&1 | tail -50 ;;
+    ordershot) timeout $(cap 560) bash tools/device/gpu_run.sh ordershot 2>&1 | tail -40 ;;
+    orderbench) timeout $(cap 520) bash tools/device/gpu_run.sh orderbench 2>&1 | tail -30 ;;
+    moe) timeout $(cap 200) bash tools/device/gpu_run.sh moecheck 2>&1 | tail -6 ;;
+    moeread) timeout $(cap 560) bash tools/device/gpu_run.sh moeread 2>&1 | tail -12 ;;
+    moegemm) timeout $(cap 500) bash tools/device/gpu_run.sh moegemm 2>&1 | tail -40 ;;
+    qspec) SPEC_CONCURRENCY=16 timeout $(cap 560) bash tools/device/gpu_run.sh qspec 2>&1 | tail -14 ;;
+    hol) PEERS_CASES=hol PEERS_REPEATS=2 timeout $(cap 540) bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -25 ;;
+    hosttier)
+      timeout $(cap 120) bash tools/device/gpu_run.sh hosttier 2>&1 | tail -4
+      timeout $(cap 200) bash tools/device/gpu_run.sh paged 2>&1 | tail -6
+      KV_TYPE=q8_0 timeout $(cap 200) bash tools/device/gpu_run.sh paged 2>&1 | tail -6
+      [ "$(cap 600)" -gt 150 ] && env SECONDS=$(( SECONDS + 600 - limit )) KEEP_SERVER_LOG=1 STRATA_STEP_TRACE=1 \
+        PEERS_CASES=hol,clients,subagents PEERS_REPEATS=3 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -30 ;;
   esac
 done
 tar -czf "$base/pending.tgz" -C "$base" p && rm -rf "$base/p"
