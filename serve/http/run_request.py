@@ -45,8 +45,6 @@ def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[
         raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
     if max_tokens is not None and max_tokens > ctx:
         raise APIError(400, f"max_tokens {max_tokens} exceeds the context of {ctx} tokens", param="max_tokens")
-    if prompt and (min(prompt) < 0 or max(prompt) >= state.tokenizer.vocab_size):  # (in C: prompts run to 100K+)
-        raise APIError(400, "prompt token ids must be within the vocabulary", param="prompt")
     sampling = state.settings.sampling | body.gen_params() | ({"grammar": grammar} if grammar else {}) | (
         {"session": session} if session else {})
     if sampling["temperature"] > 0:  # seeded here, so that a restarted engine continues the same stream
