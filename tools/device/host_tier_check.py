@@ -46,7 +46,7 @@ def check(kv_type: str, blocks: int, evict: int, repeats: int) -> dict:
     for p, part in enumerate(parts):  # distinct rows: hashed bytes, a layer at a time
         for layer in range(part.shape[0]):
             raw = part[layer].view(cp.uint8)
-            seed = cp.arange(raw.size, dtype=cp.uint32) + np.uint32((p * 64 + layer) << 26)
+            seed = cp.arange(raw.size, dtype=cp.uint32) + np.uint32(((p * 64 + layer) * 0x9E3779B1) & 0xFFFFFFFF)
             raw[:] = ((seed * np.uint32(2654435761)) >> 13).astype(cp.uint8).reshape(raw.shape)
     order = np.random.default_rng(1).permutation(blocks)[:evict].tolist()  # an LRU queue's order: scattered
     slots = list(range(evict))
