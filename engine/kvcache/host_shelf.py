@@ -6,11 +6,13 @@ values and the scales). The shelf keeps, for each pool array, chunks of CHUNK_SL
 same way, (layers, slots, *row), made when first used. Moving a run of consecutive blocks into a run of
 consecutive slots is then one strided copy: `layers` pieces of run x row bytes, a pitch apart on each side.
 
-On a GPU the copies are CuPy's, a run at a time, each waited for: only an eviction's runs of consecutive
-blocks gain on the earlier copy a block. Page-locked chunks and strided copies queued on the stream without
-waiting (a thousand evicted blocks, 8 GiB of the 8B model's rows, at the link's rate, where the copies a block
-to pageable memory held the engine 1.7-3.2 s: bench/HISTORY.md, nineteenth session) wait for their device
-check: tools/device/pending/01-host-shelf-async-copies.patch.
+On a GPU the chunks are page-locked and the copies are queued on the current stream without waiting: a
+thousand evicted blocks (8 GiB of the 8B model's rows) leave at the link's rate in one pass of the copy
+engine, behind the step that released them and ahead of the step that writes over them, where a copy a
+block to pageable memory, each waited for, held the engine ~3 s (bench/HISTORY.md, nineteenth session).
+Stream order keeps every byte right: a block's rows are copied out before the kernels that write its new
+rows, and a slot's rows are copied back before a later eviction writes over the slot. `rows` (tests,
+checks) waits for the copies first.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Sequence
 import numpy as np
 
 CHUNK_SLOTS = 64  # slots a chunk of host memory holds (512 MiB of the 8B model's f16 rows)
+MAX_PITCH = 2**31 - 1  # the widest pitch a strided copy takes (cudaDevAttrMaxPitch); past it, a copy a layer
 
 
 def runs(blocks: Sequence[int], slots: Sequence[int], chunk: int) -> list[tuple[int, int, int]]:
@@ -78,13 +81,29 @@ class HostShelf:
         return self.chunks[number]
 
     def _host(self, shape: tuple[int, ...], dtype) -> np.ndarray:
-        return np.zeros(shape, dtype)
+        if not self.on_gpu:
+            return np.zeros(shape, dtype)
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape))
+        memory = self.xp.cuda.alloc_pinned_memory(size * dtype.itemsize)
+        return np.frombuffer(memory, dtype, size).reshape(shape)  # (keeps `memory` alive: its base)
 
     def _copy(self, dst, d0: int, src, s0: int, n: int, to_host: bool) -> None:
-        """dst[:, d0:d0+n] = src[:, s0:s0+n], arrays (layers, count, *row), one on the host and one in the pool."""
+        """dst[:, d0:d0+n] = src[:, s0:s0+n], arrays (layers, count, *row): on a GPU one strided copy queued on
+        the current stream (a copy a layer where a pitch is too wide for one)."""
         if not self.on_gpu:
             dst[:, d0 : d0 + n] = src[:, s0 : s0 + n]
-        elif to_host:
-            dst[:, d0 : d0 + n] = self.xp.asnumpy(src[:, s0 : s0 + n])
-        else:
-            dst[:, d0 : d0 + n] = self.xp.asarray(np.ascontiguousarray(src[:, s0 : s0 + n]))
+            return
+        row = int(np.prod(dst.shape[2:])) * dst.dtype.itemsize  # bytes of one block's rows in one layer
+        dpitch, spitch, width = dst.shape[1] * row, src.shape[1] * row, n * row
+        dptr, sptr = self._address(dst) + d0 * row, self._address(src) + s0 * row
+        runtime, stream = self.xp.cuda.runtime, self.xp.cuda.get_current_stream().ptr
+        kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
+        if max(dpitch, spitch) <= MAX_PITCH:
+            runtime.memcpy2DAsync(dptr, dpitch, sptr, spitch, width, dst.shape[0], kind, stream)
+            return
+        for layer in range(dst.shape[0]):
+            runtime.memcpyAsync(dptr + layer * dpitch, sptr + layer * spitch, width, kind, stream)
+
+    def _address(self, array) -> int:
+        return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
