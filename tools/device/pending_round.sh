@@ -21,7 +21,7 @@
 #             joined at /tmp/q/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf): the four workloads, Strata off / ngram, and 16
 #             at once
 #   hol       B beside A's 46.9K read and 4 / 16 / 64 decoders through HTTP (issue 44's B: short reads first)
-#   hosttier  01-host-shelf-async-copies (issue 44): the shelf's every byte back and its copies' times
+#   hosttier  01-host-shelf-chunks-ahead (issue 44): the shelf's every byte back, its copies' and chunks' times
 #             (gpu_run.sh hosttier), the real engine's paged checks with an f16 and a q8_0 cache, then, traced, the
 #             defaults through HTTP (peers_strata: hol, clients, subagents x3; the 64 clients after the pool fills)
 #             with the server log kept
