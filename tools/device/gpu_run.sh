@@ -67,7 +67,8 @@
 #          -> $OUT/gpu_check_135m_shape.json (the real model's run is `real`, which needs its parts carried first)
 # bench    the same on the 8B F16 shape
 # synthq   the Llama-3-8B shape in Q4_K_M (Q4_K, with Q6_K for attn_v, ffn_down and the head)
-# benchq   bench/engine_bench.py on it, --weights quantized and kept (FORMS: e.g. "quantized kept fp16") -> $OUT/engine_gpu.json
+# benchq   bench/engine_bench.py on it, --weights quantized and kept (FORMS: e.g. "quantized kept fp16"), reads of SIZES
+#          (default 4096,16384) -> $OUT/engine_gpu.json
 # big      the Llama-3-70B shape in Q4_K_M (~45 GB, made in /tmp/m after the others are removed):
 #          load on one H200 and decode -> $OUT/engine_gpu.json
 # paged    the KV pool on the GPU, 135M shape: park/resume parity (tools/checks/prefill_preempt_test.py), a prefix
@@ -633,8 +634,9 @@ for step in "$@"; do
     synthq)
       synth_mq ;;
     benchq)
+      synth_mq
       for form in ${FORMS:-quantized kept}; do
-        python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
+        python3 bench/engine_bench.py --model $MQ --device gpu --chunk 2048 --sizes ${SIZES:-4096,16384} --repeats 3 \
           --decode-steps 64 --decode-contexts 512,16384 --profile-depth 14336 --weights $form \
           --label llama3-8b-shape-q4_k_m-$form --json "$OUT/engine_gpu.json" 2>&1 | quiet
       done ;;
