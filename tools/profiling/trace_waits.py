@@ -5,7 +5,10 @@ did between; and the gaps where the engine ran no step while requests waited.
     python tools/profiling/trace_waits.py SERVER_LOG[.gz] [--from ID] [--to ID] [--idle-ms 20]
 
 Prints one line per request (id, prompt tokens, engine wait to its first token, steps before it) and the idle
-gaps over --idle-ms with requests waiting, then the waits' median and largest.
+gaps over --idle-ms with requests waiting (the step that ran when the first GEN came included: a stall that began
+before it counts), then the waits' median and largest, counted from each GEN and from the first (a GEN is taken only
+between steps, so one that came during a stall is taken after it: counted from the first GEN, the waits match the
+clients' first tokens; bench/HISTORY.md, twenty-first session).
 """
 from __future__ import annotations
 
@@ -73,11 +76,20 @@ def main(argv=None) -> int:
               f"{(r['first'] - r['gen']) * 1000:8.1f} ms ({r['steps']} steps)")
     if found:
         lo, hi = min(r["gen"] for r in found), max(r["first"] for r in found)
-        for start, ms in idle_gaps([e for e in events if lo <= e["t"] <= hi], a.idle_ms):
+        for start, ms in idle_gaps(in_window(events, lo, hi), a.idle_ms):
             print(f"idle {ms:7.1f} ms from {start:9.3f}")
         ms = [(r["first"] - r["gen"]) * 1000 for r in found]
-        print(f"{len(ms)} requests: engine wait p50 {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms")
+        burst = [(r["first"] - lo) * 1000 for r in found]
+        print(f"{len(ms)} requests: engine wait p50 {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms; from the "
+              f"first GEN p50 {statistics.median(burst):.1f} ms, max {max(burst):.1f} ms")
     return 0
+
+
+def in_window(events: list[dict], lo: float, hi: float) -> list[dict]:
+    """The events between lo and hi, and the last step to end by lo (a gap from its end is the window's too)."""
+    end = lambda e: e["t"] + e["ms"] / 1000  # noqa: E731
+    before = [e for e in events if e["kind"] != "gen" and end(e) < lo]
+    return ([max(before, key=end)] if before else []) + [e for e in events if end(e) >= lo and e["t"] <= hi]
 
 
 if __name__ == "__main__":

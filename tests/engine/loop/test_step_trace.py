@@ -38,3 +38,21 @@ def test_trace_waits_reads_each_requests_wait_from_a_log(tmp_path):
     (wait,) = trace_waits.waits(events, 0, 10)
     assert wait["id"] == 5 and round((wait["first"] - wait["gen"]) * 1000) == 220 and wait["steps"] == 2
     assert [round(ms) for _, ms in trace_waits.idle_gaps(events, 20)] == [140]
+
+
+def test_trace_waits_counts_a_stall_that_began_before_the_first_gen(tmp_path, capsys):
+    """A step ends, the engine runs none for 500 ms, and the GENs of a burst are taken during that stall: the stall is
+    an idle gap of the burst's window (the step before its first GEN included), and the waits are counted from the
+    first GEN too."""
+    from tools.profiling import trace_waits
+
+    log = tmp_path / "server.log"
+    lines = [{"t": 0.9, "ms": 100.0, "kind": "prompt", "rows": 64, "reads": [[1, 0, 64]], "paused_ms": 0.0},
+             {"t": 1.001, "ms": 0.0, "kind": "gen", "id": 5, "tokens": 10},
+             {"t": 1.3, "ms": 0.0, "kind": "gen", "id": 6, "tokens": 10},
+             {"t": 1.5, "ms": 20.0, "kind": "prompt", "rows": 20, "reads": [[5, 0, 10], [6, 0, 10]], "paused_ms": 0.0}]
+    log.write_text("".join(f"strata-trace {json.dumps(e)}\n" for e in lines))
+    assert trace_waits.main([str(log), "--from", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "idle   500.0 ms from     1.000" in out
+    assert "engine wait p50 369.5 ms, max 519.0 ms; from the first GEN p50 519.0 ms, max 519.0 ms" in out
