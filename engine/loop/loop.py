@@ -11,6 +11,7 @@ EngineLoop only wires its parts and dispatches the lines, each part owning its s
   rounds.py         one round: a batched decode step, then prompt chunks; tokens drawn and written
   step_limits.py    what bounds the steps (the decoders' interval, a step's rows and time)
   ahead_captures.py the decode graphs an idle engine captures before their first use
+  ahead_copies.py   the host tier's copies an idle engine makes before an eviction needs them
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from protocol.codec import verb
 from engine.core.memory import out_of_memory
 from engine.loop.admission import Admission
 from engine.loop.ahead_captures import IDLE_S, AheadCaptures
+from engine.loop.ahead_copies import AheadCopies
 from engine.loop.memory import Memory
 from engine.loop.park_policy import ParkPolicy
 from engine.loop.parking import Parking
@@ -47,6 +49,7 @@ class EngineLoop:
                              self.inbox, self.control, limits)
         self.quitting = False  # QUIT: finish what runs, then exit
         self.ahead = AheadCaptures(runner)
+        self.copies = AheadCopies(runner.pool)
 
     def serve(self, stdin: TextIO) -> None:
         self.announce()
@@ -84,14 +87,21 @@ class EngineLoop:
                 raise SystemExit(m.OUT_OF_MEMORY) from None
 
     def take_lines(self, block: bool) -> None:
-        """Handle the lines that arrived; with block, wait for one first (the engine is idle), capturing decode
-        graphs ahead of their use while none comes."""
-        while block and self.ahead.pending():
+        """Handle the lines that arrived; with block, wait for one first (the engine is idle), doing the idle work
+        (idle_work) while none comes."""
+        while block and (work := self.idle_work()) is not None:
             self.inbox.take(self.control, block, IDLE_S)
             if self.busy or self.quitting or self.inbox.gone or not self.inbox.empty():
                 return
-            self.ahead.capture_one()
+            work()
         self.inbox.take(self.control, block)
+
+    def idle_work(self) -> Callable[[], None] | None:
+        """What an idle engine does next while no line comes: a decode graph captured ahead, else host-tier copies
+        made ahead; None when neither is left."""
+        if self.ahead.pending():
+            return self.ahead.capture_one
+        return self.copies.copy_some if self.copies.pending() else None
 
     def round(self) -> None:
         self.rounds.round()

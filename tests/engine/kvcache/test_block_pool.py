@@ -92,6 +92,10 @@ class PoolMachine(RuleBasedStateMachine):
         self.pool.release(table, kept=kept)  # kept: a session's blocks
         assert table == []
 
+    @rule(n=st.integers(0, 4))
+    def copy_ahead(self, n):  # (the engine's idle rounds)
+        self.pool.store_ahead(n)
+
     @invariant()
     def consistent(self):
         self.pool.check([t for t, _ in self.tables.values()])
@@ -101,6 +105,9 @@ class PoolMachine(RuleBasedStateMachine):
         for entry in self.pool.tier.entries.values():  # a host copy holds its own tokens' rows
             (rows,) = self.pool.tier.shelf.rows(entry.slot)
             assert tuple(int(t) for t in rows[0, 0, :, 0]) == entry.tokens
+        for key, slot in self.pool.tier.early.items():  # and a copy ahead its block's
+            (rows,) = self.pool.tier.shelf.rows(slot)
+            assert tuple(int(t) for t in rows[0, 0, :, 0]) == self.pool.blocks[self.pool.cached[key]].tokens
 
 
 TestPoolMachine = PoolMachine.TestCase
@@ -187,3 +194,43 @@ def test_an_evicted_prefix_comes_back_from_the_host_tier_by_copy():
     assert len(back) == 2 and pool.tier.loaded == 2 and len(pool.tier.entries) == 1
     assert [kv.tokens(i) for i in back] == [prompt[:4], prompt[4:8]]
     pool.check([back])
+
+
+def test_blocks_copied_ahead_are_evicted_without_a_copy_and_come_back_right():
+    kv = FakeRows(4)
+    pool = BlockPool(4, SIZE, kv.tier(4))
+    prompt = tuple(range(16))
+    table = pool.allocate(4)
+    kv.rows[0, table, 0, :, 0] = np.asarray(prompt).reshape(4, SIZE)
+    pool.register(table, prompt, 16)
+    pool.release(table)
+    assert pool.ahead_wanted() and pool.store_ahead(8) == 2  # half the tier at most: the two evicted first
+    assert not pool.ahead_wanted() and pool.tier.ahead == 2
+    copies = []
+    put = pool.tier.shelf.put
+    pool.tier.shelf.put = lambda slots, blocks: (copies.append(list(blocks)), put(slots, blocks))
+    other = pool.allocate(3)  # three evicted: the two copied ahead make their entries without a copy
+    assert copies == [[other[2]]] and pool.tier.stored == 3 and len(pool.tier.entries) == 3
+    kv.rows[0, other, 0, :, 0] = 7
+    pool.release(other)
+    pool.check([])
+    back = pool.lookup(prompt + (99,), 16)
+    assert [kv.tokens(i) for i in back] == [prompt[i * SIZE:(i + 1) * SIZE] for i in range(4)]
+
+
+def test_a_copy_ahead_whose_block_is_taken_again_gives_its_slot_up():
+    kv = FakeRows(4)
+    pool = BlockPool(4, SIZE, kv.tier(2))
+    prompt = tuple(range(8))
+    table = pool.allocate(2)
+    table_copy = list(table)
+    kv.rows[0, table, 0, :, 0] = np.asarray(prompt).reshape(2, SIZE)
+    pool.register(table, prompt, 8)
+    pool.release(table)
+    assert pool.store_ahead(2) == 1 and not pool.ahead_wanted()  # one slot of two: the later block (evicted first)
+    assert list(pool.tier.early) == [pool.blocks[table_copy[1]].key]
+    again = pool.lookup(prompt + (99,), 8)  # both taken again
+    pool.release(again[:1])  # the first idle again, the copied one still in use
+    assert pool.ahead_wanted() and pool.store_ahead(2) == 1  # the in-use block's copy let go, the idle one copied
+    assert list(pool.tier.early) == [pool.blocks[again[0]].key]
+    pool.check([again[1:]])
