@@ -102,30 +102,6 @@ class BlockPool:
             self._unregister(block)
         return taken
 
-    def store_ahead(self, n: int) -> int:
-        """Up to n of the cached blocks that would be evicted first, not yet copied, copied into the host tier now
-        (engine/kvcache/host_tier.py store_ahead: while the engine is idle). How many were copied."""
-        if self.tier is None:
-            return 0
-        in_use = [key for key in self.tier.early if self.blocks[self.cached[key]].refs > 0]
-        self.tier.drop_early(in_use)  # (taken again since: their slots go to the blocks evicted next)
-        order = (self.blocks[i] for i in (*self.idle, *self.kept))  # (eviction order)
-        candidates = []
-        for block in order:
-            if len(candidates) == n:
-                break
-            if block.key not in self.tier.early:
-                candidates.append(block)
-        return self.tier.store_ahead(candidates)
-
-    def ahead_wanted(self) -> bool:
-        """Whether store_ahead would copy anything: cached blocks not yet copied, and room for copies ahead."""
-        if self.tier is None:
-            return False
-        copied = sum(1 for key in self.tier.early if self.blocks[self.cached[key]].refs == 0)  # (the rest let go)
-        return copied < self.tier.capacity // 2 and any(self.blocks[i].key not in self.tier.early
-                                                         for i in (*self.idle, *self.kept))
-
     def grow(self, table: list[int], positions: int) -> None:
         """Extend `table` in place to cover `positions`; OutOfBlocks leaves it as it was."""
         need = self.blocks_for(positions) - len(table)

@@ -1,11 +1,13 @@
-"""The host tier's copies an idle engine makes before an eviction needs them (engine/kvcache/host_tier.py
-store_ahead): when no request is in the engine and no line has come for IDLE_S, the rows of the cached blocks the pool
-would evict first are copied out, BATCH blocks at a time, until half the tier holds such copies. A burst of new
+"""The host tier's copies an idle engine makes before an eviction needs them (engine/kvcache/copies_ahead.py): when
+no request is in the engine and no line has come for IDLE_S, the rows of the cached blocks the pool would evict first
+are copied out, BATCH blocks at a time, until half the tier holds such copies. A burst of new
 requests that then evicts them copies nothing on its way in (576 blocks of the 8B shape, 64 clients' prompts, took
 ~0.1 s of the copy engine ahead of their reads: bench/HISTORY.md, twenty-first session). A GEN that comes meanwhile
 waits for one batch's copies at most (on a GPU they are queued on the stream, ~11 ms for 64 blocks of the 8B shape).
 """
 from __future__ import annotations
+
+from engine.kvcache.copies_ahead import ahead_wanted, store_ahead
 
 BATCH = 64  # blocks copied ahead at a time
 
@@ -16,10 +18,10 @@ class AheadCopies:
         self.spent = None  # the pool's state when a batch last copied nothing: none is tried again until it changes
 
     def pending(self) -> bool:
-        return self.spent != self.state() and self.pool.ahead_wanted()
+        return self.spent != self.state() and ahead_wanted(self.pool)
 
     def copy_some(self) -> None:
-        self.spent = None if self.pool.store_ahead(BATCH) else self.state()
+        self.spent = None if store_ahead(self.pool, BATCH) else self.state()
 
     def state(self) -> tuple:
         tier = self.pool.tier

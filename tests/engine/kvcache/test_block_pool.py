@@ -12,6 +12,7 @@ import numpy as np
 
 from engine.kvcache.block_pool import BlockPool, OutOfBlocks, block_key
 from engine.kvcache.host_shelf import HostShelf
+from engine.kvcache.copies_ahead import ahead_wanted, store_ahead
 from engine.kvcache.host_tier import HostTier
 
 SIZE = 4
@@ -94,7 +95,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(0, 4))
     def copy_ahead(self, n):  # (the engine's idle rounds)
-        self.pool.store_ahead(n)
+        store_ahead(self.pool, n)
 
     @invariant()
     def consistent(self):
@@ -204,8 +205,8 @@ def test_blocks_copied_ahead_are_evicted_without_a_copy_and_come_back_right():
     kv.rows[0, table, 0, :, 0] = np.asarray(prompt).reshape(4, SIZE)
     pool.register(table, prompt, 16)
     pool.release(table)
-    assert pool.ahead_wanted() and pool.store_ahead(8) == 2  # half the tier at most: the two evicted first
-    assert not pool.ahead_wanted() and pool.tier.ahead == 2
+    assert ahead_wanted(pool) and store_ahead(pool, 8) == 2  # half the tier at most: the two evicted first
+    assert not ahead_wanted(pool) and pool.tier.ahead == 2
     copies = []
     put = pool.tier.shelf.put
     pool.tier.shelf.put = lambda slots, blocks: (copies.append(list(blocks)), put(slots, blocks))
@@ -227,10 +228,10 @@ def test_a_copy_ahead_whose_block_is_taken_again_gives_its_slot_up():
     kv.rows[0, table, 0, :, 0] = np.asarray(prompt).reshape(2, SIZE)
     pool.register(table, prompt, 8)
     pool.release(table)
-    assert pool.store_ahead(2) == 1 and not pool.ahead_wanted()  # one slot of two: the later block (evicted first)
+    assert store_ahead(pool, 2) == 1 and not ahead_wanted(pool)  # one slot of two: the later block (evicted first)
     assert list(pool.tier.early) == [pool.blocks[table_copy[1]].key]
     again = pool.lookup(prompt + (99,), 8)  # both taken again
     pool.release(again[:1])  # the first idle again, the copied one still in use
-    assert pool.ahead_wanted() and pool.store_ahead(2) == 1  # the in-use block's copy let go, the idle one copied
+    assert ahead_wanted(pool) and store_ahead(pool, 2) == 1  # the in-use block's copy let go, the idle one copied
     assert list(pool.tier.early) == [pool.blocks[again[0]].key]
     pool.check([again[1:]])
