@@ -179,14 +179,22 @@ def test_asking_more_than_the_pool_is_refused_whole():
     assert pool.available == 2
 
 
-def test_an_evicted_prefix_comes_back_from_the_host_tier_by_copy():
-    kv = FakeRows(3)
-    pool = BlockPool(3, SIZE, kv.tier(4))
-    prompt = tuple(range(12))
-    table = pool.allocate(3)
-    kv.rows[0, table, 0, :, 0] = np.asarray(prompt).reshape(3, SIZE)
-    pool.register(table, prompt, 12)
+def released_prompt(blocks: int, prompt_blocks: int, tier: int):
+    """A pool of `blocks` over a host tier of `tier` slots, a prompt of `prompt_blocks` whole blocks read, registered
+    and let go (cached, unreferenced): (its rows, the pool, the prompt, its blocks)."""
+    kv = FakeRows(blocks)
+    pool = BlockPool(blocks, SIZE, kv.tier(tier))
+    prompt = tuple(range(prompt_blocks * SIZE))
+    table = pool.allocate(prompt_blocks)
+    held = list(table)
+    kv.rows[0, table, 0, :, 0] = np.asarray(prompt).reshape(prompt_blocks, SIZE)
+    pool.register(table, prompt, len(prompt))
     pool.release(table)
+    return kv, pool, prompt, held
+
+
+def test_an_evicted_prefix_comes_back_from_the_host_tier_by_copy():
+    kv, pool, prompt, _ = released_prompt(3, 3, tier=4)
     other = pool.allocate(3)  # all three evicted into the tier, their rows overwritten next
     kv.rows[0, other, 0, :, 0] = 7
     assert pool.tier.stored == 3 and not pool.cached
@@ -198,13 +206,7 @@ def test_an_evicted_prefix_comes_back_from_the_host_tier_by_copy():
 
 
 def test_blocks_copied_ahead_are_evicted_without_a_copy_and_come_back_right():
-    kv = FakeRows(4)
-    pool = BlockPool(4, SIZE, kv.tier(4))
-    prompt = tuple(range(16))
-    table = pool.allocate(4)
-    kv.rows[0, table, 0, :, 0] = np.asarray(prompt).reshape(4, SIZE)
-    pool.register(table, prompt, 16)
-    pool.release(table)
+    kv, pool, prompt, _ = released_prompt(4, 4, tier=4)
     assert ahead_wanted(pool) and store_ahead(pool, 8) == 2  # half the tier at most: the two evicted first
     assert not ahead_wanted(pool) and pool.tier.ahead == 2
     copies = []
@@ -220,16 +222,9 @@ def test_blocks_copied_ahead_are_evicted_without_a_copy_and_come_back_right():
 
 
 def test_a_copy_ahead_whose_block_is_taken_again_gives_its_slot_up():
-    kv = FakeRows(4)
-    pool = BlockPool(4, SIZE, kv.tier(2))
-    prompt = tuple(range(8))
-    table = pool.allocate(2)
-    table_copy = list(table)
-    kv.rows[0, table, 0, :, 0] = np.asarray(prompt).reshape(2, SIZE)
-    pool.register(table, prompt, 8)
-    pool.release(table)
+    _, pool, prompt, table = released_prompt(4, 2, tier=2)
     assert store_ahead(pool, 2) == 1 and not ahead_wanted(pool)  # one slot of two: the later block (evicted first)
-    assert list(pool.tier.early) == [pool.blocks[table_copy[1]].key]
+    assert list(pool.tier.early) == [pool.blocks[table[1]].key]
     again = pool.lookup(prompt + (99,), 8)  # both taken again
     pool.release(again[:1])  # the first idle again, the copied one still in use
     assert ahead_wanted(pool) and store_ahead(pool, 2) == 1  # the in-use block's copy let go, the idle one copied
