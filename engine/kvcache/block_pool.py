@@ -236,4 +236,4 @@ class BlockPool:
             slots = [entry.slot for entry in self.tier.entries.values()] + self.tier.free  # (none taken between calls)
             slots += list(self.tier.early.values())  # (copies ahead: of blocks still cached here)
             assert sorted(slots) == list(range(self.tier.capacity))
-            assert set(self.tier.early) <= set(self.cached) and len(self.tier.early) <= self.tier.capacity // 2
+            assert set(self.tier.early) <= set(self.cached) and len(self.tier.early) <= self.tier.ahead_limit

@@ -55,54 +55,66 @@ class HostTier:
         self.stored = self.loaded = self.dropped = 0  # blocks: copied out, copied back, let go for room
         self.ahead = 0  # of the stored, those copied ahead of their eviction
 
+    @property
+    def ahead_limit(self) -> int:
+        """Copies ahead the tier holds at most: half its slots (the rest are for blocks already evicted)."""
+        return self.capacity // 2
+
     def store(self, blocks) -> None:
         """Evicted pool blocks (engine/kvcache/block_pool.py Block: index, key, tokens, parent still set) copied
         out, all in one go, before their rows are reused; the oldest entries make room. Slots taken with
-        their entries and not yet copied back are not room."""
-        blocks, made = list(blocks), set()
-        for block in [b for b in blocks if b.key in self.early]:  # copied ahead: an entry now, no copy
-            self.entries[block.key] = HostBlock(block.tokens, block.parent, self.early.pop(block.key))
-            made.add(block.key)
-            self.stored += 1
-        blocks = [b for b in blocks if b.key not in made]
-        room = len(self.free) + len(self.entries)
-        blocks = blocks[-room:] if room else []
-        slots = []
+        their entries and not yet copied back are not room. A block copied ahead becomes its entry without a copy."""
+        rest = []
         for block in blocks:
+            slot = self.early.pop(block.key, None)
+            if slot is None:
+                rest.append(block)
+            else:
+                self.entries[block.key] = HostBlock(block.tokens, block.parent, slot)
+                self.stored += 1
+        room = len(self.free) + len(self.entries)
+        rest = rest[-room:] if room else []
+        slots = []
+        for block in rest:
             old = self.entries.pop(block.key, None)
             if old is not None:
                 self.free.append(old.slot)
-            elif not self.free:
-                self.free.append(self.entries.popitem(last=False)[1].slot)
-                self.dropped += 1
-            slot = self.free.pop()
-            self.entries[block.key] = HostBlock(block.tokens, block.parent, slot)
-            slots.append(slot)
-        if blocks:
-            self.shelf.put(slots, [block.index for block in blocks])
-        self.stored += len(blocks)
+            slots.append(self._take_slot())
+            self.entries[block.key] = HostBlock(block.tokens, block.parent, slots[-1])
+        self._copy_out(slots, rest)
+        self.stored += len(rest)
 
     def store_ahead(self, blocks) -> int:
         """Cached pool blocks (least recently used first) copied out before their eviction, while they are still the
-        pool's (their rows final): as many as keep the copies ahead within half the slots, the oldest entries making
-        room. How many were copied."""
-        limit = self.capacity // 2
-        blocks = [b for b in blocks if b.key not in self.early][: max(0, limit - len(self.early))]
-        slots = []
-        for _ in blocks:
-            if not self.free:
-                if not self.entries:
-                    break
-                self.free.append(self.entries.popitem(last=False)[1].slot)
-                self.dropped += 1
-            slots.append(self.free.pop())
-        blocks = blocks[: len(slots)]
-        for block, slot in zip(blocks, slots):
+        pool's (their rows final), up to ahead_limit copies ahead, the oldest entries making room. How many."""
+        slots, taken = [], []
+        for block in blocks:
+            if len(self.early) >= self.ahead_limit:
+                break
+            if block.key in self.early:
+                continue
+            slot = self._take_slot()
+            if slot is None:
+                break
             self.early[block.key] = slot
+            slots.append(slot)
+            taken.append(block)
+        self._copy_out(slots, taken)
+        self.ahead += len(taken)
+        return len(taken)
+
+    def _take_slot(self) -> int | None:
+        """A free slot, the oldest entry dropped for it if none is (None when no entry is left either)."""
+        if not self.free:
+            if not self.entries:
+                return None
+            self.free.append(self.entries.popitem(last=False)[1].slot)
+            self.dropped += 1
+        return self.free.pop()
+
+    def _copy_out(self, slots: list[int], blocks: list) -> None:
         if blocks:
             self.shelf.put(slots, [block.index for block in blocks])
-            self.ahead += len(blocks)
-        return len(blocks)
 
     def drop_early(self, keys) -> None:
         """These copies ahead let go (their blocks were taken again), their slots free."""
