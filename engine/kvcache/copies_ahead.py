@@ -4,12 +4,14 @@ its sessions' kept one), not yet copied; a copy ahead whose block has been taken
 the blocks evicted next."""
 from __future__ import annotations
 
+from itertools import islice
 from typing import Iterator
 
 
-def evicted_first(pool) -> Iterator:
-    """The pool's unreferenced cached blocks in the order it evicts them (engine/kvcache/block_pool.py allocate)."""
-    return (pool.blocks[i] for i in (*pool.idle, *pool.kept))
+def not_copied(pool) -> Iterator:
+    """The pool's unreferenced cached blocks in the order it evicts them (engine/kvcache/block_pool.py allocate: its
+    idle queue, then its sessions' kept one), those with a copy ahead left out."""
+    return (block for block in (pool.blocks[i] for i in (*pool.idle, *pool.kept)) if block.key not in pool.tier.early)
 
 
 def in_use(pool, key: bytes) -> bool:
@@ -18,24 +20,17 @@ def in_use(pool, key: bytes) -> bool:
 
 def store_ahead(pool, n: int) -> int:
     """Up to n of the blocks evicted first, not yet copied, copied into the pool's host tier now. How many."""
-    tier = pool.tier
-    if tier is None:
+    if pool.tier is None:
         return 0
-    tier.drop_early([key for key in tier.early if in_use(pool, key)])
-    candidates = []
-    for block in evicted_first(pool):
-        if len(candidates) == n:
-            break
-        if block.key not in tier.early:
-            candidates.append(block)
-    return tier.store_ahead(candidates)
+    pool.tier.drop_early([key for key in pool.tier.early if in_use(pool, key)])
+    return pool.tier.store_ahead(islice(not_copied(pool), n))
 
 
 def ahead_wanted(pool) -> bool:
-    """Whether store_ahead would copy anything: blocks not yet copied, and room for copies ahead (those of blocks
-    taken again are let go)."""
+    """Whether store_ahead would copy anything: a block not yet copied, and room for a copy ahead (those of blocks
+    taken again are let go first)."""
     tier = pool.tier
     if tier is None:
         return False
-    copied = sum(1 for key in tier.early if not in_use(pool, key))
-    return copied < tier.capacity // 2 and any(block.key not in tier.early for block in evicted_first(pool))
+    idle_copies = sum(1 for key in tier.early if not in_use(pool, key))
+    return idle_copies < tier.ahead_limit and next(not_copied(pool), None) is not None

@@ -15,14 +15,9 @@ BATCH = 64  # blocks copied ahead at a time
 class AheadCopies:
     def __init__(self, pool):
         self.pool = pool  # engine/kvcache/block_pool.py BlockPool
-        self.spent = None  # the pool's state when a batch last copied nothing: none is tried again until it changes
 
-    def pending(self) -> bool:
-        return self.spent != self.state() and ahead_wanted(self.pool)
+    def pending(self) -> bool:  # (then a batch copies at least one block: ahead_wanted counts the room it makes)
+        return ahead_wanted(self.pool)
 
     def copy_some(self) -> None:
-        self.spent = None if store_ahead(self.pool, BATCH) else self.state()
-
-    def state(self) -> tuple:
-        tier = self.pool.tier
-        return (len(self.pool.idle), len(self.pool.kept), self.pool.evictions, len(tier.early) if tier else 0)
+        store_ahead(self.pool, BATCH)
