@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.modelfile.token_segments import TooManyTokens
 from serve.api.errors import APIError
 from serve.api.prompt_fit import PromptFit
+from serve.api.prompt_tokens import check_ids
 
 MAX_INPUTS = 2048  # inputs one request may hold (OpenAI's limit)
 
@@ -60,10 +61,10 @@ def input_tokens(state, fit: PromptFit, body: EmbeddingRequest) -> list[list[int
                 item = tokenizer.encode(item, limit=ctx - 1 - len(eos)) + eos
             except TooManyTokens as e:
                 raise too_long(e.tokens + len(eos), ctx, i) from None
+        else:
+            check_ids(item, tokenizer.vocab_size, f"input {i}:", param="input")
         if len(item) >= ctx:
             raise too_long(len(item), ctx, i)
-        if any(t < 0 or t >= tokenizer.vocab_size for t in item):
-            raise APIError(400, f"input {i}: token ids must be within the vocabulary", param="input")
         out.append(item)
     return out
 
