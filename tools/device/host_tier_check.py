@@ -71,7 +71,8 @@ def check(kv_type: str, blocks: int, evict: int, repeats: int) -> dict:
     equal = all(np.array_equal(cp.asnumpy(part[:, target]).view(np.uint8), rows) for part, rows in zip(parts, expect))
     gib = evict * kv.block_bytes / 2**30
     out = {"kv_type": kv_type, "blocks": evict, "gib": round(gib, 3), "equal": equal,
-           "shelf_first_s": round(first, 4), "made_ahead_s": made_ahead and round(made_ahead, 3), "shelf_s": round(statistics.median(again), 4),
+           "shelf_first_s": round(first, 4), "made_ahead_s": made_ahead and round(made_ahead, 3),
+           "shelf_s": round(statistics.median(again), 4),
            "shelf_sorted_s": round(statistics.median(runs), 4), "back_s": round(back, 4),
            "per_block_s": round(statistics.median(per_block), 4),
            "shelf_gib_s": round(gib / statistics.median(again), 1),

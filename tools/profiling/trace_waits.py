@@ -29,6 +29,11 @@ def lines(path: str):
                     continue
 
 
+def ends(e: dict) -> float:
+    """When a traced step ended (its start and its milliseconds)."""
+    return e["t"] + e["ms"] / 1000
+
+
 def waits(events: list[dict], first: int, last: int) -> list[dict]:
     """Per request in [first, last]: gen time, tokens, the end of the step that read its last row."""
     out: dict[int, dict] = {}
@@ -36,7 +41,7 @@ def waits(events: list[dict], first: int, last: int) -> list[dict]:
         if e["kind"] == "gen" and first <= e.get("id", -1) <= last:
             out[e["id"]] = {"id": e["id"], "tokens": e.get("tokens"), "gen": e["t"], "steps": 0}
         elif e["kind"] == "prompt":
-            end = e["t"] + e["ms"] / 1000
+            end = ends(e)
             for rid, start, stop in e.get("reads", []):
                 r = out.get(rid)
                 if r is not None and "first" not in r and stop >= (r["tokens"] or 0):
@@ -58,7 +63,7 @@ def idle_gaps(events: list[dict], min_ms: float) -> list[tuple[float, float]]:
     for e in steps:
         if end is not None and (e["t"] - end) * 1000 >= min_ms:
             out.append((end, (e["t"] - end) * 1000))
-        end = max(end or 0.0, e["t"] + e["ms"] / 1000)
+        end = max(end or 0.0, ends(e))
     return out
 
 
@@ -87,9 +92,8 @@ def main(argv=None) -> int:
 
 def in_window(events: list[dict], lo: float, hi: float) -> list[dict]:
     """The events between lo and hi, and the last step to end by lo (a gap from its end is the window's too)."""
-    end = lambda e: e["t"] + e["ms"] / 1000  # noqa: E731
-    before = [e for e in events if e["kind"] != "gen" and end(e) < lo]
-    return ([max(before, key=end)] if before else []) + [e for e in events if end(e) >= lo and e["t"] <= hi]
+    before = [e for e in events if e["kind"] != "gen" and ends(e) < lo]
+    return ([max(before, key=ends)] if before else []) + [e for e in events if ends(e) >= lo and e["t"] <= hi]
 
 
 if __name__ == "__main__":
