@@ -1,5 +1,6 @@
 """The real runner over a tiny qwen3next file on the CPU, for tests that drive the engine's loop in process: its
-rows are the same in any step there (shape_free), so its reads share steps and answers are read again."""
+rows are the same in any step there (shape_free), so its reads share steps and answers are read again; and the same
+over a small synthetic model of the default model's type (small_runner), whose reads end anywhere."""
 import subprocess
 import sys
 
@@ -18,6 +19,22 @@ def hybrid_runner(folder, max_running: int) -> ModelRunner:
     backend = cpu_backend()
     cfg, weights, _ = load_model(str(path), backend)
     runner = ModelRunner(cfg, weights, backend, ctx=1024, chunk=CHUNK, eos_ids=frozenset(), max_running=max_running)
+    runner.warm_up()
+    assert runner.shape_free
+    return runner
+
+
+SMALL_BLOCK, SMALL_CHUNK = 16, 64  # small_runner's KV block and prompt chunk, in positions
+
+
+def small_runner(path: str, blocks: int, **extra) -> ModelRunner:
+    """A warmed-up runner of the small Q4_1 file at `path` (tests/engine/conftest.py small_q4_1): a 256-token
+    context, chunks of SMALL_CHUNK, blocks of SMALL_BLOCK, `blocks` of them, four requests at once; extra: ModelRunner's other
+    arguments."""
+    backend = cpu_backend()
+    cfg, weights, _ = load_model(path, backend)
+    runner = ModelRunner(cfg, weights, backend, ctx=256, chunk=SMALL_CHUNK, eos_ids=frozenset(), max_running=4,
+                         block_size=SMALL_BLOCK, blocks=blocks, **extra)
     runner.warm_up()
     assert runner.shape_free
     return runner

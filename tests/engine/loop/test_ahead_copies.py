@@ -7,13 +7,10 @@ import pytest
 
 from engine.loop.loop import EngineLoop
 from engine.loop.park_policy import ParkPolicy
-from engine.model.weights import load_model
-from engine.ops.backend import cpu_backend
-from engine.runner.runner import ModelRunner
 from protocol import messages as m
-from tests.engine.loop.hybrid_runner import serve_until_idle, tokens
+from tests.engine.loop.hybrid_runner import SMALL_BLOCK, serve_until_idle, small_runner, tokens
 
-BLOCK = 16
+BLOCK = SMALL_BLOCK
 GREEDY = {"temperature": 0.0, "seed": 0}
 A = tuple(range(300, 364))  # four blocks
 B = tuple(range(1000, 1000 + 15 * BLOCK))  # with its answer's, the pool's sixteen blocks: A's four evicted
@@ -21,11 +18,7 @@ B = tuple(range(1000, 1000 + 15 * BLOCK))  # with its answer's, the pool's sixte
 
 @pytest.fixture(scope="module")
 def runner(small_q4_1):
-    cfg, weights, _ = load_model(small_q4_1, cpu_backend())
-    runner = ModelRunner(cfg, weights, cpu_backend(), ctx=256, chunk=64, eos_ids=frozenset(), max_running=4,
-                         block_size=BLOCK, blocks=16, cache_ram_bytes=1 << 30)
-    runner.warm_up()
-    return runner
+    return small_runner(small_q4_1, blocks=16, cache_ram_bytes=1 << 30)
 
 
 def test_an_idle_engine_copies_its_cached_blocks_out_and_an_eviction_then_copies_nothing(runner):

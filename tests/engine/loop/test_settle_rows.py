@@ -1,20 +1,17 @@
 """Answers read again for the prefix cache take at most a few rows of a step (engine/loop/step_plan.py SETTLE_ROWS):
 a request that comes while they are read waits for a step that small at most, its own steps carry no more of
-them, and a long read is never held back a step for them as for a short request. The engine's loop in this process over the real runner and a small synthetic model of the default model's
-type (its rows the same in any step on the CPU, so answers are read again and reads share steps); the newcomer's GEN
-put in as the answers end."""
+them, and a long read is never held back a step for them as for a short request. The engine's loop in this process
+over the real runner and a small synthetic model of the default model's type (its rows the same in any step on the
+CPU, so answers are read again and reads share steps); the newcomer's GEN put in as the answers end."""
 
 import pytest
 
 from engine.loop.loop import EngineLoop
 from engine.loop.park_policy import ParkPolicy
-from engine.model.weights import load_model
-from engine.ops.backend import cpu_backend
-from engine.runner.runner import ModelRunner
 from protocol import messages as m
-from tests.engine.loop.hybrid_runner import tokens
+from tests.engine.loop.hybrid_runner import SMALL_CHUNK, small_runner, tokens
 
-BLOCK, CHUNK, CAP = 16, 64, 16
+CHUNK, CAP = SMALL_CHUNK, 16
 GREEDY = {"temperature": 0.0, "seed": 0}
 # two requests whose answers (their whole blocks: 48 rows past each 16-token prompt) are read again together, and a
 # newcomer of three chunks
@@ -24,12 +21,7 @@ B = m.Gen(4, tuple(range(900, 900 + 3 * CHUNK)), {**GREEDY, "reuse": 0}, 2)
 
 @pytest.fixture(scope="module")
 def runner(small_q4_1):
-    cfg, weights, _ = load_model(small_q4_1, cpu_backend())
-    runner = ModelRunner(cfg, weights, cpu_backend(), ctx=256, chunk=CHUNK, eos_ids=frozenset(), max_running=4,
-                         block_size=BLOCK, blocks=64)  # (room for all: no answer's read let go for the newcomer)
-    runner.warm_up()
-    assert runner.shape_free
-    return runner
+    return small_runner(small_q4_1, blocks=64)  # (room for all: no answer's read let go for the newcomer)
 
 
 def serve(runner, settle_rows: int) -> tuple[list, list]:
