@@ -13,9 +13,17 @@ block to pageable memory, each waited for, held the engine ~3 s (bench/HISTORY.m
 Stream order keeps every byte right: a block's rows are copied out before the kernels that write its new
 rows, and a slot's rows are copied back before a later eviction writes over the slot. `rows` (tests,
 checks) waits for the copies first.
+
+Page-locking is itself slow (~0.34 s a GiB on the H100's host): a chunk made when an eviction first needed it
+held the engine ~165 ms for every 64 slots, 2.8 s in all when 64 clients' admission first overflowed a full pool
+(bench/HISTORY.md, twenty-first session). On a GPU the runner therefore has the chunks made ahead
+(`make_ahead`), in a thread of their own from the start, in the order the tier takes slots (0 first); a chunk
+needed before the thread reached it is waited for, one the thread never made (it failed) is made on the spot.
 """
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -43,6 +51,37 @@ class HostShelf:
         """pools: the pool's arrays, each (layers, blocks, *row), contiguous; capacity: slots (blocks) it holds."""
         self.pools, self.capacity, self.xp, self.chunk = list(pools), capacity, xp, chunk
         self.chunks: dict[int, list[np.ndarray]] = {}  # chunk number -> per pool array (layers, chunk, *row)
+        self.made = threading.Condition()  # guards `chunks` while a maker thread adds to them
+        self.maker: threading.Thread | None = None
+        self.maker_done = False  # the maker thread has ended (every chunk made, or it failed)
+
+    def make_ahead(self) -> None:
+        """Make every chunk now, in a thread of its own (see the module's note), so that no eviction waits for
+        memory to be page-locked."""
+        if self.maker is None and self.capacity:
+            device = self.xp.cuda.Device().id if self.on_gpu else None  # (a new thread's current device is 0)
+            self.maker = threading.Thread(target=self._make_all, args=(device,), name="host-shelf", daemon=True)
+            self.maker.start()
+
+    def _make_all(self, device: int | None) -> None:
+        try:
+            if device is not None:
+                self.xp.cuda.Device(device).use()
+            for number in range(-(-self.capacity // self.chunk)):
+                with self.made:
+                    if number in self.chunks:
+                        continue
+                parts = self._make(number)  # (the slow part, with `chunks` free to read meanwhile)
+                with self.made:
+                    self.chunks.setdefault(number, parts)
+                    self.made.notify_all()
+        except Exception as e:  # a chunk not made here is made where it is first needed
+            print(f"strata: the host tier's memory could not be made ahead ({type(e).__name__}: {e}); "
+                  "the rest is made as it is first used", file=sys.stderr, flush=True)
+        finally:
+            with self.made:
+                self.maker_done = True
+                self.made.notify_all()
 
     @property
     def on_gpu(self) -> bool:
@@ -50,8 +89,9 @@ class HostShelf:
 
     @property
     def nbytes(self) -> int:
-        """Host memory the shelf holds now (its chunks are made as slots are first used)."""
-        return sum(part.nbytes for parts in self.chunks.values() for part in parts)
+        """Host memory the shelf holds now (its chunks are made as slots are first used, or ahead)."""
+        with self.made:
+            return sum(part.nbytes for parts in self.chunks.values() for part in parts)
 
     def put(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
         """The rows of these pool blocks into these slots, slots[i] <- blocks[i]."""
@@ -75,10 +115,15 @@ class HostShelf:
         if not 0 <= slot < self.capacity:
             raise IndexError(f"slot {slot} of a shelf of {self.capacity}")
         number = slot // self.chunk
-        if number not in self.chunks:
-            self.chunks[number] = [self._host((pool.shape[0], self.chunk, *pool.shape[2:]), pool.dtype)
-                                   for pool in self.pools]
-        return self.chunks[number]
+        with self.made:
+            while number not in self.chunks and self.maker is not None and not self.maker_done:
+                self.made.wait()  # the maker, going in order, gets to it
+            if number not in self.chunks:
+                self.chunks[number] = self._make(number)
+            return self.chunks[number]
+
+    def _make(self, number: int) -> list[np.ndarray]:
+        return [self._host((pool.shape[0], self.chunk, *pool.shape[2:]), pool.dtype) for pool in self.pools]
 
     def _host(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         if not self.on_gpu:

@@ -37,6 +37,8 @@ class Shelf(Protocol):
 
     def get(self, slots: Sequence[int], blocks: Sequence[int]) -> None: ...  # slots' rows into pool blocks
 
+    def make_ahead(self) -> None: ...  # its memory made now, in the background, before a store needs it
+
 
 class HostTier:
     @classmethod

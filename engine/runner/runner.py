@@ -54,6 +54,8 @@ class ModelRunner:
         # (with decode graphs a spare block past the pool for the padding rows of a graph's batch to write in)
         self.kv = KVCache(cfg, ctx, backend, block_size, blocks, kv_type, spare=int(graphs))
         tier = HostTier.sized(cache_ram_bytes, self.kv.block_bytes, self.kv.shelf)
+        if tier is not None and gpu:  # page-locked in a thread of its own before an eviction needs it (host_shelf.py)
+            tier.shelf.make_ahead()
         self.pool = BlockPool(self.kv.usable, block_size, tier)
         self.state_cache = StateCache(block_size) if self.recurrent is not None else None  # a hybrid's, at prefixes
         self.decoder = GraphDecoder(self.model, self.kv, backend, self.kv.usable,

@@ -1,6 +1,10 @@
 """The host tier's shelf (engine/kvcache/host_shelf.py): pool blocks copied into slots and back in runs, every
-row in its place whatever the order of blocks and slots, chunks made only as slots are used; and a q8_0
-pool's shelf carries both of its parts."""
+row in its place whatever the order of blocks and slots, chunks made only as slots are used, or ahead by a thread
+of their own (each made once, a chunk needed first waited for, one the thread failed to make made where needed);
+and a q8_0 pool's shelf carries both of its parts."""
+import threading
+import time
+
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
@@ -50,6 +54,45 @@ def test_chunks_are_made_as_slots_are_first_used():
     assert shelf.nbytes == keys[:, :4].nbytes  # one chunk of four slots
     shelf.put([0, 11], [1, 2])
     assert shelf.nbytes == 3 * keys[:, :4].nbytes
+
+
+class SlowShelf(HostShelf):
+    """Chunks that take a while to make (as page-locking does), counted; the maker thread fails at `fail_at`."""
+
+    def __init__(self, *args, fail_at: int | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.calls: list[str] = []
+        self.fail_at = fail_at
+
+    def _host(self, shape, dtype):
+        maker = threading.current_thread() is self.maker
+        if maker and len(self.calls) == self.fail_at:
+            raise MemoryError("no page-locked memory left")
+        self.calls.append("maker" if maker else "caller")
+        time.sleep(0.02)
+        return super()._host(shape, dtype)
+
+
+def test_chunks_made_ahead_are_made_once_and_a_chunk_needed_first_is_waited_for():
+    keys = pool(4)
+    shelf = SlowShelf([keys], capacity=12, chunk=4)
+    shelf.make_ahead()
+    shelf.put([11], [3])  # the last chunk, needed before the thread has made it: waited for, not made here too
+    assert (shelf.rows(11)[0] == keys[:, 3]).all()
+    shelf.maker.join(5)
+    assert shelf.calls == ["maker"] * 3 and shelf.nbytes == 3 * keys[:, :4].nbytes
+
+
+def test_a_chunk_the_maker_failed_to_make_is_made_where_it_is_needed(capsys):
+    keys = pool(5)
+    shelf = SlowShelf([keys], capacity=12, chunk=4, fail_at=1)
+    shelf.make_ahead()
+    shelf.maker.join(5)
+    assert "could not be made ahead (MemoryError" in capsys.readouterr().err
+    shelf.put([0, 5, 9], [1, 2, 3])
+    assert shelf.calls == ["maker", "caller", "caller"]
+    for slot, block in ((0, 1), (5, 2), (9, 3)):
+        assert (shelf.rows(slot)[0] == keys[:, block]).all()
 
 
 def test_a_q8_0_pools_shelf_carries_values_and_scales(loaded):
