@@ -336,13 +336,22 @@ def clients_run(url: str, a: argparse.Namespace, rep: int) -> dict:
     decode_window = max(r["last"] for r in ok) - min(r["first"] for r in ok) if ok else 0
     rates = [(completion_tokens(r) - 1) / (r["last"] - r["first"]) for r in ok if r["last"] > r["first"]]
     decoded = sum(completion_tokens(r) - 1 for r in ok)  # the tokens after each one's first
+    server = [r["timings"]["ttft_ms"] / 1000 for r in ok if (r["timings"] or {}).get("ttft_ms") is not None]
+    slowest = max(ok, key=lambda r: r["first"] - r["sent"]) if ok else None
+    sent = min(r["sent"] for r in rs)
     return {"clients": a.clients, "answered": len(ok), "errors": sorted({r["error"] for r in rs if r["error"]}),
             "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "ttft_max_s": pct(ttft, 100),
             "completion_tokens": sum(tokens), "completion_tokens_min": min(tokens), "wall_s": round(wall, 3),
             "aggregate_tok_s": round(sum(tokens) / wall, 1),
             "decode_tok_s": round(decoded / decode_window, 1) if decode_window else None,
             "per_client_decode_tok_s_p50": pct(rates, 50),
-            "prompt_tokens_p50": pct([(r["usage"] or {}).get("prompt_tokens", 0) for r in rs], 50)}
+            "prompt_tokens_p50": pct([(r["usage"] or {}).get("prompt_tokens", 0) for r in rs], 50),
+            # where the slowest first token's time went: the server's own count (from its request made, after the
+            # HTTP parse and the tokenizer, where it says: Strata's timings.ttft_ms) and when the client sent it
+            "server_ttft_p99_s": pct(server, 99), "sent_spread_s": round(max(r["sent"] for r in rs) - sent, 3),
+            "slowest": slowest and {"ttft_s": round(slowest["first"] - slowest["sent"], 3),
+                                    "sent_after_s": round(slowest["sent"] - sent, 3),
+                                    "server_ttft_s": round(((slowest["timings"] or {}).get("ttft_ms") or 0) / 1000, 3) or None}}
 
 
 def repeated(name: str, run, a: argparse.Namespace, log, settings: dict, shown=lambda r: r) -> dict:
