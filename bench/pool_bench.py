@@ -324,6 +324,12 @@ def case_hol(url: str, a: argparse.Namespace, log, out: dict, save) -> dict:
 
 # ---------------------------------------------------------------- clients: many at once
 
+def server_ttft(r: dict) -> float | None:
+    """The server's own time to the first token (s), where its timings say (Strata's ttft_ms)."""
+    ms = (r["timings"] or {}).get("ttft_ms")
+    return None if ms is None else round(ms / 1000, 3)
+
+
 def clients_run(url: str, a: argparse.Namespace, rep: int) -> dict:
     rng = np.random.default_rng(1000 + rep)
     prompts = [f"Client {i} of run {rep}. " + words(rng, a.client_words) for i in range(a.clients)]
@@ -336,7 +342,7 @@ def clients_run(url: str, a: argparse.Namespace, rep: int) -> dict:
     decode_window = max(r["last"] for r in ok) - min(r["first"] for r in ok) if ok else 0
     rates = [(completion_tokens(r) - 1) / (r["last"] - r["first"]) for r in ok if r["last"] > r["first"]]
     decoded = sum(completion_tokens(r) - 1 for r in ok)  # the tokens after each one's first
-    server = [r["timings"]["ttft_ms"] / 1000 for r in ok if (r["timings"] or {}).get("ttft_ms") is not None]
+    server = [t for t in map(server_ttft, ok) if t is not None]
     slowest = max(ok, key=lambda r: r["first"] - r["sent"]) if ok else None
     sent = min(r["sent"] for r in rs)
     return {"clients": a.clients, "answered": len(ok), "errors": sorted({r["error"] for r in rs if r["error"]}),
@@ -351,7 +357,7 @@ def clients_run(url: str, a: argparse.Namespace, rep: int) -> dict:
             "server_ttft_p99_s": pct(server, 99), "sent_spread_s": round(max(r["sent"] for r in rs) - sent, 3),
             "slowest": slowest and {"ttft_s": round(slowest["first"] - slowest["sent"], 3),
                                     "sent_after_s": round(slowest["sent"] - sent, 3),
-                                    "server_ttft_s": round(((slowest["timings"] or {}).get("ttft_ms") or 0) / 1000, 3) or None}}
+                                    "server_ttft_s": server_ttft(slowest)}}
 
 
 def repeated(name: str, run, a: argparse.Namespace, log, settings: dict, shown=lambda r: r) -> dict:
