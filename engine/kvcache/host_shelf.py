@@ -19,6 +19,15 @@ held the engine ~165 ms for every 64 slots, 2.8 s in all when 64 clients' admiss
 (bench/HISTORY.md, twenty-first session). On a GPU the runner therefore has the chunks made ahead
 (`make_ahead`), in a thread of their own from the start, in the order the tier takes slots (0 first); a chunk
 needed before the thread reached it is waited for, one the thread never made (it failed) is made on the spot.
+
+Copies ahead (`put_ahead`: the rows of cached blocks the pool will evict next, engine/kvcache/host_tier.py
+store_ahead) go on a stream of the shelf's own, behind what the current stream had queued (their rows are final
+there), so that the copy engine moves them while the steps run: queued on the steps' stream, 576 blocks evicted by
+64 clients' admission held the engine ~90 ms ahead of their reads (bench/HISTORY.md, twenty-second session). A batch
+of them still on its way is waited for by the current stream only where it must be (`fence`): before a copy into
+or out of one of its slots (put, get) and before one of its blocks, evicted, is written over (the tier's store).
+Batches land in order, so waiting for the latest such batch waits for those before it; one that has landed costs
+nothing. (The decode graphs' stream starts each step after the current stream's work: engine/runner/decode_graph.py.)
 """
 from __future__ import annotations
 
@@ -54,6 +63,10 @@ class HostShelf:
         self.made = threading.Condition()  # guards `chunks` while a maker thread adds to them
         self.maker: threading.Thread | None = None
         self.maker_done = False  # the maker thread has ended (every chunk made, or it failed)
+        self.side = None  # (GPU) the copies ahead's stream, made when first used
+        self.in_flight: list[tuple[object, set[int], set[int]]] = []  # (GPU) batches of copies ahead the current
+        # stream has not waited for, oldest first: (the event after it, its slots, its blocks)
+        self.copies_beside_steps = self.on_gpu  # copies ahead run beside the steps (the copy engine), not in their time
 
     def make_ahead(self) -> None:
         """Make every chunk now, in a thread of its own (see the module's note), so that no eviction waits for
@@ -93,14 +106,47 @@ class HostShelf:
         with self.made:
             return sum(part.nbytes for parts in self.chunks.values() for part in parts)
 
+    @property
+    def copying(self) -> bool:
+        """Copies ahead still on their way."""
+        return any(not event.done for event, _, _ in self.in_flight)
+
     def put(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
         """The rows of these pool blocks into these slots, slots[i] <- blocks[i]."""
+        self.fence(slots)
+        self._put(slots, blocks)
+
+    def put_ahead(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
+        """put, for blocks not yet evicted: on a GPU on the shelf's own stream, beside the steps (module's note)."""
+        if not self.on_gpu:
+            self._put(slots, blocks)
+            return
+        cuda = self.xp.cuda
+        if self.side is None:
+            self.side = cuda.Stream(non_blocking=True)
+        self.side.wait_event(cuda.get_current_stream().record())  # the rows written, a slot's earlier copy back done
+        with self.side:
+            self._put(slots, blocks)
+        self.in_flight.append((self.side.record(), set(slots), set(blocks)))
+
+    def fence(self, slots: Sequence[int] = (), blocks: Sequence[int] = (), every: bool = False) -> None:
+        """The current stream waits for the copies ahead still on their way that touch these slots or blocks (every:
+        all of them), before it writes over what they read or write."""
+        self.in_flight = [batch for batch in self.in_flight if not batch[0].done]
+        slots, blocks = set(slots), set(blocks)
+        touched = [i for i, (_, s, b) in enumerate(self.in_flight) if every or s & slots or b & blocks]
+        if touched:
+            self.xp.cuda.get_current_stream().wait_event(self.in_flight[touched[-1]][0])
+            del self.in_flight[: touched[-1] + 1]  # (those before it landed first)
+
+    def _put(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
         for block, slot, n in runs(blocks, slots, self.chunk):
             for pool, part in zip(self.pools, self._chunk(slot)):
                 self._copy(part, slot % self.chunk, pool, block, n, to_host=True)
 
     def get(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
         """These slots' rows into these pool blocks, blocks[i] <- slots[i]."""
+        self.fence(slots)
         for block, slot, n in runs(blocks, slots, self.chunk):
             for pool, part in zip(self.pools, self._chunk(slot)):
                 self._copy(pool, block, part, slot % self.chunk, n, to_host=False)
@@ -108,6 +154,7 @@ class HostShelf:
     def rows(self, slot: int) -> list[np.ndarray]:
         """One slot's rows, (layers, *row) per pool array (copies), once the queued copies are done."""
         if self.on_gpu:
+            self.fence(every=True)
             self.xp.cuda.get_current_stream().synchronize()
         return [part[:, slot % self.chunk].copy() for part in self._chunk(slot)]
 

@@ -10,8 +10,9 @@ entries go first when the budget is full. The rows themselves sit in a shelf's s
 (engine/kvcache/host_shelf.py: an eviction's blocks copied out together, not a copy a block); an entry
 names its slot, and a slot taken with its entry stays its own until the rows are copied back.
 
-Copies ahead: while the engine is idle, the rows of the cached blocks the pool would evict first may be copied out
-already (`store_ahead`; at most half the tier's slots): their blocks are still the pool's, their rows final, so when
+Copies ahead: while the engine is idle (and on a GPU between its steps too, beside them on a stream of their own),
+the rows of the cached blocks the pool would evict first may be copied out already (`store_ahead`; at most half the
+tier's slots): their blocks are still the pool's, their rows final, so when
 one is evicted its entry is made without a copy. An eviction that comes with a burst of new requests then copies
 nothing, where 576 blocks of the 8B shape (64 clients' prompts) took ~0.1 s on the copy engine ahead of their reads
 (bench/HISTORY.md, twenty-first session).
@@ -39,6 +40,16 @@ class Shelf(Protocol):
 
     def make_ahead(self) -> None: ...  # its memory made now, in the background, before a store needs it
 
+    def put_ahead(self, slots: Sequence[int], blocks: Sequence[int]) -> None: ...  # put, beside the steps if it can
+
+    def fence(self, slots: Sequence[int] = (), blocks: Sequence[int] = ()) -> None: ...  # what follows waits for
+    # the copies put_ahead queued that touch these slots or blocks
+
+    @property
+    def copying(self) -> bool: ...  # copies put_ahead queued still on their way
+
+    copies_beside_steps: bool  # put_ahead's copies run beside the steps, not in their time
+
 
 class HostTier:
     @classmethod
@@ -65,7 +76,9 @@ class HostTier:
     def store(self, blocks) -> None:
         """Evicted pool blocks (engine/kvcache/block_pool.py Block: index, key, tokens, parent still set) copied
         out, all in one go, before their rows are reused; the oldest entries make room. Slots taken with
-        their entries and not yet copied back are not room. A block copied ahead becomes its entry without a copy."""
+        their entries and not yet copied back are not room. A block copied ahead becomes its entry without a copy (once
+        that copy has landed: the blocks are written over next)."""
+        self.shelf.fence(blocks=[block.index for block in blocks])
         rest = []
         for block in blocks:
             slot = self.early.pop(block.key, None)
@@ -101,7 +114,8 @@ class HostTier:
             self.early[block.key] = slot
             slots.append(slot)
             taken.append(block)
-        self._copy_out(slots, taken)
+        if taken:
+            self.shelf.put_ahead(slots, [block.index for block in taken])
         self.ahead += len(taken)
         return len(taken)
 

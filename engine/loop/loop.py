@@ -11,7 +11,7 @@ EngineLoop only wires its parts and dispatches the lines, each part owning its s
   rounds.py         one round: a batched decode step, then prompt chunks; tokens drawn and written
   step_limits.py    what bounds the steps (the decoders' interval, a step's rows and time)
   ahead_captures.py the decode graphs an idle engine captures before their first use
-  ahead_copies.py   the host tier's copies an idle engine makes before an eviction needs them
+  ahead_copies.py   the host tier's copies made before an eviction needs them (idle, and on a GPU between steps)
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class EngineLoop:
                              self.inbox, self.control, limits)
         self.quitting = False  # QUIT: finish what runs, then exit
         self.ahead = AheadCaptures(runner)
-        self.copies = AheadCopies(runner.pool)
+        self.copies = AheadCopies(runner.pool, self.rounds.trace)
 
     def serve(self, stdin: TextIO) -> None:
         self.announce()
@@ -105,6 +105,7 @@ class EngineLoop:
 
     def round(self) -> None:
         self.rounds.round()
+        self.copies.beside_steps()
 
     def control(self, msg: m.Message) -> None:
         if isinstance(msg, m.Gen):

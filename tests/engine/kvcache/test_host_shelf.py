@@ -1,9 +1,12 @@
 """The host tier's shelf (engine/kvcache/host_shelf.py): pool blocks copied into slots and back in runs, every
 row in its place whatever the order of blocks and slots, chunks made only as slots are used, or ahead by a thread
 of their own (each made once, a chunk needed first waited for, one the thread failed to make made where needed);
-and a q8_0 pool's shelf carries both of its parts."""
+a q8_0 pool's shelf carries both of its parts; and, over a stand-in for CuPy's streams, copies ahead queued on a stream
+of their own behind the steps' and every later write waiting for them."""
+import ctypes
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 from hypothesis import given, settings, strategies as st
@@ -111,3 +114,109 @@ def test_a_q8_0_pools_shelf_carries_values_and_scales(loaded):
     shelf.get([0, 1], [3, 4])
     for part, rows in zip(shelf.pools, expect):
         assert (part[:, [3, 4]] == rows).all()
+
+
+class Event:
+    def __init__(self, stream: str):
+        self.stream, self.done = stream, False  # (a test says when it has landed)
+
+
+class Stream:
+    """CuPy's stream by the few names the shelf uses, over FakeCuda's log: its copies run at once (in stream order
+    trivially), what each copy, record and wait was queued on written down."""
+
+    def __init__(self, cuda: "FakeCuda", name: str):
+        self.cuda, self.name, self.ptr = cuda, name, len(cuda.streams)
+        cuda.streams.append(self)
+
+    def record(self) -> Event:
+        self.cuda.log.append(("record", self.name))
+        self.cuda.events.append(Event(self.name))
+        return self.cuda.events[-1]
+
+    def wait_event(self, event: Event) -> None:
+        self.cuda.log.append(("wait", self.name, event.stream))
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self):
+        self.cuda.current.append(self)
+
+    def __exit__(self, *exc):
+        self.cuda.current.pop()
+
+
+class FakeCuda:
+    """cupy.cuda's names the shelf calls on a GPU: page-locked memory a bytearray, strided copies done at once with
+    memmove, each logged with its stream."""
+
+    def __init__(self):
+        self.log: list[tuple] = []
+        self.events: list[Event] = []
+        self.streams: list[Stream] = []
+        self.current = [Stream(self, "main")]
+        self.runtime = self
+        self.memcpyDeviceToHost, self.memcpyHostToDevice = "out", "in"
+
+    def get_current_stream(self) -> Stream:
+        return self.current[-1]
+
+    def Stream(self, non_blocking: bool) -> Stream:  # noqa: N802 (CuPy's name)
+        assert non_blocking  # (a stream that waits for no other implicitly)
+        return Stream(self, "side")
+
+    def alloc_pinned_memory(self, size: int) -> bytearray:
+        return bytearray(size)
+
+    def memcpy2DAsync(self, dptr, dpitch, sptr, spitch, width, height, kind, stream):  # noqa: N802
+        for row in range(height):
+            ctypes.memmove(dptr + row * dpitch, sptr + row * spitch, width)
+        self.log.append(("copy", self.streams[stream].name, kind))
+
+
+def gpu_shelf(pools, capacity: int):
+    cuda = FakeCuda()
+    return HostShelf(pools, capacity, xp=SimpleNamespace(cuda=cuda), chunk=4), cuda
+
+
+def test_copies_ahead_go_beside_the_steps_and_only_what_touches_them_waits_for_them():
+    keys = pool(6)
+    shelf, cuda = gpu_shelf([keys], capacity=8)
+    assert shelf.on_gpu and shelf.copies_beside_steps
+    shelf.put_ahead([0, 1], [3, 7])
+    assert cuda.log == [("record", "main"), ("wait", "side", "main"), ("copy", "side", "out"),
+                        ("copy", "side", "out"), ("record", "side")]  # behind the steps' rows, on the side stream
+    assert shelf.copying
+    cuda.log.clear()
+    shelf.put([2], [5])  # another slot, another block: no wait
+    shelf.get([0], [9])  # a slot the copies ahead write: after them
+    shelf.put([1], [7])
+    assert cuda.log == [("copy", "main", "out"), ("wait", "main", "side"), ("copy", "main", "in"),
+                        ("copy", "main", "out")]  # (one wait: the current stream is behind them since)
+    shelf.put_ahead([4], [8])
+    cuda.events[-1].done = True  # landed: nothing to wait for
+    cuda.log.clear()
+    shelf.put([4], [8])
+    assert cuda.log == [("copy", "main", "out")] and not shelf.copying
+    for slot, block in ((0, 3), (1, 7), (2, 5), (4, 8)):
+        assert (shelf.rows(slot)[0] == keys[:, block]).all()
+    assert (keys[:, 9] == keys[:, 3]).all()
+
+
+def test_an_eviction_of_blocks_copied_ahead_copies_nothing_and_waits_only_for_their_copies():
+    from engine.kvcache.host_tier import HostTier
+
+    keys = pool(7)
+    shelf, cuda = gpu_shelf([keys], capacity=4)
+    tier = HostTier(4, shelf)
+    block = {i: SimpleNamespace(index=i, key=bytes([i]), tokens=(i,), parent=b"") for i in (2, 5, 6)}
+    assert tier.store_ahead([block[2], block[6]]) == 2
+    cuda.log.clear()
+    tier.store([block[5]])  # a block not copied ahead, into a free slot: no wait
+    assert cuda.log == [("copy", "main", "out")]
+    cuda.log.clear()
+    tier.store([block[2], block[6]])  # their entries are the copies ahead; the next writes wait for them
+    assert cuda.log == [("wait", "main", "side")] and set(tier.entries) == {b"\x02", b"\x05", b"\x06"}
+    for i in (2, 5, 6):
+        assert (shelf.rows(tier.entries[bytes([i])].slot)[0] == keys[:, i]).all()

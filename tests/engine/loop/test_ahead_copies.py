@@ -42,3 +42,34 @@ def test_an_idle_engine_copies_its_cached_blocks_out_and_an_eviction_then_copies
     assert int(info.fields["from_host"]) == int(info.fields["cached"]) >= 3 * BLOCK  # back by copy, not read again
     assert tokens(out, 3) == first
     pool.check([])
+
+
+@pytest.fixture()
+def beside_runner(small_q4_1, monkeypatch):
+    """A fresh runner whose shelf says its copies run beside the steps (as a GPU's do), asked every round."""
+    import engine.loop.ahead_copies as ahead_copies
+
+    monkeypatch.setattr(ahead_copies, "CHECK_S", 0.0)
+    runner = small_runner(small_q4_1, blocks=16, cache_ram_bytes=1 << 30)
+    runner.pool.tier.shelf.copies_beside_steps = True
+    return runner
+
+
+def test_where_copies_run_beside_the_steps_a_busy_engine_copies_ahead_between_them(beside_runner):
+    out: list = []
+    runner = beside_runner
+    loop = EngineLoop(runner, ParkPolicy(), out.append)
+    pool, shelf = runner.pool, runner.pool.tier.shelf
+    serve_until_idle(loop, [m.Gen(4, A, GREEDY, 1)], [], out)  # rounds only: no idle work in between
+    first = tokens(out, 1)
+    assert set(pool.tier.early) == set(pool.cached) and len(pool.cached) >= 4
+    puts = []
+    put = shelf.put
+    shelf.put = lambda slots, blocks: (puts.append(list(blocks)), put(slots, blocks))
+    serve_until_idle(loop, [m.Gen(4, B, {**GREEDY, "reuse": 0}, 2)], [], out)
+    assert pool.evictions >= 4 and puts == []
+    serve_until_idle(loop, [m.Gen(4, A, GREEDY, 3)], [], out)
+    info = next(x for x in out if isinstance(x, m.Info) and x.id == 3)
+    assert int(info.fields["from_host"]) == int(info.fields["cached"]) >= 3 * BLOCK
+    assert tokens(out, 3) == first
+    pool.check([])
