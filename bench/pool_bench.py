@@ -380,9 +380,10 @@ def case_hol(url: str, a: argparse.Namespace, log, out: dict, save) -> dict:
 
 # ---------------------------------------------------------------- clients: many at once
 
-def server_ttft(r: dict) -> float | None:
-    """The server's own time to the first token (s), where its timings say (Strata's ttft_ms)."""
-    ms = (r["timings"] or {}).get("ttft_ms")
+def server_ttft(r: dict, key: str = "ttft_ms") -> float | None:
+    """The server's own time to the first token (s), where its timings say (Strata's ttft_ms; first_text_ms: to its
+    first text, which a token may not hold)."""
+    ms = (r["timings"] or {}).get(key)
     return None if ms is None else round(ms / 1000, 3)
 
 
@@ -413,7 +414,9 @@ def clients_run(url: str, a: argparse.Namespace, rep: int) -> dict:
             "server_ttft_p99_s": pct(server, 99), "sent_spread_s": round(max(r["sent"] for r in rs) - sent, 3),
             "slowest": slowest and {"ttft_s": round(slowest["first"] - slowest["sent"], 3),
                                     "sent_after_s": round(slowest["sent"] - sent, 3),
-                                    "server_ttft_s": server_ttft(slowest)}}
+                                    "server_ttft_s": server_ttft(slowest),
+                                    "server_first_text_s": server_ttft(slowest, "first_text_ms"),
+                                    "first_text_token": (slowest["timings"] or {}).get("first_text_token")}}
 
 
 def repeated(name: str, run, a: argparse.Namespace, log, settings: dict, shown=lambda r: r) -> dict:

@@ -83,6 +83,7 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
     scored, pending = [], []  # tokens with logprobs: all of them, and those not yet in a piece
     prompt_lines: dict[int, m.PromptLogprobs] = {}  # PLP lines by start (a read again after a restart: the last)
     prompt_given: list[m.Token] | None = None  # the prompt's log-probabilities, built once (the first piece's)
+    tokens = 0  # the answer's tokens taken so far
     scheduler.submit(req)
     with Outcome(req, scheduler, metrics) as outcome:
         while True:
@@ -98,12 +99,15 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
             if isinstance(event, m.PromptLogprobs):
                 prompt_lines[event.start] = event
             elif isinstance(event, m.Token):
+                tokens += 1
                 if event.logprob is not None and event.token not in tokenizer.end_ids:  # (the end is no text)
                     scored.append(event)
                     pending.append(event)
                 text = stops.feed(detok.step(event.token))
                 if text:
                     first = prompt_given is None
+                    if req.first_text_at is None:
+                        req.first_text_at, req.first_text_token = time.monotonic(), tokens
                     prompt_given = prompt_scores(req, prompt_lines) if first else prompt_given
                     yield Piece(text, pending, prompt_given if first else [])
                     pending = []
@@ -178,6 +182,8 @@ def timings(req: Request, done: m.Done | None) -> dict:
     """Per-request figures in the words of docs/DESIGN.md (ms), returned with the response."""
     ms = lambda s: None if s is None else round(s * 1000, 3)  # noqa: E731
     out = {"queue_wait_ms": ms(req.queue_wait_s), "ttft_ms": ms(req.ttft_s), "parks": req.parks,
+           "first_text_ms": ms(req.first_text_at and req.first_text_at - req.arrived),
+           "first_text_token": req.first_text_token,
            "parked_ms": ms(req.parked_s), "engine_restarts": req.restarts}
     if done is not None:
         out |= {"prompt_ms": round(done.prompt_ms, 3), "decode_ms": round(done.decode_ms, 3),

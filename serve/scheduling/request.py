@@ -42,6 +42,8 @@ class Request:
     arrived: float = field(default_factory=time.monotonic)
     first_chunk_at: float | None = None
     first_token_at: float | None = None
+    first_text_at: float | None = None  # when its first text was handed to the response (a token may hold none)
+    first_text_token: int = 0  # which of its tokens (1 = the first) completed that text
     prompt_done: int = 0  # progress of the current read (a re-read after an engine death starts at 0)
     prompt_counted: int = 0  # prompt tokens counted in the metrics: each once, whatever re-reads
     output: list[int] = field(default_factory=list)  # every token the engine sent, across restarts

@@ -88,3 +88,14 @@ def test_sse_keepalive_comments_while_queued(mock_server):
         body = "".join(r.iter_text())
     blocker.join()
     assert ": keep-alive" in body and body.rstrip().endswith("data: [DONE]")
+
+
+def test_timings_say_when_the_first_text_went_out_and_which_token_completed_it(mock_server):
+    """The mock echoes the prompt: an emoji's four bytes come as byte tokens, the first three holding no text."""
+    plain = httpx.post(mock_server.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 3}, timeout=60).json()
+    emoji = httpx.post(mock_server.url + "/v1/completions", json={"prompt": "\U0001F600 hi", "max_tokens": 6},
+                       timeout=60).json()
+    assert plain["timings"]["first_text_token"] == 1
+    assert emoji["choices"][0]["text"].startswith("\U0001F600")
+    t = emoji["timings"]
+    assert t["first_text_token"] > 1 and t["first_text_ms"] >= t["ttft_ms"]
