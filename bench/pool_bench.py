@@ -129,89 +129,33 @@ def text_of_tokens(tokenizer, rng: np.random.Generator, n: int) -> str:
 
 # ---------------------------------------------------------------- one streamed chat request
 
-def chat_body(messages: list[dict], max_tokens: int, temperature: float = 0.0, seed: int | None = None,
-              ignore_eos: bool = False) -> dict:
+def chat(url: str, messages: list[dict], max_tokens: int, temperature: float = 0.0, seed: int | None = None,
+         ignore_eos: bool = False, stamps: list[float] | None = None) -> dict:
+    """One streamed chat request: send, first token (a chunk with content or reasoning), done; the
+    usage and timings the server put in its last chunks."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
             "stream_options": {"include_usage": True}}
     body |= {"seed": seed} if seed is not None else {}
-    return body | ({"ignore_eos": True} if ignore_eos else {})
-
-
-def chat_result() -> dict:
-    """A streamed request's record, its send time now: first token (a chunk with content or reasoning), last, done;
-    the usage and timings the server put in its last chunks; an error."""
-    return {"sent": time.monotonic(), "first": None, "last": None, "done": None, "usage": None, "timings": None,
-            "error": None, "chunks": 0, "text": ""}
-
-
-def take_chunk(out: dict, chunk: dict, stamps: list[float] | None = None) -> None:
-    delta = chunk["choices"][0].get("delta", {}) if chunk.get("choices") else {}
-    if delta.get("content") or delta.get("reasoning_content"):
-        out["text"] += delta.get("content") or ""
-        now = time.monotonic()
-        out["first"] = out["first"] or now
-        out["last"], out["chunks"] = now, out["chunks"] + 1
-        if stamps is not None:
-            stamps.append(now)
-    out["usage"] = chunk.get("usage") or out["usage"]
-    out["timings"] = chunk.get("timings") or out["timings"]
-
-
-def chat(url: str, messages: list[dict], max_tokens: int, temperature: float = 0.0, seed: int | None = None,
-         ignore_eos: bool = False, stamps: list[float] | None = None) -> dict:
-    """One streamed chat request (chat_result's record)."""
-    body = chat_body(messages, max_tokens, temperature, seed, ignore_eos)
-    out = chat_result()
+    body |= {"ignore_eos": True} if ignore_eos else {}
+    out = {"sent": time.monotonic(), "first": None, "last": None, "done": None, "usage": None, "timings": None,
+           "error": None, "chunks": 0, "text": ""}
     try:
         for chunk in stream_chunks(url, "/v1/chat/completions", body, TIMEOUT_S):
-            take_chunk(out, chunk, stamps)
+            delta = chunk["choices"][0].get("delta", {}) if chunk.get("choices") else {}
+            if delta.get("content") or delta.get("reasoning_content"):
+                out["text"] += delta.get("content") or ""
+                now = time.monotonic()
+                out["first"] = out["first"] or now
+                out["last"], out["chunks"] = now, out["chunks"] + 1
+                if stamps is not None:
+                    stamps.append(now)
+            out["usage"] = chunk.get("usage") or out["usage"]
+            out["timings"] = chunk.get("timings") or out["timings"]
     except StreamRefused as e:
         out["error"] = str(e)
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:  # transport, or a line that is not a chunk
         out["error"] = f"{type(e).__name__}: {e}"
     out["done"] = time.monotonic()
-    return out
-
-
-async def chat_async(client: httpx.AsyncClient, url: str, body: dict) -> dict:
-    """chat's record for one streamed request on an asyncio client."""
-    out = chat_result()
-    try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT_S) as r:
-            if r.status_code != 200:
-                out["error"] = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
-            else:
-                async for line in r.aiter_lines():
-                    if line.startswith("data: {"):
-                        take_chunk(out, json.loads(line[6:]))
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
-        out["error"] = f"{type(e).__name__}: {e}"
-    out["done"] = time.monotonic()
-    return out
-
-
-def chats_apart(url: str, bodies: list[dict]) -> list[dict]:
-    """Every body sent at once as a streamed chat request by one asyncio client in a process of its own (chat_async's
-    records): 64 threads of this process took turns at the GIL, a switch every 5 ms, so the time a first token was
-    seen could lag its arrival by 0.1-0.3 s at the p99 (the server's own count 0.80 s, the client's 1.09 s:
-    bench/HISTORY.md, twenty-second session; decode_streams met the same)."""
-    fork = multiprocessing.get_context("fork")
-    results, sent = fork.Pipe(duplex=False)
-
-    def run() -> None:
-        gc.freeze()  # (what the fork inherited: out of the collector's walks, as decode_streams does)
-
-        async def main() -> list[dict]:
-            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=0)
-            async with httpx.AsyncClient(verify=False, limits=limits) as client:
-                return await asyncio.gather(*(chat_async(client, url, body) for body in bodies))
-
-        sent.send(asyncio.run(main()))
-
-    child = fork.Process(target=run, daemon=True)
-    child.start()
-    out = results.recv() if results.poll(TIMEOUT_S) else [chat_result() | {"error": "no answer"} for _ in bodies]
-    child.join(10)
     return out
 
 
@@ -390,8 +334,8 @@ def server_ttft(r: dict, key: str = "ttft_ms") -> float | None:
 def clients_run(url: str, a: argparse.Namespace, rep: int) -> dict:
     rng = np.random.default_rng(1000 + rep)
     prompts = [f"Client {i} of run {rep}. " + words(rng, a.client_words) for i in range(a.clients)]
-    rs = chats_apart(url, [chat_body([{"role": "user", "content": prompts[i]}], a.client_tokens, temperature=0.7,
-                                     seed=i, ignore_eos=True) for i in range(a.clients)])
+    rs = at_once(a.clients, lambda i: chat(url, [{"role": "user", "content": prompts[i]}], a.client_tokens,
+                                             temperature=0.7, seed=i, ignore_eos=True))
     ok = [r for r in rs if r["first"] is not None]
     ttft = [r["first"] - r["sent"] for r in ok]
     tokens = [completion_tokens(r) for r in rs]
@@ -446,7 +390,7 @@ def subagents_run(url: str, a: argparse.Namespace, tokenizer, rep: int) -> dict:
     tails = [text_of_tokens(tokenizer, rng, a.tail_tokens) for _ in range(a.agents + 1)]
     msgs = lambda tail: [{"role": "system", "content": system}, {"role": "user", "content": tail}]  # noqa: E731
     agent = chat(url, msgs(tails[0]), a.agent_answer)
-    subs = chats_apart(url, [chat_body(msgs(tails[i + 1]), a.agent_answer) for i in range(a.agents)])
+    subs = at_once(a.agents, lambda i: chat(url, msgs(tails[i + 1]), a.agent_answer))
     ttft = [(r["first"] or r["done"]) - r["sent"] for r in subs]
     c = [cached(r) for r in subs]
     out = {"agent_ttft_s": round((agent["first"] or agent["done"]) - agent["sent"], 3),
