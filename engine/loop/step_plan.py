@@ -8,12 +8,11 @@ bench/HISTORY.md, seventeenth session); where reads behind a long one end theirs
 a step of their own (every other step at most). Elsewhere one read a step, its next chunk at absolute boundaries
 (engine/core/chunks.py).
 
-Answers read again for the prefix cache (engine/loop/admission.py settles) come last, in steps of their own of at
-most SETTLE_ROWS: a request that arrives while they are read waits for a step of that many rows at most, and a
-request's step carries none of them (a burst of new clients met a 4,096-row step of the last run's answers, ~100 ms on
-the 8B shape, and an agent's 2,048-row chunk took 99 ms instead of 51 with 2,048 rows of answers beside it,
-bench/HISTORY.md, twenty-first session; 512 rows of them in each of the first two steps of 64 clients' burst, and in
-its last, put ~40 ms before the last client's first token: twenty-second session).
+Answers read again for the prefix cache (engine/loop/admission.py settles) come last and take at most SETTLE_ROWS of
+a step, whether they fill a request's step or make one of their own: a request that arrives while they are read waits
+for a step of that many rows at most, and a request's step is never doubled by them (a burst of new clients met a
+4,096-row step of the last run's answers, ~100 ms on the 8B shape, and an agent's 2,048-row chunk took 99 ms instead
+of 51 with 2,048 rows of answers beside it: bench/HISTORY.md, twenty-first session).
 """
 from __future__ import annotations
 
@@ -61,8 +60,8 @@ class StepPlan:
             # room for it may have paused a newer read, or dropped an answer read again)
             if seq is first or seq in held:
                 continue
-            if left <= 0 or (seq.settling and not first.settling):
-                break  # (answers read again come last in line and never join a request's step)
+            if left <= 0:
+                break
             if seq not in self.requests.line or seq.paused:
                 continue  # let go by a companion's blocks (an answer read again) in this loop
             end = self.piece_end(seq, min(left, settle_left) if seq.settling else left)
