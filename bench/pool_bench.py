@@ -325,8 +325,8 @@ def case_hol(url: str, a: argparse.Namespace, log, out: dict, save) -> dict:
 # ---------------------------------------------------------------- clients: many at once
 
 def server_ttft(r: dict, key: str = "ttft_ms") -> float | None:
-    """The server's own time to the first token (s), where its timings say (Strata's ttft_ms; first_text_ms: to its
-    first text, which a token may not hold)."""
+    """The server's own time to the first token (s), where its timings say (Strata's ttft_ms, from the request's
+    arrival; first_text_ms: to its first text, which a token may not hold; intake_ms: before it went in line)."""
     ms = (r["timings"] or {}).get(key)
     return None if ms is None else round(ms / 1000, 3)
 
@@ -353,12 +353,13 @@ def clients_run(url: str, a: argparse.Namespace, rep: int) -> dict:
             "decode_tok_s": round(decoded / decode_window, 1) if decode_window else None,
             "per_client_decode_tok_s_p50": pct(rates, 50),
             "prompt_tokens_p50": pct([(r["usage"] or {}).get("prompt_tokens", 0) for r in rs], 50),
-            # where the slowest first token's time went: the server's own count (from its request made, after the
-            # HTTP parse and the tokenizer, where it says: Strata's timings.ttft_ms) and when the client sent it
+            # where the slowest first token's time went: the server's own count (from the request's arrival, where it
+            # says: Strata's timings) and when the client sent it
             "server_ttft_p99_s": pct(server, 99), "sent_spread_s": round(max(r["sent"] for r in rs) - sent, 3),
             "slowest": slowest and {"ttft_s": round(slowest["first"] - slowest["sent"], 3),
                                     "sent_after_s": round(slowest["sent"] - sent, 3),
                                     "server_ttft_s": server_ttft(slowest),
+                                    "server_intake_s": server_ttft(slowest, "intake_ms"),
                                     "server_first_text_s": server_ttft(slowest, "first_text_ms"),
                                     "first_text_token": (slowest["timings"] or {}).get("first_text_token")}}
 

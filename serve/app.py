@@ -11,6 +11,7 @@ from serve.config import ServerSettings
 from serve.http.error_handlers import install_error_handlers
 from serve.http.host_check import HostCheck, allowed_host_names
 from serve.http.origin_check import OriginCheck
+from serve.http.received import Received
 from serve.http.web_page import include_page
 from serve.http.routes import include_routes
 from serve.loop_stalls import start_stall_watch
@@ -39,10 +40,11 @@ def create_app(settings: ServerSettings, tokenizer, model_ctx: int, launched: li
 
     app = FastAPI(title="Strata", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
-    # the last added runs first: the Host check, then the origin check, then the body limit, then the routes
+    # the last added runs first: the arrival's stamp, the Host check, the origin check, the body limit, the routes
     app.add_middleware(BodyLimit, limit_bytes=body_limit_bytes(settings.max_body_mb, settings.ctx or model_ctx))
     app.add_middleware(OriginCheck, origins=settings.cors_origins)
     app.add_middleware(HostCheck, allowed=allowed_host_names(settings.host, settings.allowed_hosts))
+    app.add_middleware(Received)
     include_routes(app)
     include_page(app)
     return app

@@ -182,6 +182,7 @@ def timings(req: Request, done: m.Done | None) -> dict:
     """Per-request figures in the words of docs/DESIGN.md (ms), returned with the response."""
     ms = lambda s: None if s is None else round(s * 1000, 3)  # noqa: E731
     out = {"queue_wait_ms": ms(req.queue_wait_s), "ttft_ms": ms(req.ttft_s), "parks": req.parks,
+           "intake_ms": ms(req.made - req.arrived),
            "first_text_ms": ms(req.first_text_at and req.first_text_at - req.arrived),
            "first_text_token": req.first_text_token,
            "parked_ms": ms(req.parked_s), "engine_restarts": req.restarts}

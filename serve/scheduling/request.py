@@ -39,7 +39,8 @@ class Request:
     id: int = field(default_factory=lambda: next(_ids))
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     phase: Phase = Phase.QUEUED
-    arrived: float = field(default_factory=time.monotonic)
+    made: float = field(default_factory=time.monotonic)  # (its prompt read, templated and tokenized by then)
+    arrived: float = field(default_factory=time.monotonic)  # its HTTP request's arrival where known (received.py)
     first_chunk_at: float | None = None
     first_token_at: float | None = None
     first_text_at: float | None = None  # when its first text was handed to the response (a token may hold none)

@@ -99,3 +99,13 @@ def test_timings_say_when_the_first_text_went_out_and_which_token_completed_it(m
     assert emoji["choices"][0]["text"].startswith("\U0001F600")
     t = emoji["timings"]
     assert t["first_text_token"] > 1 and t["first_text_ms"] >= t["ttft_ms"]
+
+
+def test_waits_count_from_the_http_requests_arrival(mock_server):
+    """intake_ms: the server's time from the request's arrival (its headers read) to its place in line (the body
+    parsed, the template and the tokenizer run), within the queue wait and the time to first token."""
+    words = " ".join(["word"] * 6000)  # (the mock's context: 8,192 tokens)
+    r = httpx.post(mock_server.url + "/v1/chat/completions", timeout=120,
+                   json={"messages": [{"role": "user", "content": words}], "max_tokens": 2}).json()
+    t = r["timings"]
+    assert 0 < t["intake_ms"] <= t["queue_wait_ms"] <= t["ttft_ms"]
