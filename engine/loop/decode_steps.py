@@ -49,6 +49,8 @@ class DecodeSteps:
             if not seq.paused and not self.memory.get_blocks(seq, seq.kv_len + 1):
                 self.memory.pause(seq)
         going = [s for s in going if not s.paused]
+        self.trace.step("draws", began, rows=len(seqs))  # (the host's work between two decode steps: the draws, the
+        # token lines, the rows' blocks)
         pacing = self.runner.draft_max > 0  # speculative decoding: drafts after each request's newest token
         if pacing:
             began += self.run_draft_model(going)  # (its forwards are counted apart: not the step's rows)

@@ -15,7 +15,8 @@ class StepTrace:
         self.origin = time.perf_counter()
 
     def step(self, kind: str, started: float, **fields) -> None:
-        """kind: prompt, decode or draft (a draft model's run); started: its perf_counter at the start."""
+        """kind: prompt, decode, draft (a draft model's run), draws (a decode step's tokens drawn and written, its
+        rows' blocks had) or ahead (host-tier copies made ahead); started: its perf_counter at the start."""
         if not self.enabled:
             return
         now = time.perf_counter()

@@ -56,3 +56,24 @@ def test_trace_waits_counts_a_stall_that_began_before_the_first_gen(tmp_path, ca
     out = capsys.readouterr().out
     assert "idle   500.0 ms from     1.000" in out
     assert "engine wait p50 369.5 ms, max 519.0 ms; from the first GEN p50 519.0 ms, max 519.0 ms" in out
+
+
+def test_the_loop_traces_each_decode_steps_draws_before_it(small_q4_1, capsys):
+    """The engine's loop in this process (tests/engine/loop/hybrid_runner.py small_runner): each decode step's line
+    comes after a draws line (the host's work before it), both for the requests decoding."""
+    from engine.loop.loop import EngineLoop
+    from engine.loop.park_policy import ParkPolicy
+    from protocol import messages as m
+    from tests.engine.loop.hybrid_runner import serve_until_idle, small_runner
+
+    out: list = []
+    loop = EngineLoop(small_runner(small_q4_1, blocks=16), ParkPolicy(), out.append)
+    loop.rounds.trace.enabled = True
+    capsys.readouterr()
+    greedy = {"temperature": 0.0, "seed": 0}
+    serve_until_idle(loop, [m.Gen(5, (300, 301, 302), greedy, 1), m.Gen(5, (400, 401), greedy, 2)], [], out)
+    kinds = [json.loads(line.split(" ", 1)[1]) for line in capsys.readouterr().err.splitlines()
+             if line.startswith("strata-trace ")]
+    steps = [(e["kind"], e["rows"]) for e in kinds if e["kind"] in ("draws", "decode")]
+    assert steps[:2] == [("draws", 2), ("decode", 2)] and len(steps) >= 8
+    assert all(kind == "draws" for kind, _ in steps[0::2]) and all(kind == "decode" for kind, _ in steps[1::2])
