@@ -2,13 +2,15 @@
 engine took its GEN, when the step that read its prompt's last row ended (its first token), and what the engine
 did between; and the gaps where the engine ran no step while requests waited.
 
-    python tools/profiling/trace_waits.py SERVER_LOG[.gz] [--from ID] [--to ID] [--idle-ms 20]
+    python tools/profiling/trace_waits.py SERVER_LOG[.gz] [--from ID] [--to ID] [--idle-ms 20] [--span S]
 
 Prints one line per request (id, prompt tokens, engine wait to its first token, steps before it) and the idle
 gaps over --idle-ms with requests waiting (the step that ran when the first GEN came included: a stall that began
 before it counts), then the waits' median and largest, counted from each GEN and from the first (a GEN is taken only
 between steps, so one that came during a stall is taken after it: counted from the first GEN, the waits match the
-clients' first tokens; bench/HISTORY.md, twenty-first session).
+clients' first tokens; bench/HISTORY.md, twenty-first session), and the engine's time in the window by kind of step
+(prompt, decode, draws, ahead, ...) with what no step covers (`untraced`); --span S sums it over S seconds from the
+first GEN instead (a burst's decode phase).
 """
 from __future__ import annotations
 
@@ -73,6 +75,8 @@ def main(argv=None) -> int:
     p.add_argument("--from", dest="first", type=int, default=0)
     p.add_argument("--to", dest="last", type=int, default=1 << 62)
     p.add_argument("--idle-ms", type=float, default=20.0)
+    p.add_argument("--span", type=float, help="seconds from the first GEN over which to sum the engine's time by "
+                   "kind (default: to the last first token)")
     a = p.parse_args(argv)
     events = list(lines(a.log))
     found = waits(events, a.first, a.last)
@@ -87,7 +91,23 @@ def main(argv=None) -> int:
         burst = [(r["first"] - lo) * 1000 for r in found]
         print(f"{len(ms)} requests: engine wait p50 {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms; from the "
               f"first GEN p50 {statistics.median(burst):.1f} ms, max {max(burst):.1f} ms")
+        spent = time_by_kind(events, lo, lo + a.span if a.span else hi)
+        print("engine time by kind over " + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in spent.items()))
     return 0
+
+
+def time_by_kind(events: list[dict], lo: float, hi: float) -> dict[str, float]:
+    """Milliseconds of the traced steps of each kind within [lo, hi] (clipped to it), and `untraced`: the rest of it
+    (the engine between its traced steps: taking lines, planning, writing; or idle), the window's `total` last."""
+    out: dict[str, float] = {}
+    for e in events:
+        if e["kind"] == "gen":
+            continue
+        ms = (min(ends(e), hi) - max(e["t"], lo)) * 1000
+        if ms > 0:
+            out[e["kind"]] = out.get(e["kind"], 0.0) + ms
+    total = (hi - lo) * 1000
+    return out | {"untraced": total - sum(out.values()), "total": total}
 
 
 def in_window(events: list[dict], lo: float, hi: float) -> list[dict]:

@@ -77,3 +77,14 @@ def test_the_loop_traces_each_decode_steps_draws_before_it(small_q4_1, capsys):
     steps = [(e["kind"], e["rows"]) for e in kinds if e["kind"] in ("draws", "decode")]
     assert steps[:2] == [("draws", 2), ("decode", 2)] and len(steps) >= 8
     assert all(kind == "draws" for kind, _ in steps[0::2]) and all(kind == "decode" for kind, _ in steps[1::2])
+
+
+def test_trace_waits_sums_the_engines_time_by_kind_of_step_in_a_window():
+    from tools.profiling import trace_waits
+
+    events = [{"t": 0.9, "ms": 200.0, "kind": "prompt"}, {"t": 1.1, "ms": 0.0, "kind": "gen", "id": 1},
+              {"t": 1.105, "ms": 5.0, "kind": "draws"}, {"t": 1.11, "ms": 20.0, "kind": "decode"},
+              {"t": 1.2, "ms": 100.0, "kind": "decode"}]
+    spent = trace_waits.time_by_kind(events, 1.0, 1.25)  # the first prompt and the last decode clipped to it
+    assert {k: round(v, 3) for k, v in spent.items()} == {"prompt": 100.0, "draws": 5.0, "decode": 70.0,
+                                                          "untraced": 75.0, "total": 250.0}
