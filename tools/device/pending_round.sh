@@ -31,10 +31,10 @@
 #   issue44b  the llama-server side in the same session (peers_llama, its default slots -np 66 -kvu -c 262144: the
 #             same four cases, one run each), the HTTP ladder at 1 / 16 / 64 / 256 clients (gpu_run.sh clients), and
 #             the 8B Q4_K_M shape's reads of 4K / 16K / 65K (gpu_run.sh benchq, SIZES): two calls on one machine
-#   issue44s  01-host-shelf-copies-beside-steps (issue 44): gpu_run.sh hosttier (the copies ahead beside a stand-in for
-#             steps, every byte back), the real engine's paged checks, then the defaults through HTTP traced with the
-#             server log kept (peers_strata: hol, clients, subagents, agent x3), then the HTTP ladder at 1 / 16 / 64 /
-#             256 clients: one call
+#   issue44s  issue 44 through HTTP with the host tier's checks: gpu_run.sh hosttier (the copies ahead beside a stand-in
+#             for steps, every byte back), the real engine's paged checks, then the defaults through HTTP traced with the
+#             server log kept (peers_strata: hol, clients, subagents, agent x3; tools/profiling/clients_split.py: where
+#             the 64 clients' slowest first token went), then the HTTP ladder at 1 / 16 / 64 / 256 clients: one call
 #   hybrid    issue 45's GPU path: the attention kernels (256-wide heads among them), the hybrid fixtures against
 #             transformers, the GPU path's exactness and park/resume parity (gpu_run.sh kernels, hybrid)
 #   hybridbench issue 45's speed: the 80B-A3B shape (IQ3_S), its reads of 4K and 32K with their profile, decode at
@@ -113,6 +113,7 @@ for part in ${PARTS:-fusions}; do
       [ "$(cap 600)" -gt 150 ] && env SECONDS=$(( SECONDS + 600 - limit )) KEEP_SERVER_LOG=1 STRATA_STEP_TRACE=1 \
         PEERS_CASES=hol,clients,subagents,agent PEERS_REPEATS=3 timeout $(cap 300) bash tools/device/gpu_run.sh \
         peers_strata 2>&1 | grep -E "TTFT|median|agent|rror" | tail -30
+      python3 tools/profiling/clients_split.py "$OUT/pool_strata.json" 2>&1 | tail -3
       CLIENTS=1,16,64,256 CLIENTS_LIMIT=$(cap 280) timeout $(cap 290) bash tools/device/gpu_run.sh clients 2>&1 \
         | tail -12 ;;
     issue44b)
