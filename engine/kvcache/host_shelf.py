@@ -109,7 +109,12 @@ class HostShelf:
     @property
     def copying(self) -> bool:
         """Copies ahead still on their way."""
-        return any(not event.done for event, _, _ in self.in_flight)
+        return bool(self.on_their_way())
+
+    def on_their_way(self) -> list[tuple[object, set[int], set[int]]]:
+        """in_flight, the batches that have landed let go (none to wait for)."""
+        self.in_flight = [batch for batch in self.in_flight if not batch[0].done]
+        return self.in_flight
 
     def put(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
         """The rows of these pool blocks into these slots, slots[i] <- blocks[i]."""
@@ -132,9 +137,8 @@ class HostShelf:
     def fence(self, slots: Sequence[int] = (), blocks: Sequence[int] = (), every: bool = False) -> None:
         """The current stream waits for the copies ahead still on their way that touch these slots or blocks (every:
         all of them), before it writes over what they read or write."""
-        self.in_flight = [batch for batch in self.in_flight if not batch[0].done]
         slots, blocks = set(slots), set(blocks)
-        touched = [i for i, (_, s, b) in enumerate(self.in_flight) if every or s & slots or b & blocks]
+        touched = [i for i, (_, s, b) in enumerate(self.on_their_way()) if every or s & slots or b & blocks]
         if touched:
             self.xp.cuda.get_current_stream().wait_event(self.in_flight[touched[-1]][0])
             del self.in_flight[: touched[-1] + 1]  # (those before it landed first)

@@ -195,11 +195,15 @@ def test_copies_ahead_go_beside_the_steps_and_only_what_touches_them_waits_for_t
     assert cuda.log == [("copy", "main", "out"), ("wait", "main", "side"), ("copy", "main", "in"),
                         ("copy", "main", "out")]  # (one wait: the current stream is behind them since)
     shelf.put_ahead([4], [8])
+    shelf.put_ahead([5], [2])
+    assert shelf.copying and len(shelf.in_flight) == 2
+    shelf.in_flight[0][0].done = True  # the first landed: let go, the second still on its way
+    assert shelf.copying and len(shelf.in_flight) == 1
     cuda.events[-1].done = True  # landed: nothing to wait for
     cuda.log.clear()
     shelf.put([4], [8])
-    assert cuda.log == [("copy", "main", "out")] and not shelf.copying
-    for slot, block in ((0, 3), (1, 7), (2, 5), (4, 8)):
+    assert cuda.log == [("copy", "main", "out")] and not shelf.copying and not shelf.in_flight
+    for slot, block in ((0, 3), (1, 7), (2, 5), (4, 8), (5, 2)):
         assert (shelf.rows(slot)[0] == keys[:, block]).all()
     assert (keys[:, 9] == keys[:, 3]).all()
 
