@@ -141,7 +141,7 @@ class HostShelf:
         touched = [i for i, (_, s, b) in enumerate(self.on_their_way()) if every or s & slots or b & blocks]
         if touched:
             self.xp.cuda.get_current_stream().wait_event(self.in_flight[touched[-1]][0])
-            del self.in_flight[: touched[-1] + 1]  # (those before it landed first)
+            del self.in_flight[: touched[-1] + 1]  # (the batches before it land first: the stream is behind them too)
 
     def _put(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
         for block, slot, n in runs(blocks, slots, self.chunk):
