@@ -5,6 +5,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import Metric
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+INTAKE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)  # (a request's intake: ms)
 
 
 REUSE_KEYS = ("lookups", "hits", "tokens_reused", "tokens_from_host")  # an engine's prefix-cache counts
@@ -54,6 +55,8 @@ class Metrics:
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("strata_ttft_seconds", "Arrival to the first generated token",
                               buckets=LATENCY_BUCKETS, registry=r)
+        self.intake = Histogram("strata_intake_seconds", "Arrival to the request's place in line (body parsed, "
+                                "templated, tokenized)", buckets=INTAKE_BUCKETS, registry=r)
         self.prompt_tokens = Counter("strata_prompt_tokens", "Prompt tokens read by the engine", registry=r)
         self.generated_tokens = Counter("strata_generated_tokens", "Tokens generated", registry=r)
         self.max_queue_wait_ms = Gauge("strata_max_queue_wait_ms", "Largest queue wait seen (ms)", registry=r)

@@ -109,3 +109,4 @@ def test_waits_count_from_the_http_requests_arrival(mock_server):
                    json={"messages": [{"role": "user", "content": words}], "max_tokens": 2}).json()
     t = r["timings"]
     assert 0 < t["intake_ms"] <= t["queue_wait_ms"] <= t["ttft_ms"]
+    assert metrics(mock_server.url)["strata_intake_seconds_count"] >= 1
