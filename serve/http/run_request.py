@@ -54,7 +54,6 @@ def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[
     req = Request(prompt=prompt, max_tokens=min(max_tokens or room, room), sampling=sampling,
                   stop=body.stop_strings(), stream=body.stream, priority=body.priority)
     req.arrived = req.made if received is None else received
-    state.metrics.intake.observe(req.made - req.arrived)
     return req
 
 

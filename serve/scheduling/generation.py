@@ -84,6 +84,7 @@ async def generate(req: Request, scheduler: Scheduler, tokenizer, metrics: Metri
     prompt_lines: dict[int, m.PromptLogprobs] = {}  # PLP lines by start (a read again after a restart: the last)
     prompt_given: list[m.Token] | None = None  # the prompt's log-probabilities, built once (the first piece's)
     tokens = 0  # the answer's tokens taken so far
+    metrics.intake.observe(req.made - req.arrived)
     scheduler.submit(req)
     with Outcome(req, scheduler, metrics) as outcome:
         while True:
