@@ -38,7 +38,7 @@ class ServerState:
             scheduler.engine = EngineClient(
                 settings.engine_command(), settings.handshake_timeout_s, settings.max_restarts,
                 on_message=scheduler.on_message, on_malformed=scheduler.on_malformed,
-                on_exit=lambda reason, i=i: self.scheduler.on_engine_exit(i, reason),
+                on_exit=lambda reason, blame=True, i=i: self.scheduler.on_engine_exit(i, reason, blame),
                 on_ready=scheduler.on_engine_ready, on_failed=lambda i=i: self.scheduler.on_engine_failed(i),
                 env=settings.engine_env(i), launched=launched[i] if launched else None)
             self.engines.append(scheduler.engine)

@@ -42,11 +42,12 @@ class EngineInfo:
 
 class EngineClient:
     """Owns the subprocess. Parsed lines go to `on_message`, unparsable ones to `on_malformed`,
-    and the end of the process to `on_exit` (after which the client restarts it)."""
+    and the end of the process to `on_exit` (after which the client restarts it; blame=False where the engine said
+    why: it ran out of memory, and is started again taking fewer requests)."""
 
     def __init__(self, cmd: list[str], handshake_timeout_s: float, max_restarts: int,
                  on_message: Callable[[m.Message], None], on_malformed: Callable[[str, str], None],
-                 on_exit: Callable[[str], None], on_ready: Callable[[], None], on_failed: Callable[[], None],
+                 on_exit: Callable[..., None], on_ready: Callable[[], None], on_failed: Callable[[], None],
                  env: dict[str, str] | None = None, launched: subprocess.Popen | None = None):
         """env: variables set for the engine beside the server's own (CUDA_VISIBLE_DEVICES).
         launched: the engine already started with this cmd and env (serve/engine_proc/engine_launch.py), taken
@@ -151,7 +152,8 @@ class EngineClient:
         if self.stopping:
             return
         self.state = EngineState.RESTARTING
-        if code == m.OUT_OF_MEMORY and self.out_of_memory_at:
+        out_of_memory = code == m.OUT_OF_MEMORY and self.out_of_memory_at > 0
+        if out_of_memory:
             fewer = max(1, self.out_of_memory_at * 3 // 4)
             pool = kv_tokens(self.info.fields)
             self.cmd = with_max_running(self.cmd, fewer, pool)
@@ -160,7 +162,7 @@ class EngineClient:
             self.out_of_memory_at = 0
         else:
             log.error("engine exited unexpectedly (exit code %s); restarting", code)
-        self.on_exit(f"the engine process exited unexpectedly (exit code {code})")
+        self.on_exit(f"the engine process exited unexpectedly (exit code {code})", blame=not out_of_memory)
         self.restarts += 1
         await self.start()
 

@@ -112,8 +112,8 @@ class EngineRouter:
 
     # ------------------------------------------------------------ engine deaths
 
-    def on_engine_exit(self, i: int, reason: str) -> None:
-        self.schedulers[i].on_engine_exit(reason)
+    def on_engine_exit(self, i: int, reason: str, blame: bool = True) -> None:
+        self.schedulers[i].on_engine_exit(reason, blame)
         self.records[i].clear()
         self._move_waiters(i)
 

@@ -30,16 +30,18 @@ class Recovery:
         self.places, self.admission, self.lines, self.report = places, admission, lines, report
         self.metrics, self.max_retries, self.eos_ids = metrics, max_retries, eos_ids
 
-    def on_engine_exit(self, reason: str) -> None:
+    def on_engine_exit(self, reason: str, blame: bool = True) -> None:
         """What the engine held goes back to the front of the queue, to run on the restarted
         engine (dispatched when it is ready). Blamed once: the read in front if there was one (the
-        engine was reading its chunk), else every decoding request (they were stepped together)."""
+        engine was reading its chunk), else every decoding request (they were stepped together); none
+        where the engine said why (blame False: it ran out of memory, and takes fewer requests now: two such
+        deaths in a row had failed the read in front at both as a poison request)."""
         self.metrics.engine_restarts.inc()
         self.admission.memory_full = False
         self.report.engine_gone()
         places = self.places
         parked = list(places.parked)
-        for req in (places.line[:1] if places.line else places.running):
+        for req in (places.line[:1] if places.line else places.running) if blame else ():
             req.deaths_running += 1
         running = places.take_running()
         for req in parked:

@@ -121,8 +121,8 @@ class Scheduler:
     def on_malformed(self, line: str, error: str) -> None:
         self.recovery.on_malformed(line, error)
 
-    def on_engine_exit(self, reason: str) -> None:
-        self.recovery.on_engine_exit(reason)
+    def on_engine_exit(self, reason: str, blame: bool = True) -> None:
+        self.recovery.on_engine_exit(reason, blame)
 
     def on_engine_ready(self) -> None:
         self.admission.engine_ready()
