@@ -35,7 +35,7 @@ def siblings(req: Request, n: int) -> list[Request]:
         if "seed" in sampling:
             sampling["seed"] = derived_seed(sampling["seed"], i)
         out.append(Request(prompt=req.prompt, max_tokens=req.max_tokens, sampling=sampling, stop=req.stop,
-                           stream=req.stream, priority=req.priority, made=req.made, arrived=req.arrived))
+                           stream=req.stream, priority=req.priority))
     return out
 
 

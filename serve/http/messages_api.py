@@ -25,7 +25,6 @@ from serve.scheduling.generation import Finished, GenerationError, KeepAlive
 from serve.api.prompt_fit import PromptFit
 from serve.api.prompt_tokens import off_loop, text_tokens
 from serve.api.reasoning import CONTENT, REASONING
-from serve.http.received import received_at
 from serve.http.run_request import build_request, collect, deltas, session_of, until_disconnect
 from serve.http.sse import named_event as event
 
@@ -301,7 +300,7 @@ async def respond(http: HTTPRequest, state, body: schema.MessagesRequest, fit: P
     warn_omitted(omitted)
     user = (body.metadata or {}).get("user_id")
     req = build_request(state, chat, prompt, body.max_tokens, grammar_for(state, plan, chat),
-                        session_of(http, user if isinstance(user, str) else None), received_at(http))
+                        session_of(http, user if isinstance(user, str) else None))
     opened, mid, model = reasoning_opened(state, text), f"msg_{req.id:024d}", body.model or state.settings.model_name
     if not body.stream:
         async def work():

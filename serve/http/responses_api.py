@@ -28,7 +28,6 @@ from serve.scheduling.generation import Finished, GenerationError, KeepAlive
 from serve.api.prompt_fit import PromptFit
 from serve.api.prompt_tokens import chat_tokens, off_loop
 from serve.api.reasoning import CONTENT, REASONING
-from serve.http.received import received_at
 from serve.http.run_request import build_request, collect, deltas, session_of, until_disconnect
 from serve.api.response_store import ResponseStore
 from serve.api.response_tools import ToolMap, build as build_tools, custom_text, flat_name
@@ -161,7 +160,7 @@ async def respond(http: HTTPRequest, state, store: ResponseStore, body: schema.R
     plan = replace(tool_plan(state, chat), enforced=tools.enforced)
     text, prompt = await off_loop(chat_tokens, state, fit, chat, plan)
     req = build_request(state, chat, prompt, body.max_output_tokens, grammar_for(state, plan, chat),
-                        session_of(http, body.prompt_cache_key), received_at(http))
+                        session_of(http, body.prompt_cache_key))
     rid, model = f"resp_{secrets.token_hex(12)}", body.model or state.settings.model_name
     opened = reasoning_opened(state, text)
     if not body.stream:

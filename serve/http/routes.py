@@ -24,7 +24,6 @@ from serve.api.prompt_fit import PromptFit
 from serve.api.prompt_tokens import chat_tokens, check_ids, off_loop, text_tokens
 from serve.scheduling.request import Request
 from serve.http.choices import merged, siblings
-from serve.http.received import received_at
 from serve.http.run_request import build_request, session_of, until_disconnect
 from serve.http.sse import data_event as sse
 from serve.state import ServerState
@@ -199,7 +198,7 @@ async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest
     text, prompt = await off_loop(chat_tokens, state, state.prompt_fit, body, plan)
     grammar = grammar_for(state, plan, body)
     req = build_request(state, body, prompt, body.max_completion_tokens or body.max_tokens,
-                        grammar, session_of(http, body.prompt_cache_key), received_at(http))
+                        grammar, session_of(http, body.prompt_cache_key))
     opened = reasoning_opened(state, text)
     return await respond(http, state, req, body, lambda: chat_shape(opened, plan, state.tokenizer, body.logprobs))
 
@@ -208,8 +207,7 @@ async def chat_completions(body: schema.ChatCompletionRequest, http: HTTPRequest
 async def completions(body: schema.CompletionRequest, http: HTTPRequest):
     state = await model_state(http, body.model)
     prompt = await completion_prompt(state, state.prompt_fit, body)
-    req = build_request(state, body, prompt, body.max_tokens, session=session_of(http, body.prompt_cache_key),
-                        received=received_at(http))
+    req = build_request(state, body, prompt, body.max_tokens, session=session_of(http, body.prompt_cache_key))
     if body.suffix is not None and (ends := fim_tokens(state.tokenizer).ends):  # a padding or a new file ends it
         req.sampling["stop"] = ends
     echo = state.tokenizer.decode(prompt) if body.echo else ""

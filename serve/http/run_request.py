@@ -27,11 +27,9 @@ def session_of(http: HTTPRequest, key: str | None) -> str | None:
 
 
 def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[int],
-                  max_tokens: int | None, grammar: str | None = None, session: str | None = None,
-                  received: float | None = None) -> Request:
+                  max_tokens: int | None, grammar: str | None = None, session: str | None = None) -> Request:
     """grammar: what the output must match (serve/api/constraints.py), carried to the engine on GEN;
-    session: the client's (session_of), whose cached prefix the engine evicts last; received: when the HTTP request
-    reached the server (serve/http/received.py), from which its waits count."""
+    session: the client's (session_of), whose cached prefix the engine evicts last."""
     ctx = state.ctx
     waiting = len(state.scheduler.waiting)
     if state.settings.max_queue and waiting >= state.settings.max_queue:
@@ -51,10 +49,8 @@ def build_request(state: ServerState, body: schema.SamplingFields, prompt: list[
         {"session": session} if session else {})
     if sampling["temperature"] > 0:  # seeded here, so that a restarted engine continues the same stream
         sampling.setdefault("seed", secrets.randbits(63))
-    req = Request(prompt=prompt, max_tokens=min(max_tokens or room, room), sampling=sampling,
-                  stop=body.stop_strings(), stream=body.stream, priority=body.priority)
-    req.arrived = req.made if received is None else received
-    return req
+    return Request(prompt=prompt, max_tokens=min(max_tokens or room, room), sampling=sampling,
+                   stop=body.stop_strings(), stream=body.stream, priority=body.priority)
 
 
 def events(state: ServerState, req: Request):

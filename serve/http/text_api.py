@@ -20,7 +20,6 @@ from serve.api.infill import fim_tokens, infill_tokens
 from serve.api.prompt_tokens import off_loop
 from serve.api.text_schema import DetokenizeRequest, InfillRequest, TokenizeRequest
 from serve.http.deps import SSE_HEADERS, check_api_key, model_state
-from serve.http.received import received_at
 from serve.http.run_request import build_request, collect, events, session_of, until_disconnect
 from serve.http.sse import data_event as sse
 from serve.scheduling.generation import Finished, GenerationError, KeepAlive, Piece
@@ -50,8 +49,7 @@ async def infill(body: InfillRequest, http: HTTPRequest):
     # n_predict 0: an editor warming the cache with its context (llama.vim's ring of chunks): the prompt is
     # read (and its blocks kept for the next request), one token drawn and not shown
     warm = body.limit() == 0
-    req = build_request(state, body, prompt, 1 if warm else body.limit(),
-                        session=session_of(http, body.prompt_cache_key), received=received_at(http))
+    req = build_request(state, body, prompt, 1 if warm else body.limit(), session=session_of(http, body.prompt_cache_key))
     ends = fim_tokens(state.tokenizer).ends
     if ends:
         req.sampling["stop"] = ends

@@ -4,12 +4,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum
 
 from protocol import messages as m
 
 _ids = itertools.count(1)
+# when the HTTP request being served reached the server (serve/http/received.py sets it): the requests made while
+# serving it count their waits from it
+ARRIVAL: ContextVar[float | None] = ContextVar("strata_arrival", default=None)
 
 
 class Phase(str, Enum):
@@ -40,7 +44,7 @@ class Request:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     phase: Phase = Phase.QUEUED
     made: float = field(default_factory=time.monotonic)  # (its prompt read, templated and tokenized by then)
-    arrived: float = field(default_factory=time.monotonic)  # its HTTP request's arrival where known (received.py)
+    arrived: float | None = None  # its HTTP request's arrival (ARRIVAL), else when it was made
     first_chunk_at: float | None = None
     first_token_at: float | None = None
     first_text_at: float | None = None  # when its first text was handed to the response (a token may hold none)
@@ -65,6 +69,10 @@ class Request:
     engine: int = 0  # which engine runs it (serve/scheduling/engine_router.py)
     predict_limit_s: float | None = None  # llama-server's t_max_predict_ms: the answer ends at its first new
     # line written once this long past its first token (an editor's completion: a few whole lines)
+
+    def __post_init__(self):
+        if self.arrived is None:
+            self.arrived = ARRIVAL.get() or self.made
 
     @property
     def generated(self) -> int:
