@@ -96,7 +96,7 @@ class HostTier:
                 self.free.append(old.slot)
             slots.append(self._take_slot())
             self.entries[block.key] = HostBlock(block.tokens, block.parent, slots[-1])
-        self._copy_out(slots, rest)
+        self._copy_out(self.shelf.put, slots, rest)
         self.stored += len(rest)
 
     def store_ahead(self, blocks) -> int:
@@ -114,8 +114,7 @@ class HostTier:
             self.early[block.key] = slot
             slots.append(slot)
             taken.append(block)
-        if taken:
-            self.shelf.put_ahead(slots, [block.index for block in taken])
+        self._copy_out(self.shelf.put_ahead, slots, taken)
         self.ahead += len(taken)
         return len(taken)
 
@@ -128,9 +127,11 @@ class HostTier:
             self.dropped += 1
         return self.free.pop()
 
-    def _copy_out(self, slots: list[int], blocks: list) -> None:
+    @staticmethod
+    def _copy_out(put, slots: list[int], blocks: list) -> None:
+        """The blocks' rows into these slots by the shelf's `put` (or `put_ahead`), if there are any."""
         if blocks:
-            self.shelf.put(slots, [block.index for block in blocks])
+            put(slots, [block.index for block in blocks])
 
     def drop_early(self, keys) -> None:
         """These copies ahead let go (their blocks were taken again), their slots free."""

@@ -38,11 +38,8 @@ class AheadCopies:
     def beside_steps(self) -> None:
         """Between a busy engine's steps: a batch where copies run beside them, the last batch has landed and the
         tier wants one."""
-        tier = self.pool.tier
-        if tier is None or not tier.shelf.copies_beside_steps or tier.shelf.copying:
-            return
-        now = time.perf_counter()
-        if now - self.asked < CHECK_S:
+        tier, now = self.pool.tier, time.perf_counter()  # (every round: the cheap tests first)
+        if tier is None or now - self.asked < CHECK_S or not tier.shelf.copies_beside_steps or tier.shelf.copying:
             return
         self.asked = now
         if self.pending():
