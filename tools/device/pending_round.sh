@@ -60,6 +60,14 @@ limit=${LIMIT_S:-600}
 cap() {  # a part's limit cut to what is left of the call's, at least 1 s (`timeout 0` would mean no limit)
   local left=$(( limit - 15 - SECONDS )); left=$(( $1 < left ? $1 : left )); echo $(( left > 1 ? left : 1 ))
 }
+traced_peers() {  # $1 the cases: the server's defaults through HTTP, traced, its log kept, three runs each
+  [ "$(cap 600)" -gt 150 ] && env SECONDS=$(( SECONDS + 600 - limit )) KEEP_SERVER_LOG=1 STRATA_STEP_TRACE=1 \
+    PEERS_CASES=$1 PEERS_REPEATS=3 timeout $(cap 300) bash tools/device/gpu_run.sh peers_strata 2>&1 \
+    | grep -E "TTFT|median|agent|rror" | tail -30
+}
+ladder() {  # the HTTP ladder at 1 / 16 / 64 / 256 clients
+  CLIENTS=1,16,64,256 CLIENTS_LIMIT=$(cap 280) timeout $(cap 290) bash tools/device/gpu_run.sh clients 2>&1 | tail -12
+}
 bash tools/device/apply_pending.sh || { echo "A PENDING PATCH DOES NOT APPLY"; exit 1; }
 base=$OUT
 mkdir -p "$base/p"
@@ -99,27 +107,21 @@ for part in ${PARTS:-fusions}; do
       timeout $(cap 120) bash tools/device/gpu_run.sh hosttier 2>&1 | tail -4
       timeout $(cap 200) bash tools/device/gpu_run.sh paged 2>&1 | tail -6
       KV_TYPE=q8_0 timeout $(cap 200) bash tools/device/gpu_run.sh paged 2>&1 | tail -6
-      [ "$(cap 600)" -gt 150 ] && env SECONDS=$(( SECONDS + 600 - limit )) KEEP_SERVER_LOG=1 STRATA_STEP_TRACE=1 \
-        PEERS_CASES=hol,clients,subagents PEERS_REPEATS=3 bash tools/device/gpu_run.sh peers_strata 2>&1 | tail -30 ;;
+      traced_peers hol,clients,subagents ;;
     issue44)
       timeout $(cap 90) bash tools/device/gpu_run.sh hosttier 2>&1 | tail -4
-      [ "$(cap 600)" -gt 150 ] && env SECONDS=$(( SECONDS + 600 - limit )) KEEP_SERVER_LOG=1 STRATA_STEP_TRACE=1 \
-        PEERS_CASES=hol,clients,subagents,agent PEERS_REPEATS=3 timeout $(cap 300) bash tools/device/gpu_run.sh \
-        peers_strata 2>&1 | grep -E "TTFT|median|agent|rror" | tail -30
+      traced_peers hol,clients,subagents,agent
       timeout $(cap 400) bash tools/device/gpu_run.sh peers_build 2>&1 | tail -2 ;;
     issue44s)
       timeout $(cap 150) bash tools/device/gpu_run.sh hosttier 2>&1 | tail -6
       timeout $(cap 150) bash tools/device/gpu_run.sh paged 2>&1 | tail -6
-      [ "$(cap 600)" -gt 150 ] && env SECONDS=$(( SECONDS + 600 - limit )) KEEP_SERVER_LOG=1 STRATA_STEP_TRACE=1 \
-        PEERS_CASES=hol,clients,subagents,agent PEERS_REPEATS=3 timeout $(cap 300) bash tools/device/gpu_run.sh \
-        peers_strata 2>&1 | grep -E "TTFT|median|agent|rror" | tail -30
+      traced_peers hol,clients,subagents,agent
       python3 tools/profiling/clients_split.py "$OUT/pool_strata.json" 2>&1 | tail -3
-      CLIENTS=1,16,64,256 CLIENTS_LIMIT=$(cap 280) timeout $(cap 290) bash tools/device/gpu_run.sh clients 2>&1 \
-        | tail -12 ;;
+      ladder ;;
     issue44b)
       PEERS_CASES=hol,clients,subagents,agent PEERS_REPEATS=1 timeout $(cap 300) bash tools/device/gpu_run.sh \
         peers_llama 2>&1 | grep -E "TTFT|median|agent|rror" | tail -20
-      CLIENTS=1,16,64,256 CLIENTS_LIMIT=$(cap 280) timeout $(cap 290) bash tools/device/gpu_run.sh clients 2>&1 | tail -12
+      ladder
       SIZES=4096,16384,65536 FORMS=kept timeout $(cap 200) bash tools/device/gpu_run.sh benchq 2>&1 \
         | grep -E "prefill|decode_at" | tail -8 ;;
   esac
