@@ -7,8 +7,8 @@ copies at most, ~11 ms for 64 blocks of the 8B shape), and on a GPU also between
 once the last one has landed, since there they run on the copy engine beside the steps (engine/kvcache/host_shelf.py
 put_ahead). Without the latter, 64 clients that came right after 64 others found nothing copied ahead: their
 admission's 576 evicted blocks held the engine ~90 ms ahead of their reads (bench/HISTORY.md, twenty-second session).
-Between steps, whether a batch is wanted is asked at most every CHECK_S (it counts the copies ahead: ~0.1 ms with
-hundreds of them).
+Between steps a batch is asked for at most every CHECK_S (store_ahead walks the copies ahead: ~0.1 ms with hundreds of
+them).
 """
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ class AheadCopies:
         return ahead_wanted(self.pool)
 
     def copy_some(self) -> None:
+        """A batch, where the tier wants one (store_ahead copies nothing otherwise)."""
         started = time.perf_counter()
         copied = store_ahead(self.pool, BATCH)
-        if self.trace is not None:
+        if copied and self.trace is not None:
             self.trace.step("ahead", started, blocks=copied)
 
     def beside_steps(self) -> None:
@@ -42,5 +43,4 @@ class AheadCopies:
         if tier is None or now - self.asked < CHECK_S or not tier.shelf.copies_beside_steps or tier.shelf.copying:
             return
         self.asked = now
-        if self.pending():
-            self.copy_some()
+        self.copy_some()
