@@ -324,9 +324,10 @@ def case_hol(url: str, a: argparse.Namespace, log, out: dict, save) -> dict:
 
 # ---------------------------------------------------------------- clients: many at once
 
-def server_ttft(r: dict, key: str = "ttft_ms") -> float | None:
-    """The server's own time to the first token (s), where its timings say (Strata's ttft_ms, from the request's
-    arrival; first_text_ms: to its first text, which a token may not hold; intake_ms: before it went in line)."""
+def server_time(r: dict, key: str = "ttft_ms") -> float | None:
+    """One of the server's own times (s), where its timings give it (Strata's, each from the request's arrival):
+    ttft_ms (the default), first_text_ms (to its first text, which a token may not hold), intake_ms (before it went
+    in line)."""
     ms = (r["timings"] or {}).get(key)
     return None if ms is None else round(ms / 1000, 3)
 
@@ -343,7 +344,7 @@ def clients_run(url: str, a: argparse.Namespace, rep: int) -> dict:
     decode_window = max(r["last"] for r in ok) - min(r["first"] for r in ok) if ok else 0
     rates = [(completion_tokens(r) - 1) / (r["last"] - r["first"]) for r in ok if r["last"] > r["first"]]
     decoded = sum(completion_tokens(r) - 1 for r in ok)  # the tokens after each one's first
-    server = [t for t in map(server_ttft, ok) if t is not None]
+    server = [t for t in map(server_time, ok) if t is not None]
     slowest = max(ok, key=lambda r: r["first"] - r["sent"]) if ok else None
     sent = min(r["sent"] for r in rs)
     return {"clients": a.clients, "answered": len(ok), "errors": sorted({r["error"] for r in rs if r["error"]}),
@@ -358,9 +359,9 @@ def clients_run(url: str, a: argparse.Namespace, rep: int) -> dict:
             "server_ttft_p99_s": pct(server, 99), "sent_spread_s": round(max(r["sent"] for r in rs) - sent, 3),
             "slowest": slowest and {"ttft_s": round(slowest["first"] - slowest["sent"], 3),
                                     "sent_after_s": round(slowest["sent"] - sent, 3),
-                                    "server_ttft_s": server_ttft(slowest),
-                                    "server_intake_s": server_ttft(slowest, "intake_ms"),
-                                    "server_first_text_s": server_ttft(slowest, "first_text_ms"),
+                                    "server_ttft_s": server_time(slowest),
+                                    "server_intake_s": server_time(slowest, "intake_ms"),
+                                    "server_first_text_s": server_time(slowest, "first_text_ms"),
                                     "first_text_token": (slowest["timings"] or {}).get("first_text_token")}}
 
 
