@@ -2,8 +2,8 @@
 slots, against the earlier way (a gather and a copy to pageable memory a block, each waited for,
 KVCache.read_blocks); every block's rows equal after the round trip, f16 and q8_0 pools, on the Llama-3-8B shape's
 KV (32 layers, 8 KV heads of 128, blocks of 64: 8 MiB a block in f16): the shelf's page-locked chunks and strided
-copies queued on the stream. Where the shelf makes its chunks ahead (make_ahead: a thread of their own, started here
-before the pool is filled, so that its allocations run beside the GPU's work), `made_ahead_s` is the thread's time
+copies queued on the stream. The shelf makes its chunks ahead (make_ahead: a thread of their own, started here
+before the pool is filled, so that its allocations run beside the GPU's work): `made_ahead_s` is the thread's time
 and the first pass waits only for chunks not yet made. `queue_s`: the host's time to queue one eviction's copies
 (without waiting for them).
 
@@ -45,22 +45,25 @@ def timed(backend, fn) -> float:
     return time.perf_counter() - start
 
 
-def check(kv_type: str, blocks: int, evict: int, repeats: int) -> dict:
+def filled_shelf(kv_type: str, blocks: int, evict: int, seed: int):
+    """A pool of `blocks` of the 8B shape's KV filled with distinct rows, a shelf of `evict` slots whose chunks are
+    being made ahead, and `evict` of the blocks in a scattered order (an LRU queue's): (backend, kv, shelf, order,
+    when the chunks' making began)."""
     backend = select_backend("gpu")
-    cp = backend.xp
     kv = KVCache(SHAPE_8B, 64 * blocks, backend, 64, blocks, kv_type=kv_type)
     shelf = kv.shelf(evict)
-    began, ahead = time.perf_counter(), getattr(shelf, "make_ahead", None)
-    if ahead is not None:
-        ahead()
-    parts = shelf.pools
-    fill(cp, parts)
-    order = np.random.default_rng(1).permutation(blocks)[:evict].tolist()  # an LRU queue's order: scattered
-    slots = list(range(evict))
-    first = timed(backend, lambda: shelf.put(slots, order))  # the chunks made (page-locked) on this first pass
-    if ahead is not None:
-        shelf.maker.join()
-    made_ahead = time.perf_counter() - began if ahead is not None else None
+    began = time.perf_counter()
+    shelf.make_ahead()
+    fill(backend.xp, shelf.pools)
+    return backend, kv, shelf, np.random.default_rng(seed).permutation(blocks)[:evict].tolist(), began
+
+
+def check(kv_type: str, blocks: int, evict: int, repeats: int) -> dict:
+    backend, kv, shelf, order, began = filled_shelf(kv_type, blocks, evict, 1)
+    cp, parts, slots = backend.xp, shelf.pools, list(range(evict))
+    first = timed(backend, lambda: shelf.put(slots, order))  # waits only for chunks not yet made
+    shelf.maker.join()
+    made_ahead = time.perf_counter() - began
     again = [timed(backend, lambda: shelf.put(slots, order)) for _ in range(repeats)]
     sorted_order = sorted(order)
     runs = [timed(backend, lambda: shelf.put(slots, sorted_order)) for _ in range(repeats)]
@@ -74,7 +77,7 @@ def check(kv_type: str, blocks: int, evict: int, repeats: int) -> dict:
     equal = all(np.array_equal(cp.asnumpy(part[:, target]).view(np.uint8), rows) for part, rows in zip(parts, expect))
     gib = evict * kv.block_bytes / 2**30
     out = {"kv_type": kv_type, "blocks": evict, "gib": round(gib, 3), "equal": equal,
-           "shelf_first_s": round(first, 4), "made_ahead_s": made_ahead and round(made_ahead, 3),
+           "shelf_first_s": round(first, 4), "made_ahead_s": round(made_ahead, 3),
            "shelf_s": round(statistics.median(again), 4),
            "shelf_sorted_s": round(statistics.median(runs), 4), "back_s": round(back, 4),
            "per_block_s": round(statistics.median(per_block), 4),
@@ -94,16 +97,9 @@ def fill(cp, parts) -> None:
 
 
 def check_ahead(kv_type: str, blocks: int, evict: int, repeats: int) -> dict:
-    backend = select_backend("gpu")
-    cp = backend.xp
-    kv = KVCache(SHAPE_8B, 64 * blocks, backend, 64, blocks, kv_type=kv_type)
-    shelf = kv.shelf(evict)
-    shelf.make_ahead()
+    backend, kv, shelf, order, _ = filled_shelf(kv_type, blocks, evict, 3)
+    cp, parts, slots = backend.xp, shelf.pools, list(range(evict))
     shelf.maker.join()
-    parts = shelf.pools
-    fill(cp, parts)
-    order = np.random.default_rng(3).permutation(blocks)[:evict].tolist()
-    slots = list(range(evict))
     a = cp.random.RandomState(0).standard_normal((8192, 8192), dtype=cp.float32).astype(cp.float16)
 
     def steps():  # ~1.1 TFLOP each: about as long as the copies, 80 of them
