@@ -65,7 +65,8 @@ pick_keys(const float* __restrict__ logits, const double* __restrict__ params, f
 // approximate __expf; NumPy's float32 exp is within an ulp of this).
 __device__ __forceinline__ float weight(float s, float best) { return (float)exp((double)(s - best)); }
 
-// One block a row, over the row's sorted keys: the candidates are the first top_k (0: all n), weighing
+// One block a row, over the row's sorted keys (`stride` apart: a row's n keys, or pick_top's TOP_MAX): the
+// candidates are the first top_k (0: all n), weighing
 // e_i = exp(s_i - s_0). Their cumulative sums are fp64 in a fixed order: thread t's slice of consecutive
 // candidates summed in order, the slices' sums scanned (Hillis-Steele, a fixed tree), and cum_i = the slice's
 // offset + its running sum to i. min-p keeps the candidates with e_i >= min_p (at least one), top-p the
@@ -73,14 +74,14 @@ __device__ __forceinline__ float weight(float s, float best) { return (float)exp
 // u * (the kept mass), as sampler.draw_index.
 extern "C" __global__ void __launch_bounds__(DRAW_THREADS)
 pick_draw(const float* __restrict__ scaled, const unsigned long long* __restrict__ keys,
-          const double* __restrict__ params, long long* __restrict__ out, int n, int bits) {
+          const double* __restrict__ params, long long* __restrict__ out, int n, int bits, int stride) {
     after_producer();
     __shared__ double part[DRAW_THREADS];
     __shared__ int over, reach, pick;
     __shared__ double kept;
     const int row = blockIdx.x, t = threadIdx.x;
     scaled += (size_t)row * n;
-    keys += (size_t)row * n;
+    keys += (size_t)row * stride;  // (n: every key sorted; TOP_MAX: pick_top's first top_k)
     params += row * PICK_PARAMS;
     const unsigned long long index = (1ull << bits) - 1ull;
     const int top_k = (int)params[1];
@@ -138,6 +139,99 @@ pick_draw(const float* __restrict__ scaled, const unsigned long long* __restrict
     }
     __syncthreads();
     if (t == 0) out[row] = (long long)(keys[min(pick, keep - 1)] & index);
+}
+
+// A row's top_k smallest keys in order without sorting all n: where every row of a draw has 0 < top_k <=
+// TOP_MAX (the servers' default top_k is 40), pick_draw reads only those, so one block a row finds them
+// (engine/kernels/argmax_launch.py pick_rows, top=True), where the radix sort of every row's keys took most of a
+// 64-row draw's ~1.6 ms. The keys of a row are unique, so its m smallest are one set in one order whatever finds
+// them: the same keys, the same token as after the sort. A radix select over the key's bits below the row's, 8
+// bits a round from the top: each round counts the keys under the digits chosen so far by their next digit
+// (a histogram a warp in shared memory, a thread's run of equal digits counted once), and the digit where the
+// count reaches the m-th is chosen; it ends once the chosen digit's keys are exactly the ones still wanted (a
+// float's top byte is shared by most logits: its round costs a read, its later ones few atomics). The keys at
+// or below the threshold, m of them, are gathered and sorted in shared memory (a bitonic sort of TOP_MAX).
+constexpr int TOP_MAX = 256;
+constexpr int TOP_THREADS = 1024;
+constexpr int TOP_WARPS = TOP_THREADS / 32;
+
+// keys (rows, n) from pick_keys, params (rows, PICK_PARAMS) with 0 < top_k <= TOP_MAX -> top (rows, TOP_MAX):
+// each row's min(top_k, n) smallest keys ascending, the rest ~0.
+extern "C" __global__ void __launch_bounds__(TOP_THREADS)
+pick_top(const unsigned long long* __restrict__ keys, const double* __restrict__ params,
+         unsigned long long* __restrict__ top, int n, int bits) {
+    after_producer();
+    __shared__ int hist[TOP_WARPS][256];
+    __shared__ unsigned long long cand[TOP_MAX];
+    __shared__ int digit, still, last, count;
+    const int row = blockIdx.x, t = threadIdx.x, warp = t / 32;
+    keys += (size_t)row * n;
+    top += (size_t)row * TOP_MAX;
+    const int m = max(1, min((int)params[row * PICK_PARAMS + 1], n));
+    const int width = 32 + bits;  // a key's bits below its row's
+    const unsigned long long low = (1ull << width) - 1ull;
+    unsigned long long prefix = 0ull, threshold = low;  // the digits chosen so far; the keys kept: <= threshold
+    int want = m;  // of the keys under `prefix`, how many are still to be kept
+    for (int shift = (width + 7) / 8 * 8 - 8; shift >= 0; shift -= 8) {
+        for (int i = t; i < TOP_WARPS * 256; i += TOP_THREADS) hist[i / 256][i % 256] = 0;
+        __syncthreads();
+        const unsigned long long above = prefix >> (shift + 8);
+        int run = -1, runs = 0;  // the thread's run of keys with one digit, counted once
+        for (int j = t; j < n; j += TOP_THREADS) {
+            const unsigned long long v = keys[j] & low;
+            if ((v >> (shift + 8)) != above) continue;
+            const int d = (int)((v >> shift) & 255ull);
+            if (d != run) {
+                if (runs) atomicAdd(&hist[warp][run], runs);
+                run = d, runs = 0;
+            }
+            runs++;
+        }
+        if (runs) atomicAdd(&hist[warp][run], runs);
+        __syncthreads();
+        if (t < 256) {  // the digit's count over the warps
+            int sum = 0;
+            for (int w = 0; w < TOP_WARPS; w++) sum += hist[w][t];
+            hist[0][t] = sum;
+        }
+        __syncthreads();
+        if (t == 0) {
+            int before = 0, d = 0;
+            while (d < 255 && before + hist[0][d] < want) before += hist[0][d++];
+            digit = d, still = want - before, last = hist[0][d] == want - before;
+        }
+        __syncthreads();
+        prefix |= (unsigned long long)digit << shift;
+        want = still;
+        const bool done = last || shift == 0;
+        __syncthreads();  // (every thread has read them before the next round writes them)
+        if (done) {
+            threshold = prefix | ((1ull << shift) - 1ull);
+            break;
+        }
+    }
+    if (t == 0) count = 0;
+    for (int i = t; i < TOP_MAX; i += TOP_THREADS) cand[i] = ~0ull;
+    __syncthreads();
+    for (int j = t; j < n; j += TOP_THREADS) {
+        const unsigned long long key = keys[j];
+        if ((key & low) <= threshold) {
+            const int at = atomicAdd(&count, 1);
+            if (at < TOP_MAX) cand[at] = key;
+        }
+    }
+    __syncthreads();
+    for (int size = 2; size <= TOP_MAX; size <<= 1) {  // bitonic, ascending
+        for (int half = size / 2; half > 0; half >>= 1) {
+            if (t < TOP_MAX / 2) {
+                const int i = 2 * t - (t & (half - 1)), j = i + half;
+                const unsigned long long a = cand[i], b = cand[j];
+                if ((a > b) == ((i & size) == 0)) cand[i] = b, cand[j] = a;
+            }
+            __syncthreads();
+        }
+    }
+    for (int i = t; i < TOP_MAX; i += TOP_THREADS) top[i] = cand[i];
 }
 
 // ---------------------------------------------------------------- log-probabilities, a step's rows at once

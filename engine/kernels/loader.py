@@ -29,7 +29,7 @@ ATTENTION_SMEM = {f"flash_attention_d{d}": attention_smem_bytes(d) for d in HEAD
 def built_kernels() -> dict[str, tuple[str, ...]]:
     """The kernels GpuKernels builds (compiled by CuPy), by source file."""
     return {"norm_rope.cu": ("add_rms_norm", "add_gated_rms_norm", "rope_store", "norm_rope_store", "silu_mul"),
-             "argmax.cu": ("argmax_first", "pick_keys", "pick_draw", "row_logprobs"),
+             "argmax.cu": ("argmax_first", "pick_keys", "pick_top", "pick_draw", "row_logprobs"),
              "quant.cu": ("dequant_BF16", "quantize_q8", *(f"{family}_{kind}{suffix}" for kind in WEIGHT_KINDS
                                             for family, suffix in (("dequant", ""), ("embed", ""))),
                           *(f"matvec_{kind}_n{nb}{suffix}" for kind in BLOCKS

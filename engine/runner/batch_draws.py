@@ -6,14 +6,17 @@ small kernels), one row after another, so 64 sampling clients spent ~14 ms of ev
 drawing. Here every plain sampling row of a step (temperature > 0, no penalties, no grammar:
 Sampler.batchable) is drawn in one graph replay and one copy back: the rows' logits copied into a
 staging buffer, their parameters and uniforms in one transfer, then pick_keys, one radix sort of every
-row's keys and pick_draw, a block a row.
+row's keys and pick_draw, a block a row. Where every row has 0 < top_k <= TOP_MAX (the servers' default top_k is
+40), pick_top finds each row's top_k first keys instead of the sort (the same keys in the same order: the same
+tokens), the sort having been most of a 64-row draw's ~1.6 ms on an H100.
 
 A request takes each of its tokens from here, its first (after its prompt) as a batch of one, so that its
 tokens come from the same arithmetic whatever the step: a row's token is a function of its logits, its
 parameters and its uniform alone (argmax.cu). draw_segmented is that arithmetic in NumPy, the reference
 tools/device/gpu_kernels_check.py holds the kernels to; the CPU engine draws with sampler.pick (a sorted
 prefix, float32 sums), which gives the same token but where the uniform falls within rounding of a
-boundary. One graph per batch size (decode_graph's BATCH_SIZES), captured at its first use.
+boundary. One graph per batch size (decode_graph's BATCH_SIZES) and way (sorted, or pick_top), captured at its
+first use.
 """
 from __future__ import annotations
 
@@ -21,12 +24,13 @@ import sys
 
 import numpy as np
 
-from engine.kernels.argmax_launch import DRAW_THREADS, PICK_PARAMS
+from engine.kernels.argmax_launch import DRAW_THREADS, PICK_PARAMS, TOP_MAX
 from engine.runner.decode_graph import BATCH_SIZES, padded_rows
 from engine.runner.graph_pool import GraphMemoryError, graph_memory_pool
 from engine.runner.sampler import SamplingParams, descending_order
 
 PADDING = (1.0, 0, 1.0, 0.0, 0.0)  # a padding row's parameters: a plain draw over whatever its row holds, ignored
+TOP_PADDING = (1.0, 1, 1.0, 0.0, 0.0)  # the same where pick_top orders the rows (its rows' top_k within TOP_MAX)
 
 
 def row_params(p: SamplingParams, u: float) -> tuple[float, int, float, float, float]:
@@ -48,7 +52,7 @@ class BatchDraws:
         self.params = cp.zeros((rows, PICK_PARAMS), dtype=cp.float64)
         self.tokens = cp.zeros(rows, dtype=cp.int64)
         self.host = np.zeros((rows, PICK_PARAMS), dtype=np.float64)
-        self.graphs: dict[int, object] = {}
+        self.graphs: dict[tuple[int, bool], object] = {}  # (batch size, by pick_top) -> its graph
         self.capturable = True
 
     def draw(self, rows: list[tuple[object, SamplingParams, float]], gather: tuple | None = None) -> list[int]:
@@ -67,23 +71,24 @@ class BatchDraws:
                     logits = cp.ascontiguousarray(logits, dtype=cp.float32)
                     self.logits[i].data.copy_from_device_async(logits.data, logits.nbytes, self.stream)
                 self.host[i] = row_params(p, u)
-            self.host[n:size] = PADDING
+            top = all(0 < p.top_k <= TOP_MAX for _, p, _ in rows)
+            self.host[n:size] = TOP_PADDING if top else PADDING
             self.params[:size].set(self.host[:size])
-            graph = self.graphs.get(size)
+            graph = self.graphs.get((size, top))
             if graph is None:
-                graph = self.capture(size)
+                graph = self.capture(size, top)
             if graph is not None:
                 graph.launch(self.stream)
             else:
-                self.kernels.pick_rows(self.logits[:size], self.params[:size], self.tokens[:size])
+                self.kernels.pick_rows(self.logits[:size], self.params[:size], self.tokens[:size], top)
             return self.tokens[:n].get(stream=self.stream).tolist()
 
-    def capture(self, size: int):
-        """The draw of `size` rows as a graph (None where it cannot be: the rows are then launched). An eager
-        run first fills the pool, so that the capture allocates nothing."""
+    def capture(self, size: int, top: bool):
+        """The draw of `size` rows (by pick_top where `top`) as a graph (None where it cannot be: the rows are then
+        launched). An eager run first fills the pool, so that the capture allocates nothing."""
         if not self.capturable:
             return None
-        cp, args = self.cp, (self.logits[:size], self.params[:size], self.tokens[:size])
+        cp, args = self.cp, (self.logits[:size], self.params[:size], self.tokens[:size], top)
         try:
             with cp.cuda.using_allocator(self.pool.malloc):
                 self.kernels.pick_rows(*args)
@@ -100,7 +105,7 @@ class BatchDraws:
                   file=sys.stderr, flush=True)
             self.capturable = False
             return None
-        self.graphs[size] = graph
+        self.graphs[size, top] = graph
         return graph
 
 

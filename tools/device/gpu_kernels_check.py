@@ -497,7 +497,9 @@ def check_sampling(k: GpuKernels) -> None:
 def check_batch_draws(k: GpuKernels) -> None:
     """engine/runner/batch_draws.py (argmax.cu's pick_keys and pick_draw): a row's token the same alone and in
     batches of 3, 17 and 64 (bit for bit: the exactness the engine promises), the same as draw_segmented (the
-    arithmetic in NumPy; an ulp of exp apart at most), agreeing with the host sampler; graphs captured."""
+    arithmetic in NumPy; an ulp of exp apart at most), agreeing with the host sampler; graphs captured. Then rows
+    that all have 0 < top_k <= TOP_MAX (pick_top's select instead of the sort): the sort's very tokens, alone and in
+    a batch, draw_segmented's."""
     from engine.runner.batch_draws import BatchDraws, draw_segmented
     from engine.runner.sampler import SamplingParams, pick, scale
 
@@ -532,7 +534,32 @@ def check_batch_draws(k: GpuKernels) -> None:
     record("sample", "batched draws = draw_segmented (NumPy)", 1 - reference / checked, 0.02)
     record("sample", "batched draws agree with the host sampler", 1 - host_agree / checked, 0.05)
     record("sample", "batched draws captured as graphs (1, 4, 24, 64 rows)",
-           float(not batch.capturable or sorted(batch.graphs) != [1, 4, 24, 64]), 0)
+           float(not batch.capturable or not {(size, False) for size in (1, 4, 24, 64)} <= set(batch.graphs)), 0)
+    # pick_top (every row 0 < top_k <= TOP_MAX): the sort's tokens, alone and in a batch, = draw_segmented
+    tops = (SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), SamplingParams(temperature=1.0, top_k=1),
+            SamplingParams(temperature=0.7, top_k=256), SamplingParams(temperature=1.2, top_k=7, top_p=0.5))
+    host[-2, ::5] = host[-2].max()  # ties at the top: the first indices first, as in the sort
+    logits = cp.asarray(host)
+    same = top_alone = top_reference = top_checked = 0
+    for rep in range(3):
+        us = rng.random(rows)
+        params = [tops[(i + rep) % len(tops)] for i in range(rows)]
+        rows_in = [(logits[i], params[i], float(us[i])) for i in range(rows)]
+        by_top = batch.draw(rows_in, (logits, list(range(rows))))
+        table = cp.asarray(np.array([[p.temperature, p.top_k, p.top_p, p.min_p, float(u)] for p, u in
+                                     zip(params, us)], dtype=np.float64))
+        sorted_out = cp.zeros(rows, dtype=cp.int64)
+        k.pick_rows(logits, table, sorted_out)  # every key sorted: the other way to the same tokens
+        same += by_top == sorted_out.get().tolist()
+        for i in range(0, rows, 3):
+            top_checked += 1
+            top_alone += batch.draw([rows_in[i]]) == [by_top[i]]
+            top_reference += draw_segmented(scale(host[i], params[i]), float(us[i]), params[i]) == by_top[i]
+    record("sample", "pick_top's draws = the sort's, a batch of 64, bit for bit", float(same != 3), 0)
+    record("sample", "pick_top's draws: a row alone = in a batch of 64", float(top_alone != top_checked), 0)
+    record("sample", "pick_top's draws = draw_segmented (NumPy)", 1 - top_reference / top_checked, 0.02)
+    record("sample", "pick_top's draws captured as graphs (1 and 64 rows)",
+           float(not batch.capturable or not {(1, True), (64, True)} <= set(batch.graphs)), 0)
 
 
 # ---------------------------------------------------------------- speed
@@ -603,6 +630,15 @@ def sampling_speed(k: GpuKernels) -> dict:
             batch.draw([(rows[i], params, 0.5) for i in range(n)])
             times.append((time.perf_counter() - t) * 1e3)
         out[f"sample_batch{n}_top_p_vocab128256_ms"] = round(float(np.median(times[1:])), 3)
+    top = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # the servers' defaults: pick_top
+    for n in (1, 16, 64):
+        times = []
+        for _ in range(21):
+            cp.cuda.Device().synchronize()
+            t = time.perf_counter()
+            batch.draw([(rows[i], top, 0.5) for i in range(n)], (rows, list(range(n))))
+            times.append((time.perf_counter() - t) * 1e3)
+        out[f"sample_batch{n}_top_k40_vocab128256_ms"] = round(float(np.median(times[1:])), 3)
     return out
 
 
