@@ -38,6 +38,7 @@ class DecodeSteps:
         going = []
         now = began = time.perf_counter()
         self.runner.pick_ahead([s for s in seqs if not s.paused and not s.unstepped])  # (the GPU's plain draws at once)
+        picked = time.perf_counter()
         for seq in seqs:
             if seq.paused:  # paused by an earlier row's need in this step
                 continue
@@ -45,12 +46,14 @@ class DecodeSteps:
             # right after its prompt, or one paused after its draw, goes straight to its forward)
             if seq.unstepped or self.draw(seq, now):
                 going.append(seq)
+        drawn = time.perf_counter()
         for seq in list(going):  # oldest first: a newer one gives its blocks up first
             if not seq.paused and not self.memory.get_blocks(seq, seq.kv_len + 1):
                 self.memory.pause(seq)
         going = [s for s in going if not s.paused]
-        self.trace.step("draws", began, rows=len(seqs))  # (the host's work between two decode steps: the draws, the
-        # token lines, the rows' blocks)
+        self.trace.step("draws", began, rows=len(seqs), picks_ms=round((picked - began) * 1e3, 2),
+                        lines_ms=round((drawn - picked) * 1e3, 2))  # (the host's work between two decode steps: the
+        # draws at once, then each row's token and line, then the rows' blocks)
         pacing = self.runner.draft_max > 0  # speculative decoding: drafts after each request's newest token
         if pacing:
             began += self.run_draft_model(going)  # (its forwards are counted apart: not the step's rows)

@@ -305,10 +305,19 @@ stop_server() {  # NAME: SIGINT, then SIGKILL to the server and its children aft
   # a line per engine step, engine/loop/step_trace.py)
   return 0
 }
+profile_engine() {  # NAME: py-spy samples the server's engine process for $PROFILE_S s from now, waits included
+  # (--idle: a step's GPU waits show as such), into $OUT/spy_NAME.txt (folded stacks; .whl carries py-spy)
+  local engine
+  engine=$(pgrep -P $SERVER_PID -f "engine" | head -1 || true)
+  [ -n "$engine" ] || { echo "no engine process to profile"; return 0; }
+  /tmp/site/bin/py-spy record --pid $engine --duration $PROFILE_S --rate 500 --idle --format raw \
+    --output "$OUT/spy_$1.txt" > /tmp/spy_$1.log 2>&1 &
+}
 serve_and_bench() {  # NAME JSON VERSION COMMAND...
   local name=$1 json=$2 version=$3
   shift 3
   start_server $name "$@" || return 0
+  [ -n "${PROFILE_S:-}" ] && profile_engine $name
   if [ $SECONDS -gt 500 ]; then
     echo "no time left in this call for the bench"
   else timeout -k 10 $((560 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label $name \

@@ -31,6 +31,8 @@
 #   issue44b  the llama-server side in the same session (peers_llama, its default slots -np 66 -kvu -c 262144: the
 #             same four cases, one run each), the HTTP ladder at 1 / 16 / 64 / 256 clients (gpu_run.sh clients), and
 #             the 8B Q4_K_M shape's reads of 4K / 16K / 65K (gpu_run.sh benchq, SIZES): two calls on one machine
+#   profile44 the 64 clients through HTTP, traced, the engine sampled by py-spy meanwhile (waits included): where a
+#             decode step's time on the host goes (tools/profiling/spy_summary.py), the draws lines' parts
 #   issue44s  issue 44 through HTTP with the host tier's checks: gpu_run.sh hosttier (the copies ahead beside a stand-in
 #             for steps, every byte back), the real engine's paged checks, then the defaults through HTTP traced with the
 #             server log kept (peers_strata: hol, clients, subagents, agent x3; tools/profiling/clients_split.py: where
@@ -118,6 +120,12 @@ for part in ${PARTS:-fusions}; do
       traced_peers hol,clients,subagents,agent
       python3 tools/profiling/clients_split.py "$OUT/pool_strata.json" 2>&1 | tail -3
       ladder ;;
+    profile44)
+      PROFILE_S=${PROFILE_S:-40} traced_peers clients
+      tail -3 /tmp/spy_strata.log
+      python3 tools/profiling/spy_summary.py "$OUT/spy_strata.txt" --within DecodeSteps.step --top 30
+      python3 tools/profiling/spy_summary.py "$OUT/spy_strata.txt" --within EngineLoop.serve --top 20
+      python3 tools/profiling/trace_waits.py "$OUT/server_strata.log.gz" --rows 64 2>&1 | tail -4 ;;
     issue44b)
       PEERS_CASES=hol,clients,subagents,agent PEERS_REPEATS=1 timeout $(cap 300) bash tools/device/gpu_run.sh \
         peers_llama 2>&1 | grep -E "TTFT|median|agent|rror" | tail -20

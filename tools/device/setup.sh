@@ -11,7 +11,7 @@ platforms=""
 for n in 17 24 27 28 31 34 35; do platforms="$platforms --platform manylinux_2_${n}_x86_64"; done
 for name in gguf fastapi starlette pydantic pydantic_core uvicorn "llguidance>=1.7.6" annotated_types annotated_doc \
     typing_inspection opentelemetry_api importlib_metadata zipp prometheus_client jsonschema jsonschema_specifications \
-    referencing rpds_py lark h11 click anyio typing_extensions; do
+    referencing rpds_py lark h11 click anyio typing_extensions py-spy; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 $platforms --platform any -d .whl "$name" 2>&1 | grep -v "^WARNING: Location" || true
 done

@@ -3,6 +3,7 @@ engine took its GEN, when the step that read its prompt's last row ended (its fi
 did between; and the gaps where the engine ran no step while requests waited.
 
     python tools/profiling/trace_waits.py SERVER_LOG[.gz] [--from ID] [--to ID] [--idle-ms 20] [--span S]
+    python tools/profiling/trace_waits.py SERVER_LOG[.gz] --rows 64
 
 Prints one line per request (id, prompt tokens, engine wait to its first token, steps before it) and the idle
 gaps over --idle-ms with requests waiting (the step that ran when the first GEN came included: a stall that began
@@ -10,7 +11,9 @@ before it counts), then the waits' median and largest, counted from each GEN and
 between steps, so one that came during a stall is taken after it: counted from the first GEN, the waits match the
 clients' first tokens; bench/HISTORY.md, twenty-first session), and the engine's time in the window by kind of step
 (prompt, decode, draws, ahead, ...) with what no step covers (`untraced`); --span S sums it over S seconds from the
-first GEN instead (a burst's decode phase).
+first GEN instead (a burst's decode phase). --rows R prints, instead, the medians over the whole log of the decode
+steps of R rows and the draws lines before them (each numeric field: ms, picks_ms, lines_ms) and the period from one
+such decode step's start to the next's.
 """
 from __future__ import annotations
 
@@ -77,8 +80,13 @@ def main(argv=None) -> int:
     p.add_argument("--idle-ms", type=float, default=20.0)
     p.add_argument("--span", type=float, help="seconds from the first GEN over which to sum the engine's time by "
                    "kind (default: to the last first token)")
+    p.add_argument("--rows", type=int, help="the medians of the decode steps of this many rows and their draws")
     a = p.parse_args(argv)
     events = list(lines(a.log))
+    if a.rows:
+        for kind, fields in step_medians(events, a.rows).items():
+            print(f"{kind} ({a.rows} rows): " + ", ".join(f"{k} {v:.2f}" for k, v in fields.items()))
+        return 0
     found = waits(events, a.first, a.last)
     for r in found:
         print(f"id {r['id']:5d} tokens {r['tokens']:6d} gen {r['gen']:9.3f} first token after "
@@ -108,6 +116,24 @@ def time_by_kind(events: list[dict], lo: float, hi: float) -> dict[str, float]:
             out[e["kind"]] = out.get(e["kind"], 0.0) + ms
     total = (hi - lo) * 1000
     return out | {"untraced": total - sum(out.values()), "total": total}
+
+
+def step_medians(events: list[dict], rows: int) -> dict[str, dict[str, float]]:
+    """The medians of each numeric field of the decode and draws lines of `rows` rows (a decode step's draws line
+    comes just before it), and of the decode steps' period (start to start, where two such steps follow each other
+    within 50 ms)."""
+    steps = [e for e in events if e["kind"] in ("decode", "draws") and e.get("rows") == rows]
+    out: dict[str, dict[str, float]] = {}
+    for kind in ("draws", "decode"):
+        mine = [e for e in steps if e["kind"] == kind]
+        fields = sorted({k for e in mine for k, v in e.items() if isinstance(v, (int, float)) and k not in ("t", "rows")})
+        out[kind] = {k: statistics.median(e[k] for e in mine if k in e) for k in fields}
+        out[kind]["count"] = len(mine)
+    decodes = [e for e in steps if e["kind"] == "decode"]
+    period = [(b["t"] - a["t"]) * 1000 for a, b in zip(decodes, decodes[1:]) if 0 < b["t"] - a["t"] < 0.05]
+    if period:
+        out["decode"]["period_ms"] = statistics.median(period)
+    return out
 
 
 def in_window(events: list[dict], lo: float, hi: float) -> list[dict]:

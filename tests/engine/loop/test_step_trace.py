@@ -77,6 +77,9 @@ def test_the_loop_traces_each_decode_steps_draws_before_it(small_q4_1, capsys):
     steps = [(e["kind"], e["rows"]) for e in kinds if e["kind"] in ("draws", "decode")]
     assert steps[:2] == [("draws", 2), ("decode", 2)] and len(steps) >= 8
     assert all(kind == "draws" for kind, _ in steps[0::2]) and all(kind == "decode" for kind, _ in steps[1::2])
+    draws = [e for e in kinds if e["kind"] == "draws"]
+    assert all(0 <= e["picks_ms"] and 0 <= e["lines_ms"] and e["picks_ms"] + e["lines_ms"] <= e["ms"] + 0.02
+               for e in draws)  # (its parts: the draws at once, each row's token and line; the rest the blocks)
 
 
 def test_trace_waits_sums_the_engines_time_by_kind_of_step_in_a_window():
@@ -88,3 +91,19 @@ def test_trace_waits_sums_the_engines_time_by_kind_of_step_in_a_window():
     spent = trace_waits.time_by_kind(events, 1.0, 1.25)  # the first prompt and the last decode clipped to it
     assert {k: round(v, 3) for k, v in spent.items()} == {"prompt": 100.0, "draws": 5.0, "decode": 70.0,
                                                           "untraced": 75.0, "total": 250.0}
+
+
+def test_trace_waits_takes_the_medians_of_one_batch_sizes_steps_and_their_period():
+    from tools.profiling import trace_waits
+
+    events = [{"t": 1.0, "ms": 2.0, "kind": "draws", "rows": 4, "picks_ms": 1.0, "lines_ms": 0.5},
+              {"t": 1.002, "ms": 10.0, "kind": "decode", "rows": 4},
+              {"t": 1.014, "ms": 3.0, "kind": "draws", "rows": 4, "picks_ms": 2.0, "lines_ms": 0.7},
+              {"t": 1.017, "ms": 12.0, "kind": "decode", "rows": 4},
+              {"t": 1.03, "ms": 40.0, "kind": "decode", "rows": 8},  # another batch size: not counted
+              {"t": 1.031, "ms": 4.0, "kind": "draws", "rows": 4, "picks_ms": 3.0, "lines_ms": 0.6},
+              {"t": 1.035, "ms": 14.0, "kind": "decode", "rows": 4}]
+    got = trace_waits.step_medians(events, 4)
+    assert got["draws"] == {"lines_ms": 0.6, "ms": 3.0, "picks_ms": 2.0, "count": 3}
+    assert got["decode"]["ms"] == 12.0 and got["decode"]["count"] == 3
+    assert round(got["decode"]["period_ms"], 3) == 16.5  # (15 and 18 ms between the 4-row steps' starts)
