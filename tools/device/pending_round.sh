@@ -31,6 +31,8 @@
 #   issue44b  the llama-server side in the same session (peers_llama, its default slots -np 66 -kvu -c 262144: the
 #             same four cases, one run each), the HTTP ladder at 1 / 16 / 64 / 256 clients (gpu_run.sh clients), and
 #             the 8B Q4_K_M shape's reads of 4K / 16K / 65K (gpu_run.sh benchq, SIZES): two calls on one machine
+#   before44  the 64 clients through HTTP, traced and profiled (as profile44), on the patched tree and on main's
+#             (.device/base), then the HTTP ladder on the patched one: a host-side engine change's before and after
 #   profile44 the 64 clients through HTTP, traced, the engine sampled by py-spy meanwhile (waits included): where a
 #             decode step's time on the host goes (tools/profiling/spy_summary.py), the draws lines' parts
 #   issue44s  issue 44 through HTTP with the host tier's checks: gpu_run.sh hosttier (the copies ahead beside a stand-in
@@ -119,6 +121,21 @@ for part in ${PARTS:-fusions}; do
       timeout $(cap 150) bash tools/device/gpu_run.sh paged 2>&1 | tail -6
       traced_peers hol,clients,subagents,agent
       python3 tools/profiling/clients_split.py "$OUT/pool_strata.json" 2>&1 | tail -3
+      ladder ;;
+    before44)  # the 64 clients traced and profiled on main's tree (.device/base) and on the patched one, then the ladder
+      if [ -d .device/base/engine ]; then
+        rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
+          && cp -r .device/base/. /tmp/base/ && ln -s "$PWD/.device" /tmp/base/.device && ln -s "$PWD/.whl" /tmp/base/.whl
+      fi
+      for tree in . /tmp/base; do
+        [ -d $tree/engine ] || continue
+        tag=$([ $tree = . ] && echo after || echo before)
+        (cd $tree && PROFILE_S=${PROFILE_S:-30} traced_peers clients)
+        for f in pool_strata.json server_strata.log.gz spy_strata.txt; do [ -f "$OUT/$f" ] && mv "$OUT/$f" "$OUT/${tag}_$f"; done
+        echo "--- $tag"
+        python3 tools/profiling/trace_waits.py "$OUT/${tag}_server_strata.log.gz" --rows 64 2>&1 | tail -3
+        python3 tools/profiling/spy_summary.py "$OUT/${tag}_spy_strata.txt" --within DecodeSteps.step --top 14 | tail -16
+      done
       ladder ;;
     profile44)
       PROFILE_S=${PROFILE_S:-40} traced_peers clients
