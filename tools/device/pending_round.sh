@@ -31,8 +31,8 @@
 #   issue44b  the llama-server side in the same session (peers_llama, its default slots -np 66 -kvu -c 262144: the
 #             same four cases, one run each), the HTTP ladder at 1 / 16 / 64 / 256 clients (gpu_run.sh clients), and
 #             the 8B Q4_K_M shape's reads of 4K / 16K / 65K (gpu_run.sh benchq, SIZES): two calls on one machine
-#   before44  the 64 clients through HTTP, traced and profiled (as profile44), on the patched tree and on main's
-#             (.device/base), then the HTTP ladder on the patched one: a host-side engine change's before and after
+#   before44  the 64 clients through HTTP, traced and profiled (as profile44), on the patched tree, the HTTP ladder on
+#             it, then the 64 clients on main's (.device/base): a host-side engine change's before and after
 #   profile44 the 64 clients through HTTP, traced, the engine sampled by py-spy meanwhile (waits included): where a
 #             decode step's time on the host goes (tools/profiling/spy_summary.py), the draws lines' parts
 #   issue44s  issue 44 through HTTP with the host tier's checks: gpu_run.sh hosttier (the copies ahead beside a stand-in
@@ -135,8 +135,8 @@ for part in ${PARTS:-fusions}; do
         echo "--- $tag"
         python3 tools/profiling/trace_waits.py "$OUT/${tag}_server_strata.log.gz" --rows 64 2>&1 | tail -3
         python3 tools/profiling/spy_summary.py "$OUT/${tag}_spy_strata.txt" --within DecodeSteps.step --top 14 | tail -16
-      done
-      ladder ;;
+        [ $tag = after ] && ladder  # (before main's tree: the patched tree's exactness first where time is short)
+      done ;;
     profile44)
       PROFILE_S=${PROFILE_S:-40} traced_peers clients
       tail -3 /tmp/spy_strata.log
