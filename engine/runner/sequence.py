@@ -8,7 +8,7 @@ import numpy as np
 from engine.runner.sampler import Sampler
 
 
-@dataclass
+@dataclass(eq=False)  # (one request is one object: `seq in line` asks which, never compares every field)
 class Sequence:
     id: int | None
     prompt: tuple[int, ...]
