@@ -11,7 +11,7 @@ the prefix cache, DEFER and pauses behave as in strata).
         [--no-prefill-preempt] [--die-at-chunk K] [--die-at-gen K] [--die-after-tokens K] [--die-while-parked]
         [--poison-token T] [--faults-once PATH] [--malformed-at-chunk K] [--fail-snapshot] [--oom-at-running N]
         [--no-preempt-cap]
-        [--start-delay S]
+        [--start-delay S] [--picked]
 
 Output depends only on the request and the position in its answer, so a request continued on a
 restarted mock (GEN with prompt + tokens so far, drawn=k) goes on with the very same tokens.
@@ -122,14 +122,24 @@ class FakeRunner:
             if self.tokens_written == self.a.die_after_tokens:
                 self.die()
         time.sleep(self.a.token_s)
-        for seq in seqs:
-            seq.logits = self.one_hot(self.scripted(seq, len(seq.generated)))
+        if not self.a.picked:
+            for seq in seqs:
+                seq.logits = self.one_hot(self.scripted(seq, len(seq.generated)))
 
     def sample(self, seq: Sequence) -> int:
+        if self.a.picked:  # (drawn ahead: the scripted token, a uniform taken for it)
+            token, seq.picked = seq.picked, None
+            return self.scripted(seq, len(seq.generated)) if token is None else token
         return seq.sampler.sample(seq.logits)
 
     def pick_ahead(self, seqs: list[Sequence]) -> None:
-        """(A GPU's draws of a step's rows at once: none here.)"""
+        """(A GPU's draws of a step's rows at once: with --picked each row's scripted token, a uniform taken for it,
+        as the batched draws take one; else none here.)"""
+        if self.a.picked:
+            for seq in seqs:
+                if seq.sampler.batchable and seq.picked is None and not seq.replay:
+                    seq.sampler.uniform()
+                    seq.picked = self.scripted(seq, len(seq.generated))
 
     def logprobs(self, seq: Sequence, token: int):
         return seq.sampler.logprobs(seq.logits, token, seq.logprobs)
@@ -188,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eos", type=int, default=2)
     p.add_argument("--script", help="comma-separated token ids to emit, cycled (default: echo the prompt)")
     p.add_argument("--bytes-per-token", type=int, default=1024, help="simulated snapshot size")
+    p.add_argument("--picked", action="store_true", help="a step's tokens drawn ahead, as a GPU's batched draws (no "
+                   "logits, no host sampling: the loop's own cost, bench/loop_cost_bench.py)")
     p.add_argument("--kv-tokens", type=int, help="the simulated KV pool in tokens (default: ctx x max(4, max-running))")
     f = p.add_argument_group("faults")
     f.add_argument("--die-at-chunk", type=int, default=0, help="exit during the K-th prompt chunk read")

@@ -19,6 +19,20 @@ def test_handshake_then_chunks_tokens_and_done(engine_factory):
     assert got[-1].finish == "length" and got[-1].generated == 3 and got[-1].id == 1
 
 
+def test_picked_tokens_are_the_scripted_ones_drawn_ahead(engine_factory):
+    """--picked (bench/loop_cost_bench.py): each step's tokens drawn ahead as a GPU's batched draws, no host
+    sampling: the same answer, sampled requests included, down to the end token."""
+    e = engine_factory("--picked", "--script", "7,8,2,9", mock=True)
+    e.handshake()
+    e.send(gen(3, 10, 5, temperature=0.7, seed=1))
+    got = e.read_until(m.Done)
+    assert [x.token for x in got if isinstance(x, m.Token)] == [7, 8, 2] and got[-1].finish == "stop"
+    echo = engine_factory("--picked", mock=True)
+    echo.handshake()
+    echo.send(gen(6, 4, 6, temperature=0.7, seed=2))
+    assert [x.token for x in echo.read_until(m.Done) if isinstance(x, m.Token)] == [10, 11, 12, 13]  # (echoed)
+
+
 def test_scripted_output_stops_at_eos(engine_factory):
     e = engine_factory("--script", "7,8,2,9", mock=True)
     e.handshake()
