@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--script", help="comma-separated token ids to emit, cycled (default: echo the prompt)")
     p.add_argument("--bytes-per-token", type=int, default=1024, help="simulated snapshot size")
     p.add_argument("--picked", action="store_true", help="a step's tokens drawn ahead, as a GPU's batched draws (no "
-                   "logits, no host sampling: the loop's own cost, bench/loop_cost_bench.py)")
+                   "logits, no host sampling, no log-probabilities: the loop's own cost, bench/loop_cost_bench.py)")
     p.add_argument("--kv-tokens", type=int, help="the simulated KV pool in tokens (default: ctx x max(4, max-running))")
     f = p.add_argument_group("faults")
     f.add_argument("--die-at-chunk", type=int, default=0, help="exit during the K-th prompt chunk read")
