@@ -137,7 +137,7 @@ class FakeRunner:
         as the batched draws take one; else none here.)"""
         if self.a.picked:
             for seq in seqs:
-                if seq.sampler.batchable and seq.picked is None and not seq.replay:
+                if seq.draws_ahead:
                     seq.sampler.uniform()
                     seq.picked = self.scripted(seq, len(seq.generated))
 

@@ -53,7 +53,7 @@ class Picks:
             self.scores.ahead(seqs)
 
     def draw_ahead(self, seqs: list[Sequence]) -> None:
-        rows = [s for s in seqs if s.sampler.batchable and s.picked is None and not s.draft_logits and not s.replay]
+        rows = [s for s in seqs if s.draws_ahead]
         for start in range(0, len(rows), self.batch.rows):
             batch = rows[start : start + self.batch.rows]
             graph_rows = [s.graph_row for s in batch]  # (a decode step's rows: one gather from the graph's output)

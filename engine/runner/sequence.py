@@ -67,6 +67,13 @@ class Sequence:
         return not self.reading and self.finish is None and not self.paused
 
     @property
+    def draws_ahead(self) -> bool:
+        """Its next token may be drawn with the step's other rows (a GPU's batched draws, engine/runner/picks.py): a
+        plain temperature draw (Sampler.batchable) not yet drawn, from its own logits (none of a draft's after them),
+        not a continuation's token going through again."""
+        return self.sampler.batchable and self.picked is None and not self.draft_logits and not self.replay
+
+    @property
     def drafting(self) -> bool:
         """It drafts the rows after its newest token (speculative decoding): a drafter, and no continuation's tokens
         so far still to go through (those are its next rows)."""
