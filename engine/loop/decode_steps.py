@@ -51,9 +51,10 @@ class DecodeSteps:
             if not seq.paused and not self.memory.get_blocks(seq, seq.kv_len + 1):
                 self.memory.pause(seq)
         going = [s for s in going if not s.paused]
-        self.trace.step("draws", began, rows=len(seqs), picks_ms=round((picked - began) * 1e3, 2),
-                        lines_ms=round((drawn - picked) * 1e3, 2))  # (the host's work between two decode steps: the
-        # draws at once, then each row's token and line, then the rows' blocks)
+        if self.trace.enabled:  # (the host's work between two decode steps: the draws at once, then each row's
+            # token and line, then the rows' blocks)
+            self.trace.step("draws", began, rows=len(seqs), picks_ms=round((picked - began) * 1e3, 2),
+                            lines_ms=round((drawn - picked) * 1e3, 2))
         pacing = self.runner.draft_max > 0  # speculative decoding: drafts after each request's newest token
         if pacing:
             began += self.run_draft_model(going)  # (its forwards are counted apart: not the step's rows)
