@@ -197,10 +197,11 @@ quiet() { grep --line-buffered -v "loading weights" || true; }
 strata_version() { echo "strata $(python3 -c 'import engine; print(engine.__version__)' 2>/dev/null)"; }
 
 base_tree() {  # the "before" of a before/after run at /tmp/base: this tree under what .device/base holds (main's
-  # engine, bench and tools, kept by apply_pending.sh; or an engine alone put there by hand); false when none is kept
+  # engine, bench and tools, kept by apply_pending.sh; or an engine alone put there by hand), with this tree's .device
+  # and .whl linked (the models' tokenizer, the wheels); false when none is kept
   [ -d .device/base/engine ] || return 1
   rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
-    && cp -r .device/base/. /tmp/base/
+    && cp -r .device/base/. /tmp/base/ && ln -s "$PWD/.device" /tmp/base/.device && ln -s "$PWD/.whl" /tmp/base/.whl
 }
 in_both_trees() {  # FN: FN from main's tree's root (base_tree, with TAG=-before; when a patch is pending), then from
   # this one's (TAG empty): a before/after run on one machine
@@ -917,6 +918,8 @@ for step in "$@"; do
       (cd .device/base && timeout ${CLIENTS_LIMIT:-300} python3 bench/clients_bench.py --model $MQC \
         --clients ${CLIENTS_BASE:-16,64} --words 300 --max-tokens 256 --solo 0 --log "$OUT/clients_base_server.log" \
         --json "$OUT/clients_base_h200.json") || echo "CLIENTS BENCH FAILED (base)" ;;
+    basetree)  # /tmp/base made (base_tree) for a script that runs its own steps there (pending_round.sh before44)
+      base_tree || echo "no main's tree kept (.device/base: no patch pending)" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -69,6 +69,16 @@ traced_peers() {  # $1 the cases: the server's defaults through HTTP, traced, it
     PEERS_CASES=$1 PEERS_REPEATS=3 timeout $(cap 300) bash tools/device/gpu_run.sh peers_strata 2>&1 \
     | grep -E "TTFT|median|agent|rror" | tail -30
 }
+profiled_clients() {  # $1 a prefix for its files: the 64 clients traced with py-spy sampling the engine, then the
+  # 64-row steps' medians (trace_waits --rows) and where DecodeSteps.step's time went (spy_summary)
+  PROFILE_S=${PROFILE_S:-30} traced_peers clients
+  for f in pool_strata.json server_strata.log.gz spy_strata.txt; do
+    [ -f "$OUT/$f" ] && [ -n "$1" ] && mv "$OUT/$f" "$OUT/$1$f"
+  done
+  tail -2 /tmp/spy_strata.log
+  python3 tools/profiling/trace_waits.py "$OUT/$1server_strata.log.gz" --rows 64 2>&1 | tail -3
+  python3 tools/profiling/spy_summary.py "$OUT/$1spy_strata.txt" --within DecodeSteps.step --top 24
+}
 ladder() {  # the HTTP ladder at 1 / 16 / 64 / 256 clients
   CLIENTS=1,16,64,256 CLIENTS_LIMIT=$(cap 280) timeout $(cap 290) bash tools/device/gpu_run.sh clients 2>&1 | tail -12
 }
@@ -122,27 +132,13 @@ for part in ${PARTS:-fusions}; do
       traced_peers hol,clients,subagents,agent
       python3 tools/profiling/clients_split.py "$OUT/pool_strata.json" 2>&1 | tail -3
       ladder ;;
-    before44)  # the 64 clients traced and profiled on main's tree (.device/base) and on the patched one, then the ladder
-      if [ -d .device/base/engine ]; then
-        rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
-          && cp -r .device/base/. /tmp/base/ && ln -s "$PWD/.device" /tmp/base/.device && ln -s "$PWD/.whl" /tmp/base/.whl
-      fi
-      for tree in . /tmp/base; do
-        [ -d $tree/engine ] || continue
-        tag=$([ $tree = . ] && echo after || echo before)
-        (cd $tree && PROFILE_S=${PROFILE_S:-30} traced_peers clients)
-        for f in pool_strata.json server_strata.log.gz spy_strata.txt; do [ -f "$OUT/$f" ] && mv "$OUT/$f" "$OUT/${tag}_$f"; done
-        echo "--- $tag"
-        python3 tools/profiling/trace_waits.py "$OUT/${tag}_server_strata.log.gz" --rows 64 2>&1 | tail -3
-        python3 tools/profiling/spy_summary.py "$OUT/${tag}_spy_strata.txt" --within DecodeSteps.step --top 14 | tail -16
-        [ $tag = after ] && ladder  # (before main's tree: the patched tree's exactness first where time is short)
-      done ;;
-    profile44)
-      PROFILE_S=${PROFILE_S:-40} traced_peers clients
-      tail -3 /tmp/spy_strata.log
-      python3 tools/profiling/spy_summary.py "$OUT/spy_strata.txt" --within DecodeSteps.step --top 30
-      python3 tools/profiling/spy_summary.py "$OUT/spy_strata.txt" --within EngineLoop.serve --top 20
-      python3 tools/profiling/trace_waits.py "$OUT/server_strata.log.gz" --rows 64 2>&1 | tail -4 ;;
+    before44)  # the patched tree's 64 clients profiled, its ladder (its exactness first where time is short), then
+      # main's tree's (.device/base, made at /tmp/base by gpu_run.sh basetree)
+      echo "--- after"; profiled_clients after_
+      ladder
+      bash tools/device/gpu_run.sh basetree 2>&1 | tail -1
+      [ -d /tmp/base/engine ] && { echo "--- before"; (cd /tmp/base && profiled_clients before_); } ;;
+    profile44) profiled_clients "" ;;
     issue44b)
       PEERS_CASES=hol,clients,subagents,agent PEERS_REPEATS=1 timeout $(cap 300) bash tools/device/gpu_run.sh \
         peers_llama 2>&1 | grep -E "TTFT|median|agent|rror" | tail -20
