@@ -200,7 +200,7 @@ base_tree() {  # the "before" of a before/after run at /tmp/base: this tree unde
   # engine, bench and tools, kept by apply_pending.sh; or an engine alone put there by hand), with this tree's .device
   # and .whl linked (the models' tokenizer, the wheels); false when none is kept
   [ -d .device/base/engine ] || return 1
-  rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tools pyproject.toml /tmp/base/ \
+  rm -rf /tmp/base && mkdir /tmp/base && cp -r bench protocol serve tests tools pyproject.toml /tmp/base/ \
     && cp -r .device/base/. /tmp/base/ && ln -s "$PWD/.device" /tmp/base/.device && ln -s "$PWD/.whl" /tmp/base/.whl
 }
 in_both_trees() {  # FN: FN from main's tree's root (base_tree, with TAG=-before; when a patch is pending), then from

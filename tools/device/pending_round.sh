@@ -33,6 +33,7 @@
 #             the 8B Q4_K_M shape's reads of 4K / 16K / 65K (gpu_run.sh benchq, SIZES): two calls on one machine
 #   before44  the 64 clients through HTTP, traced and profiled (as profile44), on the patched tree, the HTTP ladder on
 #             it, then the 64 clients on main's (.device/base): a host-side engine change's before and after
+#   base44    before44's pair without the ladder, main's tree first
 #   profile44 the 64 clients through HTTP, traced, the engine sampled by py-spy meanwhile (waits included): where a
 #             decode step's time on the host goes (tools/profiling/spy_summary.py), the draws lines' parts
 #   issue44s  issue 44 through HTTP with the host tier's checks: gpu_run.sh hosttier (the copies ahead beside a stand-in
@@ -139,6 +140,10 @@ for part in ${PARTS:-fusions}; do
       bash tools/device/gpu_run.sh basetree 2>&1 | tail -1
       [ -d /tmp/base/engine ] && { echo "--- before"; (cd /tmp/base && profiled_clients before_); } ;;
     profile44) profiled_clients "" ;;
+    base44)  # main's tree's 64 clients profiled (as before44's before), then the patched tree's: one machine's pair
+      bash tools/device/gpu_run.sh basetree 2>&1 | tail -1
+      [ -d /tmp/base/engine ] && { echo "--- before"; (cd /tmp/base && profiled_clients before_); }
+      echo "--- after"; profiled_clients after_ ;;
     issue44b)
       PEERS_CASES=hol,clients,subagents,agent PEERS_REPEATS=1 timeout $(cap 300) bash tools/device/gpu_run.sh \
         peers_llama 2>&1 | grep -E "TTFT|median|agent|rror" | tail -20
