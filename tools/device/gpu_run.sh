@@ -100,6 +100,9 @@
 # hybridbench  issue 45: the Qwen3-Next-80B-A3B shape in IQ3_S (~35 GB, made on the machine): prompt reads of 4K and
 #          32K, decode at 1 / 16 / 64 requests; hybridbench_llama: llama-bench and llama-batched-bench on the same file;
 #          hybridlong: a 262,144-token request on it read, parked half-way and resumed (parity)
+# drawsbehind a decode step's sampling rows drawn behind its forward against those drawn at the next step: the engine
+#          loop's lines the same, 64 seeded requests on the 135M shape, a pool with room and one too small
+#          (tools/device/draws_behind_check.py)
 # realmodel the default model (SmolLM2-135M Q4_1, a real one) joined from parts carried in earlier calls
 #          (tools/device/model_parts.sh): prompt log-probabilities against the CPU engine's, n-gram speculation on it
 # offload  issue 46: tools/device/expert_cache_check.py on the Qwen3-30B-A3B shape (resident vs 32 / 64 slots; 1, 4, 16 requests)
@@ -655,6 +658,10 @@ for step in "$@"; do
       [ -f $M70 ] || python3 tools/fixtures/make_synthetic_gguf.py $M70 --preset llama3-70b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
       python3 bench/engine_bench.py --model $M70 --device gpu --chunk 2048 --sizes 4096 --repeats 2 \
         --decode-steps 32 --decode-contexts 512 --label llama3-70b-shape-q4_k_m --json "$OUT/engine_gpu.json" 2>&1 | quiet ;;
+    drawsbehind)
+      synth_ms
+      timeout 240 python3 tools/device/draws_behind_check.py $MS --json "$OUT/draws_behind_check.json" 2>&1 \
+        | grep -v "^strata:" || echo "DRAWS BEHIND CHECK FAILED" ;;
     paged)
       synth_ms
       kv=${KV_TYPE:-auto}; tag=${KV_TYPE:+_$KV_TYPE}

@@ -33,7 +33,9 @@
 #             the 8B Q4_K_M shape's reads of 4K / 16K / 65K (gpu_run.sh benchq, SIZES): two calls on one machine
 #   before44  the 64 clients through HTTP, traced and profiled (as profile44), on the patched tree, the HTTP ladder on
 #             it, then the 64 clients on main's (.device/base): a host-side engine change's before and after
-#   base44    before44's pair without the ladder, main's tree first
+#   base44    before44's pair without the ladder, main's tree first (PROFILE_S= : no py-spy, the trace alone)
+#   ladder    the HTTP ladder at 1 / 16 / 64 / 256 clients alone (texts against solo runs)
+#   drawsbehind the engine loop's lines with the draws behind the forward and without (gpu_run.sh drawsbehind)
 #   profile44 the 64 clients through HTTP, traced, the engine sampled by py-spy meanwhile (waits included): where a
 #             decode step's time on the host goes (tools/profiling/spy_summary.py), the draws lines' parts
 #   issue44s  issue 44 through HTTP with the host tier's checks: gpu_run.sh hosttier (the copies ahead beside a stand-in
@@ -72,7 +74,7 @@ traced_peers() {  # $1 the cases: the server's defaults through HTTP, traced, it
 }
 profiled_clients() {  # $1 a prefix for its files: the 64 clients traced with py-spy sampling the engine, then the
   # 64-row steps' medians (trace_waits --rows) and where DecodeSteps.step's time went (spy_summary)
-  PROFILE_S=${PROFILE_S:-30} traced_peers clients
+  PROFILE_S=${PROFILE_S-30} traced_peers clients
   for f in pool_strata.json server_strata.log.gz spy_strata.txt; do
     [ -f "$OUT/$f" ] && [ -n "$1" ] && mv "$OUT/$f" "$OUT/$1$f"
   done
@@ -98,6 +100,7 @@ for part in ${PARTS:-fusions}; do
     a3b) timeout $(cap 400) bash tools/device/gpu_run.sh moeactswitch 2>&1 | tail -10 ;;
     a3b80) timeout $(cap 500) bash tools/device/gpu_run.sh moeactswitch80 2>&1 | tail -10 ;;
     sampling) timeout $(cap 150) bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
+    drawsbehind) timeout $(cap 250) bash tools/device/gpu_run.sh drawsbehind 2>&1 | tail -6 ;;
     iq) timeout $(cap 360) bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
     spec) timeout $(cap 240) bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
     specpace) timeout $(cap 300) bash tools/device/gpu_run.sh specpace 2>&1 | tail -4 ;;
@@ -140,6 +143,7 @@ for part in ${PARTS:-fusions}; do
       bash tools/device/gpu_run.sh basetree 2>&1 | tail -1
       [ -d /tmp/base/engine ] && { echo "--- before"; (cd /tmp/base && profiled_clients before_); } ;;
     profile44) profiled_clients "" ;;
+    ladder) ladder ;;
     base44)  # main's tree's 64 clients profiled (as before44's before), then the patched tree's: one machine's pair
       bash tools/device/gpu_run.sh basetree 2>&1 | tail -1
       [ -d /tmp/base/engine ] && { echo "--- before"; (cd /tmp/base && profiled_clients before_); }
