@@ -48,6 +48,7 @@ class FakeRunner:
         self.a, self.write_raw = a, write_raw
         self.ctx, self.chunk, self.vocab_size, self.layers = a.ctx, a.chunk, a.vocab, a.layers
         self.max_running, self.max_batch = a.max_running, 64
+        self.runs_async = False  # (a decode step's sleep is the host's)
         self.decoder = None  # no decode graphs (engine/runner/decode_graph.py): every row costs its pass
         block = a.kv_block or default_block(a.chunk)
         block_bytes = block * a.bytes_per_token
@@ -113,14 +114,17 @@ class FakeRunner:
             if not seq.reading:
                 seq.logits = self.one_hot(self.scripted(seq, 0))
 
-    def decode_batch(self, seqs: list[Sequence]) -> None:
-        """One step for the whole batch: it takes a token's time, whatever the batch size."""
+    def decode_batch(self, seqs: list[Sequence], meanwhile=None) -> None:
+        """One step for the whole batch: it takes a token's time, whatever the batch size (meanwhile, the host's
+        work, done as it starts)."""
         if self.a.oom_at_running and len(seqs) >= self.a.oom_at_running:
             raise MemoryError(f"injected: out of memory with {len(seqs)} decoding")
         for seq in seqs:
             self.tokens_written += 1  # the loop has written one more T line for each
             if self.tokens_written == self.a.die_after_tokens:
                 self.die()
+        if meanwhile is not None:
+            meanwhile()
         time.sleep(self.a.token_s)
         if not self.a.picked:
             for seq in seqs:

@@ -34,8 +34,12 @@ class DecodeSteps:
 
     def step(self, seqs: list[Sequence]) -> None:
         """Each decoding request's next token from its logits, then one batched forward for those
-        that go on (each with a block for its new row; a request that cannot have one is paused)."""
-        going = []
+        that go on (each with a block for its new row; a request that cannot have one is paused). Where the
+        device runs the forward while the host goes on (runner.runs_async) and nothing drafts, the token lines of
+        the requests that go on are written meanwhile (a request's lines stay in order: its next token comes
+        after the forward; one that ends has its last line and DONE at once, its blocks let go before the others'
+        are had, as before)."""
+        going, held = [], ([] if self.runner.runs_async and self.runner.draft_max == 0 else None)
         now = began = time.perf_counter()
         self.runner.pick_ahead([s for s in seqs if not s.paused and not s.unstepped])  # (the GPU's plain draws at once)
         picked = time.perf_counter()
@@ -44,7 +48,7 @@ class DecodeSteps:
                 continue
             # (a request whose token is drawn and not yet through the model, unstepped: its first, drawn
             # right after its prompt, or one paused after its draw, goes straight to its forward)
-            if seq.unstepped or self.draw(seq, now):
+            if seq.unstepped or self.draw(seq, now, held):
                 going.append(seq)
         drawn = time.perf_counter()
         for seq in list(going):  # oldest first: a newer one gives its blocks up first
@@ -65,14 +69,21 @@ class DecodeSteps:
                     seq.drafts = drafts
             self.fill_spare_rows(going)
         batches = self.batches(going)
+
+        def write_held() -> None:  # (a second call writes nothing)
+            while held:
+                self.write(held.pop(0))
         for i, batch in enumerate(batches):
             started = time.perf_counter()
-            self.runner.decode_batch(batch)  # (synchronous: a graph's replay waits for its logits, as the CPU)
+            self.runner.decode_batch(batch, write_held if held else None)  # (synchronous: a graph's replay waits
+            # for its logits, as the CPU; the lines held written while it runs)
             self.trace.step("decode", started, rows=sum(1 + len(seq.drafts) for seq in batch))
             for seq in batch:
                 seq.unstepped = False
                 if i + 1 < len(batches):  # the next batch's replay reuses the buffers
                     self.runner.set_aside(seq)
+        if held:  # (no forward: every request that drew paused for memory)
+            write_held()
         if pacing and going:  # the whole step against its rows (the draws and the host's work too: a small
             # model's GPU step's most)
             self.row_cost.observe(sum(1 + len(s.drafts) for s in going), time.perf_counter() - began)
@@ -131,11 +142,11 @@ class DecodeSteps:
             return []
         return seq.drafter.propose(cost)[: seq.draft_room(self.runner.ctx)]
 
-    def draw(self, seq: Sequence, now: float) -> bool:
-        """The request's next token from its logits, written out; False if that ends it. After a step
-        with drafts, while the token drawn is the next draft, that draft's row was the token's own: the
-        next token is drawn from its logits, and so on (the tokens are those one-token steps give). The
-        drafter counts its drafts before a DONE reports them."""
+    def draw(self, seq: Sequence, now: float, held: list[m.Token] | None = None) -> bool:
+        """The request's next token from its logits, written out (into `held` where given and the request goes
+        on: written by the caller); False if that ends it. After a step with drafts, while the token drawn is the
+        next draft, that draft's row was the token's own: the next token is drawn from its logits, and so on (the
+        tokens are those one-token steps give). The drafter counts its drafts before a DONE reports them."""
         if seq.decode_started is None:
             seq.decode_started = now
         if seq.replay:  # a continuation's token drawn before the engine restarted: through the model again, as it went
@@ -148,7 +159,7 @@ class DecodeSteps:
         drafts, accepted, start = seq.drafts[: len(seq.draft_logits)], 0, len(seq.generated)
         while True:
             token = self.runner.sample(seq)
-            ended = self.emit(seq, token)
+            ended = self.emit(seq, token, held)
             if accepted < len(drafts) and token == drafts[accepted]:  # the draft was the model's own token
                 accepted += 1
                 if ended is None:
@@ -168,11 +179,11 @@ class DecodeSteps:
             seq.unstepped = True
         return ended is None
 
-    def emit(self, seq: Sequence, token: int) -> str | None:
+    def emit(self, seq: Sequence, token: int, held: list[m.Token] | None = None) -> str | None:
         """A drawn token accepted by the request's sampler and written out (with its log-probabilities
-        if the request asked, from the logits it was drawn from: before the sampler moves on). None if
-        the request goes on, else why it ends: stop or length (the caller finishes it), or dropped (an
-        ERR has ended it)."""
+        if the request asked, from the logits it was drawn from: before the sampler moves on; into `held` where
+        given and the request goes on). None if the request goes on, else why it ends: stop or length (the caller
+        finishes it), or dropped (an ERR has ended it)."""
         logprob, top = self.runner.logprobs(seq, token) if seq.logprobs is not None \
             else (None, ())
         try:
@@ -181,9 +192,10 @@ class DecodeSteps:
             self.admission.drop(seq, f"constrained decoding failed: {e}")
             return "dropped"
         seq.generated.append(token)
-        self.write(m.Token(token, seq.id, logprob, top))
-        if token in seq.stop_ids:
-            return "stop"
-        if len(seq.generated) >= seq.max_new:
-            return "length"
-        return None
+        line = m.Token(token, seq.id, logprob, top)
+        ended = "stop" if token in seq.stop_ids else "length" if len(seq.generated) >= seq.max_new else None
+        if held is None or ended is not None:
+            self.write(line)
+        else:
+            held.append(line)
+        return ended

@@ -243,10 +243,11 @@ class TensorParallelRunner(ModelRunner):
 
         return super().forward(tokens, start, table, want_logits, paused, hidden_rows=hidden_rows)
 
-    def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
+    def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=(),
+                      meanwhile=None):
         self.send("decode", np.asarray(tokens, dtype=np.int64), [np.asarray(t, dtype=np.int32) for t in tables],
                   list(positions))
-        return super().decode_logits(tokens, tables, positions)
+        return super().decode_logits(tokens, tables, positions, meanwhile=meanwhile)
 
     def snapshot_nbytes(self, seq) -> int:
         return super().snapshot_nbytes(seq) * self.world

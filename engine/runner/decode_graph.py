@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -89,20 +90,25 @@ class GraphDecoder:
     def size(self, rows: int) -> int:
         return padded_rows(rows) if self.pad_block is not None else rows
 
-    def decode(self, tokens, tables, positions, states=()):
+    def decode(self, tokens, tables, positions, states=(), meanwhile: Callable[[], None] | None = None):
         """Logits (rows, vocab) float32 on the device after each row's token at its position, its
         rows through its block table (their K/V rows written; a hybrid's row i advancing states[i]): rows of
         the graphs' shared output buffer, valid until the next replay, or the eager run's logits when this
         step was just captured. GraphMemoryError when a capture does not fit (the graphs before it stay
-        usable)."""
+        usable). meanwhile: called once the replay is launched, before the wait for it (after a capture)."""
         self.backend.synchronize()  # prompt work ran on the default stream
         rows = len(tokens)
         key = (self.size(rows), self.bucket(max(positions)))
         entry = self.captured.get(key)
         tokens, tables, positions, states = self.padded(key[0], tokens, tables, positions, states)
         if entry is None:
-            return self.capture(key, tokens, tables, positions, states)[:rows]
+            logits = self.capture(key, tokens, tables, positions, states)[:rows]
+            if meanwhile is not None:
+                meanwhile()
+            return logits
         self.replay(entry, tokens, tables, positions, states)
+        if meanwhile is not None:  # the host's work while the device runs the step
+            meanwhile()
         self.stream.synchronize()  # the sampler reads the logits on the default stream
         self.replayed, self.greedy = True, None
         return self.logits[:rows]
@@ -214,15 +220,17 @@ class GraphDecoder:
 
 
 def decode_or_eager(decoder: GraphDecoder | None, model, kv: KVCache, tokens: list[int], tables: list[list[int]],
-                    positions: list[int], states=()):
+                    positions: list[int], states=(), meanwhile: Callable[[], None] | None = None):
     """A decode step through `decoder`'s graphs, or eagerly (model.forward_batch) without one -> (logits (rows,
     vocab) on the device, the decoder to use from now on). A step of more rows than the graphs hold (BATCH_SIZES'
     largest: their output buffer's) and one whose graph does not fit the device run eagerly; a capture the driver
     refuses leaves the graphs off (None) from now on. A hybrid's failed capture raises: its states may have moved in
-    the capture's eager run (the engine stops; the server restarts it and reads its requests again)."""
+    the capture's eager run (the engine stops; the server restarts it and reads its requests again). meanwhile: the
+    host's work to do while the device runs the step (after an eager step: it has run), called once, or again
+    where a graph's step fails after calling it (a meanwhile does nothing the second time: DecodeSteps.step's)."""
     if decoder is not None and len(tokens) <= BATCH_SIZES[-1]:
         try:
-            return decoder.decode(tokens, tables, positions, states), decoder
+            return decoder.decode(tokens, tables, positions, states, meanwhile), decoder
         except GraphMemoryError as e:  # this batch size's graph does not fit: this step eagerly
             if states:
                 raise
@@ -233,4 +241,7 @@ def decode_or_eager(decoder: GraphDecoder | None, model, kv: KVCache, tokens: li
             print(f"strata: CUDA graph decode unavailable ({type(e).__name__}: {e}); decoding eagerly",
                   file=sys.stderr, flush=True)
             decoder = None
-    return model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, kv, tuple(states)), decoder
+    logits = model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, kv, tuple(states))
+    if meanwhile is not None:
+        meanwhile()
+    return logits, decoder

@@ -67,6 +67,7 @@ class ModelRunner:
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
         self.draft_max, self.draft_model = 0, None  # speculative decoding's most drafts (0: off), draft model
+        self.runs_async = gpu  # a decode step runs on the device while the host goes on (decode_batch's meanwhile)
         self.row_cost = RowCost(PRIORS[backend.name])  # what a drafted row costs (engine/runner/row_cost.py)
         self.speculates = self.recurrent is None  # set at start; not a hybrid (its state moves a token a step)
         # every row's result is the same in any step (engine/ops/blas_order.py; checked by warm_up): reads
@@ -172,14 +173,15 @@ class ModelRunner:
         """A request's grammar state (engine/runner/grammar_mask.py); ValueError if it does not compile."""
         return compile_constraint(self.grammars, grammar)
 
-    def decode_batch(self, seqs: list[Sequence]) -> None:
+    def decode_batch(self, seqs: list[Sequence], meanwhile: Callable[[], None] | None = None) -> None:
         """One decode step for every sequence in `seqs` (each with blocks for its new rows): their
         newest tokens go through the model together, one pass over the weights; each gets its logits.
         A sequence's drafts (speculative decoding) go as decode rows of their own after its newest token's
-        (the same bits as one-token steps); their logits are kept in order (draft_logits)."""
+        (the same bits as one-token steps); their logits are kept in order (draft_logits). meanwhile: the host's
+        work to do while the device runs the step (decode_or_eager)."""
         states = [self.state_of(s) for s in seqs] if self.recurrent is not None else []
         tokens, tables, positions, first = decode_rows(seqs)
-        logits = self.decode_logits(tokens, tables, positions, states)
+        logits = self.decode_logits(tokens, tables, positions, states, meanwhile)
         for state in states:
             state.decoded()
         graph = self.decoder is not None and self.decoder.owns(logits[0])
@@ -187,17 +189,20 @@ class ModelRunner:
             seq.logits, seq.graph_row = logits[i], i if graph else None
             seq.draft_logits = [logits[i + 1 + j] for j in range(len(seq.drafts))]
 
-    def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
+    def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=(),
+                      meanwhile: Callable[[], None] | None = None):
         """Logits (rows, vocab) after each row's token at its position, its rows in the blocks of its
         table (and its recurrent state, a hybrid's), on the backend's device: a graph replay on the GPU
         (valid until the next replay), else eager. Expert caches then refill from the step's routes."""
-        logits = self.step_logits(tokens, tables, positions, states)
+        logits = self.step_logits(tokens, tables, positions, states, meanwhile)
         for cache in self.expert_caches:
             cache.refill(len(tokens))
         return logits
 
-    def step_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=()):
-        logits, self.decoder = decode_or_eager(self.decoder, self.model, self.kv, tokens, tables, positions, states)
+    def step_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=(),
+                    meanwhile: Callable[[], None] | None = None):
+        logits, self.decoder = decode_or_eager(self.decoder, self.model, self.kv, tokens, tables, positions, states,
+                                               meanwhile)
         return logits
 
     def set_aside(self, seq: Sequence) -> None:
