@@ -16,10 +16,13 @@ parameters and its uniform alone (argmax.cu). draw_segmented is that arithmetic 
 tools/device/gpu_kernels_check.py holds the kernels to; the CPU engine draws with sampler.pick (a sorted
 prefix, float32 sums), which gives the same token but where the uniform falls within rounding of a
 boundary. One graph per batch size (decode_graph's BATCH_SIZES) and way (sorted, or pick_top), captured at its
-first use.
+first use. A decode step's draws are queued behind the forward that computes their logits (launch on its stream,
+collect after its wait: engine/runner/picks.py DrawsBehind); the host's side goes through page-locked buffers, so
+that queueing them waits for nothing.
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 
 import numpy as np
@@ -31,6 +34,20 @@ from engine.runner.sampler import SamplingParams, descending_order
 
 PADDING = (1.0, 0, 1.0, 0.0, 0.0)  # a padding row's parameters: a plain draw over whatever its row holds, ignored
 TOP_PADDING = (1.0, 1, 1.0, 0.0, 0.0)  # the same where pick_top orders the rows (its rows' top_k within TOP_MAX)
+
+
+def pinned(cp, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zeroed host array in page-locked memory (np.frombuffer keeps the allocation alive)."""
+    count = int(np.prod(shape))
+    memory = cp.cuda.alloc_pinned_memory(count * np.dtype(dtype).itemsize)
+    out = np.frombuffer(memory, dtype, count).reshape(shape)
+    out[...] = 0
+    return out
+
+
+def address(host: np.ndarray) -> ctypes.c_void_p:
+    """A host array's address as CuPy's copies take it (a ctypes pointer: older CuPy reads its .value)."""
+    return ctypes.c_void_p(host.ctypes.data)
 
 
 def row_params(p: SamplingParams, u: float) -> tuple[float, int, float, float, float]:
@@ -51,7 +68,13 @@ class BatchDraws:
         self.logits = cp.zeros((rows, vocab), dtype=cp.float32)
         self.params = cp.zeros((rows, PICK_PARAMS), dtype=cp.float64)
         self.tokens = cp.zeros(rows, dtype=cp.int64)
-        self.host = np.zeros((rows, PICK_PARAMS), dtype=np.float64)
+        self.index = cp.zeros(rows, dtype=cp.int64)  # (rows,) the gathered rows of a matrix
+        # the host's side in page-locked memory, copied without the driver's staging (an asynchronous copy from
+        # pageable memory may wait for the stream's work, a decode step's forward): (rows, PICK_PARAMS) fp64 the
+        # rows' parameters, (rows,) int64 the gathered rows, (rows,) int64 the tokens back
+        self.host = pinned(cp, (rows, PICK_PARAMS), np.float64)
+        self.host_index = pinned(cp, (rows,), np.int64)
+        self.host_tokens = pinned(cp, (rows,), np.int64)
         self.graphs: dict[tuple[int, bool], object] = {}  # (batch size, by pick_top) -> its graph
         self.capturable = True
 
@@ -59,29 +82,56 @@ class BatchDraws:
         """Each row's token: (logits (vocab,) fp32 on the device, written on the current stream, its
         parameters (temperature > 0), its uniform). gather: (matrix, indices) when every row's logits are
         rows of one matrix (a decode graph's output): one gather then, not a copy a row."""
+        self.stream.wait_event(self.cp.cuda.get_current_stream().record())  # the logits are written
+        self.launch(rows, gather, self.stream, capture=True)
+        return self.collect(len(rows), self.stream)
+
+    def launch(self, rows: list[tuple[object, SamplingParams, float]], gather: tuple | None, stream,
+               capture: bool = False) -> bool:
+        """draw's work queued on `stream` after what it holds (the logits' writer), its tokens copied back there,
+        nothing waited for; collect(len(rows), stream) gives them. One launch at a time: the buffers are shared
+        until collected. False (nothing queued) where the batch size's graph is not captured yet, unless
+        `capture`: a capture runs eagerly and synchronizes, not for a stream with a forward in flight."""
         cp, n = self.cp, len(rows)
-        size = padded_rows(n)
-        self.stream.wait_event(cp.cuda.get_current_stream().record())  # the logits are written
-        with self.stream:
+        size, top = self.key([p for _, p, _ in rows])
+        graph = self.graphs.get((size, top))
+        if graph is None and not capture and not self.ready(size, top):
+            return False
+        with stream:
+            for i, (_, p, u) in enumerate(rows):
+                self.host[i] = row_params(p, u)
+            self.host[n:size] = TOP_PADDING if top else PADDING
+            self.params.data.copy_from_host_async(address(self.host), size * self.host[0].nbytes, stream)
             if gather is not None:
                 source, index = gather
-                cp.take(source, cp.asarray(np.asarray(index, dtype=np.int64)), axis=0, out=self.logits[:n])
-            for i, (logits, p, u) in enumerate(rows):
-                if gather is None:
+                self.host_index[:n] = index
+                self.index.data.copy_from_host_async(address(self.host_index), n * 8, stream)
+                cp.take(source, self.index[:n], axis=0, out=self.logits[:n])
+            else:
+                for i, (logits, _, _) in enumerate(rows):
                     logits = cp.ascontiguousarray(logits, dtype=cp.float32)
-                    self.logits[i].data.copy_from_device_async(logits.data, logits.nbytes, self.stream)
-                self.host[i] = row_params(p, u)
-            top = all(0 < p.top_k <= TOP_MAX for _, p, _ in rows)
-            self.host[n:size] = TOP_PADDING if top else PADDING
-            self.params[:size].set(self.host[:size])
-            graph = self.graphs.get((size, top))
+                    self.logits[i].data.copy_from_device_async(logits.data, logits.nbytes, stream)
             if graph is None:
                 graph = self.capture(size, top)
             if graph is not None:
-                graph.launch(self.stream)
+                graph.launch(stream)
             else:
                 self.kernels.pick_rows(self.logits[:size], self.params[:size], self.tokens[:size], top)
-            return self.tokens[:n].get(stream=self.stream).tolist()
+            self.tokens.data.copy_to_host_async(address(self.host_tokens), n * 8, stream)
+        return True
+
+    def key(self, params: list[SamplingParams]) -> tuple[int, bool]:
+        """The graph that draws these rows: (its batch size, whether by pick_top)."""
+        return padded_rows(len(params)), all(0 < p.top_k <= TOP_MAX for p in params)
+
+    def ready(self, size: int, top: bool) -> bool:
+        """Whether a launch of this key queues without a capture (its graph is there, or graphs are off)."""
+        return (size, top) in self.graphs or not self.capturable
+
+    def collect(self, n: int, stream) -> list[int]:
+        """The tokens of the latest launch of n rows on `stream`, once it has run."""
+        stream.synchronize()
+        return self.host_tokens[:n].tolist()
 
     def capture(self, size: int, top: bool):
         """The draw of `size` rows (by pick_top where `top`) as a graph (None where it cannot be: the rows are then

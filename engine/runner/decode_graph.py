@@ -90,12 +90,13 @@ class GraphDecoder:
     def size(self, rows: int) -> int:
         return padded_rows(rows) if self.pad_block is not None else rows
 
-    def decode(self, tokens, tables, positions, states=(), meanwhile: Callable[[], None] | None = None):
+    def decode(self, tokens, tables, positions, states=(), meanwhile: Callable[[object], None] | None = None):
         """Logits (rows, vocab) float32 on the device after each row's token at its position, its
         rows through its block table (their K/V rows written; a hybrid's row i advancing states[i]): rows of
         the graphs' shared output buffer, valid until the next replay, or the eager run's logits when this
         step was just captured. GraphMemoryError when a capture does not fit (the graphs before it stay
-        usable). meanwhile: called once the replay is launched, before the wait for it (after a capture)."""
+        usable). meanwhile(logits): called once the replay is launched, before the wait for it (after a capture),
+        on the stream that computes them: work queued there follows the step, and is waited for with it."""
         self.backend.synchronize()  # prompt work ran on the default stream
         rows = len(tokens)
         key = (self.size(rows), self.bucket(max(positions)))
@@ -104,11 +105,13 @@ class GraphDecoder:
         if entry is None:
             logits = self.capture(key, tokens, tables, positions, states)[:rows]
             if meanwhile is not None:
-                meanwhile()
+                with self.stream:
+                    meanwhile(logits)
             return logits
         self.replay(entry, tokens, tables, positions, states)
         if meanwhile is not None:  # the host's work while the device runs the step
-            meanwhile()
+            with self.stream:
+                meanwhile(self.logits)
         self.stream.synchronize()  # the sampler reads the logits on the default stream
         self.replayed, self.greedy = True, None
         return self.logits[:rows]
@@ -220,14 +223,14 @@ class GraphDecoder:
 
 
 def decode_or_eager(decoder: GraphDecoder | None, model, kv: KVCache, tokens: list[int], tables: list[list[int]],
-                    positions: list[int], states=(), meanwhile: Callable[[], None] | None = None):
+                    positions: list[int], states=(), meanwhile: Callable[[object], None] | None = None):
     """A decode step through `decoder`'s graphs, or eagerly (model.forward_batch) without one -> (logits (rows,
     vocab) on the device, the decoder to use from now on). A step of more rows than the graphs hold (BATCH_SIZES'
     largest: their output buffer's) and one whose graph does not fit the device run eagerly; a capture the driver
     refuses leaves the graphs off (None) from now on. A hybrid's failed capture raises: its states may have moved in
-    the capture's eager run (the engine stops; the server restarts it and reads its requests again). meanwhile: the
-    host's work to do while the device runs the step (after an eager step: it has run), called once, or again
-    where a graph's step fails after calling it (a meanwhile does nothing the second time: DecodeSteps.step's)."""
+    the capture's eager run (the engine stops; the server restarts it and reads its requests again).
+    meanwhile(logits): the work to do while the device runs the step (GraphDecoder.decode; after an eager step: it has
+    run), called once, or again where a graph's step fails after calling it (with the logits that stand then)."""
     if decoder is not None and len(tokens) <= BATCH_SIZES[-1]:
         try:
             return decoder.decode(tokens, tables, positions, states, meanwhile), decoder
@@ -243,5 +246,5 @@ def decode_or_eager(decoder: GraphDecoder | None, model, kv: KVCache, tokens: li
             decoder = None
     logits = model.forward_batch(np.asarray(tokens, dtype=np.int64), tables, positions, kv, tuple(states))
     if meanwhile is not None:
-        meanwhile()
+        meanwhile(logits)
     return logits, decoder

@@ -62,6 +62,15 @@ class Picks:
             for seq, token in zip(batch, tokens):
                 seq.picked = token
 
+    def behind(self, seqs: list[Sequence], first: list[int]) -> "DrawsBehind | None":
+        """The batched draws of a decode forward's plain sampling rows queued right behind it on the device
+        (DrawsBehind), where the GPU draws them: seqs the forward's requests, first each one's first row."""
+        if self.batch is None:
+            return None
+        rows = [(seq, row) for seq, row in zip(seqs, first)
+                if seq.sampler.batchable and seq.picked is None and not seq.drafts and not seq.replay]
+        return DrawsBehind(self.batch, rows[: self.batch.rows]) if rows else None
+
     def logprobs(self, seq: Sequence, token: int) -> tuple[float, tuple[tuple[int, float], ...]]:
         """The log-probability of seq's drawn token and of its seq.logprobs likeliest (Sampler.logprobs), under the
         logits the draw read."""
@@ -76,3 +85,38 @@ class Picks:
             return
         self.draws.prepare(logits)
         self.batch.draw([(logits, SamplingParams(temperature=1.0), 0.5)])
+
+
+class DrawsBehind:
+    """A decode forward's plain sampling rows (each request's next token from the forward's logits) drawn right
+    behind the forward, on its stream, from its output matrix: their tokens come back with the forward's own wait
+    (no launch, copy and wait of their own between two steps, the device idle meanwhile), and the next step takes
+    them from seq.picked. Each request's uniform is taken here, one for the token, as its draw would: the tokens
+    are those a draw at the next step gives (the same graph over the same logits)."""
+
+    def __init__(self, batch: BatchDraws, rows: list[tuple[Sequence, int]]):
+        """rows: (request, its row of the forward's logits), at most batch.rows."""
+        self.batch, self.rows = batch, rows
+        self.uniforms: list[float] | None = None
+        self.stream = None
+
+    def launch(self, logits) -> None:
+        """Queue the draws on the current stream, behind the forward that writes logits (rows, vocab) fp32:
+        nothing where their graph is not captured yet (the next step draws them: BatchDraws.draw captures it).
+        Called again (a forward redone), it queues them again with the same uniforms."""
+        params = [seq.sampler.params for seq, _ in self.rows]
+        if not self.batch.ready(*self.batch.key(params)):
+            return
+        if self.uniforms is None:
+            self.uniforms = [seq.sampler.uniform() for seq, _ in self.rows]
+        stream = self.batch.cp.cuda.get_current_stream()
+        rows = [(None, p, u) for p, u in zip(params, self.uniforms)]
+        if self.batch.launch(rows, (logits, [row for _, row in self.rows]), stream):
+            self.stream = stream
+
+    def collect(self) -> None:
+        """Once the forward is waited for: each drawn request's token into seq.picked."""
+        if self.stream is None:
+            return
+        for (seq, _), token in zip(self.rows, self.batch.collect(len(self.rows), self.stream)):
+            seq.picked = token

@@ -177,20 +177,31 @@ class ModelRunner:
         """One decode step for every sequence in `seqs` (each with blocks for its new rows): their
         newest tokens go through the model together, one pass over the weights; each gets its logits.
         A sequence's drafts (speculative decoding) go as decode rows of their own after its newest token's
-        (the same bits as one-token steps); their logits are kept in order (draft_logits). meanwhile: the host's
-        work to do while the device runs the step (decode_or_eager)."""
+        (the same bits as one-token steps); their logits are kept in order (draft_logits). Where the device runs
+        the step while the host goes on (runs_async), the plain sampling rows' next tokens are drawn right behind
+        it (Picks.behind: seq.picked) and meanwhile, the host's work, is done while it runs (decode_or_eager)."""
         states = [self.state_of(s) for s in seqs] if self.recurrent is not None else []
         tokens, tables, positions, first = decode_rows(seqs)
-        logits = self.decode_logits(tokens, tables, positions, states, meanwhile)
+        behind = self.picks.behind(seqs, first) if self.runs_async else None
+
+        def launched(logits) -> None:  # (rows, vocab) on the device, being computed on the current stream
+            if behind is not None:
+                behind.launch(logits)
+            if meanwhile is not None:
+                meanwhile()
+        logits = self.decode_logits(tokens, tables, positions, states,
+                                    launched if behind is not None or meanwhile is not None else None)
         for state in states:
             state.decoded()
         graph = self.decoder is not None and self.decoder.owns(logits[0])
         for i, seq in zip(first, seqs):
             seq.logits, seq.graph_row = logits[i], i if graph else None
             seq.draft_logits = [logits[i + 1 + j] for j in range(len(seq.drafts))]
+        if behind is not None:
+            behind.collect()
 
     def decode_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=(),
-                      meanwhile: Callable[[], None] | None = None):
+                      meanwhile: Callable[[object], None] | None = None):
         """Logits (rows, vocab) after each row's token at its position, its rows in the blocks of its
         table (and its recurrent state, a hybrid's), on the backend's device: a graph replay on the GPU
         (valid until the next replay), else eager. Expert caches then refill from the step's routes."""
@@ -200,7 +211,7 @@ class ModelRunner:
         return logits
 
     def step_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=(),
-                    meanwhile: Callable[[], None] | None = None):
+                    meanwhile: Callable[[object], None] | None = None):
         logits, self.decoder = decode_or_eager(self.decoder, self.model, self.kv, tokens, tables, positions, states,
                                                meanwhile)
         return logits
