@@ -5,8 +5,9 @@ what the request asks for, the same way for each of its tokens:
 - plain greedy: after a decode graph's replay, the argmax the graph computed (8 bytes back); else the
   logits copied to the host and their argmax;
 - a plain temperature draw (Sampler.batchable): the batched draws (engine/runner/batch_draws.py), with
-  the step's other such rows (ahead: one launch and one copy back a step), or as a batch of one (a
-  prompt's last row) — the same arithmetic either way;
+  the step's other such rows, queued behind the forward that computes their logits (DrawsBehind: their tokens
+  back with its wait) or, where that cannot be, ahead at the step (one launch and one copy back), or as a batch
+  of one (a prompt's last row) — the same arithmetic every way;
 - penalized or constrained: a captured draw of its parameter set (engine/runner/sampling_graph.py).
 The log-probabilities a request asks for: on the GPU a step's rows in one launch where the draw reads the logits
 as the model left them (engine/runner/logprob_rows.py), else Sampler.logprobs on the host.
