@@ -11,7 +11,7 @@ from engine import __version__
 from engine.ops.backend import Backend
 from engine.runner.decode_graph import GraphDecoder, decode_or_eager
 from engine.runner.grammar_mask import compile_constraint
-from engine.runner.picks import Picks
+from engine.runner.picks import Picks, after_launch
 from engine.modelfile.model_config import ModelConfig
 from engine.model.layer_weights import Weights
 from engine.kvcache.block_pool import BlockPool
@@ -183,14 +183,7 @@ class ModelRunner:
         states = [self.state_of(s) for s in seqs] if self.recurrent is not None else []
         tokens, tables, positions, first = decode_rows(seqs)
         behind = self.picks.behind(seqs, first) if self.runs_async else None
-
-        def launched(logits) -> None:  # (rows, vocab) on the device, being computed on the current stream
-            if behind is not None:
-                behind.launch(logits)
-            if meanwhile is not None:
-                meanwhile()
-        logits = self.decode_logits(tokens, tables, positions, states,
-                                    launched if behind is not None or meanwhile is not None else None)
+        logits = self.decode_logits(tokens, tables, positions, states, after_launch(behind, meanwhile))
         for state in states:
             state.decoded()
         graph = self.decoder is not None and self.decoder.owns(logits[0])
@@ -205,15 +198,10 @@ class ModelRunner:
         """Logits (rows, vocab) after each row's token at its position, its rows in the blocks of its
         table (and its recurrent state, a hybrid's), on the backend's device: a graph replay on the GPU
         (valid until the next replay), else eager. Expert caches then refill from the step's routes."""
-        logits = self.step_logits(tokens, tables, positions, states, meanwhile)
-        for cache in self.expert_caches:
-            cache.refill(len(tokens))
-        return logits
-
-    def step_logits(self, tokens: list[int], tables: list[list[int]], positions: list[int], states=(),
-                    meanwhile: Callable[[object], None] | None = None):
         logits, self.decoder = decode_or_eager(self.decoder, self.model, self.kv, tokens, tables, positions, states,
                                                meanwhile)
+        for cache in self.expert_caches:
+            cache.refill(len(tokens))
         return logits
 
     def set_aside(self, seq: Sequence) -> None:
