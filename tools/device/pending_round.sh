@@ -35,6 +35,8 @@
 #             it, then the 64 clients on main's (.device/base): a host-side engine change's before and after
 #   base44    before44's pair without the ladder, main's tree first (PROFILE_S= : no py-spy, the trace alone)
 #   ladder    the HTTP ladder at 1 / 16 / 64 / 256 clients alone (texts against solo runs)
+#   ladder256 the 256 clients on main's tree, then the ladder on the patched one, both traced (the step trace's
+#             draws and decode lines: trace_waits.py --rows 64 on each clients_server.log)
 #   drawsbehind the engine loop's lines with the draws behind the forward and without (gpu_run.sh drawsbehind)
 #   profile44 the 64 clients through HTTP, traced, the engine sampled by py-spy meanwhile (waits included): where a
 #             decode step's time on the host goes (tools/profiling/spy_summary.py), the draws lines' parts
@@ -144,6 +146,15 @@ for part in ${PARTS:-fusions}; do
       [ -d /tmp/base/engine ] && { echo "--- before"; (cd /tmp/base && profiled_clients before_); } ;;
     profile44) profiled_clients "" ;;
     ladder) ladder ;;
+    ladder256)  # the 256 clients on main's tree (.device/base, traced), then the patched tree's ladder (traced)
+      bash tools/device/gpu_run.sh basetree 2>&1 | tail -1
+      if [ -d /tmp/base/engine ]; then
+        echo "--- before (256 clients)"
+        (cd /tmp/base && STRATA_STEP_TRACE=1 CLIENTS=256 CLIENTS_LIMIT=$(cap 110) timeout $(cap 120) \
+          bash tools/device/gpu_run.sh clients 2>&1 | tail -4)
+        for f in clients_h200.json clients_server.log; do [ -f "$OUT/$f" ] && mv "$OUT/$f" "$OUT/before_$f"; done
+      fi
+      echo "--- after"; STRATA_STEP_TRACE=1 ladder ;;
     base44)  # main's tree's 64 clients profiled (as before44's before), then the patched tree's: one machine's pair
       bash tools/device/gpu_run.sh basetree 2>&1 | tail -1
       [ -d /tmp/base/engine ] && { echo "--- before"; (cd /tmp/base && profiled_clients before_); }
