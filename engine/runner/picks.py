@@ -70,8 +70,8 @@ class Picks:
         (DrawsBehind), where the GPU draws them: seqs the forward's requests, first each one's first row."""
         if self.batch is None:
             return None
-        rows = [(seq, row) for seq, row in zip(seqs, first)
-                if seq.sampler.batchable and seq.picked is None and not seq.drafts and not seq.replay]
+        rows = [(seq, row) for seq, row in zip(seqs, first) if seq.draws_ahead and not seq.drafts]  # (at a launch
+        # draft_logits are empty: draw resets them; a row with drafts after it is drawn in the draw's own loop)
         return DrawsBehind(self.batch, rows[: self.batch.rows]) if rows else None
 
     def logprobs(self, seq: Sequence, token: int) -> tuple[float, tuple[tuple[int, float], ...]]:
