@@ -14,8 +14,6 @@ as the model left them (engine/runner/logprob_rows.py), else Sampler.logprobs on
 """
 from __future__ import annotations
 
-from typing import Callable
-
 from engine.runner.batch_draws import BatchDraws
 from engine.runner.logprob_rows import LogprobRows
 from engine.runner.sampler import SamplingParams
@@ -88,20 +86,6 @@ class Picks:
             return
         self.draws.prepare(logits)
         self.batch.draw([(logits, SamplingParams(temperature=1.0), 0.5)])
-
-
-def after_launch(behind: DrawsBehind | None, meanwhile: Callable[[], None] | None) -> Callable[[object], None] | None:
-    """What a decode step does once its forward is launched (decode_or_eager's meanwhile, given the step's logits on
-    the stream computing them): the draws behind it queued, then the host's work; None where there is neither."""
-    if behind is None and meanwhile is None:
-        return None
-
-    def launched(logits) -> None:
-        if behind is not None:
-            behind.launch(logits)
-        if meanwhile is not None:
-            meanwhile()
-    return launched
 
 
 class DrawsBehind:

@@ -11,7 +11,7 @@ from engine import __version__
 from engine.ops.backend import Backend
 from engine.runner.decode_graph import GraphDecoder, decode_or_eager
 from engine.runner.grammar_mask import compile_constraint
-from engine.runner.picks import Picks, after_launch
+from engine.runner.picks import DrawsBehind, Picks
 from engine.modelfile.model_config import ModelConfig
 from engine.model.layer_weights import Weights
 from engine.kvcache.block_pool import BlockPool
@@ -235,6 +235,20 @@ class ModelRunner:
 
     def fingerprint(self, seq: Sequence) -> str:
         return fingerprint(self.kv, seq)
+
+
+def after_launch(behind: DrawsBehind | None, meanwhile: Callable[[], None] | None) -> Callable[[object], None] | None:
+    """What a decode step does once its forward is launched (decode_or_eager's meanwhile, given the step's logits on
+    the stream computing them): the draws behind it queued, then the host's work; None where there is neither."""
+    if behind is None and meanwhile is None:
+        return None
+
+    def launched(logits) -> None:
+        if behind is not None:
+            behind.launch(logits)
+        if meanwhile is not None:
+            meanwhile()
+    return launched
 
 
 def fingerprint(kv: KVCache, seq: Sequence) -> str:
