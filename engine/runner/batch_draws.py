@@ -89,13 +89,14 @@ class BatchDraws:
     def launch(self, rows: list[tuple[object, SamplingParams, float]], gather: tuple | None, stream,
                capture: bool = False) -> bool:
         """draw's work queued on `stream` after what it holds (the logits' writer), its tokens copied back there,
-        nothing waited for; collect(len(rows), stream) gives them. One launch at a time: the buffers are shared
-        until collected. False (nothing queued) where the batch size's graph is not captured yet, unless
-        `capture`: a capture runs eagerly and synchronizes, not for a stream with a forward in flight."""
+        nothing waited for; collect(len(rows), stream) gives them (a row's logits unread where `gather` is given).
+        One launch at a time: the buffers are shared until collected. False (nothing queued) where the batch size's
+        graph is not captured yet, unless `capture`: a capture runs eagerly and synchronizes, not for a stream with
+        a forward in flight."""
         cp, n = self.cp, len(rows)
         size, top = self.key([p for _, p, _ in rows])
         graph = self.graphs.get((size, top))
-        if graph is None and not capture and not self.ready(size, top):
+        if graph is None and self.capturable and not capture:
             return False
         with stream:
             for i, (_, p, u) in enumerate(rows):
