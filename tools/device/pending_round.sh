@@ -84,6 +84,19 @@ profiled_clients() {  # $1 a prefix for its files: the 64 clients traced with py
   python3 tools/profiling/trace_waits.py "$OUT/$1server_strata.log.gz" --rows 64 2>&1 | tail -3
   python3 tools/profiling/spy_summary.py "$OUT/$1spy_strata.txt" --within DecodeSteps.step --top 24
 }
+in_main_tree() {  # LABEL CMD...: CMD run in main's tree (.device/base, made at /tmp/base by gpu_run.sh basetree)
+  local label=$1
+  shift
+  bash tools/device/gpu_run.sh basetree 2>&1 | tail -1
+  [ -d /tmp/base/engine ] || return 0
+  echo "--- before$label"
+  (cd /tmp/base && "$@")
+}
+clients_256_before() {  # main's tree's 256 clients, traced, its files named before_
+  STRATA_STEP_TRACE=1 CLIENTS=256 CLIENTS_LIMIT=$(cap 110) timeout $(cap 120) bash tools/device/gpu_run.sh clients 2>&1 \
+    | tail -4
+  for f in clients_h200.json clients_server.log; do [ -f "$OUT/$f" ] && mv "$OUT/$f" "$OUT/before_$f"; done
+}
 ladder() {  # the HTTP ladder at 1 / 16 / 64 / 256 clients
   CLIENTS=1,16,64,256 CLIENTS_LIMIT=$(cap 280) timeout $(cap 290) bash tools/device/gpu_run.sh clients 2>&1 | tail -12
 }
@@ -142,22 +155,14 @@ for part in ${PARTS:-fusions}; do
       # main's tree's (.device/base, made at /tmp/base by gpu_run.sh basetree)
       echo "--- after"; profiled_clients after_
       ladder
-      bash tools/device/gpu_run.sh basetree 2>&1 | tail -1
-      [ -d /tmp/base/engine ] && { echo "--- before"; (cd /tmp/base && profiled_clients before_); } ;;
+      in_main_tree "" profiled_clients before_ ;;
     profile44) profiled_clients "" ;;
     ladder) ladder ;;
-    ladder256)  # the 256 clients on main's tree (.device/base, traced), then the patched tree's ladder (traced)
-      bash tools/device/gpu_run.sh basetree 2>&1 | tail -1
-      if [ -d /tmp/base/engine ]; then
-        echo "--- before (256 clients)"
-        (cd /tmp/base && STRATA_STEP_TRACE=1 CLIENTS=256 CLIENTS_LIMIT=$(cap 110) timeout $(cap 120) \
-          bash tools/device/gpu_run.sh clients 2>&1 | tail -4)
-        for f in clients_h200.json clients_server.log; do [ -f "$OUT/$f" ] && mv "$OUT/$f" "$OUT/before_$f"; done
-      fi
+    ladder256)  # the 256 clients on main's tree (traced), then the patched tree's ladder (traced)
+      in_main_tree " (256 clients)" clients_256_before
       echo "--- after"; STRATA_STEP_TRACE=1 ladder ;;
     base44)  # main's tree's 64 clients profiled (as before44's before), then the patched tree's: one machine's pair
-      bash tools/device/gpu_run.sh basetree 2>&1 | tail -1
-      [ -d /tmp/base/engine ] && { echo "--- before"; (cd /tmp/base && profiled_clients before_); }
+      in_main_tree "" profiled_clients before_
       echo "--- after"; profiled_clients after_ ;;
     issue44b)
       PEERS_CASES=hol,clients,subagents,agent PEERS_REPEATS=1 timeout $(cap 300) bash tools/device/gpu_run.sh \
