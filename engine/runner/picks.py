@@ -72,6 +72,24 @@ class Picks:
         # draft_logits are empty: draw resets them; a row with drafts after it is drawn in the draw's own loop)
         return DrawsBehind(self.batch, rows[: self.batch.rows]) if rows else None
 
+    def set_aside(self, seq: Sequence) -> None:
+        """seq's logits leave the decode graph's output buffer, which the next replay overwrites (paused for memory,
+        or in an earlier forward of a step of several): a plain greedy row's token is taken now from the argmax the
+        replay computed (what sample would return: else its logits copied, then a draw of their own, ~0.2 ms a row
+        at the next step), and the logits are copied only where something still reads them (a token not known yet,
+        log-probabilities, drafts' rows). A request whose token is drawn already (unstepped: paused for memory after
+        its draw) keeps them as before."""
+        if seq.graph_row is None or seq.logits is None:
+            return
+        if not seq.unstepped and not seq.draft_logits:
+            if seq.picked is None and seq.sampler.plain_greedy:
+                seq.picked = self.decoder.greedy_token(seq.graph_row)
+            if seq.picked is not None and seq.logprobs is None:
+                seq.logits, seq.graph_row = None, None  # (its token is known, and nothing else reads them)
+                return
+        seq.logits, seq.graph_row = seq.logits.copy(), None
+        seq.draft_logits = [logits.copy() for logits in seq.draft_logits]  # (rows of the same buffer)
+
     def logprobs(self, seq: Sequence, token: int) -> tuple[float, tuple[tuple[int, float], ...]]:
         """The log-probability of seq's drawn token and of its seq.logprobs likeliest (Sampler.logprobs), under the
         logits the draw read."""

@@ -205,11 +205,9 @@ class ModelRunner:
         return logits
 
     def set_aside(self, seq: Sequence) -> None:
-        """A request leaves the running set (paused for memory) with logits still to draw from: they
-        get a copy of their own, since a decode graph's output buffer is overwritten by the next replay."""
-        if seq.graph_row is not None and seq.logits is not None:
-            seq.logits, seq.graph_row = seq.logits.copy(), None
-            seq.draft_logits = [logits.copy() for logits in seq.draft_logits]  # (rows of the same buffer)
+        """A request leaves the decode graph's output buffer with its next token still to draw (paused for memory,
+        or in an earlier forward of a step of several): Picks.set_aside."""
+        self.picks.set_aside(seq)
 
     def snapshot_nbytes(self, seq: Sequence) -> int:
         """What a park's rows take in host memory (on a GPU a hybrid's recurrent state too: `spill`)."""

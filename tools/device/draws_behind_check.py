@@ -1,8 +1,10 @@
 """A decode forward's sampling rows drawn right behind it on the GPU (engine/runner/picks.py DrawsBehind, the
 runner's runs_async) against the draws at the next step (runs_async off, as before): the engine's own loop over
-a model's file on the GPU, 64 requests at once (seeded draws at the servers' top_k 40, top_p, min_p; greedy ones;
-one asking log-probabilities; answers of different lengths, so the batch shrinks), then the same in a KV pool too
-small for them (requests paused and back): every request's lines the same both ways, and tokens drawn behind.
+a model's file on the GPU, 96 requests at once (seeded draws at the servers' top_k 40, top_p, min_p; greedy ones;
+some asking log-probabilities; answers of different lengths, so the batch shrinks; steps of two forwards, 64 rows
+and the rest, so the first forward's requests are set aside: Picks.set_aside), then the same in a KV pool too small
+for them (requests paused and back): every request's lines the same both ways and the same as alone (every eighth
+request served by itself), and tokens drawn behind.
 
     python tools/device/draws_behind_check.py MODEL.gguf [--json FILE] [--device cpu]
 
@@ -26,8 +28,9 @@ from tools.device.model_checks import report  # noqa: E402
 
 prefer_row_invariant_blas()  # as the engine process does, before CuPy makes its cuBLAS handle
 
+REQUESTS = 96  # a step of two forwards: 64 rows (MAX_BATCH) and the rest
 PARAMS = ({"temperature": 0.7, "top_k": 40}, {"temperature": 0.9, "top_p": 0.9}, {"temperature": 1.0, "min_p": 0.05},
-          {"temperature": 0.0}, {"temperature": 0.8, "top_k": 40, "logprobs": 2})
+          {"temperature": 0.0}, {"temperature": 0.8, "top_k": 40, "logprobs": 2}, {"temperature": 0.0, "logprobs": 1})
 
 
 def runner_for(path: str, blocks: int, device: str):
@@ -37,24 +40,25 @@ def runner_for(path: str, blocks: int, device: str):
 
     backend = gpu_backend() if device == "gpu" else cpu_backend()
     cfg, weights, _ = load_model(path, backend, keep_blocks=True)
-    runner = ModelRunner(cfg, weights, backend, 2048, 256, frozenset(), max_running=64, blocks=blocks, block_size=16)
+    runner = ModelRunner(cfg, weights, backend, 2048, 256, frozenset(), max_running=REQUESTS, blocks=blocks,
+                         block_size=16)
     runner.warm_up()
     return runner
 
 
 def gens(vocab: int) -> list[m.Gen]:
-    """64 requests: 20-60-token prompts, 24-72 tokens each, their parameters in turn from PARAMS, seeded."""
+    """REQUESTS requests: 20-60-token prompts, 24-72 tokens each, their parameters in turn from PARAMS, seeded."""
     rng = np.random.default_rng(3)
     out = []
-    for i in range(64):
+    for i in range(REQUESTS):
         prompt = tuple(int(t) for t in rng.integers(100, vocab - 100, int(rng.integers(20, 60))))
         out.append(m.Gen(24 + (i * 7) % 49, prompt, PARAMS[i % len(PARAMS)] | {"seed": 1000 + i}, i + 1))
     return out
 
 
-def serve(runner, runs_async: bool) -> tuple[dict[int, list], int, bool]:
+def serve(runner, runs_async: bool, only: int | None = None) -> tuple[dict[int, list], int, bool]:
     """Each request's lines (tokens with their log-probabilities, DONE last), the tokens drawn behind a forward,
-    and whether a request paused."""
+    and whether a request paused; `only`: that request alone."""
     from engine.loop.loop import EngineLoop
     from engine.loop.park_policy import ParkPolicy
     from engine.runner.picks import DrawsBehind
@@ -70,7 +74,7 @@ def serve(runner, runs_async: bool) -> tuple[dict[int, list], int, bool]:
     DrawsBehind.collect = counted
     try:
         loop = EngineLoop(runner, ParkPolicy(), out.append)
-        waiting = {gen.id: gen for gen in gens(runner.cfg.vocab_size)}
+        waiting = {gen.id: gen for gen in gens(runner.cfg.vocab_size) if only in (None, gen.id)}
         for gen in waiting.values():
             loop.control(gen)
         seen = 0
@@ -99,11 +103,14 @@ def check(path: str, blocks: int, device: str) -> dict:
     before, _, paused_before = serve(runner, runs_async=False)
     during, drawn_behind, paused = serve(runner, runs_async=True)
     same = [ident for ident in before if before[ident] == during.get(ident)]
-    ended = all(lines[-1] == "Done" for lines in during.values()) and len(during) == 64
+    ended = all(lines[-1] == "Done" for lines in during.values()) and len(during) == REQUESTS
+    alone = [ident for ident in range(1, REQUESTS + 1, 8) if serve(runner, True, ident)[0][ident] == during[ident]]
     out = {"model": Path(path).name, "blocks": blocks, "requests_same": len(same), "requests": len(before),
+           "alone_same": len(alone), "alone": len(range(1, REQUESTS + 1, 8)),
            "tokens": sum(len(lines) - 1 for lines in during.values()), "drawn_behind": drawn_behind,
            "paused": paused, "paused_before": paused_before, "all_done": ended}
-    out["ok"] = bool(len(same) == 64 and len(during) == 64 and ended and drawn_behind > 0)
+    out["ok"] = bool(len(same) == REQUESTS and len(during) == REQUESTS and ended and drawn_behind > 0
+                     and out["alone_same"] == out["alone"])
     return out
 
 
@@ -113,8 +120,8 @@ def main() -> int:
     p.add_argument("--json")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                    help="cpu: the same loop without draws behind (a dry run of the check: it fails there)")
-    p.add_argument("--blocks", default="640,160", help="the KV pools, in blocks of 16 positions: room for every "
-                   "request's rows (64 x at most 132 positions), then too little (requests paused)")
+    p.add_argument("--blocks", default="1024,240", help="the KV pools, in blocks of 16 positions: room for every "
+                   "request's rows (96 x at most 132 positions), then too little (requests paused)")
     a = p.parse_args()
     pools = [int(b) for b in a.blocks.split(",")]
     return report((({"blocks": blocks}, partial(check, a.model, blocks, a.device)) for blocks in pools),
