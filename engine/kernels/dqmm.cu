@@ -27,6 +27,9 @@
 #ifndef DQ_WARPS
 #define DQ_WARPS 4  // warps splitting a row's units (the order's one knob: it changes bits, not the batch's)
 #endif
+#ifndef DQ_UNROLL
+#define DQ_UNROLL 8  // units a warp has in flight at 1 and 2 n-tiles
+#endif
 #ifndef DQ_WIDE_G
 #define DQ_WIDE_G 2  // 16-row weight tiles a block takes at 4 and 8 n-tiles (x's loads shared by G tiles)
 #endif
@@ -55,11 +58,17 @@ __device__ __forceinline__ void unit_fragments(const Pair& pa, const Pair& pb, u
     bytes_as_halves(pb.hi, __float2half2_rn(pb.d[1]), __float2half2_rn(pb.m[1]), a1[1], a1[3]);
 }
 
+// Units a warp has in flight a round (their loads first, then their mmas in unit order): fewer as the n-tiles
+// grow (each holds NT fragments of x). The round groups loads only: no bit depends on it.
+template <int NT>
+__host__ __device__ constexpr int dqmm_unroll() { return NT >= 8 ? 2 : NT >= 4 ? 4 : DQ_UNROLL; }
+
 template <class T, int NT, typename Out>
 __device__ __forceinline__ void dqmm(const u8* __restrict__ w, const __half* __restrict__ x, Out* __restrict__ y,
                                      int m, int k, int ldy, int nb) {
-    constexpr int G = dqmm_tiles<NT>();
-    __shared__ float partial[DQ_WARPS][G * NT][32][4];
+    constexpr int G = dqmm_tiles<NT>(), U = dqmm_unroll<NT>(), P = G * NT;  // P: (tile, n-tile) outputs a lane
+    constexpr int R = 32 / DQ_WARPS < P ? 32 / DQ_WARPS : P;                // of them summed across warps a round
+    __shared__ float partial[DQ_WARPS][R][32][4];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int row0 = blockIdx.x * 16 * G, units = k >> 5;
     const size_t rb = row_bytes<T>(k);
@@ -84,48 +93,61 @@ __device__ __forceinline__ void dqmm(const u8* __restrict__ w, const __half* __r
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[j][t][0] = acc[j][t][1] = acc[j][t][2] = acc[j][t][3] = 0.f;
 
-    for (int s = warp; s < units; s += DQ_WARPS) {
-        uint2 xlo[NT], xhi[NT];
+    for (int base = warp; base < units; base += DQ_WARPS * U) {
+        Pair pa[U][G], pb[U][G];
+        uint2 xlo[U][NT], xhi[U][NT];
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const uint2 zero = {0u, 0u};
-            xlo[t] = has[t] ? __ldg(reinterpret_cast<const uint2*>(xs[t] + 32 * s)) : zero;
-            xhi[t] = has[t] ? __ldg(reinterpret_cast<const uint2*>(xs[t] + 32 * s + 16)) : zero;
-        }
+        for (int u = 0; u < U; ++u) {  // the round's loads (a unit past the row reads the round's first again)
+            const int s = base + u * DQ_WARPS < units ? base + u * DQ_WARPS : base;
 #pragma unroll
-        for (int j = 0; j < G; ++j) {
-            Pair pa, pb;
-            T::pair(ra[j], s, c, pa);
-            T::pair(rb8[j], s, c, pb);
-            uint32_t a0[4], a1[4];
-            unit_fragments(pa, pb, a0, a1);
+            for (int j = 0; j < G; ++j) T::pair(ra[j], s, c, pa[u][j]), T::pair(rb8[j], s, c, pb[u][j]);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                mma_16x8x16(acc[j][t], a0, xlo[t].x, xlo[t].y);
-                mma_16x8x16(acc[j][t], a1, xhi[t].x, xhi[t].y);
+                const uint2 zero = {0u, 0u};
+                xlo[u][t] = has[t] ? __ldg(reinterpret_cast<const uint2*>(xs[t] + 32 * s)) : zero;
+                xhi[u][t] = has[t] ? __ldg(reinterpret_cast<const uint2*>(xs[t] + 32 * s + 16)) : zero;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {  // then the mmas, in unit order
+            if (base + u * DQ_WARPS >= units) break;
+#pragma unroll
+            for (int j = 0; j < G; ++j) {
+                uint32_t a0[4], a1[4];
+                unit_fragments(pa[u][j], pb[u][j], a0, a1);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    mma_16x8x16(acc[j][t], a0, xlo[u][t].x, xlo[u][t].y);
+                    mma_16x8x16(acc[j][t], a1, xhi[u][t].x, xhi[u][t].y);
+                }
             }
         }
     }
+    // The warps' partials added in warp order, R outputs a round through shared memory; warp q % DQ_WARPS adds
+    // output q of the round. Accumulator i of output p = (j, t): row g + 8 (i / 2), column 2c + i % 2.
 #pragma unroll
-    for (int j = 0; j < G; ++j)
+    for (int p0 = 0; p0 < P; p0 += R) {
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
+        for (int q = 0; q < R; ++q)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) partial[warp][j * NT + t][lane][i] = acc[j][t][i];
-    __syncthreads();
-    if (warp != 0) return;
+            for (int i = 0; i < 4; ++i)
+                if (p0 + q < P) partial[warp][q][lane][i] = (&acc[0][0][0])[4 * (p0 + q) + i];
+        __syncthreads();
 #pragma unroll
-    for (int j = 0; j < G; ++j)
+        for (int q = warp; q < R; q += DQ_WARPS) {
+            const int p = p0 + q, j = p / NT, t = p % NT;
+            if (p >= P) break;
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
+            for (int i = 0; i < 4; ++i) {
+                float sum = partial[0][q][lane][i];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {  // accumulator i: (row g + 8 (i / 2), column 2c + i % 2)
-                float sum = partial[0][j * NT + t][lane][i];
-#pragma unroll
-                for (int v = 1; v < DQ_WARPS; ++v) sum = __fadd_rn(sum, partial[v][j * NT + t][lane][i]);
+                for (int v = 1; v < DQ_WARPS; ++v) sum = __fadd_rn(sum, partial[v][q][lane][i]);
                 const int col = 8 * t + 2 * c + (i & 1), row = row0 + 16 * j + g + 8 * (i >> 1);
                 if (col < nb && row < m) dq_store(y, (size_t)col * ldy + row, sum);
             }
+        }
+        __syncthreads();  // read before the next round writes
+    }
 }
 
 #define DQMM_NT(T, NT)                                                                                              \

@@ -34,7 +34,8 @@ HEAD = ("Q6_K", 128256, 4096)
 ODD = [(37, 512), (131, 768), (300, 4096), (64, 14336)]
 ROWS = (1, 2, 3, 8, 9, 17, 33, 48, 64)
 TIMED_ROWS = (1, 4, 8, 16, 32, 64)
-KNOBS = ("DQ_WARPS=4 DQ_WIDE_G=1", "DQ_WARPS=4 DQ_WIDE_G=4", "DQ_WARPS=8 DQ_WIDE_G=2", "DQ_WARPS=2 DQ_WIDE_G=2")
+KNOBS = ("DQ_WARPS=4 DQ_WIDE_G=1", "DQ_WARPS=4 DQ_WIDE_G=4", "DQ_WARPS=4 DQ_WIDE_G=2 DQ_UNROLL=4",
+         "DQ_WARPS=4 DQ_WIDE_G=2 DQ_UNROLL=16", "DQ_WARPS=8 DQ_WIDE_G=2", "DQ_WARPS=8 DQ_WIDE_G=1")
 DEFAULT = "DQ_WARPS=4 DQ_WIDE_G=2"
 
 
@@ -47,7 +48,8 @@ class Dqmm:
 
     def __init__(self, cp, defines: str):
         from engine.kernels import OPTIONS, kernel_source
-        self.cp, self.warps, self.wide = cp, int(defines.split()[0].split("=")[1]), int(defines.split()[1].split("=")[1])
+        knobs = dict(d.split("=") for d in defines.split())
+        self.cp, self.warps, self.wide = cp, int(knobs.get("DQ_WARPS", 4)), int(knobs.get("DQ_WIDE_G", 2))
         self.module = cp.RawModule(code=kernel_source("dqmm.cu"), options=OPTIONS + tuple(f"-D{d}" for d in defines.split()))
         self.fns = {}
 
