@@ -9,11 +9,12 @@
 // every x row in their accumulators: per (16 weight rows, unit) a lane decodes 16 values whatever the batch, and
 // each 8 rows of x cost two mmas. x stays in fp16 (no 8-bit rounding of the activations).
 //
-// The order, mmv.cu's: a block (DQ_WARPS warps) owns 16 G weight rows; warp w takes units w, w + DQ_WARPS, ...
-// (a unit: 32 values of a row, two mmas, its first half then its second) into its accumulators, then the warps'
-// partials are added in warp order. A column of an mma's output depends on that column of B (and of the
-// accumulator) alone, so x's row b gets the same bits among 1 or 64 rows, beside zeros or other rows; nothing
-// depends on nb, NT or G. Solo decode would run this kernel too (nb = 1, one n-tile).
+// The order, mmv.cu's: a group of DQ_WARPS warps (a block holds DQ_WIDE_R groups at wide batches) owns 16 G
+// weight rows; warp w of it takes units w, w + DQ_WARPS, ... (a unit: 32 values of a row, two mmas, its first
+// half then its second) into its accumulators, then the warps' partials are added in warp order. A column of an
+// mma's output depends on that column of B (and of the accumulator) alone, so x's row b gets the same bits among
+// 1 or 64 rows, beside zeros or other rows; nothing depends on nb, NT, G or the groups. Solo decode would run
+// this kernel too (nb = 1, one n-tile).
 //
 // Fragments: lane (g, c) = (lane / 4, lane % 4) takes of each unit what T::pair gives it, the bytes of values
 // 4c .. 4c + 3 of each half (lo: the first 16, hi: the second) of rows g and g + 8, as halves d * byte + m. The
@@ -31,11 +32,16 @@
 #define DQ_UNROLL 8  // units a warp has in flight at 1 and 2 n-tiles
 #endif
 #ifndef DQ_WIDE_G
-#define DQ_WIDE_G 2  // 16-row weight tiles a block takes at 4 and 8 n-tiles (x's loads shared by G tiles)
+#define DQ_WIDE_G 2  // 16-row weight tiles a warp takes at 4 and 8 n-tiles (x's loads shared by G tiles)
+#endif
+#ifndef DQ_WIDE_R
+#define DQ_WIDE_R 1  // groups of DQ_WARPS warps a block, each its own G tiles, at 4 and 8 n-tiles (x's loads met in L1)
 #endif
 
 template <int NT>
 __host__ __device__ constexpr int dqmm_tiles() { return NT >= 4 ? DQ_WIDE_G : 1; }
+template <int NT>
+__host__ __device__ constexpr int dqmm_groups() { return NT >= 4 ? DQ_WIDE_R : 1; }
 
 __device__ __forceinline__ void dq_store(float* y, size_t i, float v) { y[i] = v; }
 __device__ __forceinline__ void dq_store(__half* y, size_t i, float v) { y[i] = __float2half(v); }
@@ -67,10 +73,12 @@ template <class T, int NT, typename Out>
 __device__ __forceinline__ void dqmm(const u8* __restrict__ w, const __half* __restrict__ x, Out* __restrict__ y,
                                      int m, int k, int ldy, int nb) {
     constexpr int G = dqmm_tiles<NT>(), U = dqmm_unroll<NT>(), P = G * NT;  // P: (tile, n-tile) outputs a lane
-    constexpr int R = 32 / DQ_WARPS < P ? 32 / DQ_WARPS : P;                // of them summed across warps a round
-    __shared__ float partial[DQ_WARPS][R][32][4];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int row0 = blockIdx.x * 16 * G, units = k >> 5;
+    constexpr int GR = dqmm_groups<NT>(), SR = 32 / (DQ_WARPS * GR) > 1 ? 32 / (DQ_WARPS * GR) : 1;
+    constexpr int R = SR < P ? SR : P;  // of the P outputs, those summed across warps a round
+    __shared__ float partial[GR][DQ_WARPS][R][32][4];
+    const int group = threadIdx.x / (32 * DQ_WARPS), warp = (threadIdx.x >> 5) % DQ_WARPS, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int row0 = (blockIdx.x * GR + group) * 16 * G, units = k >> 5;
     const size_t rb = row_bytes<T>(k);
     after_producer();
     const u8 *ra[G], *rb8[G];  // tile j's rows row0 + 16 j + g and + 8 (row 0 past the matrix: computed, not stored)
@@ -131,7 +139,7 @@ __device__ __forceinline__ void dqmm(const u8* __restrict__ w, const __half* __r
         for (int q = 0; q < R; ++q)
 #pragma unroll
             for (int i = 0; i < 4; ++i)
-                if (p0 + q < P) partial[warp][q][lane][i] = (&acc[0][0][0])[4 * (p0 + q) + i];
+                if (p0 + q < P) partial[group][warp][q][lane][i] = (&acc[0][0][0])[4 * (p0 + q) + i];
         __syncthreads();
 #pragma unroll
         for (int q = warp; q < R; q += DQ_WARPS) {
@@ -139,9 +147,9 @@ __device__ __forceinline__ void dqmm(const u8* __restrict__ w, const __half* __r
             if (p >= P) break;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                float sum = partial[0][q][lane][i];
+                float sum = partial[group][0][q][lane][i];
 #pragma unroll
-                for (int v = 1; v < DQ_WARPS; ++v) sum = __fadd_rn(sum, partial[v][q][lane][i]);
+                for (int v = 1; v < DQ_WARPS; ++v) sum = __fadd_rn(sum, partial[group][v][q][lane][i]);
                 const int col = 8 * t + 2 * c + (i & 1), row = row0 + 16 * j + g + 8 * (i >> 1);
                 if (col < nb && row < m) dq_store(y, (size_t)col * ldy + row, sum);
             }
@@ -151,11 +159,11 @@ __device__ __forceinline__ void dqmm(const u8* __restrict__ w, const __half* __r
 }
 
 #define DQMM_NT(T, NT)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(DQ_WARPS * 32)                                                     \
+    extern "C" __global__ void __launch_bounds__(DQ_WARPS * 32 * (NT >= 4 ? DQ_WIDE_R : 1))                         \
         dqmm_##T##_t##NT(const u8* w, const __half* x, __half* y, int m, int k, int ldy, int nb) {                  \
         dqmm<T, NT>(w, x, y, m, k, ldy, nb);                                                                        \
     }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(DQ_WARPS * 32)                                                     \
+    extern "C" __global__ void __launch_bounds__(DQ_WARPS * 32 * (NT >= 4 ? DQ_WIDE_R : 1))                         \
         dqmm_##T##_t##NT##_f32(const u8* w, const __half* x, float* y, int m, int k, int ldy, int nb) {             \
         dqmm<T, NT>(w, x, y, m, k, ldy, nb);                                                                        \
     }

@@ -8,7 +8,8 @@ over 8-bit rows: the dp4a matvec below MMQ_FROM rows, mmq.cu from there).
    to the largest output (dqmm rounds the weights to fp16, today's kernels round x to 8 bits).
 3. Time per launch on the Llama-3-8B Q4_K_M decode shapes at 1-64 rows beside the engine's, the weight bytes per
    second each reaches, a layer's matrices summed (x 32, plus the head) as a forward's matmul time, and the knobs
-   (DQ_WARPS: the units' split, which changes bits; DQ_WIDE_G: weight tiles a block, which does not).
+   (DQ_WARPS: the units' split, which changes bits; DQ_WIDE_G, DQ_WIDE_R, DQ_UNROLL: tiles a warp, groups a block,
+   units in flight, which do not).
 
     python tools/device/dqmm_check.py [--json FILE] [--quick]
 
@@ -34,8 +35,10 @@ HEAD = ("Q6_K", 128256, 4096)
 ODD = [(37, 512), (131, 768), (300, 4096), (64, 14336)]
 ROWS = (1, 2, 3, 8, 9, 17, 33, 48, 64)
 TIMED_ROWS = (1, 4, 8, 16, 32, 64)
-KNOBS = ("DQ_WARPS=4 DQ_WIDE_G=1", "DQ_WARPS=4 DQ_WIDE_G=4", "DQ_WARPS=4 DQ_WIDE_G=2 DQ_UNROLL=4",
-         "DQ_WARPS=4 DQ_WIDE_G=2 DQ_UNROLL=16", "DQ_WARPS=8 DQ_WIDE_G=2", "DQ_WARPS=8 DQ_WIDE_G=1")
+KNOBS = ("DQ_WARPS=4 DQ_WIDE_G=1", "DQ_WARPS=4 DQ_WIDE_G=4", "DQ_WARPS=4 DQ_WIDE_G=2 DQ_WIDE_R=2",
+         "DQ_WARPS=4 DQ_WIDE_G=2 DQ_WIDE_R=4", "DQ_WARPS=4 DQ_WIDE_G=1 DQ_WIDE_R=4",
+         "DQ_WARPS=4 DQ_WIDE_G=2 DQ_UNROLL=4", "DQ_WARPS=4 DQ_WIDE_G=2 DQ_UNROLL=16", "DQ_WARPS=8 DQ_WIDE_G=2",
+         "DQ_WARPS=8 DQ_WIDE_G=1")
 DEFAULT = "DQ_WARPS=4 DQ_WIDE_G=2"
 
 
@@ -50,6 +53,7 @@ class Dqmm:
         from engine.kernels import OPTIONS, kernel_source
         knobs = dict(d.split("=") for d in defines.split())
         self.cp, self.warps, self.wide = cp, int(knobs.get("DQ_WARPS", 4)), int(knobs.get("DQ_WIDE_G", 2))
+        self.groups = int(knobs.get("DQ_WIDE_R", 1))
         self.module = cp.RawModule(code=kernel_source("dqmm.cu"), options=OPTIONS + tuple(f"-D{d}" for d in defines.split()))
         self.fns = {}
 
@@ -57,8 +61,8 @@ class Dqmm:
         nt = n_tiles(n)
         name = f"dqmm_{kind}_t{nt}" + ("_f32" if y.dtype == np.float32 else "")
         fn = self.fns.get(name) or self.fns.setdefault(name, self.module.get_function(name))
-        g = self.wide if nt >= 4 else 1
-        fn((-(-m // (16 * g)),), (32 * self.warps,), (data, x, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
+        g, r = (self.wide, self.groups) if nt >= 4 else (1, 1)
+        fn((-(-m // (16 * g * r)),), (32 * self.warps * r,), (data, x, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
 
 
 def main() -> int:
