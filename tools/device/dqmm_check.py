@@ -131,12 +131,14 @@ def main() -> int:
         mats[name] = (kind, m, k, data, x, kernels.quantize_q8(x.reshape(-1)))
     for name, (kind, m, k, data, x, xq) in mats.items():
         w_bytes = m * row_bytes(kind, k)
-        matrix = QuantMatrix((QuantPart(kind, data, m),), k)
         row = {}
         for n in TIMED_ROWS:
             y = cp.empty((n, m), dtype=cp.float16)
             dq_ms = timed(cp, lambda: dq.launch(kind, data, m, k, x, y, n))
-            today_ms = timed(cp, lambda: kernels.matvec(matrix, x[:n], cp.float16, xq[:n * (k // 32)]))
+            if n >= kernels.mmq_from:  # the launchers GpuKernels.matvec picks, without its Python around them
+                today_ms = timed(cp, lambda: kernels.mmq(kind, data, m, k, xq, y, m, n))
+            else:
+                today_ms = timed(cp, lambda: kernels.matvec_dp4a(kind, data, m, k, xq, y, m, n))
             row[n] = {"dqmm_us": round(dq_ms * 1e3, 1), "today_us": round(today_ms * 1e3, 1),
                       "dqmm_TBps": round(w_bytes / dq_ms / 1e9, 2), "today_TBps": round(w_bytes / today_ms / 1e9, 2)}
         times[f"{kind} {name} {m}x{k}"] = row
