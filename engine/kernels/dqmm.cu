@@ -8,6 +8,10 @@
 // decodes each weight once into the A fragment of an m16n8k16 mma and lets the tensor cores add the products of
 // every x row in their accumulators: per (16 weight rows, unit) a lane decodes 16 values whatever the batch, and
 // each 8 rows of x cost two mmas. x stays in fp16 (no 8-bit rounding of the activations).
+// Not dispatched by the engine (engine/kernels/loader.py does not load it): on an H100 its rows were exact and ten
+// times closer to the exact product than today's, and slower at one row (the decode of every weight to fp16) and
+// no faster at 64 (x from L2 for every 32 weight rows): bench/HISTORY.md, twenty-fifth session. Kept, with
+// tools/device/dqmm_check.py, as the measured record of the route and its starting point.
 //
 // The order, mmv.cu's: a group of DQ_WARPS warps (a block holds DQ_WIDE_R groups at wide batches) owns 16 G
 // weight rows; warp w of it takes units w, w + DQ_WARPS, ... (a unit: 32 values of a row, two mmas, its first
