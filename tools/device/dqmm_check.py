@@ -54,7 +54,8 @@ class Dqmm:
         knobs = dict(d.split("=") for d in defines.split())
         self.cp, self.warps, self.wide = cp, int(knobs.get("DQ_WARPS", 4)), int(knobs.get("DQ_WIDE_G", 2))
         self.groups = int(knobs.get("DQ_WIDE_R", 1))
-        self.module = cp.RawModule(code=kernel_source("dqmm.cu"), options=OPTIONS + tuple(f"-D{d}" for d in defines.split()))
+        options = OPTIONS + tuple(f"-D{d}" for d in defines.split())
+        self.module = cp.RawModule(code=kernel_source("dqmm.cu"), options=options)
         self.fns = {}
 
     def launch(self, kind, data, m, k, x, y, n):
@@ -62,7 +63,8 @@ class Dqmm:
         name = f"dqmm_{kind}_t{nt}" + ("_f32" if y.dtype == np.float32 else "")
         fn = self.fns.get(name) or self.fns.setdefault(name, self.module.get_function(name))
         g, r = (self.wide, self.groups) if nt >= 4 else (1, 1)
-        fn((-(-m // (16 * g * r)),), (32 * self.warps * r,), (data, x, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
+        fn((-(-m // (16 * g * r)),), (32 * self.warps * r,),
+           (data, x, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
 
 
 def main() -> int:

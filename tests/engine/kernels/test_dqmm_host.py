@@ -9,7 +9,8 @@ from gguf import GGMLQuantizationType, quants
 from tests.engine.kernels.host_cuda import HostKernels, compiler
 from tests.engine.kernels.test_quant_blocks_host import random_blocks
 
-M, K = 40, 512  # 40 weight rows: 64-row blocks at 4 n-tiles (a group past the matrix), partial tiles; 16 units a row: 4 a warp (2 with 8 warps)
+M, K = 40, 512  # 40 weight rows: 64-row blocks at 4 n-tiles (a group past the matrix), partial tiles; 16 units a
+# row: 4 a warp (2 with 8 warps)
 KINDS = ("Q4_K", "Q6_K", "Q8_0")
 
 
@@ -17,8 +18,8 @@ def run(fn, raw, x, m, k, nt, warps=4):
     """y (n, m) float32 by dqmm_<kind>_t<nt>_f32 over the rows of x (DQ_WIDE_G = DQ_WIDE_R = 2 from 4 n-tiles)."""
     n, g = x.shape[0], 2 if nt >= 4 else 1
     y = np.full((n, m), np.nan, dtype=np.float32)
-    fn((-(-m // (16 * g * g)),), (warps * 32 * g,), (raw, np.ascontiguousarray(x), y, np.int32(m), np.int32(k), np.int32(m),
-                                         np.int32(n)))
+    fn((-(-m // (16 * g * g)),), (warps * 32 * g,),
+       (raw, np.ascontiguousarray(x), y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
     return y
 
 
