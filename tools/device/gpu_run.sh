@@ -758,6 +758,11 @@ for step in "$@"; do
       timeout 560 python3 tools/checks/long_context_run.py --model $MNX --device gpu --ctx 262400 --prompt-tokens 262144 \
         --chunk 2048 --vocab-high 150000 --json "$OUT/long_context_next.json" 2>&1 | quiet | tail -8 \
         || echo "HYBRID LONG RUN FAILED" ;;
+    logprobsynth)  # issue 49's prompt log-probabilities on the GPU without the carried model: the 135M shape's
+      # random weights (the CPU's float32 the reference; the same bits beside another read and a decoder)
+      synth_ms
+      timeout 240 python3 tools/device/logprobs_check.py $MS --json "$OUT/logprobs_gpu_synth.json" 2>&1 | quiet | tail -2 \
+        || echo "LOGPROBS CHECK FAILED" ;;
     realmodel)
       [ -f /tmp/m/smollm2.gguf ] || bash tools/device/model_parts.sh join /tmp/m/smollm2.gguf
       timeout 240 python3 tools/device/logprobs_check.py /tmp/m/smollm2.gguf --json "$OUT/logprobs_gpu.json" 2>&1 \

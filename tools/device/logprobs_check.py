@@ -32,9 +32,10 @@ def scored(e: EngineProcess, ids: tuple[int, ...], top: int, ident: int, beside:
         e.send(m.Gen(2, tuple(range(1000, 1600)), {"temperature": 0.0, "reuse": 0}, ident + 2000))
     e.send(m.Gen(4, ids, {"temperature": 0.0, "prompt_logprobs": top, "reuse": 0}, ident))
     lines = e.read_until(m.Done, ident=ident)
-    if beside:
+    if beside:  # the others' DONE may have come already, among the lines read up to this one's
         for other in (ident + 1000, ident + 2000):
-            e.read_until(m.Done, ident=other)
+            if not any(isinstance(x, m.Done) and x.id == other for x in lines):
+                e.read_until(m.Done, ident=other)
     plp = [x for x in lines if isinstance(x, m.PromptLogprobs) and x.id == ident]
     return [v for x in plp for v in x.logprobs], [t for x in plp for t in x.top]
 
