@@ -114,6 +114,8 @@
 #          row alone (bit for bit), NumPy, its time beside the dp4a kernels at 1-64 rows, the block's knobs
 # dqmm     tools/device/dqmm_check.py: issue 48's probe, quantized weights decoded to fp16 on the fp16 tensor cores:
 #          every row of x its bits alone in any batch, errors against the exact product, times beside today's
+# sbq      tools/device/sbq_check.py: issue 48's third probe, integer sums over a Q4_K super-block (x in Q8K), one
+#          chain an output: x's form against NumPy, every row the solo kernel's bits, errors, times beside today's
 # gemmprobe tools/device/prompt_gemm_probe.py (issue 44): whether cuBLAS's prompt GEMM rows depend on the step's rows
 #          (M, offset; default, CUBLAS_WORKSPACE_CONFIG=:0:0, pedantic), fixed slices and batched forms with their
 #          times, mmq.cu against expand + cuBLAS at 64-4096 rows -> $OUT/prompt_gemm_probe.json (PROBE_ARGS: its flags)
@@ -795,6 +797,8 @@ for step in "$@"; do
       python3 tools/device/mmq_check.py --json "$OUT/mmq_check.json" || echo "MMQ CHECK FAILED" ;;
     dqmm)  # issue 48's probe: dqmm.cu (weights decoded to fp16, the fp16 tensor cores) against today's decode kernels
       python3 tools/device/dqmm_check.py --json "$OUT/dqmm_check.json" || echo "DQMM CHECK FAILED" ;;
+    sbq)  # issue 48's third probe: sbq.cu (integer sums over a Q4_K super-block, x in Q8K) against today's kernels
+      python3 tools/device/sbq_check.py --json "$OUT/sbq_check.json" || echo "SBQ CHECK FAILED" ;;
     shared)
       synth_ms; synth_mq; synth_moe_small
       python3 tools/device/shared_steps_check.py $MS $MQ $MQS --json "$OUT/shared_steps_h200.json" 2>&1 | quiet \

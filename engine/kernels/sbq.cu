@@ -1,0 +1,219 @@
+// Issue 48's third probe: Q4_K weights against rows of x in the order the issue names, integer sums over a whole
+// super-block and one float step after, one chain an output (its super-blocks added in order). Not dispatched
+// by the engine (engine/kernels/loader.py does not load it); tools/device/sbq_check.py measures it.
+//   quantize_q8k(x, out, blocks)           x (blocks * 256,) fp16 -> Q8K blocks: one float scale a super-block
+//   sbq_Q4_K_n1(w, x, y, m, k)             y (m,) f32 = W (m, k) . x (one row of k / 256 Q8K blocks): a warp a row
+//   sbq_Q4_K_t<NT>(w, x, y, m, k, ldy, nb) y (nb, m; rows ldy apart) for nb <= 8 NT rows of x, int8 tensor cores
+//
+// A super-block's value for (weight row r, x row b): with Q4_K's value d sc_j q - dmin m_j (sub-block j's 6-bit
+// scale and min) and x's dx q', it is dx (d A - dmin B), A = sum_j sc_j sum_{i in j} q_i q'_i and B = sum_j m_j
+// sum_{i in j} q'_i: integers (|A| < 3.1e7, |B| < 2.2e6), exact in any order. So the solo kernel sums them across
+// its lanes and the tile kernel with mma.sync's integers, each as suits it, and both take the same float step,
+// sb_step, a super-block at a time in order: every row of x has the same bits alone or among 64. Where mmq.cu adds a
+// float term for every (weight row, x row, unit of 32) into 32 chains split across warps, the tile kernel here adds
+// an IMAD for each (the sub-block's scale times the mma's integers) and a float step every 8 units, and a warp owns
+// its 16 weight rows by 8 NT rows of x over the whole of k (no reduction across warps). The price is x's form: one
+// scale per 256 values (llama.cpp's CPU Q8_K) where quantize_q8 keeps one per 32 (bench/HISTORY.md: 0.00185 nats
+// of KL against 0.00043 on the Qwen2.5-Coder-1.5B fixture). NumPy reference: tools/device/sbq_check.py.
+#include "quant_blocks.cuh"
+
+struct Q8K {
+    signed char q[256];  // round(x / d)
+    short sums[8];       // unit j's sum of q (values 32 j .. 32 j + 31)
+    float d;             // max |x| / 127
+    int pad[3];          // 288 bytes: 16-byte loads of q
+};
+
+// Sub-block j's (0..7) 6-bit scale and min of a Q4_K super-block, as integers (scale_min_k4's layout).
+__device__ __forceinline__ void scale_min_int(int j, unsigned s03, unsigned s47, unsigned s811, int& sc, int& mn) {
+    if (j < 4) {
+        sc = byte_at(s03, j) & 63, mn = byte_at(s47, j) & 63;
+    } else {
+        sc = (byte_at(s811, j - 4) & 0xF) | ((byte_at(s03, j - 4) >> 6) << 4);
+        mn = (byte_at(s811, j - 4) >> 4) | ((byte_at(s47, j - 4) >> 6) << 4);
+    }
+}
+
+// The one float step of a super-block, the same expression in every kernel: acc + dx (d A - dmin B).
+__device__ __forceinline__ float sb_step(float acc, float dx, float d, float dmin, int a, int b) {
+    return __fmaf_rn(dx, __fmaf_rn(d, (float)a, -__fmul_rn(dmin, (float)b)), acc);
+}
+
+// A warp a super-block, lane l its values 8l .. 8l + 7. NumPy: d = max|x| / 127, q = rint(x / d) (0 where d is 0).
+extern "C" __global__ void quantize_q8k(const __half* __restrict__ x, Q8K* __restrict__ out, int blocks) {
+    const int block = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (block >= blocks) return;
+    const __half* v = x + (size_t)block * 256 + 8 * lane;
+    float f[8], amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = __half2float(v[i]), amax = fmaxf(amax, fabsf(f[i]));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    const float d = __fdiv_rn(amax, 127.f);
+    unsigned words[2] = {0u, 0u};
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int q = d > 0.f ? __float2int_rn(__fdiv_rn(f[i], d)) : 0;
+        s += q, words[i >> 2] |= (unsigned)(q & 0xFF) << (8 * (i & 3));
+    }
+    s += __shfl_xor_sync(0xFFFFFFFFu, s, 1), s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);  // 4 lanes a unit
+    Q8K& o = out[block];
+    *reinterpret_cast<uint2*>(o.q + 8 * lane) = make_uint2(words[0], words[1]);
+    if ((lane & 3) == 0) o.sums[lane >> 2] = (short)s;
+    if (lane == 0) o.d = d;
+}
+
+// A warp a row; a round takes 4 super-blocks, lane l = 8 grp + i of super-block 4 p + grp: bytes 16 i .. 16 i + 15
+// of its nibbles (chunk c = i / 2: values 16 h .. 16 h + 15, h = i % 2, of units 2c (low) and 2c + 1 (high)),
+// and unit i's min term. The 8 lanes' integers summed by shuffles, then every lane takes the 4 float steps in order.
+extern "C" __global__ void sbq_Q4_K_n1(const u8* __restrict__ w, const Q8K* __restrict__ x, float* __restrict__ y,
+                                       int m, int k) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int grp = lane >> 3, i = lane & 7, c = i >> 1, h = i & 1, blocks = k >> 8;
+    if (row >= m) return;
+    const u8* wr = w + (size_t)row * blocks * 144;
+    float acc = 0.f;
+    for (int p = 0; p < blocks; p += 4) {
+        const int sb = p + grp;
+        int a = 0, b = 0;
+        float d = 0.f, dmin = 0.f, dx = 0.f;
+        if (sb < blocks) {
+            const u8* blk = wr + (size_t)sb * 144;
+            const uint4 head = *reinterpret_cast<const uint4*>(blk);  // d, dmin, scales[12]
+            const uint4 qs = *reinterpret_cast<const uint4*>(blk + 16 + 16 * i);
+            const Q8K& xb = x[sb];
+            const int4 x0 = *reinterpret_cast<const int4*>(xb.q + 64 * c + 16 * h);
+            const int4 x1 = *reinterpret_cast<const int4*>(xb.q + 64 * c + 32 + 16 * h);
+            const unsigned qw[4] = {qs.x, qs.y, qs.z, qs.w};
+            const int xw0[4] = {x0.x, x0.y, x0.z, x0.w}, xw1[4] = {x1.x, x1.y, x1.z, x1.w};
+            int s0 = 0, s1 = 0;
+#pragma unroll
+            for (int t = 0; t < 4; ++t)
+                s0 = dp4a(qw[t] & 0x0F0F0F0Fu, xw0[t], s0), s1 = dp4a((qw[t] >> 4) & 0x0F0F0F0Fu, xw1[t], s1);
+            int sc0, m0, sc1, m1, sci, mi;
+            scale_min_int(2 * c, head.y, head.z, head.w, sc0, m0);
+            scale_min_int(2 * c + 1, head.y, head.z, head.w, sc1, m1);
+            scale_min_int(i, head.y, head.z, head.w, sci, mi);
+            a = sc0 * s0 + sc1 * s1, b = mi * xb.sums[i];
+            const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&head.x));
+            d = dm.x, dmin = dm.y, dx = xb.d;
+        }
+#pragma unroll
+        for (int o = 4; o; o >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, o), b += __shfl_xor_sync(0xFFFFFFFFu, b, o);
+        for (int q = 0; q < 4 && p + q < blocks; ++q) {
+            const int src = 8 * q;
+            acc = sb_step(acc, __shfl_sync(0xFFFFFFFFu, dx, src), __shfl_sync(0xFFFFFFFFu, d, src),
+                          __shfl_sync(0xFFFFFFFFu, dmin, src), __shfl_sync(0xFFFFFFFFu, a, src),
+                          __shfl_sync(0xFFFFFFFFu, b, src));
+        }
+    }
+    if (lane == 0) y[row] = acc;
+}
+
+// mma.sync m16n8k32 u8 x s8 -> s32 into a zero accumulator: A's rows g and g + 8 (lo: k slots 4c.., hi: 16 + 4c..),
+// B's column g the same slots; c[o]: row g + 8 (o / 2), column 2c + o % 2. The callers put a unit's values 8c .. 8c
+// + 7 in lane c's slots (lo, then hi) for A and B alike: the integer sum of the unit, whatever the slots.
+__device__ __forceinline__ void sbq_mma(int* c, unsigned glo, unsigned g8lo, unsigned ghi, unsigned g8hi, unsigned b0,
+                                        unsigned b1) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+#ifdef __CUDA_ARCH__
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(glo), "r"(g8lo), "r"(ghi), "r"(g8hi), "r"(b0), "r"(b1));
+#else
+    const unsigned a[4] = {glo, g8lo, ghi, g8hi}, bs[2] = {b0, b1};
+    host_mma_8bit(c, a, bs, 32, false);
+#endif
+}
+
+// A warp owns 16 weight rows (rows past m read the last, not stored) by the 8 NT rows of x (past nb: the last) over
+// all of k, 4 warps a block. Each unit: an mma an n-tile and an IMAD an output; each super-block: the min terms and
+// the float step.
+template <int NT>
+__device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* __restrict__ x, float* __restrict__ y,
+                                          int m, int k, int ldy, int nb) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, blocks = k >> 8;
+    const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * 16;
+    if (row0 >= m) return;
+    const size_t rb = (size_t)blocks * 144;
+    const u8* wa = w + (size_t)min(row0 + g, m - 1) * rb;
+    const u8* wb = w + (size_t)min(row0 + g + 8, m - 1) * rb;
+    const Q8K *xg[NT], *xc[NT][2];  // x's row 8t + g (B's column), rows 8t + 2c + e (the outputs' columns)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        xg[t] = x + (size_t)min(8 * t + g, nb - 1) * blocks;
+        xc[t][0] = x + (size_t)min(8 * t + 2 * c, nb - 1) * blocks;
+        xc[t][1] = x + (size_t)min(8 * t + 2 * c + 1, nb - 1) * blocks;
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    for (int sb = 0; sb < blocks; ++sb) {
+        const u8 *ba = wa + (size_t)sb * 144, *bb = wb + (size_t)sb * 144;
+        const uint4 ha = *reinterpret_cast<const uint4*>(ba), hb = *reinterpret_cast<const uint4*>(bb);
+        int A[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) A[t][0] = A[t][1] = A[t][2] = A[t][3] = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {  // unit j: lane c takes its values 8c .. 8c + 7 (one 8-byte load a row)
+            const int sh = (j & 1) * 4;
+            const uint2 qa = *reinterpret_cast<const uint2*>(ba + 16 + 32 * (j >> 1) + 8 * c);
+            const uint2 qb = *reinterpret_cast<const uint2*>(bb + 16 + 32 * (j >> 1) + 8 * c);
+            const unsigned alo = (qa.x >> sh) & 0x0F0F0F0Fu, ahi = (qa.y >> sh) & 0x0F0F0F0Fu;
+            const unsigned blo = (qb.x >> sh) & 0x0F0F0F0Fu, bhi = (qb.y >> sh) & 0x0F0F0F0Fu;
+            int sca, ma, scb, mb;
+            scale_min_int(j, ha.y, ha.z, ha.w, sca, ma);
+            scale_min_int(j, hb.y, hb.z, hb.w, scb, mb);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const uint2 xv = *reinterpret_cast<const uint2*>(xg[t][sb].q + 32 * j + 8 * c);
+                int s[4];
+                sbq_mma(s, alo, blo, ahi, bhi, xv.x, xv.y);
+                A[t][0] += sca * s[0], A[t][1] += sca * s[1], A[t][2] += scb * s[2], A[t][3] += scb * s[3];
+            }
+        }
+        int ma8[8], mb8[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            int unused;
+            scale_min_int(j, ha.y, ha.z, ha.w, unused, ma8[j]);
+            scale_min_int(j, hb.y, hb.z, hb.w, unused, mb8[j]);
+        }
+        const float2 da = __half22float2(*reinterpret_cast<const __half2*>(&ha.x));
+        const float2 db = __half22float2(*reinterpret_cast<const __half2*>(&hb.x));
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const Q8K& xe = xc[t][e][sb];
+                const uint4 sv = *reinterpret_cast<const uint4*>(xe.sums);  // 8 int16
+                const unsigned sw[4] = {sv.x, sv.y, sv.z, sv.w};
+                int ba_ = 0, bb_ = 0;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int sum = (int)(short)(sw[j >> 1] >> (16 * (j & 1)));
+                    ba_ += ma8[j] * sum, bb_ += mb8[j] * sum;
+                }
+                acc[t][e] = sb_step(acc[t][e], xe.d, da.x, da.y, A[t][e], ba_);
+                acc[t][2 + e] = sb_step(acc[t][2 + e], xe.d, db.x, db.y, A[t][2 + e], bb_);
+            }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int o = 0; o < 4; ++o) {
+            const int row = row0 + g + 8 * (o >> 1), col = 8 * t + 2 * c + (o & 1);
+            if (row < m && col < nb) y[(size_t)col * ldy + row] = acc[t][o];
+        }
+}
+
+#define SBQ_NT(NT)                                                                                                 \
+    extern "C" __global__ void sbq_Q4_K_t##NT(const u8* w, const Q8K* x, float* y, int m, int k, int ldy, int nb) { \
+        sbq_tiles<NT>(w, x, y, m, k, ldy, nb);                                                                     \
+    }
+SBQ_NT(1)
+SBQ_NT(2)
+SBQ_NT(4)
+SBQ_NT(8)
