@@ -1,9 +1,11 @@
-// Issue 48's third probe: Q4_K weights against rows of x in the order the issue names, integer sums over a whole
-// super-block and one float step after, one chain an output (its super-blocks added in order). Not dispatched
-// by the engine (engine/kernels/loader.py does not load it); tools/device/sbq_check.py measures it.
+// Issue 48's third probe: Q4_K (and Q6_K) weights against rows of x in the order the issue names, integer sums
+// over a whole super-block and one float step after, one chain an output (its super-blocks added in order). Not
+// dispatched by the engine (engine/kernels/loader.py does not load it); tools/device/sbq_check.py measures it.
 //   quantize_q8k(x, out, blocks)           x (blocks * 256,) fp16 -> Q8K blocks: one float scale a super-block
 //   sbq_Q4_K_n1(w, x, y, m, k)             y (m,) f32 = W (m, k) . x (one row of k / 256 Q8K blocks): a warp a row
 //   sbq_Q4_K_t<NT>(w, x, y, m, k, ldy, nb) y (nb, m; rows ldy apart) for nb <= 8 NT rows of x, int8 tensor cores
+//   sbq_Q6_K_n1, sbq_Q6_K_t<NT>            the same for Q6_K (value d sc_g (q - 32), a scale g every 16 values:
+//                                          A = sum_g sc_g sum_{i in g} (q_i - 32) q'_i, no min term, |A| < 1.4e8)
 //
 // A super-block's value for (weight row r, x row b): with Q4_K's value d sc_j q - dmin m_j (sub-block j's 6-bit
 // scale and min) and x's dx q', it is dx (d A - dmin B), A = sum_j sc_j sum_{i in j} q_i q'_i and B = sum_j m_j
@@ -209,9 +211,138 @@ __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* _
         }
 }
 
+// Q6_K {ql[128], qh[64], scales[16] int8, d} (quant_blocks.cuh): values 32 u + l (u = 4 hh + kq) of a super-block
+// take 4 low bits from ql[64 hh + 32 (kq & 1) + l] (high nibbles for kq >= 2) and 2 high bits from qh[32 hh + l] >>
+// 2 kq. Four of them, l .. l + 3, as the bytes q (0..63).
+__device__ __forceinline__ unsigned q6_bytes(const u8* blk, int u, int l) {
+    const int hh = u >> 2, kq = u & 3;
+    unsigned lo[1], hi[1];
+    load_a2(blk + 64 * hh + 32 * (kq & 1) + l, lo);
+    load_a2(blk + 128 + 32 * hh + l, hi);
+    return ((lo[0] >> (4 * (kq >> 1))) & 0x0F0F0F0Fu) | (((hi[0] >> (2 * kq)) & 0x03030303u) << 4);
+}
+__device__ __forceinline__ int q6_scale(const u8* blk, int g) {
+    return (int)reinterpret_cast<const signed char*>(blk)[192 + g];
+}
+
+// A warp a row, lanes as sbq_Q4_K_n1's: lane i of a group takes unit i of its super-block, its two 16-value groups'
+// sums of q q' less 32 sum q' (dp4a), times their scales.
+extern "C" __global__ void sbq_Q6_K_n1(const u8* __restrict__ w, const Q8K* __restrict__ x, float* __restrict__ y,
+                                       int m, int k) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int grp = lane >> 3, i = lane & 7, blocks = k >> 8;
+    if (row >= m) return;
+    const u8* wr = w + (size_t)row * blocks * 210;
+    float acc = 0.f;
+    for (int p = 0; p < blocks; p += 4) {
+        const int sb = p + grp;
+        int a = 0;
+        float d = 0.f, dx = 0.f;
+        if (sb < blocks) {
+            const u8* blk = wr + (size_t)sb * 210;
+            const int* xw = reinterpret_cast<const int*>(x[sb].q + 32 * i);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                int s = 0, z = 0;
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    s = dp4a(q6_bytes(blk, i, 16 * e + 4 * t), xw[4 * e + t], s);
+                    z = dp4a(0x01010101u, xw[4 * e + t], z);
+                }
+                a += q6_scale(blk, 2 * i + e) * (s - 32 * z);
+            }
+            d = __half2float(*reinterpret_cast<const __half*>(blk + 208)), dx = x[sb].d;
+        }
+#pragma unroll
+        for (int o = 4; o; o >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, o);
+        for (int q = 0; q < 4 && p + q < blocks; ++q) {
+            const int src = 8 * q;
+            acc = sb_step(acc, __shfl_sync(0xFFFFFFFFu, dx, src), __shfl_sync(0xFFFFFFFFu, d, src), 0.f,
+                          __shfl_sync(0xFFFFFFFFu, a, src), 0);
+        }
+    }
+    if (lane == 0) y[row] = acc;
+}
+
+// mma.sync m16n8k16 s8 x s8 -> s32 into a zero accumulator: A's rows g and g + 8 at k slots 4c .. 4c + 3, B's column
+// g the same slots.
+__device__ __forceinline__ void sbq_mma16(int* c, unsigned g, unsigned g8, unsigned b) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+#ifdef __CUDA_ARCH__
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(g), "r"(g8), "r"(b));
+#else
+    const unsigned a[4] = {g, g8, 0, 0}, bs[2] = {b, 0};
+    host_mma_8bit(c, a, bs, 16, true);
+#endif
+}
+
+// sbq_tiles for Q6_K: a 16-value group g an mma (lane c its values 4c .. 4c + 3, centered), an IMAD an output by
+// the group's scale; no min term.
+template <int NT>
+__device__ __forceinline__ void sbq_tiles_q6(const u8* __restrict__ w, const Q8K* __restrict__ x, float* __restrict__ y,
+                                             int m, int k, int ldy, int nb) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, blocks = k >> 8;
+    const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * 16;
+    if (row0 >= m) return;
+    const size_t rb = (size_t)blocks * 210;
+    const u8* wa = w + (size_t)min(row0 + g, m - 1) * rb;
+    const u8* wb = w + (size_t)min(row0 + g + 8, m - 1) * rb;
+    const Q8K *xg[NT], *xc[NT][2];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        xg[t] = x + (size_t)min(8 * t + g, nb - 1) * blocks;
+        xc[t][0] = x + (size_t)min(8 * t + 2 * c, nb - 1) * blocks;
+        xc[t][1] = x + (size_t)min(8 * t + 2 * c + 1, nb - 1) * blocks;
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    for (int sb = 0; sb < blocks; ++sb) {
+        const u8 *ba = wa + (size_t)sb * 210, *bb = wb + (size_t)sb * 210;
+        int A[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) A[t][0] = A[t][1] = A[t][2] = A[t][3] = 0;
+#pragma unroll 4
+        for (int gr = 0; gr < 16; ++gr) {  // group gr: values 16 gr .. 16 gr + 15 (unit gr / 2, its half gr % 2)
+            const int u = gr >> 1, l = 16 * (gr & 1) + 4 * c;
+            const unsigned qa = Q6_K::centered(q6_bytes(ba, u, l)), qb = Q6_K::centered(q6_bytes(bb, u, l));
+            const int sca = q6_scale(ba, gr), scb = q6_scale(bb, gr);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const unsigned xv = *reinterpret_cast<const unsigned*>(xg[t][sb].q + 16 * gr + 4 * c);
+                int s[4];
+                sbq_mma16(s, qa, qb, xv);
+                A[t][0] += sca * s[0], A[t][1] += sca * s[1], A[t][2] += scb * s[2], A[t][3] += scb * s[3];
+            }
+        }
+        const float da = __half2float(*reinterpret_cast<const __half*>(ba + 208));
+        const float db = __half2float(*reinterpret_cast<const __half*>(bb + 208));
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float dx = xc[t][e][sb].d;
+                acc[t][e] = sb_step(acc[t][e], dx, da, 0.f, A[t][e], 0);
+                acc[t][2 + e] = sb_step(acc[t][2 + e], dx, db, 0.f, A[t][2 + e], 0);
+            }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int o = 0; o < 4; ++o) {
+            const int row = row0 + g + 8 * (o >> 1), col = 8 * t + 2 * c + (o & 1);
+            if (row < m && col < nb) y[(size_t)col * ldy + row] = acc[t][o];
+        }
+}
+
 #define SBQ_NT(NT)                                                                                                 \
     extern "C" __global__ void sbq_Q4_K_t##NT(const u8* w, const Q8K* x, float* y, int m, int k, int ldy, int nb) { \
         sbq_tiles<NT>(w, x, y, m, k, ldy, nb);                                                                     \
+    }                                                                                                              \
+    extern "C" __global__ void sbq_Q6_K_t##NT(const u8* w, const Q8K* x, float* y, int m, int k, int ldy, int nb) { \
+        sbq_tiles_q6<NT>(w, x, y, m, k, ldy, nb);                                                                  \
     }
 SBQ_NT(1)
 SBQ_NT(2)

@@ -1,14 +1,13 @@
-"""Issue 48's third probe on the GPU: engine/kernels/sbq.cu (Q4_K weights against x in Q8K, integer sums over a
-super-block and one float step after, one chain an output) against the kernels a decode step takes today
+"""Issue 48's third probe on the GPU: engine/kernels/sbq.cu (Q4_K and Q6_K weights against x in Q8K, integer sums
+over a super-block and one float step after, one chain an output) against the kernels a decode step takes today
 (GpuKernels' dp4a matvec below MMQ_FROM rows, mmq.cu from there, x in 8 bits a unit of 32).
 
 1. quantize_q8k's blocks equal their NumPy form (q8k below), byte for byte.
-2. Each row of x gets the solo kernel's bits (sbq_Q4_K_n1) among 1-64 rows in every n-tile kernel.
+2. Each row of x gets the solo kernel's bits (sbq_<kind>_n1) among 1-64 rows in every n-tile kernel.
 3. Accuracy: each route's largest error against the exact product of gguf's weights and x (fp16), relative to the
    largest output (Q8K rounds x with one scale a super-block, today's form one a unit of 32).
-4. Time per launch on the Llama-3-8B decode shapes, every matrix in Q4_K here (the probe has no Q6_K: in a Q4_K_M
-   file w_down and the head are Q6_K), at 1-64 rows beside today's kernels, a forward's matmuls summed, and the
-   block's warps as a knob (it changes no bit).
+4. Time per launch on the Llama-3-8B Q4_K_M decode shapes (w_down and the head in Q6_K) at 1-64 rows beside today's
+   kernels, a forward's matmuls summed, and the block's warps as a knob (it changes no bit).
 
     python tools/device/sbq_check.py [--json FILE] [--quick]
 
@@ -27,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 Q8K_BYTES = 288
-SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w_gate_up": (28672, 4096), "w_down": (4096, 14336),
-          "head": (128256, 4096)}
+SHAPES = {"wqkv": ("Q4_K", 6144, 4096), "wo": ("Q4_K", 4096, 4096), "w_gate_up": ("Q4_K", 28672, 4096),
+          "w_down": ("Q6_K", 4096, 14336), "head": ("Q6_K", 128256, 4096)}
 ODD = [(37, 512), (131, 768), (300, 4096), (64, 14336)]
 ROWS = (1, 2, 3, 8, 9, 17, 33, 48, 64)
 TIMED_ROWS = (1, 4, 8, 16, 32, 64)
@@ -54,14 +53,16 @@ def n_tiles(n: int) -> int:
 
 
 class Sbq:
-    """sbq.cu's kernels: quantize(x) -> Q8K blocks, solo(data, m, k, xq_row, y_row), tiles(data, m, k, xq, y, n)."""
+    """sbq.cu's kernels: quantize(x) -> Q8K blocks, solo(kind, data, m, k, xq_row, y_row), tiles(kind, data, m, k,
+    xq, y, n)."""
 
     def __init__(self, cp, warps: int = 4):
         from engine.kernels import OPTIONS, kernel_source
         self.cp, self.warps = cp, warps
         module = cp.RawModule(code=kernel_source("sbq.cu"), options=OPTIONS)
         self.fn = {name: module.get_function(name)
-                   for name in ("quantize_q8k", "sbq_Q4_K_n1", *(f"sbq_Q4_K_t{nt}" for nt in (1, 2, 4, 8)))}
+                   for name in ("quantize_q8k", *(f"sbq_{kind}_{v}" for kind in ("Q4_K", "Q6_K")
+                                                    for v in ("n1", "t1", "t2", "t4", "t8")))}
 
     def quantize(self, x):
         n, k = x.shape
@@ -70,13 +71,13 @@ class Sbq:
         self.fn["quantize_q8k"](((blocks * 32 + 127) // 128,), (128,), (x, out, np.int32(blocks)))
         return out
 
-    def solo(self, data, m, k, xq, y):
-        self.fn["sbq_Q4_K_n1"](((m + self.warps - 1) // self.warps,), (32 * self.warps,),
+    def solo(self, kind, data, m, k, xq, y):
+        self.fn[f"sbq_{kind}_n1"](((m + self.warps - 1) // self.warps,), (32 * self.warps,),
                                (data, xq, y, np.int32(m), np.int32(k)))
 
-    def tiles(self, data, m, k, xq, y, n):
+    def tiles(self, kind, data, m, k, xq, y, n):
         rows = 16 * self.warps
-        self.fn[f"sbq_Q4_K_t{n_tiles(n)}"](((m + rows - 1) // rows,), (32 * self.warps,),
+        self.fn[f"sbq_{kind}_t{n_tiles(n)}"](((m + rows - 1) // rows,), (32 * self.warps,),
                                            (data, xq, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
 
 
@@ -100,9 +101,10 @@ def main() -> int:
     ok, checks, times, knobs = True, [], {}, {}
 
     # ---- 1-3: the x form, bits alone = in a batch, errors against the exact product
-    for rows, cols in ODD + [SHAPES["wqkv"], SHAPES["w_down"]]:
-        raw = random_blocks(rng, Q.Q4_K, rows, cols, 0.02)
-        ref = dequantize(raw, Q.Q4_K).astype(np.float64)
+    for kind, rows, cols in [(kd, r, c) for kd in ("Q4_K", "Q6_K") for r, c in ODD] + [SHAPES["wqkv"],
+                                                                                       SHAPES["w_down"]]:
+        raw = random_blocks(rng, Q[kind], rows, cols, 0.02)
+        ref = dequantize(raw, Q[kind]).astype(np.float64)
         data = cp.asarray(raw)
         x = (rng.standard_normal((max(ROWS), cols)) * 0.5).astype(np.float16)
         xd = cp.asarray(x)
@@ -112,20 +114,21 @@ def main() -> int:
         scale = max(float(np.abs(exact).max()), 1e-30)
         alone = cp.full((max(ROWS), rows), np.nan, dtype=cp.float32)
         for b in range(max(ROWS)):
-            sbq.solo(data, rows, cols, xq[b], alone[b])
+            sbq.solo(kind, data, rows, cols, xq[b], alone[b])
         alone = alone.get()
-        matrix = QuantMatrix((QuantPart("Q4_K", data, rows),), cols)
+        matrix = QuantMatrix((QuantPart(kind, data, rows),), cols)
         today = kernels.matvec(matrix, xd, np.float32).get()
         same = {}
         for n in ROWS:
             y = cp.full((n, rows), np.nan, dtype=cp.float32)
-            sbq.tiles(data, rows, cols, xq, y, n)
+            sbq.tiles(kind, data, rows, cols, xq, y, n)
             same[n] = bool(np.array_equal(y.get(), alone[:n]))
         err_sbq, err_today = (float(np.abs(v - exact).max()) / scale for v in (alone, today))
         good = form_same and all(same.values()) and err_sbq < 2e-2
         ok &= good
-        checks.append({"m": rows, "k": cols, "q8k_form_equal": form_same, "rows_equal_alone": sum(same.values()),
-                       "cases": len(same), "max_rel_err_sbq": err_sbq, "max_rel_err_today": err_today})
+        checks.append({"kind": kind, "m": rows, "k": cols, "q8k_form_equal": form_same,
+                       "rows_equal_alone": sum(same.values()), "cases": len(same), "max_rel_err_sbq": err_sbq,
+                       "max_rel_err_today": err_today})
         print(("" if good else "FAIL ") + json.dumps(checks[-1]), flush=True)
     print(f"{sum(c['rows_equal_alone'] == c['cases'] for c in checks)}/{len(checks)} shapes: every row of x the solo "
           "kernel's bits", flush=True)
@@ -135,45 +138,46 @@ def main() -> int:
 
     # ---- 4: time per launch, beside today's launchers (x given in each route's form, as a producer writes it)
     mats = {}
-    for name, (m, k) in SHAPES.items():
-        data = cp.asarray(rng.integers(0, 256, (m, row_bytes("Q4_K", k)), dtype=np.uint8) & 0x3F)  # sane scales
+    for name, (kind, m, k) in SHAPES.items():
+        data = cp.asarray(rng.integers(0, 256, (m, row_bytes(kind, k)), dtype=np.uint8) & 0x3F)  # sane scales
         x = cp.asarray((rng.standard_normal((64, k)) * 0.5).astype(np.float16))
-        mats[name] = (m, k, data, kernels.quantize_q8(x.reshape(-1)), sbq.quantize(x))
-    for name, (m, k, data, xq8, xk) in mats.items():
-        w_bytes = m * row_bytes("Q4_K", k)
+        mats[name] = (kind, m, k, data, kernels.quantize_q8(x.reshape(-1)), sbq.quantize(x))
+    for name, (kind, m, k, data, xq8, xk) in mats.items():
+        w_bytes = m * row_bytes(kind, k)
         row = {}
         for n in TIMED_ROWS:
             y, y32 = cp.empty((n, m), dtype=cp.float16), cp.empty((n, m), dtype=cp.float32)
             if n == 1:
-                sbq_ms = timed(cp, lambda: sbq.solo(data, m, k, xk[0], y32[0]))
+                sbq_ms = timed(cp, lambda: sbq.solo(kind, data, m, k, xk[0], y32[0]))
             else:
-                sbq_ms = timed(cp, lambda: sbq.tiles(data, m, k, xk, y32, n))
+                sbq_ms = timed(cp, lambda: sbq.tiles(kind, data, m, k, xk, y32, n))
             if n >= kernels.mmq_from:
-                today_ms = timed(cp, lambda: kernels.mmq("Q4_K", data, m, k, xq8, y, m, n))
+                today_ms = timed(cp, lambda: kernels.mmq(kind, data, m, k, xq8, y, m, n))
             else:
-                today_ms = timed(cp, lambda: kernels.matvec_dp4a("Q4_K", data, m, k, xq8, y, m, n))
+                today_ms = timed(cp, lambda: kernels.matvec_dp4a(kind, data, m, k, xq8, y, m, n))
             row[n] = {"sbq_us": round(sbq_ms * 1e3, 1), "today_us": round(today_ms * 1e3, 1),
                       "sbq_TBps": round(w_bytes / sbq_ms / 1e9, 2), "today_TBps": round(w_bytes / today_ms / 1e9, 2)}
         times[name] = row
-        print("Q4_K", name, json.dumps(row), flush=True)
+        print(kind, name, json.dumps(row), flush=True)
     forward = {}
     for n in TIMED_ROWS:
         f = {key: 32 * sum(times[nm][n][key] for nm in ("wqkv", "wo", "w_gate_up", "w_down")) + times["head"][n][key]
              for key in ("sbq_us", "today_us")}
         forward[n] = {"sbq_ms": round(f["sbq_us"] / 1e3, 2), "today_ms": round(f["today_us"] / 1e3, 2)}
-    print("a forward's matmuls (32 layers + head, all Q4_K), ms:", json.dumps(forward), flush=True)
-    m, k, data, _, xk = mats["w_gate_up"]
+    print("a forward's matmuls (32 layers + head), ms:", json.dumps(forward), flush=True)
+    kind, m, k, data, _, xk = mats["w_gate_up"]
     for warps in (2, 8):
         kq, row = Sbq(cp, warps), {}
         for n in (1, 16, 64):
             y = cp.empty((n, m), dtype=cp.float32)
             want = cp.empty((n, m), dtype=cp.float32)
-            run = (lambda: kq.solo(data, m, k, xk[0], y[0])) if n == 1 else (lambda: kq.tiles(data, m, k, xk, y, n))
+            run = ((lambda: kq.solo(kind, data, m, k, xk[0], y[0])) if n == 1
+                   else (lambda: kq.tiles(kind, data, m, k, xk, y, n)))
             run()
             if n == 1:
-                sbq.solo(data, m, k, xk[0], want[0])
+                sbq.solo(kind, data, m, k, xk[0], want[0])
             else:
-                sbq.tiles(data, m, k, xk, want, n)
+                sbq.tiles(kind, data, m, k, xk, want, n)
             row[n] = {"us": round(timed(cp, run) * 1e3, 1), "equal_default": bool(cp.array_equal(y, want))}
             ok &= row[n]["equal_default"]
         knobs[f"{warps} warps a block"] = row
