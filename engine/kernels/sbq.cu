@@ -155,7 +155,7 @@ __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* _
     for (int sb = 0; sb < blocks; ++sb) {
         const u8 *ba = wa + (size_t)sb * 144, *bb = wb + (size_t)sb * 144;
         const uint4 ha = *reinterpret_cast<const uint4*>(ba), hb = *reinterpret_cast<const uint4*>(bb);
-        int A[NT][4];
+        int A[NT][4], ma8[8], mb8[8];  // the integers a; the rows' sub-block mins
 #pragma unroll
         for (int t = 0; t < NT; ++t) A[t][0] = A[t][1] = A[t][2] = A[t][3] = 0;
 #pragma unroll
@@ -165,9 +165,9 @@ __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* _
             const uint2 qb = *reinterpret_cast<const uint2*>(bb + 16 + 32 * (j >> 1) + 8 * c);
             const unsigned alo = (qa.x >> sh) & 0x0F0F0F0Fu, ahi = (qa.y >> sh) & 0x0F0F0F0Fu;
             const unsigned blo = (qb.x >> sh) & 0x0F0F0F0Fu, bhi = (qb.y >> sh) & 0x0F0F0F0Fu;
-            int sca, ma, scb, mb;
-            scale_min_int(j, ha.y, ha.z, ha.w, sca, ma);
-            scale_min_int(j, hb.y, hb.z, hb.w, scb, mb);
+            int sca, scb;
+            scale_min_int(j, ha.y, ha.z, ha.w, sca, ma8[j]);
+            scale_min_int(j, hb.y, hb.z, hb.w, scb, mb8[j]);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 const uint2 xv = *reinterpret_cast<const uint2*>(xg[t][sb].q + 32 * j + 8 * c);
@@ -175,13 +175,6 @@ __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* _
                 sbq_mma(s, alo, blo, ahi, bhi, xv.x, xv.y);
                 A[t][0] += sca * s[0], A[t][1] += sca * s[1], A[t][2] += scb * s[2], A[t][3] += scb * s[3];
             }
-        }
-        int ma8[8], mb8[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            int unused;
-            scale_min_int(j, ha.y, ha.z, ha.w, unused, ma8[j]);
-            scale_min_int(j, hb.y, hb.z, hb.w, unused, mb8[j]);
         }
         const float2 da = __half22float2(*reinterpret_cast<const __half2*>(&ha.x));
         const float2 db = __half22float2(*reinterpret_cast<const __half2*>(&hb.x));
