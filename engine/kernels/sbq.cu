@@ -66,6 +66,54 @@ extern "C" __global__ void quantize_q8k(const __half* __restrict__ x, Q8K* __res
     if (lane == 0) o.d = d;
 }
 
+// The end of a solo round: the integers of each 8-lane group summed across it (exact), then every lane takes the
+// round's float steps in super-block order from the groups' first lanes.
+__device__ __forceinline__ float round_steps(float acc, int p, int blocks, int a, int b, float d, float dmin,
+                                             float dx) {
+#pragma unroll
+    for (int o = 4; o; o >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, o), b += __shfl_xor_sync(0xFFFFFFFFu, b, o);
+    for (int q = 0; q < 4 && p + q < blocks; ++q) {
+        const int src = 8 * q;
+        acc = sb_step(acc, __shfl_sync(0xFFFFFFFFu, dx, src), __shfl_sync(0xFFFFFFFFu, d, src),
+                      __shfl_sync(0xFFFFFFFFu, dmin, src), __shfl_sync(0xFFFFFFFFu, a, src),
+                      __shfl_sync(0xFFFFFFFFu, b, src));
+    }
+    return acc;
+}
+
+// A warp's tile: 16 weight rows (rows past m read the last, not stored) by the 8 NT rows of x (past nb: the last)
+// over all of k: where its rows are, and its outputs' sums (accumulator o: row g + 8 (o / 2), column 2c + o % 2).
+template <int NT>
+struct Tile {
+    int row0, g, c;
+    const u8 *wa, *wb;              // weight rows row0 + g and row0 + g + 8
+    const Q8K *xg[NT], *xc[NT][2];  // x's row 8t + g (B's column), rows 8t + 2c + e (the outputs' columns)
+    float acc[NT][4];
+    __device__ __forceinline__ bool at(const u8* w, const Q8K* x, int m, int nb, int blocks, int block_bytes) {
+        const int lane = threadIdx.x & 31;
+        row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 16, g = lane >> 2, c = lane & 3;
+        const size_t rb = (size_t)blocks * block_bytes;
+        wa = w + (size_t)min(row0 + g, m - 1) * rb, wb = w + (size_t)min(row0 + g + 8, m - 1) * rb;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            xg[t] = x + (size_t)min(8 * t + g, nb - 1) * blocks;
+            xc[t][0] = x + (size_t)min(8 * t + 2 * c, nb - 1) * blocks;
+            xc[t][1] = x + (size_t)min(8 * t + 2 * c + 1, nb - 1) * blocks;
+            acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+        }
+        return row0 < m;
+    }
+    __device__ __forceinline__ void store(float* y, int m, int nb, int ldy) const {
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int o = 0; o < 4; ++o) {
+                const int row = row0 + g + 8 * (o >> 1), col = 8 * t + 2 * c + (o & 1);
+                if (row < m && col < nb) y[(size_t)col * ldy + row] = acc[t][o];
+            }
+    }
+};
+
 // A warp a row; a round takes 4 super-blocks, lane l = 8 grp + i of super-block 4 p + grp: bytes 16 i .. 16 i + 15
 // of its nibbles (chunk c = i / 2: values 16 h .. 16 h + 15, h = i % 2, of units 2c (low) and 2c + 1 (high)),
 // and unit i's min term. The 8 lanes' integers summed by shuffles, then every lane takes the 4 float steps in order.
@@ -101,14 +149,7 @@ extern "C" __global__ void sbq_Q4_K_n1(const u8* __restrict__ w, const Q8K* __re
             const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&head.x));
             d = dm.x, dmin = dm.y, dx = xb.d;
         }
-#pragma unroll
-        for (int o = 4; o; o >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, o), b += __shfl_xor_sync(0xFFFFFFFFu, b, o);
-        for (int q = 0; q < 4 && p + q < blocks; ++q) {
-            const int src = 8 * q;
-            acc = sb_step(acc, __shfl_sync(0xFFFFFFFFu, dx, src), __shfl_sync(0xFFFFFFFFu, d, src),
-                          __shfl_sync(0xFFFFFFFFu, dmin, src), __shfl_sync(0xFFFFFFFFu, a, src),
-                          __shfl_sync(0xFFFFFFFFu, b, src));
-        }
+        acc = round_steps(acc, p, blocks, a, b, d, dmin, dx);
     }
     if (lane == 0) y[row] = acc;
 }
@@ -130,30 +171,17 @@ __device__ __forceinline__ void sbq_mma(int* c, unsigned glo, unsigned g8lo, uns
 #endif
 }
 
-// A warp owns 16 weight rows (rows past m read the last, not stored) by the 8 NT rows of x (past nb: the last) over
-// all of k, 4 warps a block. Each unit: an mma an n-tile and an IMAD an output; each super-block: the min terms and
-// the float step.
+// A warp a Tile, any number of warps a block. Each unit: an mma an n-tile and an IMAD an output; each super-block:
+// the min terms and the float step.
 template <int NT>
 __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* __restrict__ x, float* __restrict__ y,
                                           int m, int k, int ldy, int nb) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, blocks = k >> 8;
-    const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * 16;
-    if (row0 >= m) return;
-    const size_t rb = (size_t)blocks * 144;
-    const u8* wa = w + (size_t)min(row0 + g, m - 1) * rb;
-    const u8* wb = w + (size_t)min(row0 + g + 8, m - 1) * rb;
-    const Q8K *xg[NT], *xc[NT][2];  // x's row 8t + g (B's column), rows 8t + 2c + e (the outputs' columns)
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        xg[t] = x + (size_t)min(8 * t + g, nb - 1) * blocks;
-        xc[t][0] = x + (size_t)min(8 * t + 2 * c, nb - 1) * blocks;
-        xc[t][1] = x + (size_t)min(8 * t + 2 * c + 1, nb - 1) * blocks;
-    }
-    float acc[NT][4];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    const int blocks = k >> 8;
+    Tile<NT> tile;
+    if (!tile.at(w, x, m, nb, blocks, 144)) return;
+    const int c = tile.c;
     for (int sb = 0; sb < blocks; ++sb) {
-        const u8 *ba = wa + (size_t)sb * 144, *bb = wb + (size_t)sb * 144;
+        const u8 *ba = tile.wa + (size_t)sb * 144, *bb = tile.wb + (size_t)sb * 144;
         const uint4 ha = *reinterpret_cast<const uint4*>(ba), hb = *reinterpret_cast<const uint4*>(bb);
         int A[NT][4], ma8[8], mb8[8];  // the integers a; the rows' sub-block mins
 #pragma unroll
@@ -170,7 +198,7 @@ __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* _
             scale_min_int(j, hb.y, hb.z, hb.w, scb, mb8[j]);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                const uint2 xv = *reinterpret_cast<const uint2*>(xg[t][sb].q + 32 * j + 8 * c);
+                const uint2 xv = *reinterpret_cast<const uint2*>(tile.xg[t][sb].q + 32 * j + 8 * c);
                 int s[4];
                 sbq_mma(s, alo, blo, ahi, bhi, xv.x, xv.y);
                 A[t][0] += sca * s[0], A[t][1] += sca * s[1], A[t][2] += scb * s[2], A[t][3] += scb * s[3];
@@ -182,7 +210,7 @@ __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* _
         for (int t = 0; t < NT; ++t)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const Q8K& xe = xc[t][e][sb];
+                const Q8K& xe = tile.xc[t][e][sb];
                 const uint4 sv = *reinterpret_cast<const uint4*>(xe.sums);  // 8 int16
                 const unsigned sw[4] = {sv.x, sv.y, sv.z, sv.w};
                 int ba_ = 0, bb_ = 0;
@@ -191,17 +219,11 @@ __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* _
                     const int sum = (int)(short)(sw[j >> 1] >> (16 * (j & 1)));
                     ba_ += ma8[j] * sum, bb_ += mb8[j] * sum;
                 }
-                acc[t][e] = sb_step(acc[t][e], xe.d, da.x, da.y, A[t][e], ba_);
-                acc[t][2 + e] = sb_step(acc[t][2 + e], xe.d, db.x, db.y, A[t][2 + e], bb_);
+                tile.acc[t][e] = sb_step(tile.acc[t][e], xe.d, da.x, da.y, A[t][e], ba_);
+                tile.acc[t][2 + e] = sb_step(tile.acc[t][2 + e], xe.d, db.x, db.y, A[t][2 + e], bb_);
             }
     }
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int o = 0; o < 4; ++o) {
-            const int row = row0 + g + 8 * (o >> 1), col = 8 * t + 2 * c + (o & 1);
-            if (row < m && col < nb) y[(size_t)col * ldy + row] = acc[t][o];
-        }
+    tile.store(y, m, nb, ldy);
 }
 
 // Q6_K {ql[128], qh[64], scales[16] int8, d} (quant_blocks.cuh): values 32 u + l (u = 4 hh + kq) of a super-block
@@ -246,13 +268,7 @@ extern "C" __global__ void sbq_Q6_K_n1(const u8* __restrict__ w, const Q8K* __re
             }
             d = __half2float(*reinterpret_cast<const __half*>(blk + 208)), dx = x[sb].d;
         }
-#pragma unroll
-        for (int o = 4; o; o >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, o);
-        for (int q = 0; q < 4 && p + q < blocks; ++q) {
-            const int src = 8 * q;
-            acc = sb_step(acc, __shfl_sync(0xFFFFFFFFu, dx, src), __shfl_sync(0xFFFFFFFFu, d, src), 0.f,
-                          __shfl_sync(0xFFFFFFFFu, a, src), 0);
-        }
+        acc = round_steps(acc, p, blocks, a, 0, d, 0.f, dx);
     }
     if (lane == 0) y[row] = acc;
 }
@@ -276,24 +292,12 @@ __device__ __forceinline__ void sbq_mma16(int* c, unsigned g, unsigned g8, unsig
 template <int NT>
 __device__ __forceinline__ void sbq_tiles_q6(const u8* __restrict__ w, const Q8K* __restrict__ x, float* __restrict__ y,
                                              int m, int k, int ldy, int nb) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, blocks = k >> 8;
-    const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * 16;
-    if (row0 >= m) return;
-    const size_t rb = (size_t)blocks * 210;
-    const u8* wa = w + (size_t)min(row0 + g, m - 1) * rb;
-    const u8* wb = w + (size_t)min(row0 + g + 8, m - 1) * rb;
-    const Q8K *xg[NT], *xc[NT][2];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        xg[t] = x + (size_t)min(8 * t + g, nb - 1) * blocks;
-        xc[t][0] = x + (size_t)min(8 * t + 2 * c, nb - 1) * blocks;
-        xc[t][1] = x + (size_t)min(8 * t + 2 * c + 1, nb - 1) * blocks;
-    }
-    float acc[NT][4];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    const int blocks = k >> 8;
+    Tile<NT> tile;
+    if (!tile.at(w, x, m, nb, blocks, 210)) return;
+    const int c = tile.c;
     for (int sb = 0; sb < blocks; ++sb) {
-        const u8 *ba = wa + (size_t)sb * 210, *bb = wb + (size_t)sb * 210;
+        const u8 *ba = tile.wa + (size_t)sb * 210, *bb = tile.wb + (size_t)sb * 210;
         int A[NT][4];
 #pragma unroll
         for (int t = 0; t < NT; ++t) A[t][0] = A[t][1] = A[t][2] = A[t][3] = 0;
@@ -304,7 +308,7 @@ __device__ __forceinline__ void sbq_tiles_q6(const u8* __restrict__ w, const Q8K
             const int sca = q6_scale(ba, gr), scb = q6_scale(bb, gr);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                const unsigned xv = *reinterpret_cast<const unsigned*>(xg[t][sb].q + 16 * gr + 4 * c);
+                const unsigned xv = *reinterpret_cast<const unsigned*>(tile.xg[t][sb].q + 16 * gr + 4 * c);
                 int s[4];
                 sbq_mma16(s, qa, qb, xv);
                 A[t][0] += sca * s[0], A[t][1] += sca * s[1], A[t][2] += scb * s[2], A[t][3] += scb * s[3];
@@ -316,18 +320,12 @@ __device__ __forceinline__ void sbq_tiles_q6(const u8* __restrict__ w, const Q8K
         for (int t = 0; t < NT; ++t)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const float dx = xc[t][e][sb].d;
-                acc[t][e] = sb_step(acc[t][e], dx, da, 0.f, A[t][e], 0);
-                acc[t][2 + e] = sb_step(acc[t][2 + e], dx, db, 0.f, A[t][2 + e], 0);
+                const float dx = tile.xc[t][e][sb].d;
+                tile.acc[t][e] = sb_step(tile.acc[t][e], dx, da, 0.f, A[t][e], 0);
+                tile.acc[t][2 + e] = sb_step(tile.acc[t][2 + e], dx, db, 0.f, A[t][2 + e], 0);
             }
     }
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int o = 0; o < 4; ++o) {
-            const int row = row0 + g + 8 * (o >> 1), col = 8 * t + 2 * c + (o & 1);
-            if (row < m && col < nb) y[(size_t)col * ldy + row] = acc[t][o];
-        }
+    tile.store(y, m, nb, ldy);
 }
 
 #define SBQ_NT(NT)                                                                                                 \

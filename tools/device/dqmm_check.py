@@ -46,6 +46,15 @@ def n_tiles(n: int) -> int:
     return next(t for t in (1, 2, 4, 8) if 8 * t >= n)
 
 
+def today(kernels, kind, data, m, k, xq8, y, n) -> None:
+    """The launcher GpuKernels.matvec picks for n rows of x in 8 bits (xq8), without its Python around it: the dp4a
+    matvec below MMQ_FROM rows, mmq.cu from there."""
+    if n >= kernels.mmq_from:
+        kernels.mmq(kind, data, m, k, xq8, y, m, n)
+    else:
+        kernels.matvec_dp4a(kind, data, m, k, xq8, y, m, n)
+
+
 class Dqmm:
     """dqmm.cu built with a knob set: launch(kind, data, m, k, x, y, n)."""
 
@@ -104,9 +113,9 @@ def main() -> int:
             matrix = QuantMatrix((QuantPart(kind, data, rows),), cols)
             units = cols // 32
             xq = kernels.quantize_q8(cp.asarray(x.reshape(-1)))
-            today = kernels.matvec(matrix, xd, np.float32, xq[:max(ROWS) * units]).get()
+            today_rows = kernels.matvec(matrix, xd, np.float32, xq[:max(ROWS) * units]).get()
             err_dq = float(np.abs(alone[np.float32] - exact).max()) / scale
-            err_today = float(np.abs(today - exact).max()) / scale
+            err_today = float(np.abs(today_rows - exact).max()) / scale
             same = {}
             for n in ROWS:
                 for dt in (np.float32, np.float16):
@@ -137,10 +146,7 @@ def main() -> int:
         for n in TIMED_ROWS:
             y = cp.empty((n, m), dtype=cp.float16)
             dq_ms = timed(cp, lambda: dq.launch(kind, data, m, k, x, y, n))
-            if n >= kernels.mmq_from:  # the launchers GpuKernels.matvec picks, without its Python around them
-                today_ms = timed(cp, lambda: kernels.mmq(kind, data, m, k, xq, y, m, n))
-            else:
-                today_ms = timed(cp, lambda: kernels.matvec_dp4a(kind, data, m, k, xq, y, m, n))
+            today_ms = timed(cp, lambda: today(kernels, kind, data, m, k, xq, y, n))
             row[n] = {"dqmm_us": round(dq_ms * 1e3, 1), "today_us": round(today_ms * 1e3, 1),
                       "dqmm_TBps": round(w_bytes / dq_ms / 1e9, 2), "today_TBps": round(w_bytes / today_ms / 1e9, 2)}
         times[f"{kind} {name} {m}x{k}"] = row

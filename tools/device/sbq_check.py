@@ -25,6 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tools.device.dqmm_check import n_tiles, today  # noqa: E402
+
 Q8K_BYTES = 288
 SHAPES = {"wqkv": ("Q4_K", 6144, 4096), "wo": ("Q4_K", 4096, 4096), "w_gate_up": ("Q4_K", 28672, 4096),
           "w_down": ("Q6_K", 4096, 14336), "head": ("Q6_K", 128256, 4096)}
@@ -46,10 +48,6 @@ def q8k(x: np.ndarray) -> np.ndarray:
     out[..., 256:272] = q.reshape(n, k // 256, 8, 32).astype(np.int32).sum(-1).astype(np.int16).view(np.uint8)
     out[..., 272:276] = d[..., None].view(np.uint8)
     return out
-
-
-def n_tiles(n: int) -> int:
-    return next(t for t in (1, 2, 4, 8) if 8 * t >= n)
 
 
 class Sbq:
@@ -117,13 +115,13 @@ def main() -> int:
             sbq.solo(kind, data, rows, cols, xq[b], alone[b])
         alone = alone.get()
         matrix = QuantMatrix((QuantPart(kind, data, rows),), cols)
-        today = kernels.matvec(matrix, xd, np.float32).get()
+        today_rows = kernels.matvec(matrix, xd, np.float32).get()
         same = {}
         for n in ROWS:
             y = cp.full((n, rows), np.nan, dtype=cp.float32)
             sbq.tiles(kind, data, rows, cols, xq, y, n)
             same[n] = bool(np.array_equal(y.get(), alone[:n]))
-        err_sbq, err_today = (float(np.abs(v - exact).max()) / scale for v in (alone, today))
+        err_sbq, err_today = (float(np.abs(v - exact).max()) / scale for v in (alone, today_rows))
         good = form_same and all(same.values()) and err_sbq < 2e-2
         ok &= good
         checks.append({"kind": kind, "m": rows, "k": cols, "q8k_form_equal": form_same,
@@ -151,10 +149,7 @@ def main() -> int:
                 sbq_ms = timed(cp, lambda: sbq.solo(kind, data, m, k, xk[0], y32[0]))
             else:
                 sbq_ms = timed(cp, lambda: sbq.tiles(kind, data, m, k, xk, y32, n))
-            if n >= kernels.mmq_from:
-                today_ms = timed(cp, lambda: kernels.mmq(kind, data, m, k, xq8, y, m, n))
-            else:
-                today_ms = timed(cp, lambda: kernels.matvec_dp4a(kind, data, m, k, xq8, y, m, n))
+            today_ms = timed(cp, lambda: today(kernels, kind, data, m, k, xq8, y, n))
             row[n] = {"sbq_us": round(sbq_ms * 1e3, 1), "today_us": round(today_ms * 1e3, 1),
                       "sbq_TBps": round(w_bytes / sbq_ms / 1e9, 2), "today_TBps": round(w_bytes / today_ms / 1e9, 2)}
         times[name] = row
