@@ -229,12 +229,15 @@ __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* _
 // Q6_K {ql[128], qh[64], scales[16] int8, d} (quant_blocks.cuh): values 32 u + l (u = 4 hh + kq) of a super-block
 // take 4 low bits from ql[64 hh + 32 (kq & 1) + l] (high nibbles for kq >= 2) and 2 high bits from qh[32 hh + l] >>
 // 2 kq. Four of them, l .. l + 3, as the bytes q (0..63).
+__device__ __forceinline__ unsigned q6_word(unsigned lo, unsigned hi, int kq) {  // from a word of ql and one of qh
+    return ((lo >> (4 * (kq >> 1))) & 0x0F0F0F0Fu) | (((hi >> (2 * kq)) & 0x03030303u) << 4);
+}
 __device__ __forceinline__ unsigned q6_bytes(const u8* blk, int u, int l) {
     const int hh = u >> 2, kq = u & 3;
     unsigned lo[1], hi[1];
     load_a2(blk + 64 * hh + 32 * (kq & 1) + l, lo);
     load_a2(blk + 128 + 32 * hh + l, hi);
-    return ((lo[0] >> (4 * (kq >> 1))) & 0x0F0F0F0Fu) | (((hi[0] >> (2 * kq)) & 0x03030303u) << 4);
+    return q6_word(lo[0], hi[0], kq);
 }
 __device__ __forceinline__ int q6_scale(const u8* blk, int g) {
     return (int)reinterpret_cast<const signed char*>(blk)[192 + g];
@@ -255,14 +258,17 @@ extern "C" __global__ void sbq_Q6_K_n1(const u8* __restrict__ w, const Q8K* __re
         float d = 0.f, dx = 0.f;
         if (sb < blocks) {
             const u8* blk = wr + (size_t)sb * 210;
+            const int hh = i >> 2, kq = i & 3;
+            unsigned ql[8], qh[8];  // unit i's 32 low-bit and high-bit bytes (blocks are 2-byte aligned)
+            load_a2(blk + 64 * hh + 32 * (kq & 1), ql);
+            load_a2(blk + 128 + 32 * hh, qh);
             const int* xw = reinterpret_cast<const int*>(x[sb].q + 32 * i);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 int s = 0, z = 0;
 #pragma unroll
-                for (int t = 0; t < 4; ++t) {
-                    s = dp4a(q6_bytes(blk, i, 16 * e + 4 * t), xw[4 * e + t], s);
-                    z = dp4a(0x01010101u, xw[4 * e + t], z);
+                for (int t = 4 * e; t < 4 * e + 4; ++t) {
+                    s = dp4a(q6_word(ql[t], qh[t], kq), xw[t], s), z = dp4a(0x01010101u, xw[t], z);
                 }
                 a += q6_scale(blk, 2 * i + e) * (s - 32 * z);
             }
