@@ -2,10 +2,11 @@
 // over a whole super-block and one float step after, one chain an output (its super-blocks added in order). Not
 // dispatched by the engine (engine/kernels/loader.py does not load it); tools/device/sbq_check.py measures it.
 //   quantize_q8k(x, out, blocks)           x (blocks * 256,) fp16 -> Q8K blocks: one float scale a super-block
-//   sbq_Q4_K_n1(w, x, y, m, k)             y (m,) f32 = W (m, k) . x (one row of k / 256 Q8K blocks): a warp a row
-//   sbq_Q4_K_t<NT>(w, x, y, m, k, ldy, nb) y (nb, m; rows ldy apart) for nb <= 8 NT rows of x, int8 tensor cores
-//   sbq_Q6_K_n1, sbq_Q6_K_t<NT>            the same for Q6_K (value d sc_g (q - 32), a scale g every 16 values:
-//                                          A = sum_g sc_g sum_{i in g} (q_i - 32) q'_i, no min term, |A| < 1.4e8)
+//   sbq_<T>_n1[_f32](w, x, y, m, k)        y (m,) = W (m, k) . x (one row of k / 256 Q8K blocks): a warp a row
+//   sbq_<T>_t<NT>[_f32](w, x, y, m, k, ldy, nb)  y (nb, m; rows ldy apart) for nb <= 8 NT rows of x, int8 tensor
+//                                          cores; T: Q4_K or Q6_K (value d sc_g (q - 32), a scale g every 16 values:
+//                                          A = sum_g sc_g sum_{i in g} (q_i - 32) q'_i, no min term, |A| < 1.4e8);
+//                                          y in fp16, or float32 with _f32
 //
 // A super-block's value for (weight row r, x row b): with Q4_K's value d sc_j q - dmin m_j (sub-block j's 6-bit
 // scale and min) and x's dx q', it is dx (d A - dmin B), A = sum_j sc_j sum_{i in j} q_i q'_i and B = sum_j m_j
@@ -35,6 +36,9 @@ __device__ __forceinline__ void scale_min_int(int j, unsigned s03, unsigned s47,
         mn = (byte_at(s811, j - 4) >> 4) | ((byte_at(s47, j - 4) >> 6) << 4);
     }
 }
+
+__device__ __forceinline__ void sbq_store(float* y, size_t i, float v) { y[i] = v; }
+__device__ __forceinline__ void sbq_store(__half* y, size_t i, float v) { y[i] = __float2half(v); }
 
 // The one float step of a super-block, the same expression in every kernel: acc + dx (d A - dmin B).
 __device__ __forceinline__ float sb_step(float acc, float dx, float d, float dmin, int a, int b) {
@@ -103,13 +107,14 @@ struct Tile {
         }
         return row0 < m;
     }
-    __device__ __forceinline__ void store(float* y, int m, int nb, int ldy) const {
+    template <typename Out>
+    __device__ __forceinline__ void store(Out* y, int m, int nb, int ldy) const {
 #pragma unroll
         for (int t = 0; t < NT; ++t)
 #pragma unroll
             for (int o = 0; o < 4; ++o) {
                 const int row = row0 + g + 8 * (o >> 1), col = 8 * t + 2 * c + (o & 1);
-                if (row < m && col < nb) y[(size_t)col * ldy + row] = acc[t][o];
+                if (row < m && col < nb) sbq_store(y, (size_t)col * ldy + row, acc[t][o]);
             }
     }
 };
@@ -117,8 +122,9 @@ struct Tile {
 // A warp a row; a round takes 4 super-blocks, lane l = 8 grp + i of super-block 4 p + grp: bytes 16 i .. 16 i + 15
 // of its nibbles (chunk c = i / 2: values 16 h .. 16 h + 15, h = i % 2, of units 2c (low) and 2c + 1 (high)),
 // and unit i's min term. The 8 lanes' integers summed by shuffles, then every lane takes the 4 float steps in order.
-extern "C" __global__ void sbq_Q4_K_n1(const u8* __restrict__ w, const Q8K* __restrict__ x, float* __restrict__ y,
-                                       int m, int k) {
+template <typename Out>
+__device__ __forceinline__ void sbq_solo_q4(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
+                                            int m, int k) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const int grp = lane >> 3, i = lane & 7, c = i >> 1, h = i & 1, blocks = k >> 8;
     if (row >= m) return;
@@ -151,7 +157,7 @@ extern "C" __global__ void sbq_Q4_K_n1(const u8* __restrict__ w, const Q8K* __re
         }
         acc = round_steps(acc, p, blocks, a, b, d, dmin, dx);
     }
-    if (lane == 0) y[row] = acc;
+    if (lane == 0) sbq_store(y, row, acc);
 }
 
 // mma.sync m16n8k32 u8 x s8 -> s32 into a zero accumulator: A's rows g and g + 8 (lo: k slots 4c.., hi: 16 + 4c..),
@@ -173,8 +179,8 @@ __device__ __forceinline__ void sbq_mma(int* c, unsigned glo, unsigned g8lo, uns
 
 // A warp a Tile, any number of warps a block. Each unit: an mma an n-tile and an IMAD an output; each super-block:
 // the min terms and the float step.
-template <int NT>
-__device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* __restrict__ x, float* __restrict__ y,
+template <int NT, typename Out>
+__device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
                                           int m, int k, int ldy, int nb) {
     const int blocks = k >> 8;
     Tile<NT> tile;
@@ -245,8 +251,9 @@ __device__ __forceinline__ int q6_scale(const u8* blk, int g) {
 
 // A warp a row, lanes as sbq_Q4_K_n1's: lane i of a group takes unit i of its super-block, its two 16-value groups'
 // sums of q q' less 32 sum q' (dp4a), times their scales.
-extern "C" __global__ void sbq_Q6_K_n1(const u8* __restrict__ w, const Q8K* __restrict__ x, float* __restrict__ y,
-                                       int m, int k) {
+template <typename Out>
+__device__ __forceinline__ void sbq_solo_q6(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
+                                            int m, int k) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const int grp = lane >> 3, i = lane & 7, blocks = k >> 8;
     if (row >= m) return;
@@ -276,7 +283,7 @@ extern "C" __global__ void sbq_Q6_K_n1(const u8* __restrict__ w, const Q8K* __re
         }
         acc = round_steps(acc, p, blocks, a, 0, d, 0.f, dx);
     }
-    if (lane == 0) y[row] = acc;
+    if (lane == 0) sbq_store(y, row, acc);
 }
 
 // mma.sync m16n8k16 s8 x s8 -> s32 into a zero accumulator: A's rows g and g + 8 at k slots 4c .. 4c + 3, B's column
@@ -295,8 +302,8 @@ __device__ __forceinline__ void sbq_mma16(int* c, unsigned g, unsigned g8, unsig
 
 // sbq_tiles for Q6_K: a 16-value group g an mma (lane c its values 4c .. 4c + 3, centered), an IMAD an output by
 // the group's scale; no min term.
-template <int NT>
-__device__ __forceinline__ void sbq_tiles_q6(const u8* __restrict__ w, const Q8K* __restrict__ x, float* __restrict__ y,
+template <int NT, typename Out>
+__device__ __forceinline__ void sbq_tiles_q6(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
                                              int m, int k, int ldy, int nb) {
     const int blocks = k >> 8;
     Tile<NT> tile;
@@ -334,14 +341,23 @@ __device__ __forceinline__ void sbq_tiles_q6(const u8* __restrict__ w, const Q8K
     tile.store(y, m, nb, ldy);
 }
 
-#define SBQ_NT(NT)                                                                                                 \
-    extern "C" __global__ void sbq_Q4_K_t##NT(const u8* w, const Q8K* x, float* y, int m, int k, int ldy, int nb) { \
-        sbq_tiles<NT>(w, x, y, m, k, ldy, nb);                                                                     \
-    }                                                                                                              \
-    extern "C" __global__ void sbq_Q6_K_t##NT(const u8* w, const Q8K* x, float* y, int m, int k, int ldy, int nb) { \
-        sbq_tiles_q6<NT>(w, x, y, m, k, ldy, nb);                                                                  \
+// Each kernel with fp16 out and with float32 out (_f32), as the engine's matvecs.
+#define SBQ_OUT(SUFFIX, Out)                                                                                        \
+    extern "C" __global__ void sbq_Q4_K_n1##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k) {               \
+        sbq_solo_q4(w, x, y, m, k);                                                                                 \
+    }                                                                                                               \
+    extern "C" __global__ void sbq_Q6_K_n1##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k) {               \
+        sbq_solo_q6(w, x, y, m, k);                                                                                 \
+    }                                                                                                               \
+    SBQ_NT(1, SUFFIX, Out) SBQ_NT(2, SUFFIX, Out) SBQ_NT(4, SUFFIX, Out) SBQ_NT(8, SUFFIX, Out)
+#define SBQ_NT(NT, SUFFIX, Out)                                                                                     \
+    extern "C" __global__ void sbq_Q4_K_t##NT##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k, int ldy,     \
+                                                      int nb) {                                                     \
+        sbq_tiles<NT>(w, x, y, m, k, ldy, nb);                                                                      \
+    }                                                                                                               \
+    extern "C" __global__ void sbq_Q6_K_t##NT##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k, int ldy,     \
+                                                      int nb) {                                                     \
+        sbq_tiles_q6<NT>(w, x, y, m, k, ldy, nb);                                                                   \
     }
-SBQ_NT(1)
-SBQ_NT(2)
-SBQ_NT(4)
-SBQ_NT(8)
+SBQ_OUT(, __half)
+SBQ_OUT(_f32, float)

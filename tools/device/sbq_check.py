@@ -59,8 +59,9 @@ class Sbq:
         self.cp, self.warps = cp, warps
         module = cp.RawModule(code=kernel_source("sbq.cu"), options=OPTIONS)
         self.fn = {name: module.get_function(name)
-                   for name in ("quantize_q8k", *(f"sbq_{kind}_{v}" for kind in ("Q4_K", "Q6_K")
-                                                    for v in ("n1", "t1", "t2", "t4", "t8")))}
+                   for name in ("quantize_q8k", *(f"sbq_{kind}_{v}{suffix}" for kind in ("Q4_K", "Q6_K")
+                                                    for v in ("n1", "t1", "t2", "t4", "t8")
+                                                    for suffix in ("", "_f32")))}
 
     def quantize(self, x):
         n, k = x.shape
@@ -70,13 +71,14 @@ class Sbq:
         return out
 
     def solo(self, kind, data, m, k, xq, y):
-        self.fn[f"sbq_{kind}_n1"](((m + self.warps - 1) // self.warps,), (32 * self.warps,),
-                               (data, xq, y, np.int32(m), np.int32(k)))
+        suffix = "_f32" if y.dtype == np.float32 else ""
+        self.fn[f"sbq_{kind}_n1{suffix}"](((m + self.warps - 1) // self.warps,), (32 * self.warps,),
+                                          (data, xq, y, np.int32(m), np.int32(k)))
 
     def tiles(self, kind, data, m, k, xq, y, n):
-        rows = 16 * self.warps
-        self.fn[f"sbq_{kind}_t{n_tiles(n)}"](((m + rows - 1) // rows,), (32 * self.warps,),
-                                           (data, xq, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
+        rows, suffix = 16 * self.warps, "_f32" if y.dtype == np.float32 else ""
+        self.fn[f"sbq_{kind}_t{n_tiles(n)}{suffix}"](((m + rows - 1) // rows,), (32 * self.warps,),
+                                                     (data, xq, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
 
 
 def main() -> int:
