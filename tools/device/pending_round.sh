@@ -60,6 +60,11 @@
 #             decode at 1-64 requests before and after, the 64-row profile (gpu_run.sh orderbench); ordershot: the two
 #             trimmed to one call (no block shapes, no profile, one repeat); orderprobe: the kernels' times before and
 #             after on one machine, and ncu's sections for mmq at 64 rows
+#   sbq       issue 48's third probe: tools/device/sbq_check.py (gpu_run.sh sbq: x's form, every row the solo kernel's
+#             bits, errors against the exact product, times on the 8B Q4_K_M shapes beside today's kernels), then
+#             the 135M shape's prompt log-probabilities against the CPU's (gpu_run.sh logprobsynth)
+#   sbqdecode 01-sbq-dispatch: the 8B Q4_K_M shape's decode at 1 / 16 / 64 requests with $STRATA_SBQ=0 and 1, each
+#             request's tokens against its solo run's (gpu_run.sh sbqdecode)
 #   PENDING=03 applies only tools/device/pending/03*.patch (apply_pending.sh).
 #   PARTS=fusions bash tools/device/pending_round.sh        (carry [".whl", ".device"]; tools/device/setup.sh makes them)
 # LIMIT_S: the call's timeout_s where a start left less than 600 s; every part's limit is cut to what is left of
@@ -116,6 +121,10 @@ for part in ${PARTS:-fusions}; do
     a3b80) timeout $(cap 500) bash tools/device/gpu_run.sh moeactswitch80 2>&1 | tail -10 ;;
     sampling) timeout $(cap 150) bash tools/device/gpu_run.sh sampling 2>&1 | tail -25 ;;
     drawsbehind) timeout $(cap 250) bash tools/device/gpu_run.sh drawsbehind 2>&1 | tail -6 ;;
+    sbq)
+      timeout $(cap 300) bash tools/device/gpu_run.sh sbq 2>&1 | grep -v "^strata:" | tail -30
+      timeout $(cap 200) bash tools/device/gpu_run.sh logprobsynth 2>&1 | grep -v "^strata:" | tail -3 ;;
+    sbqdecode) timeout $(cap 420) bash tools/device/gpu_run.sh sbqdecode 2>&1 | grep -v "^strata:" | tail -12 ;;
     iq) timeout $(cap 360) bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
     spec) timeout $(cap 240) bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
     specpace) timeout $(cap 300) bash tools/device/gpu_run.sh specpace 2>&1 | tail -4 ;;
