@@ -76,11 +76,27 @@ class Dqmm:
            (data, x, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(doc: str) -> argparse.Namespace:
+    """A probe's flags: --json FILE (its report), --quick (the bit checks only)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     p.add_argument("--quick", action="store_true", help="the bit checks only")
-    a = p.parse_args()
+    return p.parse_args()
+
+
+def report(cp, path, kernels, ok: bool, **parts) -> int:
+    """The verdict printed, the report written (with the device and the engine's MMQ_FROM) where asked; the exit
+    status."""
+    print("ALL PASS" if ok else "FAILED")
+    if path:
+        Path(path).write_text(json.dumps({**parts, "ok": ok, "mmq_from": kernels.mmq_from,
+                                          "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode()},
+                                         indent=1) + "\n")
+    return 0 if ok else 1
+
+
+def main() -> int:
+    a = arguments(__doc__)
     import cupy as cp
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
@@ -130,8 +146,7 @@ def main() -> int:
     print(f"{sum(c['rows_equal_alone'] == c['cases'] for c in checks)}/{len(checks)} shapes: every row of x the bits "
           "it has alone", flush=True)
     if a.quick:
-        print("ALL PASS" if ok else "FAILED")
-        return 0 if ok else 1
+        return report(cp, a.json, kernels, ok, checks=checks)
 
     # ---- 3: time per launch on the 8B shapes, beside the engine's kernels (8-bit x given, as its producers write it)
     shapes = dict(LAYER, head=HEAD)
@@ -178,13 +193,7 @@ def main() -> int:
         knobs[label] = row
         print(label, json.dumps(row), flush=True)
 
-    print("ALL PASS" if ok else "FAILED")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"checks": checks, "times": times, "forward": forward, "knobs": knobs,
-                                            "default": DEFAULT, "ok": ok, "mmq_from": kernels.mmq_from,
-                                            "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode()},
-                                           indent=1) + "\n")
-    return 0 if ok else 1
+    return report(cp, a.json, kernels, ok, checks=checks, times=times, forward=forward, knobs=knobs, default=DEFAULT)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Exit status 0 when every bit check passes.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tools.device.dqmm_check import n_tiles, today  # noqa: E402
+from tools.device.dqmm_check import arguments, n_tiles, report, today  # noqa: E402
 
 Q8K_BYTES = 288
 SHAPES = {"wqkv": ("Q4_K", 6144, 4096), "wo": ("Q4_K", 4096, 4096), "w_gate_up": ("Q4_K", 28672, 4096),
@@ -82,10 +81,7 @@ class Sbq:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json")
-    p.add_argument("--quick", action="store_true", help="the bit checks only")
-    a = p.parse_args()
+    a = arguments(__doc__)
     import cupy as cp
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
@@ -133,8 +129,7 @@ def main() -> int:
     print(f"{sum(c['rows_equal_alone'] == c['cases'] for c in checks)}/{len(checks)} shapes: every row of x the solo "
           "kernel's bits", flush=True)
     if a.quick:
-        print("ALL PASS" if ok else "FAILED")
-        return 0 if ok else 1
+        return report(cp, a.json, kernels, ok, checks=checks)
 
     # ---- 4: time per launch, beside today's launchers (x given in each route's form, as a producer writes it)
     mats = {}
@@ -180,13 +175,7 @@ def main() -> int:
         knobs[f"{warps} warps a block"] = row
         print("w_gate_up", warps, "warps a block", json.dumps(row), flush=True)
 
-    print("ALL PASS" if ok else "FAILED")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"checks": checks, "times": times, "forward": forward, "knobs": knobs,
-                                            "ok": ok, "mmq_from": kernels.mmq_from,
-                                            "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode()},
-                                           indent=1) + "\n")
-    return 0 if ok else 1
+    return report(cp, a.json, kernels, ok, checks=checks, times=times, forward=forward, knobs=knobs)
 
 
 if __name__ == "__main__":
