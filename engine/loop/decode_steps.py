@@ -71,8 +71,9 @@ class DecodeSteps:
         batches = self.batches(going)
 
         def write_held() -> None:  # (a second call writes nothing)
-            while held:
-                self.write(held.pop(0))
+            for line in held:
+                self.write(line)
+            held.clear()
         for i, batch in enumerate(batches):
             started = time.perf_counter()
             self.runner.decode_batch(batch, write_held if held else None)  # (synchronous: a graph's replay waits

@@ -102,16 +102,16 @@ class GraphDecoder:
         key = (self.size(rows), self.bucket(max(positions)))
         entry = self.captured.get(key)
         tokens, tables, positions, states = self.padded(key[0], tokens, tables, positions, states)
-        if entry is None:
+        if entry is None:  # (the capture's eager run has computed them)
             logits = self.capture(key, tokens, tables, positions, states)[:rows]
-            if meanwhile is not None:
-                with self.stream:
-                    meanwhile(logits)
-            return logits
-        self.replay(entry, tokens, tables, positions, states)
+        else:
+            self.replay(entry, tokens, tables, positions, states)
+            logits = self.logits
         if meanwhile is not None:  # the host's work while the device runs the step
             with self.stream:
-                meanwhile(self.logits)
+                meanwhile(logits)
+        if entry is None:
+            return logits
         self.stream.synchronize()  # the sampler reads the logits on the default stream
         self.replayed, self.greedy = True, None
         return self.logits[:rows]
