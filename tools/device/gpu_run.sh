@@ -112,8 +112,6 @@
 # mmv      tools/device/mmv_check.py: the tensor-core fp16 matvec against NumPy, batch invariance, its time
 # mmq      tools/device/mmq_check.py: the int8 tensor-core quantized matvec: every row equal to the dp4a matvec's
 #          row alone (bit for bit), NumPy, its time beside the dp4a kernels at 1-64 rows, the block's knobs
-# dqmm     tools/device/dqmm_check.py: issue 48's probe, quantized weights decoded to fp16 on the fp16 tensor cores:
-#          every row of x its bits alone in any batch, errors against the exact product, times beside today's
 # sbq      tools/device/sbq_check.py: issue 48's third probe, integer sums over a Q4_K super-block (x in Q8K), one
 #          chain an output: x's form against NumPy, every row the solo kernel's bits, errors, times beside today's
 # gemmprobe tools/device/prompt_gemm_probe.py (issue 44): whether cuBLAS's prompt GEMM rows depend on the step's rows
@@ -795,8 +793,6 @@ for step in "$@"; do
       python3 tools/device/mmv_check.py --json "$OUT/mmv_check.json" || echo "MMV CHECK FAILED" ;;
     mmq)
       python3 tools/device/mmq_check.py --json "$OUT/mmq_check.json" || echo "MMQ CHECK FAILED" ;;
-    dqmm)  # issue 48's probe: dqmm.cu (weights decoded to fp16, the fp16 tensor cores) against today's decode kernels
-      python3 tools/device/dqmm_check.py --json "$OUT/dqmm_check.json" || echo "DQMM CHECK FAILED" ;;
     sbq)  # issue 48's third probe: sbq.cu (integer sums over a Q4_K super-block, x in Q8K) against today's kernels
       python3 tools/device/sbq_check.py --json "$OUT/sbq_check.json" || echo "SBQ CHECK FAILED" ;;
     sbqdecode)  # the engine with sbq.cu ($STRATA_SBQ=1, tools/device/pending/01-sbq-dispatch.patch) against without:

@@ -15,6 +15,7 @@ Exit status 0 when every bit check passes.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tools.device.dqmm_check import arguments, n_tiles, report, today  # noqa: E402
+from engine.kernels.matvec_launch import tiles  # noqa: E402
+
 
 Q8K_BYTES = 288
 SHAPES = {"wqkv": ("Q4_K", 6144, 4096), "wo": ("Q4_K", 4096, 4096), "w_gate_up": ("Q4_K", 28672, 4096),
@@ -47,6 +49,33 @@ def q8k(x: np.ndarray) -> np.ndarray:
     out[..., 256:272] = q.reshape(n, k // 256, 8, 32).astype(np.int32).sum(-1).astype(np.int16).view(np.uint8)
     out[..., 272:276] = d[..., None].view(np.uint8)
     return out
+
+def today(kernels, kind, data, m, k, xq8, y, n) -> None:
+    """The launcher GpuKernels.matvec picks for n rows of x in 8 bits (xq8), without its Python around it: the dp4a
+    matvec below MMQ_FROM rows, mmq.cu from there."""
+    if n >= kernels.mmq_from:
+        kernels.mmq(kind, data, m, k, xq8, y, m, n)
+    else:
+        kernels.matvec_dp4a(kind, data, m, k, xq8, y, m, n)
+
+
+def arguments(doc: str) -> argparse.Namespace:
+    """The check's flags: --json FILE (its report), --quick (the bit checks only)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json")
+    p.add_argument("--quick", action="store_true", help="the bit checks only")
+    return p.parse_args()
+
+
+def report(cp, path, kernels, ok: bool, **parts) -> int:
+    """The verdict printed, the report written (with the device and the engine's MMQ_FROM) where asked; the exit
+    status."""
+    print("ALL PASS" if ok else "FAILED")
+    if path:
+        Path(path).write_text(json.dumps({**parts, "ok": ok, "mmq_from": kernels.mmq_from,
+                                          "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode()},
+                                         indent=1) + "\n")
+    return 0 if ok else 1
 
 
 class Sbq:
@@ -76,7 +105,7 @@ class Sbq:
 
     def tiles(self, kind, data, m, k, xq, y, n):
         rows, suffix = 16 * self.warps, "_f32" if y.dtype == np.float32 else ""
-        self.fn[f"sbq_{kind}_t{n_tiles(n)}{suffix}"](((m + rows - 1) // rows,), (32 * self.warps,),
+        self.fn[f"sbq_{kind}_t{tiles(n, (1, 2, 4, 8))}{suffix}"](((m + rows - 1) // rows,), (32 * self.warps,),
                                                      (data, xq, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
 
 

@@ -49,13 +49,6 @@ inline __half __float2half(float f) { return (__half)f; }
 inline __half __float2half_rn(float f) { return (__half)f; }
 inline float2 __half22float2(__half2 h) { return {(float)h.x, (float)h.y}; }
 inline __half2 __floats2half2_rn(float a, float b) { return {(__half)a, (__half)b}; }
-inline __half2 __float2half2_rn(float a) { return {(__half)a, (__half)a}; }
-inline __half2 __half2half2(__half h) { return {h, h}; }
-inline __half __ushort_as_half(unsigned short u) { __half h; std::memcpy(&h, &u, 2); return h; }
-inline __half2 __hsub2(__half2 a, __half2 b) { return {(__half)(a.x - b.x), (__half)(a.y - b.y)}; }
-inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) {  // one rounding, as the GPU's: the product is exact in float
-    return {(__half)std::fma((double)a.x, (double)b.x, (double)c.x), (__half)std::fma((double)a.y, (double)b.y, (double)c.y)};
-}
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
