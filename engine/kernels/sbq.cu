@@ -27,7 +27,9 @@ struct Q8K {
     int pad[3];          // 288 bytes: 16-byte loads of q
 };
 
-// Sub-block j's (0..7) 6-bit scale and min of a Q4_K super-block, as integers (scale_min_k4's layout).
+// Sub-block j's (0..7) 6-bit scale and min of a Q4_K super-block, as integers: quant_blocks.cuh's scale_min_k4 gives
+// them as floats. When this order lands, scale_min_k4 should become a call of this one (a change to the header
+// every loaded kernel includes, so it waits for their device checks).
 __device__ __forceinline__ void scale_min_int(int j, unsigned s03, unsigned s47, unsigned s811, int& sc, int& mn) {
     if (j < 4) {
         sc = byte_at(s03, j) & 63, mn = byte_at(s47, j) & 63;
@@ -119,47 +121,6 @@ struct Tile {
     }
 };
 
-// A warp a row; a round takes 4 super-blocks, lane l = 8 grp + i of super-block 4 p + grp: bytes 16 i .. 16 i + 15
-// of its nibbles (chunk c = i / 2: values 16 h .. 16 h + 15, h = i % 2, of units 2c (low) and 2c + 1 (high)),
-// and unit i's min term. The 8 lanes' integers summed by shuffles, then every lane takes the 4 float steps in order.
-template <typename Out>
-__device__ __forceinline__ void sbq_solo_q4(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
-                                            int m, int k) {
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    const int grp = lane >> 3, i = lane & 7, c = i >> 1, h = i & 1, blocks = k >> 8;
-    if (row >= m) return;
-    const u8* wr = w + (size_t)row * blocks * 144;
-    float acc = 0.f;
-    for (int p = 0; p < blocks; p += 4) {
-        const int sb = p + grp;
-        int a = 0, b = 0;
-        float d = 0.f, dmin = 0.f, dx = 0.f;
-        if (sb < blocks) {
-            const u8* blk = wr + (size_t)sb * 144;
-            const uint4 head = *reinterpret_cast<const uint4*>(blk);  // d, dmin, scales[12]
-            const uint4 qs = *reinterpret_cast<const uint4*>(blk + 16 + 16 * i);
-            const Q8K& xb = x[sb];
-            const int4 x0 = *reinterpret_cast<const int4*>(xb.q + 64 * c + 16 * h);
-            const int4 x1 = *reinterpret_cast<const int4*>(xb.q + 64 * c + 32 + 16 * h);
-            const unsigned qw[4] = {qs.x, qs.y, qs.z, qs.w};
-            const int xw0[4] = {x0.x, x0.y, x0.z, x0.w}, xw1[4] = {x1.x, x1.y, x1.z, x1.w};
-            int s0 = 0, s1 = 0;
-#pragma unroll
-            for (int t = 0; t < 4; ++t)
-                s0 = dp4a(qw[t] & 0x0F0F0F0Fu, xw0[t], s0), s1 = dp4a((qw[t] >> 4) & 0x0F0F0F0Fu, xw1[t], s1);
-            int sc0, m0, sc1, m1, sci, mi;
-            scale_min_int(2 * c, head.y, head.z, head.w, sc0, m0);
-            scale_min_int(2 * c + 1, head.y, head.z, head.w, sc1, m1);
-            scale_min_int(i, head.y, head.z, head.w, sci, mi);
-            a = sc0 * s0 + sc1 * s1, b = mi * xb.sums[i];
-            const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&head.x));
-            d = dm.x, dmin = dm.y, dx = xb.d;
-        }
-        acc = round_steps(acc, p, blocks, a, b, d, dmin, dx);
-    }
-    if (lane == 0) sbq_store(y, row, acc);
-}
-
 // mma.sync m16n8k32 u8 x s8 -> s32 into a zero accumulator: A's rows g and g + 8 (lo: k slots 4c.., hi: 16 + 4c..),
 // B's column g the same slots; c[o]: row g + 8 (o / 2), column 2c + o % 2. The callers put a unit's values 8c .. 8c
 // + 7 in lane c's slots (lo, then hi) for A and B alike: the integer sum of the unit, whatever the slots.
@@ -177,17 +138,52 @@ __device__ __forceinline__ void sbq_mma(int* c, unsigned glo, unsigned g8lo, uns
 #endif
 }
 
-// A warp a Tile, any number of warps a block. Each unit: an mma an n-tile and an IMAD an output; each super-block:
-// the min terms and the float step.
-template <int NT, typename Out>
-__device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
-                                          int m, int k, int ldy, int nb) {
-    const int blocks = k >> 8;
-    Tile<NT> tile;
-    if (!tile.at(w, x, m, nb, blocks, 144)) return;
-    const int c = tile.c;
-    for (int sb = 0; sb < blocks; ++sb) {
-        const u8 *ba = tile.wa + (size_t)sb * 144, *bb = tile.wb + (size_t)sb * 144;
+// mma.sync m16n8k16 s8 x s8 -> s32 into a zero accumulator: A's rows g and g + 8 at k slots 4c .. 4c + 3, B's column
+// g the same slots.
+__device__ __forceinline__ void sbq_mma16(int* c, unsigned g, unsigned g8, unsigned b) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+#ifdef __CUDA_ARCH__
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(g), "r"(g8), "r"(b));
+#else
+    const unsigned a[4] = {g, g8, 0, 0}, bs[2] = {b, 0};
+    host_mma_8bit(c, a, bs, 16, true);
+#endif
+}
+
+// A kind's part of the kernels below: BYTES a super-block; solo(blk, xb, i, ...) lane i's integers a, b of one
+// super-block against x's (the solo kernel sums them over its 8 lanes) and the block's d, dmin; add(tile, ba, bb,
+// sb) super-block sb of a warp's two rows (ba, bb: rows g and g + 8) into its tile's sums, float step included.
+//
+// Q4_K: lane i of the solo kernel takes bytes 16 i .. 16 i + 15 of the nibbles (chunk c = i / 2: values 16 h .. 16 h
+// + 15, h = i % 2, of units 2c (low) and 2c + 1 (high)) and unit i's min term; the tile kernel a unit an mma an
+// n-tile and an IMAD an output, then the min terms and the float step.
+struct SbqQ4K {
+    static constexpr int BYTES = 144;
+    __device__ static void solo(const u8* blk, const Q8K& xb, int i, int& a, int& b, float& d, float& dmin) {
+        const int c = i >> 1, h = i & 1;
+        const uint4 head = *reinterpret_cast<const uint4*>(blk);  // d, dmin, scales[12]
+        const uint4 qs = *reinterpret_cast<const uint4*>(blk + 16 + 16 * i);
+        const int4 x0 = *reinterpret_cast<const int4*>(xb.q + 64 * c + 16 * h);
+        const int4 x1 = *reinterpret_cast<const int4*>(xb.q + 64 * c + 32 + 16 * h);
+        const unsigned qw[4] = {qs.x, qs.y, qs.z, qs.w};
+        const int xw0[4] = {x0.x, x0.y, x0.z, x0.w}, xw1[4] = {x1.x, x1.y, x1.z, x1.w};
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+            s0 = dp4a(qw[t] & 0x0F0F0F0Fu, xw0[t], s0), s1 = dp4a((qw[t] >> 4) & 0x0F0F0F0Fu, xw1[t], s1);
+        int sc0, m0, sc1, m1, sci, mi;
+        scale_min_int(2 * c, head.y, head.z, head.w, sc0, m0);
+        scale_min_int(2 * c + 1, head.y, head.z, head.w, sc1, m1);
+        scale_min_int(i, head.y, head.z, head.w, sci, mi);
+        a = sc0 * s0 + sc1 * s1, b = mi * xb.sums[i];
+        const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&head.x));
+        d = dm.x, dmin = dm.y;
+    }
+    template <int NT>
+    __device__ static void add(Tile<NT>& tile, const u8* ba, const u8* bb, int sb) {
+        const int c = tile.c;
         const uint4 ha = *reinterpret_cast<const uint4*>(ba), hb = *reinterpret_cast<const uint4*>(bb);
         int A[NT][4], ma8[8], mb8[8];  // the integers a; the rows' sub-block mins
 #pragma unroll
@@ -229,8 +225,7 @@ __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* _
                 tile.acc[t][2 + e] = sb_step(tile.acc[t][2 + e], xe.d, db.x, db.y, A[t][2 + e], bb_);
             }
     }
-    tile.store(y, m, nb, ldy);
-}
+};
 
 // Q6_K {ql[128], qh[64], scales[16] int8, d} (quant_blocks.cuh): values 32 u + l (u = 4 hh + kq) of a super-block
 // take 4 low bits from ql[64 hh + 32 (kq & 1) + l] (high nibbles for kq >= 2) and 2 high bits from qh[32 hh + l] >>
@@ -249,68 +244,30 @@ __device__ __forceinline__ int q6_scale(const u8* blk, int g) {
     return (int)reinterpret_cast<const signed char*>(blk)[192 + g];
 }
 
-// A warp a row, lanes as sbq_Q4_K_n1's: lane i of a group takes unit i of its super-block, its two 16-value groups'
-// sums of q q' less 32 sum q' (dp4a), times their scales.
-template <typename Out>
-__device__ __forceinline__ void sbq_solo_q6(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
-                                            int m, int k) {
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    const int grp = lane >> 3, i = lane & 7, blocks = k >> 8;
-    if (row >= m) return;
-    const u8* wr = w + (size_t)row * blocks * 210;
-    float acc = 0.f;
-    for (int p = 0; p < blocks; p += 4) {
-        const int sb = p + grp;
-        int a = 0;
-        float d = 0.f, dx = 0.f;
-        if (sb < blocks) {
-            const u8* blk = wr + (size_t)sb * 210;
-            const int hh = i >> 2, kq = i & 3;
-            unsigned ql[8], qh[8];  // unit i's 32 low-bit and high-bit bytes (blocks are 2-byte aligned)
-            load_a2(blk + 64 * hh + 32 * (kq & 1), ql);
-            load_a2(blk + 128 + 32 * hh, qh);
-            const int* xw = reinterpret_cast<const int*>(x[sb].q + 32 * i);
+// Q6_K: lane i of the solo kernel takes unit i, its two 16-value groups' sums of q q' less 32 sum q' (dp4a) times
+// their scales; the tile kernel a 16-value group an mma an n-tile (lane c its values 4c .. 4c + 3, centered) and an
+// IMAD an output by the group's scale. No min term.
+struct SbqQ6K {
+    static constexpr int BYTES = 210;
+    __device__ static void solo(const u8* blk, const Q8K& xb, int i, int& a, int& b, float& d, float& dmin) {
+        const int hh = i >> 2, kq = i & 3;
+        unsigned ql[8], qh[8];  // unit i's 32 low-bit and high-bit bytes (blocks are 2-byte aligned)
+        load_a2(blk + 64 * hh + 32 * (kq & 1), ql);
+        load_a2(blk + 128 + 32 * hh, qh);
+        const int* xw = reinterpret_cast<const int*>(xb.q + 32 * i);
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                int s = 0, z = 0;
+        for (int e = 0; e < 2; ++e) {
+            int s = 0, z = 0;
 #pragma unroll
-                for (int t = 4 * e; t < 4 * e + 4; ++t) {
-                    s = dp4a(q6_word(ql[t], qh[t], kq), xw[t], s), z = dp4a(0x01010101u, xw[t], z);
-                }
-                a += q6_scale(blk, 2 * i + e) * (s - 32 * z);
-            }
-            d = __half2float(*reinterpret_cast<const __half*>(blk + 208)), dx = x[sb].d;
+            for (int t = 4 * e; t < 4 * e + 4; ++t)
+                s = dp4a(q6_word(ql[t], qh[t], kq), xw[t], s), z = dp4a(0x01010101u, xw[t], z);
+            a += q6_scale(blk, 2 * i + e) * (s - 32 * z);
         }
-        acc = round_steps(acc, p, blocks, a, 0, d, 0.f, dx);
+        b = 0, d = __half2float(*reinterpret_cast<const __half*>(blk + 208)), dmin = 0.f;
     }
-    if (lane == 0) sbq_store(y, row, acc);
-}
-
-// mma.sync m16n8k16 s8 x s8 -> s32 into a zero accumulator: A's rows g and g + 8 at k slots 4c .. 4c + 3, B's column
-// g the same slots.
-__device__ __forceinline__ void sbq_mma16(int* c, unsigned g, unsigned g8, unsigned b) {
-    c[0] = c[1] = c[2] = c[3] = 0;
-#ifdef __CUDA_ARCH__
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(g), "r"(g8), "r"(b));
-#else
-    const unsigned a[4] = {g, g8, 0, 0}, bs[2] = {b, 0};
-    host_mma_8bit(c, a, bs, 16, true);
-#endif
-}
-
-// sbq_tiles for Q6_K: a 16-value group g an mma (lane c its values 4c .. 4c + 3, centered), an IMAD an output by
-// the group's scale; no min term.
-template <int NT, typename Out>
-__device__ __forceinline__ void sbq_tiles_q6(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
-                                             int m, int k, int ldy, int nb) {
-    const int blocks = k >> 8;
-    Tile<NT> tile;
-    if (!tile.at(w, x, m, nb, blocks, 210)) return;
-    const int c = tile.c;
-    for (int sb = 0; sb < blocks; ++sb) {
-        const u8 *ba = tile.wa + (size_t)sb * 210, *bb = tile.wb + (size_t)sb * 210;
+    template <int NT>
+    __device__ static void add(Tile<NT>& tile, const u8* ba, const u8* bb, int sb) {
+        const int c = tile.c;
         int A[NT][4];
 #pragma unroll
         for (int t = 0; t < NT; ++t) A[t][0] = A[t][1] = A[t][2] = A[t][3] = 0;
@@ -338,26 +295,55 @@ __device__ __forceinline__ void sbq_tiles_q6(const u8* __restrict__ w, const Q8K
                 tile.acc[t][2 + e] = sb_step(tile.acc[t][2 + e], dx, db, 0.f, A[t][2 + e], 0);
             }
     }
+};
+
+// The solo kernel: a warp a row; a round takes 4 super-blocks, lane l = 8 grp + i of super-block 4 p + grp (K::solo),
+// the 8 lanes' integers summed by shuffles, then every lane takes the 4 float steps in order (round_steps).
+template <class K, typename Out>
+__device__ __forceinline__ void sbq_solo(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
+                                         int m, int k) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int grp = lane >> 3, i = lane & 7, blocks = k >> 8;
+    if (row >= m) return;
+    const u8* wr = w + (size_t)row * blocks * K::BYTES;
+    float acc = 0.f;
+    for (int p = 0; p < blocks; p += 4) {
+        const int sb = p + grp;
+        int a = 0, b = 0;
+        float d = 0.f, dmin = 0.f, dx = 0.f;
+        if (sb < blocks) {
+            K::solo(wr + (size_t)sb * K::BYTES, x[sb], i, a, b, d, dmin);
+            dx = x[sb].d;
+        }
+        acc = round_steps(acc, p, blocks, a, b, d, dmin, dx);
+    }
+    if (lane == 0) sbq_store(y, row, acc);
+}
+
+// The tile kernel: a warp a Tile (any number of warps a block), its super-blocks added in order (K::add).
+template <class K, int NT, typename Out>
+__device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
+                                          int m, int k, int ldy, int nb) {
+    const int blocks = k >> 8;
+    Tile<NT> tile;
+    if (!tile.at(w, x, m, nb, blocks, K::BYTES)) return;
+    for (int sb = 0; sb < blocks; ++sb)
+        K::add(tile, tile.wa + (size_t)sb * K::BYTES, tile.wb + (size_t)sb * K::BYTES, sb);
     tile.store(y, m, nb, ldy);
 }
 
-// Each kernel with fp16 out and with float32 out (_f32), as the engine's matvecs.
-#define SBQ_OUT(SUFFIX, Out)                                                                                        \
-    extern "C" __global__ void sbq_Q4_K_n1##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k) {               \
-        sbq_solo_q4(w, x, y, m, k);                                                                                 \
-    }                                                                                                               \
-    extern "C" __global__ void sbq_Q6_K_n1##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k) {               \
-        sbq_solo_q6(w, x, y, m, k);                                                                                 \
-    }                                                                                                               \
-    SBQ_NT(1, SUFFIX, Out) SBQ_NT(2, SUFFIX, Out) SBQ_NT(4, SUFFIX, Out) SBQ_NT(8, SUFFIX, Out)
-#define SBQ_NT(NT, SUFFIX, Out)                                                                                     \
-    extern "C" __global__ void sbq_Q4_K_t##NT##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k, int ldy,     \
-                                                      int nb) {                                                     \
-        sbq_tiles<NT>(w, x, y, m, k, ldy, nb);                                                                      \
-    }                                                                                                               \
-    extern "C" __global__ void sbq_Q6_K_t##NT##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k, int ldy,     \
-                                                      int nb) {                                                     \
-        sbq_tiles_q6<NT>(w, x, y, m, k, ldy, nb);                                                                   \
+// Each kind's kernels with fp16 out and with float32 out (_f32), as the engine's matvecs.
+#define SBQ_NT(T, K, NT, SUFFIX, Out)                                                                               \
+    extern "C" __global__ void sbq_##T##_t##NT##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k, int ldy,    \
+                                                       int nb) {                                                    \
+        sbq_tiles<K, NT>(w, x, y, m, k, ldy, nb);                                                                   \
     }
-SBQ_OUT(, __half)
-SBQ_OUT(_f32, float)
+#define SBQ(T, K, SUFFIX, Out)                                                                                      \
+    extern "C" __global__ void sbq_##T##_n1##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k) {              \
+        sbq_solo<K>(w, x, y, m, k);                                                                                 \
+    }                                                                                                               \
+    SBQ_NT(T, K, 1, SUFFIX, Out) SBQ_NT(T, K, 2, SUFFIX, Out) SBQ_NT(T, K, 4, SUFFIX, Out) SBQ_NT(T, K, 8, SUFFIX, Out)
+SBQ(Q4_K, SbqQ4K, , __half)
+SBQ(Q4_K, SbqQ4K, _f32, float)
+SBQ(Q6_K, SbqQ6K, , __half)
+SBQ(Q6_K, SbqQ6K, _f32, float)
