@@ -20,6 +20,7 @@ from protocol import messages as m
 from engine.loop.admission import Admission
 from engine.loop.memory import Memory
 from engine.loop.step_trace import StepTrace
+from engine.runner.grammar_drafts import allowed_drafts, forced_drafts
 from engine.runner.grammar_mask import GrammarError
 from engine.runner.sequence import Sequence
 
@@ -100,8 +101,8 @@ class DecodeSteps:
         if decoder is None or not rows or rows > self.runner.max_batch:
             return
         spare = decoder.size(rows) - rows
-        watching = [s for s in going
-                    if s.drafting and s.drafter.watches and s.kv_len <= FREE_ROW_KEYS]
+        watching = [s for s in going  # (a constrained answer's drafts are its grammar's: engine/runner/grammar_drafts.py)
+                    if s.drafting and s.drafter.watches and s.kv_len <= FREE_ROW_KEYS and s.sampler.constraint is None]
         for seq in sorted(watching, key=lambda s: -s.drafter.alphas()[min(len(s.drafts), s.drafter.most - 1)]):
             if spare <= 0:
                 return
@@ -138,10 +139,13 @@ class DecodeSteps:
 
     def drafts(self, seq: Sequence, cost: float) -> list[int]:
         """The tokens seq's drafter proposes after its newest at `cost` a row (none without one), as many as
-        its answer and context may still take."""
+        its answer and context may still take; for a constrained answer the stretch its grammar allows alone
+        instead where there is one, else the drafter's cut where the grammar refuses (engine/runner/grammar_drafts.py)."""
         if not seq.drafting:
             return []
-        return seq.drafter.propose(cost)[: seq.draft_room(self.runner.ctx)]
+        room = seq.draft_room(self.runner.ctx)
+        forced = forced_drafts(seq, min(room, self.runner.max_batch - 1), cost)  # a grammar's own stretch first
+        return forced or allowed_drafts(seq, seq.drafter.propose(cost)[:room])
 
     def draw(self, seq: Sequence, now: float, held: list[m.Token] | None = None) -> bool:
         """The request's next token from its logits, written out (into `held` where given and the request goes

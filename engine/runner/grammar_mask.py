@@ -50,6 +50,20 @@ class Constraint:
             allowed = allowed_tokens(xp, xp.asarray(words), self.vocab_size)
         return xp.where(allowed, logits.astype(np.float32, copy=False), np.float32(-np.inf))
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows alone from here, one after another (llguidance's fast-forward tokens: a
+        schema's keys, a single function's name, the punctuation between them), [] where the next token is the
+        model's choice. A query: the state does not move."""
+        if self.matcher.is_stopped() or self.matcher.is_error():
+            return []
+        return [int(t) for t in self.matcher.compute_ff_tokens()]
+
+    def allowed_run(self, tokens: list[int]) -> int:
+        """How many of `tokens`, one after another from here, the grammar allows (a query, as forced)."""
+        if not tokens or self.matcher.is_stopped() or self.matcher.is_error():
+            return 0
+        return int(self.matcher.validate_tokens(tokens))
+
     def accept(self, token: int) -> None:
         """The token picked (always one restrict() let through, or an end-of-turn token). A token the
         grammar then refuses (the mask and the grammar disagreeing: a bug, never the model's fault)

@@ -73,6 +73,23 @@ def test_a_seeded_sampled_request_draws_the_same_tokens_with_drafts(engine, rewr
     assert int(drafted[-1].extra["accepted"]) > 0
 
 
+def test_a_constrained_answer_drafts_its_grammars_forced_stretches(engine):
+    """A tool call held to its schema (engine/runner/grammar_drafts.py): the keys and the one function's name are
+    drafted whole and kept, and the call's tokens are those it has without drafts."""
+    import llguidance
+
+    from tests.engine.runner.test_grammar_drafts import SCHEMA
+    tok = load_tokenizer(str(default_model_path()))
+    prompt = tuple(tok.encode("<|im_start|>user\nCall edit_file on the file notes.txt.<|im_end|>\n<|im_start|>assistant\n"))
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, defaults={"whitespace_flexible": False})
+    params = {"temperature": 0.0, "seed": 0, "grammar": grammar}
+    plain, drafted = run(engine, 9, prompt, params, 0), run(engine, 10, prompt, params, 1)
+    assert sc.tokens_of(drafted, 10) == sc.tokens_of(plain, 9)
+    assert drafted[-1].extra["fp"] == plain[-1].extra["fp"]
+    assert tok.decode(sc.tokens_of(plain, 9)).startswith('{"name":"edit_file","arguments":{"path":"')
+    assert int(drafted[-1].extra["accepted"]) >= 8  # (the forced keys: 10 tokens of this vocabulary or so)
+
+
 def test_a_step_splits_into_forwards_of_at_most_max_batch_rows():
     """A request's newest token and its drafts go in one forward, at most max_batch rows a forward (the decode
     graphs' and the flash-decoding counters' 64): requests in order, a new forward where the next would not fit."""
