@@ -110,7 +110,8 @@ def run_arm(cmd: list[str], url: str, cases: dict[str, dict], a: argparse.Namesp
     proc = start_server(cmd, log)
     try:
         wait_healthy(proc, url, log, a.start_timeout)
-        ask(url, {**cases["chat"], "max_tokens": 8, "temperature": 0}, a.timeout)  # warm-up
+        ask(url, {"messages": [{"role": "user", "content": "Hello."}], "max_tokens": 8, "temperature": 0},
+            a.timeout)  # warm-up
         rows = {}
         for name, fields in cases.items():
             runs = [ask(url, {**fields, "max_tokens": a.max_tokens, "temperature": 0}, a.timeout)
@@ -197,6 +198,7 @@ def main() -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     p.add_argument("--arms", default="off,ngram,draft",
                    help="Strata's --speculative values to run, in order (empty: none)")
+    p.add_argument("--workloads", default="rewrite,question,tool,chat", help="the workloads to run, in order")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--concurrency", type=int, default=1,
@@ -206,6 +208,7 @@ def main() -> int:
     p.add_argument("--llama-server", help="llama-server's binary: its arms beside Strata's")
     p.add_argument("--llama-args", default="", help="more llama-server flags (-t 2, -ngl 99 -fa on, ...)")
     p.add_argument("--llama-arms", default="off,ngram,draft", help="llama-server's arms to run, in order")
+    p.add_argument("--show-text", action="store_true", help="print each workload's text (its first 600 characters)")
     p.add_argument("--label")
     p.add_argument("--json")
     a, extra = p.parse_known_args()
@@ -213,7 +216,7 @@ def main() -> int:
     a.model = a.model or str(fetch(cache_dir(), "coder-1.5b"))
     needs_draft = "draft" in a.arms.split(",") or (a.llama_server and "draft" in a.llama_arms.split(","))
     a.draft = a.draft or (str(fetch(cache_dir(), "coder-0.5b")) if needs_draft else "")
-    cases = workloads(source_file())
+    cases = {name: case for name, case in workloads(source_file()).items() if name in a.workloads.split(",")}
     port = free_port()
     result, logs = {}, Path(tempfile.mkdtemp(prefix="speculation_bench_"))
     for arm, cmd in arms(a, port, [f for f in extra if f != "--"]).items():
@@ -231,6 +234,9 @@ def main() -> int:
                                                f"{row.get('aggregate_vs_off')}" if "aggregate_tok_s" in row else ""),
                   flush=True)
         save(a, result)
+        if a.show_text:
+            for name, row in result[arm].items():
+                print(f"{arm} {name}: {row['text'][:600]!r}", flush=True)
     print(f"logs: {logs}")
     return 0 if compare(result) and not any("error" in rows for rows in result.values()) else 1
 
