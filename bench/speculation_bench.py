@@ -1,4 +1,4 @@
-"""Speculative decoding on real trained models (issue 47): four agent workloads through HTTP, each server
+"""Speculative decoding on real trained models (issue 47): five agent workloads through HTTP, each server
 started as a user starts it, greedy, the same GGUF files for every arm:
 
   strata off      python -m serve --model M --speculative off
@@ -9,20 +9,21 @@ started as a user starts it, greedy, the same GGUF files for every arm:
   llama draft     ... -md D --spec-type draft-simple
 
 The workloads (WORKLOADS): `rewrite` gives a ~1,500-token Python file back with one line changed, `question`
-asks about that file, `tool` edits it through a tool call that quotes the lines it replaces, `chat` is free
-prose. The file is the class TextWrapper of the running Python's textwrap module, cut after its method _split.
+asks about that file, `tool` edits it through a tool call that quotes the lines it replaces, `write` saves the
+changed file whole through a tool call (its text JSON-escaped in the call's arguments), `chat` is free prose
+(--workloads picks some). The file is the class TextWrapper of the running Python's textwrap module, cut after its method _split.
 
 Per workload and arm: completion tokens, decode tokens per second by the server's own clock (the response's
 `timings`: Strata's decode_ms, llama-server's predicted_ms, so the prompt read and HTTP are out of it), the
 tokens drafted and accepted, and whether the text (content and tool calls) equals the same server's arm
 without drafts: greedy decoding with drafts must give the same text (Strata promises it; llama.cpp does not).
-With --concurrency N, also N requests at once, the four workloads in turn (row `together`: aggregate tok/s of
+With --concurrency N, also N requests at once, the workloads in turn (row `together`: aggregate tok/s of
 wall time, the median request's decode tok/s, and every request's text against the arm without drafts).
 Medians over --repeats. Defaults: Qwen2.5-Coder-1.5B-Instruct drafted for by Qwen2.5-Coder-0.5B-Instruct, both
 Q4_K_M (tools/fixtures/fetch_fixture.py --model coder-1.5b / coder-0.5b fetches and checks them).
 
     python bench/speculation_bench.py [--model M] [--draft D] [--device cpu|gpu] [--max-tokens 256]
-        [--repeats 1] [--concurrency N] [--arms off,ngram,draft]
+        [--repeats 1] [--concurrency N] [--arms off,ngram,draft] [--workloads rewrite,...] [--show-text]
         [--llama-server BIN [--llama-args "..."] [--llama-arms off,ngram,draft]]
         [--label NAME --json FILE] [-- strata server flags...]
 
@@ -67,6 +68,12 @@ EDIT_FILE = {"type": "function", "function": {
         "new_text": {"type": "string", "description": "the lines that replace them"}}}}}
 
 
+WRITE_FILE = {"type": "function", "function": {
+    "name": "write_file", "description": "Write a file whole, replacing what it held.",
+    "parameters": {"type": "object", "required": ["path", "content"], "properties": {
+        "path": {"type": "string"}, "content": {"type": "string", "description": "the file's new text, all of it"}}}}}
+
+
 def workloads(code: str) -> dict[str, dict]:
     """name -> the chat request's fields besides model, max_tokens and temperature."""
     fenced = f"```python\n{code}```"
@@ -81,6 +88,11 @@ def workloads(code: str) -> dict[str, dict]:
             f"This is textwrap.py:\n\n{fenced}\n\nIn _munge_whitespace, expand tabs to 4 spaces always instead of "
             "self.tabsize. Make the change with edit_file, quoting the exact old lines.")}],
             "tools": [EDIT_FILE], "tool_choice": "required"},
+        "write": {"messages": [{"role": "user", "content": (  # (the class's methods without its docstring: a call
+            # of ~650 tokens, whole within its max_tokens, so that its text is compared)
+            f"This is wrapper.py:\n\n```python\nclass TextWrapper:{code[code.index(chr(10) + '    def '):]}```\n\n"
+            "Change the default width in __init__ from 70 to 80, and save the file with write_file: its whole new "
+            "text, nothing left out.")}], "tools": [WRITE_FILE], "tool_choice": "required", "max_tokens": 1024},
         "chat": {"messages": [{"role": "user", "content": (
             "Write a short story, about 250 words, about a lighthouse keeper who teaches herself to program "
             "during one long winter.")}]},
@@ -114,7 +126,8 @@ def run_arm(cmd: list[str], url: str, cases: dict[str, dict], a: argparse.Namesp
             a.timeout)  # warm-up
         rows = {}
         for name, fields in cases.items():
-            runs = [ask(url, {**fields, "max_tokens": a.max_tokens, "temperature": 0}, a.timeout)
+            runs = [ask(url, {"max_tokens": a.max_tokens, "temperature": 0, **fields}, a.timeout)  # (a workload's own
+                    # max_tokens first)
                     for _ in range(a.repeats)]
             rows[name] = {"text": runs[0]["text"], "tokens": runs[0]["tokens"],
                           "decode_tok_s": statistics.median(r["decode_tok_s"] or 0 for r in runs),
@@ -133,7 +146,7 @@ def together(url: str, cases: dict[str, dict], a: argparse.Namespace, alone: dic
     median request's decode tok/s by the server's clock. Its text: every request's, in order (each must be the
     one it gives alone, drafts or not: `same_as_alone`, against `alone`, the arm's rows so far)."""
     names = (list(cases) * (a.concurrency // len(cases) + 1))[: a.concurrency]
-    bodies = [{**cases[name], "max_tokens": a.max_tokens, "temperature": 0} for name in names]
+    bodies = [{"max_tokens": a.max_tokens, "temperature": 0, **cases[name]} for name in names]
     rounds = []
     with ThreadPoolExecutor(a.concurrency) as pool:
         for _ in range(a.repeats):
@@ -198,7 +211,7 @@ def main() -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     p.add_argument("--arms", default="off,ngram,draft",
                    help="Strata's --speculative values to run, in order (empty: none)")
-    p.add_argument("--workloads", default="rewrite,question,tool,chat", help="the workloads to run, in order")
+    p.add_argument("--workloads", default="rewrite,question,tool,write,chat", help="the workloads to run, in order")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--concurrency", type=int, default=1,

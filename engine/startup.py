@@ -29,6 +29,7 @@ from engine.kvcache.sizing import Running, plan_context
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
 from engine.runner.draft_model import DraftModel, open_draft
+from engine.runner.escaped_prompt import PromptEscapes
 from engine.runner.runner import ModelRunner
 from engine.parallel.tp_workers import TensorParallelRunner, WorkerSpec
 from engine.modelfile.grammar_tokenizer import GrammarTokenizer
@@ -123,6 +124,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
             TensorParallelRunner(*args, world=config.tp, workers=workers, conns=conns)
         runner.grammars = GrammarTokenizer(tokenizer, cfg.vocab_size)
         runner.draft_max = config.draft_max if config.speculative != "off" and runner.speculates else 0
+        runner.escapes = PromptEscapes(tokenizer) if runner.draft_max else None  # the n-gram drafts' escaped view
         runner.row_cost.fixed = config.draft_row_cost
         if draft is not None:
             runner.draft_model = load_draft(draft, runner, drafted, config)

@@ -124,7 +124,7 @@ class Admission:
         """A request's drafter: the draft model's (engine/runner/draft_model.py), else the n-gram one."""
         if self.runner.draft_model is not None:
             return self.runner.draft_model.drafter(prompt, self.runner.draft_max)
-        return NgramDrafter(prompt, self.runner.draft_max)
+        return NgramDrafter(prompt, self.runner.draft_max, self.runner.escapes)
 
     def place(self, seq: Sequence, reuse: bool) -> bool:
         """Blocks for `seq` up to the end of its first chunk: a cached prefix first (whole blocks when

@@ -66,11 +66,15 @@ class PromptGrams:
 class NgramDrafter(DraftPace):
     watches = True
 
-    def __init__(self, context, most: int):
+    def __init__(self, context, most: int, escapes=None):
         super().__init__(most)
         prompt = np.asarray(context, dtype=np.int64)  # (L,)
         self.context: list[int] = prompt.tolist()
         self.prompt_grams = PromptGrams(prompt)
+        self.prompt_len = len(prompt)
+        self.escapes = escapes  # engine/runner/escaped_prompt.py PromptEscapes, or None: no escaped view
+        self.escaped: list[int] | None = None  # the prompt as a JSON string's body spells it, once an escape came
+        self.escaped_grams: PromptGrams | None = None
         self.ends: dict[tuple[int, int], int] = {}  # (n, key) -> after its latest occurrence past the prompt
         self.tail = {n: gram_key(self.context[-n:]) for n in range(1, min(MAX_N, len(self.context)) + 1)}
         # (n -> the key of the context's last n tokens: a lookup's, then the index's once the next token comes)
@@ -81,6 +85,9 @@ class NgramDrafter(DraftPace):
         """Tokens appended to the context (each accepted or sampled token after the prompt)."""
         for token in tokens:
             self.watch(int(token))
+            if self.escaped is None and self.escapes is not None and token in self.escapes.backslash:
+                view = self.escapes.view(self.context[: self.prompt_len])  # (V,)
+                self.escaped, self.escaped_grams = view.tolist(), PromptGrams(view)
             # the n-grams that end just before this token (the context's tail) are indexed now, with it as what
             # followed them (the tail itself is not: a lookup wants an earlier occurrence)
             at, token, tail = len(self.context), int(token), self.tail  # (at: this token's position)
@@ -100,16 +107,19 @@ class NgramDrafter(DraftPace):
         return draft[: self.budget(cost)] if draft else []
 
     def lookup(self, k: int) -> list[int]:
-        """Up to k tokens after the latest earlier occurrence of the longest matching tail ([] if none)."""
+        """Up to k tokens after the latest earlier occurrence of the longest matching tail ([] if none): in the
+        answer, else the prompt, else the prompt's escaped view (engine/runner/escaped_prompt.py) once made."""
         for n in range(MAX_N, MIN_N - 1, -1):
             key = self.tail.get(n)
             if key is None:
                 continue
-            start = self.ends.get((n, key))
+            start, source = self.ends.get((n, key)), self.context
             if start is None:
                 start = self.prompt_grams.end(n, key)
+            if start is None and self.escaped_grams is not None:
+                start, source = self.escaped_grams.end(n, key), self.escaped
             if start is not None:
-                draft = self.context[start : start + k]
+                draft = source[start : start + k]
                 if draft:
                     return draft
         return []

@@ -66,6 +66,7 @@ class ModelRunner:
         self.sample, self.pick_ahead, self.logprobs = self.picks.sample, self.picks.ahead, self.picks.logprobs
         self.eos_ids, self.vocab_size, self.model_path = eos_ids, cfg.vocab_size, model_path
         self.grammars = None  # engine/modelfile/grammar_tokenizer.py, set once the tokenizer is read
+        self.escapes = None  # the n-gram drafts' escaped prompts (engine/runner/escaped_prompt.py), set likewise
         self.draft_max, self.draft_model = 0, None  # speculative decoding's most drafts (0: off), draft model
         self.runs_async = gpu  # a decode step runs on the device while the host goes on (decode_batch's meanwhile)
         self.row_cost = RowCost(PRIORS[backend.name])  # what a drafted row costs (engine/runner/row_cost.py)

@@ -103,3 +103,34 @@ def test_a_long_prompt_is_indexed_whole():
     text = list(range(1000, 1000 + 50_000))
     d = NgramDrafter(text + [7] + text[:10], most=8)  # the file, then its start quoted again
     assert d.propose(FREE) == text[10:18]
+
+
+def test_an_answer_writing_the_prompt_s_code_as_a_json_string_drafts_from_its_escaped_view(tokenizer):
+    """A tool call carrying code (engine/runner/escaped_prompt.py): the answer spells each line break `\\n`, where the
+    prompt's tokens part from it at every line's start; from the first backslash on, the escaped view drafts across
+    lines, which the prompt alone cannot."""
+    import inspect
+    import json
+    import textwrap
+
+    from engine.runner.escaped_prompt import PromptEscapes
+    source = inspect.getsource(textwrap.TextWrapper._wrap_chunks)  # real code: lines that do not repeat one another
+    code = source[source.index("        lines = []"):]
+    prompt = tokenizer.encode(f"Save this file:\n{code}", add_bos=False)
+    answer = tokenizer.encode('{"content": "' + json.dumps(code)[1:-1] + '"}', add_bos=False)
+    escapes = PromptEscapes(tokenizer)
+    assert any(t in escapes.backslash for t in answer) and not any(t in escapes.backslash for t in prompt)
+
+    def kept(d: NgramDrafter) -> int:  # the answer's tokens that came as drafted, each step's draft after its newest
+        total, at = 0, 0
+        d.extend(answer[:1])
+        while at + 1 < len(answer):
+            draft, rest = d.lookup(8), answer[at + 1 :]
+            run = next((i for i, (a, b) in enumerate(zip(draft, rest)) if a != b), min(len(draft), len(rest)))
+            total += run
+            d.extend(rest[: run + 1])  # the drafts kept, then the step's own token
+            at += run + 1
+        return total
+    plain, viewed = kept(NgramDrafter(prompt, 8)), kept(NgramDrafter(prompt, 8, escapes))
+    steps_plain, steps_viewed = len(answer) - plain, len(answer) - viewed  # (each step: one token, the rest drafts)
+    assert viewed > 0.75 * len(answer) and steps_viewed * 1.8 < steps_plain  # (measured: 168 steps against 371)
