@@ -71,7 +71,7 @@ EDIT_FILE = {"type": "function", "function": {
 WRITE_FILE = {"type": "function", "function": {
     "name": "write_file", "description": "Write a file whole, replacing what it held.",
     "parameters": {"type": "object", "required": ["path", "content"], "properties": {
-        "path": {"type": "string"}, "content": {"type": "string", "description": "the file's new text, all of it"}}}}}
+        "path": {"type": "string"}, "content": {"type": "string", "description": "the new content of the file"}}}}}
 
 
 def workloads(code: str) -> dict[str, dict]:
@@ -90,9 +90,10 @@ def workloads(code: str) -> dict[str, dict]:
             "tools": [EDIT_FILE], "tool_choice": "required"},
         "write": {"messages": [{"role": "user", "content": (  # (the class's methods without its docstring: a call
             # of ~650 tokens, whole within its max_tokens, so that its text is compared)
-            f"This is wrapper.py:\n\n```python\nclass TextWrapper:{code[code.index(chr(10) + '    def '):]}```\n\n"
-            "Change the default width in __init__ from 70 to 80, and save the file with write_file: its whole new "
-            "text, nothing left out.")}], "tools": [WRITE_FILE], "tool_choice": "required", "max_tokens": 1024},
+            f"This is textwrap.py:\n\n```python\nclass TextWrapper:{code[code.index(chr(10) + '    def '):]}```\n\n"
+            "Change the default width in __init__ from 70 to 80. Call write_file with path textwrap.py and, as "
+            "content, the whole file with that change.")}], "tools": [WRITE_FILE], "tool_choice": "required",
+            "max_tokens": 1024},
         "chat": {"messages": [{"role": "user", "content": (
             "Write a short story, about 250 words, about a lighthouse keeper who teaches herself to program "
             "during one long winter.")}]},
