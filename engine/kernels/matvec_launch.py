@@ -100,6 +100,8 @@ class MatvecLaunchers:
         x reduced as it would be alone (batch-invariant). Quantized parts take x in 8 bits per 32
         values (q8: the Q8 units the producer of x wrote, else quantize_q8 runs once for all parts)
         and integer dot products."""
+        if x.dtype != self.cp.float16:  # (the kernels read x's bytes as halves: float32 rows gave numbers 50x off)
+            raise TypeError(f"matvec takes rows of x in float16, not {x.dtype}")
         one = x.ndim == 1
         x = self.cp.ascontiguousarray(x.reshape(-1, x.shape[-1]))
         n, (m, k) = x.shape[0], w.shape
