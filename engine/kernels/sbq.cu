@@ -1,6 +1,10 @@
 // Issue 48's third probe: Q4_K (and Q6_K) weights against rows of x in the order the issue names, integer sums
 // over a whole super-block and one float step after, one chain an output (its super-blocks added in order). Not
 // dispatched by the engine (engine/kernels/loader.py does not load it); tools/device/sbq_check.py measures it.
+// Measured on an H100 (bench/HISTORY.md, twenty-sixth session): exact, every row its solo bits; faster than mmq.cu
+// only where a launch fills the chip (the 8B shape's gate/up 1.2-1.55x at 8-64 rows), slower elsewhere: a 4,096-row
+// matrix's tiles are 256 warps over the whole of k (a split of k with a fixed order, the same for one row, would
+// fill the SMs), the Q6_K tile kernel 2-6x slower (its super-block's 2-byte loads), the solo kernel 1.1-1.4x.
 //   quantize_q8k(x, out, blocks)           x (blocks * 256,) fp16 -> Q8K blocks: one float scale a super-block
 //   sbq_<T>_n1[_f32](w, x, y, m, k)        y (m,) = W (m, k) . x (one row of k / 256 Q8K blocks): a warp a row
 //   sbq_<T>_t<NT>[_f32](w, x, y, m, k, ldy, nb)  y (nb, m; rows ldy apart) for nb <= 8 NT rows of x, int8 tensor

@@ -63,8 +63,6 @@
 #   sbq       issue 48's third probe: tools/device/sbq_check.py (gpu_run.sh sbq: x's form, every row the solo kernel's
 #             bits, errors against the exact product, times on the 8B Q4_K_M shapes beside today's kernels), then
 #             the 135M shape's prompt log-probabilities against the CPU's (gpu_run.sh logprobsynth)
-#   sbqdecode 01-sbq-dispatch: the 8B Q4_K_M shape's decode at 1 / 16 / 64 requests with $STRATA_SBQ=0 and 1, each
-#             request's tokens against its solo run's (gpu_run.sh sbqdecode)
 #   PENDING=03 applies only tools/device/pending/03*.patch (apply_pending.sh).
 #   PARTS=fusions bash tools/device/pending_round.sh        (carry [".whl", ".device"]; tools/device/setup.sh makes them)
 # LIMIT_S: the call's timeout_s where a start left less than 600 s; every part's limit is cut to what is left of
@@ -124,7 +122,6 @@ for part in ${PARTS:-fusions}; do
     sbq)
       timeout $(cap 300) bash tools/device/gpu_run.sh sbq 2>&1 | grep -v "^strata:" | tail -30
       timeout $(cap 200) bash tools/device/gpu_run.sh logprobsynth 2>&1 | grep -v "^strata:" | tail -3 ;;
-    sbqdecode) timeout $(cap 420) bash tools/device/gpu_run.sh sbqdecode 2>&1 | grep -v "^strata:" | tail -12 ;;
     iq) timeout $(cap 360) bash tools/device/gpu_run.sh weights 2>&1 | tail -30 ;;
     spec) timeout $(cap 240) bash tools/device/gpu_run.sh spec 2>&1 | tail -8 ;;
     specpace) timeout $(cap 300) bash tools/device/gpu_run.sh specpace 2>&1 | tail -4 ;;
