@@ -1,4 +1,6 @@
-"""Diagnostic: prompt and decode log-probabilities of one request on the CPU and the GPU, side by side."""
+"""Diagnostic: the prompt's and the first decode rows' log-probabilities of one request on the CPU and the GPU, side by
+side (where logprobs_check.py says they differ, this says which rows): on the device, after gpu_run.sh has made the
+model, `PYTHONPATH=/tmp/site python3 tools/device/logprobs_probe.py MODEL`."""
 import sys
 from pathlib import Path
 
