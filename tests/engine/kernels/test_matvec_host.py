@@ -69,3 +69,13 @@ def test_each_type_s_tensor_core_tiles_give_the_matvec_s_bits(kind, tmp_path):
     m.mmq_from, m.sms = 8, 3
     for n in (8, 13, 19):
         assert np.array_equal(m.matvec(w, x[:n], np.float32), alone[:n]), n
+
+
+def test_rows_of_x_that_are_not_fp16_are_refused():
+    """The kernels read x's bytes as halves: float32 rows are a TypeError, not numbers hundreds of nats off (prompt
+    log-probabilities' rows, before their mend)."""
+    m = Launchers()
+    m.cp = np
+    w = QuantMatrix((QuantPart("Q4_0", random_blocks("Q4_0", 2 * COLS // 32, seed=1).reshape(2, -1), 2),), COLS)
+    with pytest.raises(TypeError, match="float16, not float32"):
+        m.matvec(w, np.zeros((1, COLS), dtype=np.float32))
