@@ -316,9 +316,11 @@ class HalfCupyOps(HybridHalfOps, ArrayOps):
         return moe.decode(h, experts, chosen, weights), chosen, weights
 
     def logits(self, h, head):
+        """h: (n, dim) rows of the final norm -> (n, vocab) float32. The head reads fp16 rows: rows handed back
+        as float32 (final_logits' hidden_rows, which prompt log-probabilities score) are fp16 values, cast exactly."""
         if isinstance(h, Row8):
             return self.kernels.matvec(head, h.values, q8=h.q8)
-        return self.kernels.matvec(head, h)
+        return self.kernels.matvec(head, h.astype(self.xp.float16, copy=False))
 
 
 def rows_product(xp, x, wt):

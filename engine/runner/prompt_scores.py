@@ -53,10 +53,8 @@ class PromptScorer:
 
     def score(self, hidden, start: int) -> None:
         """A PLP line: prompt tokens start + 1 .. start + n scored by hidden (n, dim), rows start .. start + n - 1."""
-        ops, backend = self.model.ops, self.model.backend
-        rows = hidden.astype(backend.weight_dtype, copy=False)  # (the head's input: fp16 on a GPU, whence the rows
-        # came as float32, exactly)
-        x = backend.to_host(ops.logits(rows, self.model.w.head)).astype(np.float64)  # (n, vocab)
+        ops = self.model.ops
+        x = self.model.backend.to_host(ops.logits(hidden, self.model.w.head)).astype(np.float64)  # (n, vocab)
         peak = x.max(axis=1, keepdims=True)
         logz = peak + np.log(np.exp(x - peak).sum(axis=1, keepdims=True))  # (n, 1)
         nxt = np.asarray(self.prompt[start + 1 : start + 1 + len(x)])  # (n,) the tokens scored

@@ -23,7 +23,7 @@ def test_a_row_read_again_from_a_mark_is_not_scored_twice():
     prompt = tuple(range(10))
     rows = np.random.default_rng(0).standard_normal((len(prompt), VOCAB))  # row r's "logits" (the head: identity)
     model = SimpleNamespace(ops=SimpleNamespace(logits=lambda hidden, head: hidden), w=SimpleNamespace(head=None),
-                            backend=SimpleNamespace(to_host=lambda a: a, weight_dtype=np.float64))
+                            backend=SimpleNamespace(to_host=lambda a: a))
     scorer = PromptScorer(tuple(t % VOCAB for t in prompt), 1, model)
     for start, end in ((0, 4), (0, 6), (4, 10)):  # the second read starts again at a mark before rows scored
         wanted = scorer.wanted(start, end)
@@ -43,7 +43,7 @@ def test_a_long_read_goes_through_the_head_a_slice_of_rows_at_a_time(monkeypatch
     rows = np.random.default_rng(1).standard_normal((len(prompt), VOCAB))
     seen = []
     model = SimpleNamespace(ops=SimpleNamespace(logits=lambda hidden, head: seen.append(len(hidden)) or hidden),
-                            w=SimpleNamespace(head=None), backend=SimpleNamespace(to_host=lambda a: a, weight_dtype=np.float64))
+                            w=SimpleNamespace(head=None), backend=SimpleNamespace(to_host=lambda a: a))
     scorer = PromptScorer(prompt, 2, model)
     for start, end in ((0, 8), (8, 11)):
         scorer.add(rows[start:end][scorer.wanted(start, end)], start, end)
