@@ -54,15 +54,16 @@ class Constraint:
         """The tokens the grammar allows alone from here, one after another (llguidance's fast-forward tokens: a
         schema's keys, a single function's name, the punctuation between them), [] where the next token is the
         model's choice. A query: the state does not move."""
-        if self.matcher.is_stopped() or self.matcher.is_error():
-            return []
-        return [int(t) for t in self.matcher.compute_ff_tokens()]
+        return [int(t) for t in self.matcher.compute_ff_tokens()] if self.open else []
 
     def allowed_run(self, tokens: list[int]) -> int:
         """How many of `tokens`, one after another from here, the grammar allows (a query, as forced)."""
-        if not tokens or self.matcher.is_stopped() or self.matcher.is_error():
-            return 0
-        return int(self.matcher.validate_tokens(tokens))
+        return int(self.matcher.validate_tokens(tokens)) if self.open else 0
+
+    @property
+    def open(self) -> bool:
+        """Whether the grammar still takes tokens (not ended, not in error)."""
+        return not (self.matcher.is_stopped() or self.matcher.is_error())
 
     def accept(self, token: int) -> None:
         """The token picked (always one restrict() let through, or an end-of-turn token). A token the
