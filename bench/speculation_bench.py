@@ -77,6 +77,7 @@ WRITE_FILE = {"type": "function", "function": {
 def workloads(code: str) -> dict[str, dict]:
     """name -> the chat request's fields besides model, max_tokens and temperature."""
     fenced = f"```python\n{code}```"
+    methods = "class TextWrapper:" + code[code.index("\n    def "):]  # (the class without its docstring)
     return {
         "rewrite": {"messages": [{"role": "user", "content": (
             f"Here is textwrap.py:\n\n{fenced}\n\nGive back the whole file with one change: the default width in "
@@ -90,7 +91,7 @@ def workloads(code: str) -> dict[str, dict]:
             "tools": [EDIT_FILE], "tool_choice": "required"},
         "write": {"messages": [{"role": "user", "content": (  # (the class's methods without its docstring: a call
             # of ~650 tokens, whole within its max_tokens, so that its text is compared)
-            f"This is textwrap.py:\n\n```python\nclass TextWrapper:{code[code.index(chr(10) + '    def '):]}```\n\n"
+            f"This is textwrap.py:\n\n```python\n{methods}```\n\n"
             "Change the default width in __init__ from 70 to 80. Call write_file with path textwrap.py and, as "
             "content, the whole file with that change.")}], "tools": [WRITE_FILE], "tool_choice": "required",
             "max_tokens": 1024},
