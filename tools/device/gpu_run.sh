@@ -106,6 +106,8 @@
 # realmodel the default model (SmolLM2-135M Q4_1, a real one) joined from parts carried in earlier calls
 #          (tools/device/model_parts.sh): prompt log-probabilities against the CPU engine's, n-gram speculation on it
 # offload  issue 46: tools/device/expert_cache_check.py on the Qwen3-30B-A3B shape (resident vs 32 / 64 slots; 1, 4, 16 requests)
+# offloadpeers issue 46 against llama.cpp through HTTP: Strata at --gpu-memory CAP, llama-server with --n-cpu-moe for the
+#          same cap, for each of OFFLOAD_CAPS (16 full): decode at 1 and 4 clients, a 4K prompt, memory (builds llama-server)
 # batch    bench/batch_decode_bench.py: aggregate decode at 1, 2, 4, 8, 16 requests in slots, and each
 #          request's tokens equal to its solo run's (batch invariance), on the 135M shape (Q4_1) and
 #          the Llama-3-8B shape in F16 and Q4_K_M -> $OUT/batch_decode_gpu.json
@@ -246,8 +248,28 @@ synth_ms() {  # the SmolLM2-135M shape in Q4_1, made once per machine, with a ch
     --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
 }
 
-synth_a3b() {  # the Qwen3-30B-A3B shape in Q4_K_M, made once per machine
-  [ -f $MQA ] || python3 tools/fixtures/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf 2>&1 | tail -1
+synth_a3b() {  # the Qwen3-30B-A3B shape in Q4_K_M, made once per machine (with a chat template: servers render chats)
+  [ -f $MQA ] || python3 tools/fixtures/make_synthetic_gguf.py $MQA --preset qwen3-30b-a3b --type Q4_K_M --tokenizer .device/tok.gguf \
+    --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
+}
+offload_bench() {  # NAME CAP COMMAND...: issue 46's figures of one server on $MQA: decode through HTTP at 1 and 4
+  # clients (128 tokens), a ~4K-token prompt's first token, the GPU memory and the server's host memory it took
+  local name=$1 cap=$2 n
+  shift 2
+  start_server $name "$@" || return 0
+  echo "$name at $cap: GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader), host RSS of the server's" \
+    "processes $(ps -o rss= --pid $SERVER_PID --ppid $SERVER_PID | awk '{s += $1} END {printf "%.1f GiB", s / 2^20}')"
+  for n in 1 4; do
+    timeout -k 10 $((590 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label "$name" --cases clients \
+      --clients $n --client-words 100 --client-tokens 128 --repeats 3 --tokenizer $MQA --server-flags "$*" \
+      --json "$OUT/offload_${name}_${cap}_clients$n.json" 2>&1 | grep -i "tok/s\|ttft" | tail -2 || echo "OFFLOAD BENCH CUT"
+  done
+  timeout -k 10 $((590 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label "$name" --cases clients \
+    --clients 1 --client-words 3000 --client-tokens 4 --repeats 2 --tokenizer $MQA --server-flags "$*" \
+    --json "$OUT/offload_${name}_${cap}_read.json" 2>&1 | grep -i "ttft" | tail -1 || echo "OFFLOAD READ CUT"
+  echo "$name at $cap after: GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
+  cp /tmp/server_$name.log "$OUT/offload_${name}_${cap}.log" 2>/dev/null || true
+  stop_server $name
 }
 
 synth_next() {  # the Qwen3-Next-80B-A3B shape in $NEXT_TYPE, made once per machine; the disk (64 GB) holds it beside
@@ -774,6 +796,19 @@ for step in "$@"; do
       synth_a3b
       timeout 400 python3 tools/device/expert_cache_check.py $MQA --slots 32 64 --batch 1 4 16 --prompt 256 --steps 16 --json "$OUT/expert_cache.json" 2>&1 \
         | quiet | tail -5 || echo "EXPERT CACHE CHECK FAILED" ;;
+    offloadpeers)  # issue 46 against llama.cpp: the Qwen3-30B-A3B shape (Q4_K_M, ~17 GB) served as a user starts it,
+      # Strata at --gpu-memory CAP and llama-server with --n-cpu-moe chosen for the same cap
+      # (tools/device/ncmoe_for_cap.py), for each CAP of OFFLOAD_CAPS (GiB; full: the whole card) -> $OUT/offload_*
+      synth_a3b
+      build_llama
+      for cap in ${OFFLOAD_CAPS:-16 full}; do
+        if [ $cap = full ]; then capflag=""; ncmoe=0; else
+          capflag="--gpu-memory $cap"; ncmoe=$(python3 tools/device/ncmoe_for_cap.py $MQA $cap) || continue
+        fi
+        offload_bench strata $cap python3 -m serve --model $MQA $capflag
+        [ -x $LLAMA/build/bin/llama-server ] && offload_bench llama.cpp $cap $LLAMA/build/bin/llama-server -m $MQA \
+          -ngl 99 -fa on -c 16384 -np 4 --n-cpu-moe $ncmoe --port 8080
+      done ;;
     bencha3b)
       synth_a3b
       python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \
