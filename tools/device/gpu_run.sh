@@ -116,6 +116,8 @@
 #          row alone (bit for bit), NumPy, its time beside the dp4a kernels at 1-64 rows, the block's knobs
 # sbq      tools/device/sbq_check.py: issue 48's third probe, integer sums over a Q4_K super-block (x in Q8K), one
 #          chain an output: x's form against NumPy, every row the solo kernel's bits, errors, times beside today's
+# sbqdecode the engine with sbq.cu ($STRATA_SBQ=1, pending 02-sbq-dispatch) against without: 8B Q4_K_M decode at
+#          1 / 16 / 64 requests, each request's tokens against its solo run's
 # gemmprobe tools/device/prompt_gemm_probe.py (issue 44): whether cuBLAS's prompt GEMM rows depend on the step's rows
 #          (M, offset; default, CUBLAS_WORKSPACE_CONFIG=:0:0, pedantic), fixed slices and batched forms with their
 #          times, mmq.cu against expand + cuBLAS at 64-4096 rows -> $OUT/prompt_gemm_probe.json (PROBE_ARGS: its flags)
@@ -830,6 +832,14 @@ for step in "$@"; do
       python3 tools/device/mmq_check.py --json "$OUT/mmq_check.json" || echo "MMQ CHECK FAILED" ;;
     sbq)  # issue 48's third probe: sbq.cu (integer sums over a Q4_K super-block, x in Q8K) against today's kernels
       python3 tools/device/sbq_check.py --json "$OUT/sbq_check.json" || echo "SBQ CHECK FAILED" ;;
+    sbqdecode)  # the engine with sbq.cu ($STRATA_SBQ=1, tools/device/pending/02-sbq-dispatch.patch) against without:
+      # the 8B Q4_K_M shape's decode at 1 / 16 / 64 requests, each request's tokens against its solo run's
+      synth_mq
+      for v in 0 1; do
+        STRATA_SBQ=$v timeout 200 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 \
+          --repeats 3 --batches 1,16,64 --label llama3-8b-shape-q4_k_m-sbq$v --json "$OUT/batch_decode_sbq.json" 2>&1 \
+          | grep -E "requests:|Error" || echo "SBQ DECODE ($v) FAILED"
+      done ;;
     shared)
       synth_ms; synth_mq; synth_moe_small
       python3 tools/device/shared_steps_check.py $MS $MQ $MQS --json "$OUT/shared_steps_h200.json" 2>&1 | quiet \
