@@ -15,10 +15,10 @@ from protocol import messages as m
 
 class StandInDecoder:
     """ahead / capture_ahead as the graph decoder's, over a list of keys, each capture put in `events`; `fails` at
-    that capture."""
+    that capture; `arrives(n)` called after the n-th capture (a line that comes while the engine captures)."""
 
-    def __init__(self, keys: int, events: list, fails: int | None = None):
-        self.keys, self.events, self.fails, self.captured = keys, events, fails, []
+    def __init__(self, keys: int, events: list, fails: int | None = None, arrives=lambda n: None):
+        self.keys, self.events, self.fails, self.captured, self.arrives = keys, events, fails, [], arrives
 
     def ahead(self, max_rows: int) -> list[int]:
         return list(range(len(self.captured), self.keys))
@@ -28,25 +28,25 @@ class StandInDecoder:
             raise GraphMemoryError("no device memory for 1,024 bytes of CUDA graph temporaries")
         self.captured.append(self.ahead(max_rows)[0])
         self.events.append(f"capture {self.captured[-1]}")
+        self.arrives(len(self.captured))
 
 
 def serve(keys: int, gen: m.Gen, fails: int | None = None) -> list:
-    """The events of the loop over the mock runner with a stand-in decoder of `keys` graphs: gen put in after two
-    captures, QUIT once the captures have ended (or after 10 s)."""
+    """The events of the loop over the mock runner with a stand-in decoder of `keys` graphs: gen arriving during the
+    second capture (in the inbox before the loop looks again, whatever the machine's load), QUIT once the captures
+    have ended (or after 10 s)."""
     runner = FakeRunner(build_parser().parse_args(["--chunk-s", "0", "--token-s", "0"]), lambda line: None)
     events = []
-    runner.decoder = StandInDecoder(keys, events, fails)
+    runner.decoder = StandInDecoder(keys, events, fails, lambda n: loop.inbox.put(gen) if n == 2 else None)
     loop = EngineLoop(runner, ParkPolicy(), events.append)
 
-    def feed():
-        steps = ((lambda: len(runner.decoder.captured) >= 2, gen), (lambda: not loop.ahead.pending(), m.Quit()))
-        for until, line in steps:
-            deadline = time.monotonic() + 10
-            while not until() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            loop.inbox.put(line)
+    def quit_after_the_captures():
+        deadline = time.monotonic() + 10
+        while loop.ahead.pending() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        loop.inbox.put(m.Quit())
 
-    threading.Thread(target=feed, daemon=True).start()
+    threading.Thread(target=quit_after_the_captures, daemon=True).start()
     loop.process()
     return [e if isinstance(e, str) else type(e).__name__ for e in events if isinstance(e, (str, m.Done, m.Token))]
 
