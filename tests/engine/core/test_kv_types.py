@@ -33,7 +33,14 @@ def test_q8_0_round_trip_is_within_half_a_step(x):
     # float16's range: a group below 127 x 2**-24 in magnitude has a scale that rounds towards zero
     assert np.all(np.abs(back - x) <= step / 2 + np.abs(x) * 2**-10 + 127 * 2**-24)
     assert np.all(np.abs(q) <= 127)
-    assert np.array_equal(dequantize_q8_0(*quantize_q8_0(back)), back)  # stable: storing it again changes nothing
+    # stable where the scale is a normal float16 (>= 2**-14: the group's largest value stored as 127 steps): storing
+    # it again changes nothing. Below, the scale's steps are coarser than a 127th of it, a group's largest can be 126
+    # steps, and storing it again may take the neighbouring scale (hypothesis: 32 x 0.00051957 -> 126 x 69 x 2**-24,
+    # then 127 x 68 x 2**-24): no path stores a KV row twice (the pool copies blocks in their quantized form).
+    again = dequantize_q8_0(*quantize_q8_0(back))
+    normal = np.repeat(scale.astype(np.float32) >= 2**-14, Q8_GROUP, axis=-1)
+    assert np.array_equal(again[normal], back[normal])
+    assert np.all(np.abs(again - back) <= step / 2 + np.abs(back) * 2**-10 + 127 * 2**-24)
 
 
 def test_zero_groups_and_exact_values():
