@@ -805,11 +805,12 @@ for step in "$@"; do
       build_llama
       for cap in ${OFFLOAD_CAPS:-16 full}; do
         if [ $cap = full ]; then capflag=""; ncmoe=0; else
-          capflag="--gpu-memory $cap"; ncmoe=$(python3 tools/device/ncmoe_for_cap.py $MQA $cap) || continue
+          capflag="--gpu-memory $cap"  # llama-server's KV of 16,384 positions (unified over its 4 slots) and buffers
+          ncmoe=$(python3 tools/device/ncmoe_for_cap.py $MQA $cap --allowance-gib 2.5) || continue
         fi
         offload_bench strata $cap python3 -m serve --model $MQA $capflag
         [ -x $LLAMA/build/bin/llama-server ] && offload_bench llama.cpp $cap $LLAMA/build/bin/llama-server -m $MQA \
-          -ngl 99 -fa on -c 16384 -np 4 --n-cpu-moe $ncmoe --port 8080
+          -ngl 99 -fa on -c 16384 -np 4 -kvu --n-cpu-moe $ncmoe --port 8080
       done ;;
     bencha3b)
       synth_a3b
