@@ -1,16 +1,30 @@
-// Issue 48's third probe: Q4_K (and Q6_K) weights against rows of x in the order the issue names, integer sums
-// over a whole super-block and one float step after, one chain an output (its super-blocks added in order). Not
-// dispatched by the engine (engine/kernels/loader.py does not load it); tools/device/sbq_check.py measures it.
+// Issue 48's third probe, in its second form: Q4_K (and Q6_K) weights against rows of x in the order the issue
+// names, integer sums over a whole super-block and one float step after, a chain an output or a segment of k (its
+// super-blocks added in order). Not dispatched by the engine (engine/kernels/loader.py does not load it);
+// tools/device/sbq_check.py measures it.
 // Measured on an H100 (bench/HISTORY.md, twenty-sixth session): exact, every row its solo bits; faster than mmq.cu
 // only where a launch fills the chip (the 8B shape's gate/up 1.2-1.55x at 8-64 rows), slower elsewhere: a 4,096-row
-// matrix's tiles are 256 warps over the whole of k (a split of k with a fixed order, the same for one row, would
-// fill the SMs), the Q6_K tile kernel 2-6x slower (its super-block's 2-byte loads), the solo kernel 1.1-1.4x.
+// matrix's tiles are 256 warps over the whole of k, the Q6_K tile kernel 2-6x slower (its super-block's 2-byte
+// loads), the solo kernel 1.1-1.4x. The tile kernel then took 255 registers and spilled at 8 n-tiles (ptxas, sm_90).
+// Its second form (twenty-seventh session, same bits, not yet timed on a GPU): x's rows as 32-bit offsets from one
+// pointer and the outputs' columns' scales shuffled from the lane that reads that row (188 registers, no spill), the
+// min term B by two mmas (x's unit sums kept as two bytes each, Q8K below) where 16 IMADs a pair of outputs took it:
+// a super-block's trip 947 instructions at 8 n-tiles against 1,297 (tools/device/sass_counts.py); the grid's y
+// splits x's rows among warps (8 NT a warp), so a 4,096-row matrix at 64 rows can take 4-8 times the warps; and a
+// fixed split of k (the kernels' seg: super-blocks a segment, a choice of the matrix's shape, never of the rows):
+// a chain a segment, the chains added in order from 0, by the solo kernel itself and by sbq_sum_parts after the
+// tile kernel's segments (the grid's z), so a row keeps its bits alone and among 64 while a 4,096-row matrix's
+// tiles fill the SMs at any number of rows.
 //   quantize_q8k(x, out, blocks)           x (blocks * 256,) fp16 -> Q8K blocks: one float scale a super-block
-//   sbq_<T>_n1[_f32](w, x, y, m, k)        y (m,) = W (m, k) . x (one row of k / 256 Q8K blocks): a warp a row
-//   sbq_<T>_t<NT>[_f32](w, x, y, m, k, ldy, nb)  y (nb, m; rows ldy apart) for nb <= 8 NT rows of x, int8 tensor
-//                                          cores; T: Q4_K or Q6_K (value d sc_g (q - 32), a scale g every 16 values:
-//                                          A = sum_g sc_g sum_{i in g} (q_i - 32) q'_i, no min term, |A| < 1.4e8);
-//                                          y in fp16, or float32 with _f32
+//   sbq_<T>_n1[_f32](w, x, y, m, k, seg)   y (m,) = W (m, k) . x (one row of k / 256 Q8K blocks): a warp a row
+//   sbq_<T>_t<NT>[_f32](w, x, y, m, k, ldy, nb, seg, part)  y (nb, m; rows ldy apart) for nb <= 8 NT grid.y rows
+//                                          of x, int8 tensor cores, k's segment blockIdx.z (into part (gridDim.z,
+//                                          nb, m) float32 when there are several); T: Q4_K or Q6_K (value d sc_g
+//                                          (q - 32), a scale g every 16 values: A = sum_g sc_g sum_{i in g} (q_i -
+//                                          32) q'_i, no min term, |A| < 1.4e8); y in fp16, or float32 with _f32
+//   sbq_sum_parts[_f32](part, y, m, nb, ldy, parts)  y = 0 + part[0] + part[1] + ... (the segments' chains)
+//   sbq_Q6_KP_*                            Q6_K repacked into 212-byte blocks (two bytes of padding: every field
+//                                          4-byte aligned, plain loads where the file's 210 take load_a2's shifts)
 //
 // A super-block's value for (weight row r, x row b): with Q4_K's value d sc_j q - dmin m_j (sub-block j's 6-bit
 // scale and min) and x's dx q', it is dx (d A - dmin B), A = sum_j sc_j sum_{i in j} q_i q'_i and B = sum_j m_j
@@ -25,11 +39,14 @@
 #include "quant_blocks.cuh"
 
 struct Q8K {
-    signed char q[256];  // round(x / d)
-    short sums[8];       // unit j's sum of q (values 32 j .. 32 j + 31)
-    float d;             // max |x| / 127
-    int pad[3];          // 288 bytes: 16-byte loads of q
+    signed char q[256];       // round(x / d)
+    signed char sums_lo[8];   // unit j's sum of q (values 32 j .. 32 j + 31) as sums_lo[j] + 128 sums_hi[j]: its low 7
+    signed char sums_hi[8];   // bits (0..127) and the rest (-32..31), each a byte of an mma's fragment
+    float d;                  // max |x| / 127
+    int pad[3];               // 288 bytes: 16-byte loads of q
 };
+
+__device__ __forceinline__ int unit_sum(const Q8K& x, int j) { return (int)x.sums_lo[j] + 128 * (int)x.sums_hi[j]; }
 
 // Sub-block j's (0..7) 6-bit scale and min of a Q4_K super-block, as integers: quant_blocks.cuh's scale_min_k4 gives
 // them as floats. When this order lands, scale_min_k4 should become a call of this one (a change to the header
@@ -72,14 +89,16 @@ extern "C" __global__ void quantize_q8k(const __half* __restrict__ x, Q8K* __res
     s += __shfl_xor_sync(0xFFFFFFFFu, s, 1), s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);  // 4 lanes a unit
     Q8K& o = out[block];
     *reinterpret_cast<uint2*>(o.q + 8 * lane) = make_uint2(words[0], words[1]);
-    if ((lane & 3) == 0) o.sums[lane >> 2] = (short)s;
+    if ((lane & 3) == 0) o.sums_lo[lane >> 2] = (signed char)(s & 127), o.sums_hi[lane >> 2] = (signed char)(s >> 7);
     if (lane == 0) o.d = d;
 }
 
 // The end of a solo round: the integers of each 8-lane group summed across it (exact), then every lane takes the
-// round's float steps in super-block order from the groups' first lanes.
-__device__ __forceinline__ float round_steps(float acc, int p, int blocks, int a, int b, float d, float dmin,
-                                             float dx) {
+// round's float steps in super-block order from the groups' first lanes; at the end of each segment (end: the
+// current one's, seg super-blocks on from the last, the last segment shorter) its chain is added to the total (sum)
+// and a new chain starts.
+__device__ __forceinline__ void round_steps(float& acc, float& sum, int& end, int p, int blocks, int seg, int a, int b,
+                                            float d, float dmin, float dx) {
 #pragma unroll
     for (int o = 4; o; o >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, o), b += __shfl_xor_sync(0xFFFFFFFFu, b, o);
     for (int q = 0; q < 4 && p + q < blocks; ++q) {
@@ -87,40 +106,50 @@ __device__ __forceinline__ float round_steps(float acc, int p, int blocks, int a
         acc = sb_step(acc, __shfl_sync(0xFFFFFFFFu, dx, src), __shfl_sync(0xFFFFFFFFu, d, src),
                       __shfl_sync(0xFFFFFFFFu, dmin, src), __shfl_sync(0xFFFFFFFFu, a, src),
                       __shfl_sync(0xFFFFFFFFu, b, src));
+        if (p + q + 1 == end) sum = __fadd_rn(sum, acc), acc = 0.f, end = min(end + seg, blocks);
     }
-    return acc;
 }
 
-// A warp's tile: 16 weight rows (rows past m read the last, not stored) by the 8 NT rows of x (past nb: the last)
-// over all of k: where its rows are, and its outputs' sums (accumulator o: row g + 8 (o / 2), column 2c + o % 2).
+// A warp's tile: 16 weight rows (rows past m read the last, not stored) by the 8 NT rows of x from col0 = 8 NT
+// blockIdx.y (past nb: the last) over all of k: where its rows are, and its outputs' sums (accumulator o: row g + 8
+// (o / 2), column col0 + 2c + o % 2). A launch's grid.y splits x's rows among warps (more warps, the weights read
+// once a split): no output's sum changes.
+// x's rows are offsets from one pointer (32-bit, a register each: NT = 8 with a pointer per row spilled), and lane
+// (g, c) reads only its B column's row 8t + g: the outputs' columns' scales come from lanes 4 (2c + e) (column_d).
 template <int NT>
 struct Tile {
-    int row0, g, c;
-    const u8 *wa, *wb;              // weight rows row0 + g and row0 + g + 8
-    const Q8K *xg[NT], *xc[NT][2];  // x's row 8t + g (B's column), rows 8t + 2c + e (the outputs' columns)
+    int row0, col0, g, c;
+    const u8 *wa, *wb;  // weight rows row0 + g and row0 + g + 8
+    const Q8K* x;
+    int xg[NT];         // x's row 8t + g (B's column) at x + xg[t] + sb
     float acc[NT][4];
-    __device__ __forceinline__ bool at(const u8* w, const Q8K* x, int m, int nb, int blocks, int block_bytes) {
+    __device__ __forceinline__ bool at(const u8* w, const Q8K* x_, int m, int nb, int blocks, int block_bytes) {
         const int lane = threadIdx.x & 31;
-        row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 16, g = lane >> 2, c = lane & 3;
+        row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 16, col0 = 8 * NT * blockIdx.y;
+        g = lane >> 2, c = lane & 3, x = x_;
         const size_t rb = (size_t)blocks * block_bytes;
         wa = w + (size_t)min(row0 + g, m - 1) * rb, wb = w + (size_t)min(row0 + g + 8, m - 1) * rb;
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-            xg[t] = x + (size_t)min(8 * t + g, nb - 1) * blocks;
-            xc[t][0] = x + (size_t)min(8 * t + 2 * c, nb - 1) * blocks;
-            xc[t][1] = x + (size_t)min(8 * t + 2 * c + 1, nb - 1) * blocks;
+            xg[t] = min(col0 + 8 * t + g, nb - 1) * blocks;
             acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
         }
         return row0 < m;
     }
-    template <typename Out>
-    __device__ __forceinline__ void store(Out* y, int m, int nb, int ldy) const {
+    __device__ __forceinline__ const Q8K& xb(int t, int sb) const { return x[xg[t] + sb]; }
+    // The scale d of x's row 8t + 2c + e (output column 2c + e) in super-block sb, from the lane whose B column it is.
+    __device__ __forceinline__ float column_d(float dg, int e) const {
+        return __shfl_sync(0xFFFFFFFFu, dg, 4 * (2 * c + e));
+    }
+    template <typename Out>  // whole: the output (0 + the chain, as the solo kernel's total), else a segment's chain
+    __device__ __forceinline__ void store(Out* y, int m, int nb, int ldy, bool whole) const {
 #pragma unroll
         for (int t = 0; t < NT; ++t)
 #pragma unroll
             for (int o = 0; o < 4; ++o) {
-                const int row = row0 + g + 8 * (o >> 1), col = 8 * t + 2 * c + (o & 1);
-                if (row < m && col < nb) sbq_store(y, (size_t)col * ldy + row, acc[t][o]);
+                const int row = row0 + g + 8 * (o >> 1), col = col0 + 8 * t + 2 * c + (o & 1);
+                if (row < m && col < nb) sbq_store(y, (size_t)col * ldy + row, whole ? __fadd_rn(0.f, acc[t][o])
+                                                                                      : acc[t][o]);
             }
     }
 };
@@ -181,7 +210,7 @@ struct SbqQ4K {
         scale_min_int(2 * c, head.y, head.z, head.w, sc0, m0);
         scale_min_int(2 * c + 1, head.y, head.z, head.w, sc1, m1);
         scale_min_int(i, head.y, head.z, head.w, sci, mi);
-        a = sc0 * s0 + sc1 * s1, b = mi * xb.sums[i];
+        a = sc0 * s0 + sc1 * s1, b = mi * unit_sum(xb, i);
         const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&head.x));
         d = dm.x, dmin = dm.y;
     }
@@ -189,7 +218,8 @@ struct SbqQ4K {
     __device__ static void add(Tile<NT>& tile, const u8* ba, const u8* bb, int sb) {
         const int c = tile.c;
         const uint4 ha = *reinterpret_cast<const uint4*>(ba), hb = *reinterpret_cast<const uint4*>(bb);
-        int A[NT][4], ma8[8], mb8[8];  // the integers a; the rows' sub-block mins
+        int A[NT][4];
+        unsigned mina = 0u, minb = 0u;  // rows g and g + 8's mins of units 4c .. 4c + 3 (lanes c < 2; else 0)
 #pragma unroll
         for (int t = 0; t < NT; ++t) A[t][0] = A[t][1] = A[t][2] = A[t][3] = 0;
 #pragma unroll
@@ -199,12 +229,13 @@ struct SbqQ4K {
             const uint2 qb = *reinterpret_cast<const uint2*>(bb + 16 + 32 * (j >> 1) + 8 * c);
             const unsigned alo = (qa.x >> sh) & 0x0F0F0F0Fu, ahi = (qa.y >> sh) & 0x0F0F0F0Fu;
             const unsigned blo = (qb.x >> sh) & 0x0F0F0F0Fu, bhi = (qb.y >> sh) & 0x0F0F0F0Fu;
-            int sca, scb;
-            scale_min_int(j, ha.y, ha.z, ha.w, sca, ma8[j]);
-            scale_min_int(j, hb.y, hb.z, hb.w, scb, mb8[j]);
+            int sca, scb, ma, mb;
+            scale_min_int(j, ha.y, ha.z, ha.w, sca, ma);
+            scale_min_int(j, hb.y, hb.z, hb.w, scb, mb);
+            if ((j >> 2) == c) mina |= (unsigned)ma << (8 * (j & 3)), minb |= (unsigned)mb << (8 * (j & 3));
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                const uint2 xv = *reinterpret_cast<const uint2*>(tile.xg[t][sb].q + 32 * j + 8 * c);
+                const uint2 xv = *reinterpret_cast<const uint2*>(tile.xb(t, sb).q + 32 * j + 8 * c);
                 int s[4];
                 sbq_mma(s, alo, blo, ahi, bhi, xv.x, xv.y);
                 A[t][0] += sca * s[0], A[t][1] += sca * s[1], A[t][2] += scb * s[2], A[t][3] += scb * s[3];
@@ -213,21 +244,23 @@ struct SbqQ4K {
         const float2 da = __half22float2(*reinterpret_cast<const __half2*>(&ha.x));
         const float2 db = __half22float2(*reinterpret_cast<const __half2*>(&hb.x));
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
+        for (int t = 0; t < NT; ++t) {
+            // B = sum_j m_j sum_j(q') of each output: the mins (16 rows by 8 units) times the unit sums' low and high
+            // parts (8 units by 8 rows of x) in two mmas, k = the units (slots 8..15 zero)
+            const Q8K& xr = tile.xb(t, sb);
+            const unsigned lo = c < 2 ? *reinterpret_cast<const unsigned*>(xr.sums_lo + 4 * c) : 0u;
+            const unsigned hi = c < 2 ? *reinterpret_cast<const unsigned*>(xr.sums_hi + 4 * c) : 0u;
+            int bl[4], bh[4];
+            sbq_mma16(bl, mina, minb, lo);
+            sbq_mma16(bh, mina, minb, hi);
+            const float dg = xr.d;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const Q8K& xe = tile.xc[t][e][sb];
-                const uint4 sv = *reinterpret_cast<const uint4*>(xe.sums);  // 8 int16
-                const unsigned sw[4] = {sv.x, sv.y, sv.z, sv.w};
-                int ba_ = 0, bb_ = 0;
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const int sum = (int)(short)(sw[j >> 1] >> (16 * (j & 1)));
-                    ba_ += ma8[j] * sum, bb_ += mb8[j] * sum;
-                }
-                tile.acc[t][e] = sb_step(tile.acc[t][e], xe.d, da.x, da.y, A[t][e], ba_);
-                tile.acc[t][2 + e] = sb_step(tile.acc[t][2 + e], xe.d, db.x, db.y, A[t][2 + e], bb_);
+            for (int o = 0; o < 4; ++o) {
+                const float2 dm = o < 2 ? da : db;
+                tile.acc[t][o] = sb_step(tile.acc[t][o], tile.column_d(dg, o & 1), dm.x, dm.y, A[t][o],
+                                         bl[o] + 128 * bh[o]);
             }
+        }
     }
 };
 
@@ -237,11 +270,24 @@ struct SbqQ4K {
 __device__ __forceinline__ unsigned q6_word(unsigned lo, unsigned hi, int kq) {  // from a word of ql and one of qh
     return ((lo >> (4 * (kq >> 1))) & 0x0F0F0F0Fu) | (((hi >> (2 * kq)) & 0x03030303u) << 4);
 }
+// WORDS words of a Q6_K block's quants (an offset a multiple of 4 within it) from blocks of B bytes: the file's 210
+// are 2-byte aligned (load_a2's aligned words and funnel shifts), a repacked 212 (two bytes of padding a block) 4-byte
+// aligned (plain loads).
+template <int B, int WORDS>
+__device__ __forceinline__ void q6_load(const u8* p, unsigned (&w)[WORDS]) {
+    if constexpr (B % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < WORDS; ++i) w[i] = reinterpret_cast<const unsigned*>(p)[i];
+    } else {
+        load_a2(p, w);
+    }
+}
+template <int B>
 __device__ __forceinline__ unsigned q6_bytes(const u8* blk, int u, int l) {
     const int hh = u >> 2, kq = u & 3;
     unsigned lo[1], hi[1];
-    load_a2(blk + 64 * hh + 32 * (kq & 1) + l, lo);
-    load_a2(blk + 128 + 32 * hh + l, hi);
+    q6_load<B>(blk + 64 * hh + 32 * (kq & 1) + l, lo);
+    q6_load<B>(blk + 128 + 32 * hh + l, hi);
     return q6_word(lo[0], hi[0], kq);
 }
 __device__ __forceinline__ int q6_scale(const u8* blk, int g) {
@@ -250,14 +296,15 @@ __device__ __forceinline__ int q6_scale(const u8* blk, int g) {
 
 // Q6_K: lane i of the solo kernel takes unit i, its two 16-value groups' sums of q q' less 32 sum q' (dp4a) times
 // their scales; the tile kernel a 16-value group an mma an n-tile (lane c its values 4c .. 4c + 3, centered) and an
-// IMAD an output by the group's scale. No min term.
-struct SbqQ6K {
-    static constexpr int BYTES = 210;
+// IMAD an output by the group's scale. No min term. B: a block's bytes (210 as in the file; 212 repacked).
+template <int B>
+struct SbqQ6KB {
+    static constexpr int BYTES = B;
     __device__ static void solo(const u8* blk, const Q8K& xb, int i, int& a, int& b, float& d, float& dmin) {
         const int hh = i >> 2, kq = i & 3;
-        unsigned ql[8], qh[8];  // unit i's 32 low-bit and high-bit bytes (blocks are 2-byte aligned)
-        load_a2(blk + 64 * hh + 32 * (kq & 1), ql);
-        load_a2(blk + 128 + 32 * hh, qh);
+        unsigned ql[8], qh[8];  // unit i's 32 low-bit and high-bit bytes
+        q6_load<B>(blk + 64 * hh + 32 * (kq & 1), ql);
+        q6_load<B>(blk + 128 + 32 * hh, qh);
         const int* xw = reinterpret_cast<const int*>(xb.q + 32 * i);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -278,11 +325,11 @@ struct SbqQ6K {
 #pragma unroll 4
         for (int gr = 0; gr < 16; ++gr) {  // group gr: values 16 gr .. 16 gr + 15 (unit gr / 2, its half gr % 2)
             const int u = gr >> 1, l = 16 * (gr & 1) + 4 * c;
-            const unsigned qa = Q6_K::centered(q6_bytes(ba, u, l)), qb = Q6_K::centered(q6_bytes(bb, u, l));
+            const unsigned qa = Q6_K::centered(q6_bytes<B>(ba, u, l)), qb = Q6_K::centered(q6_bytes<B>(bb, u, l));
             const int sca = q6_scale(ba, gr), scb = q6_scale(bb, gr);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                const unsigned xv = *reinterpret_cast<const unsigned*>(tile.xg[t][sb].q + 16 * gr + 4 * c);
+                const unsigned xv = *reinterpret_cast<const unsigned*>(tile.xb(t, sb).q + 16 * gr + 4 * c);
                 int s[4];
                 sbq_mma16(s, qa, qb, xv);
                 A[t][0] += sca * s[0], A[t][1] += sca * s[1], A[t][2] += scb * s[2], A[t][3] += scb * s[3];
@@ -291,26 +338,30 @@ struct SbqQ6K {
         const float da = __half2float(*reinterpret_cast<const __half*>(ba + 208));
         const float db = __half2float(*reinterpret_cast<const __half*>(bb + 208));
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
+        for (int t = 0; t < NT; ++t) {
+            const float dg = tile.xb(t, sb).d;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const float dx = tile.xc[t][e][sb].d;
+                const float dx = tile.column_d(dg, e);
                 tile.acc[t][e] = sb_step(tile.acc[t][e], dx, da, 0.f, A[t][e], 0);
                 tile.acc[t][2 + e] = sb_step(tile.acc[t][2 + e], dx, db, 0.f, A[t][2 + e], 0);
             }
+        }
     }
 };
 
 // The solo kernel: a warp a row; a round takes 4 super-blocks, lane l = 8 grp + i of super-block 4 p + grp (K::solo),
-// the 8 lanes' integers summed by shuffles, then every lane takes the 4 float steps in order (round_steps).
+// the 8 lanes' integers summed by shuffles, then every lane takes the 4 float steps in order (round_steps), a chain
+// a segment of seg super-blocks, the chains added in order from 0 (sbq_sum_parts' order).
 template <class K, typename Out>
 __device__ __forceinline__ void sbq_solo(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
-                                         int m, int k) {
+                                         int m, int k, int seg) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const int grp = lane >> 3, i = lane & 7, blocks = k >> 8;
     if (row >= m) return;
     const u8* wr = w + (size_t)row * blocks * K::BYTES;
-    float acc = 0.f;
+    float acc = 0.f, sum = 0.f;
+    int end = min(seg, blocks);
     for (int p = 0; p < blocks; p += 4) {
         const int sb = p + grp;
         int a = 0, b = 0;
@@ -319,35 +370,61 @@ __device__ __forceinline__ void sbq_solo(const u8* __restrict__ w, const Q8K* __
             K::solo(wr + (size_t)sb * K::BYTES, x[sb], i, a, b, d, dmin);
             dx = x[sb].d;
         }
-        acc = round_steps(acc, p, blocks, a, b, d, dmin, dx);
+        round_steps(acc, sum, end, p, blocks, seg, a, b, d, dmin, dx);
     }
-    if (lane == 0) sbq_store(y, row, acc);
+    if (lane == 0) sbq_store(y, row, sum);
 }
 
-// The tile kernel: a warp a Tile (any number of warps a block), its super-blocks added in order (K::add).
+// The tile kernel: a warp a Tile (any number of warps a block) over segment blockIdx.z of k (seg super-blocks, the
+// last one shorter), its super-blocks added in order (K::add). One segment (gridDim.z 1): y = 0 + the chain, as the
+// solo kernel's; more: each chain into part (gridDim.z, nb, m) float32, which sbq_sum_parts adds in order.
 template <class K, int NT, typename Out>
 __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
-                                          int m, int k, int ldy, int nb) {
-    const int blocks = k >> 8;
+                                          int m, int k, int ldy, int nb, int seg, float* __restrict__ part) {
+    const int blocks = k >> 8, first = blockIdx.z * seg, end = min(blocks, first + seg);
     Tile<NT> tile;
     if (!tile.at(w, x, m, nb, blocks, K::BYTES)) return;
-    for (int sb = 0; sb < blocks; ++sb)
+    for (int sb = first; sb < end; ++sb)
         K::add(tile, tile.wa + (size_t)sb * K::BYTES, tile.wb + (size_t)sb * K::BYTES, sb);
-    tile.store(y, m, nb, ldy);
+    if (gridDim.z == 1) {
+        tile.store(y, m, nb, ldy, true);
+    } else {
+        tile.store(part + (size_t)blockIdx.z * nb * m, m, nb, m, false);
+    }
+}
+
+// y (nb, m; rows ldy apart) = 0 + part[0] + part[1] + ... in order: the segments' chains of sbq_tiles (part (parts,
+// nb, m) float32), the solo kernel's total. A thread an output.
+template <typename Out>
+__device__ __forceinline__ void sum_parts(const float* __restrict__ part, Out* __restrict__ y, int m, int nb, int ldy,
+                                          int parts) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= m * nb) return;
+    float sum = 0.f;
+    for (int s = 0; s < parts; ++s) sum = __fadd_rn(sum, part[(size_t)s * m * nb + i]);
+    sbq_store(y, (size_t)(i / m) * ldy + i % m, sum);
+}
+extern "C" __global__ void sbq_sum_parts(const float* part, __half* y, int m, int nb, int ldy, int parts) {
+    sum_parts(part, y, m, nb, ldy, parts);
+}
+extern "C" __global__ void sbq_sum_parts_f32(const float* part, float* y, int m, int nb, int ldy, int parts) {
+    sum_parts(part, y, m, nb, ldy, parts);
 }
 
 // Each kind's kernels with fp16 out and with float32 out (_f32), as the engine's matvecs.
 #define SBQ_NT(T, K, NT, SUFFIX, Out)                                                                               \
     extern "C" __global__ void sbq_##T##_t##NT##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k, int ldy,    \
-                                                       int nb) {                                                    \
-        sbq_tiles<K, NT>(w, x, y, m, k, ldy, nb);                                                                   \
+                                                       int nb, int seg, float* part) {                              \
+        sbq_tiles<K, NT>(w, x, y, m, k, ldy, nb, seg, part);                                                        \
     }
 #define SBQ(T, K, SUFFIX, Out)                                                                                      \
-    extern "C" __global__ void sbq_##T##_n1##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k) {              \
-        sbq_solo<K>(w, x, y, m, k);                                                                                 \
+    extern "C" __global__ void sbq_##T##_n1##SUFFIX(const u8* w, const Q8K* x, Out* y, int m, int k, int seg) {     \
+        sbq_solo<K>(w, x, y, m, k, seg);                                                                            \
     }                                                                                                               \
     SBQ_NT(T, K, 1, SUFFIX, Out) SBQ_NT(T, K, 2, SUFFIX, Out) SBQ_NT(T, K, 4, SUFFIX, Out) SBQ_NT(T, K, 8, SUFFIX, Out)
 SBQ(Q4_K, SbqQ4K, , __half)
 SBQ(Q4_K, SbqQ4K, _f32, float)
-SBQ(Q6_K, SbqQ6K, , __half)
-SBQ(Q6_K, SbqQ6K, _f32, float)
+SBQ(Q6_K, SbqQ6KB<210>, , __half)
+SBQ(Q6_K, SbqQ6KB<210>, _f32, float)
+SBQ(Q6_KP, SbqQ6KB<212>, , __half)  // Q6_K repacked into 212-byte blocks (tools/device/sbq_check.py repack_q6k)
+SBQ(Q6_KP, SbqQ6KB<212>, _f32, float)

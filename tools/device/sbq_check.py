@@ -3,11 +3,16 @@ over a super-block and one float step after, one chain an output) against the ke
 (GpuKernels' dp4a matvec below MMQ_FROM rows, mmq.cu from there, x in 8 bits a unit of 32).
 
 1. quantize_q8k's blocks equal their NumPy form (q8k below), byte for byte.
-2. Each row of x gets the solo kernel's bits (sbq_<kind>_n1) among 1-64 rows in every n-tile kernel.
+2. Each row of x gets the solo kernel's bits (sbq_<kind>_n1) among 1-64 rows in every n-tile kernel, with x's rows
+   split among warps (8 and 16 a warp), with k in segments (the solo kernel's same segments), and from Q6_K repacked
+   into 212-byte blocks (Q6_KP).
 3. Accuracy: each route's largest error against the exact product of gguf's weights and x (fp16), relative to the
    largest output (Q8K rounds x with one scale a super-block, today's form one a unit of 32).
 4. Time per launch on the Llama-3-8B Q4_K_M decode shapes (w_down and the head in Q6_K) at 1-64 rows beside today's
-   kernels, a forward's matmuls summed, and the block's warps as a knob (it changes no bit).
+   kernels, each with its fraction of the chip's nearer limit (DRAM's rate for the weights or the int8 tensor rate),
+   with x's rows split among warps by the grid (8, 16, 32 a warp; the same bits), a forward's matmuls
+   summed (sbq's, its best splits', the same with Q6_K repacked into 212-byte blocks, each matrix by the route that
+   wins at 64 rows, today's), and the block's warps as a knob (it changes no bit).
 
     python tools/device/sbq_check.py [--json FILE] [--quick]
 
@@ -34,11 +39,30 @@ SHAPES = {"wqkv": ("Q4_K", 6144, 4096), "wo": ("Q4_K", 4096, 4096), "w_gate_up":
 ODD = [(37, 512), (131, 768), (300, 4096), (64, 14336)]
 ROWS = (1, 2, 3, 8, 9, 17, 33, 48, 64)
 TIMED_ROWS = (1, 4, 8, 16, 32, 64)
+PARTS = (1, 2, 4, 8)  # k's segments timed (each a chain, added in order after)
+CHIPS = {"H100": (3.35e12, 1979e12), "H200": (4.8e12, 1979e12)}  # DRAM bytes/s, dense int8 tensor ops/s (SXM)
+
+
+def limit_fraction(device: str, w_bytes: int, m: int, k: int, n: int, seconds: float) -> float | None:
+    """A launch's fraction of the chip's nearer limit: its weights' bytes against DRAM's rate or its int8 products
+    (2 m k n) against the tensor cores' rate, whichever it is closer to (None on a chip not in CHIPS)."""
+    chip = next((v for name, v in CHIPS.items() if name in device), None)
+    if chip is None:
+        return None
+    return round(max(w_bytes / seconds / chip[0], 2 * m * k * n / seconds / chip[1]), 3)
+
+
+def repack_q6k(raw: np.ndarray) -> np.ndarray:
+    """Q6_K rows (m, blocks * 210) uint8 -> (m, blocks * 212): each block followed by two zero bytes, so that every
+    field of every block is 4-byte aligned (sbq.cu's Q6_KP kernels)."""
+    m = raw.shape[0]
+    blocks = raw.reshape(m, -1, 210)
+    return np.concatenate([blocks, np.zeros((m, blocks.shape[1], 2), dtype=np.uint8)], axis=-1).reshape(m, -1)
 
 
 def q8k(x: np.ndarray) -> np.ndarray:
     """x (n, k) fp16 -> (n, k / 256, 288) uint8, sbq.cu's Q8K: q = rint(x / d) (256 int8), each unit of 32's sum of
-    q (8 int16), d = max |x| / 127 (float32), 12 bytes of padding."""
+    q as its low 7 bits (8 int8) and the rest (8 int8: sum >> 7), d = max |x| / 127 (float32), 12 bytes of padding."""
     n, k = x.shape
     v = x.astype(np.float32).reshape(n, k // 256, 256)
     d = (np.abs(v).max(axis=-1) / np.float32(127)).astype(np.float32)
@@ -46,7 +70,9 @@ def q8k(x: np.ndarray) -> np.ndarray:
     q = np.where(d[..., None] > 0, np.rint(v / safe), 0).astype(np.int8)
     out = np.zeros((n, k // 256, Q8K_BYTES), dtype=np.uint8)
     out[..., :256] = q.view(np.uint8)
-    out[..., 256:272] = q.reshape(n, k // 256, 8, 32).astype(np.int32).sum(-1).astype(np.int16).view(np.uint8)
+    sums = q.reshape(n, k // 256, 8, 32).astype(np.int32).sum(-1)
+    out[..., 256:264] = (sums & 127).astype(np.int8).view(np.uint8)
+    out[..., 264:272] = (sums >> 7).astype(np.int8).view(np.uint8)
     out[..., 272:276] = d[..., None].view(np.uint8)
     return out
 
@@ -59,12 +85,12 @@ def today(kernels, kind, data, m, k, xq8, y, n) -> None:
         kernels.matvec_dp4a(kind, data, m, k, xq8, y, m, n)
 
 
-def arguments(doc: str) -> argparse.Namespace:
+def arguments(doc: str, argv=None) -> argparse.Namespace:
     """The check's flags: --json FILE (its report), --quick (the bit checks only)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     p.add_argument("--quick", action="store_true", help="the bit checks only")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def report(cp, path, kernels, ok: bool, **parts) -> int:
@@ -82,14 +108,19 @@ class Sbq:
     """sbq.cu's kernels: quantize(x) -> Q8K blocks, solo(kind, data, m, k, xq_row, y_row), tiles(kind, data, m, k,
     xq, y, n)."""
 
-    def __init__(self, cp, warps: int = 4):
+    NAMES = ("quantize_q8k", "sbq_sum_parts", "sbq_sum_parts_f32",
+             *(f"sbq_{kind}_{v}{suffix}" for kind in ("Q4_K", "Q6_K", "Q6_KP") for v in ("n1", "t1", "t2", "t4", "t8")
+               for suffix in ("", "_f32")))
+
+    def __init__(self, cp, warps: int = 4, fn: dict | None = None):
+        """fn: the kernels by name where given (the host's, tests/engine/kernels/test_sbq_host.py), else built."""
         from engine.kernels import OPTIONS, kernel_source
         self.cp, self.warps = cp, warps
-        module = cp.RawModule(code=kernel_source("sbq.cu"), options=OPTIONS)
-        self.fn = {name: module.get_function(name)
-                   for name in ("quantize_q8k", *(f"sbq_{kind}_{v}{suffix}" for kind in ("Q4_K", "Q6_K")
-                                                    for v in ("n1", "t1", "t2", "t4", "t8")
-                                                    for suffix in ("", "_f32")))}
+        if fn is None:
+            module = cp.RawModule(code=kernel_source("sbq.cu"), options=OPTIONS)
+            fn = {name: module.get_function(name) for name in self.NAMES}
+        self.fn = fn
+        self.parts_buffer = None
 
     def quantize(self, x):
         n, k = x.shape
@@ -98,20 +129,44 @@ class Sbq:
         self.fn["quantize_q8k"](((blocks * 32 + 127) // 128,), (128,), (x, out, np.int32(blocks)))
         return out
 
-    def solo(self, kind, data, m, k, xq, y):
+    def solo(self, kind, data, m, k, xq, y, parts: int = 1):
+        """parts: k's segments (a chain each, added in order; the tile kernels' with as many)."""
         suffix = "_f32" if y.dtype == np.float32 else ""
         self.fn[f"sbq_{kind}_n1{suffix}"](((m + self.warps - 1) // self.warps,), (32 * self.warps,),
-                                          (data, xq, y, np.int32(m), np.int32(k)))
+                                          (data, xq, y, np.int32(m), np.int32(k), np.int32(segment(k, parts))))
 
-    def tiles(self, kind, data, m, k, xq, y, n):
+    def tiles(self, kind, data, m, k, xq, y, n, cols: int | None = None, parts: int = 1):
+        """cols: x's rows a warp takes (8, 16, 32 or 64; the grid's y splits the n rows among warps), else all n in
+        one warp's n-tiles (up to 64); parts: k's segments (the grid's z), their chains added by sbq_sum_parts."""
         rows, suffix = 16 * self.warps, "_f32" if y.dtype == np.float32 else ""
-        self.fn[f"sbq_{kind}_t{tiles(n, (1, 2, 4, 8))}{suffix}"](((m + rows - 1) // rows,), (32 * self.warps,),
-                                                     (data, xq, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n)))
+        nt = tiles(n, (1, 2, 4, 8)) if cols is None else cols // 8
+        seg = segment(k, parts)
+        z = -(-(k // 256) // seg)
+        part = None
+        if z > 1:
+            if self.parts_buffer is None or self.parts_buffer.size < z * n * m:
+                self.parts_buffer = self.cp.empty(z * n * m, dtype=self.cp.float32)
+            part = self.parts_buffer
+        self.fn[f"sbq_{kind}_t{nt}{suffix}"](((m + rows - 1) // rows, -(-n // (8 * nt)), z), (32 * self.warps,),
+                                             (data, xq, y, np.int32(m), np.int32(k), np.int32(m), np.int32(n),
+                                              np.int32(seg), part))
+        if z > 1:
+            self.fn[f"sbq_sum_parts{suffix}"](((n * m + 255) // 256,), (256,),
+                                              (part, y, np.int32(m), np.int32(n), np.int32(m), np.int32(z)))
 
 
-def main() -> int:
-    a = arguments(__doc__)
-    import cupy as cp
+def segment(k: int, parts: int) -> int:
+    """The super-blocks of each of k's `parts` segments (the last one shorter where they do not divide)."""
+    blocks = k // 256
+    return -(-blocks // min(parts, blocks))
+
+
+def main(argv=None, cp=None, kernels=None, sbq_fn: dict | None = None, timer=None) -> int:
+    """On the GPU by default; a dry run on the host passes its stand-ins: cp (HostCupy), kernels (a host GpuKernels),
+    sbq_fn (sbq.cu's host kernels) and timer (timed's signature)."""
+    a = arguments(__doc__, argv)
+    if cp is None:
+        import cupy as cp
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
 
@@ -120,8 +175,9 @@ def main() -> int:
     from tools.device.mmv_check import timed
     from tools.fixtures.make_synthetic_gguf import random_blocks
 
-    kernels = GpuKernels(cp)
-    sbq = Sbq(cp)
+    timed = timer or timed
+    kernels = kernels or GpuKernels(cp)
+    sbq = Sbq(cp, fn=sbq_fn)
     rng = np.random.default_rng(7)
     ok, checks, times, knobs = True, [], {}, {}
 
@@ -148,6 +204,30 @@ def main() -> int:
             y = cp.full((n, rows), np.nan, dtype=cp.float32)
             sbq.tiles(kind, data, rows, cols, xq, y, n)
             same[n] = bool(np.array_equal(y.get(), alone[:n]))
+            if n > 8:  # x's rows split among warps, 8 and 16 a warp
+                for split in (8, 16):
+                    y = cp.full((n, rows), np.nan, dtype=cp.float32)
+                    sbq.tiles(kind, data, rows, cols, xq, y, n, cols=split)
+                    same[f"{n} split {split}"] = bool(np.array_equal(y.get(), alone[:n]))
+        for parts in (2, 3):  # k in segments: each row of x the solo kernel's bits with the same segments
+            seg_alone = cp.full((max(ROWS), rows), np.nan, dtype=cp.float32)
+            for b in range(max(ROWS)):
+                sbq.solo(kind, data, rows, cols, xq[b], seg_alone[b], parts=parts)
+            seg_alone = seg_alone.get()
+            for n in (1, 9, max(ROWS)):
+                y = cp.full((n, rows), np.nan, dtype=cp.float32)
+                sbq.tiles(kind, data, rows, cols, xq, y, n, cols=8 if n > 8 else None, parts=parts)
+                same[f"{n} in {parts} parts"] = bool(np.array_equal(y.get(), seg_alone[:n]))
+        if kind == "Q6_K":  # repacked into 212-byte blocks: the same bits
+            padded = cp.asarray(repack_q6k(raw))
+            y = cp.full((max(ROWS), rows), np.nan, dtype=cp.float32)
+            for b in range(max(ROWS)):
+                sbq.solo("Q6_KP", padded, rows, cols, xq[b], y[b])
+            same["padded alone"] = bool(np.array_equal(y.get(), alone))
+            for n in (9, max(ROWS)):
+                y = cp.full((n, rows), np.nan, dtype=cp.float32)
+                sbq.tiles("Q6_KP", padded, rows, cols, xq, y, n, parts=3)  # (seg_alone: 3 parts)
+                same[f"padded {n} in 3 parts"] = bool(np.array_equal(y.get(), seg_alone[:n]))
         err_sbq, err_today = (float(np.abs(v - exact).max()) / scale for v in (alone, today_rows))
         good = form_same and all(same.values()) and err_sbq < 2e-2
         ok &= good
@@ -166,8 +246,24 @@ def main() -> int:
         data = cp.asarray(rng.integers(0, 256, (m, row_bytes(kind, k)), dtype=np.uint8) & 0x3F)  # sane scales
         x = cp.asarray((rng.standard_normal((64, k)) * 0.5).astype(np.float16))
         mats[name] = (kind, m, k, data, kernels.quantize_q8(x.reshape(-1)), sbq.quantize(x))
+    def split_times(kind, data, m, k, xk, y32, n) -> dict:
+        """k's segments -> {us, cols}: the time at the best split of x's rows among warps (cols a warp)."""
+        out = {}
+        for parts in (p for p in PARTS if p <= k // 256):
+            if n == 1:
+                out[parts] = {"us": round(timed(cp, lambda: sbq.solo(kind, data, m, k, xk[0], y32[0], parts=parts))
+                                          * 1e3, 1), "cols": 1}
+                continue
+            runs = {cols: timed(cp, lambda: sbq.tiles(kind, data, m, k, xk, y32, n, cols=cols, parts=parts))
+                    for cols in [c for c in (16, 32, 64) if c < 2 * n] + [8]}
+            cols = min(runs, key=runs.get)
+            out[parts] = {"us": round(runs[cols] * 1e3, 1), "cols": cols}
+        return out
+
+    device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     for name, (kind, m, k, data, xq8, xk) in mats.items():
         w_bytes = m * row_bytes(kind, k)
+        padded = cp.asarray(repack_q6k(data.get())) if kind == "Q6_K" else None  # 212-byte blocks
         row = {}
         for n in TIMED_ROWS:
             y, y32 = cp.empty((n, m), dtype=cp.float16), cp.empty((n, m), dtype=cp.float32)
@@ -177,18 +273,36 @@ def main() -> int:
                 sbq_ms = timed(cp, lambda: sbq.tiles(kind, data, m, k, xk, y32, n))
             today_ms = timed(cp, lambda: today(kernels, kind, data, m, k, xq8, y, n))
             row[n] = {"sbq_us": round(sbq_ms * 1e3, 1), "today_us": round(today_ms * 1e3, 1),
-                      "sbq_TBps": round(w_bytes / sbq_ms / 1e9, 2), "today_TBps": round(w_bytes / today_ms / 1e9, 2)}
+                      "sbq_TBps": round(w_bytes / sbq_ms / 1e9, 2), "today_TBps": round(w_bytes / today_ms / 1e9, 2),
+                      "parts": split_times(kind, data, m, k, xk, y32, n)}
+            if padded is not None:
+                row[n]["padded_parts"] = split_times("Q6_KP", padded, m, k, xk, y32, n)
+            best = min(row[n]["parts"].values(), key=lambda p: p["us"])["us"] / 1e6
+            row[n]["limit_fraction"] = {"sbq_best": limit_fraction(device, w_bytes, m, k, n, best),
+                                        "today": limit_fraction(device, w_bytes, m, k, n, today_ms / 1e3)}
         times[name] = row
         print(kind, name, json.dumps(row), flush=True)
-    forward = {}
+    # a matrix takes one order at every row count (its rows alone and in a batch the same): its k segments are those
+    # fastest at the most rows timed (x's rows split among warps as fits each count: no bit changes), and the mixed
+    # forward gives each matrix the route that wins there, sbq's (so split) or today's
+    last = TIMED_ROWS[-1]
+    parts = {nm: min(times[nm][last]["parts"], key=lambda p, nm=nm: times[nm][last]["parts"][p]["us"]) for nm in SHAPES}
+    us = {nm: {n: {"sbq": times[nm][n]["sbq_us"], "split": times[nm][n]["parts"][parts[nm]]["us"],
+                   "padded": times[nm][n].get("padded_parts", times[nm][n]["parts"])[parts[nm]]["us"],
+                   "today": times[nm][n]["today_us"]} for n in TIMED_ROWS} for nm in SHAPES}
+    route = {nm: "split" if us[nm][last]["split"] < us[nm][last]["today"] else "today" for nm in SHAPES}
+    forward = {"parts": parts, "mixed_routes": route}
     for n in TIMED_ROWS:
-        f = {key: 32 * sum(times[nm][n][key] for nm in ("wqkv", "wo", "w_gate_up", "w_down")) + times["head"][n][key]
-             for key in ("sbq_us", "today_us")}
-        forward[n] = {"sbq_ms": round(f["sbq_us"] / 1e3, 2), "today_ms": round(f["today_us"] / 1e3, 2)}
+        def total(pick) -> float:  # ms: 32 layers and the head
+            return round((32 * sum(us[nm][n][pick(nm)] for nm in ("wqkv", "wo", "w_gate_up", "w_down"))
+                          + us["head"][n][pick("head")]) / 1e3, 2)
+        forward[n] = {"sbq_ms": total(lambda nm: "sbq"), "sbq_split_ms": total(lambda nm: "split"),
+                      "sbq_split_q6k_padded_ms": total(lambda nm: "padded"),
+                      "mixed_ms": total(lambda nm: route[nm]), "today_ms": total(lambda nm: "today")}
     print("a forward's matmuls (32 layers + head), ms:", json.dumps(forward), flush=True)
     kind, m, k, data, _, xk = mats["w_gate_up"]
     for warps in (2, 8):
-        kq, row = Sbq(cp, warps), {}
+        kq, row = Sbq(cp, warps, sbq_fn), {}
         for n in (1, 16, 64):
             y = cp.empty((n, m), dtype=cp.float32)
             want = cp.empty((n, m), dtype=cp.float32)

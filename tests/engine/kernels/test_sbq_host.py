@@ -1,16 +1,20 @@
 """sbq.cu, issue 48's probe of the super-block integer order, its CUDA source run on the host (host_cuda.py; mma.sync
 emulated as PTX lays out its fragments): x in Q8K (a float scale a super-block) bit for bit as its NumPy form, the
 solo kernel within float32's rounding of gguf's weights times x's values, and each row of x the solo kernel's bits
-in every n-tile kernel, whichever rows are beside it (in fp16 out, those bits rounded once)."""
+in every n-tile kernel, whichever rows are beside it, however the grid splits x's rows among warps (in fp16 out,
+those bits rounded once), and with k in segments (a chain each, added in order) as the solo kernel's same segments."""
 import numpy as np
 import pytest
 
 from gguf import GGMLQuantizationType, quants
 from tests.engine.kernels.host_cuda import HostKernels, compiler
 from tests.engine.kernels.test_quant_blocks_host import random_blocks
-from tools.device.sbq_check import Q8K_BYTES, q8k
+from tools.device.sbq_check import Q8K_BYTES, q8k, repack_q6k
 
 M, K = 40, 1280  # 40 weight rows: two whole 16-row tiles and a partial one; 5 super-blocks: a partial round of 4
+BLOCKS = K // 256
+
+
 def values(blocks: np.ndarray) -> np.ndarray:
     """Q8K blocks (n, k / 256, 288) -> the values they stand for (n, k) float64."""
     q = blocks[..., :256].view(np.int8).astype(np.float64)
@@ -24,29 +28,88 @@ def test_super_block_sums_give_every_row_its_solo_bits_and_the_weights_values(ki
     raw = random_blocks(kind, M * K // 256, seed=19).reshape(M, -1)
     x = (np.random.default_rng(23).standard_normal((19, K)) * 0.5).astype(np.float16)
     x[3, :256] = 0  # a super-block of zeros: d = 0
-    names = ("quantize_q8k", f"sbq_{kind}_n1_f32", f"sbq_{kind}_t4", *(f"sbq_{kind}_t{nt}_f32" for nt in (1, 2, 4, 8)))
+    names = ("quantize_q8k", f"sbq_{kind}_n1_f32", f"sbq_{kind}_t4", *(f"sbq_{kind}_t{nt}_f32" for nt in (1, 2, 4, 8)),
+             "sbq_sum_parts_f32", *(("sbq_Q6_KP_n1_f32", "sbq_Q6_KP_t4_f32") if kind == "Q6_K" else ()))
     fn = HostKernels("sbq.cu", tmp_path, names)
     xq = np.zeros((19, K // 256, Q8K_BYTES), dtype=np.uint8)
     fn["quantize_q8k"](((19 * K // 256 * 32 + 127) // 128,), (128,), (x, xq, np.int32(19 * K // 256)))
     assert np.array_equal(xq, q8k(x))
 
-    alone = np.full((19, M), np.nan, dtype=np.float32)
-    for b in range(19):
-        fn[f"sbq_{kind}_n1_f32"](((M + 3) // 4,), (128,), (raw, xq[b], alone[b], np.int32(M), np.int32(K)))
+    def solo(seg: int, kind: str = kind, raw: np.ndarray = raw) -> np.ndarray:  # (19, M): each row of x alone, k's
+        out = np.full((19, M), np.nan, dtype=np.float32)  # chains a segment of seg super-blocks
+        for b in range(19):
+            fn[f"sbq_{kind}_n1_f32"](((M + 3) // 4,), (128,), (raw, xq[b], out[b], np.int32(M), np.int32(K),
+                                                               np.int32(seg)))
+        return out
+
+    def tiles(rows: slice, nt: int, splits: int = 1, seg: int = BLOCKS, out=None, kind: str = kind,
+              raw: np.ndarray = raw) -> np.ndarray:
+        xs = xq[rows]
+        n, parts = len(xs), -(-BLOCKS // seg)
+        out = np.full((n, M), np.nan, dtype=np.float32) if out is None else out
+        part = np.full((parts, n, M), np.nan, dtype=np.float32) if parts > 1 else None
+        fn[f"sbq_{kind}_t{nt}{'' if out.dtype == np.float16 and parts == 1 else '_f32'}"](
+            ((M + 63) // 64, splits, parts), (128,),
+            (raw, xs, out, np.int32(M), np.int32(K), np.int32(M), np.int32(n), np.int32(seg), part))
+        if parts > 1:
+            fn["sbq_sum_parts_f32"](((n * M + 127) // 128,), (128,), (part, out, np.int32(M), np.int32(n), np.int32(M),
+                                                                     np.int32(parts)))
+        return out
+
+    alone = solo(BLOCKS)
     w = quants.dequantize(raw, GGMLQuantizationType[kind]).reshape(M, K).astype(np.float64)
     want = values(xq) @ w.T
     np.testing.assert_allclose(alone, want, rtol=0, atol=2e-5 * float(np.abs(want).max()))
 
     for n, nt in ((1, 1), (5, 1), (13, 2), (19, 4), (9, 8), (19, 8)):
-        got = np.full((n, M), np.nan, dtype=np.float32)
-        fn[f"sbq_{kind}_t{nt}_f32"](((M + 63) // 64,), (128,),
-                                    (raw, xq[:n], got, np.int32(M), np.int32(K), np.int32(M), np.int32(n)))
-        assert np.array_equal(got, alone[:n]), (n, nt)
-    got = np.full((16, M), np.nan, dtype=np.float32)  # the same rows at other places of the tiles
-    fn[f"sbq_{kind}_t2_f32"](((M + 63) // 64,), (128,),
-                             (raw, xq[3:19], got, np.int32(M), np.int32(K), np.int32(M), np.int32(16)))
-    assert np.array_equal(got, alone[3:19])
-    half = np.full((19, M), np.nan, dtype=np.float16)  # fp16 out: the same sums, rounded once
-    fn[f"sbq_{kind}_t4"](((M + 63) // 64,), (128,),
-                         (raw, xq, half, np.int32(M), np.int32(K), np.int32(M), np.int32(19)))
+        assert np.array_equal(tiles(slice(0, n), nt), alone[:n]), (n, nt)
+    for nt, splits in ((1, 3), (2, 2)):  # x's rows split among warps by the grid's y (8 nt rows each)
+        assert np.array_equal(tiles(slice(None), nt, splits), alone), (nt, splits)
+    assert np.array_equal(tiles(slice(3, 19), 2), alone[3:19])  # the same rows at other places of the tiles
+    half = tiles(slice(None), 4, out=np.full((19, M), np.nan, dtype=np.float16))  # fp16 out: the sums rounded once
     assert np.array_equal(half, alone.astype(np.float16))
+
+    for seg in (1, 2, 3):  # k split in segments (the grid's z), their chains added in order: the solo kernel's
+        split = solo(seg)  # bits with the same segments
+        np.testing.assert_allclose(split, want, rtol=0, atol=2e-5 * float(np.abs(want).max()))
+        for n, nt, splits in ((1, 1, 1), (19, 4, 1), (19, 1, 3)):
+            assert np.array_equal(tiles(slice(0, n), nt, splits, seg), split[:n]), (seg, n, nt, splits)
+        if kind == "Q6_K":  # repacked into 212-byte blocks (4-byte aligned loads): the same bits
+            padded = repack_q6k(raw)
+            assert padded.shape == (M, BLOCKS * 212)
+            assert np.array_equal(solo(seg, "Q6_KP", padded), split)
+            assert np.array_equal(tiles(slice(None), 4, 1, seg, kind="Q6_KP", raw=padded), split)
+
+
+def test_the_device_check_runs_through_on_the_host(tmp_path, monkeypatch):
+    """tools/device/sbq_check.py end to end on the host at small shapes: its bit checks (every route, split and
+    repack), its timings with a stand-in clock, the forward's sums and its report, so that a device call is not spent
+    on a Python error."""
+    import json
+    from types import SimpleNamespace
+
+    import tools.device.sbq_check as check
+    from engine.kernels.model_parts import ModelKernels
+    from tests.engine.kernels.host_gpu import HostCupy, host_gpu_backend
+
+    monkeypatch.setattr(check, "SHAPES", {"wqkv": ("Q4_K", 48, 512), "wo": ("Q4_K", 32, 512),
+                                          "w_gate_up": ("Q4_K", 64, 512), "w_down": ("Q6_K", 32, 1024),
+                                          "head": ("Q6_K", 80, 512)})
+    monkeypatch.setattr(check, "ODD", [(37, 512)])
+    monkeypatch.setattr(check, "ROWS", (1, 9, 17))
+    monkeypatch.setattr(check, "TIMED_ROWS", (1, 9, 17))
+    cp = HostCupy()
+    cp.cuda = SimpleNamespace(**vars(HostCupy.cuda),
+                              runtime=SimpleNamespace(getDeviceProperties=lambda i: {"name": b"NVIDIA H100 (host)"}))
+    kernels = host_gpu_backend(ModelKernels(frozenset({"Q4_K", "Q6_K"}), 128, 4), tmp_path / "gpu").ops.kernels
+    clock = iter(range(1, 10**6))  # ms: every launch timed slower than the one before
+    out = tmp_path / "sbq_check.json"
+    fn = HostKernels("sbq.cu", tmp_path, check.Sbq.NAMES)
+    assert check.main(["--json", str(out)], cp=cp, kernels=kernels, sbq_fn=fn,
+                      timer=lambda cp, launch: (launch(), float(next(clock)))[1]) == 0
+    report = json.loads(out.read_text())
+    assert report["ok"] and all(c["rows_equal_alone"] == c["cases"] for c in report["checks"])
+    assert set(report["times"]) == set(check.SHAPES) and "padded_parts" in report["times"]["head"]["17"]
+    assert report["forward"]["17"]["today_ms"] > 0
+    assert report["times"]["wo"]["17"]["limit_fraction"]["today"] is not None  # (an H100 by its name)
+    assert report["forward"]["mixed_routes"]["wo"] == "today"  # (the stand-in clock: each route slower than the last)
