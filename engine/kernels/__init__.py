@@ -33,7 +33,7 @@ from engine.kernels.model_parts import ModelKernels
 from engine.kernels.matvec_launch import (
     MATVEC_PAIRS, MATVEC_SOLO_ROWS, MATVEC_STAGE_MATRIX, MATVEC_STAGE_MAX, MAX_BATCH_ROWS, MMQ_FROM, MMQ_MT, MMQ_SMEM,
     MMQ_STAGES, MMQ_THREADS, MMQ_TILES, MMV_THREADS, MMV_TILE_ROWS, MatvecLaunchers, matvec_rows, matvec_stage,
-    mmq_grid, mmq_smem_bytes, mmq_stages, tiles)
+    mmq_grid, mmq_smem_bytes, mmq_stages, sbq_wanted, tiles)
 from engine.kernels.norm_rope_launch import NORM_MAX_WIDTH, NormRopeLaunchers
 from engine.kernels.sources import KERNEL_DIR, OPTIONS, kernel_source
 
@@ -84,6 +84,7 @@ class GpuKernels(KernelLoader, DeviceSteps, NormRopeLaunchers, ArgmaxLauncher, A
         self.fused_matvec = os.environ.get("STRATA_FUSED_MATVEC", "0") == "1"  # engine/kernels/fused_launch.py
         # the int8 tensor-core batches (mmq.cu) take up to 227 KiB of shared memory a block: Hopper's
         self.mmq_from = int(os.environ.get("STRATA_MMQ_FROM", MMQ_FROM)) if hopper else sys.maxsize
+        self.sbq = sbq_wanted()  # issue 48's super-block order for Q4_K / Q6_K matrices (sbq.cu), opt-in
         self.sms = cp.cuda.Device().attributes["MultiProcessorCount"]
         # flash-decoding's per-(sequence, K/V head group) block counters, int32, zero at rest; made here
         # with the default allocator, never in a graphs' pool: every captured graph keeps their address

@@ -15,7 +15,7 @@ from engine.kernels.attention_launch import (HEAD_DIMS, PROMPT_ATTENTION, SM90_H
 from engine.kernels.dequant_launch import WEIGHT_KINDS
 from engine.kernels.linear_attention_launch import CONV_KERNELS, SCAN_WIDTHS
 from engine.kernels.matvec_launch import (MATVEC_PAIRS, MATVEC_STAGE_MAX, MAX_BATCH_ROWS, MMQ_TILES, MMV_TILE_ROWS,
-                                          mmq_smem_bytes)
+                                          SBQ_KINDS, SBQ_TILES, mmq_smem_bytes)
 from engine.kernels.sources import OPTIONS, kernel_source
 
 if TYPE_CHECKING:
@@ -41,6 +41,9 @@ def built_kernels() -> dict[str, tuple[str, ...]]:
                                 for g in decode_kernel_groups(d))),
              "mmv.cu": tuple(f"mmv_f16_t{nt}{suffix}" for nt in MMV_TILE_ROWS for suffix in ("", "_f32")),
              "mmq.cu": tuple(f"mmq_{kind}_t{nt}{suffix}" for kind in BLOCKS for nt in MMQ_TILES for suffix in ("", "_f32")),
+             "sbq.cu": ("quantize_q8k", "sbq_sum_parts", "sbq_sum_parts_f32",
+                        *(f"sbq_{kind}_{v}{suffix}" for kind in SBQ_KINDS
+                          for v in ("n1", *(f"t{nt}" for nt in SBQ_TILES)) for suffix in ("", "_f32"))),
              "moe.cu": moe_launch.KERNELS,
              "linear_attention.cu": ("sigmoid_mul",
                                      *(f"conv_{part}_k{k}" for k in CONV_KERNELS for part in ("rows", "window")),

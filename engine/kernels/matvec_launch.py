@@ -1,14 +1,17 @@
 """Launchers of the weights-times-rows kernels: quant.cu's matvec_ (dp4a, rows of x in 8 bits:
 quantize_q8) and matvec2_ (two stacked parts in one launch), mmq.cu (int8 tensor cores, from MMQ_FROM
-rows), mmv.cu (fp16 weights on the tensor cores); and the geometry of their blocks."""
+rows), mmv.cu (fp16 weights on the tensor cores), sbq.cu (issue 48's super-block order, opt-in: $STRATA_SBQ=1);
+and the geometry of their blocks."""
 from __future__ import annotations
 
 import math
+import os
 from types import ModuleType
 
 import numpy as np
 
 from engine.core.quantized import BLOCKS, UNIT, QuantMatrix, row_bytes
+from engine.kernels.args import NULL
 from engine.kernels.limits import MATVEC_ROWS, MATVEC_THREADS, Q8_BYTES, THREADS, blocks
 
 MATVEC_SOLO_ROWS = 4  # a block's rows at one row of x: MV_WARPS warps of MV_SOLO_ROWS rows
@@ -28,6 +31,10 @@ MMQ_THREADS, MMQ_MT, MMQ_STAGES = 512, 2, 4  # an mmq block: MMQ_WARPS warps, 16
 # in flight (as many as fit MMQ_SMEM)
 MMQ_SMEM = 227 * 1024  # shared memory an mmq block may take (kSmemBudget in mmq.cu; the H200's most a block)
 MMQ_TILES = (1, 2, 4)  # n-tiles of 8 rows of x a block takes (mmq_<T>_t<NT>); more rows, more blocks
+SBQ_KINDS = ("Q4_K", "Q6_K")  # sbq.cu's kinds: a matrix all of them takes it where GpuKernels.sbq is set
+SBQ_WARPS, SBQ_TILES, SBQ_BYTES = 4, (1, 2, 4, 8), 288  # sbq.cu: warps a block, n-tiles a kernel, a Q8K block
+SBQ_TILE_WARPS, SBQ_MAX_PARTS = 2048, 8  # sbq.cu's split of k: segments enough for a matrix's 16-row tiles to make
+# about this many warps, at most so many (sbq_parts)
 MMV_THREADS = 128  # mmv.cu: a block's threads
 MMV_TILE_ROWS = {1: 16, 2: 16, 4: 32, 8: 32}  # n-tiles of 8 rows of x (mmv_f16_t<NT>, up to 64 rows a launch) ->
 # weight rows a block takes (16 mmv_tiles<NT>() in mmv.cu)
@@ -77,6 +84,18 @@ def mmq_grid(m: int, n: int, nt: int, sms: int, mt: int = MMQ_MT) -> int:
     return min(sms, math.ceil(m / (16 * mt)) * math.ceil(n / (8 * nt)))
 
 
+def sbq_wanted() -> bool:
+    """Whether $STRATA_SBQ asks for sbq.cu's super-block order (issue 48's probe, off by default)."""
+    return os.environ.get("STRATA_SBQ", "0") == "1"
+
+
+def sbq_parts(m: int, k: int) -> int:
+    """The segments of k that sbq.cu's kernels split an (m, k) matrix into (a chain each, added in order after):
+    enough for its 16-row tiles to make SBQ_TILE_WARPS warps, at most SBQ_MAX_PARTS and k's super-blocks. A choice
+    of the matrix's shape alone: one row and a batch's rows take the same segments, so the same bits."""
+    return max(1, min(SBQ_MAX_PARTS, k // 256, math.ceil(SBQ_TILE_WARPS / math.ceil(m / 16))))
+
+
 def tiles(rows: int, choices=MMV_TILE_ROWS) -> int:
     """The fewest n-tiles of 8 that hold `rows` rows of x."""
     return next(t for t in choices if 8 * t >= rows)
@@ -85,7 +104,8 @@ def tiles(rows: int, choices=MMV_TILE_ROWS) -> int:
 class MatvecLaunchers:
     """Mixed into GpuKernels, which sets what these read: cp (CuPy), fn (kernel name -> function),
     sms (the device's multiprocessors) and the paths a matvec may take: stage (weight rows staged in
-    shared memory), pairs (matvec2_), mmq_from (rows of x from which mmq.cu runs)."""
+    shared memory), pairs (matvec2_), mmq_from (rows of x from which mmq.cu runs), sbq (sbq.cu for the
+    matrices whose parts are all of SBQ_KINDS)."""
 
     cp: ModuleType
     fn: dict
@@ -93,6 +113,7 @@ class MatvecLaunchers:
     stage: bool
     pairs: bool
     mmq_from: int
+    sbq = False
 
     def matvec(self, w, x, dtype=np.float32, q8=None):
         """w: (m, k) fp16 or a QuantMatrix (its blocks read directly), x: (n, k) fp16 rows (or one
@@ -108,6 +129,12 @@ class MatvecLaunchers:
         suffix = "_f32" if np.dtype(dtype) == np.float32 else ""
         y = self.cp.empty((n, m), dtype=dtype)
         parts = self.parts(w)
+        if self.sbq and all(kind in SBQ_KINDS for kind, _, _ in parts):
+            xk, row = self.quantize_q8k(x), 0
+            for kind, data, rows in parts:
+                self.sbq_matvec(kind, data, rows, k, xk, y[:, row:], m, n, suffix)
+                row += rows
+            return y[0] if one else y
         xq = q8 if q8 is not None or all(kind == "F16" for kind, _, _ in parts) else self.quantize_q8(x.reshape(-1))
         if n == 1 and suffix == "" and self.pairs and tuple(kind for kind, _, _ in parts) in MATVEC_PAIRS:
             self.matvec_pair(parts, xq, y, k)
@@ -147,6 +174,37 @@ class MatvecLaunchers:
         self.fn[f"mmq_{kind}_t{nt}{suffix}"]((mmq_grid(m, n, nt, self.sms),), (MMQ_THREADS,),
                                              (data, xq, y, np.int32(m), np.int32(k), np.int32(ldy), np.int32(n)),
                                              shared_mem=mmq_smem_bytes(kind, nt))
+
+    def sbq_matvec(self, kind: str, data, m: int, k: int, xk, y, ldy: int, n: int, suffix: str = "") -> None:
+        """y (n, m; rows ldy apart) = x @ W^T for n rows of x in Q8K (xk: (n, k / 256, 288) bytes, quantize_q8k)
+        against an (m, k) matrix of `kind` blocks in the super-block order (sbq.cu), k in sbq_parts(m, k) segments:
+        one row by its solo kernel, more by the int8 tensor cores, 64 a launch (each segment's sums into a float32
+        buffer, added in order by sbq_sum_parts), each row the solo kernel's bits."""
+        parts = sbq_parts(m, k)
+        seg = -(-(k // 256) // parts)
+        z = -(-(k // 256) // seg)  # (the segments there are: as many, or fewer where seg rounded up)
+        if n == 1:
+            self.fn[f"sbq_{kind}_n1{suffix}"](blocks(m, SBQ_WARPS), (32 * SBQ_WARPS,),
+                                               (data, xk, y, np.int32(m), np.int32(k), np.int32(seg)))
+            return
+        for b0 in range(0, n, 8 * SBQ_TILES[-1]):
+            nb = min(8 * SBQ_TILES[-1], n - b0)
+            part = self.cp.empty((z, nb, m), dtype=self.cp.float32) if z > 1 else NULL  # (z, nb, m)
+            self.fn[f"sbq_{kind}_t{tiles(nb, SBQ_TILES)}{suffix}"](
+                (*blocks(m, 16 * SBQ_WARPS), 1, z), (32 * SBQ_WARPS,),
+                (data, xk[b0:], y[b0:], np.int32(m), np.int32(k), np.int32(ldy), np.int32(nb), np.int32(seg), part))
+            if z > 1:
+                self.fn[f"sbq_sum_parts{suffix}"](blocks(nb * m, 256), (256,),
+                                                  (part, y[b0:], np.int32(m), np.int32(nb), np.int32(ldy), np.int32(z)))
+
+    def quantize_q8k(self, x):
+        """x: (n, k) fp16 rows -> (n, k / 256, 288) Q8K blocks (sbq.cu): a float scale a super-block, int8 values,
+        each unit of 32's sum. NumPy reference: tools/device/sbq_check.py q8k."""
+        n, k = x.shape
+        out = self.cp.empty((n, k // 256, SBQ_BYTES), dtype=self.cp.uint8)
+        count = n * k // 256
+        self.fn["quantize_q8k"](blocks(32 * count, 128), (128,), (x, out, np.int32(count)))
+        return out
 
     def stage_bytes(self, kind: str, data, rows: int, k: int, nb: int) -> int:
         """The `stage` argument of matvec_<kind>_n<nb> over the (rows, k) blocks `data`: matvec_stage's

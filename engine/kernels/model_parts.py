@@ -15,6 +15,7 @@ from functools import cached_property
 from engine.core.quantized import BLOCKS
 from engine.kernels.attention_launch import HEAD_DIMS, MAX_GROUP, decode_group
 from engine.kernels.build import PARTS, Unit
+from engine.kernels.matvec_launch import SBQ_KINDS, sbq_wanted
 from engine.modelfile.gguf_file import GGUFFile
 from engine.modelfile.model_config import ModelConfig
 
@@ -37,6 +38,7 @@ class ModelKernels:
     group: int
     moe: bool = False
     hybrid: bool = False
+    sbq: bool = False  # sbq.cu for its Q4_K and Q6_K matrices ($STRATA_SBQ=1: sbq_wanted)
     beside: tuple["ModelKernels", ...] = ()  # other models the engine runs on the same kernels (a draft model's):
     # their parts are built at start too (one asked for later, once the KV pool holds the card, is built by
     # load_rest's compiler processes, whose CUDA contexts then find no memory)
@@ -45,7 +47,7 @@ class ModelKernels:
     def of(cls, cfg: ModelConfig, reader: GGUFFile) -> ModelKernels:
         kinds = frozenset(t.tensor_type.name for t in reader.tensors if len(t.shape) >= 2)
         return cls(kinds, cfg.head_dim, max(1, cfg.n_heads // max(1, cfg.n_kv_heads)), cfg.n_experts > 0,
-                   cfg.hybrid is not None)
+                   cfg.hybrid is not None, sbq_wanted())
 
     @cached_property
     def parts(self) -> dict[str, set[int]]:
@@ -58,6 +60,8 @@ class ModelKernels:
                               | ({FP16_PART} if self.kinds - KIND_PART.keys() or not quantized else set()))
         if quantized:
             wanted["mmq.cu"] = quantized
+        if self.sbq and self.kinds & set(SBQ_KINDS):
+            wanted["sbq.cu"] = {0}
         if self.moe:
             wanted["moe.cu"] = {0}
         if self.hybrid:

@@ -37,6 +37,7 @@
 // scale per 256 values (llama.cpp's CPU Q8_K) where quantize_q8 keeps one per 32 (bench/HISTORY.md: 0.00185 nats
 // of KL against 0.00043 on the Qwen2.5-Coder-1.5B fixture). NumPy reference: tools/device/sbq_check.py.
 #include "quant_blocks.cuh"
+#include "pdl.cuh"
 
 struct Q8K {
     signed char q[256];       // round(x / d)
@@ -70,6 +71,7 @@ __device__ __forceinline__ float sb_step(float acc, float dx, float d, float dmi
 
 // A warp a super-block, lane l its values 8l .. 8l + 7. NumPy: d = max|x| / 127, q = rint(x / d) (0 where d is 0).
 extern "C" __global__ void quantize_q8k(const __half* __restrict__ x, Q8K* __restrict__ out, int blocks) {
+    after_producer();
     const int block = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (block >= blocks) return;
     const __half* v = x + (size_t)block * 256 + 8 * lane;
@@ -358,6 +360,7 @@ __device__ __forceinline__ void sbq_solo(const u8* __restrict__ w, const Q8K* __
                                          int m, int k, int seg) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const int grp = lane >> 3, i = lane & 7, blocks = k >> 8;
+    after_producer();
     if (row >= m) return;
     const u8* wr = w + (size_t)row * blocks * K::BYTES;
     float acc = 0.f, sum = 0.f;
@@ -382,6 +385,7 @@ template <class K, int NT, typename Out>
 __device__ __forceinline__ void sbq_tiles(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
                                           int m, int k, int ldy, int nb, int seg, float* __restrict__ part) {
     const int blocks = k >> 8, first = blockIdx.z * seg, end = min(blocks, first + seg);
+    after_producer();
     Tile<NT> tile;
     if (!tile.at(w, x, m, nb, blocks, K::BYTES)) return;
     for (int sb = first; sb < end; ++sb)
@@ -399,6 +403,7 @@ template <typename Out>
 __device__ __forceinline__ void sum_parts(const float* __restrict__ part, Out* __restrict__ y, int m, int nb, int ldy,
                                           int parts) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    after_producer();
     if (i >= m * nb) return;
     float sum = 0.f;
     for (int s = 0; s < parts; ++s) sum = __fadd_rn(sum, part[(size_t)s * m * nb + i]);

@@ -23,6 +23,7 @@ from tests.engine.kernels.host_cuda import kernels_in
 KIND = "|".join(sorted([*BLOCKS, "F16"], key=len, reverse=True))  # a kernel name's weight type (longest first)
 MODELS = {  # name -> what decides its kernels
     "llama3-8b Q4_K_M": ModelKernels(frozenset({"Q4_K", "Q6_K"}), 128, 4),
+    "llama3-8b Q4_K_M, $STRATA_SBQ=1": ModelKernels(frozenset({"Q4_K", "Q6_K"}), 128, 4, sbq=True),
     "qwen2.5-0.5b Q8_0": ModelKernels(frozenset({"Q8_0"}), 64, 7),
     "qwen3-30b-a3b Q4_K_M": ModelKernels(frozenset({"Q4_K", "Q6_K"}), 128, 8, moe=True),
     "qwen3-next-80b-a3b IQ3_S": ModelKernels(frozenset({"IQ3_S", "Q6_K", "F32"}), 256, 8, moe=True, hybrid=True),
@@ -52,6 +53,9 @@ def asked_for(model: ModelKernels) -> set[str]:
                 ok = model.moe
             elif source == "linear_attention.cu":
                 ok = model.hybrid
+            elif source == "sbq.cu":  # $STRATA_SBQ's kernels, for its kinds
+                m = re.fullmatch(r"sbq_(Q4_K|Q6_K)_\w+", name)
+                ok = model.sbq and (m is None and bool(kinds & {"Q4_K", "Q6_K"}) or m is not None and m[1] in kinds)
             elif m := re.fullmatch(r"flash_decode(?:_q8)?_d(\d+)_g(\d+)", name):  # an even group over 4 runs as
                 # two blocks of half of it, a 256-wide head's in blocks of at most 2 (the launcher's rule, restated)
                 heads = model.group // 2 if model.group > 4 and model.group % 2 == 0 else model.group
@@ -101,7 +105,7 @@ def test_a_first_start_builds_a_sixth_of_the_parts_for_the_8b_shape():
         "quant.cu part 11/30", "quant.cu part 12/30", "quant.cu part 15/30", "quant.cu part 16/30",
         "attention.cu part 10/21", "attention.cu part 14/21", "mmq.cu part 6/15", "mmq.cu part 8/15",
         "norm_rope.cu", "argmax.cu", "mmv.cu"]
-    assert len(build.units(built_kernels())) == 71
+    assert len(build.units(built_kernels())) == 72
 
 
 def test_a_draft_models_parts_are_built_at_start_beside_the_targets(model_path):

@@ -113,3 +113,36 @@ def test_the_device_check_runs_through_on_the_host(tmp_path, monkeypatch):
     assert report["forward"]["17"]["today_ms"] > 0
     assert report["times"]["wo"]["17"]["limit_fraction"]["today"] is not None  # (an H100 by its name)
     assert report["forward"]["mixed_routes"]["wo"] == "today"  # (the stand-in clock: each route slower than the last)
+
+
+def test_the_engine_s_matvec_takes_the_super_block_order_where_asked_and_every_row_keeps_its_bits(tmp_path):
+    """GpuKernels.matvec with sbq set ($STRATA_SBQ=1): a matrix of Q4_K and Q6_K parts (a QKV whose V rows are
+    Q6_K) against 70 rows of x (two launches of tiles, k in sbq_parts' segments) gives each row the bits it has
+    alone (the solo kernel), near gguf's values times x's Q8K values."""
+    from engine.core.quantized import QuantMatrix, QuantPart
+    from engine.kernels.matvec_launch import MatvecLaunchers, sbq_parts
+
+    parts = [("Q4_K", 24), ("Q6_K", 16)]
+    assert [sbq_parts(rows, K) for _, rows in parts] == [BLOCKS, BLOCKS]  # small matrices: a segment a super-block
+    raws = [random_blocks(kind, rows * K // 256, seed=29 + i).reshape(rows, -1) for i, (kind, rows) in enumerate(parts)]
+    w = QuantMatrix(tuple(QuantPart(kind, raw, rows) for (kind, rows), raw in zip(parts, raws)), K)
+    x = (np.random.default_rng(31).standard_normal((70, K)) * 0.5).astype(np.float16)
+    m = MatvecLaunchers()
+    m.cp, m.sbq = np, True
+    m.fn = HostKernels("sbq.cu", tmp_path, ("quantize_q8k", "sbq_sum_parts_f32",
+                                            *(f"sbq_{kind}_{v}_f32" for kind, _ in parts for v in ("n1", "t1", "t8"))))
+    y = m.matvec(w, x, np.float32)  # (70, 40)
+    alone = np.stack([m.matvec(w, row, np.float32) for row in x])
+    assert np.array_equal(y, alone)
+    weights = np.concatenate([quants.dequantize(raw, GGMLQuantizationType[kind]).reshape(rows, K)
+                             for (kind, rows), raw in zip(parts, raws)]).astype(np.float64)
+    want = values(q8k(x)) @ weights.T
+    np.testing.assert_allclose(y, want, rtol=0, atol=2e-5 * float(np.abs(want).max()))
+
+
+def test_a_matrix_takes_its_segments_of_k_by_its_shape():
+    from engine.kernels.matvec_launch import sbq_parts
+
+    assert sbq_parts(4096, 4096) == 8 and sbq_parts(4096, 14336) == 8  # 256 tiles: wo, w_down of the 8B
+    assert sbq_parts(28672, 4096) == 2 and sbq_parts(128256, 4096) == 1  # gate/up, the head
+    assert sbq_parts(4096, 512) == 2  # no more segments than super-blocks
