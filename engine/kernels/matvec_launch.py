@@ -96,6 +96,14 @@ def sbq_parts(m: int, k: int) -> int:
     return max(1, min(SBQ_MAX_PARTS, k // 256, math.ceil(SBQ_TILE_WARPS / math.ceil(m / 16))))
 
 
+def sbq_segments(k: int, parts: int) -> tuple[int, int]:
+    """(super-blocks a segment, segments) of k split in `parts` (at most k's super-blocks; the last segment shorter
+    where they do not divide, and fewer segments where the rounding up leaves one empty)."""
+    blocks = k // 256
+    seg = -(-blocks // min(parts, blocks))
+    return seg, -(-blocks // seg)
+
+
 def tiles(rows: int, choices=MMV_TILE_ROWS) -> int:
     """The fewest n-tiles of 8 that hold `rows` rows of x."""
     return next(t for t in choices if 8 * t >= rows)
@@ -180,9 +188,7 @@ class MatvecLaunchers:
         against an (m, k) matrix of `kind` blocks in the super-block order (sbq.cu), k in sbq_parts(m, k) segments:
         one row by its solo kernel, more by the int8 tensor cores, 64 a launch (each segment's sums into a float32
         buffer, added in order by sbq_sum_parts), each row the solo kernel's bits."""
-        parts = sbq_parts(m, k)
-        seg = -(-(k // 256) // parts)
-        z = -(-(k // 256) // seg)  # (the segments there are: as many, or fewer where seg rounded up)
+        seg, z = sbq_segments(k, sbq_parts(m, k))
         if n == 1:
             self.fn[f"sbq_{kind}_n1{suffix}"](blocks(m, SBQ_WARPS), (32 * SBQ_WARPS,),
                                                (data, xk, y, np.int32(m), np.int32(k), np.int32(seg)))

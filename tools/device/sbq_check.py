@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.kernels.matvec_launch import tiles  # noqa: E402
+from engine.kernels.matvec_launch import sbq_segments, tiles  # noqa: E402
 
 
 Q8K_BYTES = 288
@@ -133,15 +133,14 @@ class Sbq:
         """parts: k's segments (a chain each, added in order; the tile kernels' with as many)."""
         suffix = "_f32" if y.dtype == np.float32 else ""
         self.fn[f"sbq_{kind}_n1{suffix}"](((m + self.warps - 1) // self.warps,), (32 * self.warps,),
-                                          (data, xq, y, np.int32(m), np.int32(k), np.int32(segment(k, parts))))
+                                          (data, xq, y, np.int32(m), np.int32(k), np.int32(sbq_segments(k, parts)[0])))
 
     def tiles(self, kind, data, m, k, xq, y, n, cols: int | None = None, parts: int = 1):
         """cols: x's rows a warp takes (8, 16, 32 or 64; the grid's y splits the n rows among warps), else all n in
         one warp's n-tiles (up to 64); parts: k's segments (the grid's z), their chains added by sbq_sum_parts."""
         rows, suffix = 16 * self.warps, "_f32" if y.dtype == np.float32 else ""
         nt = tiles(n, (1, 2, 4, 8)) if cols is None else cols // 8
-        seg = segment(k, parts)
-        z = -(-(k // 256) // seg)
+        seg, z = sbq_segments(k, parts)
         part = None
         if z > 1:
             if self.parts_buffer is None or self.parts_buffer.size < z * n * m:
@@ -153,12 +152,6 @@ class Sbq:
         if z > 1:
             self.fn[f"sbq_sum_parts{suffix}"](((n * m + 255) // 256,), (256,),
                                               (part, y, np.int32(m), np.int32(n), np.int32(m), np.int32(z)))
-
-
-def segment(k: int, parts: int) -> int:
-    """The super-blocks of each of k's `parts` segments (the last one shorter where they do not divide)."""
-    blocks = k // 256
-    return -(-blocks // min(parts, blocks))
 
 
 def main(argv=None, cp=None, kernels=None, sbq_fn: dict | None = None, timer=None) -> int:
