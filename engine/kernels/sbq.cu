@@ -1,20 +1,20 @@
 // Issue 48's third probe, in its second form: Q4_K (and Q6_K) weights against rows of x in the order the issue
 // names, integer sums over a whole super-block and one float step after, a chain an output or a segment of k (its
-// super-blocks added in order). Not dispatched by the engine (engine/kernels/loader.py does not load it);
-// tools/device/sbq_check.py measures it.
+// super-blocks added in order). The engine's matvec takes it for Q4_K / Q6_K matrices with $STRATA_SBQ=1 (off by
+// default: engine/kernels/matvec_launch.py sbq_matvec); tools/device/sbq_check.py checks and times it.
 // Measured on an H100 (bench/HISTORY.md, twenty-sixth session): exact, every row its solo bits; faster than mmq.cu
 // only where a launch fills the chip (the 8B shape's gate/up 1.2-1.55x at 8-64 rows), slower elsewhere: a 4,096-row
 // matrix's tiles are 256 warps over the whole of k, the Q6_K tile kernel 2-6x slower (its super-block's 2-byte
 // loads), the solo kernel 1.1-1.4x. The tile kernel then took 255 registers and spilled at 8 n-tiles (ptxas, sm_90).
-// Its second form (twenty-seventh session, same bits, not yet timed on a GPU): x's rows as 32-bit offsets from one
-// pointer and the outputs' columns' scales shuffled from the lane that reads that row (188 registers, no spill), the
-// min term B by two mmas (x's unit sums kept as two bytes each, Q8K below) where 16 IMADs a pair of outputs took it:
-// a super-block's trip 947 instructions at 8 n-tiles against 1,297 (tools/device/sass_counts.py); the grid's y
-// splits x's rows among warps (8 NT a warp), so a 4,096-row matrix at 64 rows can take 4-8 times the warps; and a
-// fixed split of k (the kernels' seg: super-blocks a segment, a choice of the matrix's shape, never of the rows):
-// a chain a segment, the chains added in order from 0, by the solo kernel itself and by sbq_sum_parts after the
-// tile kernel's segments (the grid's z), so a row keeps its bits alone and among 64 while a 4,096-row matrix's
-// tiles fill the SMs at any number of rows.
+// Its second form (twenty-seventh session; on an H100 a forward's matmuls 1.42x today's at 64 rows, 0.9x at one): x's
+// rows as 32-bit offsets from one pointer and the outputs' columns' scales shuffled from the lane that reads that row
+// (188 registers, no spill), the min term B by two mmas (x's unit sums kept as two bytes each, Q8K below) where 16
+// IMADs a pair of outputs took it: a super-block's trip 947 instructions at 8 n-tiles against 1,297
+// (tools/device/sass_counts.py); the grid's y splits x's rows among warps (8 NT a warp), so a 4,096-row matrix at 64
+// rows can take 4-8 times the warps; and a fixed split of k (the kernels' seg: super-blocks a segment, a choice of the
+// matrix's shape, never of the rows): a chain a segment, the chains added in order from 0, by the solo kernel itself
+// and by sbq_sum_parts after the tile kernel's segments (the grid's z), so a row keeps its bits alone and among 64
+// while a 4,096-row matrix's tiles fill the SMs at any number of rows.
 //   quantize_q8k(x, out, blocks)           x (blocks * 256,) fp16 -> Q8K blocks: one float scale a super-block
 //   sbq_<T>_n1[_f32](w, x, y, m, k, seg)   y (m,) = W (m, k) . x (one row of k / 256 Q8K blocks): a warp a row
 //   sbq_<T>_t<NT>[_f32](w, x, y, m, k, ldy, nb, seg, part)  y (nb, m; rows ldy apart) for nb <= 8 NT grid.y rows
