@@ -196,7 +196,10 @@ def pct(values, q) -> float | None:
 
 
 def medians(runs: list[dict]) -> dict:
-    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    """Each numeric figure's median over the runs that have it (a run with no answer has no first-token time: the
+    others' still count; None where no run has it)."""
+    keys = list(dict.fromkeys(k for r in runs for k, v in r.items() if v is None or isinstance(v, (int, float))
+                              and not isinstance(v, bool)))
     out = {}
     for k in keys:
         vals = [r[k] for r in runs if isinstance(r.get(k), (int, float))]

@@ -20,12 +20,12 @@ from engine.model.weights import expanded_matrices, expansion_bytes, keep_expans
 from engine.loop.loop import run_loop
 from engine.loop.step_limits import StepLimits
 from engine.core.chunks import step_budget
-from engine.kvcache.expert_plan import plan_experts
+from engine.kvcache.expert_plan import kv_floor, plan_experts
 from engine.core.memory import RESERVE_BYTES, available_memory, out_of_memory
 from engine.kvcache.recurrent import state_bytes
 from engine.kvcache.kv import kv_row_bytes
 from engine.kvcache.prompt_weights import Expansions, describe
-from engine.kvcache.sizing import Running, plan_context
+from engine.kvcache.sizing import Running, plan_context, scratch_bytes
 from engine.modelfile.model_path import ModelNotFound, resolve_model_path
 from engine.loop.park_policy import ParkPolicy
 from engine.runner.draft_model import DraftModel, open_draft
@@ -62,9 +62,13 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     # refused, saying what would fit, when not even a token's experts fit (engine/kvcache/expert_plan.py)
     # (--expert-slots: a cache of that many; on the CPU, where both are host memory, the cache only counts)
     gpu = backend.name == "gpu"
-    experts = plan_experts(read_config(reader), [(t.name, int(t.n_bytes)) for t in reader.tensors],
+    # (beside a KV pool of OFFLOAD_CONTEXT positions, or --ctx's, and a prompt step's scratch)
+    file_cfg, step_rows = read_config(reader), step_budget(config.step_tokens, config.chunk)
+    kv_room = kv_floor(kv_row_bytes(file_cfg, backend, config.kv_type), file_cfg.max_context, config.ctx,
+                       config.kv_tokens, scratch_bytes(file_cfg, step_rows))
+    experts = plan_experts(file_cfg, [(t.name, int(t.n_bytes)) for t in reader.tensors],
                            (cap or backend.free_bytes()) if gpu else None, RESERVE_BYTES, config.expert_slots,
-                           available_memory() if gpu else None)
+                           available_memory() if gpu else None, kv_room)
     if experts.slots is not None:
         log(experts.describe() if gpu else f"routed experts behind a cache of {experts.slots} slots a layer "
             "(--expert-slots; on the CPU the same memory: the cache's counts and checks only)")
@@ -95,7 +99,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
         lap("draft model's weights")
     states = 2 * state_bytes(cfg)  # a running request's recurrent states (a hybrid's; 0 for other models)
     parked = config.policy.max_parked if config.policy.enabled else 0  # reads parked at a time, their states kept
-    plan = plan_context(cfg, backend, config.ctx, step_budget(config.step_tokens, config.chunk),
+    plan = plan_context(cfg, backend, config.ctx, step_rows,
                         config.policy.budget_bytes if config.snapshot_budget_given else None, config.block,
                         config.kv_tokens, config.cache_ram_bytes, config.kv_type,
                         cap, Running(config.max_running, config.max_running_given, states, parked),

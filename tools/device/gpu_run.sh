@@ -255,20 +255,26 @@ synth_a3b() {  # the Qwen3-30B-A3B shape in Q4_K_M, made once per machine (with 
     --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
 }
 offload_bench() {  # NAME CAP COMMAND...: issue 46's figures of one server on $MQA: decode through HTTP at 1 and 4
-  # clients (128 tokens), a ~4K-token prompt's first token, the GPU memory and the server's host memory it took
-  local name=$1 cap=$2 n
+  # clients (128 tokens), a 4K- and a 32K-token prompt's first token (words: ~1.89 tokens each), the GPU memory and
+  # the server's host memory it took, and (Strata) the expert cache's counts from /status
+  local name=$1 cap=$2 n words
   shift 2
+  [ $SECONDS -lt 520 ] || { echo "$name at $cap: no time left in this call"; return 0; }
   start_server $name "$@" || return 0
   echo "$name at $cap: GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader), host RSS of the server's" \
     "processes $(ps -o rss= --pid $SERVER_PID --ppid $SERVER_PID | awk '{s += $1} END {printf "%.1f GiB", s / 2^20}')"
   for n in 1 4; do
     timeout -k 10 $((590 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label "$name" --cases clients \
-      --clients $n --client-words 100 --client-tokens 128 --repeats 3 --tokenizer $MQA --server-flags "$*" \
-      --json "$OUT/offload_${name}_${cap}_clients$n.json" 2>&1 | grep -i "tok/s\|ttft" | tail -2 || echo "OFFLOAD BENCH CUT"
+      --clients $n --client-words 100 --client-tokens 128 --repeats 2 --tokenizer $MQA --server-flags "$*" \
+      --json "$OUT/offload_${name}_${cap}_clients$n.json" 2>&1 | grep -i "tok/s\|ttft" | tail -1 || echo "OFFLOAD BENCH CUT"
   done
-  timeout -k 10 $((590 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label "$name" --cases clients \
-    --clients 1 --client-words 3000 --client-tokens 4 --repeats 2 --tokenizer $MQA --server-flags "$*" \
-    --json "$OUT/offload_${name}_${cap}_read.json" 2>&1 | grep -i "ttft" | tail -1 || echo "OFFLOAD READ CUT"
+  for words in 2150 17000; do
+    timeout -k 10 $((590 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label "$name" --cases clients \
+      --clients 1 --client-words $words --client-tokens 16 --repeats 1 --tokenizer $MQA --server-flags "$*" \
+      --json "$OUT/offload_${name}_${cap}_read$words.json" 2>&1 | grep -i "ttft" | tail -1 || echo "OFFLOAD READ CUT"
+  done
+  [ $name = strata ] && curl -s http://127.0.0.1:8080/status | python3 -c "import json, sys; s = json.load(sys.stdin); \
+print('expert cache:', json.dumps(s.get('kv', {}).get('expert_cache')))" 2>&1 | tail -1
   echo "$name at $cap after: GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
   cp /tmp/server_$name.log "$OUT/offload_${name}_${cap}.log" 2>/dev/null || true
   stop_server $name
@@ -800,18 +806,19 @@ for step in "$@"; do
         | quiet | tail -5 || echo "EXPERT CACHE CHECK FAILED" ;;
     offloadpeers)  # issue 46 against llama.cpp: the Qwen3-30B-A3B shape (Q4_K_M, ~17 GB) served as a user starts it,
       # Strata at --gpu-memory CAP and llama-server with --n-cpu-moe chosen for the same cap
-      # (tools/device/ncmoe_for_cap.py), for each CAP of OFFLOAD_CAPS (GiB; full: the whole card) -> $OUT/offload_*
+      # (tools/device/ncmoe_for_cap.py), for each CAP of OFFLOAD_CAPS (GiB; full: the whole card) -> $OUT/offload.tgz
       synth_a3b
       build_llama
       for cap in ${OFFLOAD_CAPS:-16 full}; do
         if [ $cap = full ]; then capflag=""; ncmoe=0; else
-          capflag="--gpu-memory $cap"  # llama-server's KV of 16,384 positions (unified over its 4 slots) and buffers
-          ncmoe=$(python3 tools/device/ncmoe_for_cap.py $MQA $cap --allowance-gib 2.5) || continue
+          capflag="--gpu-memory $cap"  # llama-server's KV of 32,768 positions (unified over its 4 slots) and buffers
+          ncmoe=$(python3 tools/device/ncmoe_for_cap.py $MQA $cap --allowance-gib 4) || continue
         fi
         offload_bench strata $cap python3 -m serve --model $MQA $capflag
         [ -x $LLAMA/build/bin/llama-server ] && offload_bench llama.cpp $cap $LLAMA/build/bin/llama-server -m $MQA \
-          -ngl 99 -fa on -c 16384 -np 4 -kvu --n-cpu-moe $ncmoe --port 8080
-      done ;;
+          -ngl 99 -fa on -c 32768 -np 4 -kvu --n-cpu-moe $ncmoe --port 8080
+      done
+      (cd "$OUT" && tar czf offload.tgz offload_* && rm -f offload_*) ;;  # one file back (a run returns a few)
     bencha3b)
       synth_a3b
       python3 bench/engine_bench.py --model $MQA --device gpu --chunk 2048 --sizes 4096,16384 --repeats 3 \

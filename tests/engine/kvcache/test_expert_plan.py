@@ -1,11 +1,12 @@
 """Where a MoE model's routed experts live under --gpu-memory (engine/kvcache/expert_plan.py): all on the GPU
 when the file fits the cap beside a KV pool, else as many device slots a layer as the cap leaves after the dense
 weights, and a refusal that says what would fit when not even a token's experts a layer fit; --expert-slots taken
-as given where it fits, and the experts refused when the host's memory cannot hold them."""
+as given where it fits, and the experts refused when the host's memory cannot hold them; the KV pool beside them
+keeps room for a working context (kv_floor)."""
 import pytest
 
 from engine.core.memory import KV_FLOOR_BYTES
-from engine.kvcache.expert_plan import plan_experts
+from engine.kvcache.expert_plan import OFFLOAD_CONTEXT, kv_floor, plan_experts
 from engine.modelfile.model_config import ModelConfig, ModelLoadError
 
 GIB = 1 << 30
@@ -66,3 +67,19 @@ def test_experts_that_host_memory_cannot_hold_are_refused_at_start():
     with pytest.raises(ModelLoadError, match=r"routed experts \(18\.0 GiB\) stay in host memory, which has 8\.0 GiB"):
         plan_experts(cfg(), tensors(), 16 * GIB, GIB, host_bytes=8 * GIB)
     assert plan_experts(cfg(), tensors(), 80 * GIB, GIB, host_bytes=8 * GIB).slots is None  # all on the GPU: no need
+
+
+def test_the_kv_pool_beside_offloaded_experts_keeps_room_for_a_working_context():
+    row, scratch = 98304, 600 << 20  # the 30B-A3B shape's K and V a position (f16), a 4,096-row prompt step
+    assert kv_floor(row, 40960, None, None, scratch) == OFFLOAD_CONTEXT * row + scratch  # ~3.6 GiB, not 1 GiB
+    assert kv_floor(row, 40960, 40960, None, scratch) == 40960 * row + scratch  # --ctx asks for more
+    assert kv_floor(row, 40960, 2048, None, scratch) == KV_FLOOR_BYTES  # ... or less, never under the floor
+    assert kv_floor(row, 40960, None, 65536, scratch) == 65536 * row + scratch  # --kv-tokens
+    assert kv_floor(row, 4096, None, None, scratch) == KV_FLOOR_BYTES  # a model trained on a short context
+    kv = kv_floor(row, 40960, None, None, scratch)
+    dense = (600 << 20) * 2 + LAYERS * (9 << 20)
+    plan = plan_experts(cfg(), tensors(), 16 * GIB, GIB, kv_bytes=kv)
+    assert plan.slots == (16 * GIB - dense - GIB - kv) // (LAYERS * EXPERT)  # fewer slots than the 1 GiB floor left
+    assert plan.slots < plan_experts(cfg(), tensors(), 16 * GIB, GIB).slots
+    with pytest.raises(ModelLoadError, match=r"beside a KV pool of 3\.6 GiB.*a smaller --ctx needs less"):
+        plan_experts(cfg(), tensors(), 4 * GIB, GIB, kv_bytes=kv)
