@@ -93,6 +93,8 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, GGUFTokenizer, Park
     if backend.name == "gpu":
         backend.ready()
         lap("kernels after the weights")
+        reader.release_pages()  # the weights are on the device (or an expert cache's page-locked copy): the file's
+        # pages leave this process's resident memory (they stay in the page cache)
     check_kv_type(config.kv_type, backend.name, cfg.head_dim)
     drafted = draft_weights(draft, path, (cfg, weights), backend, config) if draft is not None else None
     if drafted is not None:

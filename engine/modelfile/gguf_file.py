@@ -78,6 +78,13 @@ class GGUFFile:
         except (struct.error, UnicodeDecodeError, ValueError) as e:
             raise GGUFFormatError(f"{self.path}: not a readable GGUF file ({e})") from None
 
+    def release_pages(self) -> None:
+        """Unmap the pages this process touched (a GPU engine's, once the weights are on the device): the process's
+        resident memory no longer counts the file's bytes, which stay in the page cache for the next start and come
+        back from it if read again (MADV_DONTNEED on a read-only file mapping)."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+
     # ------------------------------------------------------------ primitives
 
     def _unpack(self, fmt: str):

@@ -57,3 +57,21 @@ def test_the_processes_refuse_it_with_a_message(tmp_path, command):
     bad.write_bytes(b"not a model at all")
     run = subprocess.run([*command, str(bad)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode != 0 and "not a readable GGUF file" in run.stderr
+
+
+def rss_file_kib() -> int:
+    """This process's resident pages of mapped files (Linux's /proc/self/status RssFile)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+
+
+def test_released_pages_leave_the_processes_resident_memory_and_read_back_the_same():
+    f = GGUFFile(str(resolve_model_path(None)))  # (the default model's ~90 MB)
+    big = max(f.tensors, key=lambda t: t.n_bytes)
+    before = rss_file_kib()
+    first = np.array(big.data, copy=True)  # every page of the tensor touched
+    touched = rss_file_kib()
+    assert touched - before > big.n_bytes // 1024 // 2  # (pages the test's own imports brought in are counted too)
+    f.release_pages()
+    assert rss_file_kib() < touched - big.n_bytes // 1024 // 2
+    np.testing.assert_array_equal(np.asarray(big.data), first)  # read again from the page cache: the same bytes
