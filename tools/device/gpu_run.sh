@@ -807,8 +807,10 @@ for step in "$@"; do
     offloadpeers)  # issue 46 against llama.cpp: the Qwen3-30B-A3B shape (Q4_K_M, ~17 GB) served as a user starts it,
       # Strata at --gpu-memory CAP and llama-server with --n-cpu-moe chosen for the same cap
       # (tools/device/ncmoe_for_cap.py), for each CAP of OFFLOAD_CAPS (GiB; full: the whole card) -> $OUT/offload.tgz
+      build_llama > /tmp/build_llama.out 2>&1 &  # (beside the file's writing: the build takes the cores, it one)
       synth_a3b
-      build_llama
+      wait
+      cat /tmp/build_llama.out
       for cap in ${OFFLOAD_CAPS:-16 full}; do
         if [ $cap = full ]; then capflag=""; ncmoe=0; else
           capflag="--gpu-memory $cap"  # llama-server's KV of 32,768 positions (unified over its 4 slots) and buffers
