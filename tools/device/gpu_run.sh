@@ -144,6 +144,8 @@
 # qpart    one part of the Qwen2.5-Coder-0.5B fixture per call (.device/q/partNN from `split -b 50M -d -a 2`),
 #          gathered in /tmp/q on the warm machine; qpeers_strata, qpeers_llama: llama.cpp's server test scripts
 #          (bench/peer_scripts.py) against Strata and llama-server on it -> $OUT/peer_scripts_*_h200.json (issue 22)
+# specdefault  issue 47's default drafter on a GPU (pending 01-speculation-default-gpu): the clients ladder with it
+#          and with --speculative off, the texts against solo runs -> $OUT/clients_spec_*.json
 # qspec    issue 47 on the fixture (after qpart): bench/speculation_bench.py, Strata --speculative off / ngram;
 #          and 16 requests at once (SPEC_CONCURRENCY); SPEC_TRACE=1: again with each step traced (the logs);
 #          qspec_llama: llama-server off / ngram-simple on the same file -> $OUT/speculation_gpu.json
@@ -979,6 +981,19 @@ for step in "$@"; do
       timeout ${CLIENTS_LIMIT:-420} python3 bench/clients_bench.py --model $MQC --clients ${CLIENTS:-1,16,64,128,256} \
         --words 300 --max-tokens 256 --solo 8 --log "$OUT/clients_server.log" --json "$OUT/clients_h200.json" \
         || echo "CLIENTS BENCH FAILED" ;;
+    specdefault)  # issue 47's default (pending 01-speculation-default-gpu): the ladder as a user starts the server,
+      # its default drafter (auto) and then --speculative off, 1 / 16 / 64 / 256 clients, texts against solo runs
+      # -> $OUT/clients_spec_{default,off}.json (and their server logs)
+      chat_model
+      for arm in default off; do
+        flag="" limit=$(((590 - SECONDS) / 2))  # (the first arm half the time left)
+        [ $arm = off ] && flag="--speculative off" limit=$((590 - SECONDS))
+        timeout -k 10 $limit python3 bench/clients_bench.py --model $MQC \
+          --clients ${CLIENTS:-1,16,64,256} --words 300 --max-tokens 256 --solo 8 ${flag:+--server-arg "$flag"} \
+          --log "$OUT/clients_spec_${arm}.log" --json "$OUT/clients_spec_${arm}.json" 2>&1 | tail -6 \
+          || echo "CLIENTS ($arm) FAILED"
+        grep -c "Traceback\|restart" "$OUT/clients_spec_${arm}.log" || true
+      done ;;
     clientsnext)  # the same on the 80B-A3B hybrid shape ($NEXT_TYPE): its reads chunked, its states in the memory plan
       synth_next
       timeout ${CLIENTS_LIMIT:-500} python3 bench/clients_bench.py --model $MNX --clients ${CLIENTS:-1,16,64,256} \
