@@ -37,10 +37,8 @@ serve: $(STAMP)
 # (tests/worker_lanes.py); the slowest tests listed. Bytecode is cached although PYTHONDONTWRITEBYTECODE
 # may be set: the suite starts some 300 Python processes, each of which would compile the project again.
 # WORKERS=3 and 4 workers taking any module ran no faster on the 2-core machine, and timed tests ran late.
-# (without a machine's own OPENBLAS_CORETYPE: the engine asks for the row-invariant kernels only where none is named,
-# engine/ops/blas_order.py, and a machine that names Haswell leaves the CPU's exactness tests on other kernels)
 test: $(STAMP) fixture browser
-	env -u OPENBLAS_CORETYPE PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $$(($(WORKERS) + 1)) --waiting-lane --dist loadfile \
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $$(($(WORKERS) + 1)) --waiting-lane --dist loadfile \
 		--no-loadscope-reorder --durations=25 $(ARGS)
 
 # the real-model fixture of the tool-call tests (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, 469 MiB): fetched

@@ -8,9 +8,12 @@ from pathlib import Path
 # slower); set before NumPy loads, inherited by every server, engine and worker
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # and the BLAS kernels the engine asks for, so that the runners the tests build in this process compute
-# rows as the engine processes do
+# rows as the engine processes do: the engine's own choice, whatever core the machine's environment names (the
+# engine keeps a named one; a CI machine that named Haswell, whose rows depend on the step's shape, failed the
+# CPU's exactness tests)
 from engine.ops.blas_order import prefer_row_invariant_blas  # noqa: E402
 
+os.environ.pop("OPENBLAS_CORETYPE", None)
 prefer_row_invariant_blas()
 # A folder of this run's (the controller's, inherited by the workers), removed at its end: the servers' logs
 # (tests/harness.py), and the CPU engines' expanded weights, written by the run's first start of each model
