@@ -195,14 +195,17 @@ def pct(values, q) -> float | None:
     return round(float(np.percentile(values, q)), 3) if values else None
 
 
+def number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def medians(runs: list[dict]) -> dict:
-    """Each numeric figure's median over the runs that have it (a run with no answer has no first-token time: the
+    """Each figure's median over the runs that have it as a number (a run with no answer has no first-token time: the
     others' still count; None where no run has it)."""
-    keys = list(dict.fromkeys(k for r in runs for k, v in r.items() if v is None or isinstance(v, (int, float))
-                              and not isinstance(v, bool)))
+    keys = dict.fromkeys(k for r in runs for k, v in r.items() if v is None or number(v))
     out = {}
     for k in keys:
-        vals = [r[k] for r in runs if isinstance(r.get(k), (int, float))]
+        vals = [r[k] for r in runs if number(r.get(k))]
         m = statistics.median(vals) if vals else None
         out[k] = None if m is None else int(m) if float(m).is_integer() else round(m, 3)
     return out

@@ -259,22 +259,20 @@ synth_a3b() {  # the Qwen3-30B-A3B shape in Q4_K_M, made once per machine (with 
 offload_bench() {  # NAME CAP COMMAND...: issue 46's figures of one server on $MQA: decode through HTTP at 1 and 4
   # clients (128 tokens), a 4K- and a 32K-token prompt's first token (words: ~1.89 tokens each), the GPU memory and
   # the server's host memory it took, and (Strata) the expert cache's counts from /status
-  local name=$1 cap=$2 n words
+  local name=$1 cap=$2 n words flags
   shift 2
+  flags="$*"  # (the server's command, as pool_bench records it)
   [ $SECONDS -lt 520 ] || { echo "$name at $cap: no time left in this call"; return 0; }
   start_server $name "$@" || return 0
   echo "$name at $cap: GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader), host RSS of the server's" \
     "processes $(ps -o rss= --pid $SERVER_PID --ppid $SERVER_PID | awk '{s += $1} END {printf "%.1f GiB", s / 2^20}')"
-  for n in 1 4; do
-    timeout -k 10 $((590 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label "$name" --cases clients \
-      --clients $n --client-words 100 --client-tokens 128 --repeats 2 --tokenizer $MQA --server-flags "$*" \
-      --json "$OUT/offload_${name}_${cap}_clients$n.json" 2>&1 | grep -i "tok/s\|ttft" | tail -1 || echo "OFFLOAD BENCH CUT"
-  done
-  for words in 2150 17000; do
-    timeout -k 10 $((590 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 --label "$name" --cases clients \
-      --clients 1 --client-words $words --client-tokens 16 --repeats 1 --tokenizer $MQA --server-flags "$*" \
-      --json "$OUT/offload_${name}_${cap}_read$words.json" 2>&1 | grep -i "ttft" | tail -1 || echo "OFFLOAD READ CUT"
-  done
+  # (pool_bench's clients case: CLIENTS WORDS TOKENS REPEATS, its JSON's name)
+  offload_case() { timeout -k 10 $((590 - SECONDS)) python3 bench/pool_bench.py --url http://127.0.0.1:8080 \
+    --label "$name" --cases clients --clients $1 --client-words $2 --client-tokens $3 --repeats $4 --tokenizer $MQA \
+    --server-flags "$flags" --json "$OUT/offload_${name}_${cap}_$5.json" 2>&1 | grep -i "ttft" | tail -1 \
+    || echo "OFFLOAD CASE $5 CUT"; }
+  for n in 1 4; do offload_case $n 100 128 2 clients$n; done
+  for words in 2150 17000; do offload_case 1 $words 16 1 read$words; done
   [ $name = strata ] && curl -s http://127.0.0.1:8080/status | python3 -c "import json, sys; s = json.load(sys.stdin); \
 print('expert cache:', json.dumps(s.get('kv', {}).get('expert_cache')))" 2>&1 | tail -1
   echo "$name at $cap after: GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
