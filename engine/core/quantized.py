@@ -107,6 +107,8 @@ class Row8:
 
     values: object
     q8: object
+    q8k: object = None  # (n, k / 256, 288) bytes: the rows' Q8K super-blocks (kernels/q8k.cuh) for sbq.cu's matvecs,
+    # where the producer wrote them too ($STRATA_SBQ=1), else None
 
     def row(self, i: int) -> "Row8":
         """Row i alone: its values and its units (views)."""
@@ -116,7 +118,8 @@ class Row8:
         """Consecutive rows part.start .. part.stop (a slice of step 1): their values and their units (views)."""
         units = self.q8.shape[0] // self.values.shape[0]
         start, stop, _ = part.indices(self.values.shape[0])
-        return Row8(self.values[start:stop], self.q8[start * units : stop * units])
+        return Row8(self.values[start:stop], self.q8[start * units : stop * units],
+                    None if self.q8k is None else self.q8k[start:stop])
 
 
 @dataclass(frozen=True)

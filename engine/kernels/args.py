@@ -1,12 +1,12 @@
-"""Kernel arguments that several launchers pass alike: a null pointer, an array's address, the Q8 units a kernel
-writes beside its fp16 rows, a KV block size as its exponent, a layer's K and V pools."""
+"""Kernel arguments that several launchers pass alike: a null pointer, an array's address, the Q8 units and Q8K
+super-blocks a kernel writes beside its fp16 rows, a KV block size as its exponent, a layer's K and V pools."""
 from __future__ import annotations
 
 import numpy as np
 
 from engine.core.kv_types import Q8Array
 from engine.core.quantized import UNIT
-from engine.kernels.limits import Q8_BYTES
+from engine.kernels.limits import Q8_BYTES, Q8K_BYTES
 
 NULL = np.uint64(0)  # a null pointer argument
 
@@ -20,6 +20,13 @@ def q8_units(cp, values: int, q8: bool = True):
     """Room for the Q8 units (q8.cuh: values / 32 of them) of `values` fp16 values that a kernel writes beside them;
     None without q8 (the kernel then gets NULL)."""
     return cp.empty((values // UNIT, Q8_BYTES), dtype=cp.uint8) if q8 else None
+
+
+def q8k_blocks(cp, rows: int, width: int, wanted: bool):
+    """Room for the Q8K super-blocks (q8k.cuh: 288 bytes a 256 values) of `rows` rows of `width` fp16 values that a
+    kernel writes beside them where sbq.cu's matvecs read the rows (wanted) and the width is whole super-blocks; None
+    otherwise (the kernel gets NULL, and the matvec quantizes the rows itself)."""
+    return cp.empty((rows, width // 256, Q8K_BYTES), dtype=cp.uint8) if wanted and width % 256 == 0 else None
 
 
 def log2(block: int) -> np.int32:

@@ -22,6 +22,7 @@
 #include "parts.cuh"
 #include "pdl.cuh"
 #include "q8.cuh"
+#include "q8k.cuh"
 
 constexpr int WARPS = 4;
 constexpr int BR = 16 * WARPS;  // query rows per block (16 per warp: the mma's M)
@@ -272,7 +273,8 @@ template <int N> struct KVSlice<N, true> {
 // part_o: (sequences, heads, splits, D) fp32 unnormalized; part_ml: (sequences, heads, splits, 2)
 // the max (log2 domain) and sum; k, v: the layer's pool, fp16 or its q8_0 values and
 // k_scales/v_scales (paged.cuh) with Q8_0; out: (sequences, heads, D) fp16 and, unless null, its Q8 units
-// q8 (sequences, heads * D / 32); counters: (sequences, kv_heads)
+// q8 (sequences, heads * D / 32) and its Q8K super-blocks q8k (sequences, heads * D / 256; a block's G * D outputs
+// whole super-blocks: G * D a multiple of 256, else q8k is not written); counters: (sequences, kv_heads)
 // int, zero between launches. heads = kv_heads * G. The grid's kv heads may be a K/V head's query
 // heads in kv_div groups of G (kv_heads of the grid = the model's x kv_div): group kvh reads K/V head
 // kvh / kv_div. Eight query heads a block spill registers; two blocks of four do not, and double
@@ -282,7 +284,8 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
                                              const void* __restrict__ v, const __half* __restrict__ k_scales,
                                              const __half* __restrict__ v_scales, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, __half* __restrict__ out,
-                                             Q8* __restrict__ q8, int* __restrict__ counters, const int* __restrict__ pos0,
+                                             Q8* __restrict__ q8, Q8K* __restrict__ q8k, int* __restrict__ counters,
+                                             const int* __restrict__ pos0,
                                              const int* __restrict__ table, const int* __restrict__ table_off,
                                              int kv_heads, int kv_div, int block_log2, float scale_log2, int splits) {
     constexpr int DQ = D / 8;   // dims per lane while scoring (8 lanes a key)
@@ -474,13 +477,23 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
         wo[0][h][dim] = __half2float(r);
     }
     if (threadIdx.x == 0) counters[s * kv_heads + kvh] = 0;  // ready for the next launch
-    if (q8 == nullptr) return;
+    if (q8 == nullptr && q8k == nullptr) return;
     __syncthreads();  // the group's G * D outputs, in 8 bits for the output projection's matvec
-    for (int u = threadIdx.x; u < G * D / 32; u += DEC_WARPS * 32) {
-        float vals[32];
+    if (q8 != nullptr)
+        for (int u = threadIdx.x; u < G * D / 32; u += DEC_WARPS * 32) {
+            float vals[32];
 #pragma unroll
-        for (int j = 0; j < 32; ++j) vals[j] = (&wo[0][0][0])[32 * u + j];
-        quantize_unit(vals, q8 + ((size_t)s * heads + head0) * D / 32 + u);
+            for (int j = 0; j < 32; ++j) vals[j] = (&wo[0][0][0])[32 * u + j];
+            quantize_unit(vals, q8 + ((size_t)s * heads + head0) * D / 32 + u);
+        }
+    if constexpr (G * D % 256 == 0) {
+        if (q8k != nullptr)
+            for (int b = warp; b < G * D / 256; b += DEC_WARPS) {  // a warp a super-block
+                float f[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) f[j] = (&wo[0][0][0])[256 * b + 8 * lane + j];
+                store_q8k(q8k + ((size_t)s * heads + head0) * D / 256 + b, f, lane);
+            }
     }
 }
 
@@ -488,10 +501,11 @@ __device__ __forceinline__ void flash_decode(const __half* __restrict__ q, const
 #define FLASH_DECODE_KIND(NAME, D, G, Q8_0)                                                                     \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, G <= 4 && D <= 128 ? DEC_MIN_BLOCKS : 0)          \
         NAME(const __half* q, const void* k, const void* v, const __half* k_scales, const __half* v_scales,   \
-             float* part_o, float* part_ml, __half* out, Q8* q8, int* counters, const int* pos0, const int* table, \
-             const int* table_off, int kv_heads, int kv_div, int block_log2, float scale_log2, int splits) { \
-        flash_decode<D, G, Q8_0>(q, k, v, k_scales, v_scales, part_o, part_ml, out, q8, counters, pos0, table,  \
-                               table_off, kv_heads, kv_div, block_log2, scale_log2, splits);                 \
+             float* part_o, float* part_ml, __half* out, Q8* q8, Q8K* q8k, int* counters, const int* pos0,     \
+             const int* table, const int* table_off, int kv_heads, int kv_div, int block_log2, float scale_log2, \
+             int splits) {                                                                                      \
+        flash_decode<D, G, Q8_0>(q, k, v, k_scales, v_scales, part_o, part_ml, out, q8, q8k, counters, pos0,   \
+                               table, table_off, kv_heads, kv_div, block_log2, scale_log2, splits);          \
     }
 #define FLASH_DECODE(D, G)                                          \
     FLASH_DECODE_KIND(flash_decode_d##D##_g##G, D, G, false)        \

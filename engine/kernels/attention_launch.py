@@ -12,7 +12,7 @@ from engine.core.kv_types import Q8Array
 from engine.core.quantized import Row8
 from engine.core.step import Step
 from engine.kernels import sm90
-from engine.kernels.args import NULL, log2, pool_args, q8_units
+from engine.kernels.args import NULL, log2, pool_args, q8_units, q8k_blocks
 from engine.kernels.limits import COUNTER_SEQUENCES, THREADS, blocks
 
 ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR in attention.cu
@@ -82,6 +82,7 @@ class AttentionLaunchers:
     fn: dict
     sms: int
     counters: object
+    sbq = False  # a decode step's outputs in Q8K too, for sbq.cu's matvecs (GpuKernels sets it: $STRATA_SBQ=1)
     prompt_attention: str
 
     def attention(self, q, k_cache, v_cache, step: Step, q8: bool = False):
@@ -158,14 +159,15 @@ class AttentionLaunchers:
         part_o = cp.empty((seqs, heads, splits, d), dtype=cp.float32)
         part_ml = cp.empty((seqs, heads, splits, 2), dtype=cp.float32)
         out = cp.empty((seqs, heads, d), dtype=cp.float16)
-        units = q8_units(cp, seqs * heads * d, q8)
+        units = q8_units(cp, seqs * heads * d, q8)  # (a block's group of outputs whole Q8K super-blocks, or none)
+        sb = q8k_blocks(cp, seqs, heads * d, q8 and self.sbq and group * d % 256 == 0)
         if self.counters.size < seqs * blocks_y:
             raise ValueError(f"a decode batch of {seqs} sequences exceeds the {COUNTER_SEQUENCES} the kernels hold")
         kind = "_q8" if isinstance(k_cache, Q8Array) else ""
         self.fn[f"flash_decode{kind}_d{d}_g{group}"](
             (decode_blocks_x(splits, seqs, blocks_y, self.sms), blocks_y, seqs), (DECODE_THREADS,),
-            (q, *pool_args(k_cache, v_cache), part_o, part_ml, out, units if q8 else NULL, self.counters, step.pos0, step.table,
-             step.table_off, np.int32(blocks_y), np.int32(kv_div), log2(block),
+            (q, *pool_args(k_cache, v_cache), part_o, part_ml, out, units if q8 else NULL, NULL if sb is None else sb,
+             self.counters, step.pos0, step.table, step.table_off, np.int32(blocks_y), np.int32(kv_div), log2(block),
              np.float32(math.log2(math.e) / math.sqrt(d)), np.int32(splits)))
         out = out.reshape(seqs, heads * d)
-        return Row8(out, units) if q8 else out
+        return Row8(out, units, sb) if q8 else out

@@ -11,7 +11,7 @@ from types import ModuleType
 import numpy as np
 
 from engine.core.quantized import BLOCKS, UNIT, QuantMatrix, row_bytes
-from engine.kernels.args import NULL
+from engine.kernels.args import NULL, q8k_blocks
 from engine.kernels.limits import MATVEC_ROWS, MATVEC_THREADS, Q8_BYTES, THREADS, blocks
 
 MATVEC_SOLO_ROWS = 4  # a block's rows at one row of x: MV_WARPS warps of MV_SOLO_ROWS rows
@@ -32,7 +32,7 @@ MMQ_THREADS, MMQ_MT, MMQ_STAGES = 512, 2, 4  # an mmq block: MMQ_WARPS warps, 16
 MMQ_SMEM = 227 * 1024  # shared memory an mmq block may take (kSmemBudget in mmq.cu; the H200's most a block)
 MMQ_TILES = (1, 2, 4)  # n-tiles of 8 rows of x a block takes (mmq_<T>_t<NT>); more rows, more blocks
 SBQ_KINDS = ("Q4_K", "Q6_K")  # sbq.cu's kinds: a matrix all of them takes it where GpuKernels.sbq is set
-SBQ_WARPS, SBQ_TILES, SBQ_BYTES = 4, (1, 2, 4, 8), 288  # sbq.cu: warps a block, n-tiles a kernel, a Q8K block
+SBQ_WARPS, SBQ_TILES = 4, (1, 2, 4, 8)  # sbq.cu: warps a block, n-tiles a kernel
 SBQ_TILE_WARPS, SBQ_MAX_PARTS = 2048, 8  # sbq.cu's split of k: segments enough for a matrix's 16-row tiles to make
 # about this many warps, at most so many (sbq_parts)
 MMV_THREADS = 128  # mmv.cu: a block's threads
@@ -123,12 +123,12 @@ class MatvecLaunchers:
     mmq_from: int
     sbq = False
 
-    def matvec(self, w, x, dtype=np.float32, q8=None):
+    def matvec(self, w, x, dtype=np.float32, q8=None, q8k=None):
         """w: (m, k) fp16 or a QuantMatrix (its blocks read directly), x: (n, k) fp16 rows (or one
         row (k,)) -> (n, m) (or (m,)) in dtype (float32 or float16), fp32 accumulation; each row of
         x reduced as it would be alone (batch-invariant). Quantized parts take x in 8 bits per 32
         values (q8: the Q8 units the producer of x wrote, else quantize_q8 runs once for all parts)
-        and integer dot products."""
+        and integer dot products; with sbq, in Q8K (q8k: the producer's super-blocks, else quantize_q8k once)."""
         if x.dtype != self.cp.float16:  # (the kernels read x's bytes as halves: float32 rows gave numbers 50x off)
             raise TypeError(f"matvec takes rows of x in float16, not {x.dtype}")
         one = x.ndim == 1
@@ -138,7 +138,7 @@ class MatvecLaunchers:
         y = self.cp.empty((n, m), dtype=dtype)
         parts = self.parts(w)
         if self.sbq and all(kind in SBQ_KINDS for kind, _, _ in parts):
-            xk, row = self.quantize_q8k(x), 0
+            xk, row = q8k if q8k is not None else self.quantize_q8k(x), 0
             for kind, data, rows in parts:
                 self.sbq_matvec(kind, data, rows, k, xk, y[:, row:], m, n, suffix)
                 row += rows
@@ -207,7 +207,7 @@ class MatvecLaunchers:
         """x: (n, k) fp16 rows -> (n, k / 256, 288) Q8K blocks (sbq.cu): a float scale a super-block, int8 values,
         each unit of 32's sum. NumPy reference: tools/device/sbq_check.py q8k."""
         n, k = x.shape
-        out = self.cp.empty((n, k // 256, SBQ_BYTES), dtype=self.cp.uint8)
+        out = q8k_blocks(self.cp, n, k, True)
         count = n * k // 256
         self.fn["quantize_q8k"](blocks(32 * count, 128), (128,), (x, out, np.int32(count)))
         return out

@@ -116,7 +116,7 @@ class MoeKernels:
         for stack, second, out, grid_y in pairs:
             self.launch("moe_matvec", stack, (grid_y, n),
                         (chosen, np.int32(k), self.operand(stack, h), out, np.int32(2 * ffn)), self.table(second))
-        act = self.kernels.silu_mul(gate_up, q8=experts.down.kind != "F16")  # (n * k, ffn)
+        act = self.kernels.silu_mul(gate_up, q8=experts.down.kind != "F16", matvec=False)  # (n * k, ffn)
         return act if isinstance(act, Row8) else Row8(act, None)
 
     def down(self, stack: ExpertStack, x, chosen, weights):

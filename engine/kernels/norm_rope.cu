@@ -2,7 +2,8 @@
 // residual add + RMSNorm (the hybrids' gated feed-forward sum with it), (per-head Q/K RMSNorm +) RoPE + K/V cache
 // write, SwiGLU. Activations are fp16; the residual
 // stream and the norm statistics are fp32. The norm and SwiGLU also write their rows in 8 bits
-// (q8.cuh) when asked: a decode step's quantized matvecs read that, with no kernel of its own.
+// (q8.cuh, and q8k.cuh's super-blocks for sbq.cu) when asked: a decode step's quantized matvecs read that, with no
+// kernel of its own.
 // NumPy references: engine/backend.py ArrayOps.
 #include <cuda_fp16.h>
 
@@ -10,16 +11,19 @@
 #include "paged.cuh"
 #include "pdl.cuh"
 #include "q8.cuh"
+#include "q8k.cuh"
 #include "shared_gate.cuh"
 #include "swiglu.cuh"
 
 // The residual add and RMSNorm of row `row` (add_rms_norm's body, the delta's source a functor add(v, o): v[0..8)
 // += the row's delta at octet o). One block a row, eight values a thread at a time (octet o = thread + 256 i),
-// kept in registers between the sum of squares and the outputs (four threads a Q8 unit). wv: the thread's
+// kept in registers between the sum of squares and the outputs (four threads a Q8 unit, a warp a Q8K super-block:
+// q8k only where dim is a multiple of 256, so that a warp's octets are all in the row or none). wv: the thread's
 // octets of the norm's weights, read before the wait for the kernel that wrote the delta (no kernel writes them).
 template <class AddDelta>
 __device__ __forceinline__ void norm_row(float* __restrict__ x, const float (&wv)[NORM_OCTETS][8], __half* __restrict__ out,
-                                         Q8* __restrict__ q8, int dim, float eps, size_t row, AddDelta add) {
+                                         Q8* __restrict__ q8, Q8K* __restrict__ q8k, int dim, float eps, size_t row,
+                                         AddDelta add) {
     const int octets = dim / 8;
     float v[NORM_OCTETS][8];
     float* xr = x + row * dim;
@@ -44,6 +48,8 @@ __device__ __forceinline__ void norm_row(float* __restrict__ x, const float (&wv
 #pragma unroll
             for (int e = 0; e < 8; ++e) r[e] = v[i][e] * scale * wv[i][e];
         store_octet(out + row * dim + 8 * o, q8 ? q8 + row * (dim / 32) + o / 4 : nullptr, r, valid);
+        if (q8k != nullptr && o - (threadIdx.x & 31) < octets)  // (r: the fp16 values now; the warp's octets alike)
+            store_q8k(q8k + row * (dim / 256) + o / 32, r, threadIdx.x & 31);
     }
 }
 
@@ -58,15 +64,15 @@ __device__ __forceinline__ void load_norm_weights(const float* __restrict__ w, i
 
 // x: (n, dim) fp32 residual stream; x += delta when has_delta (delta: (n, dim) fp16).
 // out: (n, dim) fp16 = x / sqrt(mean(x^2) + eps) * w, w: (dim,) fp32; q8 (n, dim / 32) Q8 units of
-// out, unless null. One block a row (norm_row).
+// out, unless null; q8k (n, dim / 256) its Q8K super-blocks, unless null. One block a row (norm_row).
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_delta, const float* __restrict__ w,
-             __half* __restrict__ out, Q8* __restrict__ q8, int dim, float eps) {
+             __half* __restrict__ out, Q8* __restrict__ q8, Q8K* __restrict__ q8k, int dim, float eps) {
     const size_t row = blockIdx.x;
     float wv[NORM_OCTETS][8];
     load_norm_weights(w, dim, wv);
     after_producer();
-    norm_row(x, wv, out, q8, dim, eps, row, [&](float* v, int o) {
+    norm_row(x, wv, out, q8, q8k, dim, eps, row, [&](float* v, int o) {
         if (has_delta) add_octet(v, delta + row * dim, o, false);
         return has_delta != 0;
     });
@@ -81,13 +87,13 @@ add_rms_norm(float* __restrict__ x, const __half* __restrict__ delta, int has_de
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 add_gated_rms_norm(float* __restrict__ x, const __half* __restrict__ routed, const __half* __restrict__ shared,
                    const __half* __restrict__ h, const float* __restrict__ gate_w, const float* __restrict__ w,
-                   __half* __restrict__ out, Q8* __restrict__ q8, int dim, float eps) {
+                   __half* __restrict__ out, Q8* __restrict__ q8, Q8K* __restrict__ q8k, int dim, float eps) {
     const size_t row = blockIdx.x;
     float wv[NORM_OCTETS][8];
     load_norm_weights(w, dim, wv);
     after_producer();
     const float gate = shared_gate<NORM_THREADS>(h + row * dim, gate_w, dim);
-    norm_row(x, wv, out, q8, dim, eps, row, [&](float* v, int o) {
+    norm_row(x, wv, out, q8, q8k, dim, eps, row, [&](float* v, int o) {
         float r[8], s[8];
         load_half8(routed + row * dim + 8 * o, r);
         load_half8(shared + row * dim + 8 * o, s);
@@ -214,10 +220,11 @@ extern "C" __global__ void norm_rope_store(const __half* __restrict__ qkv, __hal
 }
 
 // gate_up: (n, 2*ffn) fp16 = [gate | up] per row -> out: (n, ffn) fp16 = silu(gate) * up, and its
-// Q8 units q8 (n, ffn / 32) unless null. One thread eight outputs (four threads a unit); octets =
+// Q8 units q8 (n, ffn / 32) unless null, its Q8K super-blocks q8k (n, ffn / 256) unless null (ffn a multiple of
+// 256: a warp's 32 octets one super-block of a row). One thread eight outputs (four threads a unit); octets =
 // n * ffn / 8, a whole number of warps' worth not required (the tail's lanes store nothing).
 extern "C" __global__ void silu_mul(const __half* __restrict__ gate_up, __half* __restrict__ out, Q8* __restrict__ q8,
-                                    int ffn, long long octets) {
+                                    Q8K* __restrict__ q8k, int ffn, long long octets) {
     after_producer();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     const bool valid = i < octets;
@@ -236,4 +243,5 @@ extern "C" __global__ void silu_mul(const __half* __restrict__ gate_up, __half* 
         }
     }
     store_octet(out + row * ffn + 8 * o, q8 ? q8 + i / 4 : nullptr, v, valid);
+    if (q8k != nullptr && i - (threadIdx.x & 31) < octets) store_q8k(q8k + i / 32, v, threadIdx.x & 31);
 }

@@ -8,7 +8,7 @@ import numpy as np
 from engine.core.deferred import GatedSum
 from engine.core.quantized import UNIT, Row8
 from engine.core.step import Step
-from engine.kernels.args import NULL, log2, pool_args, q8_units
+from engine.kernels.args import NULL, log2, pool_args, q8_units, q8k_blocks
 from engine.kernels.limits import THREADS, blocks
 
 NORM_MAX_WIDTH = 8 * 256 * 6  # add_rms_norm: eight values a thread, six times, 256 threads (NORM_OCTETS)
@@ -26,19 +26,20 @@ class NormRopeLaunchers:
 
     cp: ModuleType
     fn: dict
+    sbq = False  # the rows' Q8K super-blocks written too, for sbq.cu's matvecs (GpuKernels sets it: $STRATA_SBQ=1)
 
     def add_rms_norm(self, x, delta, weight, eps: float, q8: bool = False):
         """x: (n, dim) fp32, updated in place by += delta (n, dim) fp16 if given; returns
-        rms_norm(x) * weight as (n, dim) fp16, or for q8 a Row8 (n == 1) with its 8-bit form."""
+        rms_norm(x) * weight as (n, dim) fp16, or for q8 a Row8 with its 8-bit forms."""
         n, dim = x.shape
         check_norm_width(dim)
         out = self.cp.empty((n, dim), dtype=self.cp.float16)
-        units = q8_units(self.cp, n * dim, q8)
+        units, sb = q8_units(self.cp, n * dim, q8), q8k_blocks(self.cp, n, dim, q8 and self.sbq)
         has_delta = delta is not None
         self.fn["add_rms_norm"](
             (n,), (THREADS,), (x, delta if has_delta else out, np.int32(has_delta), weight, out,
-                               units if q8 else NULL, np.int32(dim), np.float32(eps)))
-        return Row8(out, units) if q8 else out
+                               units if q8 else NULL, NULL if sb is None else sb, np.int32(dim), np.float32(eps)))
+        return Row8(out, units, sb) if q8 else out
 
     def add_gated_rms_norm(self, x, gated: GatedSum, weight, eps: float, q8: bool = False):
         """x: (n, dim) fp32 += gated's sum (routed + shared * sigmoid(h . gate_w), rows (n, dim) fp16), then
@@ -46,11 +47,11 @@ class NormRopeLaunchers:
         n, dim = x.shape
         check_norm_width(dim)
         out = self.cp.empty((n, dim), dtype=self.cp.float16)
-        units = q8_units(self.cp, n * dim, q8)
+        units, sb = q8_units(self.cp, n * dim, q8), q8k_blocks(self.cp, n, dim, q8 and self.sbq)
         self.fn["add_gated_rms_norm"](
             (n,), (THREADS,), (x, gated.routed, gated.shared, gated.h, gated.gate_w, weight, out, units if q8 else NULL,
-                               np.int32(dim), np.float32(eps)))
-        return Row8(out, units) if q8 else out
+                               NULL if sb is None else sb, np.int32(dim), np.float32(eps)))
+        return Row8(out, units, sb) if q8 else out
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):
         """qkv: (n, (heads + 2*kv_heads) * d) fp16; cos/sin tables: (positions, 1, d/2) fp32;
@@ -81,14 +82,16 @@ class NormRopeLaunchers:
                                         np.int32(d), log2(block), np.float32(eps)))
         return q
 
-    def silu_mul(self, gate_up, q8: bool = False):
-        """gate_up: (n, 2*ffn) fp16 -> silu(gate) * up: (n, ffn) fp16 (a Row8 with q8)."""
+    def silu_mul(self, gate_up, q8: bool = False, matvec: bool = True):
+        """gate_up: (n, 2*ffn) fp16 -> silu(gate) * up: (n, ffn) fp16 (a Row8 with q8; its Q8K too where the rows go
+        to a matvec, not to the experts' kernels, and sbq.cu takes them)."""
         n, two_ffn = gate_up.shape
         out = self.cp.empty((n, two_ffn // 2), dtype=self.cp.float16)
         if (two_ffn // 2) % UNIT:
             raise ValueError(f"an FFN width of {two_ffn // 2} is not a multiple of {UNIT}")
-        units = q8_units(self.cp, out.size, q8)
+        units, sb = q8_units(self.cp, out.size, q8), q8k_blocks(self.cp, n, two_ffn // 2, q8 and matvec and self.sbq)
         octets = out.size // 8
-        self.fn["silu_mul"](blocks(octets), (THREADS,), (gate_up, out, units if q8 else NULL, np.int32(two_ffn // 2),
+        self.fn["silu_mul"](blocks(octets), (THREADS,), (gate_up, out, units if q8 else NULL,
+                                                         NULL if sb is None else sb, np.int32(two_ffn // 2),
                                                          np.int64(octets)))
-        return Row8(out, units) if q8 else out
+        return Row8(out, units, sb) if q8 else out

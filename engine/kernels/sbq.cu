@@ -15,7 +15,9 @@
 // matrix's shape, never of the rows): a chain a segment, the chains added in order from 0, by the solo kernel itself
 // and by sbq_sum_parts after the tile kernel's segments (the grid's z), so a row keeps its bits alone and among 64
 // while a 4,096-row matrix's tiles fill the SMs at any number of rows.
-//   quantize_q8k(x, out, blocks)           x (blocks * 256,) fp16 -> Q8K blocks: one float scale a super-block
+//   quantize_q8k(x, out, blocks)           x (blocks * 256,) fp16 -> Q8K blocks (q8k.cuh): one float scale a
+//                                          super-block; for rows no producer wrote them for (a decode step's norms,
+//                                          SwiGLU and flash-decoding write theirs as they store the rows)
 //   sbq_<T>_n1[_f32](w, x, y, m, k, seg)   y (m,) = W (m, k) . x (one row of k / 256 Q8K blocks): a warp a row
 //   sbq_<T>_t<NT>[_f32](w, x, y, m, k, ldy, nb, seg, part)  y (nb, m; rows ldy apart) for nb <= 8 NT grid.y rows
 //                                          of x, int8 tensor cores, k's segment blockIdx.z (into part (gridDim.z,
@@ -38,14 +40,7 @@
 // of KL against 0.00043 on the Qwen2.5-Coder-1.5B fixture). NumPy reference: tools/device/sbq_check.py.
 #include "quant_blocks.cuh"
 #include "pdl.cuh"
-
-struct Q8K {
-    signed char q[256];       // round(x / d)
-    signed char sums_lo[8];   // unit j's sum of q (values 32 j .. 32 j + 31) as sums_lo[j] + 128 sums_hi[j]: its low 7
-    signed char sums_hi[8];   // bits (0..127) and the rest (-32..31), each a byte of an mma's fragment
-    float d;                  // max |x| / 127
-    int pad[3];               // 288 bytes: 16-byte loads of q
-};
+#include "q8k.cuh"
 
 __device__ __forceinline__ int unit_sum(const Q8K& x, int j) { return (int)x.sums_lo[j] + 128 * (int)x.sums_hi[j]; }
 
@@ -69,30 +64,16 @@ __device__ __forceinline__ float sb_step(float acc, float dx, float d, float dmi
     return __fmaf_rn(dx, __fmaf_rn(d, (float)a, -__fmul_rn(dmin, (float)b)), acc);
 }
 
-// A warp a super-block, lane l its values 8l .. 8l + 7. NumPy: d = max|x| / 127, q = rint(x / d) (0 where d is 0).
+// A warp a super-block (q8k.cuh's store_q8k), from x's fp16 values.
 extern "C" __global__ void quantize_q8k(const __half* __restrict__ x, Q8K* __restrict__ out, int blocks) {
     after_producer();
     const int block = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (block >= blocks) return;
     const __half* v = x + (size_t)block * 256 + 8 * lane;
-    float f[8], amax = 0.f;
+    float f[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = __half2float(v[i]), amax = fmaxf(amax, fabsf(f[i]));
-#pragma unroll
-    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    const float d = __fdiv_rn(amax, 127.f);
-    unsigned words[2] = {0u, 0u};
-    int s = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int q = d > 0.f ? __float2int_rn(__fdiv_rn(f[i], d)) : 0;
-        s += q, words[i >> 2] |= (unsigned)(q & 0xFF) << (8 * (i & 3));
-    }
-    s += __shfl_xor_sync(0xFFFFFFFFu, s, 1), s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);  // 4 lanes a unit
-    Q8K& o = out[block];
-    *reinterpret_cast<uint2*>(o.q + 8 * lane) = make_uint2(words[0], words[1]);
-    if ((lane & 3) == 0) o.sums_lo[lane >> 2] = (signed char)(s & 127), o.sums_hi[lane >> 2] = (signed char)(s >> 7);
-    if (lane == 0) o.d = d;
+    for (int i = 0; i < 8; ++i) f[i] = __half2float(v[i]);
+    store_q8k(out + block, f, lane);
 }
 
 // The end of a solo round: the integers of each 8-lane group summed across it (exact), then every lane takes the

@@ -263,7 +263,7 @@ class HalfCupyOps(HybridHalfOps, ArrayOps):
         graph); they come as a Row8 (its producer also wrote them in 8 bits, for quantized weights).
         A prompt chunk by cuBLAS, a quantized weight expanded to fp16 in a scratch buffer first."""
         if isinstance(x, Row8):
-            return self.kernels.matvec(w, x.values, self.xp.float16, x.q8)
+            return self.kernels.matvec(w, x.values, self.xp.float16, x.q8, x.q8k)
         if self.decoding:
             return self.kernels.matvec(w, x, self.xp.float16)
         if isinstance(w, QuantMatrix):
@@ -319,7 +319,7 @@ class HalfCupyOps(HybridHalfOps, ArrayOps):
         """h: (n, dim) rows of the final norm -> (n, vocab) float32. The head reads fp16 rows: rows handed back
         as float32 (final_logits' hidden_rows, which prompt log-probabilities score) are fp16 values, cast exactly."""
         if isinstance(h, Row8):
-            return self.kernels.matvec(head, h.values, q8=h.q8)
+            return self.kernels.matvec(head, h.values, q8=h.q8, q8k=h.q8k)
         return self.kernels.matvec(head, h.astype(self.xp.float16, copy=False))
 
 

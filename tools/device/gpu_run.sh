@@ -116,6 +116,8 @@
 #          row alone (bit for bit), NumPy, its time beside the dp4a kernels at 1-64 rows, the block's knobs
 # sbq      tools/device/sbq_check.py: issue 48's third probe, integer sums over a Q4_K super-block (x in Q8K), one
 #          chain an output: x's form against NumPy, every row the solo kernel's bits, errors, times beside today's
+# q8kcheck tools/device/q8k_check.py (issue 48): the decode step's producers write their rows' Q8K for sbq.cu's
+#          matvecs, byte for byte NumPy's of the fp16 rows -> $OUT/q8k_check.json
 # sbqdecode the engine with sbq.cu ($STRATA_SBQ=1, pending 02-sbq-dispatch) against without: 8B Q4_K_M decode at
 #          1 / 16 / 64 requests, each request's tokens against its solo run's
 # gemmprobe tools/device/prompt_gemm_probe.py (issue 44): whether cuBLAS's prompt GEMM rows depend on the step's rows
@@ -842,6 +844,9 @@ for step in "$@"; do
       python3 tools/device/mmq_check.py --json "$OUT/mmq_check.json" || echo "MMQ CHECK FAILED" ;;
     sbq)  # issue 48's third probe: sbq.cu (integer sums over a Q4_K super-block, x in Q8K) against today's kernels
       python3 tools/device/sbq_check.py --json "$OUT/sbq_check.json" || echo "SBQ CHECK FAILED" ;;
+    q8kcheck)  # issue 48: the producers' Q8K (pending 02-q8k-producers): tools/device/q8k_check.py, the norm, SwiGLU
+      # and flash-decoding's output at the 8B's widths, each row's super-blocks NumPy's Q8K of its fp16 row
+      timeout 300 python3 tools/device/q8k_check.py --json "$OUT/q8k_check.json" | tail -4 || echo "Q8K CHECK FAILED" ;;
     sbqdecode)  # the engine with sbq.cu ($STRATA_SBQ=1, tools/device/pending/02-sbq-dispatch.patch) against without:
       # the 8B Q4_K_M shape's decode at 1 / 16 / 64 requests, each request's tokens against its solo run's
       synth_mq
