@@ -14,7 +14,11 @@
 // rows can take 4-8 times the warps; and a fixed split of k (the kernels' seg: super-blocks a segment, a choice of the
 // matrix's shape, never of the rows): a chain a segment, the chains added in order from 0, by the solo kernel itself
 // and by sbq_sum_parts after the tile kernel's segments (the grid's z), so a row keeps its bits alone and among 64
-// while a 4,096-row matrix's tiles fill the SMs at any number of rows.
+// while a 4,096-row matrix's tiles fill the SMs at any number of rows. The solo kernel then took 8 lanes a
+// super-block and 26 shuffles a round of 4 (the integers' sums, then five values of each super-block to every lane
+// for its float step): at one row 0.61 of DRAM's rate on the gate/up where the dp4a kernel reaches 0.73, the Q6_K
+// head 0.50 against 0.77 (H100, twenty-eighth session). Its third layout (pending, twenty-ninth): SBQ_SOLO_LANES
+// lanes a super-block (2: 16 a round, one shuffle level a value), the float steps by lane 0 from shared memory.
 //   quantize_q8k(x, out, blocks)           x (blocks * 256,) fp16 -> Q8K blocks (q8k.cuh): one float scale a
 //                                          super-block; for rows no producer wrote them for (a decode step's norms,
 //                                          SwiGLU and flash-decoding write theirs as they store the rows)
@@ -59,9 +63,13 @@ __device__ __forceinline__ void scale_min_int(int j, unsigned s03, unsigned s47,
 __device__ __forceinline__ void sbq_store(float* y, size_t i, float v) { y[i] = v; }
 __device__ __forceinline__ void sbq_store(__half* y, size_t i, float v) { y[i] = __float2half(v); }
 
-// The one float step of a super-block, the same expression in every kernel: acc + dx (d A - dmin B).
+// The one float step of a super-block, the same expression in every kernel: acc + dx (d A - dmin B), its inner
+// part (sb_inner) made apart where the solo kernel's integers are.
+__device__ __forceinline__ float sb_inner(float d, float dmin, int a, int b) {
+    return __fmaf_rn(d, (float)a, -__fmul_rn(dmin, (float)b));
+}
 __device__ __forceinline__ float sb_step(float acc, float dx, float d, float dmin, int a, int b) {
-    return __fmaf_rn(dx, __fmaf_rn(d, (float)a, -__fmul_rn(dmin, (float)b)), acc);
+    return __fmaf_rn(dx, sb_inner(d, dmin, a, b), acc);
 }
 
 // A warp a super-block (q8k.cuh's store_q8k), from x's fp16 values.
@@ -76,19 +84,20 @@ extern "C" __global__ void quantize_q8k(const __half* __restrict__ x, Q8K* __res
     store_q8k(out + block, f, lane);
 }
 
-// The end of a solo round: the integers of each 8-lane group summed across it (exact), then every lane takes the
-// round's float steps in super-block order from the groups' first lanes; at the end of each segment (end: the
-// current one's, seg super-blocks on from the last, the last segment shorter) its chain is added to the total (sum)
-// and a new chain starts.
-__device__ __forceinline__ void round_steps(float& acc, float& sum, int& end, int p, int blocks, int seg, int a, int b,
-                                            float d, float dmin, float dx) {
-#pragma unroll
-    for (int o = 4; o; o >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, o), b += __shfl_xor_sync(0xFFFFFFFFu, b, o);
-    for (int q = 0; q < 4 && p + q < blocks; ++q) {
-        const int src = 8 * q;
-        acc = sb_step(acc, __shfl_sync(0xFFFFFFFFu, dx, src), __shfl_sync(0xFFFFFFFFu, d, src),
-                      __shfl_sync(0xFFFFFFFFu, dmin, src), __shfl_sync(0xFFFFFFFFu, a, src),
-                      __shfl_sync(0xFFFFFFFFu, b, src));
+#ifndef SBQ_SOLO_LANES
+#define SBQ_SOLO_LANES 2  // the solo kernel's lanes a super-block (8, 4 or 2): 32 / SBQ_SOLO_LANES super-blocks a round
+#endif
+constexpr int kSoloLanes = SBQ_SOLO_LANES, kSoloBlocks = 32 / SBQ_SOLO_LANES, kSoloWarps = 8;  // (the most a block)
+static_assert(kSoloLanes == 2 || kSoloLanes == 4 || kSoloLanes == 8, "SBQ_SOLO_LANES: 2, 4 or 8");
+
+// The float steps of a solo round's super-blocks p .. p + n - 1, taken in order by the lane that calls it from
+// their (dx, inner) pairs: sb_step's acc + dx inner, inner = sb_inner (d A - dmin B, made by the lane that holds
+// the super-block's integers); at the end of each segment (end: the current one's, seg super-blocks on from
+// the last, the last segment shorter) its chain is added to the total (sum) and a new chain starts.
+__device__ __forceinline__ void chain_steps(float& acc, float& sum, int& end, int p, int n, int blocks, int seg,
+                                            const float2* steps) {
+    for (int q = 0; q < n; ++q) {
+        acc = __fmaf_rn(steps[q].x, steps[q].y, acc);
         if (p + q + 1 == end) sum = __fadd_rn(sum, acc), acc = 0.f, end = min(end + seg, blocks);
     }
 }
@@ -333,28 +342,44 @@ struct SbqQ6KB {
     }
 };
 
-// The solo kernel: a warp a row; a round takes 4 super-blocks, lane l = 8 grp + i of super-block 4 p + grp (K::solo),
-// the 8 lanes' integers summed by shuffles, then every lane takes the 4 float steps in order (round_steps), a chain
-// a segment of seg super-blocks, the chains added in order from 0 (sbq_sum_parts' order).
+// The solo kernel: a warp a row; a round takes kSoloBlocks super-blocks, SBQ_SOLO_LANES lanes each (lane l = L sb +
+// j of super-block p + sb takes K::solo's parts 8 / L j .. 8 / L (j + 1) - 1: few lanes a super-block, few
+// shuffles a byte), the lanes' integers summed by shuffles (exact in any order), then the super-block's first lane
+// writes its (dx, inner) to shared memory and lane 0 takes the round's float steps in order (chain_steps: sb_step's
+// arithmetic, split where the integers are), a chain a segment of seg super-blocks, the chains added in order from
+// 0 (sbq_sum_parts' order). Every lane count gives every row the same bits.
 template <class K, typename Out>
 __device__ __forceinline__ void sbq_solo(const u8* __restrict__ w, const Q8K* __restrict__ x, Out* __restrict__ y,
                                          int m, int k, int seg) {
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    const int grp = lane >> 3, i = lane & 7, blocks = k >> 8;
+    __shared__ float2 steps[kSoloWarps][kSoloBlocks];  // (a warp's round: its super-blocks' dx, inner)
+    constexpr int parts = 8 / kSoloLanes;
+    const int warp = threadIdx.x >> 5, row = blockIdx.x * (blockDim.x >> 5) + warp, lane = threadIdx.x & 31;
+    const int sbl = lane / kSoloLanes, j = lane % kSoloLanes, blocks = k >> 8;
     after_producer();
     if (row >= m) return;
     const u8* wr = w + (size_t)row * blocks * K::BYTES;
     float acc = 0.f, sum = 0.f;
     int end = min(seg, blocks);
-    for (int p = 0; p < blocks; p += 4) {
-        const int sb = p + grp;
+    for (int p = 0; p < blocks; p += kSoloBlocks) {
+        const int sb = p + sbl;
         int a = 0, b = 0;
         float d = 0.f, dmin = 0.f, dx = 0.f;
         if (sb < blocks) {
-            K::solo(wr + (size_t)sb * K::BYTES, x[sb], i, a, b, d, dmin);
+#pragma unroll
+            for (int t = 0; t < parts; ++t) {
+                int at = 0, bt = 0;  // (K::solo adds into a where it sums in parts)
+                K::solo(wr + (size_t)sb * K::BYTES, x[sb], parts * j + t, at, bt, d, dmin);
+                a += at, b += bt;
+            }
             dx = x[sb].d;
         }
-        round_steps(acc, sum, end, p, blocks, seg, a, b, d, dmin, dx);
+#pragma unroll
+        for (int o = kSoloLanes / 2; o; o >>= 1)
+            a += __shfl_xor_sync(0xFFFFFFFFu, a, o), b += __shfl_xor_sync(0xFFFFFFFFu, b, o);
+        if (j == 0) steps[warp][sbl] = make_float2(dx, sb_inner(d, dmin, a, b));
+        __syncwarp();
+        if (lane == 0) chain_steps(acc, sum, end, p, min(kSoloBlocks, blocks - p), blocks, seg, steps[warp]);
+        __syncwarp();
     }
     if (lane == 0) sbq_store(y, row, sum);
 }

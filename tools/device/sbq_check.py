@@ -12,7 +12,8 @@ over a super-block and one float step after, one chain an output) against the ke
    kernels, each with its fraction of the chip's nearer limit (DRAM's rate for the weights or the int8 tensor rate),
    with x's rows split among warps by the grid (8, 16, 32 a warp; the same bits), a forward's matmuls
    summed (sbq's, its best splits', the same with Q6_K repacked into 212-byte blocks, each matrix by the route that
-   wins at 64 rows, today's), and the block's warps as a knob (it changes no bit).
+   wins at 64 rows, today's), and as knobs (neither changes a bit) the block's warps and the solo kernel's lanes a
+   super-block (SBQ_SOLO_LANES, built apart).
 
     python tools/device/sbq_check.py [--json FILE] [--quick]
 
@@ -40,6 +41,7 @@ ODD = [(37, 512), (131, 768), (300, 4096), (64, 14336)]
 ROWS = (1, 2, 3, 8, 9, 17, 33, 48, 64)
 TIMED_ROWS = (1, 4, 8, 16, 32, 64)
 PARTS = (1, 2, 4, 8)  # k's segments timed (each a chain, added in order after)
+SOLO_LANES = (4, 8)  # the solo kernel's other lanes a super-block timed (SBQ_SOLO_LANES; 8: the layout before 2)
 CHIPS = {"H100": (3.35e12, 1979e12), "H200": (4.8e12, 1979e12)}  # DRAM bytes/s, dense int8 tensor ops/s (SXM)
 
 
@@ -112,12 +114,13 @@ class Sbq:
              *(f"sbq_{kind}_{v}{suffix}" for kind in ("Q4_K", "Q6_K", "Q6_KP") for v in ("n1", "t1", "t2", "t4", "t8")
                for suffix in ("", "_f32")))
 
-    def __init__(self, cp, warps: int = 4, fn: dict | None = None):
-        """fn: the kernels by name where given (the host's, tests/engine/kernels/test_sbq_host.py), else built."""
+    def __init__(self, cp, warps: int = 4, fn: dict | None = None, defines: tuple[str, ...] = ()):
+        """fn: the kernels by name where given (the host's, tests/engine/kernels/test_sbq_host.py), else built (with
+        -D `defines`)."""
         from engine.kernels import OPTIONS, kernel_source
         self.cp, self.warps = cp, warps
         if fn is None:
-            module = cp.RawModule(code=kernel_source("sbq.cu"), options=OPTIONS)
+            module = cp.RawModule(code=kernel_source("sbq.cu"), options=(*OPTIONS, *(f"-D{d}" for d in defines)))
             fn = {name: module.get_function(name) for name in self.NAMES}
         self.fn = fn
         self.parts_buffer = None
@@ -154,9 +157,10 @@ class Sbq:
                                               (part, y, np.int32(m), np.int32(n), np.int32(m), np.int32(z)))
 
 
-def main(argv=None, cp=None, kernels=None, sbq_fn: dict | None = None, timer=None) -> int:
+def main(argv=None, cp=None, kernels=None, sbq_fn: dict | None = None, timer=None, sbq_build=None) -> int:
     """On the GPU by default; a dry run on the host passes its stand-ins: cp (HostCupy), kernels (a host GpuKernels),
-    sbq_fn (sbq.cu's host kernels) and timer (timed's signature)."""
+    sbq_fn (sbq.cu's host kernels), sbq_build (defines -> such kernels built with them) and timer (timed's
+    signature)."""
     a = arguments(__doc__, argv)
     if cp is None:
         import cupy as cp
@@ -310,6 +314,18 @@ def main(argv=None, cp=None, kernels=None, sbq_fn: dict | None = None, timer=Non
             ok &= row[n]["equal_default"]
         knobs[f"{warps} warps a block"] = row
         print("w_gate_up", warps, "warps a block", json.dumps(row), flush=True)
+    for lanes in SOLO_LANES:  # the solo kernel's lanes a super-block (SBQ_SOLO_LANES; the default's times above)
+        define = (f"SBQ_SOLO_LANES={lanes}",)
+        kq, row = Sbq(cp, fn=sbq_build(define) if sbq_build else None, defines=define), {}
+        for name, (kind, m, k, data, _, xk) in mats.items():
+            y, want = cp.empty((1, m), dtype=cp.float32), cp.empty((1, m), dtype=cp.float32)
+            kq.solo(kind, data, m, k, xk[0], y[0])
+            sbq.solo(kind, data, m, k, xk[0], want[0])
+            row[name] = {"us": round(timed(cp, lambda: kq.solo(kind, data, m, k, xk[0], y[0])) * 1e3, 1),
+                         "default_us": times[name][1]["sbq_us"], "equal_default": bool(cp.array_equal(y, want))}
+            ok &= row[name]["equal_default"]
+        knobs[f"solo {lanes} lanes a super-block"] = row
+        print("solo kernel,", lanes, "lanes a super-block:", json.dumps(row), flush=True)
 
     return report(cp, a.json, kernels, ok, checks=checks, times=times, forward=forward, knobs=knobs)
 

@@ -105,7 +105,8 @@ def test_the_device_check_runs_through_on_the_host(tmp_path, monkeypatch):
     clock = iter(range(1, 10**6))  # ms: every launch timed slower than the one before
     out = tmp_path / "sbq_check.json"
     fn = HostKernels("sbq.cu", tmp_path, check.Sbq.NAMES)
-    assert check.main(["--json", str(out)], cp=cp, kernels=kernels, sbq_fn=fn,
+    build = lambda defines: HostKernels("sbq.cu", tmp_path, check.Sbq.NAMES, defines=defines)  # noqa: E731
+    assert check.main(["--json", str(out)], cp=cp, kernels=kernels, sbq_fn=fn, sbq_build=build,
                       timer=lambda cp, launch: (launch(), float(next(clock)))[1]) == 0
     report = json.loads(out.read_text())
     assert report["ok"] and all(c["rows_equal_alone"] == c["cases"] for c in report["checks"])
@@ -113,6 +114,8 @@ def test_the_device_check_runs_through_on_the_host(tmp_path, monkeypatch):
     assert report["forward"]["17"]["today_ms"] > 0
     assert report["times"]["wo"]["17"]["limit_fraction"]["today"] is not None  # (an H100 by its name)
     assert report["forward"]["mixed_routes"]["wo"] == "today"  # (the stand-in clock: each route slower than the last)
+    assert all(r["equal_default"] for lanes in check.SOLO_LANES
+               for r in report["knobs"][f"solo {lanes} lanes a super-block"].values())
 
 
 def test_the_engine_s_matvec_takes_the_super_block_order_where_asked_and_every_row_keeps_its_bits(tmp_path):
@@ -146,3 +149,34 @@ def test_a_matrix_takes_its_segments_of_k_by_its_shape():
     assert sbq_parts(4096, 4096) == 8 and sbq_parts(4096, 14336) == 8  # 256 tiles: wo, w_down of the 8B
     assert sbq_parts(28672, 4096) == 2 and sbq_parts(128256, 4096) == 1  # gate/up, the head
     assert sbq_parts(4096, 512) == 2  # no more segments than super-blocks
+
+
+@pytest.mark.parametrize("lanes", [2, 4, 8])
+def test_the_solo_kernel_gives_a_long_row_the_tile_kernel_s_bits_at_every_lane_count(lanes, tmp_path):
+    """A row of 37 super-blocks (the solo kernel's rounds whole and a part, at 2, 4 or 8 lanes a super-block,
+    SBQ_SOLO_LANES), k in segments that end inside a round: each row of x has the tile kernel's bits, which no lane
+    count changes, for Q4_K and the repacked Q6_K."""
+    m, k, blocks = 8, 37 * 256, 37
+    x = (np.random.default_rng(41).standard_normal((3, k)) * 0.5).astype(np.float16)
+    fn = HostKernels("sbq.cu", tmp_path, ("quantize_q8k", *(f"sbq_{kind}_{v}_f32" for kind in ("Q4_K", "Q6_KP")
+                                                            for v in ("n1", "t1"))),
+                     defines=(f"SBQ_SOLO_LANES={lanes}",))
+    xq = np.zeros((3, blocks, Q8K_BYTES), dtype=np.uint8)
+    fn["quantize_q8k"](((3 * blocks * 32 + 127) // 128,), (128,), (x, xq, np.int32(3 * blocks)))
+    for kind, raw in (("Q4_K", random_blocks("Q4_K", m * blocks, seed=43).reshape(m, -1)),
+                      ("Q6_KP", repack_q6k(random_blocks("Q6_K", m * blocks, seed=47).reshape(m, -1)))):
+        for seg in (blocks, 7):
+            alone = np.full((3, m), np.nan, dtype=np.float32)
+            for b in range(3):
+                fn[f"sbq_{kind}_n1_f32"](((m + 3) // 4,), (128,), (raw, xq[b], alone[b], np.int32(m), np.int32(k),
+                                                                   np.int32(seg)))
+            parts = -(-blocks // seg)
+            tiled = np.full((3, m), np.nan, dtype=np.float32)
+            part = np.full((parts, 3, m), np.nan, dtype=np.float32)
+            fn[f"sbq_{kind}_t1_f32"](((m + 63) // 64, 1, parts), (128,), (raw, xq, tiled, np.int32(m), np.int32(k),
+                                                                          np.int32(m), np.int32(3), np.int32(seg), part))
+            if parts > 1:
+                tiled = np.zeros((3, m), dtype=np.float32)  # sbq_sum_parts' order: 0 + part[0] + part[1] + ...
+                for p in part:
+                    tiled = tiled + p
+            assert np.array_equal(alone, tiled), (kind, seg)
