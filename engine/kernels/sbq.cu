@@ -16,9 +16,10 @@
 // and by sbq_sum_parts after the tile kernel's segments (the grid's z), so a row keeps its bits alone and among 64
 // while a 4,096-row matrix's tiles fill the SMs at any number of rows. The solo kernel then took 8 lanes a
 // super-block and 26 shuffles a round of 4 (the integers' sums, then five values of each super-block to every lane
-// for its float step): at one row 0.61 of DRAM's rate on the gate/up where the dp4a kernel reaches 0.73, the Q6_K
-// head 0.50 against 0.77 (H100, twenty-eighth session). Its third layout (pending, twenty-ninth): SBQ_SOLO_LANES
-// lanes a super-block (2: 16 a round, one shuffle level a value), the float steps by lane 0 from shared memory.
+// for its float step); now SBQ_SOLO_LANES lanes (4: 8 super-blocks a round, two shuffle levels of the integers' sums)
+// and lane 0 takes the float steps from shared memory (twenty-ninth session, an H100, one row: the gate/up 28.8 us
+// at 4 lanes, 31.3 at 8, 36.4 at 2, the dp4a kernel 27.5; the Q6_K head 280.6 / 248.8 / 295.2 against 168.3; every
+// count the same bits).
 //   quantize_q8k(x, out, blocks)           x (blocks * 256,) fp16 -> Q8K blocks (q8k.cuh): one float scale a
 //                                          super-block; for rows no producer wrote them for (a decode step's norms,
 //                                          SwiGLU and flash-decoding write theirs as they store the rows)
@@ -85,7 +86,7 @@ extern "C" __global__ void quantize_q8k(const __half* __restrict__ x, Q8K* __res
 }
 
 #ifndef SBQ_SOLO_LANES
-#define SBQ_SOLO_LANES 2  // the solo kernel's lanes a super-block (8, 4 or 2): 32 / SBQ_SOLO_LANES super-blocks a round
+#define SBQ_SOLO_LANES 4  // the solo kernel's lanes a super-block (8, 4 or 2): 32 / SBQ_SOLO_LANES super-blocks a round
 #endif
 constexpr int kSoloLanes = SBQ_SOLO_LANES, kSoloBlocks = 32 / SBQ_SOLO_LANES, kSoloWarps = 8;  // (the most a block)
 static_assert(kSoloLanes == 2 || kSoloLanes == 4 || kSoloLanes == 8, "SBQ_SOLO_LANES: 2, 4 or 8");

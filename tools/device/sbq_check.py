@@ -41,7 +41,7 @@ ODD = [(37, 512), (131, 768), (300, 4096), (64, 14336)]
 ROWS = (1, 2, 3, 8, 9, 17, 33, 48, 64)
 TIMED_ROWS = (1, 4, 8, 16, 32, 64)
 PARTS = (1, 2, 4, 8)  # k's segments timed (each a chain, added in order after)
-SOLO_LANES = (4, 8)  # the solo kernel's other lanes a super-block timed (SBQ_SOLO_LANES; 8: the layout before 2)
+SOLO_LANES = (2, 8)  # the solo kernel's other lanes a super-block timed (SBQ_SOLO_LANES, 4 by default)
 CHIPS = {"H100": (3.35e12, 1979e12), "H200": (4.8e12, 1979e12)}  # DRAM bytes/s, dense int8 tensor ops/s (SXM)
 
 
