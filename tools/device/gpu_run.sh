@@ -988,9 +988,9 @@ for step in "$@"; do
       # its default drafter (auto) and then --speculative off, 1 / 16 / 64 / 256 clients, texts against solo runs
       # -> $OUT/clients_spec_{default,off}.json (and their server logs)
       chat_model
-      for arm in default off; do
-        flag="" limit=$(((590 - SECONDS) / 2))  # (the first arm half the time left)
-        [ $arm = off ] && flag="--speculative off" limit=$((590 - SECONDS))
+      for arm in default off; do  # (CALL_S: the seconds the call may take, where its device time is short)
+        flag="" limit=$(((${CALL_S:-590} - SECONDS) / 2))  # (the first arm half the time left)
+        [ $arm = off ] && flag="--speculative off" limit=$((${CALL_S:-590} - SECONDS))
         timeout -k 10 $limit python3 bench/clients_bench.py --model $MQC \
           --clients ${CLIENTS:-1,16,64,256} --words 300 --max-tokens 256 --solo 8 ${flag:+--server-arg "$flag"} \
           --log "$OUT/clients_spec_${arm}.log" --json "$OUT/clients_spec_${arm}.json" 2>&1 | tail -6 \
