@@ -123,6 +123,8 @@
 # gemmprobe tools/device/prompt_gemm_probe.py (issue 44): whether cuBLAS's prompt GEMM rows depend on the step's rows
 #          (M, offset; default, CUBLAS_WORKSPACE_CONFIG=:0:0, pedantic), fixed slices and batched forms with their
 #          times, mmq.cu against expand + cuBLAS at 64-4096 rows -> $OUT/prompt_gemm_probe.json (PROBE_ARGS: its flags)
+# decodegemm the same probe at decode sizes, without cuBLAS's workspace as the engine runs: cuBLAS on the fp16 weights
+#          against the decode matvec at 1-256 rows, each row's bits at 1-64 rows against 4,096 -> decode_gemm_probe.json
 # shared   tools/device/shared_steps_check.py (issue 44): the start-up check (runner.shape_free), a read cut anywhere,
 #          reads sharing steps and a decode row after them, bit for bit, on the 135M shape (Q4_1), the 8B shape in
 #          Q4_K_M and the 4-layer Qwen3-MoE shape, f16 and q8_0 caches -> $OUT/shared_steps_h200.json
@@ -863,6 +865,12 @@ for step in "$@"; do
       chat_model; bash tools/device/http_quick.sh ${SERVER_FLAGS:-} ;;
     gemmprobe)
       python3 tools/device/prompt_gemm_probe.py --json "$OUT/prompt_gemm_probe.json" ${PROBE_ARGS:-} || echo "GEMM PROBE FAILED" ;;
+    decodegemm)  # decode rows through cuBLAS on the fp16 weights, as the engine runs it (no workspace): each row's
+      # bits at 1-64 rows against 4,096 (part 1), and the 8B shapes' products at 1-256 rows beside the engine's
+      # decode matvec (part 3) -> $OUT/decode_gemm_probe.json
+      CUBLAS_WORKSPACE_CONFIG=:0:0 timeout 400 python3 tools/device/prompt_gemm_probe.py --modes "" --no-times \
+        --mmq-rows 1,2,4,8,16,32,64,128,256 --json "$OUT/decode_gemm_probe.json" 2>&1 | grep -E "summed|done|Error" \
+        || echo "DECODE GEMM PROBE FAILED" ;;
     batchf16|batchq)  # FROM="1 65": each run with STRATA_MMQ_FROM at that value (mmq.cu from that many rows)
       if [ $step = batchf16 ]; then set -- $M8 F16 f16; else set -- $MQ Q4_K_M q4_k_m; fi
       [ -f $1 ] || python3 tools/fixtures/make_synthetic_gguf.py $1 --preset llama3-8b --type $2 --tokenizer .device/tok.gguf 2>&1 | tail -1

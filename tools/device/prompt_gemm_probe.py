@@ -19,7 +19,7 @@ wo, w_gate_up, w_down), random fp16 data (weights ~0.02, activations ~1):
    4096 rows, each shape and the four summed: one GEMM of 4096 rows, the loop of 4096/T slices, the
    two batched forms (in this process, and in the children of TIMED_MODES).
 3. mmq.cu (int8 tensor cores) at prompt sizes: Q4_K weights (Q6_K for w_down), random blocks, 64 to
-   4096 rows of x: the engine's quantized matvec (GpuKernels.matvec: quantize_q8, then mmq from
+   4096 rows of x (--mmq-rows: others, decode sizes among them): the engine's quantized matvec (GpuKernels.matvec: quantize_q8, then mmq from
    MMQ_FROM rows) and mmq alone, against the engine's prompt path (kernels.expand to fp16, then
    x @ w.T), as tokens/s and TFLOP/s (2 N K n flops); mmq's rows at 2048 rows against the dp4a
    matvec's row alone (bit for bit) and against the same rows at 64 rows.
@@ -359,7 +359,7 @@ def mmq_part(cp, kernels, a) -> dict:
     from tools.fixtures.make_synthetic_gguf import random_blocks
 
     rng = np.random.default_rng(44)
-    counts = tuple(r for r in ((64, 2048) if a.quick else MMQ_ROWS) if r <= a.rows)
+    counts = tuple(r for r in (a.mmq_rows or ((64, 2048) if a.quick else MMQ_ROWS)) if r <= a.rows)
     kernels.reserve_scratch(max(n * k for n, k in a.shapes.values()))
     out, ok = {"shapes": {}, "mmq_from": kernels.mmq_from}, True
     for index, (name, (n, k)) in enumerate(a.shapes.items()):
@@ -439,6 +439,8 @@ def main() -> int:
     p.add_argument("--modes", default=",".join(MODES), help=f"child processes' modes ({', '.join(MODES)}); '' none")
     p.add_argument("--no-mmq", action="store_true", help="no part 3")
     p.add_argument("--no-times", action="store_true", help="no timing of part 2")
+    p.add_argument("--mmq-rows", help="part 3's rows of x, comma-separated (default: 64 to 4,096; decode sizes such "
+                   "as 1,2,4,8,16,32,64 put the engine's decode matvec beside cuBLAS on the fp16 weights)")
     p.add_argument("--rows", type=int, default=4096, help="rows of the reference and of the timed products")
     p.add_argument("--shapes", default=";".join(f"{k}={n},{c}" for k, (n, c) in SHAPES.items()),
                    help="name=N,K;... (default: the Llama-3-8B shapes)")
@@ -446,6 +448,7 @@ def main() -> int:
     p.add_argument("--child", help=argparse.SUPPRESS)  # a mode: parts 1 and 2's bits only, into --json
     a = p.parse_args()
     a.shapes = parse_shapes(a.shapes)
+    a.mmq_rows = tuple(int(r) for r in a.mmq_rows.split(",")) if a.mmq_rows else None
     a.modes = [m for m in a.modes.split(",") if m]
     unknown = set(a.modes) - MODES.keys()
     if unknown:
