@@ -16,6 +16,11 @@ def address(a) -> int:
     return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
 
 
+def or_null(a):
+    """An optional array as a kernel's pointer argument: the array, or NULL where there is none."""
+    return NULL if a is None else a
+
+
 def q8_units(cp, values: int, q8: bool = True):
     """Room for the Q8 units (q8.cuh: values / 32 of them) of `values` fp16 values that a kernel writes beside them;
     None without q8 (the kernel then gets NULL)."""

@@ -12,7 +12,7 @@ from engine.core.kv_types import Q8Array
 from engine.core.quantized import Row8
 from engine.core.step import Step
 from engine.kernels import sm90
-from engine.kernels.args import NULL, log2, pool_args, q8_units, q8k_blocks
+from engine.kernels.args import log2, or_null, pool_args, q8_units, q8k_blocks
 from engine.kernels.limits import COUNTER_SEQUENCES, THREADS, blocks
 
 ATTENTION_ROWS = 64  # query rows (token x grouped head) per attention block: BR in attention.cu
@@ -166,7 +166,7 @@ class AttentionLaunchers:
         kind = "_q8" if isinstance(k_cache, Q8Array) else ""
         self.fn[f"flash_decode{kind}_d{d}_g{group}"](
             (decode_blocks_x(splits, seqs, blocks_y, self.sms), blocks_y, seqs), (DECODE_THREADS,),
-            (q, *pool_args(k_cache, v_cache), part_o, part_ml, out, units if q8 else NULL, NULL if sb is None else sb,
+            (q, *pool_args(k_cache, v_cache), part_o, part_ml, out, or_null(units), or_null(sb),
              self.counters, step.pos0, step.table, step.table_off, np.int32(blocks_y), np.int32(kv_div), log2(block),
              np.float32(math.log2(math.e) / math.sqrt(d)), np.int32(splits)))
         out = out.reshape(seqs, heads * d)

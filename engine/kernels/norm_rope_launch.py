@@ -8,7 +8,7 @@ import numpy as np
 from engine.core.deferred import GatedSum
 from engine.core.quantized import UNIT, Row8
 from engine.core.step import Step
-from engine.kernels.args import NULL, log2, pool_args, q8_units, q8k_blocks
+from engine.kernels.args import log2, or_null, pool_args, q8_units, q8k_blocks
 from engine.kernels.limits import THREADS, blocks
 
 NORM_MAX_WIDTH = 8 * 256 * 6  # add_rms_norm: eight values a thread, six times, 256 threads (NORM_OCTETS)
@@ -28,17 +28,22 @@ class NormRopeLaunchers:
     fn: dict
     sbq = False  # the rows' Q8K super-blocks written too, for sbq.cu's matvecs (GpuKernels sets it: $STRATA_SBQ=1)
 
+    def eight_bit_room(self, n: int, width: int, q8: bool, matvec: bool = True) -> tuple:
+        """Room for the 8-bit forms a kernel writes beside its n fp16 rows of `width` with q8: their Q8 units, and
+        their Q8K super-blocks where the rows go to a matvec and sbq.cu takes them (else None: NULL)."""
+        return q8_units(self.cp, n * width, q8), q8k_blocks(self.cp, n, width, q8 and matvec and self.sbq)
+
     def add_rms_norm(self, x, delta, weight, eps: float, q8: bool = False):
         """x: (n, dim) fp32, updated in place by += delta (n, dim) fp16 if given; returns
         rms_norm(x) * weight as (n, dim) fp16, or for q8 a Row8 with its 8-bit forms."""
         n, dim = x.shape
         check_norm_width(dim)
         out = self.cp.empty((n, dim), dtype=self.cp.float16)
-        units, sb = q8_units(self.cp, n * dim, q8), q8k_blocks(self.cp, n, dim, q8 and self.sbq)
+        units, sb = self.eight_bit_room(n, dim, q8)
         has_delta = delta is not None
         self.fn["add_rms_norm"](
             (n,), (THREADS,), (x, delta if has_delta else out, np.int32(has_delta), weight, out,
-                               units if q8 else NULL, NULL if sb is None else sb, np.int32(dim), np.float32(eps)))
+                               or_null(units), or_null(sb), np.int32(dim), np.float32(eps)))
         return Row8(out, units, sb) if q8 else out
 
     def add_gated_rms_norm(self, x, gated: GatedSum, weight, eps: float, q8: bool = False):
@@ -47,10 +52,10 @@ class NormRopeLaunchers:
         n, dim = x.shape
         check_norm_width(dim)
         out = self.cp.empty((n, dim), dtype=self.cp.float16)
-        units, sb = q8_units(self.cp, n * dim, q8), q8k_blocks(self.cp, n, dim, q8 and self.sbq)
+        units, sb = self.eight_bit_room(n, dim, q8)
         self.fn["add_gated_rms_norm"](
-            (n,), (THREADS,), (x, gated.routed, gated.shared, gated.h, gated.gate_w, weight, out, units if q8 else NULL,
-                               NULL if sb is None else sb, np.int32(dim), np.float32(eps)))
+            (n,), (THREADS,), (x, gated.routed, gated.shared, gated.h, gated.gate_w, weight, out, or_null(units),
+                               or_null(sb), np.int32(dim), np.float32(eps)))
         return Row8(out, units, sb) if q8 else out
 
     def rope_store(self, qkv, cos_table, sin_table, k_cache, v_cache, step: Step, norms=None):
@@ -89,9 +94,8 @@ class NormRopeLaunchers:
         out = self.cp.empty((n, two_ffn // 2), dtype=self.cp.float16)
         if (two_ffn // 2) % UNIT:
             raise ValueError(f"an FFN width of {two_ffn // 2} is not a multiple of {UNIT}")
-        units, sb = q8_units(self.cp, out.size, q8), q8k_blocks(self.cp, n, two_ffn // 2, q8 and matvec and self.sbq)
+        units, sb = self.eight_bit_room(n, two_ffn // 2, q8, matvec)
         octets = out.size // 8
-        self.fn["silu_mul"](blocks(octets), (THREADS,), (gate_up, out, units if q8 else NULL,
-                                                         NULL if sb is None else sb, np.int32(two_ffn // 2),
-                                                         np.int64(octets)))
+        self.fn["silu_mul"](blocks(octets), (THREADS,), (gate_up, out, or_null(units), or_null(sb),
+                                                         np.int32(two_ffn // 2), np.int64(octets)))
         return Row8(out, units, sb) if q8 else out
