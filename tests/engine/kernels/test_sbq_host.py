@@ -22,6 +22,36 @@ def values(blocks: np.ndarray) -> np.ndarray:
     return (q * d).reshape(blocks.shape[0], -1)
 
 
+def solo_rows(fn, kind: str, raw: np.ndarray, xq: np.ndarray, seg: int) -> np.ndarray:
+    """Each row of x (Q8K blocks (n, k / 256, 288)) alone by the solo kernel against raw's (m, bytes) weights, k's
+    chains a segment of seg super-blocks -> (n, m) float32."""
+    (m, _), (n, blocks, _) = raw.shape, xq.shape
+    out = np.full((n, m), np.nan, dtype=np.float32)
+    for b in range(n):
+        fn[f"sbq_{kind}_n1_f32"](((m + 3) // 4,), (128,), (raw, xq[b], out[b], np.int32(m), np.int32(256 * blocks),
+                                                           np.int32(seg)))
+    return out
+
+
+def tile_rows(fn, kind: str, raw: np.ndarray, xs: np.ndarray, nt: int, splits: int = 1, seg: int | None = None,
+              out=None) -> np.ndarray:
+    """The rows of x (Q8K blocks xs) together through the n-tile kernel of nt tiles, the grid's y splitting them among
+    warps, k in segments of seg super-blocks (all of k by default) added by sbq_sum_parts -> (n, m), float32 unless
+    out is given (fp16 out: rounded once)."""
+    (m, _), (n, blocks, _) = raw.shape, xs.shape
+    seg = blocks if seg is None else seg
+    parts = -(-blocks // seg)
+    out = np.full((n, m), np.nan, dtype=np.float32) if out is None else out
+    part = np.full((parts, n, m), np.nan, dtype=np.float32) if parts > 1 else None
+    fn[f"sbq_{kind}_t{nt}{'' if out.dtype == np.float16 and parts == 1 else '_f32'}"](
+        ((m + 63) // 64, splits, parts), (128,),
+        (raw, xs, out, np.int32(m), np.int32(256 * blocks), np.int32(m), np.int32(n), np.int32(seg), part))
+    if parts > 1:
+        fn["sbq_sum_parts_f32"](((n * m + 127) // 128,), (128,), (part, out, np.int32(m), np.int32(n), np.int32(m),
+                                                                 np.int32(parts)))
+    return out
+
+
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 def test_super_block_sums_give_every_row_its_solo_bits_and_the_weights_values(kind, tmp_path):
     assert compiler() is not None, "a C++ compiler (g++) is needed to run the kernels on the CPU"
@@ -35,26 +65,12 @@ def test_super_block_sums_give_every_row_its_solo_bits_and_the_weights_values(ki
     fn["quantize_q8k"](((19 * K // 256 * 32 + 127) // 128,), (128,), (x, xq, np.int32(19 * K // 256)))
     assert np.array_equal(xq, q8k(x))
 
-    def solo(seg: int, kind: str = kind, raw: np.ndarray = raw) -> np.ndarray:  # (19, M): each row of x alone, k's
-        out = np.full((19, M), np.nan, dtype=np.float32)  # chains a segment of seg super-blocks
-        for b in range(19):
-            fn[f"sbq_{kind}_n1_f32"](((M + 3) // 4,), (128,), (raw, xq[b], out[b], np.int32(M), np.int32(K),
-                                                               np.int32(seg)))
-        return out
+    def solo(seg: int, kind: str = kind, raw: np.ndarray = raw) -> np.ndarray:  # (19, M): each row of x alone
+        return solo_rows(fn, kind, raw, xq, seg)
 
     def tiles(rows: slice, nt: int, splits: int = 1, seg: int = BLOCKS, out=None, kind: str = kind,
               raw: np.ndarray = raw) -> np.ndarray:
-        xs = xq[rows]
-        n, parts = len(xs), -(-BLOCKS // seg)
-        out = np.full((n, M), np.nan, dtype=np.float32) if out is None else out
-        part = np.full((parts, n, M), np.nan, dtype=np.float32) if parts > 1 else None
-        fn[f"sbq_{kind}_t{nt}{'' if out.dtype == np.float16 and parts == 1 else '_f32'}"](
-            ((M + 63) // 64, splits, parts), (128,),
-            (raw, xs, out, np.int32(M), np.int32(K), np.int32(M), np.int32(n), np.int32(seg), part))
-        if parts > 1:
-            fn["sbq_sum_parts_f32"](((n * M + 127) // 128,), (128,), (part, out, np.int32(M), np.int32(n), np.int32(M),
-                                                                     np.int32(parts)))
-        return out
+        return tile_rows(fn, kind, raw, xq[rows], nt, splits, seg, out)
 
     alone = solo(BLOCKS)
     w = quants.dequantize(raw, GGMLQuantizationType[kind]).reshape(M, K).astype(np.float64)
@@ -158,25 +174,14 @@ def test_the_solo_kernel_gives_a_long_row_the_tile_kernel_s_bits_at_every_lane_c
     count changes, for Q4_K and the repacked Q6_K."""
     m, k, blocks = 8, 37 * 256, 37
     x = (np.random.default_rng(41).standard_normal((3, k)) * 0.5).astype(np.float16)
-    fn = HostKernels("sbq.cu", tmp_path, ("quantize_q8k", *(f"sbq_{kind}_{v}_f32" for kind in ("Q4_K", "Q6_KP")
-                                                            for v in ("n1", "t1"))),
+    fn = HostKernels("sbq.cu", tmp_path, ("quantize_q8k", "sbq_sum_parts_f32",
+                                          *(f"sbq_{kind}_{v}_f32" for kind in ("Q4_K", "Q6_KP") for v in ("n1", "t1"))),
                      defines=(f"SBQ_SOLO_LANES={lanes}",))
     xq = np.zeros((3, blocks, Q8K_BYTES), dtype=np.uint8)
     fn["quantize_q8k"](((3 * blocks * 32 + 127) // 128,), (128,), (x, xq, np.int32(3 * blocks)))
     for kind, raw in (("Q4_K", random_blocks("Q4_K", m * blocks, seed=43).reshape(m, -1)),
                       ("Q6_KP", repack_q6k(random_blocks("Q6_K", m * blocks, seed=47).reshape(m, -1)))):
         for seg in (blocks, 7):
-            alone = np.full((3, m), np.nan, dtype=np.float32)
-            for b in range(3):
-                fn[f"sbq_{kind}_n1_f32"](((m + 3) // 4,), (128,), (raw, xq[b], alone[b], np.int32(m), np.int32(k),
-                                                                   np.int32(seg)))
-            parts = -(-blocks // seg)
-            tiled = np.full((3, m), np.nan, dtype=np.float32)
-            part = np.full((parts, 3, m), np.nan, dtype=np.float32)
-            fn[f"sbq_{kind}_t1_f32"](((m + 63) // 64, 1, parts), (128,), (raw, xq, tiled, np.int32(m), np.int32(k),
-                                                                          np.int32(m), np.int32(3), np.int32(seg), part))
-            if parts > 1:
-                tiled = np.zeros((3, m), dtype=np.float32)  # sbq_sum_parts' order: 0 + part[0] + part[1] + ...
-                for p in part:
-                    tiled = tiled + p
+            alone = solo_rows(fn, kind, raw, xq, seg)
+            tiled = tile_rows(fn, kind, raw, xq, 1, seg=seg)
             assert np.array_equal(alone, tiled), (kind, seg)
