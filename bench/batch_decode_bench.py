@@ -23,11 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.engine_bench import TimedOps, machine, merge_result  # noqa: E402
+from bench.engine_bench import TimedOps, machine, merge_result  # noqa: E402 (first: the engine's BLAS settings,
+# engine/ops/blas_order.py, set before NumPy and CuPy load, as the engine process runs)
+import numpy as np  # noqa: E402
 from engine.ops.backend import select_backend  # noqa: E402
 from engine.model.weights import load_model  # noqa: E402
 from engine.modelfile.model_path import resolve_model_path  # noqa: E402
