@@ -118,7 +118,7 @@
 #          chain an output: x's form against NumPy, every row the solo kernel's bits, errors, times beside today's
 # q8kcheck tools/device/q8k_check.py (issue 48): the decode step's producers write their rows' Q8K for sbq.cu's
 #          matvecs, byte for byte NumPy's of the fp16 rows -> $OUT/q8k_check.json
-# sbqdecode the engine with sbq.cu ($STRATA_SBQ=1, pending 02-sbq-dispatch) against without: 8B Q4_K_M decode at
+# sbqdecode the engine with sbq.cu ($STRATA_SBQ=1) against without: 8B Q4_K_M decode at
 #          1 / 16 / 64 requests, each request's tokens against its solo run's
 # gemmprobe tools/device/prompt_gemm_probe.py (issue 44): whether cuBLAS's prompt GEMM rows depend on the step's rows
 #          (M, offset; default, CUBLAS_WORKSPACE_CONFIG=:0:0, pedantic), fixed slices and batched forms with their
@@ -254,6 +254,18 @@ synth_ms() {  # the SmolLM2-135M shape in Q4_1, made once per machine, with a ch
   # .device/tok.gguf may be a vocabulary without one, and the paged checks' engines render chats)
   [ -f $MS ] || python3 tools/fixtures/make_synthetic_gguf.py $MS --preset smollm2-135m --type Q4_1 --tokenizer .device/tok.gguf \
     --chat-template tests/fixtures/templates/meta-llama-Llama-3.1-8B-Instruct.jinja 2>&1 | tail -1
+}
+
+decode_switch() {  # VAR NAME [BENCH ARGS...]: the 8B Q4_K_M shape's decode at 1 / 16 / 64 requests with $VAR=0 and
+  # =1 (an opt-in route), each request's tokens against its solo run's -> $OUT/batch_decode_NAME.json
+  local var=$1 name=$2 v
+  shift 2
+  synth_mq
+  for v in 0 1; do
+    env $var=$v timeout 200 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 \
+      --repeats 3 --batches 1,16,64 "$@" --label llama3-8b-shape-q4_k_m-$name$v --json "$OUT/batch_decode_$name.json" \
+      2>&1 | grep -E "requests:|Error" || echo "DECODE $name ($v) FAILED"
+  done
 }
 
 synth_a3b() {  # the Qwen3-30B-A3B shape in Q4_K_M, made once per machine (with a chat template: servers render chats)
@@ -849,14 +861,9 @@ for step in "$@"; do
     q8kcheck)  # issue 48: the producers' Q8K (pending 02-q8k-producers): tools/device/q8k_check.py, the norm, SwiGLU
       # and flash-decoding's output at the 8B's widths, each row's super-blocks NumPy's Q8K of its fp16 row
       timeout 300 python3 tools/device/q8k_check.py --json "$OUT/q8k_check.json" | tail -4 || echo "Q8K CHECK FAILED" ;;
-    sbqdecode)  # the engine with sbq.cu ($STRATA_SBQ=1, tools/device/pending/02-sbq-dispatch.patch) against without:
-      # the 8B Q4_K_M shape's decode at 1 / 16 / 64 requests, each request's tokens against its solo run's
-      synth_mq
-      for v in 0 1; do
-        STRATA_SBQ=$v timeout 200 python3 bench/batch_decode_bench.py --model $MQ --device gpu --context 512 --steps 32 \
-          --repeats 3 --batches 1,16,64 --label llama3-8b-shape-q4_k_m-sbq$v --json "$OUT/batch_decode_sbq.json" 2>&1 \
-          | grep -E "requests:|Error" || echo "SBQ DECODE ($v) FAILED"
-      done ;;
+    sbqdecode)  # the engine with sbq.cu ($STRATA_SBQ=1) against without: the 8B Q4_K_M shape's decode at 1 / 16 / 64
+      # requests, each request's tokens against its solo run's
+      decode_switch STRATA_SBQ sbq ;;
     shared)
       synth_ms; synth_mq; synth_moe_small
       python3 tools/device/shared_steps_check.py $MS $MQ $MQS --json "$OUT/shared_steps_h200.json" 2>&1 | quiet \
